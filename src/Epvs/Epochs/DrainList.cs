@@ -1,0 +1,171 @@
+using System;
+using System.Threading;
+using System.Threading.Tasks;
+
+namespace Epvs;
+
+/// <summary>
+/// Deferred actions waiting for their epoch to become safe: an append-only chain of slot segments, lock-free,
+/// growing instead of blocking when full (FASTER's drain list has 16 slots and spins when they are taken,
+/// which livelocks while a protected thread is parked).
+/// </summary>
+/// <remarks>
+/// A slot's <c>Epoch</c> word is its state: <see cref="Free"/>, <see cref="Busy"/> (being filled or being
+/// emptied by whoever won it), or the epoch after which the action may run. Publication writes the action
+/// and then the epoch with release semantics; a drainer claims with a CAS from that epoch to Busy before it
+/// reads the action (DESIGN §2.2).
+/// </remarks>
+internal sealed class DrainList
+{
+    private const long Free = long.MaxValue;
+    private const long Busy = long.MaxValue - 1;
+
+    private struct Slot
+    {
+        public long Epoch;
+        public Action? Action;
+        public TaskCompletionSource<bool>? Completion;
+    }
+
+    private sealed class Segment
+    {
+        public readonly Slot[] Slots;
+        public Segment? Next;
+
+        public Segment(int size)
+        {
+            Slots = new Slot[size];
+            for (int i = 0; i < size; i++)
+                Slots[i].Epoch = Free;
+        }
+    }
+
+    private readonly Segment first;
+    private Segment insertHint;
+
+    /// <summary>Published and not yet claimed; may briefly lag or run ahead, never stays wrong.</summary>
+    public int Count;
+
+    public DrainList(int initialSize)
+    {
+        first = new Segment(initialSize);
+        insertHint = first;
+    }
+
+    public int Capacity
+    {
+        get
+        {
+            int total = 0;
+            for (Segment? s = first; s is not null; s = Volatile.Read(ref s.Next))
+                total += s.Slots.Length;
+            return total;
+        }
+    }
+
+    /// <summary>Publishes <paramref name="action"/> to run once <paramref name="epoch"/> is safe. Never blocks.</summary>
+    public void Add(long epoch, Action action, TaskCompletionSource<bool>? completion)
+    {
+        Segment start = Volatile.Read(ref insertHint);
+        Segment segment = start;
+        bool wrapped = false;
+        while (true)
+        {
+            Slot[] slots = segment.Slots;
+            for (int i = 0; i < slots.Length; i++)
+            {
+                if (Volatile.Read(ref slots[i].Epoch) == Free &&
+                    Interlocked.CompareExchange(ref slots[i].Epoch, Busy, Free) == Free)
+                {
+                    slots[i].Action = action;
+                    slots[i].Completion = completion;
+                    // Release: the action and its completion are visible before the epoch that lets a
+                    // drainer claim the slot. Pairs with the drainer's CAS on Epoch.
+                    Volatile.Write(ref slots[i].Epoch, epoch);
+                    // Full fence: the registration is visible before the caller scans the epoch table
+                    // (pairs with the fence a leaving thread issues before its own scan).
+                    Interlocked.Increment(ref Count);
+                    if (segment != start)
+                        Volatile.Write(ref insertHint, segment);
+                    return;
+                }
+            }
+
+            Segment? next = Volatile.Read(ref segment.Next);
+            if (next is null)
+            {
+                if (!wrapped && start != first)
+                {
+                    // Slots before the hint may have been freed since; look there before growing.
+                    wrapped = true;
+                    segment = first;
+                    continue;
+                }
+                var grown = new Segment(slots.Length * 2);
+                next = Interlocked.CompareExchange(ref segment.Next, grown, null) ?? grown;
+            }
+            segment = next;
+        }
+    }
+
+    /// <summary>
+    /// Runs every published action whose epoch is at most <paramref name="safeEpoch"/>. Returns how many ran.
+    /// Actions never throw out of here: faults go to <paramref name="onFault"/>.
+    /// </summary>
+    public int RunEligible(long safeEpoch, Action<Exception> onFault)
+    {
+        int ran = 0;
+        for (Segment? s = first; s is not null; s = Volatile.Read(ref s.Next))
+        {
+            Slot[] slots = s.Slots;
+            for (int i = 0; i < slots.Length; i++)
+            {
+                long e = Volatile.Read(ref slots[i].Epoch);
+                // Free and Busy are larger than any epoch, so this also skips them.
+                if (e > safeEpoch)
+                    continue;
+                // Claim before reading the action: only the winner of this CAS runs it. The CAS is a full
+                // fence, so the reads below see what the publisher wrote before its release of Epoch.
+                if (Interlocked.CompareExchange(ref slots[i].Epoch, Busy, e) != e)
+                    continue;
+                Action action = slots[i].Action!;
+                TaskCompletionSource<bool>? completion = slots[i].Completion;
+                slots[i].Action = null;
+                slots[i].Completion = null;
+                // Release: the cleared fields are written before the slot can be reused.
+                Volatile.Write(ref slots[i].Epoch, Free);
+                Interlocked.Decrement(ref Count);
+                ran++;
+                try
+                {
+                    action();
+                    completion?.TrySetResult(true);
+                }
+                catch (Exception ex)
+                {
+                    completion?.TrySetException(ex);
+                    onFault(ex);
+                }
+            }
+        }
+        return ran;
+    }
+
+    /// <summary>Epochs of the published actions, for diagnostics (racy snapshot).</summary>
+    public long[] PendingEpochs()
+    {
+        var result = new System.Collections.Generic.List<long>();
+        for (Segment? s = first; s is not null; s = Volatile.Read(ref s.Next))
+        {
+            Slot[] slots = s.Slots;
+            for (int i = 0; i < slots.Length; i++)
+            {
+                long e = Volatile.Read(ref slots[i].Epoch);
+                if (e < Busy)
+                    result.Add(e);
+            }
+        }
+        result.Sort();
+        return result.ToArray();
+    }
+}

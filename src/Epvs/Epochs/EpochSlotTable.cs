@@ -1,0 +1,141 @@
+using System;
+using System.Runtime.InteropServices;
+using System.Threading;
+
+namespace Epvs;
+
+/// <summary>
+/// One thread's announcement in the epoch table, on a cache line of its own.
+/// </summary>
+/// <remarks>
+/// <see cref="Epoch"/> is the whole protocol: 0 means the slot is free, any other value means the slot
+/// is owned by a protected thread that announced that epoch. Claiming a slot and announcing an epoch are
+/// therefore one compare-and-swap, and leaving is one store. <see cref="OwnerThreadId"/> is written by
+/// the owner after claiming and read only by diagnostics.
+/// </remarks>
+[StructLayout(LayoutKind.Explicit, Size = 128)]
+internal struct EpochSlot
+{
+    [FieldOffset(64)] public long Epoch;
+    [FieldOffset(72)] public int OwnerThreadId;
+}
+
+/// <summary>
+/// The epoch table: an append-only chain of slot segments. It starts small and grows by appending a
+/// segment when every slot is taken, so any number of threads can be protected at once (FASTER's table is
+/// fixed at 128 entries and spins when full). Segments are never removed or moved, so a thread can keep a
+/// direct reference to its slot's array and a scanner sees every slot that was ever handed out.
+/// </summary>
+internal sealed class EpochSlotTable
+{
+    /// <summary>Written into every free slot by <see cref="LightEpoch.Dispose"/> so no claim can succeed.</summary>
+    public const long DisposedMarker = long.MaxValue;
+
+    internal sealed class Segment
+    {
+        public readonly EpochSlot[] Slots;
+        public Segment? Next; // set once, by CAS; read with Volatile.Read
+
+        public Segment(int size) => Slots = new EpochSlot[size];
+    }
+
+    private readonly Segment first;
+
+    public EpochSlotTable(int initialSize) => first = new Segment(initialSize);
+
+    public Segment First => first;
+
+    /// <summary>Total slots handed out so far (grows, never shrinks).</summary>
+    public int Capacity
+    {
+        get
+        {
+            int total = 0;
+            for (Segment? s = first; s is not null; s = Volatile.Read(ref s.Next))
+                total += s.Slots.Length;
+            return total;
+        }
+    }
+
+    /// <summary>
+    /// Claims a free slot and announces <paramref name="epoch"/> in it with one full-fence CAS, probing from
+    /// <paramref name="hint"/> and appending a segment when every slot is taken. Never blocks.
+    /// </summary>
+    public EpochSlot[] Claim(long epoch, int hint, out int index)
+    {
+        Segment segment = first;
+        while (true)
+        {
+            EpochSlot[] slots = segment.Slots;
+            int n = slots.Length;
+            int start = (int)((uint)hint % (uint)n);
+            for (int k = 0; k < n; k++)
+            {
+                int i = start + k;
+                if (i >= n) i -= n;
+                // A plain look first keeps probing threads from bouncing lines they cannot take.
+                if (Volatile.Read(ref slots[i].Epoch) == 0 &&
+                    // Full fence: the announce is globally visible before the caller reads any shared
+                    // state (DESIGN §2.2). Pairs with the Interlocked.Increment in BumpCurrentEpoch that
+                    // precedes the scanner's reads of this slot.
+                    Interlocked.CompareExchange(ref slots[i].Epoch, epoch, 0) == 0)
+                {
+                    index = i;
+                    return slots;
+                }
+            }
+
+            Segment? next = Volatile.Read(ref segment.Next);
+            if (next is null)
+            {
+                // Every slot seen was taken: grow. Doubling keeps the chain logarithmic in the peak number
+                // of protected threads. CAS so that racing growers agree on one successor.
+                var grown = new Segment(Math.Max(16, slots.Length * 2));
+                next = Interlocked.CompareExchange(ref segment.Next, grown, null) ?? grown;
+            }
+            segment = next;
+        }
+    }
+
+    /// <summary>
+    /// The oldest epoch announced by any protected thread, or <paramref name="upperBound"/> if none is older.
+    /// Reads each slot with acquire semantics; callers order these reads after their own announcement or
+    /// registration with a full fence.
+    /// </summary>
+    public long OldestAnnounced(long upperBound)
+    {
+        long oldest = upperBound;
+        for (Segment? s = first; s is not null; s = Volatile.Read(ref s.Next))
+        {
+            EpochSlot[] slots = s.Slots;
+            for (int i = 0; i < slots.Length; i++)
+            {
+                long e = Volatile.Read(ref slots[i].Epoch);
+                if (e != 0 && e < oldest)
+                    oldest = e;
+            }
+        }
+        return oldest;
+    }
+
+    /// <summary>
+    /// Like <see cref="OldestAnnounced"/> but ignoring one slot (the caller's own), to tell whether anyone
+    /// else holds back an epoch.
+    /// </summary>
+    public bool AnyOtherAtOrBelow(long epoch, EpochSlot[]? ownSlots, int ownIndex)
+    {
+        for (Segment? s = first; s is not null; s = Volatile.Read(ref s.Next))
+        {
+            EpochSlot[] slots = s.Slots;
+            for (int i = 0; i < slots.Length; i++)
+            {
+                if (ReferenceEquals(slots, ownSlots) && i == ownIndex)
+                    continue;
+                long e = Volatile.Read(ref slots[i].Epoch);
+                if (e != 0 && e <= epoch)
+                    return true;
+            }
+        }
+        return false;
+    }
+}

@@ -1,0 +1,34 @@
+using System.Collections.Generic;
+using System.Threading;
+
+namespace Epvs;
+
+public sealed partial class LightEpoch
+{
+    /// <summary>
+    /// Takes a snapshot of the table and the pending actions for debugging, without stopping other threads.
+    /// </summary>
+    /// <returns>The snapshot; <see cref="EpochTableSnapshot.ToString"/> prints a readable dump.</returns>
+    public EpochTableSnapshot GetSnapshot() => GetSnapshot(long.MaxValue - 2);
+
+    /// <summary>Snapshot listing only the threads that announced <paramref name="atOrBelow"/> or older.</summary>
+    internal EpochTableSnapshot GetSnapshot(long atOrBelow)
+    {
+        var threads = new List<EpochSlotInfo>();
+        int baseIndex = 0;
+        for (EpochSlotTable.Segment? s = table.First; s is not null; s = Volatile.Read(ref s.Next))
+        {
+            EpochSlot[] slots = s.Slots;
+            for (int i = 0; i < slots.Length; i++)
+            {
+                long e = Volatile.Read(ref slots[i].Epoch);
+                if (e != 0 && e <= atOrBelow)
+                    threads.Add(new EpochSlotInfo(baseIndex + i, e, Volatile.Read(ref slots[i].OwnerThreadId)));
+            }
+            baseIndex += slots.Length;
+        }
+        threads.Sort((a, b) => a.Epoch.CompareTo(b.Epoch));
+        return new EpochTableSnapshot(CurrentEpoch, SafeToReclaimEpoch, table.Capacity, drainList.Capacity,
+            threads, drainList.PendingEpochs());
+    }
+}

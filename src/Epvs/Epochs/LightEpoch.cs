@@ -1,0 +1,439 @@
+using System;
+using System.Runtime.CompilerServices;
+using System.Threading;
+using System.Threading.Tasks;
+
+namespace Epvs;
+
+/// <summary>
+/// Epoch protection with deferred actions, after Microsoft FASTER's <c>LightEpoch</c>: threads announce the
+/// global epoch when they enter a protected region, and an action registered with
+/// <see cref="BumpCurrentEpoch(Action)"/> runs only after every thread that was protected when it was
+/// registered has left or refreshed.
+/// </summary>
+/// <remarks>
+/// <para>Differences from FASTER, each a guarantee of this type:</para>
+/// <list type="bullet">
+/// <item><description>The outermost <see cref="Resume"/> announces with a full-fence compare-and-swap before the
+/// caller can read shared state, so a protected region can never overlap an action that was registered after
+/// it began (FASTER announces with a plain store, which x64 and Arm64 may reorder after later loads).</description></item>
+/// <item><description>Re-entrant: protection nests per thread and per instance; only the outermost
+/// <see cref="Resume"/> announces and only the outermost <see cref="Suspend"/> leaves. Several
+/// <see cref="EpochProtectedVersionScheme"/> instances may share one epoch and nest.</description></item>
+/// <item><description>Unbounded: the thread table and the list of pending actions grow instead of spinning when
+/// full, so any number of threads may be protected and any number of actions may be pending.</description></item>
+/// <item><description>A throwing deferred action never escapes into the unrelated thread that happened to run
+/// it: the fault is reported through <see cref="DeferredActionFailed"/> and, for
+/// <see cref="BumpCurrentEpochAsync(Action)"/>, through the returned task.</description></item>
+/// </list>
+/// <para>Protection belongs to a thread: do not <c>await</c> inside a protected region.</para>
+/// </remarks>
+public sealed partial class LightEpoch : IDisposable
+{
+    private const int DefaultInitialTableSize = 16;
+    private const int DefaultInitialDrainListSize = 16;
+
+    /// <summary>The global epoch. Starts at 1 so that a slot value of 0 can mean "free".</summary>
+    private PaddedInt64 currentEpoch;
+
+    /// <summary>The largest epoch known to be safe (monotonic); informational, every drain recomputes it.</summary>
+    private PaddedInt64 safeToReclaimEpoch;
+
+    private readonly EpochSlotTable table;
+    private readonly DrainList drainList;
+    private readonly int id;
+    private readonly long token;
+    private int disposed;
+
+    /// <summary>Creates an epoch with a thread table that starts at 16 slots and grows on demand.</summary>
+    public LightEpoch()
+        : this(DefaultInitialTableSize)
+    {
+    }
+
+    /// <summary>Creates an epoch whose thread table starts with <paramref name="initialTableSize"/> slots.</summary>
+    /// <param name="initialTableSize">Initial number of slots (at least 1). The table grows when more threads
+    /// are protected at once; a smaller table makes each <see cref="BumpCurrentEpoch()"/> scan cheaper.</param>
+    /// <exception cref="ArgumentOutOfRangeException"><paramref name="initialTableSize"/> is less than 1.</exception>
+    public LightEpoch(int initialTableSize)
+    {
+        if (initialTableSize < 1)
+            ThrowHelper.ThrowArgumentOutOfRange(nameof(initialTableSize), "The table needs at least one slot.");
+        table = new EpochSlotTable(initialTableSize);
+        drainList = new DrainList(DefaultInitialDrainListSize);
+        currentEpoch.Value = 1;
+        id = AllocateId();
+        token = Interlocked.Increment(ref s_nextToken);
+    }
+
+    /// <summary>Returns the instance id to the pool if the epoch was never disposed.</summary>
+    ~LightEpoch()
+    {
+        if (Interlocked.Exchange(ref disposed, 1) == 0)
+            ReleaseId(id);
+    }
+
+    /// <summary>The current global epoch.</summary>
+    public long CurrentEpoch => Volatile.Read(ref currentEpoch.Value);
+
+    /// <summary>The largest epoch that the most recent drain found no protected thread at or below.</summary>
+    public long SafeToReclaimEpoch => Volatile.Read(ref safeToReclaimEpoch.Value);
+
+    /// <summary>
+    /// Raised when a deferred action throws. The action's slot is released and the epoch stays usable; the
+    /// handler runs on the thread that ran the action and must not throw (exceptions from handlers are ignored).
+    /// </summary>
+    public event EventHandler<DeferredActionFailedEventArgs>? DeferredActionFailed;
+
+    /// <summary>
+    /// Enters a protected region on the calling thread, or nests one level deeper if the thread is already
+    /// protected by this instance.
+    /// </summary>
+    /// <remarks>
+    /// The outermost call claims a slot and announces the current epoch with one full-fence compare-and-swap,
+    /// so every later read of shared state by this thread is ordered after the announcement. Nested calls only
+    /// count. Allocates nothing after the thread's first call on this instance.
+    /// </remarks>
+    /// <exception cref="ObjectDisposedException">The epoch has been disposed.</exception>
+    [MethodImpl(MethodImplOptions.AggressiveInlining)]
+    public void Resume()
+    {
+        ref ThreadRecord r = ref FindRecord();
+        if (!Unsafe.IsNullRef(ref r))
+        {
+            if (r.Depth != 0)
+            {
+                r.Depth++;
+                return;
+            }
+
+            EpochSlot[]? slots = r.Slots;
+            if (slots is not null)
+            {
+                // Any epoch not newer than the current one is a valid announcement: an older one only
+                // holds back more actions. Acquire pairs with the increment in BumpCurrentEpoch.
+                long epoch = Volatile.Read(ref currentEpoch.Value);
+                // Claim the slot used last time and announce in one full-fence CAS (DESIGN §2.2): the
+                // announcement is globally visible before any later load of shared state. Pairs with the
+                // full fence between a bumper's increment and its scan (EpochSlotTable.OldestAnnounced).
+                if (Interlocked.CompareExchange(ref slots[r.Index].Epoch, epoch, 0) == 0)
+                {
+                    r.Depth = 1;
+                    return;
+                }
+            }
+        }
+        ResumeSlow();
+    }
+
+    [MethodImpl(MethodImplOptions.NoInlining)]
+    private void ResumeSlow()
+    {
+        if (Volatile.Read(ref disposed) != 0)
+            ThrowHelper.ThrowObjectDisposed(nameof(LightEpoch));
+
+        ref ThreadRecord r = ref GetOrCreateRecord();
+        if (r.Depth != 0)
+        {
+            r.Depth++;
+            return;
+        }
+
+        // First use on this thread, or someone else took our last slot: probe for a free one (growing the
+        // table if needed). The CAS inside Claim is the announcing full fence.
+        long epoch = Volatile.Read(ref currentEpoch.Value);
+        EpochSlot[] slots = table.Claim(epoch, r.Slots is null ? r.Index : r.Index + 1, out int index);
+        slots[index].OwnerThreadId = Environment.CurrentManagedThreadId;
+        r.Slots = slots;
+        r.Index = index;
+        r.Depth = 1;
+
+        // Dispose sets the flag and then marks every free slot. Our claim was a full fence, so either Dispose
+        // saw our slot taken (and refused), or we see its flag here.
+        if (Volatile.Read(ref disposed) != 0)
+        {
+            r.Depth = 0;
+            Volatile.Write(ref slots[index].Epoch, 0);
+            ThrowHelper.ThrowObjectDisposed(nameof(LightEpoch));
+        }
+    }
+
+    /// <summary>
+    /// Leaves one level of protection; the outermost call withdraws the thread's announcement and, if actions
+    /// are pending, runs those that have become safe (so the last thread to leave runs what is pending).
+    /// </summary>
+    /// <exception cref="InvalidOperationException">The calling thread is not protected by this instance.</exception>
+    [MethodImpl(MethodImplOptions.AggressiveInlining)]
+    public void Suspend()
+    {
+        ref ThreadRecord r = ref FindRecord();
+        if (Unsafe.IsNullRef(ref r) || r.Depth == 0)
+            ThrowHelper.ThrowNotProtected(nameof(Suspend));
+
+        if (--r.Depth != 0)
+            return;
+
+        // Release: every access the region made happens-before the slot reads 0 to a scanner.
+        Volatile.Write(ref r.Slots![r.Index].Epoch, 0);
+        // This load may pass the store above (store buffering). That is fine: a bumper that registers an
+        // action we do not see here issues a process-wide barrier before giving up (BumpCurrentEpoch).
+        if (Volatile.Read(ref drainList.Count) != 0)
+            DrainAfterLeave();
+    }
+
+    [MethodImpl(MethodImplOptions.NoInlining)]
+    private void DrainAfterLeave()
+    {
+        // Full fence: of two threads leaving at once, at least one sees the other's cleared slot, so the last
+        // one out always runs what became safe (FASTER's SuspendDrain has the same barrier).
+        Interlocked.MemoryBarrier();
+        Drain();
+    }
+
+    /// <summary>
+    /// Refreshes the calling thread's protection to the current epoch and runs pending actions that have
+    /// become safe. Equivalent to <see cref="Suspend"/> then <see cref="Resume"/>, but cheaper.
+    /// </summary>
+    /// <remarks>
+    /// Only the outermost level refreshes: when nested, the outer regions' guarantees must hold, so the
+    /// announcement is kept and only the drain runs. The refresh is a release store, not a fence: the older
+    /// announcement keeps protecting until the new one lands.
+    /// </remarks>
+    /// <exception cref="InvalidOperationException">The calling thread is not protected by this instance.</exception>
+    [MethodImpl(MethodImplOptions.AggressiveInlining)]
+    public void ProtectAndDrain()
+    {
+        ref ThreadRecord r = ref FindRecord();
+        if (Unsafe.IsNullRef(ref r) || r.Depth == 0)
+            ThrowHelper.ThrowNotProtected(nameof(ProtectAndDrain));
+
+        if (r.Depth == 1)
+        {
+            // Acquire: everything published before the epoch we read is visible to this thread's later loads.
+            long epoch = Volatile.Read(ref currentEpoch.Value);
+            // Release store, no fence needed: until it lands the older (smaller) announcement still protects.
+            Volatile.Write(ref r.Slots![r.Index].Epoch, epoch);
+        }
+        if (Volatile.Read(ref drainList.Count) != 0)
+            Drain();
+    }
+
+    /// <summary>Whether the calling thread is protected by this instance.</summary>
+    public bool ThisInstanceProtected()
+    {
+        ref ThreadRecord r = ref FindRecord();
+        return !Unsafe.IsNullRef(ref r) && r.Depth != 0;
+    }
+
+    /// <summary>
+    /// Enters a protected region and returns a guard whose <see cref="Scope.Dispose"/> leaves it; allocates
+    /// nothing. Use with <c>using</c>.
+    /// </summary>
+    /// <exception cref="ObjectDisposedException">The epoch has been disposed.</exception>
+    [MethodImpl(MethodImplOptions.AggressiveInlining)]
+    public Scope EnterScope()
+    {
+        Resume();
+        return new Scope(this);
+    }
+
+    /// <summary>Increments the global epoch and runs pending actions that have become safe.</summary>
+    /// <returns>The new epoch.</returns>
+    /// <exception cref="ObjectDisposedException">The epoch has been disposed.</exception>
+    public long BumpCurrentEpoch()
+    {
+        ThrowIfDisposed();
+        // Full fence (pairs with announcing CASes): see EpochSlotTable.Claim.
+        long next = Interlocked.Increment(ref currentEpoch.Value);
+        if (Volatile.Read(ref drainList.Count) != 0)
+            Drain();
+        return next;
+    }
+
+    /// <summary>
+    /// Increments the global epoch and runs <paramref name="onDrain"/> once every thread that was protected at
+    /// the old epoch has left or refreshed. May run it before returning (when no such thread exists) or later on
+    /// any thread that leaves, refreshes or bumps.
+    /// </summary>
+    /// <remarks>
+    /// Unlike FASTER, this never refreshes the caller's own protection: if the caller is protected, the action
+    /// waits until the caller leaves or refreshes. Any number of actions may be pending. If the action throws,
+    /// <see cref="DeferredActionFailed"/> is raised.
+    /// </remarks>
+    /// <param name="onDrain">The action to run once the old epoch is safe.</param>
+    /// <returns>The epoch after which <paramref name="onDrain"/> may run (the epoch before the increment).</returns>
+    /// <exception cref="ArgumentNullException"><paramref name="onDrain"/> is null.</exception>
+    /// <exception cref="ObjectDisposedException">The epoch has been disposed.</exception>
+    public long BumpCurrentEpoch(Action onDrain)
+    {
+        if (onDrain is null)
+            ThrowHelper.ThrowArgumentNull(nameof(onDrain));
+        ThrowIfDisposed();
+        long prior = IncrementEpoch();
+        Defer(prior, onDrain, null);
+        return prior;
+    }
+
+    /// <summary>
+    /// Like <see cref="BumpCurrentEpoch(Action)"/>, returning a task that completes when the action has run,
+    /// or faults with the action's exception.
+    /// </summary>
+    /// <param name="onDrain">The action to run once the old epoch is safe.</param>
+    /// <exception cref="ArgumentNullException"><paramref name="onDrain"/> is null.</exception>
+    /// <exception cref="ObjectDisposedException">The epoch has been disposed.</exception>
+    public Task BumpCurrentEpochAsync(Action onDrain)
+    {
+        if (onDrain is null)
+            ThrowHelper.ThrowArgumentNull(nameof(onDrain));
+        ThrowIfDisposed();
+        var completion = new TaskCompletionSource<bool>(TaskCreationOptions.RunContinuationsAsynchronously);
+        long prior = IncrementEpoch();
+        Defer(prior, onDrain, completion);
+        return completion.Task;
+    }
+
+    /// <summary>Increments the global epoch; returns the epoch before the increment. Full fence.</summary>
+    internal long IncrementEpoch() => Interlocked.Increment(ref currentEpoch.Value) - 1;
+
+    /// <summary>
+    /// Registers <paramref name="action"/> to run once <paramref name="prior"/> is safe, then tries to run it.
+    /// Never refreshes the caller's own announcement.
+    /// </summary>
+    internal void Defer(long prior, Action action, TaskCompletionSource<bool>? completion)
+    {
+        // Ends with a full fence, so the registration is visible before the scan below.
+        drainList.Add(prior, action, completion);
+        Drain();
+
+        ref ThreadRecord r = ref FindRecord();
+        bool selfProtected = !Unsafe.IsNullRef(ref r) && r.Depth != 0;
+        if (Volatile.Read(ref safeToReclaimEpoch.Value) >= prior)
+            return;
+
+        // Still pending. A thread may have left just before we registered, with its cleared slot still in its
+        // store buffer and its check of Count made before our registration (Suspend does not fence). Force
+        // every core's buffered stores out and look again: after this barrier either we see its slot cleared,
+        // or its check of Count sees our registration. Skipped when the only one holding the epoch back is
+        // the caller itself, which will drain when it leaves or refreshes.
+        if (table.AnyOtherAtOrBelow(prior, selfProtected ? r.Slots : null, selfProtected ? r.Index : -1))
+        {
+            Interlocked.MemoryBarrierProcessWide();
+            Drain();
+        }
+    }
+
+    /// <summary>Computes the safe epoch from a scan of the table and runs the actions it allows.</summary>
+    private void Drain()
+    {
+        // Acquire: pairs with the increment; the scan below reads slots after it.
+        long current = Volatile.Read(ref currentEpoch.Value);
+        long safe = table.OldestAnnounced(current) - 1;
+        PublishSafeEpoch(safe);
+        if (Volatile.Read(ref drainList.Count) != 0)
+            drainList.RunEligible(safe, ReportFault);
+    }
+
+    private void PublishSafeEpoch(long safe)
+    {
+        long seen = Volatile.Read(ref safeToReclaimEpoch.Value);
+        while (safe > seen)
+        {
+            long witnessed = Interlocked.CompareExchange(ref safeToReclaimEpoch.Value, safe, seen);
+            if (witnessed == seen)
+                break;
+            seen = witnessed;
+        }
+    }
+
+    private void ReportFault(Exception ex)
+    {
+        EpochDiagnostics.RecordActionFault();
+        EventHandler<DeferredActionFailedEventArgs>? handler = DeferredActionFailed;
+        if (handler is null)
+            return;
+        try
+        {
+            handler(this, new DeferredActionFailedEventArgs(ex));
+        }
+        catch
+        {
+            // A handler that throws must not break the drain of an unrelated thread (documented).
+        }
+    }
+
+    /// <summary>Nesting depth of the calling thread on this instance (0 when not protected).</summary>
+    internal int ProtectionDepth
+    {
+        get
+        {
+            ref ThreadRecord r = ref FindRecord();
+            return Unsafe.IsNullRef(ref r) ? 0 : r.Depth;
+        }
+    }
+
+    /// <summary>The epoch the calling thread announced, or 0 when it is not protected.</summary>
+    internal long AnnouncedEpoch
+    {
+        get
+        {
+            ref ThreadRecord r = ref FindRecord();
+            return Unsafe.IsNullRef(ref r) || r.Depth == 0 ? 0 : Volatile.Read(ref r.Slots![r.Index].Epoch);
+        }
+    }
+
+    /// <summary>Runs pending actions that are safe without changing the caller's announcement.</summary>
+    internal void DrainWithoutRefresh() => Drain();
+
+    /// <summary>Whether any protected thread announced <paramref name="epoch"/> or older.</summary>
+    internal bool IsHeldBack(long epoch) => table.AnyOtherAtOrBelow(epoch, null, -1);
+
+    private void ThrowIfDisposed()
+    {
+        if (Volatile.Read(ref disposed) != 0)
+            ThrowHelper.ThrowObjectDisposed(nameof(LightEpoch));
+    }
+
+    /// <summary>
+    /// Runs every pending action (none can be unsafe once no thread is protected) and retires the instance.
+    /// Calling it again does nothing.
+    /// </summary>
+    /// <exception cref="InvalidOperationException">A thread is still protected by this instance; nothing is
+    /// disposed, so the caller can make the threads leave and try again.</exception>
+    public void Dispose()
+    {
+        if (ThisInstanceProtected())
+            ThrowHelper.ThrowInvalidOperation("Dispose was called by a thread that is still protected by this epoch; call Suspend()/Leave() first.");
+        if (Interlocked.Exchange(ref disposed, 1) != 0)
+            return;
+
+        // Mark every free slot so no Resume can claim it; a slot already taken means a protected thread.
+        int stillProtected = 0;
+        for (EpochSlotTable.Segment? s = table.First; s is not null; s = Volatile.Read(ref s.Next))
+        {
+            EpochSlot[] slots = s.Slots;
+            for (int i = 0; i < slots.Length; i++)
+            {
+                if (Interlocked.CompareExchange(ref slots[i].Epoch, EpochSlotTable.DisposedMarker, 0) != 0)
+                    stillProtected++;
+            }
+        }
+
+        if (stillProtected != 0)
+        {
+            for (EpochSlotTable.Segment? s = table.First; s is not null; s = Volatile.Read(ref s.Next))
+            {
+                EpochSlot[] slots = s.Slots;
+                for (int i = 0; i < slots.Length; i++)
+                    Interlocked.CompareExchange(ref slots[i].Epoch, 0, EpochSlotTable.DisposedMarker);
+            }
+            Volatile.Write(ref disposed, 0);
+            ThrowHelper.ThrowInvalidOperation(
+                $"Dispose was called while {stillProtected} thread(s) are still protected by this epoch; " +
+                "make them call Suspend()/Leave() first. The epoch was not disposed.");
+        }
+
+        drainList.RunEligible(long.MaxValue - 2, ReportFault);
+        ReleaseId(id);
+        GC.SuppressFinalize(this);
+    }
+}

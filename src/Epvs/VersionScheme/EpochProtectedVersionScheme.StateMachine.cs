@@ -1,0 +1,329 @@
+using System;
+using System.Diagnostics;
+using System.Runtime.ExceptionServices;
+using System.Threading;
+
+namespace Epvs;
+
+public sealed partial class EpochProtectedVersionScheme
+{
+    /// <summary>1 while a thread is deciding and publishing a step (short: <see cref="VersionSchemeStateMachine.GetNextStep"/>
+    /// plus a CAS and an increment). Other threads never wait on it; they leave a request instead.</summary>
+    private int stepLock;
+
+    /// <summary>Set by a thread that wanted to step while <see cref="stepLock"/> was held; the holder looks again.</summary>
+    private int stepRequested;
+
+    /// <summary>
+    /// Raised when a state machine ends because one of its callbacks threw (after the scheme is usable again).
+    /// Runs on the thread that ran the callback; exceptions from handlers are ignored.
+    /// </summary>
+    public event EventHandler<StateMachineFaultedEventArgs>? StateMachineFaulted;
+
+    /// <summary>
+    /// Tries to start <paramref name="stateMachine"/>; never blocks. The machine then steps itself to completion.
+    /// </summary>
+    /// <param name="stateMachine">A machine that has not run before.</param>
+    /// <returns><see cref="StateMachineExecutionStatus.Ok"/> if started; <see cref="StateMachineExecutionStatus.Retry"/>
+    /// if another machine is active (try again after leaving or refreshing protection);
+    /// <see cref="StateMachineExecutionStatus.Fail"/> if its target version has been reached or is the target of the
+    /// active machine.</returns>
+    /// <exception cref="ArgumentNullException"><paramref name="stateMachine"/> is null.</exception>
+    /// <exception cref="InvalidOperationException"><paramref name="stateMachine"/> has already been started.</exception>
+    /// <exception cref="ObjectDisposedException">The scheme has been disposed.</exception>
+    public StateMachineExecutionStatus TryExecuteStateMachine(VersionSchemeStateMachine stateMachine)
+    {
+        if (stateMachine is null)
+            ThrowHelper.ThrowArgumentNull(nameof(stateMachine));
+        ThrowIfDisposed();
+
+        long target = stateMachine.ToVersion;
+        if (target != -1 && target <= CurrentState.Version)
+            return StateMachineExecutionStatus.Fail;
+
+        VersionSchemeStateMachine? active = Interlocked.CompareExchange(ref currentMachine, stateMachine, null);
+        if (active is not null)
+        {
+            if (ReferenceEquals(active, stateMachine))
+                ThrowHelper.ThrowInvalidOperation("This state machine is already running on this scheme; create a new instance for each transition.");
+            return StatusAgainst(active, target);
+        }
+
+        if (!stateMachine.TryMarkStarted())
+        {
+            Volatile.Write(ref currentMachine, null);
+            ThrowHelper.ThrowInvalidOperation("This state machine has already been executed; create a new instance for each transition.");
+        }
+
+        // No machine was active, so no step is in flight and the state is settled.
+        VersionSchemeState current = CurrentState;
+        if (target != -1 && target <= current.Version)
+        {
+            Volatile.Write(ref currentMachine, null);
+            stateMachine.Complete(null);
+            return StateMachineExecutionStatus.Fail;
+        }
+        if (target == -1 && current.Version == VersionSchemeState.MaxVersion)
+        {
+            Volatile.Write(ref currentMachine, null);
+            ThrowHelper.ThrowInvalidOperation("The version is at its maximum and cannot advance.");
+        }
+
+        stateMachine.SetActualToVersion(target == -1 ? current.Version + 1 : target);
+        TryStepStateMachine();
+        return StateMachineExecutionStatus.Ok;
+    }
+
+    private static StateMachineExecutionStatus StatusAgainst(VersionSchemeStateMachine active, long target)
+    {
+        // The active machine claims its target; -1 means it is still being started (spurious Retry is allowed).
+        long activeTarget = active.ActualToVersion;
+        return target != -1 && activeTarget >= target ? StateMachineExecutionStatus.Fail : StateMachineExecutionStatus.Retry;
+    }
+
+    /// <summary>
+    /// Starts <paramref name="stateMachine"/>, retrying while another machine is active, and with
+    /// <paramref name="spin"/> waits until it has completed.
+    /// </summary>
+    /// <param name="stateMachine">A machine that has not run before.</param>
+    /// <param name="spin">Whether to wait for the machine to complete (rethrowing its fault, if any).</param>
+    /// <returns>False if the target version had already been reached or claimed (<see cref="StateMachineExecutionStatus.Fail"/>).</returns>
+    /// <exception cref="InvalidOperationException">The calling thread is protected by the underlying epoch: waiting
+    /// for a machine that waits for this thread would never end. Leave first, or use
+    /// <see cref="TryExecuteStateMachine"/> and <see cref="Refresh"/> between attempts.</exception>
+    /// <exception cref="ObjectDisposedException">The scheme has been disposed.</exception>
+    public bool ExecuteStateMachine(VersionSchemeStateMachine stateMachine, bool spin = false)
+    {
+        if (epoch.ThisInstanceProtected())
+            ThrowHelper.ThrowInvalidOperation(
+                "ExecuteStateMachine/AdvanceVersionWithCriticalSection was called by a protected thread: it waits for state " +
+                "machines that wait for this thread to leave, so it would never return. Call Leave() first, or use " +
+                "TryExecuteStateMachine/TryAdvanceVersionWithCriticalSection and Refresh() between attempts.");
+
+        var spinner = new SpinWait();
+        StateMachineExecutionStatus status;
+        while ((status = TryExecuteStateMachine(stateMachine)) == StateMachineExecutionStatus.Retry)
+        {
+            ReportStallIfDue();
+            spinner.SpinOnce();
+        }
+        if (status == StateMachineExecutionStatus.Fail)
+            return false;
+
+        if (spin)
+        {
+            spinner.Reset();
+            while (!stateMachine.IsCompleted)
+            {
+                // Polls GetNextStep, so a delayed step is taken as soon as it is available.
+                TryStepStateMachine();
+                ReportStallIfDue();
+                spinner.SpinOnce();
+            }
+            if (stateMachine.Fault is { } fault)
+                ExceptionDispatchInfo.Capture(fault).Throw();
+        }
+        return true;
+    }
+
+    /// <summary>
+    /// Tries to advance the version with one critical section, run in mutual exclusion with every protected region;
+    /// never blocks. May be called inside a protected region: the critical section then waits until this thread
+    /// leaves or refreshes.
+    /// </summary>
+    /// <param name="criticalSection">Called with the old and the new version.</param>
+    /// <param name="targetVersion">The version to reach, or -1 for the next one.</param>
+    /// <returns>See <see cref="TryExecuteStateMachine"/>. A fault of the critical section is reported through
+    /// <see cref="StateMachineFaulted"/> and leaves the version unchanged.</returns>
+    /// <exception cref="ArgumentNullException"><paramref name="criticalSection"/> is null.</exception>
+    /// <exception cref="ArgumentOutOfRangeException"><paramref name="targetVersion"/> is below -1 or too large.</exception>
+    /// <exception cref="ObjectDisposedException">The scheme has been disposed.</exception>
+    public StateMachineExecutionStatus TryAdvanceVersionWithCriticalSection(Action<long, long> criticalSection, long targetVersion = -1)
+    {
+        if (criticalSection is null)
+            ThrowHelper.ThrowArgumentNull(nameof(criticalSection));
+        // Answer the common losing cases without allocating a machine (many threads asking for the same version).
+        if (targetVersion != -1 && targetVersion <= CurrentState.Version)
+            return StateMachineExecutionStatus.Fail;
+        if (Volatile.Read(ref currentMachine) is { } active)
+            return StatusAgainst(active, targetVersion);
+        return TryExecuteStateMachine(new CriticalSectionStateMachine(criticalSection, targetVersion));
+    }
+
+    /// <summary>
+    /// Advances the version with one critical section, retrying while another machine is active, and with
+    /// <paramref name="spin"/> waits for it (rethrowing the critical section's exception, if any).
+    /// </summary>
+    /// <param name="criticalSection">Called with the old and the new version.</param>
+    /// <param name="targetVersion">The version to reach, or -1 for the next one.</param>
+    /// <param name="spin">Whether to wait until the transition has completed.</param>
+    /// <returns>False if the target version had already been reached or claimed.</returns>
+    /// <exception cref="ArgumentNullException"><paramref name="criticalSection"/> is null.</exception>
+    /// <exception cref="InvalidOperationException">The calling thread is protected (see <see cref="ExecuteStateMachine"/>).</exception>
+    /// <exception cref="ObjectDisposedException">The scheme has been disposed.</exception>
+    public bool AdvanceVersionWithCriticalSection(Action<long, long> criticalSection, long targetVersion = -1, bool spin = false)
+    {
+        if (criticalSection is null)
+            ThrowHelper.ThrowArgumentNull(nameof(criticalSection));
+        return ExecuteStateMachine(new CriticalSectionStateMachine(criticalSection, targetVersion), spin);
+    }
+
+    /// <summary>
+    /// Tells the scheme that the active machine's next step may have become available (after
+    /// <see cref="VersionSchemeStateMachine.GetNextStep"/> returned false), so it can proceed without any thread
+    /// entering or leaving. Unnecessary for machines whose steps are always available.
+    /// </summary>
+    /// <exception cref="ObjectDisposedException">The scheme has been disposed.</exception>
+    public void SignalStepAvailable()
+    {
+        ThrowIfDisposed();
+        TryStepStateMachine();
+    }
+
+    /// <summary>
+    /// Takes the active machine's next step if one is available and none is in flight. Never waits: if another
+    /// thread is deciding a step, it leaves a request that that thread honours before it lets go.
+    /// </summary>
+    internal void TryStepStateMachine()
+    {
+        while (Volatile.Read(ref currentMachine) is not null)
+        {
+            if (Interlocked.CompareExchange(ref stepLock, 1, 0) != 0)
+            {
+                // Full fence, then look again: either the holder reads our request after it lets go (its release
+                // is an exchange, ordered before its read of the request), or our second CAS sees the lock free.
+                Interlocked.Exchange(ref stepRequested, 1);
+                if (Interlocked.CompareExchange(ref stepLock, 1, 0) != 0)
+                    return;
+            }
+
+            // Full fence: whatever GetNextStep reads is read after every request we are about to serve.
+            Interlocked.Exchange(ref stepRequested, 0);
+            Action? step;
+            long prior;
+            try
+            {
+                step = PrepareStep(out prior);
+            }
+            finally
+            {
+                // Full fence: pairs with a requester's exchange-then-CAS above.
+                Interlocked.Exchange(ref stepLock, 0);
+            }
+
+            // Outside the lock: the action may run right here (nobody protected) and step again.
+            if (step is not null)
+                epoch.Defer(prior, step, null);
+
+            if (Volatile.Read(ref stepRequested) == 0)
+                return;
+        }
+    }
+
+    /// <summary>Under <see cref="stepLock"/>: publishes the intermediate state of the next step and returns the
+    /// critical section to defer, or null if no step can be taken now.</summary>
+    private Action? PrepareStep(out long prior)
+    {
+        prior = 0;
+        VersionSchemeStateMachine? machine = Volatile.Read(ref currentMachine);
+        if (machine is null)
+            return null;
+        long target = machine.ActualToVersion;
+        if (target < 0)
+            return null; // still being started; its starter steps it
+        VersionSchemeState from = CurrentState;
+        if (from.IsIntermediate)
+            return null; // a step is in flight; it asks for the next one when it ends
+
+        VersionSchemeState to;
+        try
+        {
+            if (!machine.GetNextStep(from, out to))
+                return null;
+        }
+        catch (Exception ex)
+        {
+            FinishMachine(machine, ex);
+            return null;
+        }
+
+        if (to.IsIntermediate || to == from || to.Version < from.Version || to.Version > target)
+        {
+            FinishMachine(machine, new InvalidOperationException(
+                $"State machine {machine.GetType().Name} asked to move from {from} to {to}. A next state must differ from the " +
+                $"current one, have a phase below 128, and a version between the current version and the target {target}."));
+            return null;
+        }
+
+        // Readers that see the intermediate state must not pair it with the previous step's epoch.
+        Volatile.Write(ref transitionPrior, UnknownPrior);
+        // Full fence. From here no thread can begin a region in `from` (Enter backs off on intermediate states).
+        if (Interlocked.CompareExchange(ref state, VersionSchemeState.MakeIntermediate(from).Word, from.Word) != from.Word)
+            return null;
+        Volatile.Write(ref stepStartTimestamp, Stopwatch.GetTimestamp());
+        Volatile.Write(ref stallReported, 0);
+        // Every region that may have observed `from` announced before reading it, so before our CAS, so at most the
+        // epoch this increment leaves behind (the increment is a full fence after the CAS).
+        prior = epoch.IncrementEpoch();
+        Volatile.Write(ref transitionPrior, prior);
+        return () => CompleteStep(machine, from, to);
+    }
+
+    /// <summary>The deferred part of a step: runs once every region that may have observed <paramref name="from"/> has
+    /// left. Never throws.</summary>
+    private void CompleteStep(VersionSchemeStateMachine machine, VersionSchemeState from, VersionSchemeState to)
+    {
+        try
+        {
+            machine.OnEnteringState(from, to);
+        }
+        catch (Exception ex)
+        {
+            // The step did not happen: back to where it started (release, as below).
+            Volatile.Write(ref state, from.Word);
+            FinishMachine(machine, ex);
+            return;
+        }
+
+        EpochDiagnostics.RecordTransition(ElapsedSince(Volatile.Read(ref stepStartTimestamp)).TotalMilliseconds);
+        // Release: the critical section's writes are visible to every region that observes `to` (pairs with the
+        // acquire read in Enter/Refresh).
+        Volatile.Write(ref state, to.Word);
+
+        try
+        {
+            machine.AfterEnteringState(to);
+        }
+        catch (Exception ex)
+        {
+            FinishMachine(machine, ex);
+            return;
+        }
+
+        if (to.Phase == VersionSchemeState.Rest && to.Version == machine.ActualToVersion)
+            FinishMachine(machine, null);
+        else
+            TryStepStateMachine();
+    }
+
+    private void FinishMachine(VersionSchemeStateMachine machine, Exception? fault)
+    {
+        Interlocked.CompareExchange(ref currentMachine, null, machine);
+        machine.Complete(fault);
+        if (fault is null)
+            return;
+
+        EpochDiagnostics.RecordTransitionFault();
+        EventHandler<StateMachineFaultedEventArgs>? handler = StateMachineFaulted;
+        if (handler is null)
+            return;
+        try
+        {
+            handler(this, new StateMachineFaultedEventArgs(machine, fault, CurrentState));
+        }
+        catch
+        {
+            // Documented: a throwing handler must not break the thread that happened to run the step.
+        }
+    }
+}

@@ -1,0 +1,249 @@
+using System;
+using System.Runtime.CompilerServices;
+using System.Threading;
+
+namespace Epvs;
+
+/// <summary>
+/// The Epoch-Protected Version Scheme (EPVS) of Li, Chandramouli and Madden (VLDB Journal 2024), after Microsoft
+/// FASTER's: threads run latch-free inside protected regions (<see cref="Enter"/> ... <see cref="Leave"/>) that each
+/// observe one stable <see cref="VersionSchemeState"/>, and state machines move the scheme between states with
+/// critical sections that run in mutual exclusion with every protected region.
+/// </summary>
+/// <remarks>
+/// <para>Guarantees, each covered by tests:</para>
+/// <list type="bullet">
+/// <item><description>Mutual exclusion: <see cref="VersionSchemeStateMachine.OnEnteringState"/> runs only after every
+/// region that observed the old state has left, and no region observes the new state before it has run.</description></item>
+/// <item><description>Stable view: the state returned by <see cref="Enter"/> or <see cref="Refresh"/> holds until the
+/// matching <see cref="Leave"/> or the next <see cref="Refresh"/>.</description></item>
+/// <item><description>Monotonic versions: a version is advanced to at most once; see
+/// <see cref="StateMachineExecutionStatus"/>.</description></item>
+/// <item><description>Self-stepping: a machine whose steps are available completes with no further calls by anyone; a
+/// delayed step completes after <see cref="SignalStepAvailable"/>.</description></item>
+/// <item><description>Advancing under protection: when a protected thread requests a transition, the critical section
+/// waits until that thread leaves or refreshes (FASTER silently refreshes the caller instead).</description></item>
+/// <item><description>Faults do not wedge: if <see cref="VersionSchemeStateMachine.OnEnteringState"/> throws, the scheme
+/// returns to the state the step started from; if <see cref="VersionSchemeStateMachine.GetNextStep"/> or
+/// <see cref="VersionSchemeStateMachine.AfterEnteringState"/> throws, it stays in the last state entered. Either way
+/// the machine ends, the next machine can start, the exception faults the machine's
+/// <see cref="VersionSchemeStateMachine.Completion"/>, is rethrown by
+/// <see cref="ExecuteStateMachine"/>/<see cref="AdvanceVersionWithCriticalSection"/> with <c>spin: true</c>, and is
+/// reported through <see cref="StateMachineFaulted"/>.</description></item>
+/// <item><description>Re-entrant: regions nest, on one scheme or on several schemes sharing a <see cref="LightEpoch"/>. A
+/// nested <see cref="Enter"/> or <see cref="Refresh"/> never releases the outer region's protection.</description></item>
+/// </list>
+/// <para>Protection belongs to a thread: do not <c>await</c> inside a region.</para>
+/// </remarks>
+public sealed partial class EpochProtectedVersionScheme : IDisposable
+{
+    /// <summary>Value of <see cref="transitionPrior"/> while the stepping thread has published an intermediate
+    /// state but not yet bumped the epoch.</summary>
+    private const long UnknownPrior = long.MaxValue;
+
+    private readonly LightEpoch epoch;
+    private readonly bool ownsEpoch;
+
+    /// <summary>The <see cref="VersionSchemeState"/> word. Written by CAS (start of a step) or release store
+    /// (end of a step); read with acquire.</summary>
+    private long state;
+    private VersionSchemeStateMachine? currentMachine;
+
+    /// <summary>The epoch the current step waits on: every region that may have observed the step's starting state
+    /// announced this epoch or an older one.</summary>
+    private long transitionPrior = UnknownPrior;
+
+    private int disposed;
+
+    /// <summary>Creates a scheme with its own <see cref="LightEpoch"/>, disposed with the scheme. Starts at rest,
+    /// version 1.</summary>
+    public EpochProtectedVersionScheme()
+        : this(new LightEpoch(), ownsEpoch: true)
+    {
+    }
+
+    /// <summary>
+    /// Creates a scheme on a shared <see cref="LightEpoch"/>. Several schemes may share one epoch, and a thread may
+    /// nest regions of all of them. The epoch is not disposed with the scheme. Starts at rest, version 1.
+    /// </summary>
+    /// <param name="epoch">The epoch to share.</param>
+    /// <exception cref="ArgumentNullException"><paramref name="epoch"/> is null.</exception>
+    public EpochProtectedVersionScheme(LightEpoch epoch)
+        : this(epoch ?? throw new ArgumentNullException(nameof(epoch)), ownsEpoch: false)
+    {
+    }
+
+    private EpochProtectedVersionScheme(LightEpoch epoch, bool ownsEpoch)
+    {
+        this.epoch = epoch;
+        this.ownsEpoch = ownsEpoch;
+        state = VersionSchemeState.Make(VersionSchemeState.Rest, 1).Word;
+    }
+
+    /// <summary>The epoch under this scheme. For advanced uses only, such as sharing it with another scheme.</summary>
+    public LightEpoch Epoch => epoch;
+
+    /// <summary>The current state, possibly intermediate. Outside a protected region it may change at any time.</summary>
+    public VersionSchemeState CurrentState => new(Volatile.Read(ref state));
+
+    /// <summary>
+    /// Enters a protected region (or nests one level deeper) and returns the state it observes, which holds until
+    /// the matching <see cref="Leave"/>. Waits while a critical section is pending or running, unless the thread is
+    /// already protected by the underlying epoch, in which case it never releases that protection.
+    /// </summary>
+    /// <returns>The stable state this region observes.</returns>
+    /// <exception cref="ObjectDisposedException">The scheme (or its epoch) has been disposed.</exception>
+    [MethodImpl(MethodImplOptions.AggressiveInlining)]
+    public VersionSchemeState Enter()
+    {
+        epoch.Resume();
+        // Acquire: pairs with the release store that ends a step, so the critical section's writes are visible.
+        // Ordered after the announcement by the outermost Resume's full fence (DESIGN §2.2).
+        long s = Volatile.Read(ref state);
+        if ((s & VersionSchemeState.IntermediateMask) == 0 && currentMachine is null)
+            return new VersionSchemeState(s);
+        return EnterSlow();
+    }
+
+    [MethodImpl(MethodImplOptions.NoInlining)]
+    private VersionSchemeState EnterSlow()
+    {
+        try
+        {
+            ThrowIfDisposed();
+            TryStepStateMachine();
+        }
+        catch
+        {
+            epoch.Suspend();
+            throw;
+        }
+        return WaitForStableState();
+    }
+
+    /// <summary>
+    /// Equivalent to <see cref="Leave"/> then <see cref="Enter"/>, but cheaper: lets pending transitions pass and
+    /// returns the new stable state. When nested, the outer regions' protection is kept: the call returns the state
+    /// those regions observe.
+    /// </summary>
+    /// <returns>The stable state this region now observes.</returns>
+    /// <exception cref="InvalidOperationException">The calling thread is not in a protected region.</exception>
+    [MethodImpl(MethodImplOptions.AggressiveInlining)]
+    public VersionSchemeState Refresh()
+    {
+        epoch.ProtectAndDrain();
+        long s = Volatile.Read(ref state); // acquire, as in Enter
+        if ((s & VersionSchemeState.IntermediateMask) == 0 && currentMachine is null)
+            return new VersionSchemeState(s);
+        return RefreshSlow();
+    }
+
+    [MethodImpl(MethodImplOptions.NoInlining)]
+    private VersionSchemeState RefreshSlow()
+    {
+        TryStepStateMachine();
+        return WaitForStableState();
+    }
+
+    /// <summary>Leaves the protected region entered by the matching <see cref="Enter"/>.</summary>
+    /// <exception cref="InvalidOperationException">The calling thread is not in a protected region of the
+    /// underlying epoch (unbalanced <see cref="Leave"/>, or a call from another thread than the one that
+    /// entered).</exception>
+    [MethodImpl(MethodImplOptions.AggressiveInlining)]
+    public void Leave() => epoch.Suspend();
+
+    /// <summary>
+    /// Enters a protected region and returns a guard whose <see cref="Scope.Dispose"/> leaves it; allocates nothing.
+    /// </summary>
+    /// <param name="state">The stable state the region observes.</param>
+    /// <returns>The guard; use with <c>using</c>.</returns>
+    /// <exception cref="ObjectDisposedException">The scheme has been disposed.</exception>
+    [MethodImpl(MethodImplOptions.AggressiveInlining)]
+    public Scope EnterScope(out VersionSchemeState state)
+    {
+        state = Enter();
+        return new Scope(this);
+    }
+
+    /// <summary>
+    /// Returns once the state is not intermediate, with the calling thread protected and the returned state stable
+    /// for it. Called with the thread protected (depth ≥ 1).
+    /// </summary>
+    private VersionSchemeState WaitForStableState()
+    {
+        var spinner = new SpinWait();
+        while (true)
+        {
+            long s = Volatile.Read(ref state);
+            if ((s & VersionSchemeState.IntermediateMask) == 0)
+                return new VersionSchemeState(s);
+
+            if (Volatile.Read(ref disposed) != 0)
+            {
+                epoch.Suspend();
+                ThrowHelper.ThrowObjectDisposed(nameof(EpochProtectedVersionScheme));
+            }
+
+            if (epoch.ProtectionDepth > 1)
+            {
+                // Nested inside another region of this epoch: dropping protection would break the outer region,
+                // so decide whether this step waits for us. Read the step's epoch, then check the state did not
+                // move on meanwhile, so the two belong together.
+                long prior = Volatile.Read(ref transitionPrior);
+                if (Volatile.Read(ref state) != s)
+                    continue;
+                if (prior != UnknownPrior)
+                {
+                    // Our announcement is at or below the step's epoch: the critical section cannot run until we
+                    // leave, so the state the step started from holds for us (this is always the case for a nested
+                    // Enter on the scheme whose outer region observed that state).
+                    if (epoch.AnnouncedEpoch <= prior)
+                        return new VersionSchemeState(s).WithoutIntermediate();
+                    // The step does not wait for us. Wait for it, running its critical section if it is due.
+                    epoch.DrainWithoutRefresh();
+                }
+                // else: the stepping thread is between publishing the intermediate state and bumping the epoch.
+                ReportStallIfDue();
+                spinner.SpinOnce();
+                continue;
+            }
+
+            // Outermost: step aside so the transition can complete, then come back.
+            epoch.Suspend();
+            while (Volatile.Read(ref state) == s)
+            {
+                ReportStallIfDue();
+                spinner.SpinOnce();
+            }
+            epoch.Resume();
+        }
+    }
+
+    private void ThrowIfDisposed()
+    {
+        if (Volatile.Read(ref disposed) != 0)
+            ThrowHelper.ThrowObjectDisposed(nameof(EpochProtectedVersionScheme));
+    }
+
+    /// <summary>
+    /// Retires the scheme: later calls throw <see cref="ObjectDisposedException"/>. Disposes the epoch if the scheme
+    /// created it. Calling it again does nothing.
+    /// </summary>
+    /// <exception cref="InvalidOperationException">A state machine is still running (wait for its
+    /// <see cref="VersionSchemeStateMachine.Completion"/> first), or a thread is still protected by the scheme's own
+    /// epoch. Nothing is disposed.</exception>
+    public void Dispose()
+    {
+        if (Volatile.Read(ref disposed) != 0)
+            return;
+        if (Volatile.Read(ref currentMachine) is { } machine)
+            ThrowHelper.ThrowInvalidOperation($"Dispose was called while state machine {machine.GetType().Name} is still running; wait for its Completion first.");
+        if (ownsEpoch)
+            epoch.Dispose();
+        if (Interlocked.Exchange(ref disposed, 1) != 0)
+            return;
+        // Make every later Enter take the slow path, where it sees the flag (the hot path has no disposed check).
+        long s = Volatile.Read(ref state);
+        Interlocked.CompareExchange(ref state, s | VersionSchemeState.IntermediateMask, s);
+    }
+}

@@ -1,0 +1,14 @@
+namespace Epvs;
+
+/// <summary>The outcome of asking an <see cref="EpochProtectedVersionScheme"/> to start a state machine.</summary>
+public enum StateMachineExecutionStatus
+{
+    /// <summary>The machine was started; it completes on its own (see <see cref="VersionSchemeStateMachine.Completion"/>).</summary>
+    Ok,
+
+    /// <summary>Another machine is active; try again after leaving or refreshing protection. Nothing was started.</summary>
+    Retry,
+
+    /// <summary>The target version has already been reached or is claimed by the active machine; do not retry.</summary>
+    Fail,
+}

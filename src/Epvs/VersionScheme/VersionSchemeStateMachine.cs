@@ -1,0 +1,94 @@
+using System;
+using System.Threading;
+using System.Threading.Tasks;
+
+namespace Epvs;
+
+/// <summary>
+/// A sequence of transitions that takes an <see cref="EpochProtectedVersionScheme"/> to a new version. The scheme
+/// asks <see cref="GetNextStep"/> for each next state, runs <see cref="OnEnteringState"/> under mutual exclusion
+/// with every protected region, publishes the state, then runs <see cref="AfterEnteringState"/> concurrently with
+/// protected regions. The machine ends when the scheme reaches <see cref="VersionSchemeState.Rest"/> at the
+/// target version.
+/// </summary>
+/// <remarks>
+/// An instance runs once: start a new instance for each transition. If a callback throws, the machine stops there
+/// (see <see cref="EpochProtectedVersionScheme"/> for the state it leaves) and <see cref="Completion"/> faults.
+/// </remarks>
+public abstract class VersionSchemeStateMachine
+{
+    private readonly TaskCompletionSource<bool> completion = new(TaskCreationOptions.RunContinuationsAsynchronously);
+    private long actualToVersion = -1;
+    private int started;
+    private volatile bool completed;
+    private Exception? fault;
+
+    /// <summary>Creates a machine that advances to <paramref name="toVersion"/>.</summary>
+    /// <param name="toVersion">The version to reach, or -1 for "the version after the one current when the machine
+    /// starts".</param>
+    /// <exception cref="ArgumentOutOfRangeException"><paramref name="toVersion"/> is below -1 or above
+    /// <see cref="VersionSchemeState.MaxVersion"/>.</exception>
+    protected VersionSchemeStateMachine(long toVersion = -1)
+    {
+        if (toVersion < -1 || toVersion > VersionSchemeState.MaxVersion)
+            ThrowHelper.ThrowArgumentOutOfRange(nameof(toVersion), $"The target version must be -1 (next) or between 0 and {VersionSchemeState.MaxVersion}.");
+        ToVersion = toVersion;
+    }
+
+    /// <summary>The requested target version, or -1 for "the next version".</summary>
+    public long ToVersion { get; }
+
+    /// <summary>The version this machine advances to, known once it has started (-1 before).</summary>
+    public long ActualToVersion => Volatile.Read(ref actualToVersion);
+
+    /// <summary>Whether the machine has finished, successfully or not.</summary>
+    public bool IsCompleted => completed;
+
+    /// <summary>The exception a callback threw, if the machine stopped because of one.</summary>
+    public Exception? Fault => completed ? fault : null;
+
+    /// <summary>Completes when the machine ends; faults with the exception if a callback threw.</summary>
+    public Task Completion => completion.Task;
+
+    /// <summary>
+    /// Given the current (stable) state, decides the next state to enter. Return false when the next step is not
+    /// available yet (for example while waiting for I/O), and call
+    /// <see cref="EpochProtectedVersionScheme.SignalStepAvailable"/> once it is.
+    /// </summary>
+    /// <param name="currentState">The current state (never intermediate).</param>
+    /// <param name="nextState">The state to enter: a phase below 128, and a version between the current one and
+    /// <see cref="ActualToVersion"/>.</param>
+    /// <returns>Whether a transition can be made now.</returns>
+    public abstract bool GetNextStep(VersionSchemeState currentState, out VersionSchemeState nextState);
+
+    /// <summary>
+    /// Runs before <paramref name="toState"/> is published, while no thread is inside a protected region that
+    /// observed <paramref name="fromState"/> and no thread can enter one: the critical section. It may run on any
+    /// thread, including one that is itself between protected regions of this scheme.
+    /// </summary>
+    /// <param name="fromState">The state being left.</param>
+    /// <param name="toState">The state about to be entered.</param>
+    public abstract void OnEnteringState(VersionSchemeState fromState, VersionSchemeState toState);
+
+    /// <summary>
+    /// Runs after <paramref name="state"/> is published; may interleave with protected regions. Use it for heavy
+    /// work that needs no exclusion (copying, flushing), then return; the next step is requested afterwards.
+    /// </summary>
+    /// <param name="state">The state just entered.</param>
+    public abstract void AfterEnteringState(VersionSchemeState state);
+
+    /// <summary>Marks the machine as started exactly once.</summary>
+    internal bool TryMarkStarted() => Interlocked.CompareExchange(ref started, 1, 0) == 0;
+
+    internal void SetActualToVersion(long version) => Volatile.Write(ref actualToVersion, version);
+
+    internal void Complete(Exception? exception)
+    {
+        fault = exception;
+        completed = true; // volatile write: publishes fault
+        if (exception is null)
+            completion.TrySetResult(true);
+        else
+            completion.TrySetException(exception);
+    }
+}
