@@ -305,21 +305,22 @@ public sealed partial class LightEpoch : IDisposable
         drainList.Add(prior, action, completion);
         Drain();
 
-        ref ThreadRecord r = ref FindRecord();
-        bool selfProtected = !Unsafe.IsNullRef(ref r) && r.Depth != 0;
-        if (Volatile.Read(ref safeToReclaimEpoch.Value) >= prior)
+        if (Volatile.Read(ref safeToReclaimEpoch.Value) >= prior || DisableLeaveRaceGuardForTesting)
             return;
 
         // Still pending. A thread may have left just before we registered, with its cleared slot still in its
-        // store buffer and its check of Count made before our registration (Suspend does not fence). Force
-        // every core's buffered stores out and look again: after this barrier either we see its slot cleared,
-        // or its check of Count sees our registration. Skipped when the only one holding the epoch back is
-        // the caller itself, which will drain when it leaves or refreshes.
+        // store buffer and its check of Count made before our registration (Suspend does not fence), so that
+        // neither of us runs the action. If anyone but the caller still seems to hold the epoch back, force every
+        // core's buffered stores out first; then look again, whatever the answer: after the barrier either we
+        // see that slot cleared, or its owner's later check of Count sees our registration. (When only the caller
+        // holds it back, the caller drains when it leaves or refreshes.)
+        ref ThreadRecord r = ref FindRecord();
+        bool selfProtected = !Unsafe.IsNullRef(ref r) && r.Depth != 0;
         if (table.AnyOtherAtOrBelow(prior, selfProtected ? r.Slots : null, selfProtected ? r.Index : -1))
         {
             Interlocked.MemoryBarrierProcessWide();
-            Drain();
         }
+        Drain();
     }
 
     /// <summary>Computes the safe epoch from a scan of the table and runs the actions it allows.</summary>

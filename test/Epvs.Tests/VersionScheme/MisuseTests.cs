@@ -1,0 +1,194 @@
+using System;
+using Xunit;
+
+namespace Epvs.Tests;
+
+/// <summary>G7: misuse throws, with a message that says what to do, and leaves everything usable.</summary>
+public class MisuseTests
+{
+    [Fact]
+    public void Leave_WithoutEnter_ThrowsAndSaysHowToFixIt()
+    {
+        using var scheme = new EpochProtectedVersionScheme();
+        var ex = Assert.Throws<InvalidOperationException>(scheme.Leave);
+        Assert.Contains("Enter()", ex.Message);
+        Assert.Contains("same thread", ex.Message);
+
+        scheme.Enter();
+        scheme.Leave();
+        Assert.Throws<InvalidOperationException>(scheme.Leave); // one too many
+    }
+
+    [Fact]
+    public void Leave_OnAnotherThreadThanEnter_Throws()
+    {
+        using var scheme = new EpochProtectedVersionScheme();
+        scheme.Enter();
+        Exception? other = null;
+        GuardedThread.Start(() => other = Record.Exception(scheme.Leave)).Join();
+        Assert.IsType<InvalidOperationException>(other);
+        scheme.Leave();
+    }
+
+    [Fact]
+    public void Refresh_AndProtectAndDrain_Unprotected_Throw()
+    {
+        using var scheme = new EpochProtectedVersionScheme();
+        Assert.Throws<InvalidOperationException>(() => scheme.Refresh());
+        Assert.Throws<InvalidOperationException>(scheme.Epoch.ProtectAndDrain);
+        Assert.Throws<InvalidOperationException>(scheme.Epoch.Suspend);
+    }
+
+    [Theory]
+    [InlineData(true)]
+    [InlineData(false)]
+    public void ExecuteStateMachine_UnderProtection_ThrowsInsteadOfDeadlocking(bool spin)
+    {
+        using var scheme = new EpochProtectedVersionScheme();
+        scheme.Enter();
+        var ex = Assert.Throws<InvalidOperationException>(() => scheme.ExecuteStateMachine(new PhaseMachine(2), spin));
+        Assert.Contains("Leave()", ex.Message);
+        Assert.Throws<InvalidOperationException>(() => scheme.AdvanceVersionWithCriticalSection((_, _) => { }, spin: spin));
+        // Nothing was started; the thread is still protected and can carry on.
+        Assert.Equal(VersionSchemeState.Make(VersionSchemeState.Rest, 1), scheme.CurrentState);
+        scheme.Leave();
+        Assert.True(scheme.AdvanceVersionWithCriticalSection((_, _) => { }, spin: true));
+    }
+
+    [Fact]
+    public void ExecuteStateMachine_UnderProtectionOfASharedEpoch_Throws()
+    {
+        using var epoch = new LightEpoch();
+        using var a = new EpochProtectedVersionScheme(epoch);
+        using var b = new EpochProtectedVersionScheme(epoch);
+        a.Enter();
+        Assert.Throws<InvalidOperationException>(() => b.ExecuteStateMachine(new PhaseMachine(2), spin: true));
+        a.Leave();
+    }
+
+    [Fact]
+    public void StateMachine_ExecutedTwice_Throws()
+    {
+        using var scheme = new EpochProtectedVersionScheme();
+        var machine = new PhaseMachine(2);
+        Assert.True(scheme.ExecuteStateMachine(machine, spin: true));
+        var ex = Assert.Throws<InvalidOperationException>(() => scheme.TryExecuteStateMachine(machine));
+        Assert.Contains("new instance", ex.Message);
+    }
+
+    [Fact]
+    public void UseAfterDispose_ThrowsObjectDisposed()
+    {
+        var scheme = new EpochProtectedVersionScheme();
+        scheme.Dispose();
+        scheme.Dispose(); // idempotent
+        Assert.Throws<ObjectDisposedException>(() => scheme.Enter());
+        Assert.Throws<ObjectDisposedException>(() => scheme.EnterScope(out _));
+        Assert.Throws<ObjectDisposedException>(() => scheme.TryAdvanceVersionWithCriticalSection((_, _) => { }));
+        Assert.Throws<ObjectDisposedException>(() => scheme.TryExecuteStateMachine(new PhaseMachine(2)));
+        Assert.Throws<ObjectDisposedException>(scheme.SignalStepAvailable);
+        Assert.Throws<ObjectDisposedException>(scheme.Epoch.Resume);
+        Assert.Throws<ObjectDisposedException>(() => scheme.Epoch.BumpCurrentEpoch());
+        Assert.Throws<ObjectDisposedException>(() => scheme.Epoch.BumpCurrentEpoch(() => { }));
+    }
+
+    [Fact]
+    public void UseAfterDispose_SchemeOnSharedEpoch_ThrowsAndEpochStaysUsable()
+    {
+        using var epoch = new LightEpoch();
+        var scheme = new EpochProtectedVersionScheme(epoch);
+        scheme.Enter();
+        scheme.Leave();
+        scheme.Dispose();
+        Assert.Throws<ObjectDisposedException>(() => scheme.Enter());
+        Assert.False(epoch.ThisInstanceProtected()); // the failed Enter did not leave the thread protected
+        using var other = new EpochProtectedVersionScheme(epoch);
+        Assert.Equal(1, other.Enter().Version);
+        other.Leave();
+    }
+
+    [Fact]
+    public void Dispose_WhileThisThreadIsProtected_Throws()
+    {
+        var epoch = new LightEpoch();
+        epoch.Resume();
+        Assert.Throws<InvalidOperationException>(epoch.Dispose);
+        epoch.Suspend();
+        epoch.Dispose();
+    }
+
+    [Fact]
+    public void Dispose_WhileAnotherThreadIsProtected_ThrowsAndEpochStaysUsable()
+    {
+        var epoch = new LightEpoch();
+        using (new ParkedThread(epoch.Resume, epoch.Suspend))
+        {
+            var ex = Assert.Throws<InvalidOperationException>(epoch.Dispose);
+            Assert.Contains("1 thread(s)", ex.Message);
+            epoch.Resume(); // not disposed
+            epoch.Suspend();
+        }
+        int ran = 0;
+        epoch.BumpCurrentEpoch(() => ran = 1);
+        Assert.Equal(1, ran);
+        epoch.Dispose();
+    }
+
+    [Fact]
+    public void Dispose_WithPendingActions_RunsThem()
+    {
+        var epoch = new LightEpoch();
+        int ran = 0;
+        using (var parked = new ParkedThread(epoch.Resume, epoch.Suspend))
+        {
+            epoch.BumpCurrentEpoch(() => ran++);
+            Assert.Equal(0, ran);
+        }
+        Assert.Equal(1, ran);
+        epoch.Dispose();
+    }
+
+    [Fact]
+    public void Dispose_WhileAMachineRuns_ThrowsUntilItCompletes()
+    {
+        var scheme = new EpochProtectedVersionScheme();
+        var machine = new PhaseMachine(3);
+        machine.HoldStep(1);
+        Assert.True(scheme.ExecuteStateMachine(machine));
+        Assert.Throws<InvalidOperationException>(scheme.Dispose);
+        machine.ReleaseStep();
+        scheme.SignalStepAvailable();
+        Assert.True(machine.Completion.Wait(GuardedThread.DefaultTimeout));
+        scheme.Dispose();
+    }
+
+    [Fact]
+    public void BadArguments_Throw()
+    {
+        using var scheme = new EpochProtectedVersionScheme();
+        Assert.Throws<ArgumentNullException>(() => scheme.TryAdvanceVersionWithCriticalSection(null!));
+        Assert.Throws<ArgumentNullException>(() => scheme.TryExecuteStateMachine(null!));
+        Assert.Throws<ArgumentNullException>(() => new EpochProtectedVersionScheme(null!));
+        Assert.Throws<ArgumentNullException>(() => scheme.Epoch.BumpCurrentEpoch(null!));
+        Assert.Throws<ArgumentOutOfRangeException>(() => new LightEpoch(0));
+        Assert.Throws<ArgumentOutOfRangeException>(() => new PhaseMachine(2, toVersion: -2));
+        Assert.Throws<ArgumentOutOfRangeException>(() => VersionSchemeState.Make(0, -1));
+        Assert.Throws<ArgumentOutOfRangeException>(() => VersionSchemeState.Make(0, VersionSchemeState.MaxVersion + 1));
+        Assert.Throws<ArgumentOutOfRangeException>(() => scheme.StallThreshold = TimeSpan.Zero);
+    }
+
+    [Fact]
+    public void Scope_DisposedTwiceOrDefault_LeavesOnlyOnce()
+    {
+        using var scheme = new EpochProtectedVersionScheme();
+        scheme.Enter();
+        var scope = scheme.EnterScope(out _);
+        scope.Dispose();
+        scope.Dispose();
+        default(EpochProtectedVersionScheme.Scope).Dispose();
+        default(LightEpoch.Scope).Dispose();
+        Assert.True(scheme.Epoch.ThisInstanceProtected()); // the outer Enter still holds
+        scheme.Leave();
+        Assert.False(scheme.Epoch.ThisInstanceProtected());
+    }
+}

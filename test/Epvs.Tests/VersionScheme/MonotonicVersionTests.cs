@@ -1,0 +1,122 @@
+using System;
+using System.Threading;
+using Xunit;
+using Xunit.Abstractions;
+
+namespace Epvs.Tests;
+
+/// <summary>G3: a version is advanced to at most once; Ok / Retry / Fail mean what they say.</summary>
+public class MonotonicVersionTests
+{
+    private const int Seed = 7;
+    private readonly ITestOutputHelper output;
+
+    public MonotonicVersionTests(ITestOutputHelper output) => this.output = output;
+
+    private sealed record Outcome(int DoubleAdvances, string? First, long FinalVersion, int CriticalSections, int Oks);
+
+    /// <summary>
+    /// Threads read the version outside protection and ask for exactly the next one; a yield between reading and
+    /// asking lets the version move on. Every critical section must move to the version its requester asked for.
+    /// </summary>
+    private static Outcome RaceForNextVersion(ISchemeUnderTest scheme, int threads, long untilVersion)
+    {
+        int doubles = 0, sections = 0, oks = 0;
+        string? first = null;
+        GuardedThread.RunAll(threads, i =>
+        {
+            var rng = new Random(Seed + i);
+            var spinner = new SpinWait();
+            while (scheme.CurrentVersion < untilVersion)
+            {
+                long target = scheme.CurrentVersion + 1;
+                if (rng.Next(2) == 0)
+                    Thread.Yield();
+                bool ok = scheme.TryAdvance((from, to) =>
+                {
+                    Interlocked.Increment(ref sections);
+                    if (to != target)
+                    {
+                        Interlocked.Increment(ref doubles);
+                        Interlocked.CompareExchange(ref first, $"{scheme.Name}: asked for {target}, advanced {from} -> {to}", null);
+                    }
+                }, target);
+                if (ok)
+                    Interlocked.Increment(ref oks);
+                // Let the transition through (the requester is not protected here), then go again.
+                spinner.SpinOnce();
+            }
+        });
+        Bounded.WaitUntil(() => Volatile.Read(ref sections) == Volatile.Read(ref oks), "all started transitions to finish");
+        return new Outcome(doubles, first, scheme.CurrentVersion, sections, oks);
+    }
+
+    [SkippableFact]
+    public void TryAdvance_ManyThreadsAskForTheSameNextVersion_EachVersionIsReachedOnce()
+    {
+        using var control = new IgnoreTargetScheme();
+        Outcome caught = RaceForNextVersion(control, threads: 3, untilVersion: 300);
+        output.WriteLine($"control: {caught.DoubleAdvances} double advances; {caught.First}");
+
+        using var real = new RealScheme();
+        Outcome result = RaceForNextVersion(real, threads: 3, untilVersion: 300);
+        output.WriteLine($"real: {result.CriticalSections} critical sections, final version {result.FinalVersion}");
+
+        Assert.True(result.DoubleAdvances == 0, result.First);
+        // Versions are contiguous: one critical section per version, no lost or extra transitions.
+        Assert.Equal(result.FinalVersion - 1, result.CriticalSections);
+        Assert.Equal(result.Oks, result.CriticalSections);
+        Skip.If(caught.DoubleAdvances == 0, "inconclusive: the control (target version ignored) was not caught");
+    }
+
+    [Fact]
+    public void AdvanceVersion_ExplicitTarget_JumpsToTargetAndOlderTargetsFail()
+    {
+        using var scheme = new EpochProtectedVersionScheme();
+        long seenFrom = 0, seenTo = 0;
+        Assert.True(scheme.AdvanceVersionWithCriticalSection((f, t) => (seenFrom, seenTo) = (f, t), targetVersion: 10, spin: true));
+        Assert.Equal((1, 10), (seenFrom, seenTo));
+        Assert.Equal(VersionSchemeState.Make(VersionSchemeState.Rest, 10), scheme.CurrentState);
+
+        Assert.False(scheme.AdvanceVersionWithCriticalSection((_, _) => throw new InvalidOperationException("must not run"), targetVersion: 5, spin: true));
+        Assert.Equal(StateMachineExecutionStatus.Fail, scheme.TryAdvanceVersionWithCriticalSection((_, _) => { }, targetVersion: 10));
+        Assert.True(scheme.AdvanceVersionWithCriticalSection((f, t) => (seenFrom, seenTo) = (f, t), spin: true));
+        Assert.Equal((10, 11), (seenFrom, seenTo));
+    }
+
+    [Fact]
+    public void TryAdvance_TargetClaimedByActiveMachine_FailsAndOtherTargetRetries()
+    {
+        using var scheme = new EpochProtectedVersionScheme();
+        using var parked = new ParkedThread(() => scheme.Enter(), scheme.Leave);
+        int runs = 0;
+        Assert.Equal(StateMachineExecutionStatus.Ok, scheme.TryAdvanceVersionWithCriticalSection((_, _) => Interlocked.Increment(ref runs), 2));
+
+        Assert.Equal(StateMachineExecutionStatus.Fail, scheme.TryAdvanceVersionWithCriticalSection((_, _) => Interlocked.Increment(ref runs), 2));
+        Assert.Equal(StateMachineExecutionStatus.Retry, scheme.TryAdvanceVersionWithCriticalSection((_, _) => Interlocked.Increment(ref runs), 3));
+        Assert.Equal(StateMachineExecutionStatus.Retry, scheme.TryAdvanceVersionWithCriticalSection((_, _) => Interlocked.Increment(ref runs)));
+        Assert.Equal(StateMachineExecutionStatus.Retry, scheme.TryExecuteStateMachine(new PhaseMachine(3, toVersion: 3)));
+
+        parked.Release();
+        Bounded.WaitUntil(() => scheme.CurrentState == VersionSchemeState.Make(VersionSchemeState.Rest, 2), "first transition");
+        Assert.Equal(1, Volatile.Read(ref runs));
+        Assert.Equal(StateMachineExecutionStatus.Ok, scheme.TryAdvanceVersionWithCriticalSection((_, _) => Interlocked.Increment(ref runs), 3));
+        Bounded.WaitUntil(() => scheme.CurrentState.Version == 3, "second transition");
+        Assert.Equal(2, Volatile.Read(ref runs));
+    }
+
+    [Fact]
+    public void StateMachine_StepsBackwardsOrPastTarget_FaultsAndVersionStays()
+    {
+        using var scheme = new EpochProtectedVersionScheme();
+        var backwards = new DelegateMachine(3, (s) => VersionSchemeState.Make(1, 0));
+        Assert.True(scheme.ExecuteStateMachine(backwards));
+        Assert.True(backwards.Completion.IsFaulted);
+        Assert.IsType<InvalidOperationException>(backwards.Fault);
+
+        var past = new DelegateMachine(3, (s) => VersionSchemeState.Make(0, 7));
+        Assert.True(scheme.ExecuteStateMachine(past));
+        Assert.IsType<InvalidOperationException>(past.Fault);
+        Assert.Equal(VersionSchemeState.Make(VersionSchemeState.Rest, 1), scheme.CurrentState);
+    }
+}
