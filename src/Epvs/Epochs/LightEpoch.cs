@@ -119,6 +119,11 @@ public sealed partial class LightEpoch : IDisposable
                 if (Interlocked.CompareExchange(ref slots[r.Index].Epoch, epoch, 0) == 0)
                 {
                     r.Depth = 1;
+                    // Keep "announced e" meaning "announced before the epoch moved past e": if a bump slipped in
+                    // between our read and our CAS, its scan may have missed us while our slot shows an epoch it
+                    // covers. Nested Enters rely on this (EpochProtectedVersionScheme.WaitForStableState).
+                    if (Volatile.Read(ref currentEpoch.Value) != epoch)
+                        Reannounce(ref slots[r.Index].Epoch, epoch);
                     return;
                 }
             }
@@ -147,6 +152,8 @@ public sealed partial class LightEpoch : IDisposable
         r.Slots = slots;
         r.Index = index;
         r.Depth = 1;
+        if (Volatile.Read(ref currentEpoch.Value) != epoch)
+            Reannounce(ref slots[index].Epoch, epoch);
 
         // Dispose sets the flag and then marks every free slot. Our claim was a full fence, so either Dispose
         // saw our slot taken (and refused), or we see its flag here.
@@ -155,6 +162,27 @@ public sealed partial class LightEpoch : IDisposable
             r.Depth = 0;
             Volatile.Write(ref slots[index].Epoch, 0);
             ThrowHelper.ThrowObjectDisposed(nameof(LightEpoch));
+        }
+    }
+
+    /// <summary>
+    /// Raises a fresh announcement to the current epoch until the epoch stays put across it, so that the slot's value
+    /// e implies the announcement was globally visible before any increment past e.
+    /// </summary>
+    [MethodImpl(MethodImplOptions.NoInlining)]
+    private void Reannounce(ref long slot, long announced)
+    {
+        if (DisableReannounceForTesting)
+            return;
+        while (true)
+        {
+            long now = Volatile.Read(ref currentEpoch.Value);
+            if (now == announced)
+                return;
+            // Full fence again: visible before the re-check above. Raising our own slot only releases epochs that
+            // this thread has not read anything under yet (it is still inside Resume).
+            Interlocked.Exchange(ref slot, now);
+            announced = now;
         }
     }
 

@@ -34,6 +34,9 @@ namespace Epvs;
 /// nested <see cref="Enter"/> or <see cref="Refresh"/> never releases the outer region's protection.</description></item>
 /// </list>
 /// <para>Protection belongs to a thread: do not <c>await</c> inside a region.</para>
+/// <para>Nest regions of schemes that share one <see cref="LightEpoch"/>. A thread that holds protection on one epoch
+/// while it enters a scheme on another epoch can deadlock with a thread doing the opposite, exactly like two locks
+/// taken in opposite orders: each transition waits for the other thread to leave.</para>
 /// </remarks>
 public sealed partial class EpochProtectedVersionScheme : IDisposable
 {

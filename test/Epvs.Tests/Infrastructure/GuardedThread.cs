@@ -55,6 +55,9 @@ internal sealed class GuardedThread
         return true;
     }
 
+    /// <summary>Like <see cref="TryJoin"/>, for call sites that treat a timeout as a result, not a failure.</summary>
+    public bool TryJoinOrTimeout(TimeSpan timeout) => TryJoin(timeout);
+
     public void Join(TimeSpan? timeout = null)
     {
         TimeSpan limit = timeout ?? DefaultTimeout;

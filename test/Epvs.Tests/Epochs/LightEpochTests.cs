@@ -1,0 +1,149 @@
+using System;
+using System.Linq;
+using System.Threading;
+using Xunit;
+
+namespace Epvs.Tests;
+
+/// <summary>The LightEpoch API on its own: protection, deferred actions, guards, growth, snapshots.</summary>
+public class LightEpochTests
+{
+    [Fact]
+    public void BumpWithAction_NobodyProtected_RunsBeforeReturning()
+    {
+        using var epoch = new LightEpoch();
+        int ran = 0;
+        long prior = epoch.BumpCurrentEpoch(() => ran = 1);
+        Assert.Equal(1, ran);
+        Assert.Equal(prior + 1, epoch.CurrentEpoch);
+        Assert.True(epoch.SafeToReclaimEpoch >= prior);
+    }
+
+    [Fact]
+    public void BumpWithAction_ThreadProtected_RunsWhenItLeavesOrRefreshes()
+    {
+        using var epoch = new LightEpoch();
+        int ran = 0;
+        using (var parked = new ParkedThread(epoch.Resume, epoch.Suspend))
+        {
+            epoch.BumpCurrentEpoch(() => ran++);
+            epoch.BumpCurrentEpoch();
+            Assert.Equal(0, ran);
+        }
+        Assert.Equal(1, ran);
+
+        int second = 0;
+        using (var parked = new ParkedThread(epoch.Resume, epoch.Suspend, whileInside: () =>
+        {
+            epoch.ProtectAndDrain(); // refreshing past the action's epoch runs it, still inside protection
+            Assert.Equal(1, Volatile.Read(ref second));
+        }))
+        {
+            epoch.BumpCurrentEpoch(() => Interlocked.Increment(ref second));
+            Assert.Equal(0, Volatile.Read(ref second));
+        }
+        Assert.Equal(1, second);
+    }
+
+    [Fact]
+    public void Actions_RunInEpochOrderOfSafety_OldOnesNotHeldByNewProtection()
+    {
+        using var epoch = new LightEpoch();
+        int first = 0, second = 0;
+        var parked = new ParkedThread(epoch.Resume, epoch.Suspend);
+        epoch.BumpCurrentEpoch(() => first = 1);
+        // A thread protected after the first bump does not hold the first action back.
+        using (new ParkedThread(epoch.Resume, epoch.Suspend))
+        {
+            epoch.BumpCurrentEpoch(() => second = 1);
+            parked.Release();
+            Assert.Equal(1, first);
+            Assert.Equal(0, second);
+        }
+        Assert.Equal(1, second);
+        parked.Dispose();
+    }
+
+    [Fact]
+    public void EnterScope_ProtectsUntilDisposed()
+    {
+        using var epoch = new LightEpoch();
+        using (epoch.EnterScope())
+        {
+            Assert.True(epoch.ThisInstanceProtected());
+            using (epoch.EnterScope())
+                Assert.True(epoch.ThisInstanceProtected());
+            Assert.True(epoch.ThisInstanceProtected());
+        }
+        Assert.False(epoch.ThisInstanceProtected());
+    }
+
+    [Fact]
+    public void Protection_IsPerInstance()
+    {
+        using var a = new LightEpoch();
+        using var b = new LightEpoch();
+        a.Resume();
+        Assert.True(a.ThisInstanceProtected());
+        Assert.False(b.ThisInstanceProtected());
+        Assert.Throws<InvalidOperationException>(b.Suspend);
+        a.Suspend();
+    }
+
+    [Fact]
+    public void Table_MoreThreadsThanSlots_Grows()
+    {
+        using var epoch = new LightEpoch(initialTableSize: 1);
+        using var allIn = new CountdownEvent(40);
+        using var leave = new ManualResetEventSlim();
+        var threads = Enumerable.Range(0, 40).Select(i => GuardedThread.Start(() =>
+        {
+            epoch.Resume();
+            allIn.Signal();
+            Assert.True(leave.Wait(GuardedThread.DefaultTimeout));
+            epoch.Suspend();
+        })).ToArray();
+        Assert.True(allIn.Wait(GuardedThread.DefaultTimeout));
+        EpochTableSnapshot snapshot = epoch.GetSnapshot();
+        Assert.Equal(40, snapshot.ProtectedThreads.Count);
+        Assert.True(snapshot.TableCapacity >= 40);
+        Assert.Equal(40, snapshot.ProtectedThreads.Select(t => t.ManagedThreadId).Distinct().Count());
+        leave.Set();
+        foreach (GuardedThread t in threads)
+            t.Join();
+        Assert.Empty(epoch.GetSnapshot().ProtectedThreads);
+    }
+
+    [Fact]
+    public void Snapshot_ShowsParkedThreadAndPendingActions_InAReadableDump()
+    {
+        using var epoch = new LightEpoch();
+        using var parked = new ParkedThread(epoch.Resume, epoch.Suspend);
+        epoch.BumpCurrentEpoch(() => { });
+        epoch.BumpCurrentEpoch(() => { });
+
+        EpochTableSnapshot snapshot = epoch.GetSnapshot();
+        EpochSlotInfo slot = Assert.Single(snapshot.ProtectedThreads);
+        Assert.Equal(parked.ManagedThreadId, slot.ManagedThreadId);
+        Assert.Equal(2, snapshot.PendingActionEpochs.Count);
+        string dump = snapshot.ToString();
+        Assert.Contains($"thread {parked.ManagedThreadId} at epoch {slot.Epoch}", dump);
+        Assert.Contains("pending actions: 2", dump);
+    }
+
+    [Fact]
+    public void ThreadRecords_ManyShortLivedInstances_DoNotLeakIds()
+    {
+        // Disposed instances give their ids back, so per-thread records stay small.
+        for (int i = 0; i < 1000; i++)
+        {
+            using var epoch = new LightEpoch();
+            epoch.Resume();
+            epoch.Suspend();
+        }
+        using var last = new LightEpoch();
+        last.Resume();
+        last.Suspend();
+        Assert.True(last.DebugId < 100, $"instance id {last.DebugId} suggests ids are not recycled");
+    }
+}

@@ -1,0 +1,76 @@
+using System;
+using System.Collections.Generic;
+using System.Diagnostics.Metrics;
+using System.Threading;
+using System.Threading.Tasks;
+using Xunit;
+
+namespace Epvs.Tests;
+
+/// <summary>What a user debugging a stall can see: stalled-transition events, blocking threads, metrics.</summary>
+public class DiagnosticsTests
+{
+    [Fact]
+    public void TransitionStalled_ParkedReader_IsNamedAsTheBlockingThread()
+    {
+        using var scheme = new EpochProtectedVersionScheme { StallThreshold = TimeSpan.FromMilliseconds(20) };
+        var stalled = new TaskCompletionSource<TransitionStalledEventArgs>();
+        int raised = 0;
+        scheme.TransitionStalled += (_, e) =>
+        {
+            Interlocked.Increment(ref raised);
+            stalled.TrySetResult(e);
+        };
+        var parked = new ParkedThread(() => scheme.Enter(), scheme.Leave);
+
+        var requester = GuardedThread.Start(() => scheme.AdvanceVersionWithCriticalSection((_, _) => { }, spin: true));
+        Assert.True(stalled.Task.Wait(GuardedThread.DefaultTimeout), "no stall reported");
+        TransitionStalledEventArgs e = stalled.Task.Result;
+        Assert.Equal(VersionSchemeState.Make(VersionSchemeState.Rest, 1), e.FromState);
+        Assert.True(e.Elapsed >= TimeSpan.FromMilliseconds(20));
+        Assert.Equal(parked.ManagedThreadId, Assert.Single(e.BlockingThreads).ManagedThreadId);
+        Assert.Equal(parked.ManagedThreadId, Assert.Single(scheme.GetThreadsBlockingTransition()).ManagedThreadId);
+
+        parked.Release();
+        requester.Join();
+        Assert.Equal(1, raised); // once per step
+        Assert.Empty(scheme.GetThreadsBlockingTransition());
+    }
+
+    [Fact]
+    public void Metrics_TransitionsAndFaults_ArePublishedUnderTheEpvsMeter()
+    {
+        var seen = new Dictionary<string, double>();
+        using var listener = new MeterListener();
+        listener.InstrumentPublished = (instrument, l) =>
+        {
+            if (instrument.Meter.Name == "Epvs")
+                l.EnableMeasurementEvents(instrument);
+        };
+        listener.SetMeasurementEventCallback<long>((instrument, value, _, _) =>
+        {
+            lock (seen)
+                seen[instrument.Name] = seen.GetValueOrDefault(instrument.Name) + value;
+        });
+        listener.SetMeasurementEventCallback<double>((instrument, value, _, _) =>
+        {
+            lock (seen)
+                seen[instrument.Name] = seen.GetValueOrDefault(instrument.Name) + 1;
+        });
+        listener.Start();
+
+        using var scheme = new EpochProtectedVersionScheme();
+        for (int i = 0; i < 3; i++)
+            scheme.AdvanceVersionWithCriticalSection((_, _) => { }, spin: true);
+        Assert.ThrowsAny<Exception>(() => scheme.AdvanceVersionWithCriticalSection((_, _) => throw new InvalidOperationException(), spin: true));
+        scheme.Epoch.BumpCurrentEpoch(() => throw new InvalidOperationException());
+
+        lock (seen)
+        {
+            Assert.True(seen.GetValueOrDefault("epvs.transitions") >= 3);
+            Assert.True(seen.GetValueOrDefault("epvs.transition.duration") >= 3);
+            Assert.True(seen.GetValueOrDefault("epvs.transition.faults") >= 1);
+            Assert.True(seen.GetValueOrDefault("epvs.epoch.action_faults") >= 1);
+        }
+    }
+}
