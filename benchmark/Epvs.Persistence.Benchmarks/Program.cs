@@ -1,0 +1,14 @@
+using BenchmarkDotNet.Configs;
+using BenchmarkDotNet.Jobs;
+using BenchmarkDotNet.Running;
+using Epvs.Persistence.Benchmarks;
+
+// PMEM_IS_PMEM_FORCE must be in the native environment of the process that loads libpmem, so it is set on the job:
+// BenchmarkDotNet starts each benchmark in a child process with these variables.
+IConfig config = DefaultConfig.Instance
+    .AddJob(Job.Default
+        .WithWarmupCount(3)
+        .WithIterationCount(15)
+        .WithEnvironmentVariables(new EnvironmentVariable("PMEM_IS_PMEM_FORCE", "1"))
+        .AsDefault());
+BenchmarkSwitcher.FromAssembly(typeof(AllocateWritePersistBenchmarks).Assembly).Run(args, config);

@@ -1,0 +1,177 @@
+using System;
+using System.Runtime.CompilerServices;
+using System.Threading;
+
+namespace Epvs.Persistence;
+
+/// <summary>
+/// A byte range that can be made durable: the lowest layer of the persistent heap (DESIGN §4, layer 1).
+/// Stores go to <see cref="BaseAddress"/>; <see cref="WriteBack(long, long)"/> starts writing a range back to the
+/// durable medium, <see cref="Fence"/> waits until every range this thread wrote back is durable, and
+/// <see cref="Persist(long, long)"/> does both.
+/// </summary>
+/// <remarks>
+/// <para>Ordering contract, which every implementation keeps and the simulated one checks: a store is guaranteed
+/// durable only after the storing thread wrote back a range containing it and then fenced. Without that, any
+/// 8-byte aligned word may or may not be durable at a crash (a cache may evict any dirty line at any time), and an
+/// aligned 8-byte store is failure-atomic: after a crash a word holds an old or a new value, never a mix.</para>
+/// <para>A write-back and fence are per thread: a fence orders the calling thread's write-backs only.</para>
+/// <para>Disposing unmaps the memory: callers must stop using the domain (and pointers into it) first.</para>
+/// </remarks>
+public abstract unsafe class PersistenceDomain : IDisposable
+{
+    private long _length;
+    private int _disposed;
+
+    /// <summary>Initializes the domain over mapped memory.</summary>
+    /// <param name="baseAddress">Start of the mapping.</param>
+    /// <param name="length">Bytes usable now.</param>
+    private protected PersistenceDomain(byte* baseAddress, long length)
+    {
+        Pointer = baseAddress;
+        _length = length;
+    }
+
+    /// <summary>Which kind of domain this is.</summary>
+    public abstract PersistenceDomainKind Kind { get; }
+
+    /// <summary>
+    /// <see langword="true"/> when write-back uses CPU cache flushes (persistent memory, or libpmem forced with
+    /// <c>PMEM_IS_PMEM_FORCE=1</c>), <see langword="false"/> when it goes through the kernel's page cache or a model.
+    /// </summary>
+    public abstract bool IsPersistentMemory { get; }
+
+    /// <summary>The address of byte 0. Valid until <see cref="Dispose()"/>; never moves, even when the domain grows.</summary>
+    public IntPtr BaseAddress => (IntPtr)Pointer;
+
+    /// <summary>The number of bytes currently usable from <see cref="BaseAddress"/>.</summary>
+    // Volatile.Read: acquire; pairs with the release in SetLength so a thread that sees the new length also sees
+    // the file extension that made those bytes valid.
+    public long Length => Volatile.Read(ref _length);
+
+    /// <summary>The largest <see cref="Length"/> that <see cref="TryGrow(long)"/> can reach; equal to <see cref="Length"/> when the domain cannot grow.</summary>
+    public virtual long Capacity => Length;
+
+    /// <summary>Whether this domain has been disposed.</summary>
+    // Volatile.Read: acquire; pairs with the Interlocked.Exchange in Dispose (a best-effort check: disposing while
+    // other threads use the domain is misuse).
+    public bool IsDisposed => Volatile.Read(ref _disposed) != 0;
+
+    /// <summary>The mapping, for this assembly's allocator.</summary>
+    internal byte* Pointer { get; }
+
+    /// <summary>Returns a span over <paramref name="length"/> bytes at <paramref name="offset"/>.</summary>
+    /// <exception cref="ArgumentOutOfRangeException">The range is not inside <see cref="Length"/>.</exception>
+    public Span<byte> GetSpan(long offset, int length)
+    {
+        CheckRange(offset, length);
+        return new Span<byte>(Pointer + offset, length);
+    }
+
+    /// <summary>Starts writing back the cache lines (or pages) covering the range; durable only after <see cref="Fence"/>.</summary>
+    /// <exception cref="ArgumentOutOfRangeException">The range is not inside <see cref="Length"/>.</exception>
+    /// <exception cref="ObjectDisposedException">The domain was disposed.</exception>
+    [MethodImpl(MethodImplOptions.AggressiveInlining)]
+    public void WriteBack(long offset, long length)
+    {
+        CheckRange(offset, length);
+        WriteBackCore(offset, length);
+    }
+
+    /// <summary>Waits until every range the calling thread wrote back is durable.</summary>
+    /// <exception cref="ObjectDisposedException">The domain was disposed.</exception>
+    public void Fence()
+    {
+        if (IsDisposed)
+        {
+            ThrowHelper.ThrowObjectDisposed(this);
+        }
+
+        FenceCore();
+    }
+
+    /// <summary>Writes back the range and fences: on return every store to the range made before the call is durable.</summary>
+    /// <exception cref="ArgumentOutOfRangeException">The range is not inside <see cref="Length"/>.</exception>
+    /// <exception cref="ObjectDisposedException">The domain was disposed.</exception>
+    public void Persist(long offset, long length)
+    {
+        CheckRange(offset, length);
+        PersistCore(offset, length);
+    }
+
+    /// <summary>
+    /// Tries to make at least <paramref name="newLength"/> bytes usable without moving <see cref="BaseAddress"/>.
+    /// Existing bytes keep their values; new bytes read as zero.
+    /// </summary>
+    /// <returns><see langword="true"/> when <see cref="Length"/> is now at least <paramref name="newLength"/>;
+    /// <see langword="false"/> when it would exceed <see cref="Capacity"/> or the medium is full.</returns>
+    public bool TryGrow(long newLength)
+    {
+        if (IsDisposed)
+        {
+            ThrowHelper.ThrowObjectDisposed(this);
+        }
+
+        if (newLength <= Length)
+        {
+            return true;
+        }
+
+        if (newLength > Capacity || !TryGrowCore(newLength))
+        {
+            return false;
+        }
+
+        SetLength(newLength);
+        return true;
+    }
+
+    /// <summary>Unmaps the memory. Stores not persisted before are durable only as the kind of domain allows.</summary>
+    public void Dispose()
+    {
+        // Interlocked.Exchange: full fence; exactly one caller runs the release.
+        if (Interlocked.Exchange(ref _disposed, 1) == 0)
+        {
+            Dispose(true);
+            GC.SuppressFinalize(this);
+        }
+    }
+
+    /// <summary>Releases the mapping.</summary>
+    /// <param name="disposing"><see langword="true"/> from <see cref="Dispose()"/>, <see langword="false"/> from a finalizer.</param>
+    protected abstract void Dispose(bool disposing);
+
+    /// <summary>Writes back the range (already checked).</summary>
+    private protected abstract void WriteBackCore(long offset, long length);
+
+    /// <summary>Fences the calling thread's write-backs.</summary>
+    private protected abstract void FenceCore();
+
+    /// <summary>Writes back and fences the range (already checked).</summary>
+    private protected virtual void PersistCore(long offset, long length)
+    {
+        WriteBackCore(offset, length);
+        FenceCore();
+    }
+
+    /// <summary>Extends the medium to <paramref name="newLength"/> (at most <see cref="Capacity"/>).</summary>
+    private protected virtual bool TryGrowCore(long newLength) => false;
+
+    private void SetLength(long newLength) =>
+        // Volatile.Write: release; the extension done by TryGrowCore happens-before a reader that sees the new length.
+        Volatile.Write(ref _length, newLength);
+
+    [MethodImpl(MethodImplOptions.AggressiveInlining)]
+    private protected void CheckRange(long offset, long length)
+    {
+        if ((ulong)offset > (ulong)Length || (ulong)length > (ulong)(Length - offset))
+        {
+            ThrowHelper.ThrowRangeOutsideDomain(offset, length, Length);
+        }
+
+        if (IsDisposed)
+        {
+            ThrowHelper.ThrowObjectDisposed(this);
+        }
+    }
+}

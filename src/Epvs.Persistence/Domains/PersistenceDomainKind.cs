@@ -1,0 +1,17 @@
+namespace Epvs.Persistence;
+
+/// <summary>How bytes written to a heap become durable.</summary>
+public enum PersistenceDomainKind
+{
+    /// <summary>Choose when opening: <see cref="Pmem"/> when libpmem loads, otherwise <see cref="MappedFile"/>.</summary>
+    Auto = 0,
+
+    /// <summary>PMDK's libpmem: cache-line flushes and a drain on persistent memory, <c>pmem_msync</c> elsewhere.</summary>
+    Pmem = 1,
+
+    /// <summary>A memory-mapped file synchronized with <c>msync</c> (Unix) or <c>FlushViewOfFile</c> (Windows); no native dependency.</summary>
+    MappedFile = 2,
+
+    /// <summary>An in-memory model with a working and a durable image, for crash testing.</summary>
+    Simulated = 3,
+}

@@ -1,0 +1,25 @@
+using System;
+
+namespace Epvs.Persistence;
+
+/// <summary>
+/// Deliberately broken behaviours, switched on only by tests, so that each crash and concurrency check is shown to
+/// catch the bug it exists for. None is reachable through the public API.
+/// </summary>
+[Flags]
+internal enum HeapFaults
+{
+    None = 0,
+
+    /// <summary>Allocation skips the Uid store of the header (a header written incompletely).</summary>
+    SkipUidStore = 1,
+
+    /// <summary>Recovery accepts a header by its commit word's state bits alone, without the check over the other words.</summary>
+    AcceptTornHeaders = 2,
+
+    /// <summary>Refilling a thread cache copies a shared batch without removing it (a lost pop: blocks handed out twice).</summary>
+    ShareRefillBatch = 4,
+
+    /// <summary>Recovery does not return blocks with invalid headers to the free lists (a leak).</summary>
+    LoseInvalidBlocksAtRecovery = 8,
+}

@@ -1,0 +1,451 @@
+using System;
+using System.Buffers.Binary;
+using System.IO;
+using System.Threading;
+
+namespace Epvs.Persistence;
+
+/// <summary>
+/// The heap file (DESIGN §4, layer 2): a superblock (magic, format version, size, clean-shutdown flag, epoch clock,
+/// roots), a segment table and the segments, mapped through a <see cref="PersistenceDomain"/> and held under an
+/// exclusive lock. The persistent layout is documented on <see cref="HeapLayout"/>.
+/// </summary>
+/// <remarks>
+/// <para>Bad input never changes the file: every check (read-only, lock, size, magic, version, geometry) runs before
+/// the file is mapped, and each failure is a <see cref="HeapFileException"/> whose <see cref="HeapFileException.Error"/>
+/// says which. An existing file is never reformatted.</para>
+/// <para>The first write of an open is clearing the clean-shutdown flag; <see cref="Dispose"/> persists the whole heap
+/// and sets it again, so <see cref="WasCleanShutdown"/> tells the next opener whether the previous one crashed.</para>
+/// </remarks>
+public sealed unsafe class HeapFile : IDisposable
+{
+    /// <summary>The number of root words in the superblock.</summary>
+    public const int RootSlotCount = HeapLayout.RootSlotCount;
+
+    /// <summary>The format version this library writes and the newest it reads.</summary>
+    public const long FormatVersion = HeapLayout.FormatVersion;
+
+    private readonly FileStream? _lockedFile;
+    private readonly bool _ownsDomain;
+    private readonly object _growGate = new();
+    private int _disposed;
+
+    private HeapFile(PersistenceDomain domain, FileStream? lockedFile, bool ownsDomain, string? path, bool wasClean)
+    {
+        Domain = domain;
+        _lockedFile = lockedFile;
+        _ownsDomain = ownsDomain;
+        Path = path;
+        WasCleanShutdown = wasClean;
+        MaxSegments = (long)Word(HeapLayout.MaxSegmentsOffset);
+        DataStart = (long)Word(HeapLayout.DataStartOffset);
+    }
+
+    /// <summary>The persistence domain that maps the file.</summary>
+    public PersistenceDomain Domain { get; }
+
+    /// <summary>The file's full path, or null for a heap on a caller-supplied domain.</summary>
+    public string? Path { get; }
+
+    /// <summary>Whether the previous opener closed the heap in order (always true for a heap just created).</summary>
+    public bool WasCleanShutdown { get; }
+
+    /// <summary>The number of bytes of the file the heap uses; grows as the allocator adds segments.</summary>
+    public long Size => (long)VolatileWord(HeapLayout.HeapSizeOffset);
+
+    /// <summary>The number of segments in use.</summary>
+    public long SegmentCount => (Size - DataStart) / HeapLayout.SegmentSize;
+
+    /// <summary>The persisted epoch clock (buffered durability, part 2). Setting it stores and persists the word.</summary>
+    public long EpochClock
+    {
+        get => (long)VolatileWord(HeapLayout.EpochClockOffset);
+        set => StoreAndPersist(HeapLayout.EpochClockOffset, (ulong)value);
+    }
+
+    /// <summary>The persisted durable frontier (buffered durability, part 2). Setting it stores and persists the word.</summary>
+    public long DurableFrontier
+    {
+        get => (long)VolatileWord(HeapLayout.DurableFrontierOffset);
+        set => StoreAndPersist(HeapLayout.DurableFrontierOffset, (ulong)value);
+    }
+
+    internal long MaxSegments { get; }
+
+    internal long DataStart { get; }
+
+    internal byte* Pointer => Domain.Pointer;
+
+    /// <summary>Creates a new heap file at <paramref name="path"/>; fails if anything exists there.</summary>
+    /// <param name="path">Where to create the file.</param>
+    /// <param name="options">Size, maximum size and persistence domain; null for the defaults.</param>
+    /// <returns>The open heap file, holding its exclusive lock.</returns>
+    /// <exception cref="HeapFileException">The path exists, its directory is read-only, the disk lacks space, or the requested domain is unavailable.</exception>
+    /// <exception cref="ArgumentOutOfRangeException">The size is too small for one segment, or above the maximum size.</exception>
+    public static HeapFile Create(string path, HeapFileOptions? options = null)
+    {
+        options ??= new HeapFileOptions();
+        string fullPath = System.IO.Path.GetFullPath(path);
+        long maxSize = options.MaxSize != 0 ? options.MaxSize : options.Size > long.MaxValue / 16 ? long.MaxValue : options.Size * 16;
+        (long maxSegments, long dataStart, long segments) = Geometry(options.Size, maxSize);
+        long heapSize = dataStart + (segments * HeapLayout.SegmentSize);
+
+        if (File.Exists(fullPath) || Directory.Exists(fullPath))
+        {
+            ThrowHelper.ThrowHeapFile(HeapFileError.AlreadyExists, $"Cannot create heap file '{fullPath}': the path already exists. An existing file is never reformatted; delete it or open it with HeapFile.Open.");
+        }
+
+        string directory = System.IO.Path.GetDirectoryName(fullPath)!;
+        long available = new DriveInfo(directory).AvailableFreeSpace;
+        if (available < heapSize)
+        {
+            ThrowHelper.ThrowHeapFile(HeapFileError.InsufficientSpace, $"Cannot create heap file '{fullPath}': it needs {heapSize} bytes but only {available} bytes are free on that file system. Choose a smaller HeapFileOptions.Size or free space.");
+        }
+
+        FileStream stream;
+        try
+        {
+            // PreallocationSize reserves the blocks (posix_fallocate), so a full disk fails here, cleanly, instead
+            // of as SIGBUS on a later store through the mapping. .NET deletes the file when that fails.
+            stream = new FileStream(fullPath, new FileStreamOptions { Mode = FileMode.CreateNew, Access = FileAccess.ReadWrite, Share = FileShare.None, PreallocationSize = heapSize });
+        }
+        catch (UnauthorizedAccessException e)
+        {
+            ThrowHelper.ThrowHeapFile(HeapFileError.ReadOnly, $"Cannot create heap file '{fullPath}': the directory is not writable.", e);
+            throw;
+        }
+        catch (IOException e) when (!File.Exists(fullPath))
+        {
+            ThrowHelper.ThrowHeapFile(HeapFileError.InsufficientSpace, $"Cannot create heap file '{fullPath}' of {heapSize} bytes: {e.Message}", e);
+            throw;
+        }
+
+        PersistenceDomain? domain = null;
+        try
+        {
+            stream.SetLength(heapSize);
+            domain = MapDomain(stream, fullPath, heapSize, dataStart + (maxSegments * HeapLayout.SegmentSize), options);
+            Format(domain, heapSize, maxSegments, dataStart);
+            return new HeapFile(domain, stream, ownsDomain: true, fullPath, wasClean: true);
+        }
+        catch
+        {
+            domain?.Dispose();
+            stream.Dispose();
+            File.Delete(fullPath);
+            throw;
+        }
+    }
+
+    /// <summary>Opens an existing heap file and takes its exclusive lock; checks everything before changing a byte.</summary>
+    /// <param name="path">The heap file.</param>
+    /// <param name="options">Which persistence domain to map it with (size fields are ignored); null for the defaults.</param>
+    /// <returns>The open heap file.</returns>
+    /// <exception cref="FileNotFoundException">There is no file at <paramref name="path"/>.</exception>
+    /// <exception cref="HeapFileException">The file is read-only, already open, too small, truncated, not a heap file,
+    /// of a newer format, damaged, or the requested domain is unavailable. The file is unchanged.</exception>
+    public static HeapFile Open(string path, HeapFileOptions? options = null)
+    {
+        options ??= new HeapFileOptions();
+        string fullPath = System.IO.Path.GetFullPath(path);
+        if (!File.Exists(fullPath))
+        {
+            throw new FileNotFoundException($"Heap file '{fullPath}' does not exist; create it with HeapFile.Create.", fullPath);
+        }
+
+        if (IsReadOnly(fullPath))
+        {
+            ThrowHelper.ThrowHeapFile(HeapFileError.ReadOnly, $"Cannot open heap file '{fullPath}': the file is read-only, and opening a heap writes to it (the clean-shutdown flag, recovery). Make it writable or copy it.");
+        }
+
+        FileStream stream = OpenLocked(fullPath);
+        try
+        {
+            long fileLength = stream.Length;
+            byte[] superblock = new byte[HeapLayout.SuperblockSize];
+            if (fileLength >= HeapLayout.SuperblockSize)
+            {
+                RandomAccess.Read(stream.SafeFileHandle, superblock, 0);
+            }
+
+            (long heapSize, long maxSegments, long dataStart) = Validate(superblock, fileLength, fullPath);
+            PersistenceDomain domain = MapDomain(stream, fullPath, heapSize, dataStart + (maxSegments * HeapLayout.SegmentSize), options);
+            return Attach(domain, stream, ownsDomain: true, fullPath);
+        }
+        catch
+        {
+            stream.Dispose();
+            throw;
+        }
+    }
+
+    /// <summary>Formats a heap on a caller-supplied domain (a <see cref="SimulatedPersistenceDomain"/>, typically), using all of its current length.</summary>
+    /// <param name="domain">The domain; not disposed by the heap file.</param>
+    /// <param name="maxSize">The largest size the heap may grow to; 0 means the domain's capacity.</param>
+    /// <returns>The heap file.</returns>
+    /// <exception cref="ArgumentOutOfRangeException">The domain is too small for one segment.</exception>
+    public static HeapFile Create(PersistenceDomain domain, long maxSize = 0)
+    {
+        ArgumentNullException.ThrowIfNull(domain);
+        (long maxSegments, long dataStart, long segments) = Geometry(domain.Length, maxSize != 0 ? maxSize : domain.Capacity);
+        Format(domain, dataStart + (segments * HeapLayout.SegmentSize), maxSegments, dataStart);
+        return new HeapFile(domain, null, ownsDomain: false, null, wasClean: true);
+    }
+
+    /// <summary>Opens the heap on a caller-supplied domain (for example one made from a crash image).</summary>
+    /// <param name="domain">The domain; not disposed by the heap file.</param>
+    /// <returns>The heap file.</returns>
+    /// <exception cref="HeapFileException">The domain does not hold a valid heap; it is unchanged.</exception>
+    public static HeapFile Open(PersistenceDomain domain)
+    {
+        ArgumentNullException.ThrowIfNull(domain);
+        ReadOnlySpan<byte> superblock = domain.Length >= HeapLayout.SuperblockSize ? domain.GetSpan(0, HeapLayout.SuperblockSize) : default;
+        Validate(superblock, domain.Length, $"<{domain.Kind} domain>");
+        return Attach(domain, null, ownsDomain: false, null);
+    }
+
+    /// <summary>Reads root word <paramref name="slot"/>.</summary>
+    /// <exception cref="ArgumentOutOfRangeException"><paramref name="slot"/> is not in [0, <see cref="RootSlotCount"/>).</exception>
+    public long GetRoot(int slot) => (long)VolatileWord(RootOffset(slot));
+
+    /// <summary>Stores root word <paramref name="slot"/> and persists it: durable on return.</summary>
+    /// <exception cref="ArgumentOutOfRangeException"><paramref name="slot"/> is not in [0, <see cref="RootSlotCount"/>).</exception>
+    public void SetRoot(int slot, long value) => StoreAndPersist(RootOffset(slot), (ulong)value);
+
+    /// <summary>
+    /// Persists the whole heap, marks the shutdown clean, unmaps and releases the lock. Callers must have stopped
+    /// using the heap (and every pointer or span into it) first.
+    /// </summary>
+    public void Dispose()
+    {
+        // Interlocked.Exchange: full fence; exactly one caller shuts down.
+        if (Interlocked.Exchange(ref _disposed, 1) != 0)
+        {
+            return;
+        }
+
+        try
+        {
+            if (!Domain.IsDisposed)
+            {
+                Domain.Persist(0, Size);
+                StoreAndPersist(HeapLayout.CleanShutdownOffset, 1);
+            }
+        }
+        finally
+        {
+            if (_ownsDomain)
+            {
+                Domain.Dispose();
+            }
+
+            _lockedFile?.Dispose();
+        }
+    }
+
+    /// <summary>Extends the heap to <paramref name="segmentCount"/> segments if the domain can grow; the new segments are free.</summary>
+    internal bool TryGrow(long segmentCount)
+    {
+        lock (_growGate)
+        {
+            if (segmentCount <= SegmentCount)
+            {
+                return true;
+            }
+
+            if (segmentCount > MaxSegments)
+            {
+                return false;
+            }
+
+            long newSize = DataStart + (segmentCount * HeapLayout.SegmentSize);
+            if (!Domain.TryGrow(newSize))
+            {
+                return false;
+            }
+
+            // The file is longer before the superblock says so: a crash in between leaves unused tail bytes, never
+            // a superblock claiming bytes the file lacks.
+            StoreAndPersist(HeapLayout.HeapSizeOffset, (ulong)newSize);
+            return true;
+        }
+    }
+
+    internal ulong Word(int offset) => *(ulong*)(Pointer + offset);
+
+    private ulong VolatileWord(int offset) =>
+        // Volatile.Read: acquire; pairs with the release in StoreAndPersist.
+        Volatile.Read(ref *(ulong*)(Pointer + offset));
+
+    private void StoreAndPersist(int offset, ulong value)
+    {
+        // Volatile.Read: acquire; pairs with the Interlocked.Exchange in Dispose (best-effort misuse check).
+        if (Volatile.Read(ref _disposed) != 0 && offset != HeapLayout.CleanShutdownOffset)
+        {
+            ThrowHelper.ThrowObjectDisposed(this);
+        }
+
+        // Volatile.Write: release; a reader of the word also sees what was written before it. One aligned 8-byte
+        // store, so failure-atomic.
+        Volatile.Write(ref *(ulong*)(Pointer + offset), value);
+        Domain.Persist(offset, sizeof(ulong));
+    }
+
+    private static int RootOffset(int slot)
+    {
+        if ((uint)slot >= RootSlotCount)
+        {
+            ThrowHelper.ThrowArgumentOutOfRange(nameof(slot), $"Root slot {slot} is not in [0, {RootSlotCount}).");
+        }
+
+        return HeapLayout.RootsOffset + (slot * sizeof(long));
+    }
+
+    private static HeapFile Attach(PersistenceDomain domain, FileStream? stream, bool ownsDomain, string? path)
+    {
+        ulong* clean = (ulong*)(domain.Pointer + HeapLayout.CleanShutdownOffset);
+        bool wasClean = *clean == 1;
+
+        // The first write of an open. Volatile.Write: release (plain data before it is not reordered after it).
+        Volatile.Write(ref *clean, 0UL);
+        domain.Persist(HeapLayout.CleanShutdownOffset, sizeof(ulong));
+        return new HeapFile(domain, stream, ownsDomain, path, wasClean);
+    }
+
+    private static (long MaxSegments, long DataStart, long Segments) Geometry(long size, long maxSize)
+    {
+        maxSize = Math.Max(maxSize, size);
+        long maxSegments = Math.Max(1, (maxSize - HeapLayout.SuperblockSize) / HeapLayout.SegmentSize);
+        maxSegments = Math.Min(maxSegments, 1L << 24);
+        long dataStart = HeapLayout.DataStart(maxSegments);
+        long segments = (size - dataStart) / HeapLayout.SegmentSize;
+        if (segments < 1)
+        {
+            ThrowHelper.ThrowArgumentOutOfRange(nameof(size), $"A heap of {size} bytes (maximum {maxSize}) has no room for a segment: it needs at least {dataStart + HeapLayout.SegmentSize} bytes.");
+        }
+
+        return (maxSegments, dataStart, Math.Min(segments, maxSegments));
+    }
+
+    private static void Format(PersistenceDomain domain, long heapSize, long maxSegments, long dataStart)
+    {
+        byte* p = domain.Pointer;
+        new Span<byte>(p, HeapLayout.SuperblockSize).Clear();
+        new Span<byte>(p + HeapLayout.SuperblockSize, checked((int)HeapLayout.TableBytes(maxSegments))).Clear();
+        *(ulong*)(p + HeapLayout.FormatVersionOffset) = (ulong)HeapLayout.FormatVersion;
+        *(ulong*)(p + HeapLayout.HeapSizeOffset) = (ulong)heapSize;
+        *(ulong*)(p + HeapLayout.SegmentSizeOffset) = HeapLayout.SegmentSize;
+        *(ulong*)(p + HeapLayout.MaxSegmentsOffset) = (ulong)maxSegments;
+        *(ulong*)(p + HeapLayout.DataStartOffset) = (ulong)dataStart;
+        *(ulong*)(p + HeapLayout.GeometryCheckOffset) = HeapLayout.GeometryCheck(HeapLayout.Magic, (ulong)HeapLayout.FormatVersion, HeapLayout.SegmentSize, (ulong)maxSegments, (ulong)dataStart);
+        domain.Persist(0, dataStart);
+
+        // Magic last, alone: until it is durable the file is not a heap file.
+        // Volatile.Write: release; every superblock store above precedes the magic in program order.
+        Volatile.Write(ref *(ulong*)(p + HeapLayout.MagicOffset), HeapLayout.Magic);
+        domain.Persist(HeapLayout.MagicOffset, sizeof(ulong));
+    }
+
+    private static (long HeapSize, long MaxSegments, long DataStart) Validate(ReadOnlySpan<byte> superblock, long fileLength, string name)
+    {
+        if (fileLength < HeapLayout.SuperblockSize)
+        {
+            ThrowHelper.ThrowHeapFile(HeapFileError.SmallerThanSuperblock, $"Cannot open heap file '{name}': it is {fileLength} bytes, smaller than the {HeapLayout.SuperblockSize}-byte superblock. It is not a heap file, or it was cut short.");
+        }
+
+        ulong magic = BinaryPrimitives.ReadUInt64LittleEndian(superblock);
+        if (magic != HeapLayout.Magic)
+        {
+            ThrowHelper.ThrowHeapFile(HeapFileError.NotAHeapFile, $"Cannot open heap file '{name}': it does not start with the EPVS heap magic (found 0x{magic:X16}, expected 0x{HeapLayout.Magic:X16}). It is not a heap file, or its creation did not complete.");
+        }
+
+        ulong version = Read(superblock, HeapLayout.FormatVersionOffset);
+        if (version > (ulong)HeapLayout.FormatVersion)
+        {
+            ThrowHelper.ThrowHeapFile(HeapFileError.NewerFormatVersion, $"Cannot open heap file '{name}': it has format version {version}, and this library reads versions up to {HeapLayout.FormatVersion}. Open it with a newer Epvs.Persistence.");
+        }
+
+        ulong segmentSize = Read(superblock, HeapLayout.SegmentSizeOffset);
+        ulong maxSegments = Read(superblock, HeapLayout.MaxSegmentsOffset);
+        ulong dataStart = Read(superblock, HeapLayout.DataStartOffset);
+        ulong heapSize = Read(superblock, HeapLayout.HeapSizeOffset);
+        bool consistent = version == (ulong)HeapLayout.FormatVersion
+            && Read(superblock, HeapLayout.GeometryCheckOffset) == HeapLayout.GeometryCheck(magic, version, segmentSize, maxSegments, dataStart)
+            && segmentSize == HeapLayout.SegmentSize
+            && maxSegments is >= 1 and <= 1UL << 24
+            && dataStart == (ulong)HeapLayout.DataStart((long)maxSegments)
+            && heapSize > dataStart
+            && (heapSize - dataStart) % segmentSize == 0
+            && (heapSize - dataStart) / segmentSize <= maxSegments;
+        if (!consistent)
+        {
+            ThrowHelper.ThrowHeapFile(HeapFileError.Corrupt, $"Cannot open heap file '{name}': its superblock is damaged (version {version}, segment size {segmentSize}, {maxSegments} segments maximum, data at {dataStart}, size {heapSize}).");
+        }
+
+        if ((ulong)fileLength < heapSize)
+        {
+            ThrowHelper.ThrowHeapFile(HeapFileError.Truncated, $"Cannot open heap file '{name}': it is truncated — the superblock records {heapSize} bytes but the file has {fileLength}. Restore it from a copy.");
+        }
+
+        return ((long)heapSize, (long)maxSegments, (long)dataStart);
+    }
+
+    private static ulong Read(ReadOnlySpan<byte> superblock, int offset) => BinaryPrimitives.ReadUInt64LittleEndian(superblock[offset..]);
+
+    private static bool IsReadOnly(string path)
+    {
+        if (OperatingSystem.IsWindows())
+        {
+            return (File.GetAttributes(path) & FileAttributes.ReadOnly) != 0;
+        }
+
+        // Checked explicitly: root may open a file without write permission, and we want the same answer for every user.
+        return (File.GetUnixFileMode(path) & UnixFileMode.UserWrite) == 0;
+    }
+
+    private static FileStream OpenLocked(string path)
+    {
+        try
+        {
+            // FileShare.None takes an exclusive advisory lock (flock on Unix, a share mode on Windows) that a second
+            // opener, in this process or another, fails to get.
+            return new FileStream(path, FileMode.Open, FileAccess.ReadWrite, FileShare.None);
+        }
+        catch (UnauthorizedAccessException e)
+        {
+            ThrowHelper.ThrowHeapFile(HeapFileError.ReadOnly, $"Cannot open heap file '{path}' for writing: access denied.", e);
+            throw;
+        }
+        catch (IOException e)
+        {
+            ThrowHelper.ThrowHeapFile(HeapFileError.AlreadyOpen, $"Cannot open heap file '{path}': another opener holds its exclusive lock (a heap file is opened by one HeapFile at a time). Dispose the other one first.", e);
+            throw;
+        }
+    }
+
+    private static PersistenceDomain MapDomain(FileStream stream, string path, long length, long capacity, HeapFileOptions options)
+    {
+        string? failure = null;
+        switch (options.Domain)
+        {
+            case PersistenceDomainKind.Auto:
+            case PersistenceDomainKind.Pmem:
+                if (options.PmemLibraryName is not null && PmemLibrary.TryLoad(options.PmemLibraryName, out failure))
+                {
+                    return PmemPersistenceDomain.Map(path);
+                }
+
+                if (options.Domain == PersistenceDomainKind.Pmem)
+                {
+                    ThrowHelper.ThrowHeapFile(HeapFileError.DomainUnavailable, $"Cannot map heap file '{path}' with libpmem: {failure ?? "HeapFileOptions.PmemLibraryName is null."} Use PersistenceDomainKind.Auto or MappedFile to fall back to msync.");
+                }
+
+                return MappedFilePersistenceDomain.Map(stream, length, capacity);
+            case PersistenceDomainKind.MappedFile:
+                return MappedFilePersistenceDomain.Map(stream, length, capacity);
+            default:
+                ThrowHelper.ThrowArgumentOutOfRange(nameof(options), $"Domain {options.Domain} cannot map a file; create a SimulatedPersistenceDomain and use HeapFile.Create(PersistenceDomain).");
+                return null;
+        }
+    }
+}

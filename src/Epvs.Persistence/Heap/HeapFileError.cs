@@ -1,0 +1,35 @@
+namespace Epvs.Persistence;
+
+/// <summary>Why a heap file could not be created or opened.</summary>
+public enum HeapFileError
+{
+    /// <summary>The file does not start with the EPVS heap magic: it is not a heap file, or its creation never completed.</summary>
+    NotAHeapFile = 1,
+
+    /// <summary>The file was written by a newer format version than this library reads.</summary>
+    NewerFormatVersion = 2,
+
+    /// <summary>The file is shorter than the heap size its superblock records.</summary>
+    Truncated = 3,
+
+    /// <summary>The file is smaller than the superblock.</summary>
+    SmallerThanSuperblock = 4,
+
+    /// <summary>Another opener holds the file's exclusive lock.</summary>
+    AlreadyOpen = 5,
+
+    /// <summary>The file or its directory is read-only.</summary>
+    ReadOnly = 6,
+
+    /// <summary>The disk does not have room for a heap of the requested size.</summary>
+    InsufficientSpace = 7,
+
+    /// <summary>Creation was asked for a path that already exists (an existing file is never reformatted).</summary>
+    AlreadyExists = 8,
+
+    /// <summary>The superblock's fields are inconsistent or damaged.</summary>
+    Corrupt = 9,
+
+    /// <summary>The requested persistence domain is not available (for example libpmem is not installed).</summary>
+    DomainUnavailable = 10,
+}

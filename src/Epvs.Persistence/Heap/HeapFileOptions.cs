@@ -1,0 +1,23 @@
+namespace Epvs.Persistence;
+
+/// <summary>How to create or open a heap file.</summary>
+public sealed class HeapFileOptions
+{
+    /// <summary>The heap's size at creation, in bytes (rounded down to whole 64 KiB segments). Default 64 MiB. Ignored by open.</summary>
+    public long Size { get; set; } = 64L << 20;
+
+    /// <summary>
+    /// The largest size the heap may grow to, in bytes; fixes the segment table's capacity at creation. 0 (default)
+    /// means <see cref="Size"/> × 16 for a file, and the domain's capacity for a caller-supplied domain. Ignored by open.
+    /// </summary>
+    public long MaxSize { get; set; }
+
+    /// <summary>Which persistence domain maps the file. Default <see cref="PersistenceDomainKind.Auto"/>: libpmem when it loads, else the mapped file.</summary>
+    public PersistenceDomainKind Domain { get; set; } = PersistenceDomainKind.Auto;
+
+    /// <summary>
+    /// The name or path libpmem is loaded by (default <c>libpmem.so.1</c>); null disables libpmem. The first libpmem
+    /// loaded in a process is the one used for the rest of the process.
+    /// </summary>
+    public string? PmemLibraryName { get; set; } = PmemLibrary.DefaultName;
+}

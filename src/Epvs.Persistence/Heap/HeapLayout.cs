@@ -1,0 +1,170 @@
+using System.Runtime.CompilerServices;
+
+namespace Epvs.Persistence;
+
+/// <summary>
+/// The persistent layout of an EPVS heap file, format version 1. Every persistent field is an 8-byte little-endian
+/// word at an 8-byte aligned offset, written with a single aligned store, so it is failure-atomic: after a crash it
+/// holds an old or a new value, never a mix. Persistent data holds offsets from the start of the file, never pointers.
+/// </summary>
+/// <remarks>
+/// <code>
+/// File:   [0, 4096)                      superblock
+///         [4096, DataStart)              segment table: MaxSegments descriptors of 8 bytes (rounded up to 4096)
+///         [DataStart + i*65536, +65536)  segment i, for i &lt; SegmentCount = (HeapSize - DataStart) / 65536
+///
+/// Superblock (offset: word)
+///     0  Magic            0x5041_4548_5356_5045, "EPVSHEAP" in ASCII; written last at creation
+///     8  FormatVersion    1
+///    16  HeapSize         bytes in use: DataStart + SegmentCount*65536; grows (store + persist) after the file grew
+///    24  SegmentSize      65536
+///    32  MaxSegments      capacity of the segment table
+///    40  DataStart        offset of segment 0
+///    48  GeometryCheck    hash of words 0, 8, 24, 32, 40 (detects a damaged superblock)
+///    56  CleanShutdown    1 after an orderly Dispose, set to 0 (and persisted) as soon as a heap is opened
+///    64  EpochClock       the persisted epoch clock of buffered durability (part 2); 0 at creation
+///    72  DurableFrontier  the persisted durable frontier (part 2); 0 at creation
+///   128  Root[0..15]      16 root words for the structures built on the heap (PayloadRef offsets or anything)
+///
+/// Segment descriptor (table word i)
+///   bits  0..31  Generation   incremented every time the descriptor is rewritten
+///   bits 32..35  Role         0 free, 1 small (one size class), 2 large start, 3 large continuation
+///   bits 40..63  Class index (small) or span in segments (large start)
+///
+/// Block (small: at segment start + k*BlockSize; large: at the start of its first segment)
+///   +0   Uid     word 0: the payload's logical identity (kept by UPDATE copies and by DELETE anti-payloads)
+///   +8   Epoch   word 1: the EPVS version the payload was written in (part 2); 0 when unused
+///   +16  Shape   word 2: bits 0..31 payload size in bytes, bits 32..63 type id
+///   +24  Commit  word 3: bits 0..31 check, 32..47 generation (low 16 bits), 48..51 kind (1 alloc, 2 update,
+///                3 delete), 52..55 state (1 allocated, 2 free), 56..63 tag 0xB7
+///   +32  payload (size bytes)
+/// </code>
+/// <para>Store order. Allocation writes Uid, Epoch, Shape with plain stores and then Commit with a release store;
+/// Free replaces Commit with a single store of the free word. Neither writes back nor fences (as in Ralloc): the
+/// caller persists the block when its protocol says so (<see cref="PersistentHeap.Persist(PayloadRef)"/>, or part 2's
+/// per-version write-back). Because a cache may write back any subset of dirty words, a header is accepted at
+/// recovery only if Commit's check equals the hash of Uid, Epoch, Shape, the block's offset, the segment's full
+/// generation, kind and state; a torn header (any subset of the four stores durable) fails the check (up to a
+/// 2^-32 collision) and the block is free.</para>
+/// <para>Segment descriptors are rewritten only on slow paths and always persisted (written back and fenced) before a
+/// block of the segment is handed out, so a durable block header never refers to a descriptor that is not durable.
+/// A new generation invalidates every header left in the segment from an earlier use. A large block writes its
+/// continuation descriptors before its start descriptor and persists them with one fence; a continuation not covered
+/// by a valid start is free. Freeing a large block rewrites its descriptors as free and persists them.</para>
+/// <para>Creation writes and persists every superblock word except Magic, then writes and persists Magic: a file
+/// whose creation was interrupted is rejected as "not a heap file" and is never silently reformatted.</para>
+/// </remarks>
+internal static class HeapLayout
+{
+    internal const ulong Magic = 0x5041_4548_5356_5045UL;
+    internal const long FormatVersion = 1;
+    internal const int SuperblockSize = 4096;
+    internal const int SegmentSize = 64 * 1024;
+    internal const int RootSlotCount = 16;
+
+    internal const int MagicOffset = 0;
+    internal const int FormatVersionOffset = 8;
+    internal const int HeapSizeOffset = 16;
+    internal const int SegmentSizeOffset = 24;
+    internal const int MaxSegmentsOffset = 32;
+    internal const int DataStartOffset = 40;
+    internal const int GeometryCheckOffset = 48;
+    internal const int CleanShutdownOffset = 56;
+    internal const int EpochClockOffset = 64;
+    internal const int DurableFrontierOffset = 72;
+    internal const int RootsOffset = 128;
+
+    internal const int HeaderSize = 32;
+    internal const int UidOffset = 0;
+    internal const int EpochOffset = 8;
+    internal const int ShapeOffset = 16;
+    internal const int CommitOffset = 24;
+
+    internal const ulong CommitTag = 0xB7UL << 56;
+    internal const ulong StateAllocated = 1;
+    internal const ulong StateFree = 2;
+
+    internal const ulong RoleFree = 0;
+    internal const ulong RoleSmall = 1;
+    internal const ulong RoleLargeStart = 2;
+    internal const ulong RoleLargeContinuation = 3;
+
+    internal static long TableBytes(long maxSegments) => RoundUp(maxSegments * sizeof(long), SuperblockSize);
+
+    internal static long DataStart(long maxSegments) => SuperblockSize + TableBytes(maxSegments);
+
+    internal static long RoundUp(long value, long multiple) => (value + multiple - 1) / multiple * multiple;
+
+    internal static ulong GeometryCheck(ulong magic, ulong version, ulong segmentSize, ulong maxSegments, ulong dataStart) =>
+        Mix(Mix(Mix(Mix(Mix(magic) ^ version) ^ segmentSize) ^ maxSegments) ^ dataStart);
+
+    // ---- segment descriptors ----
+
+    internal static ulong Descriptor(uint generation, ulong role, ulong payload) => generation | (role << 32) | (payload << 40);
+
+    internal static uint DescriptorGeneration(ulong descriptor) => (uint)descriptor;
+
+    internal static ulong DescriptorRole(ulong descriptor) => (descriptor >> 32) & 0xF;
+
+    internal static long DescriptorPayload(ulong descriptor) => (long)(descriptor >> 40);
+
+    // ---- block headers ----
+
+    internal static ulong Shape(int size, int typeId) => (uint)size | ((ulong)(uint)typeId << 32);
+
+    internal static int ShapeSize(ulong shape) => (int)(uint)shape;
+
+    internal static int ShapeTypeId(ulong shape) => (int)(shape >> 32);
+
+    [MethodImpl(MethodImplOptions.AggressiveInlining)]
+    internal static ulong AllocatedCommit(ulong uid, ulong epoch, ulong shape, long offset, uint generation, PayloadKind kind)
+    {
+        ulong meta = CommitTag | (StateAllocated << 52) | ((ulong)kind << 48) | ((ulong)(ushort)generation << 32);
+        return meta | Check(uid, epoch, shape, offset, generation, meta);
+    }
+
+    internal static ulong FreeCommit(ulong commit) => CommitTag | (StateFree << 52) | (commit & (0xFFFFUL << 32 | 0xFUL << 48));
+
+    internal static ulong CommitState(ulong commit) => (commit >> 52) & 0xF;
+
+    internal static PayloadKind CommitKind(ulong commit) => (PayloadKind)((commit >> 48) & 0xF);
+
+    /// <summary>Whether the four header words form one complete allocation of the block at <paramref name="offset"/> in a segment of <paramref name="generation"/>.</summary>
+    internal static bool IsValidAllocated(ulong uid, ulong epoch, ulong shape, ulong commit, long offset, uint generation)
+    {
+        if ((commit & (0xFFUL << 56)) != CommitTag || CommitState(commit) != StateAllocated || (ushort)(commit >> 32) != (ushort)generation)
+        {
+            return false;
+        }
+
+        PayloadKind kind = CommitKind(commit);
+        if (kind is < PayloadKind.Alloc or > PayloadKind.Delete)
+        {
+            return false;
+        }
+
+        return (uint)commit == Check(uid, epoch, shape, offset, generation, commit & ~0xFFFF_FFFFUL);
+    }
+
+    [MethodImpl(MethodImplOptions.AggressiveInlining)]
+    private static uint Check(ulong uid, ulong epoch, ulong shape, long offset, uint generation, ulong meta)
+    {
+        ulong h = Mix(uid ^ 0x9E37_79B9_7F4A_7C15UL);
+        h = Mix(h ^ epoch);
+        h = Mix(h ^ shape);
+        h = Mix(h ^ (ulong)offset ^ ((ulong)generation << 40));
+        h = Mix(h ^ meta);
+        return (uint)(h ^ (h >> 32));
+    }
+
+    // SplitMix64's finalizer: a cheap bijective mixer, good enough for a corruption check (not cryptographic).
+    [MethodImpl(MethodImplOptions.AggressiveInlining)]
+    private static ulong Mix(ulong x)
+    {
+        x ^= x >> 30;
+        x *= 0xBF58_476D_1CE4_E5B9UL;
+        x ^= x >> 27;
+        x *= 0x94D0_49BB_1331_11EBUL;
+        return x ^ (x >> 31);
+    }
+}

@@ -1,0 +1,510 @@
+using System;
+using System.Runtime.CompilerServices;
+using System.Threading;
+
+namespace Epvs.Persistence;
+
+/// <summary>
+/// A recoverable allocator of payload blocks in a <see cref="HeapFile"/> (DESIGN §4, layer 3), in the style of
+/// Ralloc: size classes in 64 KiB segments plus large blocks of whole segments; every free list and other piece of
+/// metadata is transient and rebuilt when the heap opens by scanning the segment table and the block headers, so
+/// allocation and free neither write back nor fence. Persistent data refers to blocks by <see cref="PayloadRef"/>
+/// offsets. The header layout and the order of its failure-atomic stores are documented on <see cref="HeapLayout"/>.
+/// </summary>
+/// <remarks>
+/// <para>Thread safety: every member may be called from any thread. Each thread allocates from and frees to its own
+/// cache of blocks per size class; caches exchange batches of 32 blocks with a shared list per class under a lock,
+/// and new segments are formatted under another lock. A block freed by one thread may be reused by another.</para>
+/// <para>Durability: <see cref="Allocate(int, int, long, PayloadKind, long)"/> and <see cref="Free(PayloadRef)"/>
+/// only store. A block is durable, with its payload, once <see cref="Persist(PayloadRef)"/> (or
+/// <see cref="WriteBack(PayloadRef)"/> and then <see cref="Fence"/> on the same thread) returns; a free is durable once
+/// <see cref="WriteBackHeader(PayloadRef)"/> and <see cref="Fence"/> return. After a crash, a block is either a
+/// complete allocation (all four header words of one <c>Allocate</c>) or free; payload bytes of a block whose
+/// persist had not completed may be partial — part 2's epoch tags decide which of those recovery keeps.</para>
+/// <para>Limits of this version: a small-block segment keeps its size class while the heap is open (segments whose
+/// blocks are all free return to the shared pool at the next open), and blocks left in the cache of a thread that
+/// exits stay there until the heap is reopened.</para>
+/// </remarks>
+public sealed unsafe partial class PersistentHeap : IDisposable
+{
+    private const int BatchSize = 32;
+    private const int CacheCapacity = 2 * BatchSize;
+    private const int UidBatch = 1024;
+
+    private readonly HeapFile _file;
+    private readonly bool _ownsFile;
+    private readonly byte* _base;
+    private readonly ulong* _table;
+    private readonly long _dataStart;
+    private readonly HeapFaults _faults;
+    private readonly ClassPool[] _pools;
+    private readonly ThreadLocal<ThreadCache> _caches;
+    private long _nextUid;
+    private int _disposed;
+
+    /// <summary>Opens the allocator on a heap file, rebuilding its free lists by a (parallel) scan of the blocks.</summary>
+    /// <param name="file">The heap file; not disposed with the heap.</param>
+    /// <param name="options">Recovery options; null for the defaults.</param>
+    public PersistentHeap(HeapFile file, PersistentHeapOptions? options = null)
+        : this(file, options, ownsFile: false)
+    {
+    }
+
+    private PersistentHeap(HeapFile file, PersistentHeapOptions? options, bool ownsFile)
+    {
+        ArgumentNullException.ThrowIfNull(file);
+        options ??= new PersistentHeapOptions();
+        _file = file;
+        _ownsFile = ownsFile;
+        _base = file.Pointer;
+        _table = (ulong*)(_base + HeapLayout.SuperblockSize);
+        _dataStart = file.DataStart;
+        _faults = options.Faults;
+        _pools = new ClassPool[SizeClasses.Count];
+        for (int i = 0; i < _pools.Length; i++)
+        {
+            _pools[i] = new ClassPool();
+        }
+
+        _caches = new ThreadLocal<ThreadCache>(() => new ThreadCache(), trackAllValues: true);
+        _segmentFree = new bool[file.SegmentCount];
+        RecoveryStatistics = Recover(options);
+    }
+
+    /// <summary>The heap file underneath: superblock words (roots, epoch clock) and the persistence domain.</summary>
+    public HeapFile File => _file;
+
+    /// <summary>The accounting found by the recovery scan when the heap opened.</summary>
+    public HeapStatistics RecoveryStatistics { get; }
+
+    /// <summary>The largest payload a block can hold.</summary>
+    public int MaxPayloadSize => (int)Math.Min(int.MaxValue - HeapLayout.SegmentSize, (_file.MaxSegments * HeapLayout.SegmentSize) - HeapLayout.HeaderSize);
+
+    /// <summary>Creates a heap file and opens the allocator on it; disposing the heap disposes the file.</summary>
+    /// <param name="path">Where to create the file (it must not exist).</param>
+    /// <param name="options">Size and domain; null for the defaults.</param>
+    /// <returns>The empty heap.</returns>
+    /// <exception cref="HeapFileException">See <see cref="HeapFile.Create(string, HeapFileOptions?)"/>.</exception>
+    public static PersistentHeap Create(string path, HeapFileOptions? options = null)
+    {
+        HeapFile file = HeapFile.Create(path, options);
+        return OwnFile(file, null);
+    }
+
+    /// <summary>Opens an existing heap file and recovers the allocator; disposing the heap disposes the file.</summary>
+    /// <param name="path">The heap file.</param>
+    /// <param name="options">Which domain to map it with; null for the defaults.</param>
+    /// <param name="heapOptions">Recovery options; null for the defaults.</param>
+    /// <returns>The recovered heap.</returns>
+    /// <exception cref="HeapFileException">See <see cref="HeapFile.Open(string, HeapFileOptions?)"/>.</exception>
+    public static PersistentHeap Open(string path, HeapFileOptions? options = null, PersistentHeapOptions? heapOptions = null)
+    {
+        HeapFile file = HeapFile.Open(path, options);
+        return OwnFile(file, heapOptions);
+    }
+
+    /// <summary>
+    /// Allocates a block for a payload of <paramref name="size"/> bytes and writes its header (no write-back, no fence).
+    /// The payload bytes are not cleared.
+    /// </summary>
+    /// <param name="size">Payload size in bytes, 0 to <see cref="MaxPayloadSize"/>.</param>
+    /// <param name="typeId">An application-defined type id stored in the header.</param>
+    /// <param name="epochTag">The EPVS version the payload belongs to (0 when not using epochs).</param>
+    /// <param name="kind">Alloc, update or delete (anti-payload).</param>
+    /// <param name="uid">The payload's logical identity; 0 draws a new one (see <see cref="NewUid"/>).</param>
+    /// <returns>The block.</returns>
+    /// <exception cref="InsufficientMemoryException">No free block fits and the heap cannot grow.</exception>
+    /// <exception cref="ArgumentOutOfRangeException"><paramref name="size"/> or <paramref name="kind"/> is out of range.</exception>
+    public PayloadRef Allocate(int size, int typeId, long epochTag = 0, PayloadKind kind = PayloadKind.Alloc, long uid = 0)
+    {
+        if (!TryAllocate(size, typeId, out PayloadRef block, epochTag, kind, uid))
+        {
+            ThrowHelper.ThrowHeapFull(size);
+        }
+
+        return block;
+    }
+
+    /// <summary>Like <see cref="Allocate(int, int, long, PayloadKind, long)"/>, but returns <see langword="false"/> instead of throwing when the heap is full.</summary>
+    /// <param name="size">Payload size in bytes, 0 to <see cref="MaxPayloadSize"/>.</param>
+    /// <param name="typeId">An application-defined type id stored in the header.</param>
+    /// <param name="block">The block, or null when the heap is full.</param>
+    /// <param name="epochTag">The EPVS version the payload belongs to.</param>
+    /// <param name="kind">Alloc, update or delete (anti-payload).</param>
+    /// <param name="uid">The payload's logical identity; 0 draws a new one.</param>
+    /// <returns>Whether a block was allocated.</returns>
+    /// <exception cref="ArgumentOutOfRangeException"><paramref name="size"/> or <paramref name="kind"/> is out of range.</exception>
+    public bool TryAllocate(int size, int typeId, out PayloadRef block, long epochTag = 0, PayloadKind kind = PayloadKind.Alloc, long uid = 0)
+    {
+        if ((uint)(kind - PayloadKind.Alloc) > PayloadKind.Delete - PayloadKind.Alloc)
+        {
+            ThrowHelper.ThrowArgumentOutOfRange(nameof(kind), $"{kind} is not a payload kind.");
+        }
+
+        ThreadCache cache = _caches.Value!;
+        if (uid == 0)
+        {
+            uid = cache.NextUid(ref _nextUid);
+        }
+
+        if ((uint)size > SizeClasses.MaxSmallPayload)
+        {
+            return TryAllocateLarge(size, typeId, epochTag, kind, uid, cache, out block);
+        }
+
+        int cls = SizeClasses.ForPayload(size);
+        int count = cache.Counts[cls];
+        if (count == 0 && !TryRefill(cache, cls))
+        {
+            block = default;
+            return false;
+        }
+
+        long offset = cache.Blocks[cls][--cache.Counts[cls]];
+        WriteHeader(offset, uid, epochTag, HeapLayout.Shape(size, typeId), kind);
+        cache.LiveBlocks++;
+        cache.LiveBytes += SizeClasses.BlockSizes[cls];
+        block = new PayloadRef(offset);
+        return true;
+    }
+
+    /// <summary>
+    /// Frees a block: one store of the header's commit word (no write-back, no fence; see <see cref="WriteBackHeader(PayloadRef)"/>).
+    /// The block may be handed out again at once, by any thread.
+    /// </summary>
+    /// <param name="block">A block returned by <c>Allocate</c> and not freed since.</param>
+    /// <exception cref="InvalidOperationException">The block is not allocated (double free, or not a block of this heap).</exception>
+    public void Free(PayloadRef block)
+    {
+        (long segment, ulong descriptor) = Locate(block);
+        ulong* commitWord = (ulong*)(_base + block.Offset + HeapLayout.CommitOffset);
+        // Volatile.Read: acquire; pairs with the release store of the commit word in WriteHeader.
+        ulong commit = Volatile.Read(ref *commitWord);
+        if (HeapLayout.CommitState(commit) != HeapLayout.StateAllocated || (commit & (0xFFUL << 56)) != HeapLayout.CommitTag)
+        {
+            ThrowHelper.ThrowInvalidPayloadRef(block, "it is already free (double free?)");
+        }
+
+        // Interlocked.CompareExchange: full fence; of two threads freeing the same block exactly one succeeds, so a
+        // double free is reported instead of putting the block on two free lists.
+        if (Interlocked.CompareExchange(ref *commitWord, HeapLayout.FreeCommit(commit), commit) != commit)
+        {
+            ThrowHelper.ThrowInvalidPayloadRef(block, "another thread freed it concurrently (double free)");
+        }
+
+        ThreadCache cache = _caches.Value!;
+        if (HeapLayout.DescriptorRole(descriptor) == HeapLayout.RoleLargeStart)
+        {
+            FreeLarge(segment, descriptor, cache);
+            return;
+        }
+
+        int cls = (int)HeapLayout.DescriptorPayload(descriptor);
+        cache.LiveBlocks--;
+        cache.LiveBytes -= SizeClasses.BlockSizes[cls];
+        if (cache.Counts[cls] == CacheCapacity)
+        {
+            Spill(cache, cls);
+        }
+
+        cache.Blocks[cls][cache.Counts[cls]++] = block.Offset;
+    }
+
+    /// <summary>Reads a block's header.</summary>
+    /// <exception cref="InvalidOperationException">The block is not allocated.</exception>
+    public PayloadHeader GetHeader(PayloadRef block)
+    {
+        (_, ulong descriptor) = Locate(block);
+        ulong* h = (ulong*)(_base + block.Offset);
+        // Volatile.Read: acquire; pairs with the release store of the commit word in WriteHeader.
+        ulong commit = Volatile.Read(ref h[3]);
+        if (!HeapLayout.IsValidAllocated(h[0], h[1], h[2], commit, block.Offset, HeapLayout.DescriptorGeneration(descriptor)))
+        {
+            ThrowHelper.ThrowInvalidPayloadRef(block, "its header is not a valid allocation");
+        }
+
+        return new PayloadHeader((long)h[0], (long)h[1], HeapLayout.CommitKind(commit), HeapLayout.ShapeSize(h[2]), HeapLayout.ShapeTypeId(h[2]));
+    }
+
+    /// <summary>The block's payload bytes (as many as the size given to <c>Allocate</c>). Valid until the block is freed.</summary>
+    /// <exception cref="InvalidOperationException">The block is not allocated.</exception>
+    public Span<byte> GetPayload(PayloadRef block) => new(PayloadPointer(block, out int size), size);
+
+    /// <summary>The address of the block's payload, for unsafe code. Valid until the block is freed and the heap is open.</summary>
+    /// <exception cref="InvalidOperationException">The block is not allocated.</exception>
+    public IntPtr GetPayloadAddress(PayloadRef block) => (IntPtr)PayloadPointer(block, out _);
+
+    /// <summary>Writes back the block's header and payload (not durable until <see cref="Fence"/>).</summary>
+    /// <exception cref="InvalidOperationException">The block is not allocated.</exception>
+    public void WriteBack(PayloadRef block)
+    {
+        PayloadPointer(block, out int size);
+        _file.Domain.WriteBack(block.Offset, HeapLayout.HeaderSize + (long)size);
+    }
+
+    /// <summary>
+    /// Writes back only the block's 32-byte header (not durable until <see cref="Fence"/>), typically after
+    /// <see cref="Free(PayloadRef)"/>, so it accepts blocks that are no longer allocated. (Freeing a large block is
+    /// durable already: its segment descriptors are persisted.)
+    /// </summary>
+    /// <exception cref="InvalidOperationException">The reference is outside the heap's segments or not 32-byte aligned.</exception>
+    public void WriteBackHeader(PayloadRef block)
+    {
+        long relative = block.Offset - _dataStart;
+
+        // Volatile.Read: acquire; pairs with the release in TryGrowLocked.
+        if (relative < 0 || relative % HeapLayout.HeaderSize != 0 || relative / HeapLayout.SegmentSize >= Volatile.Read(ref _segmentCount))
+        {
+            ThrowHelper.ThrowInvalidPayloadRef(block, "the offset is not a block position of this heap");
+        }
+
+        _file.Domain.WriteBack(block.Offset, HeapLayout.HeaderSize);
+    }
+
+    /// <summary>Waits until everything the calling thread wrote back is durable.</summary>
+    public void Fence() => _file.Domain.Fence();
+
+    /// <summary>Writes back the block's header and payload and fences: on return the block and its payload are durable.</summary>
+    /// <exception cref="InvalidOperationException">The block is not allocated.</exception>
+    public void Persist(PayloadRef block)
+    {
+        PayloadPointer(block, out int size);
+        _file.Domain.Persist(block.Offset, HeapLayout.HeaderSize + (long)size);
+    }
+
+    /// <summary>
+    /// Draws a new payload uid: unique among the uids of this heap's blocks (recovery resumes above the largest uid it
+    /// found). Each thread reserves uids in batches, so uids are unique but not ordered across threads.
+    /// </summary>
+    /// <returns>A positive uid.</returns>
+    public long NewUid() => _caches.Value!.NextUid(ref _nextUid);
+
+    /// <summary>
+    /// Calls <paramref name="visitor"/> for every allocated block, by scanning the segment table and block headers as
+    /// recovery does. The heap must be quiescent (no concurrent allocate or free) during the scan.
+    /// </summary>
+    /// <param name="visitor">Called once per block; from several threads at once when <paramref name="degreeOfParallelism"/> is above 1.</param>
+    /// <param name="degreeOfParallelism">How many threads scan.</param>
+    public void ForEachAllocated(Action<PayloadRef, PayloadHeader> visitor, int degreeOfParallelism = 1)
+    {
+        ArgumentNullException.ThrowIfNull(visitor);
+        Scan(visitor, degreeOfParallelism);
+    }
+
+    /// <summary>
+    /// The current accounting: live blocks and bytes, free bytes (thread caches, shared lists, free segments) and
+    /// overhead. Exact when the heap is quiescent; approximate while other threads allocate.
+    /// </summary>
+    /// <returns>The statistics.</returns>
+    public HeapStatistics GetStatistics()
+    {
+        long liveBlocks = _recoveredLiveBlocks, liveBytes = _recoveredLiveBytes, freeBytes = 0;
+        foreach (ThreadCache cache in _caches.Values)
+        {
+            // Volatile.Read: acquire; the owner writes these with plain stores, so a concurrent read is approximate
+            // (exact once the owner is quiescent and its stores are visible, e.g. after joining it).
+            liveBlocks += Volatile.Read(ref cache.LiveBlocks);
+            liveBytes += Volatile.Read(ref cache.LiveBytes);
+            for (int cls = 0; cls < SizeClasses.Count; cls++)
+            {
+                freeBytes += (long)Volatile.Read(ref cache.Counts[cls]) * SizeClasses.BlockSizes[cls];
+            }
+        }
+
+        for (int cls = 0; cls < _pools.Length; cls++)
+        {
+            lock (_pools[cls])
+            {
+                freeBytes += (long)_pools[cls].BlockCount * SizeClasses.BlockSizes[cls];
+            }
+        }
+
+        long freeSegments, overhead, segments;
+        lock (_segmentGate)
+        {
+            freeSegments = _freeSegmentCount;
+            overhead = _overheadBytes;
+            segments = _segmentFree.Length;
+        }
+
+        freeBytes += freeSegments * HeapLayout.SegmentSize;
+        return new HeapStatistics(segments * HeapLayout.SegmentSize, liveBlocks, liveBytes, freeBytes, overhead, freeSegments);
+    }
+
+    /// <summary>
+    /// Closes the allocator (and the heap file, when the heap created or opened it). Other threads must have stopped
+    /// using the heap and every payload span or address first.
+    /// </summary>
+    public void Dispose()
+    {
+        // Interlocked.Exchange: full fence; exactly one caller disposes.
+        if (Interlocked.Exchange(ref _disposed, 1) != 0)
+        {
+            return;
+        }
+
+        _caches.Dispose();
+        if (_ownsFile)
+        {
+            _file.Dispose();
+        }
+    }
+
+    private static PersistentHeap OwnFile(HeapFile file, PersistentHeapOptions? options)
+    {
+        try
+        {
+            return new PersistentHeap(file, options, ownsFile: true);
+        }
+        catch
+        {
+            file.Dispose();
+            throw;
+        }
+    }
+
+    [MethodImpl(MethodImplOptions.AggressiveInlining)]
+    private void WriteHeader(long offset, long uid, long epochTag, ulong shape, PayloadKind kind)
+    {
+        ulong* h = (ulong*)(_base + offset);
+        uint generation = HeapLayout.DescriptorGeneration(_table[(offset - _dataStart) / HeapLayout.SegmentSize]);
+        if ((_faults & HeapFaults.SkipUidStore) == 0)
+        {
+            h[0] = (ulong)uid;
+        }
+
+        h[1] = (ulong)epochTag;
+        h[2] = shape;
+
+        // Volatile.Write: release; the Uid, Epoch and Shape stores above are ordered before the commit word, so on
+        // TSO hardware an eviction of the header's line never exposes a commit without its fields. Recovery does not
+        // rely on that order (a crash may persist any subset of words): it checks the commit's hash of the fields.
+        Volatile.Write(ref h[3], HeapLayout.AllocatedCommit((ulong)uid, (ulong)epochTag, shape, offset, generation, kind));
+    }
+
+    /// <summary>Checks that <paramref name="block"/> is at a block boundary of a small or large segment; returns the segment and its descriptor.</summary>
+    [MethodImpl(MethodImplOptions.AggressiveInlining)]
+    private (long Segment, ulong Descriptor) Locate(PayloadRef block)
+    {
+        long relative = block.Offset - _dataStart;
+        long segment = relative / HeapLayout.SegmentSize;
+
+        // Volatile.Read: acquire; pairs with the release in TryGrowLocked.
+        if (relative < 0 || (ulong)segment >= (ulong)Volatile.Read(ref _segmentCount))
+        {
+            ThrowHelper.ThrowInvalidPayloadRef(block, "the offset is outside the heap's segments");
+        }
+
+        ulong descriptor = _table[segment];
+        long within = relative - (segment * HeapLayout.SegmentSize);
+        ulong role = HeapLayout.DescriptorRole(descriptor);
+        bool boundary = role == HeapLayout.RoleSmall
+            ? within % SizeClasses.BlockSizes[(int)HeapLayout.DescriptorPayload(descriptor)] == 0
+              && within / SizeClasses.BlockSizes[(int)HeapLayout.DescriptorPayload(descriptor)] < SizeClasses.BlocksPerSegment[(int)HeapLayout.DescriptorPayload(descriptor)]
+            : role == HeapLayout.RoleLargeStart && within == 0;
+        if (!boundary)
+        {
+            ThrowHelper.ThrowInvalidPayloadRef(block, "the offset is not the start of a block");
+        }
+
+        if (_disposed != 0)
+        {
+            ThrowHelper.ThrowObjectDisposed(this);
+        }
+
+        return (segment, descriptor);
+    }
+
+    private byte* PayloadPointer(PayloadRef block, out int size)
+    {
+        Locate(block);
+        ulong* h = (ulong*)(_base + block.Offset);
+
+        // Volatile.Read: acquire; pairs with the release store of the commit word in WriteHeader, so the shape read
+        // below is the one this commit covers when the block was allocated by another thread.
+        ulong commit = Volatile.Read(ref h[3]);
+        if (HeapLayout.CommitState(commit) != HeapLayout.StateAllocated)
+        {
+            ThrowHelper.ThrowInvalidPayloadRef(block, "it is free");
+        }
+
+        size = HeapLayout.ShapeSize(h[2]);
+        return (byte*)(h + 4);
+    }
+
+    private bool TryRefill(ThreadCache cache, int cls)
+    {
+        ClassPool pool = _pools[cls];
+        lock (pool)
+        {
+            if (pool.Batches.Count != 0)
+            {
+                long[] batch = (_faults & HeapFaults.ShareRefillBatch) != 0 ? pool.Batches.Peek() : pool.Batches.Pop();
+                if ((_faults & HeapFaults.ShareRefillBatch) == 0)
+                {
+                    pool.BlockCount -= batch.Length;
+                }
+
+                batch.CopyTo(cache.Blocks[cls], 0);
+                cache.Counts[cls] = batch.Length;
+                return true;
+            }
+        }
+
+        return TryFormatSmallSegment(cache, cls);
+    }
+
+    private void Spill(ThreadCache cache, int cls)
+    {
+        var batch = new long[BatchSize];
+        int count = cache.Counts[cls] - BatchSize;
+        Array.Copy(cache.Blocks[cls], count, batch, 0, BatchSize);
+        cache.Counts[cls] = count;
+        ClassPool pool = _pools[cls];
+        lock (pool)
+        {
+            pool.Batches.Push(batch);
+            pool.BlockCount += BatchSize;
+        }
+    }
+
+    /// <summary>Shared free blocks of one size class, in batches. Guarded by locking the instance.</summary>
+    private sealed class ClassPool
+    {
+        internal System.Collections.Generic.Stack<long[]> Batches { get; } = new();
+
+        internal long BlockCount { get; set; }
+    }
+
+    /// <summary>One thread's blocks per size class and its share of the accounting. Touched by its owner only (statistics read it racily).</summary>
+    private sealed class ThreadCache
+    {
+        internal readonly long[][] Blocks;
+        internal readonly int[] Counts = new int[SizeClasses.Count];
+        internal long LiveBlocks;
+        internal long LiveBytes;
+        private long _uidNext;
+        private long _uidEnd;
+
+        internal ThreadCache()
+        {
+            Blocks = new long[SizeClasses.Count][];
+            for (int i = 0; i < Blocks.Length; i++)
+            {
+                Blocks[i] = new long[CacheCapacity];
+            }
+        }
+
+        internal long NextUid(ref long shared)
+        {
+            if (_uidNext == _uidEnd)
+            {
+                // Interlocked.Add: atomic reservation of a range; no ordering needed beyond uniqueness.
+                _uidEnd = Interlocked.Add(ref shared, UidBatch) + 1;
+                _uidNext = _uidEnd - UidBatch;
+            }
+
+            return _uidNext++;
+        }
+    }
+}

@@ -1,0 +1,21 @@
+using System;
+
+namespace Epvs.Persistence;
+
+/// <summary>How a <see cref="PersistentHeap"/> recovers when it opens.</summary>
+public sealed class PersistentHeapOptions
+{
+    /// <summary>
+    /// Called for every valid allocated block found by the recovery scan; returning <see langword="false"/> frees the
+    /// block (its free is persisted before the constructor returns). Buffered durability (part 2) uses this to drop
+    /// payloads newer than the durable frontier. Called from several threads at once when
+    /// <see cref="RecoveryParallelism"/> is above 1. Null keeps every valid block.
+    /// </summary>
+    public Func<PayloadRef, PayloadHeader, bool>? RecoveryFilter { get; set; }
+
+    /// <summary>How many threads scan the segments at open; default <see cref="Environment.ProcessorCount"/>.</summary>
+    public int RecoveryParallelism { get; set; } = Environment.ProcessorCount;
+
+    /// <summary>Deliberate faults, for the tests' broken controls only.</summary>
+    internal HeapFaults Faults { get; set; }
+}

@@ -1,0 +1,55 @@
+namespace Epvs.Persistence;
+
+/// <summary>
+/// Block sizes of small allocations (header included), four per power of two, every one a multiple of 32 so that a
+/// 32-byte header never straddles a 64-byte cache line. Payloads above <see cref="MaxSmallPayload"/> get whole segments.
+/// </summary>
+internal static class SizeClasses
+{
+    internal static readonly int[] BlockSizes =
+    [
+        64, 96, 128, 160, 192, 224, 256, 320, 384, 448, 512, 640, 768, 896, 1024, 1280, 1536, 1792, 2048,
+        2560, 3072, 3584, 4096, 5120, 6144, 7168, 8192, 10240, 12288, 14336, 16384,
+    ];
+
+    internal static readonly int[] BlocksPerSegment = ComputeBlocksPerSegment();
+
+    internal const int MaxSmallBlock = 16384;
+
+    internal const int MaxSmallPayload = MaxSmallBlock - HeapLayout.HeaderSize;
+
+    internal static int Count => BlockSizes.Length;
+
+    private static readonly byte[] s_classByUnits = BuildLookup();
+
+    /// <summary>The class of a payload of <paramref name="size"/> bytes (0 ≤ size ≤ <see cref="MaxSmallPayload"/>).</summary>
+    internal static int ForPayload(int size) => s_classByUnits[(size + HeapLayout.HeaderSize + 31) >> 5];
+
+    private static byte[] BuildLookup()
+    {
+        var lookup = new byte[(MaxSmallBlock >> 5) + 1];
+        int cls = 0;
+        for (int units = 0; units < lookup.Length; units++)
+        {
+            while (BlockSizes[cls] < units << 5)
+            {
+                cls++;
+            }
+
+            lookup[units] = (byte)cls;
+        }
+
+        return lookup;
+    }
+
+    private static int[] ComputeBlocksPerSegment()
+    {
+        var counts = new int[BlockSizes.Length];
+        for (int i = 0; i < counts.Length; i++)
+        {
+            counts[i] = HeapLayout.SegmentSize / BlockSizes[i];
+        }
+
+        return counts;
+    }
+}

@@ -1,0 +1,248 @@
+using System;
+using System.Collections.Generic;
+using System.Linq;
+using Xunit;
+using Xunit.Abstractions;
+
+namespace Epvs.Persistence.Tests;
+
+/// <summary>
+/// Simulated power failures: at every enumerated crash point of a small workload, at random points of a large
+/// concurrent one, and over 100 crash/reopen cycles. After each reopen every block is a complete allocation from the
+/// history or free, every durably persisted block is there with its payload, and the accounting adds up. Each
+/// property has a broken control that the same check must catch.
+/// </summary>
+public sealed class PersistentHeapCrashTests
+{
+    private const int SmallWorkloadSeed = 7001;
+    private const int SmallWorkloadOperations = 45;
+    private const int SeedsPerPoint = 4;
+    private readonly ITestOutputHelper _output;
+
+    public PersistentHeapCrashTests(ITestOutputHelper output) => _output = output;
+
+    [Fact]
+    public void Crash_AtEveryEnumeratedPoint_RecoversOnlyValidBlocksAndKeepsPersistedOnes()
+    {
+        List<string> violations = EnumerateCrashes(HeapFaults.None, HeapFaults.None, out int images);
+        _output.WriteLine($"seed={SmallWorkloadSeed}: {images} crash images checked");
+        Assert.True(images > 100, $"only {images} crash images");
+        Assert.Empty(violations);
+    }
+
+    [Fact]
+    public void Crash_AllocatorSkippingTheUidStore_IsCaughtByTheCrashCheck()
+    {
+        List<string> violations = EnumerateCrashes(HeapFaults.SkipUidStore, HeapFaults.None, out _);
+        _output.WriteLine($"control caught {violations.Count} violations, e.g. {violations.FirstOrDefault()}");
+        Assert.NotEmpty(violations);
+    }
+
+    [Fact]
+    public void Crash_RecoveryTrustingTheCommitWordAlone_IsCaughtByTheCrashCheck()
+    {
+        List<string> violations = EnumerateCrashes(HeapFaults.None, HeapFaults.AcceptTornHeaders, out _);
+        _output.WriteLine($"control caught {violations.Count} violations, e.g. {violations.FirstOrDefault()}");
+        Assert.Contains(violations, v => v.Contains("phantom") || v.Contains("differs"));
+    }
+
+    [Fact]
+    public void Crash_RecoveryLeakingInvalidBlocks_IsCaughtByTheAccountingCheck()
+    {
+        List<string> violations = EnumerateCrashes(HeapFaults.None, HeapFaults.LoseInvalidBlocksAtRecovery, out _);
+        _output.WriteLine($"control caught {violations.Count} violations, e.g. {violations.FirstOrDefault()}");
+        Assert.Contains(violations, v => v.Contains("accounting does not add up"));
+    }
+
+    [Fact]
+    public void CrashCheck_FedACorruptedImage_ReportsTheCorruption()
+    {
+        using var domain = new SimulatedPersistenceDomain(1 << 20, capacity: 2 << 20);
+        var history = new CrashHistory();
+        using (HeapFile file = HeapFile.Create(domain))
+        using (var heap = new PersistentHeap(file))
+        {
+            CrashWorkload.Run(heap, domain, history, SmallWorkloadSeed, SmallWorkloadOperations, new List<BlockRecord>());
+        }
+
+        long end = domain.CrashPointCount;
+        byte[] image = domain.Crash(seed: 1);
+        Assert.Empty(Check(image, end, history, HeapFaults.None));
+
+        BlockRecord durable = history.Records.First(r => r.AllocEnd <= end && r.FreeStart == long.MaxValue && r.Size > 8);
+        byte[] payloadFlipped = (byte[])image.Clone();
+        payloadFlipped[durable.Offset + 32 + (durable.Size / 2)] ^= 0x40;
+        Assert.Contains(Check(payloadFlipped, end, history, HeapFaults.None), v => v.Contains("payload differs"));
+
+        byte[] commitZeroed = (byte[])image.Clone();
+        Array.Clear(commitZeroed, (int)durable.Offset + 24, 8);
+        Assert.Contains(Check(commitZeroed, end, history, HeapFaults.None), v => v.Contains("is missing"));
+    }
+
+    [Fact]
+    public void Crash_AtRandomPointsOfALargeConcurrentWorkload_RecoversOnlyValidBlocks()
+    {
+        const int seed = 8002, threads = 2, operations = 3000, crashes = 60;
+        _output.WriteLine($"seed={seed} threads={threads} operations/thread={operations} crashes={crashes}");
+
+        // Crash points are drawn after the heap's creation. A first run measures how many crash points the workload has (it varies a little with the interleaving).
+        long estimate = RunConcurrent(seed, threads, operations, new CrashHistory(), _ => { }, out _);
+        var random = new Random(seed);
+        var history = new CrashHistory();
+        long end = RunConcurrent(seed, threads, operations, history, domain =>
+        {
+            for (int i = 0; i < crashes; i++)
+            {
+                domain.ArmCrash(random.NextInt64(domain.CrashPointCount, estimate), random.Next());
+            }
+        }, out List<SimulatedCrash> captured);
+
+        Assert.True(captured.Count >= crashes / 2, $"{captured.Count} of {crashes} points were reached (end {end}, estimate {estimate})");
+        var violations = new List<string>();
+        foreach (SimulatedCrash crash in captured)
+        {
+            violations.AddRange(Check(crash.Image, crash.Point, history, HeapFaults.None).Select(v => $"point {crash.Point} seed {crash.Seed}: {v}"));
+        }
+
+        Assert.Empty(violations);
+    }
+
+    [Fact]
+    public void Crash_HundredCrashReopenCycles_DoNotLeak()
+    {
+        const int seed = 9003, cycles = 100, operations = 40;
+        _output.WriteLine($"seed={seed} cycles={cycles} operations/cycle={operations}");
+        var random = new Random(seed);
+        var domain = new SimulatedPersistenceDomain(1 << 20);
+        HeapFile file = HeapFile.Create(domain);
+        var heap = new PersistentHeap(file);
+        var history = new CrashHistory();
+        var owned = new List<BlockRecord>();
+        try
+        {
+            for (int cycle = 0; cycle < cycles; cycle++)
+            {
+                long crashPoint = domain.CrashPointCount + random.Next(1, 120);
+                int crashSeed = random.Next();
+                domain.ArmCrash(crashPoint, crashSeed);
+                CrashWorkload.Run(heap, domain, history, seed + cycle, operations, owned);
+                SimulatedCrash crash = domain.CapturedCrashes.FirstOrDefault() ?? new SimulatedCrash(domain.CrashPointCount, crashSeed, domain.Crash(crashSeed));
+
+                heap.Dispose();
+                file.Dispose();
+                domain.Dispose();
+                domain = SimulatedPersistenceDomain.FromImage(crash.Image);
+                file = HeapFile.Open(domain);
+                heap = new PersistentHeap(file);
+
+                List<string> violations = history.Check(crash.Point, heap);
+                Assert.True(violations.Count == 0, $"cycle {cycle} (point {crash.Point}, seed {crash.Seed}): {string.Join("; ", violations)}");
+                history = history.CarryOver(crash.Point, heap);
+                owned = history.Records.ToList();
+            }
+
+            // Free everything durably; then the heap must be entirely free and hold exactly as many blocks as a new one.
+            foreach (BlockRecord record in owned)
+            {
+                heap.Free(new PayloadRef(record.Offset));
+            }
+
+            heap.Dispose();
+            file.Dispose();
+            using var last = SimulatedPersistenceDomain.FromImage(domain.GetDurableImage());
+            using HeapFile lastFile = HeapFile.Open(last);
+            using var emptied = new PersistentHeap(lastFile);
+            HeapStatistics stats = emptied.RecoveryStatistics;
+            Assert.Equal(0, stats.LiveBlocks);
+            Assert.Equal(stats.TotalBytes, stats.FreeBytes);
+            int blocks = 0;
+            while (emptied.TryAllocate(1000, 1, out _))
+            {
+                blocks++;
+            }
+
+            Assert.Equal(lastFile.SegmentCount * (65536 / 1280), blocks);
+        }
+        finally
+        {
+            heap.Dispose();
+            file.Dispose();
+            domain.Dispose();
+        }
+    }
+
+    private static List<string> EnumerateCrashes(HeapFaults allocatorFaults, HeapFaults recoveryFaults, out int images)
+    {
+        // Run 1 counts the crash points; run 2 (identical: single-threaded and seeded) captures an image at each.
+        // Points before the workload belong to creating the heap, which HeapFileTests covers.
+        long points, created;
+        using (var counting = new SimulatedPersistenceDomain(1 << 20, capacity: 2 << 20))
+        {
+            created = RunSmall(counting, new CrashHistory(), allocatorFaults);
+            points = counting.CrashPointCount;
+        }
+
+        using var domain = new SimulatedPersistenceDomain(1 << 20, capacity: 2 << 20);
+        for (long point = created; point < points; point++)
+        {
+            for (int s = 0; s < SeedsPerPoint; s++)
+            {
+                domain.ArmCrash(point, (int)(point * 31) + s);
+            }
+        }
+
+        var history = new CrashHistory();
+        RunSmall(domain, history, allocatorFaults);
+        var crashes = domain.CapturedCrashes.ToList();
+        crashes.Add(new SimulatedCrash(points, 1, domain.Crash(1)));
+        var violations = new List<string>();
+        foreach (SimulatedCrash crash in crashes)
+        {
+            violations.AddRange(Check(crash.Image, crash.Point, history, recoveryFaults).Select(v => $"point {crash.Point} seed {crash.Seed}: {v}"));
+        }
+
+        images = crashes.Count;
+        return violations;
+    }
+
+    /// <returns>The crash-point count once the heap was created, before the workload.</returns>
+    private static long RunSmall(SimulatedPersistenceDomain domain, CrashHistory history, HeapFaults faults)
+    {
+        using HeapFile file = HeapFile.Create(domain);
+        using var heap = new PersistentHeap(file, new PersistentHeapOptions { Faults = faults });
+        long created = domain.CrashPointCount;
+        CrashWorkload.Run(heap, domain, history, SmallWorkloadSeed, SmallWorkloadOperations, new List<BlockRecord>());
+        return created;
+    }
+
+    private static long RunConcurrent(int seed, int threads, int operations, CrashHistory history, Action<SimulatedPersistenceDomain> arm, out List<SimulatedCrash> captured)
+    {
+        using var domain = new SimulatedPersistenceDomain(8 << 20);
+        using HeapFile file = HeapFile.Create(domain);
+        using var heap = new PersistentHeap(file);
+        arm(domain);
+        Workers.Run(threads, thread => CrashWorkload.Run(heap, domain, history, seed + thread, operations, new List<BlockRecord>()));
+        captured = domain.CapturedCrashes.ToList();
+        return domain.CrashPointCount;
+    }
+
+    private static List<string> Check(byte[] image, long point, CrashHistory history, HeapFaults recoveryFaults)
+    {
+        using var domain = SimulatedPersistenceDomain.FromImage(image);
+        HeapFile file;
+        try
+        {
+            file = HeapFile.Open(domain);
+        }
+        catch (HeapFileException e)
+        {
+            return [$"the heap did not reopen: {e.Message}"];
+        }
+
+        using (file)
+        using (var heap = new PersistentHeap(file, new PersistentHeapOptions { Faults = recoveryFaults, RecoveryParallelism = 2 }))
+        {
+            return history.Check(point, heap);
+        }
+    }
+}

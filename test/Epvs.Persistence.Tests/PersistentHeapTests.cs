@@ -1,0 +1,186 @@
+using System;
+using System.Collections.Generic;
+using System.IO;
+using System.Linq;
+using Xunit;
+
+namespace Epvs.Persistence.Tests;
+
+/// <summary>Layer 3, single-threaded: allocation, headers, free, reuse, large blocks, growth, recovery on a clean reopen.</summary>
+public sealed class PersistentHeapTests : IDisposable
+{
+    private readonly TempDirectory _directory = new();
+
+    public void Dispose() => _directory.Dispose();
+
+    [Fact]
+    public void Allocate_WriteAndReopen_BlocksSurviveWithHeadersAndPayloads()
+    {
+        string path = _directory.File("heap");
+        var expected = new List<(long Offset, PayloadHeader Header)>();
+        using (PersistentHeap heap = PersistentHeap.Create(path, MappedFile(4L << 20)))
+        {
+            int[] sizes = [0, 1, 31, 32, 100, 1000, 1024, 5000, 16_352, 16_353, 200_000];
+            foreach (int size in sizes)
+            {
+                PayloadRef block = heap.Allocate(size, typeId: size % 7, epochTag: 5, kind: PayloadKind.Update);
+                PayloadHeader header = heap.GetHeader(block);
+                Assert.Equal(size, header.Size);
+                Assert.Equal(size, heap.GetPayload(block).Length);
+                Stamp.Write(heap.GetPayload(block), header.Uid);
+                heap.Persist(block);
+                expected.Add((block.Offset, header));
+            }
+
+            heap.File.SetRoot(0, expected[3].Offset);
+        }
+
+        using PersistentHeap reopened = PersistentHeap.Open(path, MappedFile(0));
+        var found = new Dictionary<long, PayloadHeader>();
+        reopened.ForEachAllocated((block, header) => found.Add(block.Offset, header));
+        Assert.Equal(expected.Count, found.Count);
+        foreach ((long offset, PayloadHeader header) in expected)
+        {
+            PayloadHeader actual = found[offset];
+            Assert.Equal((header.Uid, header.EpochTag, header.Kind, header.Size, header.TypeId), (actual.Uid, actual.EpochTag, actual.Kind, actual.Size, actual.TypeId));
+            Assert.True(Stamp.Matches(reopened.GetPayload(new PayloadRef(offset)), header.Uid));
+        }
+
+        Assert.Equal(expected[3].Offset, reopened.File.GetRoot(0));
+        Assert.True(reopened.RecoveryStatistics.AddsUp, reopened.RecoveryStatistics.ToString());
+        long newUid = reopened.NewUid();
+        Assert.True(newUid > expected.Max(e => e.Header.Uid), "uids resume above the largest recovered uid");
+    }
+
+    [Fact]
+    public void Free_ThenAllocateSameClass_ReusesTheBlock()
+    {
+        using var domain = new SimulatedPersistenceDomain(1 << 20);
+        using HeapFile file = HeapFile.Create(domain);
+        using var heap = new PersistentHeap(file);
+        PayloadRef first = heap.Allocate(500, 1);
+        heap.Free(first);
+        PayloadRef second = heap.Allocate(590, 2); // 532 and 622 bytes with the header: both in the 640-byte class
+        Assert.Equal(first, second);
+        Assert.Equal(590, heap.GetHeader(second).Size);
+    }
+
+    [Fact]
+    public void Free_Twice_ThrowsInvalidOperation()
+    {
+        using var domain = new SimulatedPersistenceDomain(1 << 20);
+        using HeapFile file = HeapFile.Create(domain);
+        using var heap = new PersistentHeap(file);
+        PayloadRef block = heap.Allocate(64, 1);
+        heap.Free(block);
+        InvalidOperationException error = Assert.Throws<InvalidOperationException>(() => heap.Free(block));
+        Assert.Contains("double free", error.Message);
+    }
+
+    [Fact]
+    public void Free_OffsetInsideABlock_ThrowsInvalidOperation()
+    {
+        using var domain = new SimulatedPersistenceDomain(1 << 20);
+        using HeapFile file = HeapFile.Create(domain);
+        using var heap = new PersistentHeap(file);
+        PayloadRef block = heap.Allocate(64, 1);
+        Assert.Throws<InvalidOperationException>(() => heap.Free(new PayloadRef(block.Offset + 8)));
+        Assert.Throws<InvalidOperationException>(() => heap.Free(new PayloadRef(16)));
+    }
+
+    [Fact]
+    public void Allocate_LargeBlocks_SpanSegmentsAndReturnThemWhenFreed()
+    {
+        using var domain = new SimulatedPersistenceDomain(2 << 20);
+        using HeapFile file = HeapFile.Create(domain);
+        using var heap = new PersistentHeap(file);
+        long freeSegments = heap.GetStatistics().FreeSegments;
+        PayloadRef large = heap.Allocate(300_000, 3);
+        Assert.Equal(freeSegments - 5, heap.GetStatistics().FreeSegments); // 300,032 bytes → 5 segments
+        heap.Free(large);
+        Assert.Equal(freeSegments, heap.GetStatistics().FreeSegments);
+        Assert.Equal(large, heap.Allocate(250_000, 3));
+        Assert.True(heap.GetStatistics().AddsUp);
+    }
+
+    [Fact]
+    public void TryAllocate_HeapFullAndCannotGrow_ReturnsFalseAndAllocateThrows()
+    {
+        using var domain = new SimulatedPersistenceDomain(1 << 20);
+        using HeapFile file = HeapFile.Create(domain);
+        using var heap = new PersistentHeap(file);
+        int count = 0;
+        while (heap.TryAllocate(4000, 1, out _))
+        {
+            count++;
+        }
+
+        Assert.Equal(15 * (65536 / 4096), count); // 15 segments of 16 blocks of 4 KiB
+        InsufficientMemoryException error = Assert.Throws<InsufficientMemoryException>(() => heap.Allocate(4000, 1));
+        Assert.Contains("cannot grow", error.Message);
+    }
+
+    [Fact]
+    public void Allocate_BeyondInitialSize_GrowsTheMappedFileAndReopens()
+    {
+        string path = _directory.File("growing");
+        var uids = new List<(PayloadRef Block, long Uid)>();
+        using (PersistentHeap heap = PersistentHeap.Create(path, new HeapFileOptions { Size = 1L << 20, MaxSize = 8L << 20, Domain = PersistenceDomainKind.MappedFile }))
+        {
+            long before = new FileInfo(path).Length;
+            for (int i = 0; i < 100; i++)
+            {
+                PayloadRef block = heap.Allocate(30_000, 1);
+                long uid = heap.GetHeader(block).Uid;
+                Stamp.Write(heap.GetPayload(block), uid);
+                heap.Persist(block);
+                uids.Add((block, uid));
+            }
+
+            Assert.True(heap.File.Size > before);
+            Assert.True(new FileInfo(path).Length >= heap.File.Size);
+        }
+
+        using PersistentHeap reopened = PersistentHeap.Open(path, MappedFile(0));
+        foreach ((PayloadRef block, long uid) in uids)
+        {
+            Assert.True(Stamp.Matches(reopened.GetPayload(block), uid));
+        }
+    }
+
+    [Fact]
+    public void RecoveryFilter_RejectingBlocks_FreesThemDurably()
+    {
+        using var domain = new SimulatedPersistenceDomain(2 << 20);
+        var blocks = new List<PayloadRef>();
+        using (HeapFile file = HeapFile.Create(domain))
+        using (var heap = new PersistentHeap(file))
+        {
+            for (int i = 0; i < 40; i++)
+            {
+                PayloadRef block = heap.Allocate(i % 2 == 0 ? 100 : 30_000, 1, epochTag: i);
+                heap.Persist(block);
+                blocks.Add(block);
+            }
+        }
+
+        var options = new PersistentHeapOptions { RecoveryFilter = (_, header) => header.EpochTag < 20 };
+        using (var reopenedDomain = SimulatedPersistenceDomain.FromImage(domain.Crash(seed: 3)))
+        {
+            using (HeapFile file = HeapFile.Open(reopenedDomain))
+            using (var filtered = new PersistentHeap(file, options))
+            {
+                Assert.Equal(20, filtered.RecoveryStatistics.LiveBlocks);
+                Assert.True(filtered.RecoveryStatistics.AddsUp, filtered.RecoveryStatistics.ToString());
+            }
+
+            // The filter's frees were persisted: a crash right after the open that applied them keeps them.
+            using var again = SimulatedPersistenceDomain.FromImage(reopenedDomain.GetDurableImage());
+            using HeapFile againFile = HeapFile.Open(again);
+            using var unfiltered = new PersistentHeap(againFile);
+            Assert.Equal(20, unfiltered.RecoveryStatistics.LiveBlocks);
+        }
+    }
+
+    private static HeapFileOptions MappedFile(long size) => new() { Size = size, Domain = PersistenceDomainKind.MappedFile };
+}

@@ -1,0 +1,102 @@
+using System;
+using System.Collections.Generic;
+using System.Globalization;
+using System.IO;
+using System.Linq;
+using Xunit;
+using Xunit.Abstractions;
+
+namespace Epvs.Persistence.Tests;
+
+/// <summary>
+/// The libpmem domain for real (libpmem1 must be installed: .ci/run installs it; these tests fail, never skip, without
+/// it) and the fallback when libpmem cannot be loaded. The libpmem runs happen in a child process so that
+/// PMEM_IS_PMEM_FORCE is in the native environment libpmem reads (see <see cref="TestProgram"/>).
+/// </summary>
+public sealed class PmemPersistenceDomainTests : IDisposable
+{
+    private readonly TempDirectory _directory = new();
+    private readonly ITestOutputHelper _output;
+
+    public PmemPersistenceDomainTests(ITestOutputHelper output) => _output = output;
+
+    public void Dispose() => _directory.Dispose();
+
+    [Fact]
+    public void PmemDomain_ForcedPmemOnOrdinaryFile_UsesCacheFlushPathAndDataSurvives()
+    {
+        string path = _directory.File("forced.heap");
+        Dictionary<string, long> counts = RunChild(path, force: "1", out List<(long Offset, long Uid, int Size)> blocks);
+        Assert.Equal(1, counts["is_pmem"]);
+        Assert.True(counts["flush"] + counts["persist"] > 0, "the flush path was used");
+        Assert.True(counts["drain"] + counts["persist"] > 0, "the drain path was used");
+        Assert.Equal(0, counts["msync"]);
+        VerifyInThisProcess(path, blocks);
+    }
+
+    [Fact]
+    public void PmemDomain_OrdinaryFileNotForced_FallsBackToPmemMsync()
+    {
+        string path = _directory.File("plain.heap");
+        Dictionary<string, long> counts = RunChild(path, force: "0", out List<(long Offset, long Uid, int Size)> blocks);
+        Assert.Equal(0, counts["is_pmem"]);
+        Assert.True(counts["msync"] > 0, "pmem_msync was used");
+        Assert.Equal(0, counts["flush"] + counts["drain"] + counts["persist"]);
+        VerifyInThisProcess(path, blocks);
+    }
+
+    [Fact]
+    public void Open_LibpmemCannotBeLoaded_FallsBackToMappedFileDomain()
+    {
+        string path = _directory.File("fallback.heap");
+        var options = new HeapFileOptions { Size = 2L << 20, PmemLibraryName = "libpmem-not-installed-for-test.so.1" };
+        long uid;
+        PayloadRef block;
+        using (PersistentHeap heap = PersistentHeap.Create(path, options))
+        {
+            Assert.Equal(PersistenceDomainKind.MappedFile, heap.File.Domain.Kind);
+            block = heap.Allocate(1000, 1);
+            uid = heap.GetHeader(block).Uid;
+            Stamp.Write(heap.GetPayload(block), uid);
+            heap.Persist(block);
+            Assert.True(((MappedFilePersistenceDomain)heap.File.Domain).MsyncCalls > 0);
+        }
+
+        using PersistentHeap reopened = PersistentHeap.Open(path, options);
+        Assert.Equal(PersistenceDomainKind.MappedFile, reopened.File.Domain.Kind);
+        Assert.True(Stamp.Matches(reopened.GetPayload(block), uid));
+    }
+
+    private Dictionary<string, long> RunChild(string path, string force, out List<(long Offset, long Uid, int Size)> blocks)
+    {
+        (int exitCode, string output) = TestProgram.RunChild(new Dictionary<string, string> { ["PMEM_IS_PMEM_FORCE"] = force }, PmemChild.Role, path);
+        _output.WriteLine(output.Split('\n')[0]);
+        Assert.True(exitCode == 0, $"child exited with {exitCode} (is libpmem1 installed? .ci/run installs it):\n{output}");
+
+        string[] lines = output.Split('\n', StringSplitOptions.RemoveEmptyEntries | StringSplitOptions.TrimEntries);
+        Dictionary<string, long> counts = lines.First(l => l.StartsWith("is_pmem=", StringComparison.Ordinal))
+            .Split(' ')
+            .Select(pair => pair.Split('='))
+            .ToDictionary(kv => kv[0], kv => kv[1] switch { "True" => 1L, "False" => 0L, string n => long.Parse(n, CultureInfo.InvariantCulture) });
+        blocks = lines.Where(l => l.StartsWith("block ", StringComparison.Ordinal))
+            .Select(l => l.Split(' '))
+            .Select(p => (long.Parse(p[1], CultureInfo.InvariantCulture), long.Parse(p[2], CultureInfo.InvariantCulture), int.Parse(p[3], CultureInfo.InvariantCulture)))
+            .ToList();
+        Assert.Equal(200, blocks.Count);
+        return counts;
+    }
+
+    private static void VerifyInThisProcess(string path, List<(long Offset, long Uid, int Size)> blocks)
+    {
+        using PersistentHeap heap = PersistentHeap.Open(path, new HeapFileOptions { Domain = PersistenceDomainKind.MappedFile });
+        Assert.True(heap.File.WasCleanShutdown);
+        Assert.Equal(blocks.Count, heap.RecoveryStatistics.LiveBlocks);
+        foreach ((long offset, long uid, int size) in blocks)
+        {
+            var block = new PayloadRef(offset);
+            PayloadHeader header = heap.GetHeader(block);
+            Assert.Equal((uid, size, 7), (header.Uid, header.Size, header.TypeId));
+            Assert.True(Stamp.Matches(heap.GetPayload(block), uid), $"payload of {block}");
+        }
+    }
+}
