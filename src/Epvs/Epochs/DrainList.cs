@@ -5,7 +5,8 @@ using System.Threading.Tasks;
 namespace Epvs;
 
 /// <summary>
-/// Deferred actions waiting for their epoch to become safe: an append-only chain of slot segments, lock-free,
+/// Deferred actions waiting for their epoch to become safe: an append-only chain of slot segments
+/// (<see cref="Segment{T}"/>), lock-free,
 /// growing instead of blocking when full (FASTER's drain list has 16 slots and spins when they are taken,
 /// which livelocks while a protected thread is parked).
 /// </summary>
@@ -27,51 +28,36 @@ internal sealed class DrainList
         public TaskCompletionSource<bool>? Completion;
     }
 
-    private sealed class Segment
-    {
-        public readonly Slot[] Slots;
-        public Segment? Next;
-
-        public Segment(int size)
-        {
-            Slots = new Slot[size];
-            for (int i = 0; i < size; i++)
-                Slots[i].Epoch = Free;
-        }
-    }
-
-    private readonly Segment first;
-    private Segment insertHint;
+    private readonly Segment<Slot> first;
+    private Segment<Slot> insertHint;
 
     /// <summary>Published and not yet claimed; may briefly lag or run ahead, never stays wrong.</summary>
     public int Count;
 
     public DrainList(int initialSize)
     {
-        first = new Segment(initialSize);
+        first = new Segment<Slot>(initialSize);
+        MarkFree(first.Items);
         insertHint = first;
     }
 
-    public int Capacity
+    public int Capacity => Segment<Slot>.TotalLength(first);
+
+    private static void MarkFree(Slot[] slots)
     {
-        get
-        {
-            int total = 0;
-            for (Segment? s = first; s is not null; s = Volatile.Read(ref s.Next))
-                total += s.Slots.Length;
-            return total;
-        }
+        for (int i = 0; i < slots.Length; i++)
+            slots[i].Epoch = Free;
     }
 
     /// <summary>Publishes <paramref name="action"/> to run once <paramref name="epoch"/> is safe. Never blocks.</summary>
     public void Add(long epoch, Action action, TaskCompletionSource<bool>? completion)
     {
-        Segment start = Volatile.Read(ref insertHint);
-        Segment segment = start;
+        Segment<Slot> start = Volatile.Read(ref insertHint);
+        Segment<Slot> segment = start;
         bool wrapped = false;
         while (true)
         {
-            Slot[] slots = segment.Slots;
+            Slot[] slots = segment.Items;
             for (int i = 0; i < slots.Length; i++)
             {
                 if (Volatile.Read(ref slots[i].Epoch) == Free &&
@@ -91,20 +77,14 @@ internal sealed class DrainList
                 }
             }
 
-            Segment? next = Volatile.Read(ref segment.Next);
-            if (next is null)
+            if (Volatile.Read(ref segment.Next) is null && !wrapped && start != first)
             {
-                if (!wrapped && start != first)
-                {
-                    // Slots before the hint may have been freed since; look there before growing.
-                    wrapped = true;
-                    segment = first;
-                    continue;
-                }
-                var grown = new Segment(slots.Length * 2);
-                next = Interlocked.CompareExchange(ref segment.Next, grown, null) ?? grown;
+                // Slots before the hint may have been freed since; look there before growing.
+                wrapped = true;
+                segment = first;
+                continue;
             }
-            segment = next;
+            segment = segment.NextOrGrow(minimumSize: 16, MarkFree);
         }
     }
 
@@ -115,9 +95,9 @@ internal sealed class DrainList
     public int RunEligible(long safeEpoch, Action<Exception> onFault)
     {
         int ran = 0;
-        for (Segment? s = first; s is not null; s = Volatile.Read(ref s.Next))
+        for (Segment<Slot>? s = first; s is not null; s = Volatile.Read(ref s.Next))
         {
-            Slot[] slots = s.Slots;
+            Slot[] slots = s.Items;
             for (int i = 0; i < slots.Length; i++)
             {
                 long e = Volatile.Read(ref slots[i].Epoch);
@@ -155,9 +135,9 @@ internal sealed class DrainList
     public long[] PendingEpochs()
     {
         var result = new System.Collections.Generic.List<long>();
-        for (Segment? s = first; s is not null; s = Volatile.Read(ref s.Next))
+        for (Segment<Slot>? s = first; s is not null; s = Volatile.Read(ref s.Next))
         {
-            Slot[] slots = s.Slots;
+            Slot[] slots = s.Items;
             for (int i = 0; i < slots.Length; i++)
             {
                 long e = Volatile.Read(ref slots[i].Epoch);

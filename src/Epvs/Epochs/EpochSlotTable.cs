@@ -21,41 +21,23 @@ internal struct EpochSlot
 }
 
 /// <summary>
-/// The epoch table: an append-only chain of slot segments. It starts small and grows by appending a
-/// segment when every slot is taken, so any number of threads can be protected at once (FASTER's table is
-/// fixed at 128 entries and spins when full). Segments are never removed or moved, so a thread can keep a
-/// direct reference to its slot's array and a scanner sees every slot that was ever handed out.
+/// The epoch table: an append-only chain of slot segments (<see cref="Segment{T}"/>). It starts small and grows by
+/// appending a segment when every slot is taken, so any number of threads can be protected at once (FASTER's table is
+/// fixed at 128 entries and spins when full). A thread keeps a direct reference to its slot's array.
 /// </summary>
 internal sealed class EpochSlotTable
 {
     /// <summary>Written into every free slot by <see cref="LightEpoch.Dispose"/> so no claim can succeed.</summary>
     public const long DisposedMarker = long.MaxValue;
 
-    internal sealed class Segment
-    {
-        public readonly EpochSlot[] Slots;
-        public Segment? Next; // set once, by CAS; read with Volatile.Read
+    private readonly Segment<EpochSlot> first;
 
-        public Segment(int size) => Slots = new EpochSlot[size];
-    }
+    public EpochSlotTable(int initialSize) => first = new Segment<EpochSlot>(initialSize);
 
-    private readonly Segment first;
-
-    public EpochSlotTable(int initialSize) => first = new Segment(initialSize);
-
-    public Segment First => first;
+    public Segment<EpochSlot> First => first;
 
     /// <summary>Total slots handed out so far (grows, never shrinks).</summary>
-    public int Capacity
-    {
-        get
-        {
-            int total = 0;
-            for (Segment? s = first; s is not null; s = Volatile.Read(ref s.Next))
-                total += s.Slots.Length;
-            return total;
-        }
-    }
+    public int Capacity => Segment<EpochSlot>.TotalLength(first);
 
     /// <summary>
     /// Claims a free slot and announces <paramref name="epoch"/> in it with one full-fence CAS, probing from
@@ -63,10 +45,10 @@ internal sealed class EpochSlotTable
     /// </summary>
     public EpochSlot[] Claim(long epoch, int hint, out int index)
     {
-        Segment segment = first;
+        Segment<EpochSlot> segment = first;
         while (true)
         {
-            EpochSlot[] slots = segment.Slots;
+            EpochSlot[] slots = segment.Items;
             int n = slots.Length;
             int start = (int)((uint)hint % (uint)n);
             for (int k = 0; k < n; k++)
@@ -85,15 +67,9 @@ internal sealed class EpochSlotTable
                 }
             }
 
-            Segment? next = Volatile.Read(ref segment.Next);
-            if (next is null)
-            {
-                // Every slot seen was taken: grow. Doubling keeps the chain logarithmic in the peak number
-                // of protected threads. CAS so that racing growers agree on one successor.
-                var grown = new Segment(Math.Max(16, slots.Length * 2));
-                next = Interlocked.CompareExchange(ref segment.Next, grown, null) ?? grown;
-            }
-            segment = next;
+            // Every slot seen was taken: move on, growing if this was the last segment. Doubling keeps the chain
+            // logarithmic in the peak number of protected threads.
+            segment = segment.NextOrGrow(minimumSize: 16);
         }
     }
 
@@ -105,9 +81,9 @@ internal sealed class EpochSlotTable
     public long OldestAnnounced(long upperBound)
     {
         long oldest = upperBound;
-        for (Segment? s = first; s is not null; s = Volatile.Read(ref s.Next))
+        for (Segment<EpochSlot>? s = first; s is not null; s = Volatile.Read(ref s.Next))
         {
-            EpochSlot[] slots = s.Slots;
+            EpochSlot[] slots = s.Items;
             for (int i = 0; i < slots.Length; i++)
             {
                 long e = Volatile.Read(ref slots[i].Epoch);
@@ -124,9 +100,9 @@ internal sealed class EpochSlotTable
     /// </summary>
     public bool AnyOtherAtOrBelow(long epoch, EpochSlot[]? ownSlots, int ownIndex)
     {
-        for (Segment? s = first; s is not null; s = Volatile.Read(ref s.Next))
+        for (Segment<EpochSlot>? s = first; s is not null; s = Volatile.Read(ref s.Next))
         {
-            EpochSlot[] slots = s.Slots;
+            EpochSlot[] slots = s.Items;
             for (int i = 0; i < slots.Length; i++)
             {
                 if (ReferenceEquals(slots, ownSlots) && i == ownIndex)

@@ -16,9 +16,9 @@ public sealed partial class LightEpoch
     {
         var threads = new List<EpochSlotInfo>();
         int baseIndex = 0;
-        for (EpochSlotTable.Segment? s = table.First; s is not null; s = Volatile.Read(ref s.Next))
+        for (Segment<EpochSlot>? s = table.First; s is not null; s = Volatile.Read(ref s.Next))
         {
-            EpochSlot[] slots = s.Slots;
+            EpochSlot[] slots = s.Items;
             for (int i = 0; i < slots.Length; i++)
             {
                 long e = Volatile.Read(ref slots[i].Epoch);

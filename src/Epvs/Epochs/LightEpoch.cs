@@ -437,9 +437,9 @@ public sealed partial class LightEpoch : IDisposable
 
         // Mark every free slot so no Resume can claim it; a slot already taken means a protected thread.
         int stillProtected = 0;
-        for (EpochSlotTable.Segment? s = table.First; s is not null; s = Volatile.Read(ref s.Next))
+        for (Segment<EpochSlot>? s = table.First; s is not null; s = Volatile.Read(ref s.Next))
         {
-            EpochSlot[] slots = s.Slots;
+            EpochSlot[] slots = s.Items;
             for (int i = 0; i < slots.Length; i++)
             {
                 if (Interlocked.CompareExchange(ref slots[i].Epoch, EpochSlotTable.DisposedMarker, 0) != 0)
@@ -449,9 +449,9 @@ public sealed partial class LightEpoch : IDisposable
 
         if (stillProtected != 0)
         {
-            for (EpochSlotTable.Segment? s = table.First; s is not null; s = Volatile.Read(ref s.Next))
+            for (Segment<EpochSlot>? s = table.First; s is not null; s = Volatile.Read(ref s.Next))
             {
-                EpochSlot[] slots = s.Slots;
+                EpochSlot[] slots = s.Items;
                 for (int i = 0; i < slots.Length; i++)
                     Interlocked.CompareExchange(ref slots[i].Epoch, 0, EpochSlotTable.DisposedMarker);
             }

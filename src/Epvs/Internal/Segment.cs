@@ -1,0 +1,40 @@
+using System;
+using System.Threading;
+
+namespace Epvs;
+
+/// <summary>
+/// One array in an append-only chain: the growth scheme behind the epoch table and the drain list. Arrays are never
+/// moved or removed, so a reader can keep a reference to an element's array and a scanner that follows
+/// <see cref="Next"/> sees every element ever handed out.
+/// </summary>
+internal sealed class Segment<T>
+{
+    public readonly T[] Items;
+
+    /// <summary>Set once, by CAS; read with <c>Volatile.Read</c>.</summary>
+    public Segment<T>? Next;
+
+    public Segment(int size) => Items = new T[size];
+
+    /// <summary>The next segment, appending one twice this size (at least <paramref name="minimumSize"/>) if there is
+    /// none yet. Racing growers agree on one successor.</summary>
+    public Segment<T> NextOrGrow(int minimumSize, Action<T[]>? initialize = null)
+    {
+        Segment<T>? next = Volatile.Read(ref Next);
+        if (next is not null)
+            return next;
+        var grown = new Segment<T>(Math.Max(minimumSize, Items.Length * 2));
+        initialize?.Invoke(grown.Items);
+        return Interlocked.CompareExchange(ref Next, grown, null) ?? grown;
+    }
+
+    /// <summary>Elements in the chain that starts at <paramref name="first"/>.</summary>
+    public static int TotalLength(Segment<T> first)
+    {
+        int total = 0;
+        for (Segment<T>? s = first; s is not null; s = Volatile.Read(ref s.Next))
+            total += s.Items.Length;
+        return total;
+    }
+}
