@@ -31,9 +31,6 @@ internal sealed class DrainList
     private readonly Segment<Slot> first;
     private Segment<Slot> insertHint;
 
-    /// <summary>Published and not yet claimed; may briefly lag or run ahead, never stays wrong.</summary>
-    public int Count;
-
     public DrainList(int initialSize)
     {
         first = new Segment<Slot>(initialSize);
@@ -49,8 +46,11 @@ internal sealed class DrainList
             slots[i].Epoch = Free;
     }
 
-    /// <summary>Publishes <paramref name="action"/> to run once <paramref name="epoch"/> is safe. Never blocks.</summary>
-    public void Add(long epoch, Action action, TaskCompletionSource<bool>? completion)
+    /// <summary>
+    /// Publishes <paramref name="action"/> to run once <paramref name="epoch"/> is safe, then increments
+    /// <paramref name="pending"/> (the owner's count of published, unclaimed actions). Never blocks.
+    /// </summary>
+    public void Add(long epoch, Action action, TaskCompletionSource<bool>? completion, ref long pending)
     {
         Segment<Slot> start = Volatile.Read(ref insertHint);
         Segment<Slot> segment = start;
@@ -70,7 +70,7 @@ internal sealed class DrainList
                     Volatile.Write(ref slots[i].Epoch, epoch);
                     // Full fence: the registration is visible before the caller scans the epoch table
                     // (pairs with the fence a leaving thread issues before its own scan).
-                    Interlocked.Increment(ref Count);
+                    Interlocked.Increment(ref pending);
                     if (segment != start)
                         Volatile.Write(ref insertHint, segment);
                     return;
@@ -89,10 +89,11 @@ internal sealed class DrainList
     }
 
     /// <summary>
-    /// Runs every published action whose epoch is at most <paramref name="safeEpoch"/>. Returns how many ran.
-    /// Actions never throw out of here: faults go to <paramref name="onFault"/>.
+    /// Runs every published action whose epoch is at most <paramref name="safeEpoch"/>, decrementing
+    /// <paramref name="pending"/> for each one claimed. Returns how many ran. Actions never throw out of here: faults
+    /// go to <paramref name="onFault"/>.
     /// </summary>
-    public int RunEligible(long safeEpoch, Action<Exception> onFault)
+    public int RunEligible(long safeEpoch, ref long pending, Action<Exception> onFault)
     {
         int ran = 0;
         for (Segment<Slot>? s = first; s is not null; s = Volatile.Read(ref s.Next))
@@ -114,7 +115,7 @@ internal sealed class DrainList
                 slots[i].Completion = null;
                 // Release: the cleared fields are written before the slot can be reused.
                 Volatile.Write(ref slots[i].Epoch, Free);
-                Interlocked.Decrement(ref Count);
+                Interlocked.Decrement(ref pending);
                 ran++;
                 try
                 {

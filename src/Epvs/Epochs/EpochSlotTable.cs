@@ -1,4 +1,4 @@
-using System;
+using System.Runtime.CompilerServices;
 using System.Runtime.InteropServices;
 using System.Threading;
 
@@ -25,14 +25,14 @@ internal struct EpochSlot
 /// appending a segment when every slot is taken, so any number of threads can be protected at once (FASTER's table is
 /// fixed at 128 entries and spins when full). A thread keeps a direct reference to its slot's array.
 /// </summary>
-internal sealed class EpochSlotTable
+internal sealed unsafe class EpochSlotTable
 {
     /// <summary>Written into every free slot by <see cref="LightEpoch.Dispose"/> so no claim can succeed.</summary>
     public const long DisposedMarker = long.MaxValue;
 
     private readonly Segment<EpochSlot> first;
 
-    public EpochSlotTable(int initialSize) => first = new Segment<EpochSlot>(initialSize);
+    public EpochSlotTable(int initialSize) => first = new Segment<EpochSlot>(initialSize, pinned: true);
 
     public Segment<EpochSlot> First => first;
 
@@ -41,9 +41,10 @@ internal sealed class EpochSlotTable
 
     /// <summary>
     /// Claims a free slot and announces <paramref name="epoch"/> in it with one full-fence CAS, probing from
-    /// <paramref name="hint"/> and appending a segment when every slot is taken. Never blocks.
+    /// <paramref name="hint"/> and appending a segment when every slot is taken. Never blocks. The returned pointer
+    /// stays valid as long as the table (segments are pinned and never removed).
     /// </summary>
-    public EpochSlot[] Claim(long epoch, int hint, out int index)
+    public EpochSlot* Claim(long epoch, int hint)
     {
         Segment<EpochSlot> segment = first;
         while (true)
@@ -62,8 +63,7 @@ internal sealed class EpochSlotTable
                     // precedes the scanner's reads of this slot.
                     Interlocked.CompareExchange(ref slots[i].Epoch, epoch, 0) == 0)
                 {
-                    index = i;
-                    return slots;
+                    return (EpochSlot*)Unsafe.AsPointer(ref slots[i]);
                 }
             }
 
@@ -98,14 +98,14 @@ internal sealed class EpochSlotTable
     /// Like <see cref="OldestAnnounced"/> but ignoring one slot (the caller's own), to tell whether anyone
     /// else holds back an epoch.
     /// </summary>
-    public bool AnyOtherAtOrBelow(long epoch, EpochSlot[]? ownSlots, int ownIndex)
+    public bool AnyOtherAtOrBelow(long epoch, EpochSlot* own)
     {
         for (Segment<EpochSlot>? s = first; s is not null; s = Volatile.Read(ref s.Next))
         {
             EpochSlot[] slots = s.Items;
             for (int i = 0; i < slots.Length; i++)
             {
-                if (ReferenceEquals(slots, ownSlots) && i == ownIndex)
+                if (Unsafe.AsPointer(ref slots[i]) == own)
                     continue;
                 long e = Volatile.Read(ref slots[i].Epoch);
                 if (e != 0 && e <= epoch)

@@ -3,7 +3,7 @@ using System.Threading;
 
 namespace Epvs;
 
-public sealed partial class LightEpoch
+public sealed unsafe partial class LightEpoch
 {
     /// <summary>
     /// Takes a snapshot of the table and the pending actions for debugging, without stopping other threads.

@@ -2,7 +2,7 @@ using System.Runtime.CompilerServices;
 
 namespace Epvs;
 
-public sealed partial class LightEpoch
+public sealed unsafe partial class LightEpoch
 {
     /// <summary>
     /// A protected region entered by <see cref="EnterScope"/>; <see cref="Dispose"/> leaves it. A ref struct,

@@ -1,6 +1,6 @@
 namespace Epvs;
 
-public sealed partial class LightEpoch
+public sealed unsafe partial class LightEpoch
 {
     /// <summary>
     /// Test-only: skips the second look (and its process-wide barrier) that a bumper takes when its action is left

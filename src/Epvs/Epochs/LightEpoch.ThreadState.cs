@@ -1,32 +1,70 @@
 using System;
 using System.Collections.Generic;
 using System.Runtime.CompilerServices;
-using System.Threading;
+using System.Runtime.InteropServices;
 
 namespace Epvs;
 
-public sealed partial class LightEpoch
+public sealed unsafe partial class LightEpoch
 {
     /// <summary>
-    /// What one thread knows about its protection by one <see cref="LightEpoch"/>: how deeply it is nested
-    /// and which slot it announced in. Only the owning thread reads or writes a record.
+    /// What one thread knows about its protection by one <see cref="LightEpoch"/>: how deeply it is nested and which
+    /// slot it announced in. Only the owning thread reads or writes a record.
     /// </summary>
+    /// <remarks>
+    /// Records live in a pinned array per thread, reached through a pointer-typed thread-static: on .NET a primitive
+    /// thread-static is one load from the thread's TLS block, while a reference-typed one costs three dependent loads.
+    /// <see cref="Slot"/> points into a pinned table segment, which never moves and lives as long as its epoch; a
+    /// record whose <see cref="Token"/> is stale (its epoch is gone) is never dereferenced.
+    /// </remarks>
     private struct ThreadRecord
     {
-        /// <summary>The <see cref="token"/> of the epoch this record belongs to; a stale record (an id reused
-        /// after its epoch was disposed) has another token and counts as empty.</summary>
+        /// <summary>The <see cref="token"/> of the epoch this record belongs to.</summary>
         public long Token;
-        /// <summary>The segment array holding this thread's slot: the last one used, kept as a hint while
-        /// unprotected so the next outermost Resume usually claims the same, uncontended cache line.</summary>
-        public EpochSlot[]? Slots;
-        public int Index;
+
+        /// <summary>The slot last used: the thread's slot while protected, and a hint while not, so the next
+        /// outermost Resume usually claims the same, uncontended cache line. Null before first use.</summary>
+        public EpochSlot* Slot;
+
         /// <summary>Nesting depth; 0 when not protected.</summary>
         public int Depth;
+
+        /// <summary>Where the slow path starts probing for a free slot.</summary>
+        public int ProbeStart;
     }
 
-    /// <summary>Per-thread records, indexed by <see cref="id"/>. Thread-static access is a few instructions on
-    /// .NET 8+, which is what keeps the outermost Resume at one interlocked operation plus a handful of loads.</summary>
-    [ThreadStatic] private static ThreadRecord[]? t_records;
+    /// <summary>A pinned array of records for one thread; kept alive by <see cref="t_recordStorage"/>.</summary>
+    private sealed class PinnedRecords
+    {
+        public readonly ThreadRecord[] Records;
+        public readonly ThreadRecord* Pointer;
+#if !NET5_0_OR_GREATER
+        private GCHandle handle;
+#endif
+
+        public PinnedRecords(int length)
+        {
+#if NET5_0_OR_GREATER
+            Records = GC.AllocateArray<ThreadRecord>(length, pinned: true);
+            Pointer = (ThreadRecord*)Unsafe.AsPointer(ref MemoryMarshal.GetArrayDataReference(Records));
+#else
+            Records = new ThreadRecord[length];
+            handle = GCHandle.Alloc(Records, GCHandleType.Pinned);
+            Pointer = (ThreadRecord*)handle.AddrOfPinnedObject();
+#endif
+        }
+
+#if !NET5_0_OR_GREATER
+        ~PinnedRecords() => handle.Free();
+#endif
+    }
+
+    /// <summary>This thread's records, indexed by <see cref="id"/> (primitive thread-statics: the fast path).</summary>
+    [ThreadStatic] private static ThreadRecord* t_records;
+    [ThreadStatic] private static int t_recordCount;
+
+    /// <summary>Keeps <see cref="t_records"/> alive; dies with the thread.</summary>
+    [ThreadStatic] private static PinnedRecords? t_recordStorage;
 
     private static long s_nextToken;
     private static readonly Stack<int> s_freeIds = new();
@@ -46,33 +84,48 @@ public sealed partial class LightEpoch
 
     /// <summary>This thread's record for this epoch, created (or reset, if stale) on first use.</summary>
     [MethodImpl(MethodImplOptions.NoInlining)]
-    private ref ThreadRecord GetOrCreateRecord()
+    private ThreadRecord* GetOrCreateRecord()
     {
-        ThreadRecord[]? records = t_records;
-        if (records is null || records.Length <= id)
+        if (t_recordCount <= id)
         {
-            var grown = new ThreadRecord[Math.Max(id + 1, Math.Max(4, (records?.Length ?? 0) * 2))];
-            records?.CopyTo(grown, 0);
-            t_records = records = grown;
+            PinnedRecords? old = t_recordStorage;
+            var grown = new PinnedRecords(Math.Max(id + 1, Math.Max(4, t_recordCount * 2)));
+            old?.Records.AsSpan().CopyTo(grown.Records);
+            t_recordStorage = grown;
+            t_records = grown.Pointer;
+            t_recordCount = grown.Records.Length;
         }
 
-        ref ThreadRecord r = ref records[id];
-        if (r.Token != token)
-            r = new ThreadRecord { Token = token, Index = Environment.CurrentManagedThreadId };
-        return ref r;
+        ThreadRecord* r = t_records + id;
+        if (r->Token != token)
+            *r = new ThreadRecord { Token = token, ProbeStart = Environment.CurrentManagedThreadId };
+        return r;
     }
 
-    /// <summary>This thread's record for this epoch if it has one, else a null reference.</summary>
-    [MethodImpl(MethodImplOptions.AggressiveInlining)]
-    private ref ThreadRecord FindRecord()
+    /// <summary>
+    /// Shared, read-only, all-zero record returned when a thread has none: depth 0 and no slot, so callers need no
+    /// separate null test (never written: every write to a record happens after a depth or slot check fails on it).
+    /// </summary>
+    private static readonly ThreadRecord* s_noRecord = AllocateNoRecord();
+
+    private static ThreadRecord* AllocateNoRecord()
     {
-        ThreadRecord[]? records = t_records;
-        if (records is not null && (uint)id < (uint)records.Length)
+        // Lives for the whole process, like the type's other statics.
+        var p = (ThreadRecord*)Marshal.AllocHGlobal(sizeof(ThreadRecord));
+        *p = default;
+        return p;
+    }
+
+    /// <summary>This thread's record for this epoch, or <see cref="s_noRecord"/> (depth 0, no slot).</summary>
+    [MethodImpl(MethodImplOptions.AggressiveInlining)]
+    private ThreadRecord* FindRecord()
+    {
+        if ((uint)id < (uint)t_recordCount)
         {
-            ref ThreadRecord r = ref records[id];
-            if (r.Token == token)
-                return ref r;
+            ThreadRecord* r = t_records + id;
+            if (r->Token == token)
+                return r;
         }
-        return ref Unsafe.NullRef<ThreadRecord>();
+        return s_noRecord;
     }
 }

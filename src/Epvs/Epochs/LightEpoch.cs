@@ -28,7 +28,7 @@ namespace Epvs;
 /// </list>
 /// <para>Protection belongs to a thread: do not <c>await</c> inside a protected region.</para>
 /// </remarks>
-public sealed partial class LightEpoch : IDisposable
+public sealed unsafe partial class LightEpoch : IDisposable
 {
     private const int DefaultInitialTableSize = 16;
     private const int DefaultInitialDrainListSize = 16;
@@ -38,6 +38,10 @@ public sealed partial class LightEpoch : IDisposable
 
     /// <summary>The largest epoch known to be safe (monotonic); informational, every drain recomputes it.</summary>
     private PaddedInt64 safeToReclaimEpoch;
+
+    /// <summary>Deferred actions published and not yet claimed: read on every leave and refresh, so it lives here, on
+    /// a line of its own, rather than behind the drain list. May briefly run ahead of the list, never stays wrong.</summary>
+    private PaddedInt64 pendingActions;
 
     private readonly EpochSlotTable table;
     private readonly DrainList drainList;
@@ -98,34 +102,31 @@ public sealed partial class LightEpoch : IDisposable
     [MethodImpl(MethodImplOptions.AggressiveInlining)]
     public void Resume()
     {
-        ref ThreadRecord r = ref FindRecord();
-        if (!Unsafe.IsNullRef(ref r))
+        ThreadRecord* r = FindRecord();
+        if (r->Depth != 0)
         {
-            if (r.Depth != 0)
-            {
-                r.Depth++;
-                return;
-            }
+            r->Depth++;
+            return;
+        }
 
-            EpochSlot[]? slots = r.Slots;
-            if (slots is not null)
+        EpochSlot* slot = r->Slot;
+        if (slot != null)
+        {
+            // Any epoch not newer than the current one is a valid announcement: an older one only holds back
+            // more actions. Acquire pairs with the increment in BumpCurrentEpoch.
+            long epoch = Volatile.Read(ref currentEpoch.Value);
+            // Claim the slot used last time and announce in one full-fence CAS (DESIGN §2.2): the announcement
+            // is globally visible before any later load of shared state. Pairs with the full fence between a
+            // bumper's increment and its scan (EpochSlotTable.OldestAnnounced).
+            if (Interlocked.CompareExchange(ref slot->Epoch, epoch, 0) == 0)
             {
-                // Any epoch not newer than the current one is a valid announcement: an older one only
-                // holds back more actions. Acquire pairs with the increment in BumpCurrentEpoch.
-                long epoch = Volatile.Read(ref currentEpoch.Value);
-                // Claim the slot used last time and announce in one full-fence CAS (DESIGN §2.2): the
-                // announcement is globally visible before any later load of shared state. Pairs with the
-                // full fence between a bumper's increment and its scan (EpochSlotTable.OldestAnnounced).
-                if (Interlocked.CompareExchange(ref slots[r.Index].Epoch, epoch, 0) == 0)
-                {
-                    r.Depth = 1;
-                    // Keep "announced e" meaning "announced before the epoch moved past e": if a bump slipped in
-                    // between our read and our CAS, its scan may have missed us while our slot shows an epoch it
-                    // covers. Nested Enters rely on this (EpochProtectedVersionScheme.WaitForStableState).
-                    if (Volatile.Read(ref currentEpoch.Value) != epoch)
-                        Reannounce(ref slots[r.Index].Epoch, epoch);
-                    return;
-                }
+                r->Depth = 1;
+                // Keep "announced e" meaning "announced before the epoch moved past e": if a bump slipped in
+                // between our read and our CAS, its scan may have missed us while our slot shows an epoch it
+                // covers. Nested Enters rely on this (EpochProtectedVersionScheme.WaitForStableState).
+                if (Volatile.Read(ref currentEpoch.Value) != epoch)
+                    Reannounce(ref slot->Epoch, epoch);
+                return;
             }
         }
         ResumeSlow();
@@ -137,30 +138,29 @@ public sealed partial class LightEpoch : IDisposable
         if (Volatile.Read(ref disposed) != 0)
             ThrowHelper.ThrowObjectDisposed(nameof(LightEpoch));
 
-        ref ThreadRecord r = ref GetOrCreateRecord();
-        if (r.Depth != 0)
+        ThreadRecord* r = GetOrCreateRecord();
+        if (r->Depth != 0)
         {
-            r.Depth++;
+            r->Depth++;
             return;
         }
 
         // First use on this thread, or someone else took our last slot: probe for a free one (growing the
         // table if needed). The CAS inside Claim is the announcing full fence.
         long epoch = Volatile.Read(ref currentEpoch.Value);
-        EpochSlot[] slots = table.Claim(epoch, r.Slots is null ? r.Index : r.Index + 1, out int index);
-        slots[index].OwnerThreadId = Environment.CurrentManagedThreadId;
-        r.Slots = slots;
-        r.Index = index;
-        r.Depth = 1;
+        EpochSlot* slot = table.Claim(epoch, r->Slot == null ? r->ProbeStart : ++r->ProbeStart);
+        slot->OwnerThreadId = Environment.CurrentManagedThreadId;
+        r->Slot = slot;
+        r->Depth = 1;
         if (Volatile.Read(ref currentEpoch.Value) != epoch)
-            Reannounce(ref slots[index].Epoch, epoch);
+            Reannounce(ref slot->Epoch, epoch);
 
         // Dispose sets the flag and then marks every free slot. Our claim was a full fence, so either Dispose
         // saw our slot taken (and refused), or we see its flag here.
         if (Volatile.Read(ref disposed) != 0)
         {
-            r.Depth = 0;
-            Volatile.Write(ref slots[index].Epoch, 0);
+            r->Depth = 0;
+            Volatile.Write(ref slot->Epoch, 0);
             ThrowHelper.ThrowObjectDisposed(nameof(LightEpoch));
         }
     }
@@ -194,18 +194,22 @@ public sealed partial class LightEpoch : IDisposable
     [MethodImpl(MethodImplOptions.AggressiveInlining)]
     public void Suspend()
     {
-        ref ThreadRecord r = ref FindRecord();
-        if (Unsafe.IsNullRef(ref r) || r.Depth == 0)
-            ThrowHelper.ThrowNotProtected(nameof(Suspend));
-
-        if (--r.Depth != 0)
+        ThreadRecord* r = FindRecord();
+        int depth = r->Depth;
+        if (depth != 1)
+        {
+            if (depth == 0)
+                ThrowHelper.ThrowNotProtected(nameof(Suspend));
+            r->Depth = depth - 1;
             return;
+        }
+        r->Depth = 0;
 
         // Release: every access the region made happens-before the slot reads 0 to a scanner.
-        Volatile.Write(ref r.Slots![r.Index].Epoch, 0);
+        Volatile.Write(ref r->Slot->Epoch, 0);
         // This load may pass the store above (store buffering). That is fine: a bumper that registers an
         // action we do not see here issues a process-wide barrier before giving up (BumpCurrentEpoch).
-        if (Volatile.Read(ref drainList.Count) != 0)
+        if (Volatile.Read(ref pendingActions.Value) != 0)
             DrainAfterLeave();
     }
 
@@ -231,26 +235,26 @@ public sealed partial class LightEpoch : IDisposable
     [MethodImpl(MethodImplOptions.AggressiveInlining)]
     public void ProtectAndDrain()
     {
-        ref ThreadRecord r = ref FindRecord();
-        if (Unsafe.IsNullRef(ref r) || r.Depth == 0)
+        ThreadRecord* r = FindRecord();
+        int depth = r->Depth;
+        if (depth == 0)
             ThrowHelper.ThrowNotProtected(nameof(ProtectAndDrain));
 
-        if (r.Depth == 1)
+        if (depth == 1)
         {
             // Acquire: everything published before the epoch we read is visible to this thread's later loads.
             long epoch = Volatile.Read(ref currentEpoch.Value);
             // Release store, no fence needed: until it lands the older (smaller) announcement still protects.
-            Volatile.Write(ref r.Slots![r.Index].Epoch, epoch);
+            Volatile.Write(ref r->Slot->Epoch, epoch);
         }
-        if (Volatile.Read(ref drainList.Count) != 0)
+        if (Volatile.Read(ref pendingActions.Value) != 0)
             Drain();
     }
 
     /// <summary>Whether the calling thread is protected by this instance.</summary>
     public bool ThisInstanceProtected()
     {
-        ref ThreadRecord r = ref FindRecord();
-        return !Unsafe.IsNullRef(ref r) && r.Depth != 0;
+        return FindRecord()->Depth != 0;
     }
 
     /// <summary>
@@ -273,7 +277,7 @@ public sealed partial class LightEpoch : IDisposable
         ThrowIfDisposed();
         // Full fence (pairs with announcing CASes): see EpochSlotTable.Claim.
         long next = Interlocked.Increment(ref currentEpoch.Value);
-        if (Volatile.Read(ref drainList.Count) != 0)
+        if (Volatile.Read(ref pendingActions.Value) != 0)
             Drain();
         return next;
     }
@@ -330,7 +334,7 @@ public sealed partial class LightEpoch : IDisposable
     internal void Defer(long prior, Action action, TaskCompletionSource<bool>? completion)
     {
         // Ends with a full fence, so the registration is visible before the scan below.
-        drainList.Add(prior, action, completion);
+        drainList.Add(prior, action, completion, ref pendingActions.Value);
         Drain();
 
         if (Volatile.Read(ref safeToReclaimEpoch.Value) >= prior || DisableLeaveRaceGuardForTesting)
@@ -342,9 +346,9 @@ public sealed partial class LightEpoch : IDisposable
         // core's buffered stores out first; then look again, whatever the answer: after the barrier either we
         // see that slot cleared, or its owner's later check of Count sees our registration. (When only the caller
         // holds it back, the caller drains when it leaves or refreshes.)
-        ref ThreadRecord r = ref FindRecord();
-        bool selfProtected = !Unsafe.IsNullRef(ref r) && r.Depth != 0;
-        if (table.AnyOtherAtOrBelow(prior, selfProtected ? r.Slots : null, selfProtected ? r.Index : -1))
+        ThreadRecord* r = FindRecord();
+        EpochSlot* own = r->Depth != 0 ? r->Slot : null;
+        if (table.AnyOtherAtOrBelow(prior, own))
         {
             Interlocked.MemoryBarrierProcessWide();
         }
@@ -358,8 +362,8 @@ public sealed partial class LightEpoch : IDisposable
         long current = Volatile.Read(ref currentEpoch.Value);
         long safe = table.OldestAnnounced(current) - 1;
         PublishSafeEpoch(safe);
-        if (Volatile.Read(ref drainList.Count) != 0)
-            drainList.RunEligible(safe, ReportFault);
+        if (Volatile.Read(ref pendingActions.Value) != 0)
+            drainList.RunEligible(safe, ref pendingActions.Value, ReportFault);
     }
 
     private void PublishSafeEpoch(long safe)
@@ -395,8 +399,7 @@ public sealed partial class LightEpoch : IDisposable
     {
         get
         {
-            ref ThreadRecord r = ref FindRecord();
-            return Unsafe.IsNullRef(ref r) ? 0 : r.Depth;
+            return FindRecord()->Depth;
         }
     }
 
@@ -405,8 +408,8 @@ public sealed partial class LightEpoch : IDisposable
     {
         get
         {
-            ref ThreadRecord r = ref FindRecord();
-            return Unsafe.IsNullRef(ref r) || r.Depth == 0 ? 0 : Volatile.Read(ref r.Slots![r.Index].Epoch);
+            ThreadRecord* r = FindRecord();
+            return r->Depth == 0 ? 0 : Volatile.Read(ref r->Slot->Epoch);
         }
     }
 
@@ -414,7 +417,7 @@ public sealed partial class LightEpoch : IDisposable
     internal void DrainWithoutRefresh() => Drain();
 
     /// <summary>Whether any protected thread announced <paramref name="epoch"/> or older.</summary>
-    internal bool IsHeldBack(long epoch) => table.AnyOtherAtOrBelow(epoch, null, -1);
+    internal bool IsHeldBack(long epoch) => table.AnyOtherAtOrBelow(epoch, null);
 
     private void ThrowIfDisposed()
     {
@@ -461,7 +464,7 @@ public sealed partial class LightEpoch : IDisposable
                 "make them call Suspend()/Leave() first. The epoch was not disposed.");
         }
 
-        drainList.RunEligible(long.MaxValue - 2, ReportFault);
+        drainList.RunEligible(long.MaxValue - 2, ref pendingActions.Value, ReportFault);
         ReleaseId(id);
         GC.SuppressFinalize(this);
     }

@@ -1,12 +1,13 @@
 using System;
+using System.Runtime.InteropServices;
 using System.Threading;
 
 namespace Epvs;
 
 /// <summary>
 /// One array in an append-only chain: the growth scheme behind the epoch table and the drain list. Arrays are never
-/// moved or removed, so a reader can keep a reference to an element's array and a scanner that follows
-/// <see cref="Next"/> sees every element ever handed out.
+/// moved or removed, so a reader can keep a reference (or, for a pinned chain, a pointer) to an element and a scanner
+/// that follows <see cref="Next"/> sees every element ever handed out.
 /// </summary>
 internal sealed class Segment<T>
 {
@@ -15,16 +16,46 @@ internal sealed class Segment<T>
     /// <summary>Set once, by CAS; read with <c>Volatile.Read</c>.</summary>
     public Segment<T>? Next;
 
-    public Segment(int size) => Items = new T[size];
+    private readonly bool pinned;
+#if !NET5_0_OR_GREATER
+    private GCHandle handle;
+#endif
 
-    /// <summary>The next segment, appending one twice this size (at least <paramref name="minimumSize"/>) if there is
-    /// none yet. Racing growers agree on one successor.</summary>
+    /// <param name="size">Number of elements.</param>
+    /// <param name="pinned">Whether the array must never move (elements of unmanaged types only), so that pointers
+    /// to its elements stay valid for as long as the segment is alive.</param>
+    public Segment(int size, bool pinned = false)
+    {
+        this.pinned = pinned;
+        if (!pinned)
+        {
+            Items = new T[size];
+            return;
+        }
+#if NET5_0_OR_GREATER
+        Items = GC.AllocateArray<T>(size, pinned: true);
+#else
+        Items = new T[size];
+        handle = GCHandle.Alloc(Items, GCHandleType.Pinned);
+#endif
+    }
+
+#if !NET5_0_OR_GREATER
+    ~Segment()
+    {
+        if (handle.IsAllocated)
+            handle.Free();
+    }
+#endif
+
+    /// <summary>The next segment, appending one twice this size (at least <paramref name="minimumSize"/>, pinned if
+    /// this one is) if there is none yet. Racing growers agree on one successor.</summary>
     public Segment<T> NextOrGrow(int minimumSize, Action<T[]>? initialize = null)
     {
         Segment<T>? next = Volatile.Read(ref Next);
         if (next is not null)
             return next;
-        var grown = new Segment<T>(Math.Max(minimumSize, Items.Length * 2));
+        var grown = new Segment<T>(Math.Max(minimumSize, Items.Length * 2), pinned);
         initialize?.Invoke(grown.Items);
         return Interlocked.CompareExchange(ref Next, grown, null) ?? grown;
     }
