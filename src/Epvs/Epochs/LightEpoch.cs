@@ -45,6 +45,7 @@ public sealed unsafe partial class LightEpoch : IDisposable
 
     private readonly EpochSlotTable table;
     private readonly DrainList drainList;
+    private readonly Action<Exception> reportFault; // cached: a method group would allocate on every drain
     private readonly int id;
     private readonly long token;
     private int disposed;
@@ -65,6 +66,7 @@ public sealed unsafe partial class LightEpoch : IDisposable
             ThrowHelper.ThrowArgumentOutOfRange(nameof(initialTableSize), "The table needs at least one slot.");
         table = new EpochSlotTable(initialTableSize);
         drainList = new DrainList(DefaultInitialDrainListSize);
+        reportFault = ReportFault;
         currentEpoch.Value = 1;
         id = AllocateId();
         token = Interlocked.Increment(ref s_nextToken);
@@ -350,10 +352,22 @@ public sealed unsafe partial class LightEpoch : IDisposable
         EpochSlot* own = r->Depth != 0 ? r->Slot : null;
         if (table.AnyOtherAtOrBelow(prior, own))
         {
+            // Threads that are still active refresh or leave within moments and run the action themselves; give
+            // them that moment before paying for the barrier, which is only needed for one that already left.
+            for (int i = 0; i < HelpSpins; i++)
+            {
+                Thread.SpinWait(16);
+                Drain();
+                if (Volatile.Read(ref safeToReclaimEpoch.Value) >= prior)
+                    return;
+            }
             Interlocked.MemoryBarrierProcessWide();
         }
         Drain();
     }
+
+    /// <summary>How many short spins a bumper waits for active holders before issuing a process-wide barrier.</summary>
+    private const int HelpSpins = 8;
 
     /// <summary>Computes the safe epoch from a scan of the table and runs the actions it allows.</summary>
     private void Drain()
@@ -363,7 +377,7 @@ public sealed unsafe partial class LightEpoch : IDisposable
         long safe = table.OldestAnnounced(current) - 1;
         PublishSafeEpoch(safe);
         if (Volatile.Read(ref pendingActions.Value) != 0)
-            drainList.RunEligible(safe, ref pendingActions.Value, ReportFault);
+            drainList.RunEligible(safe, ref pendingActions.Value, reportFault);
     }
 
     private void PublishSafeEpoch(long safe)
@@ -413,8 +427,13 @@ public sealed unsafe partial class LightEpoch : IDisposable
         }
     }
 
-    /// <summary>Runs pending actions that are safe without changing the caller's announcement.</summary>
-    internal void DrainWithoutRefresh() => Drain();
+    /// <summary>Runs pending actions that are safe without changing the caller's announcement (cheap when none are
+    /// pending).</summary>
+    internal void DrainWithoutRefresh()
+    {
+        if (Volatile.Read(ref pendingActions.Value) != 0)
+            Drain();
+    }
 
     /// <summary>Whether any protected thread announced <paramref name="epoch"/> or older.</summary>
     internal bool IsHeldBack(long epoch) => table.AnyOtherAtOrBelow(epoch, null);
@@ -464,7 +483,7 @@ public sealed unsafe partial class LightEpoch : IDisposable
                 "make them call Suspend()/Leave() first. The epoch was not disposed.");
         }
 
-        drainList.RunEligible(long.MaxValue - 2, ref pendingActions.Value, ReportFault);
+        drainList.RunEligible(long.MaxValue - 2, ref pendingActions.Value, reportFault);
         ReleaseId(id);
         GC.SuppressFinalize(this);
     }

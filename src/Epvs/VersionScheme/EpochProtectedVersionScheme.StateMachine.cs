@@ -14,6 +14,15 @@ public sealed partial class EpochProtectedVersionScheme
     /// <summary>Set by a thread that wanted to step while <see cref="stepLock"/> was held; the holder looks again.</summary>
     private int stepRequested;
 
+    /// <summary>The step in flight (one at a time: the state stays intermediate until it completes). Written under
+    /// <see cref="stepLock"/> before the step is deferred; the epoch's publication of the deferred action (release)
+    /// and its claim (CAS) order these writes before <see cref="CompleteStep"/> reads them.</summary>
+    private VersionSchemeStateMachine? stepMachine;
+    private VersionSchemeState stepFrom, stepTo;
+
+    /// <summary>Cached, so a step allocates no delegate.</summary>
+    private Action? completeStep;
+
     /// <summary>
     /// Raised when a state machine ends because one of its callbacks threw (after the scheme is usable again).
     /// Runs on the thread that ran the callback; exceptions from handlers are ignored.
@@ -234,6 +243,8 @@ public sealed partial class EpochProtectedVersionScheme
         VersionSchemeState from = CurrentState;
         if (from.IsIntermediate)
             return null; // a step is in flight; it asks for the next one when it ends
+        if (from.Phase == VersionSchemeState.Rest && from.Version == target && !DisableFinishedMachineGuardForTesting)
+            return null; // finished: its last step is running AfterEnteringState and will clear it (never ask again)
 
         VersionSchemeState to;
         try
@@ -266,13 +277,21 @@ public sealed partial class EpochProtectedVersionScheme
         // epoch this increment leaves behind (the increment is a full fence after the CAS).
         prior = epoch.IncrementEpoch();
         Volatile.Write(ref transitionPrior, prior);
-        return () => CompleteStep(machine, from, to);
+        stepMachine = machine;
+        stepFrom = from;
+        stepTo = to;
+        return completeStep ??= CompleteStep;
     }
 
-    /// <summary>The deferred part of a step: runs once every region that may have observed <paramref name="from"/> has
-    /// left. Never throws.</summary>
-    private void CompleteStep(VersionSchemeStateMachine machine, VersionSchemeState from, VersionSchemeState to)
+    /// <summary>The deferred part of the step in flight: runs once every region that may have observed its starting
+    /// state has left. Never throws.</summary>
+    private void CompleteStep()
     {
+        // Read before publishing anything: once the state leaves the intermediate form, the next step may be prepared.
+        VersionSchemeStateMachine machine = stepMachine!;
+        VersionSchemeState from = stepFrom, to = stepTo;
+        stepMachine = null;
+
         try
         {
             machine.OnEnteringState(from, to);

@@ -76,11 +76,23 @@ public sealed partial class EpochProtectedVersionScheme : IDisposable
     {
     }
 
-    private EpochProtectedVersionScheme(LightEpoch epoch, bool ownsEpoch)
+    /// <summary>
+    /// Creates a scheme that starts at rest at <paramref name="initialVersion"/>, for example the version a recovered
+    /// checkpoint was taken at; on a shared <see cref="LightEpoch"/> if one is given, else on its own.
+    /// </summary>
+    /// <param name="epoch">The epoch to share, or null for one of its own (disposed with the scheme).</param>
+    /// <param name="initialVersion">The first version, 0 to <see cref="VersionSchemeState.MaxVersion"/>.</param>
+    /// <exception cref="ArgumentOutOfRangeException"><paramref name="initialVersion"/> is out of range.</exception>
+    public EpochProtectedVersionScheme(LightEpoch? epoch, long initialVersion)
+        : this(epoch ?? new LightEpoch(), ownsEpoch: epoch is null, initialVersion)
+    {
+    }
+
+    private EpochProtectedVersionScheme(LightEpoch epoch, bool ownsEpoch, long initialVersion = 1)
     {
         this.epoch = epoch;
         this.ownsEpoch = ownsEpoch;
-        state = VersionSchemeState.Make(VersionSchemeState.Rest, 1).Word;
+        state = VersionSchemeState.Make(VersionSchemeState.Rest, initialVersion).Word;
     }
 
     /// <summary>The epoch under this scheme. For advanced uses only, such as sharing it with another scheme.</summary>
@@ -88,6 +100,13 @@ public sealed partial class EpochProtectedVersionScheme : IDisposable
 
     /// <summary>The current state, possibly intermediate. Outside a protected region it may change at any time.</summary>
     public VersionSchemeState CurrentState => new(Volatile.Read(ref state));
+
+    /// <summary>
+    /// The state machine currently running, or null. A snapshot: it may finish (or another may start) at any time.
+    /// Await its <see cref="VersionSchemeStateMachine.Completion"/> to wait for it, for example before
+    /// <see cref="Dispose"/>.
+    /// </summary>
+    public VersionSchemeStateMachine? ActiveStateMachine => Volatile.Read(ref currentMachine);
 
     /// <summary>
     /// Enters a protected region (or nests one level deeper) and returns the state it observes, which holds until

@@ -17,10 +17,10 @@ namespace Epvs;
 /// </remarks>
 public abstract class VersionSchemeStateMachine
 {
-    private readonly TaskCompletionSource<bool> completion = new(TaskCreationOptions.RunContinuationsAsynchronously);
+    private TaskCompletionSource<bool>? completion; // created on first use of Completion
     private long actualToVersion = -1;
     private int started;
-    private volatile bool completed;
+    private int completed;
     private Exception? fault;
 
     /// <summary>Creates a machine that advances to <paramref name="toVersion"/>.</summary>
@@ -42,13 +42,29 @@ public abstract class VersionSchemeStateMachine
     public long ActualToVersion => Volatile.Read(ref actualToVersion);
 
     /// <summary>Whether the machine has finished, successfully or not.</summary>
-    public bool IsCompleted => completed;
+    public bool IsCompleted => Volatile.Read(ref completed) != 0; // acquire: pairs with Complete, publishes fault
 
     /// <summary>The exception a callback threw, if the machine stopped because of one.</summary>
-    public Exception? Fault => completed ? fault : null;
+    public Exception? Fault => IsCompleted ? fault : null;
 
     /// <summary>Completes when the machine ends; faults with the exception if a callback threw.</summary>
-    public Task Completion => completion.Task;
+    public Task Completion
+    {
+        get
+        {
+            TaskCompletionSource<bool>? tcs = Volatile.Read(ref completion);
+            if (tcs is null)
+            {
+                var created = new TaskCompletionSource<bool>(TaskCreationOptions.RunContinuationsAsynchronously);
+                // Full fence, then look at `completed`: either Complete (exchange, then read of `completion`)
+                // sees our task, or we see it completed here. Both may; completing twice is harmless.
+                tcs = Interlocked.CompareExchange(ref completion, created, null) ?? created;
+                if (Volatile.Read(ref completed) != 0)
+                    SetResult(tcs);
+            }
+            return tcs.Task;
+        }
+    }
 
     /// <summary>
     /// Given the current (stable) state, decides the next state to enter. Return false when the next step is not
@@ -85,10 +101,17 @@ public abstract class VersionSchemeStateMachine
     internal void Complete(Exception? exception)
     {
         fault = exception;
-        completed = true; // volatile write: publishes fault
-        if (exception is null)
-            completion.TrySetResult(true);
+        // Full fence: publishes fault, and orders the read of `completion` below after it (see Completion).
+        Interlocked.Exchange(ref completed, 1);
+        if (Volatile.Read(ref completion) is { } tcs)
+            SetResult(tcs);
+    }
+
+    private void SetResult(TaskCompletionSource<bool> tcs)
+    {
+        if (fault is null)
+            tcs.TrySetResult(true);
         else
-            completion.TrySetException(exception);
+            tcs.TrySetException(fault);
     }
 }

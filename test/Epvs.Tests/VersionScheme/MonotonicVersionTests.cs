@@ -119,4 +119,36 @@ public class MonotonicVersionTests
         Assert.IsType<InvalidOperationException>(past.Fault);
         Assert.Equal(VersionSchemeState.Make(VersionSchemeState.Rest, 1), scheme.CurrentState);
     }
+
+    [Fact]
+    public void Constructor_InitialVersion_StartsThereAndOlderTargetsFail()
+    {
+        using var scheme = new EpochProtectedVersionScheme(null, initialVersion: 42);
+        Assert.Equal(VersionSchemeState.Make(VersionSchemeState.Rest, 42), scheme.CurrentState);
+        Assert.Equal(StateMachineExecutionStatus.Fail, scheme.TryAdvanceVersionWithCriticalSection((_, _) => { }, 42));
+        Assert.True(scheme.AdvanceVersionWithCriticalSection((_, _) => { }, spin: true));
+        Assert.Equal(43, scheme.CurrentState.Version);
+
+        using var epoch = new LightEpoch();
+        using var shared = new EpochProtectedVersionScheme(epoch, initialVersion: 7);
+        Assert.Same(epoch, shared.Epoch);
+        Assert.Equal(7, shared.Enter().Version);
+        shared.Leave();
+        Assert.Throws<ArgumentOutOfRangeException>(() => new EpochProtectedVersionScheme(null, -1));
+    }
+
+    [Fact]
+    public void ActiveStateMachine_WhileRunning_IsTheMachineAndNullAfter()
+    {
+        using var scheme = new EpochProtectedVersionScheme();
+        Assert.Null(scheme.ActiveStateMachine);
+        var machine = new PhaseMachine(3);
+        machine.HoldStep(1);
+        Assert.True(scheme.ExecuteStateMachine(machine));
+        Assert.Same(machine, scheme.ActiveStateMachine);
+        machine.ReleaseStep();
+        scheme.SignalStepAvailable();
+        Assert.True(machine.Completion.Wait(GuardedThread.DefaultTimeout));
+        Assert.Null(scheme.ActiveStateMachine);
+    }
 }
