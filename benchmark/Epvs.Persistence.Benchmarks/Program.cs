@@ -3,6 +3,13 @@ using BenchmarkDotNet.Jobs;
 using BenchmarkDotNet.Running;
 using Epvs.Persistence.Benchmarks;
 
+if (args.Length > 0 && args[0] == "durability")
+{
+    // dotnet run -c Release --project benchmark/Epvs.Persistence.Benchmarks -- durability [seconds-per-cell] [preload] [all|throughput|recovery|sync]
+    return DurabilityHarness.Run(args);
+}
+
+
 // PMEM_IS_PMEM_FORCE must be in the native environment of the process that loads libpmem, so it is set on the job:
 // BenchmarkDotNet starts each benchmark in a child process with these variables.
 IConfig config = DefaultConfig.Instance
@@ -12,3 +19,4 @@ IConfig config = DefaultConfig.Instance
         .WithEnvironmentVariables(new EnvironmentVariable("PMEM_IS_PMEM_FORCE", "1"))
         .AsDefault());
 BenchmarkSwitcher.FromAssembly(typeof(AllocateWritePersistBenchmarks).Assembly).Run(args, config);
+return 0;

@@ -21,6 +21,9 @@ internal static class ThrowHelper
     internal static void ThrowInvalidOperation(string message) => throw new InvalidOperationException(message);
 
     [DoesNotReturn]
+    internal static void ThrowInvalidOperation(string message, Exception inner) => throw new InvalidOperationException(message, inner);
+
+    [DoesNotReturn]
     internal static void ThrowIO(string message) => throw new IOException(message);
 
     [DoesNotReturn]

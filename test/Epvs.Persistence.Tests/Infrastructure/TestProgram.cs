@@ -28,6 +28,11 @@ public static class TestProgram
             return PmemChild.Run(args[1]);
         }
 
+        if (args.Length >= 3 && args[0] == DurableChild.Role)
+        {
+            return DurableChild.Run(args[1], int.Parse(args[2], System.Globalization.CultureInfo.InvariantCulture));
+        }
+
         Console.Error.WriteLine("This is the Epvs.Persistence test assembly; run it with 'dotnet test'.");
         return 2;
     }
@@ -71,6 +76,35 @@ public static class TestProgram
         {
             return (process.ExitCode, output.ToString());
         }
+    }
+
+    /// <summary>Starts this assembly as a child with <paramref name="environment"/> added and its output lines going to <paramref name="onLine"/>; the caller kills or waits.</summary>
+    internal static Process StartChild(IReadOnlyDictionary<string, string> environment, Action<string> onLine, params string[] args)
+    {
+        var start = new ProcessStartInfo(DotnetHost())
+        {
+            RedirectStandardOutput = true,
+            RedirectStandardError = true,
+            UseShellExecute = false,
+        };
+        start.ArgumentList.Add("exec");
+        start.ArgumentList.Add(typeof(TestProgram).Assembly.Location);
+        foreach (string arg in args)
+        {
+            start.ArgumentList.Add(arg);
+        }
+
+        foreach ((string key, string value) in environment)
+        {
+            start.Environment[key] = value;
+        }
+
+        Process process = Process.Start(start)!;
+        process.OutputDataReceived += (_, e) => { if (e.Data is not null) { onLine(e.Data); } };
+        process.ErrorDataReceived += (_, e) => { if (e.Data is not null) { onLine("stderr: " + e.Data); } };
+        process.BeginOutputReadLine();
+        process.BeginErrorReadLine();
+        return process;
     }
 
     private static string DotnetHost()

@@ -1,0 +1,455 @@
+using System;
+using System.Collections.Generic;
+using System.Diagnostics;
+using System.Diagnostics.CodeAnalysis;
+using System.Linq;
+using System.Threading;
+using System.Threading.Tasks;
+using Epvs;
+
+namespace Epvs.Persistence;
+
+/// <summary>
+/// The advancer: moves the version, writes back the completed version's payloads, persists the frontier, reclaims;
+/// and <c>Sync</c>, which runs (helps with) the same cycle until the frontier covers the caller's version.
+/// </summary>
+public sealed unsafe partial class BufferedDurableHeap
+{
+    private readonly object _cycleGate = new();
+    private readonly object _waitersGate = new();
+    private readonly List<(long Target, TaskCompletionSource Completion)> _waiters = new();
+    private readonly AutoResetEvent _wake = new(false);
+    private AdvanceStateMachine? _inflight;
+    private long _frontier;
+    private Thread? _advancer;
+    private TimeSpan _period;
+    private volatile bool _stopping;
+    private Exception? _advancerFault;
+
+    /// <summary>
+    /// Makes every operation that completed before the call durable: returns once <see cref="DurableFrontier"/> has
+    /// reached the version current at the call. Runs the advance itself if needed (it does not wait for the
+    /// background period); other threads keep operating meanwhile. Waits at most
+    /// <see cref="BufferedDurableHeapOptions.SyncTimeout"/>.
+    /// </summary>
+    /// <exception cref="InvalidOperationException">The calling thread is inside an operation (the version cannot
+    /// advance until it ends), the heap is <see cref="DurabilityMode.Transient"/>, or the advancer failed.</exception>
+    /// <exception cref="TimeoutException">Another thread stayed inside an operation for the whole timeout; the message names it.</exception>
+    /// <exception cref="ObjectDisposedException">The heap has been disposed.</exception>
+    public void Sync() => Sync(_syncTimeout);
+
+    /// <summary>Like <see cref="Sync()"/>, with an explicit bound on the wait.</summary>
+    /// <param name="timeout">How long to wait at most; <see cref="Timeout.InfiniteTimeSpan"/> to wait for ever.</param>
+    /// <exception cref="InvalidOperationException">See <see cref="Sync()"/>.</exception>
+    /// <exception cref="TimeoutException">See <see cref="Sync()"/>.</exception>
+    /// <exception cref="ObjectDisposedException">The heap has been disposed.</exception>
+    public void Sync(TimeSpan timeout)
+    {
+        ThrowIfDisposed();
+        long target = SyncTarget();
+        SyncCore(target, timeout);
+    }
+
+    /// <summary>
+    /// The asynchronous <see cref="Sync()"/>: completes once every operation that completed before the call is
+    /// durable. The background advancer (or, without one, a pool thread) does the work.
+    /// </summary>
+    /// <param name="cancellationToken">Cancels the wait (not the advance).</param>
+    /// <returns>A task that completes when durable, or faults with <see cref="TimeoutException"/> after <see cref="BufferedDurableHeapOptions.SyncTimeout"/>.</returns>
+    /// <exception cref="InvalidOperationException">The heap is <see cref="DurabilityMode.Transient"/>, or the advancer failed.</exception>
+    /// <exception cref="ObjectDisposedException">The heap has been disposed.</exception>
+    public Task SyncAsync(CancellationToken cancellationToken = default)
+    {
+        ThrowIfDisposed();
+        long target = SyncTarget();
+        if (DurableFrontier >= target)
+        {
+            return Task.CompletedTask;
+        }
+
+        var completion = new TaskCompletionSource(TaskCreationOptions.RunContinuationsAsynchronously);
+        lock (_waitersGate)
+        {
+            if (DurableFrontier >= target)
+            {
+                return Task.CompletedTask;
+            }
+
+            _waiters.Add((target, completion));
+        }
+
+        if (_advancer is not null)
+        {
+            _wake.Set();
+        }
+        else
+        {
+            Task.Run(() =>
+            {
+                try
+                {
+                    SyncCore(target, _syncTimeout);
+                }
+                catch (Exception e)
+                {
+                    completion.TrySetException(e);
+                }
+            });
+        }
+
+        return WaitWithTimeout(completion.Task, target, cancellationToken);
+    }
+
+    /// <summary>
+    /// Runs one advance on the calling thread: moves the version from v to v + 1 (waiting for the operations of v to
+    /// end), writes back v's payloads, persists frontier v and reclaims what became free. Normally the background
+    /// advancer does this; call it to drive versions by hand (with <see cref="BufferedDurableHeapOptions.AdvancePeriod"/>
+    /// set to <see cref="Timeout.InfiniteTimeSpan"/>).
+    /// </summary>
+    /// <param name="timeout">How long to wait for operations of v to end.</param>
+    /// <returns>The new durable frontier.</returns>
+    /// <exception cref="InvalidOperationException">The calling thread is inside an operation.</exception>
+    /// <exception cref="TimeoutException">Another thread stayed inside an operation for the whole timeout.</exception>
+    public long AdvanceVersion(TimeSpan timeout)
+    {
+        ThrowIfDisposed();
+        ThrowIfProtected(nameof(AdvanceVersion));
+        RunCycle(long.MaxValue, Deadline(timeout), timeout);
+        return DurableFrontier;
+    }
+
+    /// <summary>Called by <see cref="AdvanceStateMachine"/> in the critical section: persists the clock (one word).</summary>
+    internal void PersistClockInCriticalSection(long schemeVersion)
+    {
+        if (_mode != DurabilityMode.Transient)
+        {
+            _heap.File.EpochClock = _versionBase + schemeVersion;
+        }
+    }
+
+    private long SyncTarget()
+    {
+        if (_mode == DurabilityMode.Transient)
+        {
+            ThrowHelper.ThrowInvalidOperation("Sync on a transient heap: nothing is ever durable in DurabilityMode.Transient. Open the heap with DurabilityMode.Buffered.");
+        }
+
+        // Every operation that completed before this call observed a version at or below the current one.
+        long current = CurrentVersion;
+        return (_faults & DurabilityFaults.SyncBeforeFrontierCovers) != 0 ? current - 1 : current;
+    }
+
+    private void SyncCore(long target, TimeSpan timeout)
+    {
+        ThrowIfProtected(nameof(Sync));
+        long deadline = Deadline(timeout);
+        while (DurableFrontier < target)
+        {
+            if (_advancerFault is { } fault)
+            {
+                ThrowHelper.ThrowInvalidOperation($"The heap's advancer failed, so nothing more can become durable: {fault.Message}", fault);
+            }
+
+            // Helping: run the cycle here rather than wait for the background period. The gate serializes it with
+            // the background advancer; whoever holds it moves the frontier for both.
+            RunCycle(target, deadline, timeout);
+        }
+    }
+
+    private void RunCycle(long target, long deadline, TimeSpan timeout)
+    {
+        if (!Monitor.TryEnter(_cycleGate, Remaining(deadline)))
+        {
+            ThrowSyncTimeout(target, timeout);
+        }
+
+        try
+        {
+            if (DurableFrontier >= target)
+            {
+                return;
+            }
+
+            AdvanceStateMachine machine = _inflight ??= StartTransition(deadline, target, timeout);
+            bool done;
+            try
+            {
+                done = machine.Completion.Wait(Remaining(deadline));
+            }
+            catch (AggregateException)
+            {
+                done = true;
+            }
+
+            if (!done)
+            {
+                // Left in flight: the next cycle (or the operation that finally ends) completes it.
+                ThrowSyncTimeout(target, timeout);
+            }
+
+            _inflight = null;
+            if (machine.Fault is { } fault)
+            {
+                ThrowHelper.ThrowInvalidOperation($"The version transition failed: {fault.Message}", fault);
+            }
+
+            AfterTransition(Volatile.Read(ref _versionBase) + machine.ActualToVersion - 1);
+        }
+        finally
+        {
+            Monitor.Exit(_cycleGate);
+        }
+    }
+
+    private AdvanceStateMachine StartTransition(long deadline, long target, TimeSpan timeout)
+    {
+        var spinner = new SpinWait();
+        while (true)
+        {
+            var machine = new AdvanceStateMachine(this);
+            StateMachineExecutionStatus status = _scheme.TryExecuteStateMachine(machine);
+            if (status == StateMachineExecutionStatus.Ok)
+            {
+                return machine;
+            }
+
+            // Retry: a machine someone else started on the scheme (the heap's own machines run under the gate).
+            if (Remaining(deadline) == TimeSpan.Zero)
+            {
+                ThrowSyncTimeout(target, timeout);
+            }
+
+            spinner.SpinOnce();
+        }
+    }
+
+    /// <summary>Version <paramref name="completed"/> has no region left: write it back, persist it as the frontier, reclaim.</summary>
+    private void AfterTransition(long completed)
+    {
+        if (_mode == DurabilityMode.Buffered)
+        {
+            if ((_faults & DurabilityFaults.PersistFrontierBeforeWriteBack) != 0)
+            {
+                _heap.File.DurableFrontier = completed;
+            }
+
+            WriteBackVersion(completed);
+        }
+
+        if (_mode != DurabilityMode.Transient)
+        {
+            // Store and persist: the write-back above was fenced first, so the frontier never covers a payload that
+            // is not durable.
+            _heap.File.DurableFrontier = completed;
+        }
+
+        // Volatile.Write: release; pairs with the acquire in DurableFrontier (Sync's loop, SyncAsync).
+        Volatile.Write(ref _frontier, completed);
+        CompleteWaiters(completed);
+        Reclaim(completed - 1);
+    }
+
+    private void WriteBackVersion(long version)
+    {
+        int slot = ThreadBuffers.Slot(version);
+        // Volatile.Read: acquire; pairs with the release in RegisterThread.
+        ThreadBuffers[] registry = Volatile.Read(ref _registry);
+        foreach (ThreadBuffers buffers in registry)
+        {
+            OffsetList list = buffers.WriteBack[slot];
+            if (!_wholeRangeWriteBack)
+            {
+                for (int i = 0; i < list.Count; i++)
+                {
+                    long offset = list[i];
+                    _domain.WriteBack(offset, HeapLayout.HeaderSize + (long)PayloadSize(offset));
+                }
+            }
+
+            list.Clear();
+        }
+
+        if (_wholeRangeWriteBack)
+        {
+            _domain.Persist(0, _heap.File.Size);
+        }
+        else
+        {
+            _domain.Fence();
+        }
+    }
+
+    /// <summary>Frees what version <paramref name="version"/> replaced or deleted: its readers are gone and its replacements durable.</summary>
+    private void Reclaim(long version)
+    {
+        int slot = ThreadBuffers.Slot(version);
+        bool durable = _mode != DurabilityMode.Transient;
+        bool unordered = (_faults & DurabilityFaults.FreeAntiPayloadsWithoutOrdering) != 0;
+        // Volatile.Read: acquire; pairs with the release in RegisterThread.
+        ThreadBuffers[] registry = Volatile.Read(ref _registry);
+        if (unordered)
+        {
+            FreeAll(registry, b => b.AntiPayloads[slot], durable);
+        }
+
+        FreeAll(registry, b => b.Retired[slot], durable);
+        if (!unordered)
+        {
+            FreeAll(registry, b => b.AntiPayloads[slot], durable);
+        }
+    }
+
+    private void FreeAll(ThreadBuffers[] registry, Func<ThreadBuffers, OffsetList> select, bool durable)
+    {
+        bool any = false;
+        foreach (ThreadBuffers buffers in registry)
+        {
+            OffsetList list = select(buffers);
+            for (int i = 0; i < list.Count; i++)
+            {
+                var block = new PayloadRef(list[i]);
+                _heap.Free(block);
+                if (durable && !_wholeRangeWriteBack)
+                {
+                    _heap.WriteBackHeader(block);
+                }
+            }
+
+            any |= list.Count != 0;
+            list.Clear();
+        }
+
+        if (!durable || !any)
+        {
+            return;
+        }
+
+        if (_wholeRangeWriteBack)
+        {
+            _domain.Persist(0, _heap.File.Size);
+        }
+        else
+        {
+            _domain.Fence();
+        }
+    }
+
+    private void CompleteWaiters(long frontier)
+    {
+        lock (_waitersGate)
+        {
+            for (int i = _waiters.Count - 1; i >= 0; i--)
+            {
+                if (_waiters[i].Target <= frontier)
+                {
+                    _waiters[i].Completion.TrySetResult();
+                    _waiters.RemoveAt(i);
+                }
+            }
+        }
+    }
+
+    private void FailWaiters(Exception fault)
+    {
+        lock (_waitersGate)
+        {
+            foreach ((_, TaskCompletionSource completion) in _waiters)
+            {
+                completion.TrySetException(fault);
+            }
+
+            _waiters.Clear();
+        }
+    }
+
+    private Task WaitWithTimeout(Task task, long target, CancellationToken cancellationToken) =>
+        SyncWaits.WaitAsync(task, _syncTimeout, cancellationToken, () => ThrowSyncTimeout(target, _syncTimeout));
+
+    private void StartAdvancer(TimeSpan period)
+    {
+        _period = period;
+        if (period == Timeout.InfiniteTimeSpan)
+        {
+            return;
+        }
+
+        _advancer = new Thread(AdvancerLoop) { IsBackground = true, Name = "epvs-advancer" };
+        _advancer.Start();
+    }
+
+    private void AdvancerLoop()
+    {
+        while (!_stopping)
+        {
+            _wake.WaitOne(_period);
+            if (_stopping)
+            {
+                break;
+            }
+
+            try
+            {
+                // Bounded, so that a stalled operation does not keep the advancer from noticing Dispose.
+                TimeSpan bound = TimeSpan.FromMilliseconds(Math.Max(100, _period.TotalMilliseconds * 5));
+                RunCycle(long.MaxValue, Deadline(bound), bound);
+            }
+            catch (TimeoutException)
+            {
+                // A thread is still inside an operation of the old version; the transition stays in flight and
+                // completes when it leaves. Try again next period.
+            }
+            catch (Exception e)
+            {
+                _advancerFault = e;
+                FailWaiters(new InvalidOperationException($"The heap's advancer failed: {e.Message}", e));
+                return;
+            }
+        }
+    }
+
+    private Exception? StopAdvancer()
+    {
+        _stopping = true;
+        _wake.Set();
+        if (_advancer is { } thread && !thread.Join(TimeSpan.FromSeconds(30)))
+        {
+            return new TimeoutException("The advancer thread did not stop within 30 s.");
+        }
+
+        _wake.Dispose();
+        return _advancerFault;
+    }
+
+    private void ThrowIfProtected(string what)
+    {
+        if (_scheme.Epoch.ThisInstanceProtected())
+        {
+            ThrowHelper.ThrowInvalidOperation($"{what} was called inside an operation of this heap: the version cannot advance until the calling thread's operation ends, so it would wait for itself. Dispose the DurableOperation first.");
+        }
+    }
+
+    [DoesNotReturn]
+    private void ThrowSyncTimeout(long target, TimeSpan timeout)
+    {
+        IReadOnlyList<EpochSlotInfo> blocking = _scheme.GetThreadsBlockingTransition();
+        string who = blocking.Count == 0 ? "no thread is inside an operation now (it may just have left)" : "still inside an operation: " + string.Join("; ", blocking.Select(b => b.ToString()));
+        throw new TimeoutException(
+            $"Waited {timeout} for version {target} to become durable (durable frontier {DurableFrontier}, current version {CurrentVersion}); " +
+            $"the version transition waits for every operation of the old version to end, and {who}. " +
+            "A thread that stays inside an operation blocks durability: end its operation, or wait longer.");
+    }
+
+    private static long Deadline(TimeSpan timeout) =>
+        timeout == Timeout.InfiniteTimeSpan ? long.MaxValue : Stopwatch.GetTimestamp() + (long)(timeout.TotalSeconds * Stopwatch.Frequency);
+
+    private static TimeSpan Remaining(long deadline)
+    {
+        if (deadline == long.MaxValue)
+        {
+            return Timeout.InfiniteTimeSpan;
+        }
+
+        long left = deadline - Stopwatch.GetTimestamp();
+        return left <= 0 ? TimeSpan.Zero : TimeSpan.FromSeconds((double)left / Stopwatch.Frequency);
+    }
+}

@@ -1,0 +1,255 @@
+using System;
+using System.Collections.Generic;
+using System.Diagnostics;
+using System.Threading;
+using System.Threading.Tasks;
+
+namespace Epvs.Persistence;
+
+/// <summary>
+/// Recovery (DESIGN §4, layer 6): a parallel scan that keeps 0 &lt; tag ≤ cut, the newest copy per uid, lets mature
+/// anti-payloads cancel their uid, frees the rest durably, and restores the clock.
+/// </summary>
+public sealed unsafe partial class BufferedDurableHeap
+{
+    private readonly object _recoveredGate = new();
+    private readonly HashSet<int> _claimedTypes = new();
+    private Dictionary<int, List<RecoveredPayload>> _recovered = new();
+
+    private (PersistentHeap Heap, DurableRecoveryReport Report) Recover(HeapFile file, BufferedDurableHeapOptions options)
+    {
+        var watch = Stopwatch.StartNew();
+        var report = new DurableRecoveryReport
+        {
+            WasCleanShutdown = file.WasCleanShutdown,
+            PersistedClock = file.EpochClock,
+            PersistedFrontier = file.DurableFrontier,
+            Parallelism = options.RecoveryParallelism,
+        };
+
+        // Montage's rule (clock − 2) and ours (the frontier): the advancer persists frontier v before the clock can
+        // reach v + 2, so the frontier is never below clock − 2; taking the max keeps the Montage guarantee even for
+        // a file whose frontier word was never written.
+        long cut = Math.Max(report.PersistedFrontier, report.PersistedClock - 2);
+        report.RecoveredVersion = cut;
+        bool keepBeyond = (_faults & DurabilityFaults.KeepTagsBeyondFrontier) != 0;
+        long dropped = 0;
+        using var candidates = new ThreadLocal<List<Candidate>>(() => new List<Candidate>(), trackAllValues: true);
+
+        // Pass 1 (part 1's parallel scan): payloads beyond the cut, and blocks written without epochs, are freed
+        // durably before the allocator's constructor returns; the rest are collected per scanning thread.
+        var heapOptions = new PersistentHeapOptions
+        {
+            RecoveryParallelism = options.RecoveryParallelism,
+            Faults = options.HeapFaults,
+            RecoveryFilter = (block, header) =>
+            {
+                if (header.EpochTag <= 0 || (header.EpochTag > cut && !keepBeyond))
+                {
+                    // Interlocked.Increment: a counter shared by the scanning threads; no ordering needed.
+                    Interlocked.Increment(ref dropped);
+                    return false;
+                }
+
+                candidates.Value!.Add(new Candidate(block.Offset, header.Uid, header.EpochTag, header.Kind, header.TypeId, header.Size));
+                return true;
+            },
+        };
+
+        var heap = new PersistentHeap(file, heapOptions);
+        try
+        {
+            Resolve(heap, candidates.Values, options.RecoveryParallelism, report);
+            report.DroppedBeyondFrontier = dropped;
+
+            // New versions start above every tag that could be durable anywhere, and the frontier moves up to the
+            // version before: nothing tagged between the cut and it survived (all of it was freed durably above).
+            long start = Math.Max(Math.Max(report.PersistedClock, report.PersistedFrontier), cut) + 1;
+            _versionBase = start - 1;
+            _frontier = start - 1;
+            if (_mode != DurabilityMode.Transient)
+            {
+                file.DurableFrontier = start - 1;
+                file.EpochClock = start;
+            }
+        }
+        catch
+        {
+            heap.Dispose();
+            throw;
+        }
+
+        report.Duration = watch.Elapsed;
+        return (heap, report);
+    }
+
+    private void Resolve(PersistentHeap heap, IList<List<Candidate>> perThread, int parallelism, DurableRecoveryReport report)
+    {
+        int total = 0;
+        foreach (List<Candidate> list in perThread)
+        {
+            total += list.Count;
+        }
+
+        var all = new Candidate[total];
+        int at = 0;
+        foreach (List<Candidate> list in perThread)
+        {
+            list.CopyTo(all, at);
+            at += list.Count;
+        }
+
+        report.ScannedPayloads = total + report.DroppedBeyondFrontier;
+
+        // Partition by uid: each partition resolves its uids alone, in parallel.
+        int partitions = Math.Max(1, parallelism);
+        var results = new PartitionResult[partitions];
+        Parallel.For(0, partitions, new ParallelOptions { MaxDegreeOfParallelism = partitions }, p =>
+        {
+            var winners = new Dictionary<long, int>();
+            var result = new PartitionResult();
+            for (int i = 0; i < all.Length; i++)
+            {
+                ref Candidate c = ref all[i];
+                if ((int)((ulong)c.Uid % (ulong)partitions) != p)
+                {
+                    continue;
+                }
+
+                if (!winners.TryGetValue(c.Uid, out int best))
+                {
+                    winners[c.Uid] = i;
+                    continue;
+                }
+
+                // Newest tag wins; at an equal tag an anti-payload wins (a payload deleted in the version that wrote it).
+                ref Candidate b = ref all[best];
+                bool newer = c.Tag > b.Tag || (c.Tag == b.Tag && c.Kind == PayloadKind.Delete && b.Kind != PayloadKind.Delete);
+                int loser = newer ? best : i;
+                if (newer)
+                {
+                    winners[c.Uid] = i;
+                }
+
+                result.Superseded++;
+                (all[loser].Kind == PayloadKind.Delete ? result.FreeSecond : result.FreeFirst).Add(all[loser].Offset);
+            }
+
+            foreach (int index in winners.Values)
+            {
+                ref Candidate w = ref all[index];
+                if (w.Kind == PayloadKind.Delete)
+                {
+                    result.Cancelled++;
+                    result.FreeSecond.Add(w.Offset);
+                    continue;
+                }
+
+                if (!result.Live.TryGetValue(w.TypeId, out List<RecoveredPayload>? list))
+                {
+                    result.Live[w.TypeId] = list = new List<RecoveredPayload>();
+                }
+
+                list.Add(new RecoveredPayload(new PayloadRef(w.Offset), new PayloadHeader(w.Uid, w.Tag, w.Kind, w.Size, w.TypeId)));
+            }
+
+            results[p] = result;
+        });
+
+        // Superseded and cancelled payloads are freed durably before any anti-payload is: an anti-payload whose free
+        // became durable first would let the payload it cancels come back at the next recovery.
+        if ((_faults & DurabilityFaults.KeepCancelledPayloads) == 0)
+        {
+            // (The broken control frees the anti-payloads first.)
+            bool unordered = (_faults & DurabilityFaults.FreeAntiPayloadsWithoutOrdering) != 0;
+            FreeDurably(heap, results, first: !unordered, partitions);
+            FreeDurably(heap, results, first: unordered, partitions);
+        }
+
+        long live = 0;
+        foreach (PartitionResult result in results)
+        {
+            report.Superseded += result.Superseded;
+            report.Cancelled += result.Cancelled;
+            foreach ((int typeId, List<RecoveredPayload> list) in result.Live)
+            {
+                live += list.Count;
+                if (_recovered.TryGetValue(typeId, out List<RecoveredPayload>? existing))
+                {
+                    existing.AddRange(list);
+                }
+                else
+                {
+                    _recovered[typeId] = list;
+                }
+            }
+        }
+
+        report.Live = live;
+    }
+
+    private void FreeDurably(PersistentHeap heap, PartitionResult[] results, bool first, int parallelism)
+    {
+        Parallel.For(0, results.Length, new ParallelOptions { MaxDegreeOfParallelism = parallelism }, p =>
+        {
+            List<long> offsets = first ? results[p].FreeFirst : results[p].FreeSecond;
+            foreach (long offset in offsets)
+            {
+                heap.Free(new PayloadRef(offset));
+                if (!_wholeRangeWriteBack)
+                {
+                    heap.WriteBackHeader(new PayloadRef(offset));
+                }
+            }
+
+            // The fence orders this thread's write-backs; each partition fences its own.
+            if (!_wholeRangeWriteBack && offsets.Count != 0)
+            {
+                heap.Fence();
+            }
+        });
+
+        if (_wholeRangeWriteBack)
+        {
+            _domain.Persist(0, heap.File.Size);
+        }
+    }
+
+    private readonly struct Candidate
+    {
+        internal Candidate(long offset, long uid, long tag, PayloadKind kind, int typeId, int size)
+        {
+            Offset = offset;
+            Uid = uid;
+            Tag = tag;
+            Kind = kind;
+            TypeId = typeId;
+            Size = size;
+        }
+
+        internal long Offset { get; }
+
+        internal long Uid { get; }
+
+        internal long Tag { get; }
+
+        internal PayloadKind Kind { get; }
+
+        internal int TypeId { get; }
+
+        internal int Size { get; }
+    }
+
+    private sealed class PartitionResult
+    {
+        internal List<long> FreeFirst { get; } = new();
+
+        internal List<long> FreeSecond { get; } = new();
+
+        internal Dictionary<int, List<RecoveredPayload>> Live { get; } = new();
+
+        internal long Superseded;
+
+        internal long Cancelled;
+    }
+}

@@ -1,0 +1,309 @@
+using System;
+using System.Collections.Generic;
+using System.Runtime.CompilerServices;
+using System.Threading;
+using Epvs;
+
+namespace Epvs.Persistence;
+
+/// <summary>
+/// Buffered durable linearizability on EPVS (DESIGN §4, layer 4; Montage/nbMontage): a <see cref="PersistentHeap"/>
+/// whose payloads are tagged with the EPVS version of the operation that wrote them, a background advancer that moves
+/// the version, writes back each completed version's payloads and persists a durable frontier, and a recovery that
+/// keeps exactly the payloads of the versions up to that frontier.
+/// </summary>
+/// <remarks>
+/// <para>Guarantee. After a crash, reopening yields exactly the operations of every version up to the persisted
+/// durable frontier — a prefix of the history in version order, never a mix — which trails the running version by
+/// about one <see cref="BufferedDurableHeapOptions.AdvancePeriod"/> (Montage's guarantee, versions ≤ clock − 2, holds
+/// too). <see cref="Sync(TimeSpan)"/> returns once every operation that completed before the call is in that prefix.</para>
+/// <para>Why it works. An operation runs inside one EPVS protected region (<see cref="BeginOperation"/> to
+/// <see cref="DurableOperation.Dispose"/>), so it belongs to exactly one version, and the transition from v to v + 1
+/// runs only when every region of v has left: a quiescent cut. Payloads of older versions are never changed in place
+/// (an update copies them with the same uid; a delete writes an anti-payload), so the durable image of every version
+/// ≤ v stays intact while v + 1 runs. The advancer writes back v's payloads after the cut and only then persists
+/// frontier = v. Replaced payloads and anti-payloads are freed two versions later, when no reader can hold them and
+/// their replacement is durable; a payload's free is durable before its anti-payload's.</para>
+/// <para>Threads. Every member may be called from any thread. An operation is thread-affine (it is an EPVS region)
+/// and must not span an <c>await</c>. A thread that stays inside an operation holds back every version transition,
+/// hence durability: <see cref="Sync(TimeSpan)"/> then times out and names it.</para>
+/// </remarks>
+public sealed unsafe partial class BufferedDurableHeap : IDisposable
+{
+    private readonly PersistentHeap _heap;
+    private readonly PersistenceDomain _domain;
+    private readonly EpochProtectedVersionScheme _scheme;
+    private readonly DurabilityMode _mode;
+    private readonly DurabilityFaults _faults;
+    private readonly TimeSpan _syncTimeout;
+    private readonly byte* _base;
+    private readonly bool _wholeRangeWriteBack;
+    private readonly bool _ownsFile;
+    private readonly ThreadLocal<ThreadBuffers> _local;
+    private readonly object _registryGate = new();
+    private ThreadBuffers[] _registry = Array.Empty<ThreadBuffers>();
+    private long _versionBase;
+    private int _disposed;
+
+    private BufferedDurableHeap(HeapFile file, bool ownsFile, BufferedDurableHeapOptions? options)
+    {
+        options ??= new BufferedDurableHeapOptions();
+        options.Validate();
+        _ownsFile = ownsFile;
+        _mode = options.Mode;
+        _faults = options.Faults;
+        _syncTimeout = options.SyncTimeout;
+        _domain = file.Domain;
+        _base = file.Pointer;
+
+        // Through the page cache (msync), one ranged sync of the whole heap per version costs less than a system
+        // call per payload; on persistent memory, per-payload cache-line write-back is what Montage does.
+        _wholeRangeWriteBack = !_domain.IsPersistentMemory;
+        _local = new ThreadLocal<ThreadBuffers>(RegisterThread);
+        _scheme = new EpochProtectedVersionScheme();
+        try
+        {
+            (_heap, Recovery) = Recover(file, options);
+        }
+        catch
+        {
+            _scheme.Dispose();
+            _local.Dispose();
+            throw;
+        }
+
+        StartAdvancer(options.AdvancePeriod);
+    }
+
+    /// <summary>The allocator underneath (statistics, <see cref="PersistentHeap.File"/>). Allocate payloads through <see cref="BeginOperation"/>, not directly.</summary>
+    public PersistentHeap Heap => _heap;
+
+    /// <summary>The version scheme whose versions tag the payloads: for diagnostics (<see cref="EpochProtectedVersionScheme.GetThreadsBlockingTransition"/>, <see cref="EpochProtectedVersionScheme.TransitionStalled"/>). Do not run state machines on it.</summary>
+    public EpochProtectedVersionScheme VersionScheme => _scheme;
+
+    /// <summary>How this heap makes operations durable.</summary>
+    public DurabilityMode Mode => _mode;
+
+    /// <summary>What recovery found when the heap opened.</summary>
+    public DurableRecoveryReport Recovery { get; }
+
+    /// <summary>The version new operations observe (payload tags are versions). Moves forward at every advance.</summary>
+    public long CurrentVersion => Volatile.Read(ref _versionBase) + _scheme.CurrentState.Version;
+
+    /// <summary>
+    /// The durable frontier: every operation of a version at or below it is durable (after a crash, recovery keeps
+    /// exactly those). Always below <see cref="CurrentVersion"/>.
+    /// </summary>
+    // Volatile.Read: acquire; pairs with the release in AfterTransition, so a thread that sees frontier v also sees
+    // that v's write-back and frontier persist are done.
+    public long DurableFrontier => Volatile.Read(ref _frontier);
+
+    /// <summary>Creates a heap file at <paramref name="path"/> and opens it for buffered durability; disposing the heap disposes the file.</summary>
+    /// <param name="path">Where to create the file (it must not exist).</param>
+    /// <param name="fileOptions">Size and persistence domain; null for the defaults.</param>
+    /// <param name="options">Durability mode, advance period, recovery; null for the defaults.</param>
+    /// <returns>The empty heap, with its advancer running.</returns>
+    /// <exception cref="HeapFileException">See <see cref="HeapFile.Create(string, HeapFileOptions?)"/>.</exception>
+    public static BufferedDurableHeap Create(string path, HeapFileOptions? fileOptions = null, BufferedDurableHeapOptions? options = null) =>
+        Own(HeapFile.Create(path, fileOptions), options);
+
+    /// <summary>Opens an existing heap file and recovers it (see the class remarks); disposing the heap disposes the file.</summary>
+    /// <param name="path">The heap file.</param>
+    /// <param name="fileOptions">Which persistence domain to map it with; null for the defaults.</param>
+    /// <param name="options">Durability mode, advance period, recovery; null for the defaults.</param>
+    /// <returns>The recovered heap; structures take their payloads with <see cref="TakeRecoveredPayloads(int)"/>.</returns>
+    /// <exception cref="HeapFileException">See <see cref="HeapFile.Open(string, HeapFileOptions?)"/>.</exception>
+    public static BufferedDurableHeap Open(string path, HeapFileOptions? fileOptions = null, BufferedDurableHeapOptions? options = null) =>
+        Own(HeapFile.Open(path, fileOptions), options);
+
+    /// <summary>Opens (recovering) a heap file the caller owns, for example one on a <see cref="SimulatedPersistenceDomain"/>; the file is not disposed with the heap.</summary>
+    /// <param name="file">A heap file just created or opened, not used by another heap.</param>
+    /// <param name="options">Durability mode, advance period, recovery; null for the defaults.</param>
+    /// <returns>The recovered heap.</returns>
+    public static BufferedDurableHeap Open(HeapFile file, BufferedDurableHeapOptions? options = null)
+    {
+        ArgumentNullException.ThrowIfNull(file);
+        return new BufferedDurableHeap(file, ownsFile: false, options);
+    }
+
+    /// <summary>
+    /// Begins an operation: enters an EPVS protected region and returns the handle through which the operation
+    /// allocates, updates and deletes payloads, all tagged with <see cref="DurableOperation.Version"/>. Dispose it
+    /// (with <c>using</c>) on the same thread to end the operation.
+    /// </summary>
+    /// <returns>The operation.</returns>
+    /// <exception cref="ObjectDisposedException">The heap has been disposed.</exception>
+    [MethodImpl(MethodImplOptions.AggressiveInlining)]
+    public DurableOperation BeginOperation()
+    {
+        VersionSchemeState state = _scheme.Enter();
+        // Volatile.Read: acquire; the base is written once in the constructor before any operation can begin.
+        return new DurableOperation(this, _local.Value!, Volatile.Read(ref _versionBase) + state.Version);
+    }
+
+    /// <summary>
+    /// Gives a structure the payloads recovery kept for <paramref name="typeId"/> (the structure's id). Each type id
+    /// can be taken once; payloads of type ids nobody takes stay allocated.
+    /// </summary>
+    /// <param name="typeId">The type id the structure's payloads carry.</param>
+    /// <returns>The payloads, in no particular order; empty for a new heap.</returns>
+    /// <exception cref="InvalidOperationException">The payloads of this type id were already taken.</exception>
+    public IReadOnlyList<RecoveredPayload> TakeRecoveredPayloads(int typeId)
+    {
+        lock (_recoveredGate)
+        {
+            if (!_claimedTypes.Add(typeId))
+            {
+                ThrowHelper.ThrowInvalidOperation($"The recovered payloads of type id {typeId} were already taken: open each structure once per heap, each with its own type id.");
+            }
+
+            if (_recovered.Remove(typeId, out List<RecoveredPayload>? payloads))
+            {
+                return payloads;
+            }
+
+            return Array.Empty<RecoveredPayload>();
+        }
+    }
+
+    /// <summary>
+    /// Stops the advancer, makes every completed operation durable (one last advance), and closes the heap (and the
+    /// file, when the heap opened it) with a clean-shutdown mark. Every thread must have ended its operations.
+    /// </summary>
+    /// <exception cref="TimeoutException">A thread is still inside an operation, so the last advance could not run within <see cref="BufferedDurableHeapOptions.SyncTimeout"/>; the heap is closed anyway and recovery keeps the frontier prefix.</exception>
+    public void Dispose()
+    {
+        // Interlocked.Exchange: full fence; exactly one caller disposes.
+        if (Interlocked.Exchange(ref _disposed, 1) != 0)
+        {
+            return;
+        }
+
+        Exception? failure = StopAdvancer();
+        bool machineInFlight = false;
+        try
+        {
+            if (_mode != DurabilityMode.Transient && failure is null)
+            {
+                SyncCore(CurrentVersion, _syncTimeout);
+            }
+        }
+        catch (Exception e)
+        {
+            failure = e;
+        }
+        finally
+        {
+            lock (_cycleGate)
+            {
+                machineInFlight = _inflight is not null;
+            }
+
+            if (!machineInFlight)
+            {
+                _scheme.Dispose();
+            }
+
+            _local.Dispose();
+            _heap.Dispose();
+            if (_ownsFile)
+            {
+                _heap.File.Dispose();
+            }
+        }
+
+        if (failure is TimeoutException)
+        {
+            throw failure;
+        }
+    }
+
+    [MethodImpl(MethodImplOptions.AggressiveInlining)]
+    internal void Track(ThreadBuffers buffers, long version, PayloadRef block)
+    {
+        if (_mode == DurabilityMode.Buffered)
+        {
+            buffers.WriteBack[ThreadBuffers.Slot(version)].Add(block.Offset);
+        }
+        else if (_mode == DurabilityMode.Strict)
+        {
+            buffers.StrictPending.Add(block.Offset);
+        }
+    }
+
+    internal DurabilityFaults Faults => _faults;
+
+    internal PersistentHeap Allocator => _heap;
+
+    internal void EndOperation(ThreadBuffers buffers)
+    {
+        if (_mode == DurabilityMode.Strict && buffers.StrictPending.Count != 0)
+        {
+            OffsetList pending = buffers.StrictPending;
+            for (int i = 0; i < pending.Count; i++)
+            {
+                long offset = pending[i];
+                _domain.WriteBack(offset, HeapLayout.HeaderSize + (long)PayloadSize(offset));
+            }
+
+            _domain.Fence();
+            pending.Clear();
+        }
+
+        _scheme.Leave();
+    }
+
+    /// <summary>The payload size recorded in the header of an allocated block (no checks: internal callers hold a valid reference).</summary>
+    [MethodImpl(MethodImplOptions.AggressiveInlining)]
+    internal int PayloadSize(long offset) => HeapLayout.ShapeSize(*(ulong*)(_base + offset + HeapLayout.ShapeOffset));
+
+    /// <summary>The payload bytes of an allocated block (no checks: internal callers hold a valid reference inside an operation).</summary>
+    [MethodImpl(MethodImplOptions.AggressiveInlining)]
+    internal Span<byte> PayloadUnchecked(long offset) => new(_base + offset + HeapLayout.HeaderSize, PayloadSize(offset));
+
+    /// <summary>The header's uid and epoch tag of an allocated block.</summary>
+    [MethodImpl(MethodImplOptions.AggressiveInlining)]
+    internal (long Uid, long Tag, int TypeId) HeaderWords(long offset)
+    {
+        ulong* h = (ulong*)(_base + offset);
+        return ((long)h[0], (long)h[1], HeapLayout.ShapeTypeId(h[2]));
+    }
+
+    private static BufferedDurableHeap Own(HeapFile file, BufferedDurableHeapOptions? options)
+    {
+        try
+        {
+            var heap = new BufferedDurableHeap(file, ownsFile: true, options);
+            return heap;
+        }
+        catch
+        {
+            file.Dispose();
+            throw;
+        }
+    }
+
+    private ThreadBuffers RegisterThread()
+    {
+        var buffers = new ThreadBuffers(Environment.CurrentManagedThreadId);
+        lock (_registryGate)
+        {
+            var grown = new ThreadBuffers[_registry.Length + 1];
+            _registry.CopyTo(grown, 0);
+            grown[^1] = buffers;
+            // Volatile.Write: release; the advancer's acquire read of the array sees the initialized buffers.
+            Volatile.Write(ref _registry, grown);
+        }
+
+        return buffers;
+    }
+
+    private void ThrowIfDisposed()
+    {
+        // Volatile.Read: acquire; pairs with the exchange in Dispose (best effort: use during Dispose is misuse).
+        if (Volatile.Read(ref _disposed) != 0)
+        {
+            ThrowHelper.ThrowObjectDisposed(this);
+        }
+    }
+}

@@ -1,0 +1,54 @@
+using System;
+using System.Threading;
+
+namespace Epvs.Persistence;
+
+/// <summary>How a <see cref="BufferedDurableHeap"/> persists and recovers.</summary>
+public sealed class BufferedDurableHeapOptions
+{
+    /// <summary>Buffered (default), strict or transient; see <see cref="DurabilityMode"/>.</summary>
+    public DurabilityMode Mode { get; set; } = DurabilityMode.Buffered;
+
+    /// <summary>
+    /// How often the background advancer moves the version (and so the durable frontier). Default 20 ms; about one
+    /// period of completed operations is at risk at a crash. <see cref="Timeout.InfiniteTimeSpan"/> starts no
+    /// background advancer: versions then move only in <see cref="BufferedDurableHeap.Sync(TimeSpan)"/> and
+    /// <see cref="BufferedDurableHeap.AdvanceVersion(TimeSpan)"/>.
+    /// </summary>
+    public TimeSpan AdvancePeriod { get; set; } = TimeSpan.FromMilliseconds(20);
+
+    /// <summary>How long <see cref="BufferedDurableHeap.Sync()"/> waits before it throws <see cref="TimeoutException"/>. Default 30 s.</summary>
+    public TimeSpan SyncTimeout { get; set; } = TimeSpan.FromSeconds(30);
+
+    /// <summary>How many threads recovery uses to scan blocks and resolve payloads; default <see cref="Environment.ProcessorCount"/>.</summary>
+    public int RecoveryParallelism { get; set; } = Environment.ProcessorCount;
+
+    /// <summary>Deliberate faults, for the tests' broken controls only.</summary>
+    internal DurabilityFaults Faults { get; set; }
+
+    /// <summary>Deliberate allocator faults, for the tests' broken controls only.</summary>
+    internal HeapFaults HeapFaults { get; set; }
+
+    internal void Validate()
+    {
+        if (AdvancePeriod != Timeout.InfiniteTimeSpan && (AdvancePeriod <= TimeSpan.Zero || AdvancePeriod.TotalMilliseconds > int.MaxValue))
+        {
+            ThrowHelper.ThrowArgumentOutOfRange(nameof(AdvancePeriod), $"AdvancePeriod must be positive (or Timeout.InfiniteTimeSpan for no background advancer), not {AdvancePeriod}.");
+        }
+
+        if (SyncTimeout != Timeout.InfiniteTimeSpan && SyncTimeout <= TimeSpan.Zero)
+        {
+            ThrowHelper.ThrowArgumentOutOfRange(nameof(SyncTimeout), $"SyncTimeout must be positive (or Timeout.InfiniteTimeSpan), not {SyncTimeout}.");
+        }
+
+        if (RecoveryParallelism < 1)
+        {
+            ThrowHelper.ThrowArgumentOutOfRange(nameof(RecoveryParallelism), $"RecoveryParallelism must be at least 1, not {RecoveryParallelism}.");
+        }
+
+        if ((uint)Mode > (uint)DurabilityMode.Transient)
+        {
+            ThrowHelper.ThrowArgumentOutOfRange(nameof(Mode), $"{Mode} is not a durability mode.");
+        }
+    }
+}

@@ -1,0 +1,31 @@
+using System;
+
+namespace Epvs.Persistence;
+
+/// <summary>
+/// Deliberately broken behaviours of the epoch-persistence layer, switched on only by tests, so that each crash and
+/// concurrency check is shown to catch the bug it exists for. None is reachable through the public API.
+/// </summary>
+[Flags]
+internal enum DurabilityFaults
+{
+    None = 0,
+
+    /// <summary>Recovery keeps payloads whose tag is beyond the durable frontier.</summary>
+    KeepTagsBeyondFrontier = 1,
+
+    /// <summary>An update of a payload of an older version is done in place instead of on a copy.</summary>
+    UpdateOlderVersionInPlace = 2,
+
+    /// <summary>The advancer persists the frontier (and so a clock that implies it) before writing back the version's payloads.</summary>
+    PersistFrontierBeforeWriteBack = 4,
+
+    /// <summary>Sync waits only for the version before the current one (returns before the frontier covers its version).</summary>
+    SyncBeforeFrontierCovers = 8,
+
+    /// <summary>Recovery leaves superseded and cancelled payloads allocated (a leak).</summary>
+    KeepCancelledPayloads = 16,
+
+    /// <summary>Reclamation (and recovery) make the frees of anti-payloads durable before the frees of the payloads they cancel.</summary>
+    FreeAntiPayloadsWithoutOrdering = 32,
+}

@@ -1,0 +1,25 @@
+namespace Epvs.Persistence;
+
+/// <summary>How a <see cref="BufferedDurableHeap"/> makes operations durable.</summary>
+public enum DurabilityMode
+{
+    /// <summary>
+    /// Buffered durable linearizability (Montage): operations only store; a background advancer writes back each
+    /// completed version's payloads and moves the durable frontier. After a crash the heap holds a consistent prefix
+    /// of the operations, missing at most the last period or so; <see cref="BufferedDurableHeap.Sync(System.TimeSpan)"/>
+    /// waits until everything completed before it is durable.
+    /// </summary>
+    Buffered = 0,
+
+    /// <summary>
+    /// For comparison (benchmarks): every operation writes back its payloads and fences before it returns, as a
+    /// strictly durable structure would. Recovery is the same as <see cref="Buffered"/> (the frontier prefix).
+    /// </summary>
+    Strict = 1,
+
+    /// <summary>
+    /// For comparison (benchmarks): nothing is written back and the epoch clock and frontier are never persisted, so
+    /// a reopened heap is empty. Epoch-based reclamation still runs.
+    /// </summary>
+    Transient = 2,
+}

@@ -1,0 +1,150 @@
+using System;
+using System.Runtime.CompilerServices;
+
+namespace Epvs.Persistence;
+
+/// <summary>
+/// One operation on a <see cref="BufferedDurableHeap"/>: an EPVS protected region of one version, through which the
+/// operation creates, replaces and deletes payloads, all tagged with <see cref="Version"/>. Begin with
+/// <see cref="BufferedDurableHeap.BeginOperation"/>; end with <see cref="Dispose"/> on the same thread.
+/// </summary>
+/// <remarks>
+/// <para>Rules (Montage's): write a payload's bytes only through the reference this operation returned for it
+/// (<see cref="Allocate(int, int)"/> or <see cref="Replace(PayloadRef, int)"/>), never into a payload of an older
+/// version; publish a reference to other threads only under the structure's own synchronization. Payloads are
+/// read through <see cref="GetPayload(PayloadRef)"/> while the operation lasts; a payload replaced or deleted by
+/// another operation stays readable until every operation that might hold it has ended.</para>
+/// <para>A ref struct: it cannot escape the thread, be boxed, or live across an <c>await</c>.</para>
+/// </remarks>
+public ref struct DurableOperation
+{
+    private BufferedDurableHeap? _heap;
+    private readonly ThreadBuffers? _buffers;
+
+    internal DurableOperation(BufferedDurableHeap heap, ThreadBuffers buffers, long version)
+    {
+        _heap = heap;
+        _buffers = buffers;
+        Version = version;
+    }
+
+    /// <summary>The version this operation observes; every payload it writes carries it as its epoch tag.</summary>
+    public readonly long Version { get; }
+
+    /// <summary>Whether the operation is still open (not default, not disposed).</summary>
+    public readonly bool IsActive => _heap is not null;
+
+    /// <summary>Allocates a new payload (a new uid) tagged with <see cref="Version"/>; write its bytes with <see cref="GetPayload(PayloadRef)"/>.</summary>
+    /// <param name="size">Payload size in bytes.</param>
+    /// <param name="typeId">The structure's type id (what <see cref="BufferedDurableHeap.TakeRecoveredPayloads(int)"/> groups by).</param>
+    /// <returns>The new payload.</returns>
+    /// <exception cref="InvalidOperationException">The operation has ended.</exception>
+    /// <exception cref="InsufficientMemoryException">The heap is full.</exception>
+    public readonly PayloadRef Allocate(int size, int typeId)
+    {
+        BufferedDurableHeap heap = Heap;
+        PayloadRef block = heap.Allocator.Allocate(size, typeId, Version, PayloadKind.Alloc);
+        heap.Track(_buffers!, Version, block);
+        return block;
+    }
+
+    /// <summary>
+    /// Returns the payload to write the new contents of <paramref name="current"/> into: <paramref name="current"/>
+    /// itself when it was written in this version and keeps its size (update in place), otherwise a copy with the
+    /// same uid and bytes (up to <paramref name="newSize"/>) tagged with <see cref="Version"/>; the old payload is
+    /// then reclaimed two versions later. A same-version payload whose size changes is deleted (anti-payload) and
+    /// replaced by a new uid.
+    /// </summary>
+    /// <param name="current">The payload being updated (allocated, not yet replaced or deleted).</param>
+    /// <param name="newSize">The payload's new size in bytes.</param>
+    /// <returns>The payload that now holds the value; store it in place of <paramref name="current"/>.</returns>
+    /// <exception cref="InvalidOperationException">The operation has ended, or <paramref name="current"/> is not allocated.</exception>
+    public readonly PayloadRef Replace(PayloadRef current, int newSize)
+    {
+        BufferedDurableHeap heap = Heap;
+        PayloadHeader header = heap.Allocator.GetHeader(current);
+        bool inPlaceFault = (heap.Faults & DurabilityFaults.UpdateOlderVersionInPlace) != 0;
+        if (header.Size == newSize && (header.EpochTag == Version || heap.Mode == DurabilityMode.Transient || inPlaceFault))
+        {
+            if (heap.Mode == DurabilityMode.Strict)
+            {
+                heap.Track(_buffers!, Version, current);
+            }
+
+            return current;
+        }
+
+        if (header.EpochTag == Version || heap.Mode == DurabilityMode.Transient)
+        {
+            // Two payloads of one uid in one version would tie at recovery: retire this uid and start a new one.
+            PayloadRef fresh = Allocate(newSize, header.TypeId);
+            heap.Allocator.GetPayload(current)[..Math.Min(header.Size, newSize)].CopyTo(heap.Allocator.GetPayload(fresh));
+            Delete(current);
+            return fresh;
+        }
+
+        PayloadRef copy = heap.Allocator.Allocate(newSize, header.TypeId, Version, PayloadKind.Update, header.Uid);
+        heap.Allocator.GetPayload(current)[..Math.Min(header.Size, newSize)].CopyTo(heap.Allocator.GetPayload(copy));
+        heap.Track(_buffers!, Version, copy);
+        _buffers!.Retired[ThreadBuffers.Slot(Version)].Add(current.Offset);
+        return copy;
+    }
+
+    /// <summary>
+    /// Deletes <paramref name="current"/>: writes an anti-payload (same uid, tagged with <see cref="Version"/>) and
+    /// reclaims both two versions later. Stop publishing <paramref name="current"/> before the operation ends.
+    /// </summary>
+    /// <param name="current">The payload to delete (allocated, not yet replaced or deleted).</param>
+    /// <exception cref="InvalidOperationException">The operation has ended, or <paramref name="current"/> is not allocated.</exception>
+    public readonly void Delete(PayloadRef current)
+    {
+        BufferedDurableHeap heap = Heap;
+        int slot = ThreadBuffers.Slot(Version);
+        if (heap.Mode != DurabilityMode.Transient)
+        {
+            PayloadHeader header = heap.Allocator.GetHeader(current);
+            PayloadRef anti = heap.Allocator.Allocate(0, header.TypeId, Version, PayloadKind.Delete, header.Uid);
+            heap.Track(_buffers!, Version, anti);
+            _buffers!.AntiPayloads[slot].Add(anti.Offset);
+        }
+
+        _buffers!.Retired[slot].Add(current.Offset);
+    }
+
+    /// <summary>The bytes of a payload, valid while this operation lasts.</summary>
+    /// <param name="block">An allocated payload.</param>
+    /// <returns>The payload bytes.</returns>
+    /// <exception cref="InvalidOperationException">The operation has ended, or <paramref name="block"/> is not allocated.</exception>
+    public readonly Span<byte> GetPayload(PayloadRef block) => Heap.Allocator.GetPayload(block);
+
+    /// <summary>
+    /// Ends the operation: in <see cref="DurabilityMode.Strict"/> writes back and fences its payloads first, then
+    /// leaves the protected region. Disposing twice, or disposing <c>default</c>, does nothing.
+    /// </summary>
+    public void Dispose()
+    {
+        BufferedDurableHeap? heap = _heap;
+        if (heap is not null)
+        {
+            _heap = null;
+            heap.EndOperation(_buffers!);
+        }
+    }
+
+    internal readonly ThreadBuffers Buffers => _buffers!;
+
+    private readonly BufferedDurableHeap Heap
+    {
+        [MethodImpl(MethodImplOptions.AggressiveInlining)]
+        get
+        {
+            BufferedDurableHeap? heap = _heap;
+            if (heap is null)
+            {
+                ThrowHelper.ThrowInvalidOperation("This DurableOperation has ended (or was never begun): begin one with BufferedDurableHeap.BeginOperation and use it until Dispose.");
+            }
+
+            return heap;
+        }
+    }
+}

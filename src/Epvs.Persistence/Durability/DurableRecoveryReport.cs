@@ -1,0 +1,49 @@
+using System;
+
+namespace Epvs.Persistence;
+
+/// <summary>What recovery found and did when a <see cref="BufferedDurableHeap"/> opened.</summary>
+public sealed class DurableRecoveryReport
+{
+    internal DurableRecoveryReport()
+    {
+    }
+
+    /// <summary>Whether the previous opener shut down in order.</summary>
+    public bool WasCleanShutdown { get; internal set; }
+
+    /// <summary>The persisted epoch clock found at open.</summary>
+    public long PersistedClock { get; internal set; }
+
+    /// <summary>The persisted durable frontier found at open.</summary>
+    public long PersistedFrontier { get; internal set; }
+
+    /// <summary>The cut recovery used: every payload tagged at or below it was kept (max of the frontier and clock − 2).</summary>
+    public long RecoveredVersion { get; internal set; }
+
+    /// <summary>Valid blocks the scan found.</summary>
+    public long ScannedPayloads { get; internal set; }
+
+    /// <summary>Blocks freed because their tag was beyond the recovered version (or 0: written without epochs).</summary>
+    public long DroppedBeyondFrontier { get; internal set; }
+
+    /// <summary>Older copies freed because a newer copy of the same uid survived.</summary>
+    public long Superseded { get; internal set; }
+
+    /// <summary>Payloads and anti-payloads freed because a mature anti-payload deleted their uid.</summary>
+    public long Cancelled { get; internal set; }
+
+    /// <summary>Payloads handed to the structures.</summary>
+    public long Live { get; internal set; }
+
+    /// <summary>How many threads recovery used.</summary>
+    public int Parallelism { get; internal set; }
+
+    /// <summary>Wall time of the whole recovery (allocator scan, resolution, frees).</summary>
+    public TimeSpan Duration { get; internal set; }
+
+    /// <inheritdoc/>
+    public override string ToString() =>
+        $"clean={WasCleanShutdown} clock={PersistedClock} frontier={PersistedFrontier} recovered≤{RecoveredVersion} scanned={ScannedPayloads} " +
+        $"dropped={DroppedBeyondFrontier} superseded={Superseded} cancelled={Cancelled} live={Live} threads={Parallelism} time={Duration.TotalMilliseconds:F1} ms";
+}

@@ -1,0 +1,40 @@
+namespace Epvs.Persistence;
+
+/// <summary>
+/// One thread's per-version buffers (Montage's per-thread write-back buffers): payloads to write back, payloads to
+/// reclaim and anti-payloads to reclaim, indexed by version modulo <see cref="Slots"/>.
+/// </summary>
+/// <remarks>
+/// Ownership moves with the version: the owner appends to slot v only inside protected regions of version v, and the
+/// advancer drains slot v only after the transition out of v has completed (a quiescent cut: every region of v has
+/// left), and before version v + <see cref="Slots"/> begins. The transitions' full fences order the two, so the
+/// fields need no atomics.
+/// </remarks>
+internal sealed class ThreadBuffers
+{
+    internal const int Slots = 4;
+
+    internal ThreadBuffers(int managedThreadId)
+    {
+        ManagedThreadId = managedThreadId;
+        for (int i = 0; i < Slots; i++)
+        {
+            WriteBack[i] = new OffsetList();
+            Retired[i] = new OffsetList();
+            AntiPayloads[i] = new OffsetList();
+        }
+    }
+
+    internal int ManagedThreadId { get; }
+
+    internal OffsetList[] WriteBack { get; } = new OffsetList[Slots];
+
+    internal OffsetList[] Retired { get; } = new OffsetList[Slots];
+
+    internal OffsetList[] AntiPayloads { get; } = new OffsetList[Slots];
+
+    /// <summary>Strict mode: the payloads of the operation in progress, written back and fenced when it ends.</summary>
+    internal OffsetList StrictPending { get; } = new();
+
+    internal static int Slot(long version) => (int)(version & (Slots - 1));
+}

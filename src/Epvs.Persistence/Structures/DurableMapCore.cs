@@ -1,0 +1,187 @@
+using System;
+using System.Collections.Generic;
+using System.IO;
+using System.Runtime.CompilerServices;
+using System.Runtime.InteropServices;
+using System.Threading;
+using System.Threading.Tasks;
+
+namespace Epvs.Persistence;
+
+/// <summary>
+/// The hash map behind <see cref="PersistentHashMap{TKey, TValue}"/> and <see cref="PersistentByteMap{TKey}"/>: a
+/// DRAM index (key → payload offset) in lock-striped shards over payloads [key bytes | value bytes] of one type id.
+/// Every operation is one <see cref="DurableOperation"/> that takes its shard's lock inside the region, so the order
+/// of operations on a key agrees with their versions (a version transition is a quiescent cut).
+/// </summary>
+internal sealed unsafe class DurableMapCore<TKey>
+    where TKey : unmanaged, IEquatable<TKey>
+{
+    private readonly BufferedDurableHeap _heap;
+    private readonly int _typeId;
+    private readonly Shard[] _shards;
+    private readonly int _mask;
+    private long _count;
+
+    internal DurableMapCore(BufferedDurableHeap heap, int typeId, int? fixedValueSize, int recoveryParallelism)
+    {
+        ArgumentNullException.ThrowIfNull(heap);
+        _heap = heap;
+        _typeId = typeId;
+        int shards = 1;
+        while (shards < Environment.ProcessorCount * 64)
+        {
+            shards <<= 1;
+        }
+
+        _shards = new Shard[shards];
+        _mask = shards - 1;
+        for (int i = 0; i < shards; i++)
+        {
+            _shards[i] = new Shard();
+        }
+
+        Rebuild(heap.TakeRecoveredPayloads(typeId), fixedValueSize, recoveryParallelism);
+    }
+
+    internal static int KeySize => sizeof(TKey);
+
+    // Volatile.Read: acquire; the count is maintained with Interlocked under the shard locks.
+    internal long Count => Volatile.Read(ref _count);
+
+    internal bool Upsert(TKey key, ReadOnlySpan<byte> value)
+    {
+        int size = KeySize + value.Length;
+        using DurableOperation op = _heap.BeginOperation();
+        Shard shard = ShardOf(key);
+        lock (shard)
+        {
+            PayloadRef block;
+            bool added = !shard.Map.TryGetValue(key, out long offset);
+            block = added ? op.Allocate(size, _typeId) : op.Replace(new PayloadRef(offset), size);
+            Span<byte> payload = _heap.PayloadUnchecked(block.Offset);
+            MemoryMarshal.Write(payload, in key);
+            value.CopyTo(payload[KeySize..]);
+            if (added || block.Offset != offset)
+            {
+                shard.Map[key] = block.Offset;
+            }
+
+            if (added)
+            {
+                // Interlocked.Increment: the count is shared across shards; atomicity only.
+                Interlocked.Increment(ref _count);
+            }
+
+            return added;
+        }
+    }
+
+    internal int TryCopy(TKey key, Span<byte> destination)
+    {
+        using DurableOperation op = _heap.BeginOperation();
+        Shard shard = ShardOf(key);
+        lock (shard)
+        {
+            if (!shard.Map.TryGetValue(key, out long offset))
+            {
+                return -1;
+            }
+
+            ReadOnlySpan<byte> value = _heap.PayloadUnchecked(offset)[KeySize..];
+            value[..Math.Min(value.Length, destination.Length)].CopyTo(destination);
+            return value.Length;
+        }
+    }
+
+    internal bool TryRead<TValue>(TKey key, out TValue value)
+        where TValue : unmanaged
+    {
+        using DurableOperation op = _heap.BeginOperation();
+        Shard shard = ShardOf(key);
+        lock (shard)
+        {
+            if (!shard.Map.TryGetValue(key, out long offset))
+            {
+                value = default;
+                return false;
+            }
+
+            value = MemoryMarshal.Read<TValue>(_heap.PayloadUnchecked(offset)[KeySize..]);
+            return true;
+        }
+    }
+
+    internal bool Remove(TKey key)
+    {
+        using DurableOperation op = _heap.BeginOperation();
+        Shard shard = ShardOf(key);
+        lock (shard)
+        {
+            if (!shard.Map.Remove(key, out long offset))
+            {
+                return false;
+            }
+
+            op.Delete(new PayloadRef(offset));
+            // Interlocked.Decrement: see Upsert.
+            Interlocked.Decrement(ref _count);
+            return true;
+        }
+    }
+
+    internal List<(TKey Key, byte[] Value)> Snapshot()
+    {
+        var result = new List<(TKey, byte[])>();
+        using DurableOperation op = _heap.BeginOperation();
+        foreach (Shard shard in _shards)
+        {
+            lock (shard)
+            {
+                foreach ((TKey key, long offset) in shard.Map)
+                {
+                    result.Add((key, _heap.PayloadUnchecked(offset)[KeySize..].ToArray()));
+                }
+            }
+        }
+
+        return result;
+    }
+
+    [MethodImpl(MethodImplOptions.AggressiveInlining)]
+    private Shard ShardOf(TKey key)
+    {
+        uint h = (uint)key.GetHashCode() * 0x9E37_79B9u;
+        return _shards[(int)(h >> 16) & _mask];
+    }
+
+    private void Rebuild(IReadOnlyList<RecoveredPayload> payloads, int? fixedValueSize, int parallelism)
+    {
+        Parallel.For(0, payloads.Count, new ParallelOptions { MaxDegreeOfParallelism = Math.Max(1, parallelism) }, i =>
+        {
+            RecoveredPayload payload = payloads[i];
+            int size = payload.Header.Size;
+            if (size < KeySize || (fixedValueSize is int valueSize && size != KeySize + valueSize))
+            {
+                throw new InvalidDataException($"Recovered payload {payload.Header} of type id {_typeId} has {size} bytes, which does not fit a {typeof(TKey).Name} key{(fixedValueSize is int v ? $" and a {v}-byte value" : string.Empty)}: is another structure (or another key/value type) using type id {_typeId}?");
+            }
+
+            TKey key = MemoryMarshal.Read<TKey>(_heap.PayloadUnchecked(payload.Block.Offset));
+            Shard shard = ShardOf(key);
+            lock (shard)
+            {
+                if (!shard.Map.TryAdd(key, payload.Block.Offset))
+                {
+                    throw new InvalidDataException($"Recovery found two live payloads for one key of the map with type id {_typeId} ({payload.Header} and the payload at 0x{shard.Map[key]:X}): the heap is inconsistent.");
+                }
+            }
+        });
+
+        _count = payloads.Count;
+    }
+
+    private sealed class Shard
+    {
+        internal Dictionary<TKey, long> Map { get; } = new();
+    }
+}

@@ -1,0 +1,98 @@
+using System;
+using System.Collections.Generic;
+
+namespace Epvs.Persistence;
+
+/// <summary>
+/// A persistent hash map from unmanaged keys to variable-size byte values on a <see cref="BufferedDurableHeap"/>
+/// (DESIGN §4, layer 5): each entry is one payload; the index lives in DRAM and is rebuilt from the payloads when the
+/// heap is recovered. Durability is the heap's: after a crash the map holds exactly the operations up to the durable
+/// frontier; <see cref="BufferedDurableHeap.Sync()"/> makes completed operations durable.
+/// </summary>
+/// <typeparam name="TKey">An unmanaged key type with value equality; stored by its bytes.</typeparam>
+/// <remarks>All members are thread-safe; each is one operation (one EPVS region, one shard lock). Calling them inside another <see cref="DurableOperation"/> on the same thread nests.</remarks>
+public sealed class PersistentByteMap<TKey>
+    where TKey : unmanaged, IEquatable<TKey>
+{
+    private readonly DurableMapCore<TKey> _core;
+
+    /// <summary>Opens the map with type id <paramref name="typeId"/> on <paramref name="heap"/>: rebuilds its index from the recovered payloads (empty on a new heap).</summary>
+    /// <param name="heap">The heap.</param>
+    /// <param name="typeId">This map's type id, distinct from every other structure's on the heap.</param>
+    /// <exception cref="InvalidOperationException">A structure with this type id was already opened on the heap.</exception>
+    /// <exception cref="System.IO.InvalidDataException">The recovered payloads of this type id are not this map's.</exception>
+    public PersistentByteMap(BufferedDurableHeap heap, int typeId)
+    {
+        ArgumentNullException.ThrowIfNull(heap);
+        _core = new DurableMapCore<TKey>(heap, typeId, fixedValueSize: null, heap.Recovery.Parallelism);
+    }
+
+    /// <summary>The number of entries.</summary>
+    public long Count => _core.Count;
+
+    /// <summary>Inserts or replaces the value of <paramref name="key"/>.</summary>
+    /// <param name="key">The key.</param>
+    /// <param name="value">The value bytes (copied).</param>
+    /// <returns><see langword="true"/> if the key was added, <see langword="false"/> if its value was replaced.</returns>
+    /// <exception cref="InsufficientMemoryException">The heap is full.</exception>
+    public bool Set(TKey key, ReadOnlySpan<byte> value) => _core.Upsert(key, value);
+
+    /// <summary>Copies the value of <paramref name="key"/> into <paramref name="destination"/> (as much as fits).</summary>
+    /// <param name="key">The key.</param>
+    /// <param name="destination">Where to copy the value.</param>
+    /// <returns>The value's full length, or -1 if the key is absent.</returns>
+    public int TryCopyValue(TKey key, Span<byte> destination) => _core.TryCopy(key, destination);
+
+    /// <summary>Returns a copy of the value of <paramref name="key"/>, or null if absent.</summary>
+    /// <param name="key">The key.</param>
+    /// <returns>The value bytes or null.</returns>
+    public byte[]? Get(TKey key)
+    {
+        Span<byte> buffer = stackalloc byte[256];
+        int length = _core.TryCopy(key, buffer);
+        if (length < 0)
+        {
+            return null;
+        }
+
+        if (length <= buffer.Length)
+        {
+            return buffer[..length].ToArray();
+        }
+
+        byte[] value = new byte[length];
+        while (true)
+        {
+            length = _core.TryCopy(key, value);
+            if (length < 0)
+            {
+                return null;
+            }
+
+            if (length == value.Length)
+            {
+                return value;
+            }
+
+            value = new byte[length];
+        }
+    }
+
+    /// <summary>Removes <paramref name="key"/> (writes an anti-payload).</summary>
+    /// <param name="key">The key.</param>
+    /// <returns>Whether the key was present.</returns>
+    public bool Remove(TKey key) => _core.Remove(key);
+
+    /// <summary>A copy of every entry. Each shard is copied atomically, the whole map is not: concurrent operations may be partly seen.</summary>
+    /// <returns>The entries, in no particular order.</returns>
+    public List<KeyValuePair<TKey, byte[]>> ToList()
+    {
+        var result = new List<KeyValuePair<TKey, byte[]>>();
+        foreach ((TKey key, byte[] value) in _core.Snapshot())
+        {
+            result.Add(new KeyValuePair<TKey, byte[]>(key, value));
+        }
+
+        return result;
+    }
+}

@@ -1,0 +1,67 @@
+using System;
+using System.Collections.Generic;
+using System.Runtime.CompilerServices;
+using System.Runtime.InteropServices;
+
+namespace Epvs.Persistence;
+
+/// <summary>
+/// A persistent hash map from unmanaged keys to unmanaged values on a <see cref="BufferedDurableHeap"/> (DESIGN §4,
+/// layer 5): each entry is one payload of <c>sizeof(TKey) + sizeof(TValue)</c> bytes; the index lives in DRAM and is
+/// rebuilt from the payloads when the heap is recovered. After a crash the map holds exactly the operations up to the
+/// heap's durable frontier; <see cref="BufferedDurableHeap.Sync()"/> makes completed operations durable.
+/// </summary>
+/// <typeparam name="TKey">An unmanaged key type with value equality; stored by its bytes.</typeparam>
+/// <typeparam name="TValue">An unmanaged value type; stored by its bytes (no references).</typeparam>
+/// <remarks>All members are thread-safe; each is one operation (one EPVS region, one shard lock).</remarks>
+public sealed class PersistentHashMap<TKey, TValue>
+    where TKey : unmanaged, IEquatable<TKey>
+    where TValue : unmanaged
+{
+    private readonly DurableMapCore<TKey> _core;
+
+    /// <summary>Opens the map with type id <paramref name="typeId"/> on <paramref name="heap"/>: rebuilds its index from the recovered payloads (empty on a new heap).</summary>
+    /// <param name="heap">The heap.</param>
+    /// <param name="typeId">This map's type id, distinct from every other structure's on the heap.</param>
+    /// <exception cref="InvalidOperationException">A structure with this type id was already opened on the heap.</exception>
+    /// <exception cref="System.IO.InvalidDataException">The recovered payloads of this type id are not this map's (other key or value size).</exception>
+    public PersistentHashMap(BufferedDurableHeap heap, int typeId)
+    {
+        ArgumentNullException.ThrowIfNull(heap);
+        _core = new DurableMapCore<TKey>(heap, typeId, Unsafe.SizeOf<TValue>(), heap.Recovery.Parallelism);
+    }
+
+    /// <summary>The number of entries.</summary>
+    public long Count => _core.Count;
+
+    /// <summary>Inserts or replaces the value of <paramref name="key"/>.</summary>
+    /// <param name="key">The key.</param>
+    /// <param name="value">The value.</param>
+    /// <returns><see langword="true"/> if the key was added, <see langword="false"/> if its value was replaced.</returns>
+    /// <exception cref="InsufficientMemoryException">The heap is full.</exception>
+    public bool Set(TKey key, TValue value) => _core.Upsert(key, MemoryMarshal.AsBytes(new ReadOnlySpan<TValue>(in value)));
+
+    /// <summary>Reads the value of <paramref name="key"/>.</summary>
+    /// <param name="key">The key.</param>
+    /// <param name="value">The value, or default when absent.</param>
+    /// <returns>Whether the key is present.</returns>
+    public bool TryGetValue(TKey key, out TValue value) => _core.TryRead(key, out value);
+
+    /// <summary>Removes <paramref name="key"/> (writes an anti-payload).</summary>
+    /// <param name="key">The key.</param>
+    /// <returns>Whether the key was present.</returns>
+    public bool Remove(TKey key) => _core.Remove(key);
+
+    /// <summary>A copy of every entry. Each shard is copied atomically, the whole map is not.</summary>
+    /// <returns>The entries, in no particular order.</returns>
+    public Dictionary<TKey, TValue> ToDictionary()
+    {
+        var result = new Dictionary<TKey, TValue>();
+        foreach ((TKey key, byte[] value) in _core.Snapshot())
+        {
+            result[key] = MemoryMarshal.Read<TValue>(value);
+        }
+
+        return result;
+    }
+}
