@@ -13,8 +13,8 @@ namespace Epvs;
 /// <remarks>
 /// A slot's <c>Epoch</c> word is its state: <see cref="Free"/>, <see cref="Busy"/> (being filled or being
 /// emptied by whoever won it), or the epoch after which the action may run. Publication writes the action
-/// and then the epoch with release semantics; a drainer claims with a CAS from that epoch to Busy before it
-/// reads the action (DESIGN §2.2).
+/// and then the epoch with a full fence; a drainer claims with a CAS from that epoch to Busy before it reads the
+/// action (DESIGN §2.2).
 /// </remarks>
 internal sealed class DrainList
 {
@@ -47,10 +47,13 @@ internal sealed class DrainList
     }
 
     /// <summary>
-    /// Publishes <paramref name="action"/> to run once <paramref name="epoch"/> is safe, then increments
-    /// <paramref name="pending"/> (the owner's count of published, unclaimed actions). Never blocks.
+    /// Publishes <paramref name="action"/> to run once <paramref name="epoch"/> is safe, counting it in
+    /// <paramref name="pending"/> (the owner's count of published, unclaimed actions) first, so that the count can
+    /// run ahead of the list but never behind it. Never blocks.
     /// </summary>
-    public void Add(long epoch, Action action, TaskCompletionSource<bool>? completion, ref long pending)
+    /// <returns>The slot's state word: it holds <paramref name="epoch"/> until a drainer claims the action (epochs are
+    /// unique per registration, so a reused slot cannot be mistaken for this one).</returns>
+    public ref long Add(long epoch, Action action, TaskCompletionSource<bool>? completion, ref long pending)
     {
         Segment<Slot> start = Volatile.Read(ref insertHint);
         Segment<Slot> segment = start;
@@ -65,15 +68,16 @@ internal sealed class DrainList
                 {
                     slots[i].Action = action;
                     slots[i].Completion = completion;
-                    // Release: the action and its completion are visible before the epoch that lets a
-                    // drainer claim the slot. Pairs with the drainer's CAS on Epoch.
-                    Volatile.Write(ref slots[i].Epoch, epoch);
-                    // Full fence: the registration is visible before the caller scans the epoch table
-                    // (pairs with the fence a leaving thread issues before its own scan).
+                    // Count before publishing: a drainer decrements only after claiming, so the count never
+                    // reads lower than the number of claimable actions (Suspend and ProtectAndDrain trust it).
                     Interlocked.Increment(ref pending);
+                    // Full fence, and release for the fields above: the action is visible before the epoch that
+                    // lets a drainer claim it (pairs with the drainer's CAS), and the registration is visible
+                    // before the caller scans the epoch table (pairs with the fence a leaver issues before its scan).
+                    Interlocked.Exchange(ref slots[i].Epoch, epoch);
                     if (segment != start)
                         Volatile.Write(ref insertHint, segment);
-                    return;
+                    return ref slots[i].Epoch;
                 }
             }
 

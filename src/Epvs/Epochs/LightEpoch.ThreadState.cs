@@ -31,6 +31,9 @@ public sealed unsafe partial class LightEpoch
 
         /// <summary>Where the slow path starts probing for a free slot.</summary>
         public int ProbeStart;
+
+        /// <summary>The owner's managed thread id, written into the slot it claims (diagnostics).</summary>
+        public int ThreadId;
     }
 
     /// <summary>A pinned array of records for one thread; kept alive by <see cref="t_recordStorage"/>.</summary>
@@ -98,7 +101,7 @@ public sealed unsafe partial class LightEpoch
 
         ThreadRecord* r = t_records + id;
         if (r->Token != token)
-            *r = new ThreadRecord { Token = token, ProbeStart = Environment.CurrentManagedThreadId };
+            *r = new ThreadRecord { Token = token, ProbeStart = Environment.CurrentManagedThreadId, ThreadId = Environment.CurrentManagedThreadId };
         return r;
     }
 

@@ -123,6 +123,7 @@ public sealed unsafe partial class LightEpoch : IDisposable
             if (Interlocked.CompareExchange(ref slot->Epoch, epoch, 0) == 0)
             {
                 r->Depth = 1;
+                slot->OwnerThreadId = r->ThreadId; // diagnostics only; another thread may have used the slot since
                 // Keep "announced e" meaning "announced before the epoch moved past e": if a bump slipped in
                 // between our read and our CAS, its scan may have missed us while our slot shows an epoch it
                 // covers. Nested Enters rely on this (EpochProtectedVersionScheme.WaitForStableState).
@@ -151,7 +152,7 @@ public sealed unsafe partial class LightEpoch : IDisposable
         // table if needed). The CAS inside Claim is the announcing full fence.
         long epoch = Volatile.Read(ref currentEpoch.Value);
         EpochSlot* slot = table.Claim(epoch, r->Slot == null ? r->ProbeStart : ++r->ProbeStart);
-        slot->OwnerThreadId = Environment.CurrentManagedThreadId;
+        slot->OwnerThreadId = r->ThreadId;
         r->Slot = slot;
         r->Depth = 1;
         if (Volatile.Read(ref currentEpoch.Value) != epoch)
@@ -163,6 +164,8 @@ public sealed unsafe partial class LightEpoch : IDisposable
         {
             r->Depth = 0;
             Volatile.Write(ref slot->Epoch, 0);
+            if (Volatile.Read(ref pendingActions.Value) != 0)
+                FenceAndDrain();
             ThrowHelper.ThrowObjectDisposed(nameof(LightEpoch));
         }
     }
@@ -180,12 +183,17 @@ public sealed unsafe partial class LightEpoch : IDisposable
         {
             long now = Volatile.Read(ref currentEpoch.Value);
             if (now == announced)
-                return;
+                break;
             // Full fence again: visible before the re-check above. Raising our own slot only releases epochs that
             // this thread has not read anything under yet (it is still inside Resume).
             Interlocked.Exchange(ref slot, now);
             announced = now;
         }
+        // The bumper whose increment we raced may have seen our older value, given up on its action and left it
+        // to us: we were the last to hold its epoch back. Our exchange was a full fence after our slot's first
+        // value, which the bumper read, so this read of the count sees its registration.
+        if (Volatile.Read(ref pendingActions.Value) != 0)
+            Drain();
     }
 
     /// <summary>
@@ -212,14 +220,14 @@ public sealed unsafe partial class LightEpoch : IDisposable
         // This load may pass the store above (store buffering). That is fine: a bumper that registers an
         // action we do not see here issues a process-wide barrier before giving up (BumpCurrentEpoch).
         if (Volatile.Read(ref pendingActions.Value) != 0)
-            DrainAfterLeave();
+            FenceAndDrain();
     }
 
     [MethodImpl(MethodImplOptions.NoInlining)]
-    private void DrainAfterLeave()
+    private void FenceAndDrain()
     {
-        // Full fence: of two threads leaving at once, at least one sees the other's cleared slot, so the last
-        // one out always runs what became safe (FASTER's SuspendDrain has the same barrier).
+        // Full fence: of two threads leaving or refreshing at once, at least one sees the other's slot change, so
+        // the last one to let an epoch go always runs what became safe (FASTER's SuspendDrain has the same barrier).
         Interlocked.MemoryBarrier();
         Drain();
     }
@@ -250,7 +258,7 @@ public sealed unsafe partial class LightEpoch : IDisposable
             Volatile.Write(ref r->Slot->Epoch, epoch);
         }
         if (Volatile.Read(ref pendingActions.Value) != 0)
-            Drain();
+            FenceAndDrain();
     }
 
     /// <summary>Whether the calling thread is protected by this instance.</summary>
@@ -335,30 +343,39 @@ public sealed unsafe partial class LightEpoch : IDisposable
     /// </summary>
     internal void Defer(long prior, Action action, TaskCompletionSource<bool>? completion)
     {
-        // Ends with a full fence, so the registration is visible before the scan below.
-        drainList.Add(prior, action, completion, ref pendingActions.Value);
-        Drain();
-
-        if (Volatile.Read(ref safeToReclaimEpoch.Value) >= prior || DisableLeaveRaceGuardForTesting)
+        // Ends with a full fence, so the registration is visible before the scans below. `mine` holds `prior` until
+        // a drainer claims the action.
+        ref long mine = ref drainList.Add(prior, action, completion, ref pendingActions.Value);
+        if (Volatile.Read(ref disposed) != 0)
+        {
+            // Dispose may have run the list before our registration landed; once it has, nobody is protected.
+            drainList.RunEligible(long.MaxValue - 2, ref pendingActions.Value, reportFault);
             return;
+        }
+        if (!Drain())
+            return; // deep inside drains on this thread: the outermost one loops until nothing more runs
+        if (Volatile.Read(ref mine) != prior || DisableLeaveRaceGuardForTesting)
+            return; // claimed: run, or running
 
         // Still pending. A thread may have left just before we registered, with its cleared slot still in its
-        // store buffer and its check of Count made before our registration (Suspend does not fence), so that
-        // neither of us runs the action. If anyone but the caller still seems to hold the epoch back, force every
-        // core's buffered stores out first; then look again, whatever the answer: after the barrier either we
-        // see that slot cleared, or its owner's later check of Count sees our registration. (When only the caller
-        // holds it back, the caller drains when it leaves or refreshes.)
+        // store buffer and its check of the pending count made before our registration (Suspend does not
+        // fence), so that neither of us runs the action. If anyone but the caller still seems to hold the epoch
+        // back, force every core's buffered stores out; then look again, whatever the answer: after the barrier
+        // either we see that slot cleared, or its owner's later check of the count sees our registration. (When
+        // only the caller holds it back, the caller drains when it leaves or refreshes.)
         ThreadRecord* r = FindRecord();
         EpochSlot* own = r->Depth != 0 ? r->Slot : null;
         if (table.AnyOtherAtOrBelow(prior, own))
         {
             // Threads that are still active refresh or leave within moments and run the action themselves; give
             // them that moment before paying for the barrier, which is only needed for one that already left.
-            for (int i = 0; i < HelpSpins; i++)
+            // Pointless when the caller itself holds the action back.
+            bool callerHolds = own != null && Volatile.Read(ref own->Epoch) <= prior;
+            for (int i = 0; i < HelpSpins && !callerHolds; i++)
             {
                 Thread.SpinWait(16);
                 Drain();
-                if (Volatile.Read(ref safeToReclaimEpoch.Value) >= prior)
+                if (Volatile.Read(ref mine) != prior)
                     return;
             }
             Interlocked.MemoryBarrierProcessWide();
@@ -369,15 +386,48 @@ public sealed unsafe partial class LightEpoch : IDisposable
     /// <summary>How many short spins a bumper waits for active holders before issuing a process-wide barrier.</summary>
     private const int HelpSpins = 8;
 
-    /// <summary>Computes the safe epoch from a scan of the table and runs the actions it allows.</summary>
-    private void Drain()
+    /// <summary>Drain nesting on this thread (actions that bump or step run drains inside drains).</summary>
+    [ThreadStatic] private static int t_drainDepth;
+
+    /// <summary>Set by a drain that was too deep to run inline; the outermost drain on the thread then looks again.</summary>
+    [ThreadStatic] private static bool t_drainAgain;
+
+    /// <summary>Beyond this depth a drain only asks the outermost one to look again, so a chain of actions that
+    /// register actions (or a long state machine) cannot overflow the stack.</summary>
+    private const int MaxInlineDrainDepth = 16;
+
+    /// <summary>
+    /// Computes the safe epoch from a scan of the table and runs the actions it allows. Returns false if it was too
+    /// deep inside other drains on this thread to run now (the outermost drain will).
+    /// </summary>
+    private bool Drain()
     {
-        // Acquire: pairs with the increment; the scan below reads slots after it.
-        long current = Volatile.Read(ref currentEpoch.Value);
-        long safe = table.OldestAnnounced(current) - 1;
-        PublishSafeEpoch(safe);
-        if (Volatile.Read(ref pendingActions.Value) != 0)
-            drainList.RunEligible(safe, ref pendingActions.Value, reportFault);
+        if (t_drainDepth >= MaxInlineDrainDepth)
+        {
+            t_drainAgain = true;
+            return false;
+        }
+        t_drainDepth++;
+        try
+        {
+            do
+            {
+                if (t_drainDepth == 1)
+                    t_drainAgain = false;
+                // Acquire: pairs with the increment; the scan below reads slots after it.
+                long current = Volatile.Read(ref currentEpoch.Value);
+                long safe = table.OldestAnnounced(current) - 1;
+                PublishSafeEpoch(safe);
+                if (Volatile.Read(ref pendingActions.Value) != 0)
+                    drainList.RunEligible(safe, ref pendingActions.Value, reportFault);
+            }
+            while (t_drainDepth == 1 && t_drainAgain);
+        }
+        finally
+        {
+            t_drainDepth--;
+        }
+        return true;
     }
 
     private void PublishSafeEpoch(long safe)

@@ -20,8 +20,8 @@ public sealed partial class EpochProtectedVersionScheme
     private VersionSchemeStateMachine? stepMachine;
     private VersionSchemeState stepFrom, stepTo;
 
-    /// <summary>Cached, so a step allocates no delegate.</summary>
-    private Action? completeStep;
+    /// <summary>Cached (created with the scheme), so a step allocates nothing and cannot fail to allocate it.</summary>
+    private readonly Action completeStep;
 
     /// <summary>
     /// Raised when a state machine ends because one of its callbacks threw (after the scheme is usable again).
@@ -53,6 +53,8 @@ public sealed partial class EpochProtectedVersionScheme
         VersionSchemeStateMachine? active = Interlocked.CompareExchange(ref currentMachine, stateMachine, null);
         if (active is not null)
         {
+            if (active == DisposedSentinel)
+                ThrowHelper.ThrowObjectDisposed(nameof(EpochProtectedVersionScheme));
             if (ReferenceEquals(active, stateMachine))
                 ThrowHelper.ThrowInvalidOperation("This state machine is already running on this scheme; create a new instance for each transition.");
             return StatusAgainst(active, target);
@@ -79,7 +81,7 @@ public sealed partial class EpochProtectedVersionScheme
         }
 
         stateMachine.SetActualToVersion(target == -1 ? current.Version + 1 : target);
-        TryStepStateMachine();
+        TryStepStateMachine(mustNotLose: true);
         return StateMachineExecutionStatus.Ok;
     }
 
@@ -124,8 +126,10 @@ public sealed partial class EpochProtectedVersionScheme
             spinner.Reset();
             while (!stateMachine.IsCompleted)
             {
-                // Polls GetNextStep, so a delayed step is taken as soon as it is available.
-                TryStepStateMachine();
+                // Polls GetNextStep, so a delayed step is taken as soon as it is available, and runs a critical
+                // section that has become safe rather than leave it to others.
+                TryStepStateMachine(mustNotLose: false);
+                epoch.DrainWithoutRefresh();
                 ReportStallIfDue();
                 spinner.SpinOnce();
             }
@@ -155,7 +159,11 @@ public sealed partial class EpochProtectedVersionScheme
         if (targetVersion != -1 && targetVersion <= CurrentState.Version)
             return StateMachineExecutionStatus.Fail;
         if (Volatile.Read(ref currentMachine) is { } active)
+        {
+            if (active == DisposedSentinel)
+                ThrowHelper.ThrowObjectDisposed(nameof(EpochProtectedVersionScheme));
             return StatusAgainst(active, targetVersion);
+        }
         return TryExecuteStateMachine(new CriticalSectionStateMachine(criticalSection, targetVersion));
     }
 
@@ -186,19 +194,23 @@ public sealed partial class EpochProtectedVersionScheme
     public void SignalStepAvailable()
     {
         ThrowIfDisposed();
-        TryStepStateMachine();
+        TryStepStateMachine(mustNotLose: true);
     }
 
     /// <summary>
-    /// Takes the active machine's next step if one is available and none is in flight. Never waits: if another
-    /// thread is deciding a step, it leaves a request that that thread honours before it lets go.
+    /// Takes the active machine's next step if one is available and none is in flight. Never waits. If another
+    /// thread is deciding a step: with <paramref name="mustNotLose"/> (a signal, a completed step, a start) leave a
+    /// request that the holder honours before it lets go; without (an opportunistic try from Enter or a wait loop)
+    /// just return, so a stream of entering threads cannot keep the holder looping.
     /// </summary>
-    internal void TryStepStateMachine()
+    internal void TryStepStateMachine(bool mustNotLose)
     {
         while (Volatile.Read(ref currentMachine) is not null)
         {
             if (Interlocked.CompareExchange(ref stepLock, 1, 0) != 0)
             {
+                if (!mustNotLose)
+                    return;
                 // Full fence, then look again: either the holder reads our request after it lets go (its release
                 // is an exchange, ordered before its read of the request), or our second CAS sees the lock free.
                 Interlocked.Exchange(ref stepRequested, 1);
@@ -222,7 +234,23 @@ public sealed partial class EpochProtectedVersionScheme
 
             // Outside the lock: the action may run right here (nobody protected) and step again.
             if (step is not null)
-                epoch.Defer(prior, step, null);
+            {
+                try
+                {
+                    epoch.Defer(prior, step, null);
+                }
+                catch (Exception ex)
+                {
+                    // Registering failed (out of memory growing the list): the step never happened. Undo it so the
+                    // scheme is not left intermediate, and end the machine with the fault.
+                    VersionSchemeStateMachine machine = stepMachine!;
+                    VersionSchemeState from = stepFrom;
+                    stepMachine = null;
+                    Volatile.Write(ref state, from.Word);
+                    FinishMachine(machine, ex);
+                    return;
+                }
+            }
 
             if (Volatile.Read(ref stepRequested) == 0)
                 return;
@@ -280,7 +308,7 @@ public sealed partial class EpochProtectedVersionScheme
         stepMachine = machine;
         stepFrom = from;
         stepTo = to;
-        return completeStep ??= CompleteStep;
+        return completeStep;
     }
 
     /// <summary>The deferred part of the step in flight: runs once every region that may have observed its starting
@@ -292,6 +320,8 @@ public sealed partial class EpochProtectedVersionScheme
         VersionSchemeState from = stepFrom, to = stepTo;
         stepMachine = null;
 
+        EpochProtectedVersionScheme? outer = t_inCriticalSectionOf;
+        t_inCriticalSectionOf = this;
         try
         {
             machine.OnEnteringState(from, to);
@@ -302,6 +332,10 @@ public sealed partial class EpochProtectedVersionScheme
             Volatile.Write(ref state, from.Word);
             FinishMachine(machine, ex);
             return;
+        }
+        finally
+        {
+            t_inCriticalSectionOf = outer;
         }
 
         EpochDiagnostics.RecordTransition(ElapsedSince(Volatile.Read(ref stepStartTimestamp)).TotalMilliseconds);
@@ -322,7 +356,7 @@ public sealed partial class EpochProtectedVersionScheme
         if (to.Phase == VersionSchemeState.Rest && to.Version == machine.ActualToVersion)
             FinishMachine(machine, null);
         else
-            TryStepStateMachine();
+            TryStepStateMachine(mustNotLose: true);
     }
 
     private void FinishMachine(VersionSchemeStateMachine machine, Exception? fault)

@@ -34,6 +34,9 @@ namespace Epvs;
 /// nested <see cref="Enter"/> or <see cref="Refresh"/> never releases the outer region's protection.</description></item>
 /// </list>
 /// <para>Protection belongs to a thread: do not <c>await</c> inside a region.</para>
+/// <para>Nesting is counted per <see cref="LightEpoch"/>, not per scheme: a region of scheme B inside a region of
+/// scheme A on the same epoch is a nested level of that epoch, and <see cref="Leave"/> and <see cref="Refresh"/>
+/// act on the innermost level whichever scheme they are called on.</para>
 /// <para>Nest regions of schemes that share one <see cref="LightEpoch"/>. A thread that holds protection on one epoch
 /// while it enters a scheme on another epoch can deadlock with a thread doing the opposite, exactly like two locks
 /// taken in opposite orders: each transition waits for the other thread to leave.</para>
@@ -93,6 +96,7 @@ public sealed partial class EpochProtectedVersionScheme : IDisposable
         this.epoch = epoch;
         this.ownsEpoch = ownsEpoch;
         state = VersionSchemeState.Make(VersionSchemeState.Rest, initialVersion).Word;
+        completeStep = CompleteStep;
     }
 
     /// <summary>The epoch under this scheme. For advanced uses only, such as sharing it with another scheme.</summary>
@@ -106,7 +110,8 @@ public sealed partial class EpochProtectedVersionScheme : IDisposable
     /// Await its <see cref="VersionSchemeStateMachine.Completion"/> to wait for it, for example before
     /// <see cref="Dispose"/>.
     /// </summary>
-    public VersionSchemeStateMachine? ActiveStateMachine => Volatile.Read(ref currentMachine);
+    public VersionSchemeStateMachine? ActiveStateMachine =>
+        Volatile.Read(ref currentMachine) is { } m && m != DisposedSentinel ? m : null;
 
     /// <summary>
     /// Enters a protected region (or nests one level deeper) and returns the state it observes, which holds until
@@ -133,14 +138,14 @@ public sealed partial class EpochProtectedVersionScheme : IDisposable
         try
         {
             ThrowIfDisposed();
-            TryStepStateMachine();
+            TryStepStateMachine(mustNotLose: false);
         }
         catch
         {
             epoch.Suspend();
             throw;
         }
-        return WaitForStableState();
+        return WaitForStableState(addedLevel: true);
     }
 
     /// <summary>
@@ -163,8 +168,8 @@ public sealed partial class EpochProtectedVersionScheme : IDisposable
     [MethodImpl(MethodImplOptions.NoInlining)]
     private VersionSchemeState RefreshSlow()
     {
-        TryStepStateMachine();
-        return WaitForStableState();
+        TryStepStateMachine(mustNotLose: false);
+        return WaitForStableState(addedLevel: false);
     }
 
     /// <summary>Leaves the protected region entered by the matching <see cref="Enter"/>.</summary>
@@ -189,9 +194,10 @@ public sealed partial class EpochProtectedVersionScheme : IDisposable
 
     /// <summary>
     /// Returns once the state is not intermediate, with the calling thread protected and the returned state stable
-    /// for it. Called with the thread protected (depth ≥ 1).
+    /// for it. Called with the thread protected (depth ≥ 1); <paramref name="addedLevel"/> says whether the caller
+    /// (Enter) added the innermost level, which a failure must then take away again (Refresh added none).
     /// </summary>
-    private VersionSchemeState WaitForStableState()
+    private VersionSchemeState WaitForStableState(bool addedLevel)
     {
         var spinner = new SpinWait();
         while (true)
@@ -200,9 +206,15 @@ public sealed partial class EpochProtectedVersionScheme : IDisposable
             if ((s & VersionSchemeState.IntermediateMask) == 0)
                 return new VersionSchemeState(s);
 
-            if (Volatile.Read(ref disposed) != 0)
+            if (Volatile.Read(ref disposed) != 0 || t_inCriticalSectionOf == this)
             {
-                epoch.Suspend();
+                if (addedLevel)
+                    epoch.Suspend();
+                if (t_inCriticalSectionOf == this)
+                    ThrowHelper.ThrowInvalidOperation(
+                        "Enter/Refresh was called from inside OnEnteringState (a critical section) of the same scheme: " +
+                        "the critical section excludes every protected region, so it would wait for itself. Do that " +
+                        "work without entering, or in AfterEnteringState.");
                 ThrowHelper.ThrowObjectDisposed(nameof(EpochProtectedVersionScheme));
             }
 
@@ -258,14 +270,36 @@ public sealed partial class EpochProtectedVersionScheme : IDisposable
     {
         if (Volatile.Read(ref disposed) != 0)
             return;
-        if (Volatile.Read(ref currentMachine) is { } machine)
-            ThrowHelper.ThrowInvalidOperation($"Dispose was called while state machine {machine.GetType().Name} is still running; wait for its Completion first.");
+        // Claim the machine slot so no machine can start from now on (TryExecuteStateMachine sees the sentinel).
+        VersionSchemeStateMachine? active = Interlocked.CompareExchange(ref currentMachine, DisposedSentinel, null);
+        if (active is not null && active != DisposedSentinel)
+            ThrowHelper.ThrowInvalidOperation($"Dispose was called while state machine {active.GetType().Name} is still running; wait for its Completion first.");
         if (ownsEpoch)
-            epoch.Dispose();
+        {
+            try
+            {
+                epoch.Dispose();
+            }
+            catch
+            {
+                Interlocked.CompareExchange(ref currentMachine, null, DisposedSentinel);
+                throw;
+            }
+        }
         if (Interlocked.Exchange(ref disposed, 1) != 0)
             return;
         // Make every later Enter take the slow path, where it sees the flag (the hot path has no disposed check).
-        long s = Volatile.Read(ref state);
-        Interlocked.CompareExchange(ref state, s | VersionSchemeState.IntermediateMask, s);
+        long s;
+        do
+        {
+            s = Volatile.Read(ref state);
+        }
+        while (Interlocked.CompareExchange(ref state, s | VersionSchemeState.IntermediateMask, s) != s);
     }
+
+    /// <summary>Occupies the machine slot of a disposed scheme.</summary>
+    private static readonly VersionSchemeStateMachine DisposedSentinel = new CriticalSectionStateMachine((_, _) => { }, -1);
+
+    /// <summary>The scheme whose OnEnteringState this thread is running, to make re-entering it loud.</summary>
+    [ThreadStatic] private static EpochProtectedVersionScheme? t_inCriticalSectionOf;
 }

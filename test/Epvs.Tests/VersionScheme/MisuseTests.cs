@@ -191,4 +191,45 @@ public class MisuseTests
         scheme.Leave();
         Assert.False(scheme.Epoch.ThisInstanceProtected());
     }
+
+    [Fact]
+    public void Refresh_NestedOnADisposedSchemeOfASharedEpoch_ThrowsAndKeepsTheOuterRegion()
+    {
+        using var epoch = new LightEpoch();
+        using var outer = new EpochProtectedVersionScheme(epoch);
+        var inner = new EpochProtectedVersionScheme(epoch);
+        outer.Enter();
+        inner.Enter();
+        inner.Dispose();
+        Assert.Throws<ObjectDisposedException>(() => inner.Refresh());
+        inner.Leave();                              // the inner level is still there to leave
+        Assert.True(epoch.ThisInstanceProtected()); // and the outer region still holds
+        outer.Leave();
+        Assert.False(epoch.ThisInstanceProtected());
+    }
+
+    [Fact]
+    public void Enter_FromInsideTheCriticalSectionOfTheSameScheme_ThrowsInsteadOfDeadlocking()
+    {
+        using var scheme = new EpochProtectedVersionScheme();
+        var ex = Assert.Throws<InvalidOperationException>(() =>
+            scheme.AdvanceVersionWithCriticalSection((_, _) => scheme.Enter(), spin: true));
+        Assert.Contains("OnEnteringState", ex.Message);
+        Assert.False(scheme.Epoch.ThisInstanceProtected());
+        Assert.Equal(VersionSchemeState.Make(VersionSchemeState.Rest, 1), scheme.CurrentState);
+        Assert.True(scheme.AdvanceVersionWithCriticalSection((_, _) => { }, spin: true)); // still usable
+    }
+
+    [Fact]
+    public void Dispose_ThenStartingAMachine_ThrowsObjectDisposedAndNothingRuns()
+    {
+        using var epoch = new LightEpoch();
+        var scheme = new EpochProtectedVersionScheme(epoch);
+        scheme.Dispose();
+        int ran = 0;
+        Assert.Throws<ObjectDisposedException>(() => scheme.TryAdvanceVersionWithCriticalSection((_, _) => ran++));
+        Assert.Throws<ObjectDisposedException>(() => scheme.TryExecuteStateMachine(new PhaseMachine(2)));
+        Assert.Null(scheme.ActiveStateMachine);
+        Assert.Equal(0, ran);
+    }
 }
