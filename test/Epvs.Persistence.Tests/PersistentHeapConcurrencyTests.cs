@@ -137,7 +137,19 @@ public sealed class PersistentHeapConcurrencyTests
             return;
         }
 
-        if (header.Uid != uid || header.TypeId != thread || !Stamp.Matches(heap.GetPayload(block), uid, salt: thread))
+        bool stampMatches;
+        try
+        {
+            stampMatches = Stamp.Matches(heap.GetPayload(block), uid, salt: thread);
+        }
+        catch (InvalidOperationException e)
+        {
+            // Another thread freed it between the two reads: it held the same block (the broken control's overlap).
+            violations.Enqueue($"thread {thread}: its block {block} was freed by another thread: {e.Message}");
+            return;
+        }
+
+        if (header.Uid != uid || header.TypeId != thread || !stampMatches)
         {
             violations.Enqueue($"thread {thread}: block {block} (uid {uid}) was overwritten: now {header}");
         }

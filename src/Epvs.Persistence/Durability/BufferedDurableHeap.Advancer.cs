@@ -305,9 +305,11 @@ public sealed unsafe partial class BufferedDurableHeap
         foreach (ThreadBuffers buffers in registry)
         {
             OffsetList list = select(buffers);
+            long bytes = 0;
             for (int i = 0; i < list.Count; i++)
             {
                 var block = new PayloadRef(list[i]);
+                bytes += HeapLayout.HeaderSize + PayloadSize(list[i]);
                 _heap.Free(block);
                 if (durable && !_wholeRangeWriteBack)
                 {
@@ -317,6 +319,9 @@ public sealed unsafe partial class BufferedDurableHeap
 
             any |= list.Count != 0;
             list.Clear();
+
+            // Volatile.Write: release; pairs with the acquire in ReclaimBacklog. Only cycles (under _cycleGate) write it.
+            Volatile.Write(ref buffers.ReclaimedBytes, buffers.ReclaimedBytes + bytes);
         }
 
         if (!durable || !any)

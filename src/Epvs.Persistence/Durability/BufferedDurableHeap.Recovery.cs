@@ -59,7 +59,20 @@ public sealed unsafe partial class BufferedDurableHeap
         var heap = new PersistentHeap(file, heapOptions);
         try
         {
-            Resolve(heap, candidates.Values, options.RecoveryParallelism, report);
+            report.FastReopen = heap.OpenedFromSavedState;
+            report.FastReopenRejection = heap.SavedStateRejection;
+            // Interlocked.Read: the scanning threads have been joined; an atomic read of their shared counter.
+            if (heap.OpenedFromSavedState && Interlocked.Read(ref dropped) == 0 && !HasAntiPayloads(candidates.Values))
+            {
+                // Saved only after every replaced payload and anti-payload was reclaimed: each block is the one live
+                // payload of its uid, so there is nothing to resolve and nothing to free.
+                HandOver(candidates.Values, report);
+            }
+            else
+            {
+                Resolve(heap, candidates.Values, options.RecoveryParallelism, report);
+            }
+
             report.DroppedBeyondFrontier = dropped;
 
             // New versions start above every tag that could be durable anywhere, and the frontier moves up to the
@@ -81,6 +94,43 @@ public sealed unsafe partial class BufferedDurableHeap
 
         report.Duration = watch.Elapsed;
         return (heap, report);
+    }
+
+    private static bool HasAntiPayloads(IList<List<Candidate>> perThread)
+    {
+        foreach (List<Candidate> list in perThread)
+        {
+            foreach (Candidate c in list)
+            {
+                if (c.Kind == PayloadKind.Delete)
+                {
+                    return true;
+                }
+            }
+        }
+
+        return false;
+    }
+
+    private void HandOver(IList<List<Candidate>> perThread, DurableRecoveryReport report)
+    {
+        long live = 0;
+        foreach (List<Candidate> list in perThread)
+        {
+            foreach (Candidate c in list)
+            {
+                if (!_recovered.TryGetValue(c.TypeId, out List<RecoveredPayload>? payloads))
+                {
+                    _recovered[c.TypeId] = payloads = new List<RecoveredPayload>();
+                }
+
+                payloads.Add(new RecoveredPayload(new PayloadRef(c.Offset), new PayloadHeader(c.Uid, c.Tag, c.Kind, c.Size, c.TypeId)));
+                live++;
+            }
+        }
+
+        report.ScannedPayloads = live;
+        report.Live = live;
     }
 
     private void Resolve(PersistentHeap heap, IList<List<Candidate>> perThread, int parallelism, DurableRecoveryReport report)
@@ -190,6 +240,17 @@ public sealed unsafe partial class BufferedDurableHeap
 
     private void FreeDurably(PersistentHeap heap, PartitionResult[] results, bool first, int parallelism)
     {
+        bool any = false;
+        foreach (PartitionResult result in results)
+        {
+            any |= (first ? result.FreeFirst : result.FreeSecond).Count != 0;
+        }
+
+        if (!any)
+        {
+            return;
+        }
+
         Parallel.For(0, results.Length, new ParallelOptions { MaxDegreeOfParallelism = parallelism }, p =>
         {
             List<long> offsets = first ? results[p].FreeFirst : results[p].FreeSecond;

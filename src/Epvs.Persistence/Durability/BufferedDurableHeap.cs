@@ -36,6 +36,7 @@ public sealed unsafe partial class BufferedDurableHeap : IDisposable
     private readonly DurabilityMode _mode;
     private readonly DurabilityFaults _faults;
     private readonly TimeSpan _syncTimeout;
+    private readonly long _backlogLimit;
     private readonly byte* _base;
     private readonly bool _wholeRangeWriteBack;
     private readonly bool _ownsFile;
@@ -53,6 +54,7 @@ public sealed unsafe partial class BufferedDurableHeap : IDisposable
         _mode = options.Mode;
         _faults = options.Faults;
         _syncTimeout = options.SyncTimeout;
+        _backlogLimit = options.ReclaimBacklogLimit;
         _domain = file.Domain;
         _base = file.Pointer;
 
@@ -136,9 +138,15 @@ public sealed unsafe partial class BufferedDurableHeap : IDisposable
     [MethodImpl(MethodImplOptions.AggressiveInlining)]
     public DurableOperation BeginOperation()
     {
+        ThreadBuffers buffers = _local.Value!;
+        if (buffers.RetiredBytes >= buffers.NextBacklogCheck)
+        {
+            ApplyBackPressure(buffers);
+        }
+
         VersionSchemeState state = _scheme.Enter();
         // Volatile.Read: acquire; the base is written once in the constructor before any operation can begin.
-        return new DurableOperation(this, _local.Value!, Volatile.Read(ref _versionBase) + state.Version);
+        return new DurableOperation(this, buffers, Volatile.Read(ref _versionBase) + state.Version);
     }
 
     /// <summary>
@@ -167,8 +175,10 @@ public sealed unsafe partial class BufferedDurableHeap : IDisposable
     }
 
     /// <summary>
-    /// Stops the advancer, makes every completed operation durable (one last advance), and closes the heap (and the
-    /// file, when the heap opened it) with a clean-shutdown mark. Every thread must have ended its operations.
+    /// Stops the advancer, makes every completed operation durable (one last advance), reclaims what is still waiting,
+    /// saves the allocator state for a fast reopen (see <see cref="DurableRecoveryReport.FastReopen"/>), and closes
+    /// the heap (and the file, when the heap opened it) with a clean-shutdown mark. Every thread must have ended its
+    /// operations.
     /// </summary>
     /// <exception cref="TimeoutException">A thread is still inside an operation, so the last advance could not run within <see cref="BufferedDurableHeapOptions.SyncTimeout"/>; the heap is closed anyway and recovery keeps the frontier prefix.</exception>
     public void Dispose()
@@ -186,6 +196,7 @@ public sealed unsafe partial class BufferedDurableHeap : IDisposable
             if (_mode != DurabilityMode.Transient && failure is null)
             {
                 SyncCore(CurrentVersion, _syncTimeout);
+                SavedStateFailure = SaveStateForReopen();
             }
         }
         catch (Exception e)
@@ -232,6 +243,98 @@ public sealed unsafe partial class BufferedDurableHeap : IDisposable
     }
 
     internal DurabilityFaults Faults => _faults;
+
+    /// <summary>Bytes of replaced and deleted payloads not yet freed, over all threads (approximate while they run).</summary>
+    internal long ReclaimBacklog
+    {
+        get
+        {
+            long backlog = 0;
+            // Volatile.Read: acquire; pairs with the release in RegisterThread.
+            foreach (ThreadBuffers buffers in Volatile.Read(ref _registry))
+            {
+                // Volatile.Read: acquire; RetiredBytes is the owner's plain counter (a stale value only delays help),
+                // ReclaimedBytes pairs with the Volatile.Write in FreeAll.
+                backlog += Volatile.Read(ref buffers.RetiredBytes) - Volatile.Read(ref buffers.ReclaimedBytes);
+            }
+
+            return backlog;
+        }
+    }
+
+    private long BacklogLimit => _backlogLimit != 0 ? _backlogLimit : Math.Max(1L << 20, _heap.File.Size / 8);
+
+    /// <summary>
+    /// The slow path of <see cref="BeginOperation"/>, every BacklogLimit / 16 retired bytes of this thread: if the
+    /// backlog over all threads exceeds the limit, help the advancer (up to a few advances) before entering.
+    /// </summary>
+    [MethodImpl(MethodImplOptions.NoInlining)]
+    private void ApplyBackPressure(ThreadBuffers buffers)
+    {
+        long limit = BacklogLimit;
+        buffers.NextBacklogCheck = buffers.RetiredBytes + Math.Max(64 * 1024, limit / 16);
+        if ((_faults & DurabilityFaults.NoBackPressure) != 0 || ReclaimBacklog <= limit || _scheme.Epoch.ThisInstanceProtected())
+        {
+            // (Nested operations cannot help: the advance would wait for the enclosing one.)
+            return;
+        }
+
+        ThrowIfDisposed();
+        long deadline = Deadline(_syncTimeout);
+        try
+        {
+            // A payload retired in v is freed when the frontier passes v + 1: a few advances free the whole backlog.
+            for (int i = 0; i < ThreadBuffers.Slots && ReclaimBacklog > limit / 2; i++)
+            {
+                RunCycle(long.MaxValue, deadline, _syncTimeout);
+            }
+        }
+        catch (TimeoutException)
+        {
+            // Another thread stays inside an operation: nothing can be reclaimed now; carry on (an allocation may
+            // then find the heap full, which is what the limit tries to prevent, not guarantee).
+        }
+    }
+
+    /// <summary>After <see cref="Dispose"/>: why no state was saved for a fast reopen; null when it was saved.</summary>
+    internal string? SavedStateFailure { get; private set; } = "not disposed yet";
+
+    /// <summary>
+    /// At a clean shutdown, after the final advance: reclaims what is still waiting (two more advances at most), so
+    /// that the allocated blocks are exactly the live payloads, and saves the allocator state for a fast reopen.
+    /// </summary>
+    private string? SaveStateForReopen()
+    {
+        long deadline = Deadline(_syncTimeout);
+        for (int i = 0; i < ThreadBuffers.Slots && !Drained(); i++)
+        {
+            RunCycle(long.MaxValue, deadline, _syncTimeout);
+        }
+
+        if (!Drained())
+        {
+            return "payloads were still waiting for reclamation";
+        }
+
+        return _heap.TrySaveStateForReopen();
+    }
+
+    private bool Drained()
+    {
+        // Volatile.Read: acquire; pairs with the release in RegisterThread.
+        foreach (ThreadBuffers buffers in Volatile.Read(ref _registry))
+        {
+            for (int slot = 0; slot < ThreadBuffers.Slots; slot++)
+            {
+                if (buffers.WriteBack[slot].Count != 0 || buffers.Retired[slot].Count != 0 || buffers.AntiPayloads[slot].Count != 0)
+                {
+                    return false;
+                }
+            }
+        }
+
+        return true;
+    }
 
     internal PersistentHeap Allocator => _heap;
 

@@ -20,6 +20,14 @@ public sealed class BufferedDurableHeapOptions
     /// <summary>How long <see cref="BufferedDurableHeap.Sync()"/> waits before it throws <see cref="TimeoutException"/>. Default 30 s.</summary>
     public TimeSpan SyncTimeout { get; set; } = TimeSpan.FromSeconds(30);
 
+    /// <summary>
+    /// Back-pressure: when replaced and deleted payloads waiting for reclamation (they are freed two versions later)
+    /// exceed this many bytes, a thread beginning an operation first runs advances itself until they are freed, so a
+    /// write rate the background advancer cannot keep up with (a starved advancer, a fast producer) slows down instead
+    /// of filling the heap. 0 (the default) means an eighth of the heap's current size, at least 1 MiB.
+    /// </summary>
+    public long ReclaimBacklogLimit { get; set; }
+
     /// <summary>How many threads recovery uses to scan blocks and resolve payloads; default <see cref="Environment.ProcessorCount"/>.</summary>
     public int RecoveryParallelism { get; set; } = Environment.ProcessorCount;
 
@@ -39,6 +47,11 @@ public sealed class BufferedDurableHeapOptions
         if (SyncTimeout != Timeout.InfiniteTimeSpan && SyncTimeout <= TimeSpan.Zero)
         {
             ThrowHelper.ThrowArgumentOutOfRange(nameof(SyncTimeout), $"SyncTimeout must be positive (or Timeout.InfiniteTimeSpan), not {SyncTimeout}.");
+        }
+
+        if (ReclaimBacklogLimit < 0)
+        {
+            ThrowHelper.ThrowArgumentOutOfRange(nameof(ReclaimBacklogLimit), $"ReclaimBacklogLimit must be 0 (automatic) or positive, not {ReclaimBacklogLimit}.");
         }
 
         if (RecoveryParallelism < 1)

@@ -28,4 +28,7 @@ internal enum DurabilityFaults
 
     /// <summary>Reclamation (and recovery) make the frees of anti-payloads durable before the frees of the payloads they cancel.</summary>
     FreeAntiPayloadsWithoutOrdering = 32,
+
+    /// <summary>Operations never help reclaim, however large the backlog of retired payloads grows (no back-pressure).</summary>
+    NoBackPressure = 64,
 }

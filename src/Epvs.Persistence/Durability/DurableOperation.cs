@@ -87,6 +87,7 @@ public ref struct DurableOperation
         heap.Allocator.GetPayload(current)[..Math.Min(header.Size, newSize)].CopyTo(heap.Allocator.GetPayload(copy));
         heap.Track(_buffers!, Version, copy);
         _buffers!.Retired[ThreadBuffers.Slot(Version)].Add(current.Offset);
+        _buffers.RetiredBytes += HeapLayout.HeaderSize + header.Size;
         return copy;
     }
 
@@ -106,9 +107,11 @@ public ref struct DurableOperation
             PayloadRef anti = heap.Allocator.Allocate(0, header.TypeId, Version, PayloadKind.Delete, header.Uid);
             heap.Track(_buffers!, Version, anti);
             _buffers!.AntiPayloads[slot].Add(anti.Offset);
+            _buffers.RetiredBytes += HeapLayout.HeaderSize;
         }
 
         _buffers!.Retired[slot].Add(current.Offset);
+        _buffers.RetiredBytes += HeapLayout.HeaderSize + heap.PayloadSize(current.Offset);
     }
 
     /// <summary>The bytes of a payload, valid while this operation lasts.</summary>

@@ -12,6 +12,16 @@ public sealed class DurableRecoveryReport
     /// <summary>Whether the previous opener shut down in order.</summary>
     public bool WasCleanShutdown { get; internal set; }
 
+    /// <summary>
+    /// Whether recovery took the fast path: the allocator state saved at the previous clean shutdown was intact, so no
+    /// block header was scanned (only the allocated blocks' headers were read and checked), no payload needed
+    /// resolving and nothing was freed. False after a crash, and when the saved state was missing or rejected.
+    /// </summary>
+    public bool FastReopen { get; internal set; }
+
+    /// <summary>After a clean shutdown, why the saved state was not used (and the heap was rescanned); null otherwise.</summary>
+    public string? FastReopenRejection { get; internal set; }
+
     /// <summary>The persisted epoch clock found at open.</summary>
     public long PersistedClock { get; internal set; }
 
@@ -44,6 +54,6 @@ public sealed class DurableRecoveryReport
 
     /// <inheritdoc/>
     public override string ToString() =>
-        $"clean={WasCleanShutdown} clock={PersistedClock} frontier={PersistedFrontier} recovered≤{RecoveredVersion} scanned={ScannedPayloads} " +
+        $"clean={WasCleanShutdown} fast={FastReopen} clock={PersistedClock} frontier={PersistedFrontier} recovered≤{RecoveredVersion} scanned={ScannedPayloads} " +
         $"dropped={DroppedBeyondFrontier} superseded={Superseded} cancelled={Cancelled} live={Live} threads={Parallelism} time={Duration.TotalMilliseconds:F1} ms";
 }

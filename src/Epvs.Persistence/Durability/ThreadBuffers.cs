@@ -33,6 +33,15 @@ internal sealed class ThreadBuffers
 
     internal OffsetList[] AntiPayloads { get; } = new OffsetList[Slots];
 
+    /// <summary>Bytes this thread has retired (replaced or deleted payloads, anti-payloads) so far. Written by the owner only.</summary>
+    internal long RetiredBytes;
+
+    /// <summary>Bytes of this thread's retired blocks the advancer has freed so far. Written by the advancer (under the cycle gate) only.</summary>
+    internal long ReclaimedBytes;
+
+    /// <summary>The owner's next look at the global backlog (in <see cref="RetiredBytes"/>). Written by the owner only.</summary>
+    internal long NextBacklogCheck;
+
     /// <summary>Strict mode: the payloads of the operation in progress, written back and fenced when it ends.</summary>
     internal OffsetList StrictPending { get; } = new();
 

@@ -22,4 +22,10 @@ internal enum HeapFaults
 
     /// <summary>Recovery does not return blocks with invalid headers to the free lists (a leak).</summary>
     LoseInvalidBlocksAtRecovery = 8,
+
+    /// <summary>Opening neither requires the clean-shutdown flag for the saved state nor clears it, and trusts it without checking block headers (a stale saved state).</summary>
+    TrustStaleSavedState = 16,
+
+    /// <summary>Opening ignores the saved state and rescans (the reference a fast reopen is compared with).</summary>
+    IgnoreSavedState = 32,
 }

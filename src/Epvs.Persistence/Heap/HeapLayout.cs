@@ -24,6 +24,9 @@ namespace Epvs.Persistence;
 ///    56  CleanShutdown    1 after an orderly Dispose, set to 0 (and persisted) as soon as a heap is opened
 ///    64  EpochClock       the persisted epoch clock of buffered durability (part 2); 0 at creation
 ///    72  DurableFrontier  the persisted durable frontier (part 2); 0 at creation
+///    80  SavedState       offset of the saved allocator state of a clean shutdown (0: none); cleared durably at open
+///    88  SavedStateWords  its length in 8-byte words
+///    96  SavedStateCheck  a hash of its words and offset
 ///   128  Root[0..15]      16 root words for the structures built on the heap (PayloadRef offsets or anything)
 ///
 /// Segment descriptor (table word i)
@@ -51,6 +54,13 @@ namespace Epvs.Persistence;
 /// A new generation invalidates every header left in the segment from an earlier use. A large block writes its
 /// continuation descriptors before its start descriptor and persists them with one fence; a continuation not covered
 /// by a valid start is free. Freeing a large block rewrites its descriptors as free and persists them.</para>
+/// <para>Saved state (fast reopen). At a clean shutdown of a <see cref="BufferedDurableHeap"/> whose garbage has all
+/// been reclaimed, the allocator writes, into a run of free segments (descriptor role free, so a full scan never looks
+/// at them), the words [StateMagic, SegmentCount, NextUid, EpochClock, DurableFrontier, TableHash, BitmapWords,
+/// bitmap...]: one bit per block of every small-block segment (in table order, ceil(blocks/64) words each), set when
+/// the block is allocated. It persists them, then the three superblock words, then (HeapFile.Dispose) the clean flag.
+/// The next open trusts it only if the clean flag was set and the hash, segment count and table hash match; before
+/// any other write it clears word 80 durably, so a crash after a fast reopen always rescans.</para>
 /// <para>Creation writes and persists every superblock word except Magic, then writes and persists Magic: a file
 /// whose creation was interrupted is rejected as "not a heap file" and is never silently reformatted.</para>
 /// </remarks>
@@ -72,7 +82,13 @@ internal static class HeapLayout
     internal const int CleanShutdownOffset = 56;
     internal const int EpochClockOffset = 64;
     internal const int DurableFrontierOffset = 72;
+    internal const int SavedStateOffset = 80;
+    internal const int SavedStateWordsOffset = 88;
+    internal const int SavedStateCheckOffset = 96;
     internal const int RootsOffset = 128;
+
+    internal const ulong SavedStateMagic = 0x5445_5453_4E45_504FUL;
+    internal const int SavedStateHeaderWords = 7;
 
     internal const int HeaderSize = 32;
     internal const int UidOffset = 0;
@@ -97,6 +113,18 @@ internal static class HeapLayout
 
     internal static ulong GeometryCheck(ulong magic, ulong version, ulong segmentSize, ulong maxSegments, ulong dataStart) =>
         Mix(Mix(Mix(Mix(Mix(magic) ^ version) ^ segmentSize) ^ maxSegments) ^ dataStart);
+
+    /// <summary>A hash of <paramref name="words"/>, seeded (for the saved state and the segment table).</summary>
+    internal static unsafe ulong Hash(ulong* words, long count, ulong seed)
+    {
+        ulong h = Mix(seed ^ 0xD6E8_FEB8_6659_FD93UL);
+        for (long i = 0; i < count; i++)
+        {
+            h = Mix(h ^ words[i]) + (ulong)i;
+        }
+
+        return h;
+    }
 
     // ---- segment descriptors ----
 

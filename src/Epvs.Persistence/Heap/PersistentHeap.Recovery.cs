@@ -17,6 +17,11 @@ public sealed unsafe partial class PersistentHeap
         long liveBlocks = 0, liveBytes = 0, maxUid = 0;
         Func<PayloadRef, PayloadHeader, bool>? filter = options.RecoveryFilter;
 
+        // Fast reopen: checked (read-only) and invalidated durably before pass 1 can write anything.
+        (ulong[] Bitmap, long NextUid)? saved = TryReadSavedState(options.RecoveryParallelism);
+        ulong[]? bitmap = saved?.Bitmap;
+        OpenedFromSavedState = saved is not null;
+
         // Pass 1, sequential and cheap (8 bytes per 64 KiB): classify segments, settle large blocks.
         for (long s = 0; s < segments;)
         {
@@ -70,9 +75,20 @@ public sealed unsafe partial class PersistentHeap
             _freeSegmentCount++;
         }
 
-        // Pass 2, parallel: the blocks of small-block segments.
+        // Pass 2, parallel: the blocks of small-block segments (from the saved bits, or by reading every header).
+        var firstWord = new long[small.Count];
+        for (int i = 1; i < small.Count; i++)
+        {
+            firstWord[i] = firstWord[i - 1] + WordsPerSegment((int)HeapLayout.DescriptorPayload(_table[small[i - 1]]));
+        }
+
         var gate = new object();
         long freeBlockBytes = 0;
+
+        // Through the page cache (msync), a write-back per freed header is a system call and a disk write each (the
+        // PersistentKv sample's recovery spent seconds on them); one ranged persist after the scan covers them all.
+        bool perBlockWriteBack = _file.Domain.IsPersistentMemory;
+        int anyFreed = 0;
         bool acceptTorn = (_faults & HeapFaults.AcceptTornHeaders) != 0;
         bool loseInvalid = (_faults & HeapFaults.LoseInvalidBlocksAtRecovery) != 0;
         Parallel.For(
@@ -95,13 +111,28 @@ public sealed unsafe partial class PersistentHeap
                 for (int k = 0; k < blocks; k++)
                 {
                     long offset = start + ((long)k * blockSize);
-                    bool valid = acceptTorn ? LooksAllocated(offset, generation, out PayloadHeader header) : TryReadHeader(offset, generation, out header);
+                    PayloadHeader header;
+                    bool valid;
+                    if (bitmap is not null)
+                    {
+                        valid = (bitmap[firstWord[index] + (k >> 6)] & (1UL << (k & 63))) != 0;
+                        header = valid ? ReadHeaderUnchecked(offset) : default;
+                    }
+                    else
+                    {
+                        valid = acceptTorn ? LooksAllocated(offset, generation, out header) : TryReadHeader(offset, generation, out header);
+                    }
+
                     if (valid && filter is not null && !filter(new PayloadRef(offset), header))
                     {
                         ulong* commit = (ulong*)(_base + offset + HeapLayout.CommitOffset);
                         // Volatile.Write: one aligned 8-byte store (failure-atomic); written back below.
-                    Volatile.Write(ref *commit, HeapLayout.FreeCommit(*commit));
-                        _file.Domain.WriteBack(offset, HeapLayout.HeaderSize);
+                        Volatile.Write(ref *commit, HeapLayout.FreeCommit(*commit));
+                        if (perBlockWriteBack)
+                        {
+                            _file.Domain.WriteBack(offset, HeapLayout.HeaderSize);
+                        }
+
                         wroteBack = true;
                         valid = false;
                     }
@@ -123,7 +154,15 @@ public sealed unsafe partial class PersistentHeap
 
                 if (wroteBack)
                 {
-                    _file.Domain.Fence();
+                    if (perBlockWriteBack)
+                    {
+                        _file.Domain.Fence();
+                    }
+                    else
+                    {
+                        // Volatile.Write: release; read after Parallel.For returns (its join orders it anyway).
+                        Volatile.Write(ref anyFreed, 1);
+                    }
                 }
 
                 if (live == 0)
@@ -171,9 +210,15 @@ public sealed unsafe partial class PersistentHeap
                 }
             });
 
+        if (anyFreed != 0)
+        {
+            // Every free above is durable before the constructor returns (callers rely on it).
+            _file.Domain.Persist(0, _file.Size);
+        }
+
         _recoveredLiveBlocks = liveBlocks;
         _recoveredLiveBytes = liveBytes;
-        _nextUid = maxUid;
+        _nextUid = saved is { } state ? Math.Max(maxUid, state.NextUid) : maxUid;
         return new HeapStatistics(
             segments * HeapLayout.SegmentSize,
             liveBlocks,

@@ -8,12 +8,12 @@ namespace Epvs.Persistence.Tests;
 /// <summary>Recovers a crash image and compares it with the op log: prefix of versions ≤ the recovered cut, promises kept, no uid twice, no leak.</summary>
 internal static class DurableCrashCheck
 {
-    internal static List<string> Check(byte[] image, long capacity, OpLog log, long point, DurabilityFaults recoveryFaults, out long cut, out Dictionary<long, byte[]> contents)
+    internal static List<string> Check(byte[] image, long capacity, OpLog log, long point, DurabilityFaults recoveryFaults, out long cut, out Dictionary<long, byte[]> contents, HeapFaults heapFaults = HeapFaults.None)
     {
         var violations = new List<string>();
         using var domain = SimulatedPersistenceDomain.FromImage(image, capacity);
         using HeapFile file = HeapFile.Open(domain);
-        using BufferedDurableHeap heap = BufferedDurableHeap.Open(file, new BufferedDurableHeapOptions { AdvancePeriod = Timeout.InfiniteTimeSpan, Faults = recoveryFaults, RecoveryParallelism = 2 });
+        using BufferedDurableHeap heap = BufferedDurableHeap.Open(file, new BufferedDurableHeapOptions { AdvancePeriod = Timeout.InfiniteTimeSpan, Faults = recoveryFaults, HeapFaults = heapFaults, RecoveryParallelism = 2 });
         cut = heap.Recovery.RecoveredVersion;
         PersistentByteMap<long> map;
         try

@@ -1,0 +1,325 @@
+using System;
+using System.Collections.Generic;
+using System.Numerics;
+using System.Threading.Tasks;
+
+namespace Epvs.Persistence;
+
+/// <summary>
+/// Fast reopen: at a clean shutdown, the allocator's state (one bit per small block) is saved into free segments, so
+/// the next open rebuilds the free lists from the bits instead of reading every block header. The format and the
+/// protocol (checksum, clean flag, durable invalidation at open) are documented on <see cref="HeapLayout"/>.
+/// </summary>
+public sealed unsafe partial class PersistentHeap
+{
+    /// <summary>
+    /// Whether this open rebuilt the allocator from the state saved at the previous clean shutdown (no scan of block
+    /// headers: only the headers of allocated blocks were read and checked) rather than by a full scan.
+    /// </summary>
+    public bool OpenedFromSavedState { get; private set; }
+
+    /// <summary>Why the saved state was not used, when one was expected (a clean shutdown) but rejected; null otherwise.</summary>
+    public string? SavedStateRejection { get; private set; }
+
+    private static int WordsPerSegment(int cls) => (SizeClasses.BlocksPerSegment[cls] + 63) / 64;
+
+    /// <summary>
+    /// Saves the allocator state for a fast reopen. Call only on a quiescent heap about to close cleanly, whose
+    /// allocated blocks are exactly the payloads the next opener should keep (no garbage awaiting reclamation).
+    /// </summary>
+    /// <returns>Null when saved; otherwise why not (the next open then rescans).</returns>
+    internal string? TrySaveStateForReopen()
+    {
+        long segments = _segmentCount;
+        var wordIndex = new long[segments];
+        long bitmapWords = 0;
+        for (long s = 0; s < segments;)
+        {
+            ulong descriptor = _table[s];
+            ulong role = HeapLayout.DescriptorRole(descriptor);
+            long payload = HeapLayout.DescriptorPayload(descriptor);
+            wordIndex[s] = -1;
+            if (role == HeapLayout.RoleSmall && payload < SizeClasses.Count)
+            {
+                wordIndex[s++] = bitmapWords;
+                bitmapWords += WordsPerSegment((int)payload);
+            }
+            else if (role == HeapLayout.RoleLargeStart && payload >= 1 && s + payload <= segments)
+            {
+                for (long t = s + 1; t < s + payload; t++)
+                {
+                    wordIndex[t] = -1;
+                }
+
+                s += payload;
+            }
+            else
+            {
+                s++;
+            }
+        }
+
+        // Every block of a small segment in use starts allocated; the free lists (thread caches, shared pools) clear bits.
+        var bitmap = new ulong[bitmapWords];
+        for (long s = 0; s < segments; s++)
+        {
+            if (wordIndex[s] >= 0 && !_segmentFree[s])
+            {
+                int blocks = SizeClasses.BlocksPerSegment[(int)HeapLayout.DescriptorPayload(_table[s])];
+                for (int k = 0; k < blocks; k++)
+                {
+                    bitmap[wordIndex[s] + (k >> 6)] |= 1UL << (k & 63);
+                }
+            }
+        }
+
+        bool ClearFree(long offset)
+        {
+            long segment = (offset - _dataStart) / HeapLayout.SegmentSize;
+            if (segment < 0 || segment >= segments || wordIndex[segment] < 0)
+            {
+                return false;
+            }
+
+            int blockSize = SizeClasses.BlockSizes[(int)HeapLayout.DescriptorPayload(_table[segment])];
+            long k = (offset - SegmentStart(segment)) / blockSize;
+            bitmap[wordIndex[segment] + (k >> 6)] &= ~(1UL << (int)(k & 63));
+            return true;
+        }
+
+        foreach (ThreadCache cache in _caches.Values)
+        {
+            for (int cls = 0; cls < SizeClasses.Count; cls++)
+            {
+                for (int i = 0; i < cache.Counts[cls]; i++)
+                {
+                    if (!ClearFree(cache.Blocks[cls][i]))
+                    {
+                        return "a cached free block is outside the small-block segments";
+                    }
+                }
+            }
+        }
+
+        foreach (ClassPool pool in _pools)
+        {
+            lock (pool)
+            {
+                foreach (long[] batch in pool.Batches)
+                {
+                    foreach (long offset in batch)
+                    {
+                        if (!ClearFree(offset))
+                        {
+                            return "a pooled free block is outside the small-block segments";
+                        }
+                    }
+                }
+            }
+        }
+
+        // Self-check against the accounting: a block lost from every free list would otherwise be saved as allocated.
+        long live = 0;
+        foreach (ulong word in bitmap)
+        {
+            live += BitOperations.PopCount(word);
+        }
+
+        for (long s = 0; s < segments; s++)
+        {
+            if (HeapLayout.DescriptorRole(_table[s]) == HeapLayout.RoleLargeStart && !_segmentFree[s])
+            {
+                live++;
+            }
+        }
+
+        HeapStatistics stats = GetStatistics();
+        if (live != stats.LiveBlocks)
+        {
+            return $"the free lists account for {stats.LiveBlocks} live blocks but the bitmap has {live}";
+        }
+
+        // The last run of free segments long enough (allocation is first-fit from the start, so it survives longest).
+        long words = HeapLayout.SavedStateHeaderWords + bitmapWords;
+        long needed = ((words * sizeof(ulong)) + HeapLayout.SegmentSize - 1) / HeapLayout.SegmentSize;
+        long start = -1, run = 0;
+        for (long s = segments - 1; s >= 0; s--)
+        {
+            run = _segmentFree[s] && HeapLayout.DescriptorRole(_table[s]) == HeapLayout.RoleFree ? run + 1 : 0;
+            if (run == needed)
+            {
+                start = s;
+                break;
+            }
+        }
+
+        if (start < 0)
+        {
+            return $"no run of {needed} free segments for the saved state";
+        }
+
+        long offsetOfState = SegmentStart(start);
+        ulong* w = (ulong*)(_base + offsetOfState);
+        w[0] = HeapLayout.SavedStateMagic;
+        w[1] = (ulong)segments;
+        w[2] = (ulong)_nextUid;
+        w[3] = (ulong)_file.EpochClock;
+        w[4] = (ulong)_file.DurableFrontier;
+        w[5] = HeapLayout.Hash(_table, segments, 0);
+        w[6] = (ulong)bitmapWords;
+        bitmap.AsSpan().CopyTo(new Span<ulong>(w + HeapLayout.SavedStateHeaderWords, checked((int)bitmapWords)));
+        _file.Domain.Persist(offsetOfState, words * sizeof(ulong));
+
+        // The state is durable before the words that point at it; the clean flag (HeapFile.Dispose) comes last.
+        ulong* super = (ulong*)_base;
+        super[HeapLayout.SavedStateWordsOffset / sizeof(ulong)] = (ulong)words;
+        super[HeapLayout.SavedStateCheckOffset / sizeof(ulong)] = HeapLayout.Hash(w, words, (ulong)offsetOfState);
+        super[HeapLayout.SavedStateOffset / sizeof(ulong)] = (ulong)offsetOfState;
+        _file.Domain.Persist(HeapLayout.SavedStateOffset, 3 * sizeof(ulong));
+        return null;
+    }
+
+    /// <summary>
+    /// Reads, checks and (durably, before any other write of this open) invalidates the saved state. Read-only
+    /// otherwise: a rejected state leaves nothing to undo.
+    /// </summary>
+    /// <returns>The bitmap and the saved next uid, or null (then <see cref="SavedStateRejection"/> may say why).</returns>
+    private (ulong[] Bitmap, long NextUid)? TryReadSavedState(int parallelism)
+    {
+        bool trust = (_faults & HeapFaults.TrustStaleSavedState) != 0;
+        long offset = (long)_file.Word(HeapLayout.SavedStateOffset);
+        long words = (long)_file.Word(HeapLayout.SavedStateWordsOffset);
+        ulong check = _file.Word(HeapLayout.SavedStateCheckOffset);
+        if (offset == 0)
+        {
+            SavedStateRejection = _file.WasCleanShutdown ? "the last shutdown saved no state" : null;
+            return null;
+        }
+
+        if (!trust)
+        {
+            // Invalidate first: whatever this open writes from now on makes the saved state stale.
+            ulong* super = (ulong*)_base;
+            super[HeapLayout.SavedStateOffset / sizeof(ulong)] = 0;
+            super[HeapLayout.SavedStateWordsOffset / sizeof(ulong)] = 0;
+            super[HeapLayout.SavedStateCheckOffset / sizeof(ulong)] = 0;
+            _file.Domain.Persist(HeapLayout.SavedStateOffset, 3 * sizeof(ulong));
+        }
+
+        if ((_faults & HeapFaults.IgnoreSavedState) != 0)
+        {
+            SavedStateRejection = "ignored (test reference)";
+            return null;
+        }
+
+        if (!_file.WasCleanShutdown && !trust)
+        {
+            // A crash after an open that used (and invalidated) it, or before the clean flag: never trusted.
+            return null;
+        }
+
+        long segments = _file.SegmentCount;
+        if (offset < _dataStart || offset % sizeof(ulong) != 0 || words < HeapLayout.SavedStateHeaderWords || offset + (words * sizeof(ulong)) > _file.Size)
+        {
+            SavedStateRejection = $"its position ({offset}, {words} words) is outside the heap";
+            return null;
+        }
+
+        ulong* w = (ulong*)(_base + offset);
+        if (!trust && HeapLayout.Hash(w, words, (ulong)offset) != check)
+        {
+            SavedStateRejection = "its checksum does not match";
+            return null;
+        }
+
+        if (w[0] != HeapLayout.SavedStateMagic || (long)w[1] != segments || (long)w[6] != words - HeapLayout.SavedStateHeaderWords
+            || (!trust && (w[5] != HeapLayout.Hash(_table, segments, 0) || (long)w[3] != _file.EpochClock || (long)w[4] != _file.DurableFrontier)))
+        {
+            SavedStateRejection = "it does not describe this heap's segment table, clock and frontier";
+            return null;
+        }
+
+        var bitmap = new ulong[words - HeapLayout.SavedStateHeaderWords];
+        new ReadOnlySpan<ulong>(w + HeapLayout.SavedStateHeaderWords, bitmap.Length).CopyTo(bitmap);
+        long nextUid = (long)w[2];
+
+        // The same walk as recovery's pass 1; every allocated block's header must be a valid allocation.
+        var small = new List<(long Segment, long Word)>();
+        long at = 0;
+        for (long s = 0; s < segments;)
+        {
+            ulong descriptor = _table[s];
+            ulong role = HeapLayout.DescriptorRole(descriptor);
+            long payload = HeapLayout.DescriptorPayload(descriptor);
+            if (role == HeapLayout.RoleSmall && payload < SizeClasses.Count)
+            {
+                small.Add((s++, at));
+                at += WordsPerSegment((int)payload);
+                continue;
+            }
+
+            if (role == HeapLayout.RoleLargeStart && payload >= 1 && s + payload <= segments)
+            {
+                if (!trust && !TryReadHeader(SegmentStart(s), HeapLayout.DescriptorGeneration(descriptor), out _))
+                {
+                    SavedStateRejection = $"the large block at segment {s} is not a valid allocation";
+                    return null;
+                }
+
+                s += payload;
+                continue;
+            }
+
+            s++;
+        }
+
+        if (at != bitmap.Length)
+        {
+            SavedStateRejection = $"its bitmap has {bitmap.Length} words where the segment table needs {at}";
+            return null;
+        }
+
+        if (!trust)
+        {
+            int bad = 0;
+            Parallel.For(0, small.Count, new ParallelOptions { MaxDegreeOfParallelism = Math.Max(1, parallelism) }, (i, state) =>
+            {
+                (long segment, long word) = small[i];
+                ulong descriptor = _table[segment];
+                int cls = (int)HeapLayout.DescriptorPayload(descriptor);
+                uint generation = HeapLayout.DescriptorGeneration(descriptor);
+                int blocks = SizeClasses.BlocksPerSegment[cls];
+                for (int k = 0; k < WordsPerSegment(cls) * 64; k++)
+                {
+                    if ((bitmap[word + (k >> 6)] & (1UL << (k & 63))) == 0)
+                    {
+                        continue;
+                    }
+
+                    if (k >= blocks || !TryReadHeader(SegmentStart(segment) + ((long)k * SizeClasses.BlockSizes[cls]), generation, out _))
+                    {
+                        // Volatile.Write: release; read after Parallel.For returns, whose join orders it anyway.
+                        System.Threading.Volatile.Write(ref bad, 1);
+                        state.Stop();
+                        return;
+                    }
+                }
+            });
+
+            if (bad != 0)
+            {
+                SavedStateRejection = "a block it marks allocated has no valid header (stale or damaged)";
+                return null;
+            }
+        }
+
+        return (bitmap, nextUid);
+    }
+
+    /// <summary>The header of a block the saved state marks allocated (checked already, or trusted by the broken control).</summary>
+    private PayloadHeader ReadHeaderUnchecked(long offset)
+    {
+        ulong* h = (ulong*)(_base + offset);
+        return new PayloadHeader((long)h[0], (long)h[1], HeapLayout.CommitKind(h[3]), HeapLayout.ShapeSize(h[2]), HeapLayout.ShapeTypeId(h[2]));
+    }
+}
