@@ -247,15 +247,16 @@ public sealed unsafe partial class LightEpoch : IDisposable
     {
         ThreadRecord* r = FindRecord();
         int depth = r->Depth;
-        if (depth == 0)
-            ThrowHelper.ThrowNotProtected(nameof(ProtectAndDrain));
-
         if (depth == 1)
         {
             // Acquire: everything published before the epoch we read is visible to this thread's later loads.
             long epoch = Volatile.Read(ref currentEpoch.Value);
             // Release store, no fence needed: until it lands the older (smaller) announcement still protects.
             Volatile.Write(ref r->Slot->Epoch, epoch);
+        }
+        else if (depth == 0)
+        {
+            ThrowHelper.ThrowNotProtected(nameof(ProtectAndDrain));
         }
         if (Volatile.Read(ref pendingActions.Value) != 0)
             FenceAndDrain();
