@@ -29,7 +29,7 @@ for (int i = 0; i < args.Length; i++)
             outDir = args[++i];
             break;
         case "--help" or "-h":
-            Console.WriteLine("usage: Epvs.Scaling [--quick] [--figure 11,12,13,14,17,18,19,20,21|all] [--out DIR]");
+            Console.WriteLine("usage: Epvs.Scaling [--quick] [--figure 11,12,13,14,15,16,17,18,19,20,21|all] [--out DIR]");
             return 0;
         default:
             Console.Error.WriteLine($"unknown argument: {args[i]} (try --help)");
@@ -60,7 +60,7 @@ foreach (string f in figures)
         "13" => [ArrayFigures.Fig13(settings)],
         "14" => [ArrayFigures.Fig14(settings)],
         "15" => [Epvs.Scaling.Kv.OwnershipFigure.Fig15(settings)],
-        "16" => Pending(f),
+        "16" => [Epvs.Scaling.Kv.CheckpointFigure.Fig16(settings)],
         "17" => [MicroFigures.Fig17(settings)],
         "18" => [MicroFigures.Fig18(settings)],
         "19" => [MicroFigures.Fig19(settings)],
@@ -78,14 +78,37 @@ foreach (string f in figures)
             Console.WriteLine($"  CHECK {check}");
     }
 }
-File.WriteAllText(Path.Combine(outDir, "summary.md"), summary.ToString());
+File.WriteAllText(Path.Combine(outDir, "summary.md"), all.All(figures.Contains) ? summary.ToString() : MergeSummary(Path.Combine(outDir, "summary.md"), summary.ToString()));
 Console.WriteLine($"done in {clock.Elapsed.TotalSeconds:0} s; wrote {outDir}");
 return 0;
 
-static IEnumerable<FigureResult> Pending(string f)
+// A run of some figures replaces their sections in an existing summary.md (or appends them) and keeps the others,
+// so that `--figure 16` after a full run does not throw the full run's summary away.
+static string MergeSummary(string path, string fresh)
 {
-    Console.WriteLine($"  fig{f}: skipped — needs the {(f == "15" ? "OwnershipMap" : "CprCheckpoint")} sample (see RESULTS.md)");
-    return [];
+    static List<(string Id, string Text)> Sections(string md)
+    {
+        var list = new List<(string Id, string Text)>();
+        foreach (string part in md.Split("### ", StringSplitOptions.RemoveEmptyEntries))
+        {
+            int colon = part.IndexOf(':');
+            list.Add((colon < 0 ? part : part[..colon], "### " + part));
+        }
+        return list;
+    }
+    if (!File.Exists(path))
+        return fresh;
+    var merged = Sections(File.ReadAllText(path));
+    foreach ((string id, string text) in Sections(fresh))
+    {
+        int at = merged.FindIndex(s => s.Id == id);
+        if (at >= 0)
+            merged[at] = (id, text);
+        else
+            merged.Add((id, text));
+    }
+    static int Number(string id) => int.TryParse(new string(id.SkipWhile(c => !char.IsDigit(c)).TakeWhile(char.IsDigit).ToArray()), out int n) ? n : int.MaxValue;
+    return string.Concat(merged.OrderBy(s => Number(s.Id)).Select(s => s.Text)); // stable: fig12's two parts keep their order
 }
 
 static string FindRepoRoot()

@@ -58,6 +58,19 @@ public sealed class CprSession : IDisposable
     /// <returns>Whether the key exists.</returns>
     public bool TryRead(long key, out long value) => store.TryRead(key, out value);
 
+    /// <summary>
+    /// Enters one protected region for many requests (the paper's coarse-grained operations, §6 Fig. 16): the
+    /// returned batch applies requests without entering and leaving per request, and lets checkpoints pass only at
+    /// its <see cref="CprBatch.Refresh"/> and <see cref="CprBatch.Dispose"/>. Use and dispose it on this thread.
+    /// </summary>
+    /// <returns>The batch; use with <c>using</c>.</returns>
+    /// <exception cref="ObjectDisposedException">The session is disposed.</exception>
+    public CprBatch BeginBatch()
+    {
+        ObjectDisposedException.ThrowIf(disposed, this);
+        return new CprBatch(store, client);
+    }
+
     /// <summary>Closes the session; the client may open a new one.</summary>
     public void Dispose()
     {

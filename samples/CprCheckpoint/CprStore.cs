@@ -183,13 +183,7 @@ public sealed class CprStore : IDisposable
         VersionSchemeState state = epvs.Enter();
         try
         {
-            // One client, one thread at a time: the check and the update of its entry need no atomic instruction.
-            if (sequenceNumber <= client.LastSequenceNumber)
-                return RequestResult.Duplicate;
-            Update(key, argument, add, state);
-            // Release: a checkpoint's critical section (after this region ends) reads it with the table.
-            Volatile.Write(ref client.LastSequenceNumber, sequenceNumber);
-            return RequestResult.Applied;
+            return ApplyProtected(client, sequenceNumber, key, argument, add, state);
         }
         finally
         {
@@ -197,23 +191,41 @@ public sealed class CprStore : IDisposable
         }
     }
 
+    /// <summary>A request, inside a protected region (the caller's) that observed <paramref name="state"/>.</summary>
+    internal RequestResult ApplyProtected(ClientState client, long sequenceNumber, long key, long argument, bool add, VersionSchemeState state)
+    {
+        // One client, one thread at a time: the check and the update of its entry need no atomic instruction.
+        if (sequenceNumber <= client.LastSequenceNumber)
+            return RequestResult.Duplicate;
+        Update(key, argument, add, state);
+        // Release: a checkpoint's critical section (after this region ends) reads it with the table.
+        Volatile.Write(ref client.LastSequenceNumber, sequenceNumber);
+        return RequestResult.Applied;
+    }
+
     internal bool TryRead(long key, out long value)
     {
         epvs.Enter();
         try
         {
-            if (index.TryGetValue(key, out RecordSlot? slot) && Volatile.Read(ref slot.Head) is { } head)
-            {
-                value = Volatile.Read(ref head.Value); // acquire: pairs with in-place updates' interlocked/release writes
-                return true;
-            }
-            value = 0;
-            return false;
+            return TryReadProtected(key, out value);
         }
         finally
         {
             epvs.Leave();
         }
+    }
+
+    /// <summary>A read, inside a protected region (the caller's).</summary>
+    internal bool TryReadProtected(long key, out long value)
+    {
+        if (index.TryGetValue(key, out RecordSlot? slot) && Volatile.Read(ref slot.Head) is { } head)
+        {
+            value = Volatile.Read(ref head.Value); // acquire: pairs with in-place updates' interlocked/release writes
+            return true;
+        }
+        value = 0;
+        return false;
     }
 
     /// <summary>Applies an update inside a protected region that observed <paramref name="state"/>.</summary>

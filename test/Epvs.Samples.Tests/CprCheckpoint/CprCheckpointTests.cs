@@ -57,6 +57,74 @@ public sealed class CprCheckpointTests : IDisposable
     }
 
     [Fact]
+    public void BatchedUpdatesWithBackToBackCheckpoints_EveryCheckpoint_IsAConsistentCut()
+    {
+        const int Checkpoints = 20;
+        long readCopyUpdates;
+        using (var store = new CprStore(directory, new CprStoreOptions { RetainedCheckpoints = 0, FlushToDisk = false }))
+        {
+            int stop = 0;
+            Workers.Run(3, worker =>
+            {
+                if (worker < 2)
+                {
+                    // The sample's request stream (request s adds s to key KeyOf(client, s)), 64 requests per region.
+                    using CprSession session = store.OpenSession(worker);
+                    using CprBatch batch = session.BeginBatch();
+                    long sequence = 0;
+                    while (Volatile.Read(ref stop) == 0)
+                    {
+                        for (int i = 0; i < 64; i++)
+                        {
+                            sequence++;
+                            Assert.Equal(RequestResult.Applied, batch.Add(sequence, DedupWorkload.KeyOf(worker, sequence), sequence));
+                            if (sequence % 16 == 0)
+                                Assert.Equal(RequestResult.Duplicate, batch.Add(sequence, DedupWorkload.KeyOf(worker, sequence), sequence));
+                        }
+                        Assert.True(batch.TryRead(DedupWorkload.KeyOf(worker, sequence), out long value) && value >= sequence);
+                        batch.Refresh();
+                    }
+                    return;
+                }
+                try
+                {
+                    for (int i = 0; i < Checkpoints; i++)
+                        store.TakeCheckpointAsync().GetAwaiter().GetResult();
+                }
+                finally
+                {
+                    Volatile.Write(ref stop, 1);
+                }
+            }, TimeSpan.FromSeconds(60));
+            readCopyUpdates = store.ReadCopyUpdates;
+        }
+
+        var snapshots = Directory.EnumerateFiles(directory, "*" + CheckpointFile.Extension).Select(CheckpointFile.Read).OrderBy(s => s.Version).ToList();
+        var violations = snapshots.SelectMany(ConsistentCut.Violations).ToList();
+        output.WriteLine($"{snapshots.Count} checkpoints, {readCopyUpdates} read-copy-updates during flushes, {violations.Count} violations");
+        Assert.Equal(Checkpoints, snapshots.Count);
+        Assert.True(violations.Count == 0, string.Join("\n", violations.Take(10)));
+        Assert.True(snapshots[^1].ClientSequenceNumbers.Values.Sum() > snapshots[0].ClientSequenceNumbers.Values.Sum(), "No request ran between the first and the last checkpoint.");
+        // Batches cut only at whole batches of 64 requests.
+        Assert.All(snapshots.SelectMany(s => s.ClientSequenceNumbers.Values), last => Assert.Equal(0, last % 64));
+    }
+
+    [Fact]
+    public async System.Threading.Tasks.Task TakeCheckpoint_InsideOpenBatchOnSameThread_Fails()
+    {
+        using var store = new CprStore(directory, new CprStoreOptions { FlushToDisk = false });
+        using CprSession session = store.OpenSession(0);
+        System.Threading.Tasks.Task<CheckpointInfo> inside;
+        using (CprBatch batch = session.BeginBatch())
+        {
+            Assert.Equal(RequestResult.Applied, batch.Upsert(1, 7, 70));
+            inside = store.TakeCheckpointAsync(); // would wait for this thread's own batch: fails at once instead
+        }
+        await Assert.ThrowsAsync<InvalidOperationException>(() => inside);
+        Assert.Equal(1, (await store.TakeCheckpointAsync()).Records);
+    }
+
+    [Fact]
     public void ConcurrentUpdatesWithBackToBackCheckpoints_DedupOutsideProtectionControl_IsCaught()
     {
         // The same load and oracle must catch a request whose update and de-duplication entry are not atomic with
