@@ -59,10 +59,35 @@ public sealed class LatchFreeMockResizableArray : IResizableArray
     }
 
     /// <inheritdoc/>
-    public IResizableArraySession OpenSession() => new ForwardingSession(this);
+    public IResizableArraySession OpenSession() => new Session(this);
 
     /// <inheritdoc/>
     public void Dispose()
     {
+    }
+
+    /// <summary>
+    /// The session of a variant that protects each operation by itself: forwards every call to the (sealed) array,
+    /// so the calls bind directly, as EPVS-pinned's session does; nothing to refresh.
+    /// </summary>
+    private sealed class Session : IResizableArraySession
+    {
+        private readonly LatchFreeMockResizableArray array;
+
+        public Session(LatchFreeMockResizableArray array) => this.array = array;
+
+        public long Read(int index) => array.Read(index);
+
+        public void Write(int index, long value) => array.Write(index, value);
+
+        public int Push(long value) => array.Push(value);
+
+        public void Refresh()
+        {
+        }
+
+        public void Dispose()
+        {
+        }
     }
 }

@@ -129,8 +129,33 @@ public sealed class LatchedResizableArray : IResizableArray
     }
 
     /// <inheritdoc/>
-    public IResizableArraySession OpenSession() => new ForwardingSession(this);
+    public IResizableArraySession OpenSession() => new Session(this);
 
     /// <inheritdoc/>
     public void Dispose() => latch.Dispose();
+
+    /// <summary>
+    /// The session of a variant that protects each operation by itself: forwards every call to the (sealed) array,
+    /// so the calls bind directly, as EPVS-pinned's session does; nothing to refresh.
+    /// </summary>
+    private sealed class Session : IResizableArraySession
+    {
+        private readonly LatchedResizableArray array;
+
+        public Session(LatchedResizableArray array) => this.array = array;
+
+        public long Read(int index) => array.Read(index);
+
+        public void Write(int index, long value) => array.Write(index, value);
+
+        public int Push(long value) => array.Push(value);
+
+        public void Refresh()
+        {
+        }
+
+        public void Dispose()
+        {
+        }
+    }
 }

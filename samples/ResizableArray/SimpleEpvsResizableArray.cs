@@ -99,7 +99,7 @@ public sealed class SimpleEpvsResizableArray : IResizableArray
     }
 
     /// <inheritdoc/>
-    public IResizableArraySession OpenSession() => new ForwardingSession(this);
+    public IResizableArraySession OpenSession() => new Session(this);
 
     /// <summary>Read, with the calling thread inside a protected region of <see cref="Scheme"/>.</summary>
     internal long ReadProtected(int index)
@@ -165,4 +165,29 @@ public sealed class SimpleEpvsResizableArray : IResizableArray
 
     /// <summary>Disposes the scheme. No thread may be using the array.</summary>
     public void Dispose() => epvs.Dispose();
+
+    /// <summary>
+    /// The session of a variant that protects each operation by itself: forwards every call to the (sealed) array,
+    /// so the calls bind directly, as EPVS-pinned's session does; nothing to refresh.
+    /// </summary>
+    private sealed class Session : IResizableArraySession
+    {
+        private readonly SimpleEpvsResizableArray array;
+
+        public Session(SimpleEpvsResizableArray array) => this.array = array;
+
+        public long Read(int index) => array.Read(index);
+
+        public void Write(int index, long value) => array.Write(index, value);
+
+        public int Push(long value) => array.Push(value);
+
+        public void Refresh()
+        {
+        }
+
+        public void Dispose()
+        {
+        }
+    }
 }

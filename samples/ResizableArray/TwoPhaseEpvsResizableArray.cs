@@ -184,7 +184,7 @@ public sealed class TwoPhaseEpvsResizableArray : IResizableArray
     }
 
     /// <inheritdoc/>
-    public IResizableArraySession OpenSession() => new ForwardingSession(this);
+    public IResizableArraySession OpenSession() => new Session(this);
 
     /// <summary>Critical section REST → COPYING: no operation is in flight, so <see cref="count"/> is stable.</summary>
     internal long[] BeginGrowth(ArrayGrowthStateMachine machine)
@@ -221,5 +221,30 @@ public sealed class TwoPhaseEpvsResizableArray : IResizableArray
         if (Volatile.Read(ref activeGrowth) is { } growth && !growth.Completion.Wait(TimeSpan.FromSeconds(30)))
             throw new TimeoutException("A resize of the two-phase array was still copying 30 s after Dispose was called.");
         epvs.Dispose();
+    }
+
+    /// <summary>
+    /// The session of a variant that protects each operation by itself: forwards every call to the (sealed) array,
+    /// so the calls bind directly, as EPVS-pinned's session does; nothing to refresh.
+    /// </summary>
+    private sealed class Session : IResizableArraySession
+    {
+        private readonly TwoPhaseEpvsResizableArray array;
+
+        public Session(TwoPhaseEpvsResizableArray array) => this.array = array;
+
+        public long Read(int index) => array.Read(index);
+
+        public void Write(int index, long value) => array.Write(index, value);
+
+        public int Push(long value) => array.Push(value);
+
+        public void Refresh()
+        {
+        }
+
+        public void Dispose()
+        {
+        }
     }
 }
