@@ -57,14 +57,14 @@ public static class ScalingCli
         {
             Description = $"Measured milliseconds per run, 1 to {MaxDurationMs} (default 500, 60 with --quick).",
             HelpName = "MS",
+            CustomParser = r => ParseInt(r, "--duration", 1, MaxDurationMs),
         };
-        duration.Validators.Add(r => CheckRange(r, duration, 1, MaxDurationMs));
         var repetitions = new Option<int?>("--repetitions")
         {
             Description = "Runs per point; the median is reported, 1 to 100 (default 3, 1 with --quick).",
             HelpName = "N",
+            CustomParser = r => ParseInt(r, "--repetitions", 1, 100),
         };
-        repetitions.Validators.Add(r => CheckRange(r, repetitions, 1, 100));
 
         var root = new RootCommand(
             "Thread-scaling harness for the EPVS paper's section 6 figures (11-21). Measures each figure and writes " +
@@ -172,10 +172,21 @@ public static class ScalingCli
         return list.Distinct().Order().ToArray();
     }
 
-    private static void CheckRange(OptionResult result, Option<int?> option, int min, int max)
+    // A parser rather than a validator: a validator that reads the value throws on text that is not a number.
+    private static int? ParseInt(ArgumentResult result, string name, int min, int max)
     {
-        if (result.GetValueOrDefault<int?>() is int v && (v < min || v > max))
-            result.AddError($"{option.Name}: {v} is outside {min} to {max}");
+        string text = result.Tokens.Count == 1 ? result.Tokens[0].Value : "";
+        if (!int.TryParse(text, NumberStyles.Integer, CultureInfo.InvariantCulture, out int v))
+        {
+            result.AddError($"{name}: '{text}' is not a whole number");
+            return null;
+        }
+        if (v < min || v > max)
+        {
+            result.AddError($"{name}: {v} is outside {min} to {max}");
+            return null;
+        }
+        return v;
     }
 
     private static int Measure(IReadOnlyList<string> figures, RunSettings settings, string outDir, string[] args, TextWriter output)
