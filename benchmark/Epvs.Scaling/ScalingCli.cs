@@ -27,9 +27,15 @@ public static class ScalingCli
     public static IReadOnlyList<string> AllFigures { get; } = ["11", "12", "13", "14", "15", "16", "17", "18", "19", "20", "21"];
 
     /// <summary>Parses <paramref name="args"/> and runs the command, writing to the given writers.</summary>
-    public static int Run(string[] args, TextWriter output, TextWriter error)
+    /// <param name="args">The command line.</param>
+    /// <param name="output">Progress and results (the per-point lines of a measurement still go to the console).</param>
+    /// <param name="error">Errors.</param>
+    /// <param name="measure">Measures the validated figures with the settings into the directory and returns the exit
+    /// code; the default runs them. Tests replace it to see what would run.</param>
+    public static int Run(string[] args, TextWriter output, TextWriter error, Func<IReadOnlyList<string>, RunSettings, string, int>? measure = null)
     {
-        RootCommand root = Build(args, output, error);
+        measure ??= (figures, settings, dir) => Measure(figures, settings, dir, args, output);
+        RootCommand root = Build(output, error, measure);
         ParseResult parsed = root.Parse(args);
         if (parsed.Errors.Count > 0)
         {
@@ -42,7 +48,7 @@ public static class ScalingCli
         return parsed.Invoke(new InvocationConfiguration { Output = output, Error = error });
     }
 
-    private static RootCommand Build(string[] args, TextWriter output, TextWriter error)
+    private static RootCommand Build(TextWriter output, TextWriter error, Func<IReadOnlyList<string>, RunSettings, string, int> measure)
     {
         var figures = FigureOption();
         var quick = new Option<bool>("--quick") { Description = "Smoke run: one 60 ms run per point, smaller arrays; output into results/quick/ (< 1 minute)." };
@@ -75,14 +81,15 @@ public static class ScalingCli
         root.SetAction(parse =>
         {
             RunSettings settings = parse.GetValue(quick) ? RunSettings.QuickSettings : RunSettings.Full;
-            if (parse.GetValue(threads) is int[] t)
+            // An option that is absent parses to an empty array, not null.
+            if (parse.GetValue(threads) is { Length: > 0 } t)
                 settings = settings with { Threads = t };
             if (parse.GetValue(duration) is int ms)
                 settings = settings with { Duration = TimeSpan.FromMilliseconds(ms) };
             if (parse.GetValue(repetitions) is int reps)
                 settings = settings with { Repetitions = reps };
             string dir = parse.GetValue(outDir) ?? Path.Combine(FindRepoRoot(), "benchmark", "results", settings.Quick ? "quick" : "");
-            return Measure(Selected(parse.GetValue(figures)), settings, dir, args, output);
+            return measure(Selected(parse.GetValue(figures)), settings, dir);
         });
 
         var plotFigures = FigureOption();

@@ -1,4 +1,5 @@
 using System;
+using System.Collections.Generic;
 using System.IO;
 using System.Linq;
 using Epvs.Scaling;
@@ -74,6 +75,39 @@ public sealed class ScalingCliTests
         Assert.Equal(ScalingCli.BadInput, code);
         Assert.Contains(expected, error);
         Assert.DoesNotContain("machine:", output); // nothing was measured
+    }
+
+    [Fact]
+    public void NoOptions_AllFiguresWithPublishedSettings()
+    {
+        var runs = new List<(IReadOnlyList<string> Figures, RunSettings Settings, string Dir)>();
+
+        int code = ScalingCli.Run([], TextWriter.Null, TextWriter.Null, (f, s, d) => { runs.Add((f, s, d)); return 0; });
+
+        Assert.Equal(0, code);
+        (IReadOnlyList<string> figures, RunSettings settings, string dir) = Assert.Single(runs);
+        Assert.Equal(ScalingCli.AllFigures, figures);
+        Assert.Equal(RunSettings.Full, settings);
+        Assert.Equal([1, 2, 4, 8], settings.Threads);
+        Assert.EndsWith(Path.Combine("benchmark", "results", ""), Path.Combine(dir, ""));
+    }
+
+    [Fact]
+    public void Options_OverrideSettings_FiguresDeduplicatedInOrder()
+    {
+        var runs = new List<(IReadOnlyList<string> Figures, RunSettings Settings, string Dir)>();
+        string[] args = ["--quick", "--figure", "16,17", "-f", "16", "--threads", "4,1", "--duration", "10", "--repetitions", "2", "--out", "/tmp/x"];
+
+        int code = ScalingCli.Run(args, TextWriter.Null, TextWriter.Null, (f, s, d) => { runs.Add((f, s, d)); return 0; });
+
+        Assert.Equal(0, code);
+        (IReadOnlyList<string> figures, RunSettings settings, string dir) = Assert.Single(runs);
+        Assert.Equal(["16", "17"], figures);
+        Assert.True(settings.Quick);
+        Assert.Equal([1, 4], settings.Threads);
+        Assert.Equal(TimeSpan.FromMilliseconds(10), settings.Duration);
+        Assert.Equal(2, settings.Repetitions);
+        Assert.Equal("/tmp/x", dir);
     }
 
     [Fact]
