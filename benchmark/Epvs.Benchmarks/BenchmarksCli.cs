@@ -60,7 +60,8 @@ public static class BenchmarksCli
         var root = new RootCommand(
             "Per-operation costs of Epvs next to FASTER.core 2.6.5 and lock baselines (BenchmarkDotNet). Every argument " +
             "not listed here goes to BenchmarkDotNet, e.g. --filter '*Refresh*', --job short, --list flat, " +
-            "--artifacts DIR; put BenchmarkDotNet's own --help after '--' (dotnet run ... -- -- --help).")
+            "--artifacts DIR; put BenchmarkDotNet's own --help after '--' (dotnet run ... -- -- --help). -h is this " +
+            "program's help: to hide columns write BenchmarkDotNet's --hide in full.")
         {
             TreatUnmatchedTokensAsErrors = false,
         };
@@ -107,6 +108,12 @@ public static class BenchmarksCli
         IConfig config = CreateConfig(bdnArgs);
         var log = new AccumulationLogger();
         (bool ok, _, CommandLineOptions? options) = ConfigParser.Parse(bdnArgs, log, config);
+        if (bdnArgs.Contains("--help"))
+        {
+            // BenchmarkDotNet's parser reports its own help as a failure to parse; here it is what was asked for.
+            output.Write(log.GetLog());
+            return 0;
+        }
         if (!ok || options is null)
         {
             // BenchmarkDotNet follows its errors with its whole option list; keep the errors.

@@ -52,6 +52,18 @@ public sealed class BenchmarksCliTests
     }
 
     [Fact]
+    public void BenchmarkDotNetHelp_AfterDoubleDash_PrintsItsOptions_ExitsZeroWithoutRunning()
+    {
+        var suite = new FakeSuite();
+
+        (int code, string output, _) = Run(suite, "--", "--help");
+
+        Assert.Equal(0, code);
+        Assert.Contains("--iterationCount", output);
+        Assert.Empty(suite.Calls);
+    }
+
+    [Fact]
     public void BenchmarkDotNetArguments_PassThroughUnchanged()
     {
         var suite = new FakeSuite();
