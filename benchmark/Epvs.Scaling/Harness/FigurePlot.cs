@@ -35,8 +35,9 @@ public static class FigurePlot
     /// </summary>
     public static void Save(FigureResult figure, string path)
     {
-        Plot plot = Build(figure);
         string extension = Path.GetExtension(path).ToLowerInvariant();
+        // SVG cannot show the dashes (and SkiaSharp prints a complaint per dashed line): draw them solid there.
+        Plot plot = Build(figure, dashes: extension != ".svg");
         switch (extension)
         {
             case ".svg":
@@ -51,7 +52,10 @@ public static class FigurePlot
     }
 
     /// <summary>Builds the plot; the series in it are the figure's series, in order.</summary>
-    public static Plot Build(FigureResult figure)
+    /// <param name="figure">The measurements.</param>
+    /// <param name="dashes">Whether the variants of a mechanism differ by line pattern (else all lines are solid and
+    /// only marker shapes tell them apart).</param>
+    public static Plot Build(FigureResult figure, bool dashes = true)
     {
         var plot = new Plot();
         UseSansFont(plot);
@@ -111,7 +115,7 @@ public static class FigurePlot
             var line = plot.Add.Scatter(px.ToArray(), median.ToArray(), color);
             line.LegendText = name;
             line.LineWidth = 2;
-            line.LinePattern = Patterns[variants.IndexOf(variant) % Patterns.Length];
+            line.LinePattern = dashes ? Patterns[variants.IndexOf(variant) % Patterns.Length] : LinePattern.Solid;
             line.MarkerShape = Markers[k % Markers.Length];
             line.MarkerSize = 8;
             var whiskers = plot.Add.ErrorBar(px, median, above);
