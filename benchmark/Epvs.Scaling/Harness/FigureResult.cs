@@ -1,5 +1,6 @@
 using System;
 using System.Collections.Generic;
+using System.Diagnostics.CodeAnalysis;
 using System.Globalization;
 using System.IO;
 using System.Linq;
@@ -8,8 +9,9 @@ using System.Text;
 namespace Epvs.Scaling.Harness;
 
 /// <summary>
-/// One figure's measurements: a value per (series, x) point, rendered as a Markdown table, a CSV file and an SVG line
-/// plot. X values are categories (thread counts, probabilities, table sizes) plotted at equal spacing.
+/// One figure's measurements: a value per (series, x) point, rendered as a Markdown table, a CSV file (every repetition)
+/// and a PNG line plot (<see cref="FigurePlot"/>). X values are categories (thread counts, probabilities, table sizes)
+/// plotted at equal spacing.
 /// </summary>
 public sealed class FigureResult
 {
@@ -17,6 +19,10 @@ public sealed class FigureResult
     private readonly List<string> series = new();
     private readonly List<string> notes = new();
     private readonly List<string> checks = new();
+
+    // Set when the figure was read back from a CSV file: the x values that were oversubscribed on the machine that
+    // measured them, which need not be this one.
+    private HashSet<string>? recordedOversubscribed;
 
     /// <summary>Creates an empty figure.</summary>
     public FigureResult(string id, string title, string xLabel, IEnumerable<string> xValues, bool xIsThreads)
@@ -65,12 +71,15 @@ public sealed class FigureResult
     {
         if (settings.Warmup > TimeSpan.Zero)
         {
+            Console.WriteLine($"  {Id}: warming up {scheduled.Count} points (~{(scheduled.Count * settings.Warmup).TotalSeconds:0} s)");
             foreach (var p in scheduled)
                 ThroughputRunner.RunOnce(p.Threads, settings.Warmup, p.Setup);
         }
         var samples = scheduled.Select(_ => new List<double>()).ToList();
         for (int r = 0; r < settings.Repetitions; r++)
         {
+            // A repetition of a whole figure runs for seconds; say where we are.
+            Console.WriteLine($"  {Id}: repetition {r + 1}/{settings.Repetitions} of {scheduled.Count} points (~{(scheduled.Count * settings.Duration).TotalSeconds:0} s)");
             for (int i = 0; i < scheduled.Count; i++)
                 samples[i].Add(ThroughputRunner.RunOnce(scheduled[i].Threads, settings.Duration, scheduled[i].Setup));
         }
@@ -93,6 +102,10 @@ public sealed class FigureResult
         points[(seriesName, x)] = m;
     }
 
+    /// <summary>The measurement at a point, if there is one.</summary>
+    public bool TryGetMeasurement(string seriesName, string x, [NotNullWhen(true)] out Measurement? measurement) =>
+        points.TryGetValue((seriesName, x), out measurement);
+
     /// <summary>The median at a point, or NaN if not measured.</summary>
     public double Get(string seriesName, string x) => points.TryGetValue((seriesName, x), out Measurement? m) ? m.Median : double.NaN;
 
@@ -105,7 +118,9 @@ public sealed class FigureResult
     /// <summary>The computed checks (printed to the console as well).</summary>
     public IReadOnlyList<string> Checks => checks;
 
-    private bool IsOversubscribed(string x) =>
+    /// <summary>Whether <paramref name="x"/> is a thread count above the cores of the machine that measured it.</summary>
+    public bool IsOversubscribed(string x) =>
+        recordedOversubscribed is not null ? recordedOversubscribed.Contains(x) :
         XIsThreads && int.TryParse(x, NumberStyles.Integer, CultureInfo.InvariantCulture, out int t) && t > RunSettings.Cores;
 
     private string XHeader(string x) => IsOversubscribed(x) ? x + "*" : x;
@@ -123,7 +138,7 @@ public sealed class FigureResult
                       ", interleaved (repetition r of every series runs before repetition r+1 of any)" +
                       "; throughput in million operations per second (Mops/s), all threads together.");
         sb.AppendLine();
-        sb.AppendLine($"![{Id}](results/{Id}.svg)");
+        sb.AppendLine($"![{Id}](results/{Id}.png)");
         sb.AppendLine();
         sb.Append("| ").Append(XLabel).Append(" |");
         foreach (string s in series)
@@ -154,7 +169,7 @@ public sealed class FigureResult
         return sb.ToString();
     }
 
-    /// <summary>Writes <c>{Id}.csv</c> (every sample) and <c>{Id}.svg</c> into <paramref name="directory"/>.</summary>
+    /// <summary>Writes <c>{Id}.csv</c> (every sample) and the plot <c>{Id}.png</c> into <paramref name="directory"/>.</summary>
     public void Write(string directory)
     {
         Directory.CreateDirectory(directory);
@@ -172,25 +187,79 @@ public sealed class FigureResult
         }
         File.WriteAllText(Path.Combine(directory, Id + ".csv"), csv.ToString());
 
-        var plot = new SvgPlot(Title, XLabel, "Mops/s", XValues);
-        // "Mechanism, variant" series share the mechanism's colour and differ by dash (one dash per variant).
-        var mechanisms = new List<string>();
-        var variants = new List<string>();
-        foreach (string s in series)
+        FigurePlot.Save(this, Path.Combine(directory, Id + ".png"));
+    }
+
+    /// <summary>
+    /// Reads a figure back from the CSV file <see cref="Write"/> made (header
+    /// <c>series,x,oversubscribed,median_mops,samples_mops</c>), for drawing it again without measuring.
+    /// </summary>
+    /// <exception cref="FormatException">The file is not such a CSV file; the message names the line.</exception>
+    public static FigureResult ReadCsv(string csvPath, string title, string xLabel)
+    {
+        string[] lines = File.ReadAllLines(csvPath);
+        const string header = "series,x,oversubscribed,median_mops,samples_mops";
+        if (lines.Length == 0 || lines[0].Trim() != header)
+            throw new FormatException($"{csvPath}: the first line is not '{header}'");
+        var rows = new List<(string Series, string X, bool Over, Measurement M)>();
+        for (int i = 1; i < lines.Length; i++)
         {
-            int comma = s.IndexOf(", ", StringComparison.Ordinal);
-            string mech = comma < 0 ? s : s[..comma];
-            string variant = comma < 0 ? "" : s[(comma + 2)..];
-            if (!mechanisms.Contains(mech))
-                mechanisms.Add(mech);
-            if (!variants.Contains(variant))
-                variants.Add(variant);
-            plot.AddSeries(s, XValues.Select(x => Get(s, x)).ToArray(), mechanisms.IndexOf(mech), variants.IndexOf(variant));
+            if (lines[i].Length == 0)
+                continue;
+            List<string> cells = SplitCsvLine(lines[i]);
+            if (cells.Count != 5)
+                throw new FormatException($"{csvPath}:{i + 1}: expected 5 fields, found {cells.Count}");
+            double median = ParseNumber(cells[3], csvPath, i);
+            double[] samples = cells[4].Split(' ', StringSplitOptions.RemoveEmptyEntries).Select(v => ParseNumber(v, csvPath, i)).ToArray();
+            rows.Add((cells[0], cells[1], cells[2] == "yes", new Measurement(median, samples)));
         }
-        int firstOver = XValues.ToList().FindIndex(IsOversubscribed);
-        if (firstOver >= 0)
-            plot.ShadeFrom(firstOver, $"oversubscribed (> {RunSettings.Cores} cores)");
-        File.WriteAllText(Path.Combine(directory, Id + ".svg"), plot.Render());
+        var fig = new FigureResult(Path.GetFileNameWithoutExtension(csvPath), title, xLabel, rows.Select(r => r.X).Distinct(), xLabel == "threads")
+        {
+            recordedOversubscribed = rows.Where(r => r.Over).Select(r => r.X).ToHashSet(),
+        };
+        foreach (var r in rows)
+            fig.Add(r.Series, r.X, r.M);
+        return fig;
+    }
+
+    private static double ParseNumber(string text, string path, int line) =>
+        double.TryParse(text, NumberStyles.Float, CultureInfo.InvariantCulture, out double v)
+            ? v
+            : throw new FormatException($"{path}:{line + 1}: '{text}' is not a number");
+
+    // The writer quotes only the series name (doubling any quote in it); the other fields never hold a comma.
+    private static List<string> SplitCsvLine(string line)
+    {
+        var cells = new List<string>();
+        var cell = new StringBuilder();
+        bool quoted = false;
+        for (int i = 0; i < line.Length; i++)
+        {
+            char c = line[i];
+            if (quoted)
+            {
+                if (c == '"' && i + 1 < line.Length && line[i + 1] == '"')
+                {
+                    cell.Append('"');
+                    i++;
+                }
+                else if (c == '"')
+                    quoted = false;
+                else
+                    cell.Append(c);
+            }
+            else if (c == '"')
+                quoted = true;
+            else if (c == ',')
+            {
+                cells.Add(cell.ToString());
+                cell.Clear();
+            }
+            else
+                cell.Append(c);
+        }
+        cells.Add(cell.ToString());
+        return cells;
     }
 
     /// <summary>Formats a throughput with three significant digits.</summary>
