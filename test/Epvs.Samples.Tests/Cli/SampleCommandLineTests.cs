@@ -149,6 +149,33 @@ public sealed class SampleCommandLineTests
         Assert.Contains("killed the writer with SIGKILL", output, StringComparison.Ordinal);
     }
 
+    [Fact]
+    public void Tour_ShortRun_CompletesEveryStepAndReportsInWords()
+    {
+        (int code, string output, string error) = Run("Tour", "--duration", "300ms", "--threads", "2");
+
+        Assert.Equal(0, code);
+        Assert.Equal(string.Empty, error);
+        Assert.Contains("Tour completed", output, StringComparison.Ordinal);
+        Assert.Equal(2, CountOf(output, "running for 300ms ..."));
+        Assert.Contains("x the reader-writer latch", output, StringComparison.Ordinal);
+        foreach (string raw in new[] { "Infinity", "NaN", "pmem=", "clean=", "fast=", "clock=" })
+        {
+            Assert.DoesNotContain(raw, output, StringComparison.Ordinal);
+        }
+    }
+
+    private static int CountOf(string text, string part)
+    {
+        int count = 0;
+        for (int i = text.IndexOf(part, StringComparison.Ordinal); i >= 0; i = text.IndexOf(part, i + part.Length, StringComparison.Ordinal))
+        {
+            count++;
+        }
+
+        return count;
+    }
+
     private (int Code, string Output, string Error) Run(string sample, params string[] args)
     {
         var output = new StringWriter();
