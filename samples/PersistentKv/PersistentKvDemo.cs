@@ -105,7 +105,14 @@ public static class PersistentKvDemo
             throw new InvalidOperationException("The writer child process did not start within 60 s.");
         }
 
-        output.WriteLine($"  writer child pid {child.Id}: {lines[0]}; writing for {duration.TotalSeconds:0.#} s ...");
+        string domain;
+        lock (lines)
+        {
+            domain = lines[0]["ready".Length..].Trim();
+        }
+
+        output.WriteLine($"  writer child (pid {child.Id}) uses a {domain}");
+        output.WriteLine($"  writing for {duration.TotalSeconds:0.#} s ...");
         child.WaitForExit(duration);
         child.Kill(); // SIGKILL: no finally blocks, no Dispose, no clean-shutdown flag
         child.WaitForExit();
@@ -186,7 +193,11 @@ public static class PersistentKvDemo
             int extra = recovered.Keys.Count(k => !expected.ContainsKey(k));
             bool matches = wrong == 0 && extra == 0 && cut >= synced;
             long lastVersion = ops.Count == 0 ? 0 : ops.Max(o => o.Version);
-            output.WriteLine($"  reopened: {heap.Recovery}");
+            foreach (string line in DomainDescription.Describe(heap.Recovery))
+            {
+                output.WriteLine($"  {line}");
+            }
+
             output.WriteLine($"  op log: {ops.Count:N0} operations in versions up to {lastVersion}; last Sync covered version {synced}");
             output.WriteLine($"  survived: the {surviving:N0} operations of versions ≤ {cut} (durable frontier); lost: {ops.Count - surviving:N0} of the last {lastVersion - cut} version(s) (about {lastVersion - cut} × 20 ms)");
             output.WriteLine($"  recovered map: {recovered.Count:N0} keys; op-log prefix: {expected.Count:N0} keys; wrong or missing {wrong}, extra {extra}, Sync honoured {(cut >= synced ? "yes" : "NO")}");

@@ -22,7 +22,8 @@ internal static class PersistentKvWriter
     {
         var heap = BufferedDurableHeap.Create(path, new HeapFileOptions { Size = 64L << 20 }, new BufferedDurableHeapOptions { AdvancePeriod = TimeSpan.FromMilliseconds(20) });
         var map = new PersistentByteMap<long>(heap, MapTypeId);
-        Console.WriteLine($"ready domain={heap.Heap.File.Domain.Kind} pmem={heap.Heap.File.Domain.IsPersistentMemory} .");
+        // The parent waits for "ready" and prints the rest of the line.
+        Console.WriteLine($"ready {DomainDescription.Describe(heap.Heap.File.Domain, path)}");
         object console = new();
         var threads = new Thread[Threads];
         for (int t = 0; t < Threads; t++)

@@ -1,15 +1,43 @@
 using System;
-using System.Globalization;
-using Epvs.Samples.PersistentKv;
+using System.CommandLine;
+using System.IO;
 
-// Usage: dotnet run -c Release --project samples/PersistentKv [seconds]
-//        (internal) ... writer <heap-path> <seed>   — the child process the demo kills
-if (args.Length >= 3 && args[0] == PersistentKvWriter.Role)
+namespace Epvs.Samples.PersistentKv;
+
+/// <summary>
+/// The sample's command line: <c>[--duration d]</c> or the positional form; and a hidden
+/// <c>writer &lt;heap-path&gt; &lt;seed&gt;</c>, the child process the demo kills.
+/// </summary>
+public static class Program
 {
-    return PersistentKvWriter.Run(args[1], int.Parse(args[2], CultureInfo.InvariantCulture));
-}
+    /// <summary>Runs the sample on the console.</summary>
+    /// <param name="args">The command line.</param>
+    /// <returns>0 when the recovered map matches the op log, 1 otherwise, 2 on a bad command line.</returns>
+    public static int Main(string[] args) => Run(args, Console.Out, Console.Error);
 
-double seconds = args.Length > 0 ? double.Parse(args[0], CultureInfo.InvariantCulture) : 2.0;
-Console.WriteLine("PersistentKv: a persistent hash map on the buffered-durable heap, written under load, crashed, recovered.");
-PersistentKvDemoResult result = PersistentKvDemo.Run(TimeSpan.FromSeconds(seconds), Console.Out);
-return result.MatchesOpLog ? 0 : 1;
+    /// <summary>Runs the sample with its output and errors going where the caller says (the tests call this).</summary>
+    /// <param name="args">The command line.</param>
+    /// <param name="output">Help and the run's report.</param>
+    /// <param name="error">Errors.</param>
+    /// <returns>0 when the recovered map matches the op log, 1 otherwise, 2 on a bad command line.</returns>
+    public static int Run(string[] args, TextWriter output, TextWriter error)
+    {
+        var duration = SampleCli.Duration("--duration", "-d", "How long the child writes before it is killed", TimeSpan.FromSeconds(2), TimeSpan.FromMilliseconds(100), TimeSpan.FromMinutes(10), "seconds");
+        var command = new RootCommand("PersistentKv: a persistent hash map on the buffered-durable heap, written under load by a child process, killed with SIGKILL, recovered and compared with the op log.");
+        duration.AddTo(command);
+
+        var path = new Argument<string>("heap-path");
+        var seed = new Argument<int>("seed");
+        var writer = new Command(PersistentKvWriter.Role, "The child process the demo kills: create the heap and write until killed.") { path, seed };
+        writer.Hidden = true;
+        writer.SetAction(parse => PersistentKvWriter.Run(parse.GetValue(path)!, parse.GetValue(seed)));
+        command.Add(writer);
+
+        return SampleCli.Invoke(command, args, output, error, parse =>
+        {
+            output.WriteLine("PersistentKv: a persistent hash map on the buffered-durable heap, written under load, crashed, recovered.");
+            PersistentKvDemoResult result = PersistentKvDemo.Run(duration.Value(parse), output);
+            return result.MatchesOpLog ? SampleCli.Success : SampleCli.Failed;
+        });
+    }
+}

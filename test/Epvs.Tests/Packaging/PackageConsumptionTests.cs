@@ -27,10 +27,11 @@ public class PackageConsumptionTests
         {
             // Pack from a copy so this never races a build of the working tree.
             string copy = Path.Combine(work, "repo");
-            foreach (string file in new[] { "Directory.Build.props", "Directory.Packages.props", "global.json", "README.md" })
+            foreach (string file in new[] { "Directory.Build.props", "Directory.Packages.props", "global.json", "README.md", "LICENSE", "CHANGELOG.md", ".editorconfig" })
                 CopyInto(Path.Combine(root, file), Path.Combine(copy, file));
             foreach (string file in Directory.EnumerateFiles(Path.Combine(root, "src", "Epvs"), "*", SearchOption.AllDirectories)
-                         .Where(f => f.EndsWith(".cs", StringComparison.Ordinal) || f.EndsWith(".csproj", StringComparison.Ordinal))
+                         .Where(f => f.EndsWith(".cs", StringComparison.Ordinal) || f.EndsWith(".csproj", StringComparison.Ordinal) ||
+                                     Path.GetFileName(f).StartsWith("PublicAPI.", StringComparison.Ordinal))
                          .Where(f => !f.Contains($"{Path.DirectorySeparatorChar}obj{Path.DirectorySeparatorChar}") &&
                                      !f.Contains($"{Path.DirectorySeparatorChar}bin{Path.DirectorySeparatorChar}")))
                 CopyInto(file, Path.Combine(copy, Path.GetRelativePath(root, file)));
@@ -49,6 +50,25 @@ public class PackageConsumptionTests
                     Assert.Contains($"lib/{tfm}/Epvs.xml", entries);
                 }
                 Assert.Contains("README.md", entries);
+                Assert.Contains("LICENSE", entries);
+                Assert.Contains("CHANGELOG.md", entries);
+
+                // The license names MIT and credits FASTER's design; the metadata points at the repository and the notes.
+                string license = ReadEntry(zip, "LICENSE");
+                Assert.StartsWith("MIT License", license, StringComparison.Ordinal);
+                Assert.Contains("Microsoft FASTER", license, StringComparison.Ordinal);
+                var nuspec = System.Xml.Linq.XDocument.Parse(ReadEntry(zip, "Epvs.nuspec"));
+                System.Xml.Linq.XNamespace ns = nuspec.Root!.Name.Namespace;
+                System.Xml.Linq.XElement metadata = nuspec.Root.Element(ns + "metadata")!;
+                System.Xml.Linq.XElement? repository = metadata.Element(ns + "repository");
+                Assert.NotNull(repository);
+                Assert.Equal("git", (string?)repository!.Attribute("type"));
+                Assert.StartsWith("https://github.com/", (string?)repository.Attribute("url"), StringComparison.Ordinal);
+                Assert.Equal((string?)repository.Attribute("url"), (string?)metadata.Element(ns + "projectUrl"));
+                Assert.Equal("MIT", (string?)metadata.Element(ns + "license"));
+                Assert.Equal("README.md", (string?)metadata.Element(ns + "readme"));
+                Assert.Contains("CHANGELOG.md", (string?)metadata.Element(ns + "releaseNotes"), StringComparison.Ordinal);
+                Assert.Contains("epoch-protection", (string?)metadata.Element(ns + "tags"), StringComparison.Ordinal);
             }
             string version = Path.GetFileNameWithoutExtension(package).Substring("Epvs.".Length);
 
@@ -95,6 +115,12 @@ public class PackageConsumptionTests
             {
             }
         }
+    }
+
+    private static string ReadEntry(ZipArchive zip, string name)
+    {
+        using var reader = new StreamReader(zip.GetEntry(name)!.Open());
+        return reader.ReadToEnd();
     }
 
     private static void CopyInto(string from, string to)
