@@ -145,7 +145,8 @@ public sealed class BufferedDurableHeapTests
             parkedId = Environment.CurrentManagedThreadId;
             entered.Set();
             release.Wait(Workers.JoinTimeout);
-        }) { IsBackground = true };
+        })
+        { IsBackground = true };
         parked.Start();
         Assert.True(entered.Wait(Workers.JoinTimeout));
         map.Set(2, 2);

@@ -28,7 +28,8 @@ internal static class Workers
                 {
                     failures.Enqueue(e);
                 }
-            }) { IsBackground = true, Name = $"worker-{i}" };
+            })
+            { IsBackground = true, Name = $"worker-{i}" };
             threads[i].Start();
         }
 
