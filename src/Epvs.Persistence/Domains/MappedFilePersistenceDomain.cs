@@ -112,6 +112,16 @@ internal sealed unsafe class MappedFilePersistenceDomain : PersistenceDomain
         }
     }
 
+    private protected override void QuarantineCore()
+    {
+        // Windows: the view is kept (never unmapped); Unix: replaced by anonymous memory.
+        _unixMapping?.Quarantine();
+        if (_fileReferenced)
+        {
+            _file.DangerousRelease();
+        }
+    }
+
     private protected override void WriteBackCore(long offset, long length)
     {
         if (length == 0)

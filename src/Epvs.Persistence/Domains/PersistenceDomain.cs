@@ -126,6 +126,24 @@ public abstract unsafe class PersistenceDomain : IDisposable
         return true;
     }
 
+    /// <summary>
+    /// Closes the domain without unmapping: the memory stays addressable (on Linux as private anonymous memory, detached
+    /// from the file) for threads that may still be using it. See <see cref="HeapFile.Dispose()"/>.
+    /// </summary>
+    internal void Quarantine()
+    {
+        // Interlocked.Exchange: full fence; exactly one caller runs the release (or this instead of it).
+        if (Interlocked.Exchange(ref _disposed, 1) == 0)
+        {
+            QuarantineCore();
+        }
+    }
+
+    /// <summary>Detaches the memory from the medium without freeing it; by default keeps it as it is.</summary>
+    private protected virtual void QuarantineCore()
+    {
+    }
+
     /// <summary>Unmaps the memory. Stores not persisted before are durable only as the kind of domain allows.</summary>
     public void Dispose()
     {

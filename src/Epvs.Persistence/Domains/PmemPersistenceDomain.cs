@@ -61,6 +61,8 @@ internal sealed unsafe class PmemPersistenceDomain : PersistenceDomain
         }
     }
 
+    private protected override void QuarantineCore() => _mapping.Quarantine();
+
     private protected override void WriteBackCore(long offset, long length)
     {
         if (_isPmem)

@@ -42,6 +42,7 @@ public sealed unsafe partial class BufferedDurableHeap
         {
             RecoveryParallelism = options.RecoveryParallelism,
             Faults = options.HeapFaults,
+            OwnerKind = HeapLayout.KindBufferedDurable,
             RecoveryFilter = (block, header) =>
             {
                 if (header.EpochTag <= 0 || (header.EpochTag > cut && !keepBeyond))

@@ -106,8 +106,29 @@ public sealed unsafe partial class BufferedDurableHeap : IDisposable
     /// <param name="options">Durability mode, advance period, recovery; null for the defaults.</param>
     /// <returns>The empty heap, with its advancer running.</returns>
     /// <exception cref="HeapFileException">See <see cref="HeapFile.Create(string, HeapFileOptions?)"/>.</exception>
-    public static BufferedDurableHeap Create(string path, HeapFileOptions? fileOptions = null, BufferedDurableHeapOptions? options = null) =>
-        Own(HeapFile.Create(path, fileOptions), options);
+    /// <exception cref="ArgumentOutOfRangeException">An option is out of range; no file is created.</exception>
+    public static BufferedDurableHeap Create(string path, HeapFileOptions? fileOptions = null, BufferedDurableHeapOptions? options = null)
+    {
+        // Options first: an invalid one must not leave a file behind (a retry would then find the path taken).
+        options?.Validate();
+        HeapFile file = HeapFile.Create(path, fileOptions);
+        try
+        {
+            return Own(file, options);
+        }
+        catch
+        {
+            // A heap that never held data: do not leave it behind either.
+            string? created = file.Path;
+            file.Dispose();
+            if (created is not null)
+            {
+                System.IO.File.Delete(created);
+            }
+
+            throw;
+        }
+    }
 
     /// <summary>Opens an existing heap file and recovers it (see the class remarks); disposing the heap disposes the file.</summary>
     /// <param name="path">The heap file.</param>
@@ -116,7 +137,7 @@ public sealed unsafe partial class BufferedDurableHeap : IDisposable
     /// <returns>The recovered heap; structures take their payloads with <see cref="TakeRecoveredPayloads(int)"/>.</returns>
     /// <exception cref="HeapFileException">See <see cref="HeapFile.Open(string, HeapFileOptions?)"/>.</exception>
     public static BufferedDurableHeap Open(string path, HeapFileOptions? fileOptions = null, BufferedDurableHeapOptions? options = null) =>
-        Own(HeapFile.Open(path, fileOptions), options);
+        Own(HeapFile.Open(path, fileOptions, HeapLayout.KindBufferedDurable), options);
 
     /// <summary>Opens (recovering) a heap file the caller owns, for example one on a <see cref="SimulatedPersistenceDomain"/>; the file is not disposed with the heap.</summary>
     /// <param name="file">A heap file just created or opened, not used by another heap.</param>
@@ -145,6 +166,15 @@ public sealed unsafe partial class BufferedDurableHeap : IDisposable
         }
 
         VersionSchemeState state = _scheme.Enter();
+
+        // Volatile.Read: acquire; pairs with the exchange in Dispose. Enter announced with a full fence first, so
+        // either this operation sees the flag and backs out, or Dispose's wait for operations sees this one.
+        if (Volatile.Read(ref _disposed) != 0)
+        {
+            _scheme.Leave();
+            ThrowHelper.ThrowObjectDisposed(this);
+        }
+
         // Volatile.Read: acquire; the base is written once in the constructor before any operation can begin.
         return new DurableOperation(this, buffers, Volatile.Read(ref _versionBase) + state.Version);
     }
@@ -180,6 +210,11 @@ public sealed unsafe partial class BufferedDurableHeap : IDisposable
     /// the heap (and the file, when the heap opened it) with a clean-shutdown mark. Every thread must have ended its
     /// operations.
     /// </summary>
+    /// <remarks>Operations that begin after Dispose has started throw <see cref="ObjectDisposedException"/>. If a thread
+    /// stays inside an operation past <see cref="BufferedDurableHeapOptions.SyncTimeout"/>, the heap is closed without
+    /// a clean-shutdown mark and without unmapping under that thread: the mapping is replaced with private anonymous
+    /// memory (Linux; elsewhere it is kept mapped), so the straggler can neither crash nor write to the file, and the
+    /// file lock is released; then <see cref="TimeoutException"/> is thrown.</remarks>
     /// <exception cref="TimeoutException">A thread is still inside an operation, so the last advance could not run within <see cref="BufferedDurableHeapOptions.SyncTimeout"/>; the heap is closed anyway and recovery keeps the frontier prefix.</exception>
     public void Dispose()
     {
@@ -210,22 +245,62 @@ public sealed unsafe partial class BufferedDurableHeap : IDisposable
                 machineInFlight = _inflight is not null;
             }
 
-            if (!machineInFlight)
+            // No operation may still be inside the mapping when it is unmapped: wait (briefly if the sync already
+            // waited its full timeout) until every thread that entered before the flag has left.
+            bool drained = WaitForOperations(failure is TimeoutException ? TimeSpan.FromMilliseconds(100) : _syncTimeout);
+            if (!drained)
+            {
+                failure ??= new TimeoutException($"BufferedDurableHeap.Dispose: a thread stayed inside an operation for {_syncTimeout.TotalSeconds:0.#} s; the heap was closed without unmapping under it (see the remarks of Dispose).");
+            }
+
+            if (!machineInFlight && drained)
             {
                 _scheme.Dispose();
             }
 
-            _local.Dispose();
-            _heap.Dispose();
+            if (drained)
+            {
+                _local.Dispose();
+            }
+
+            _heap.Dispose(drained);
             if (_ownsFile)
             {
-                _heap.File.Dispose();
+                _heap.File.Dispose(drained);
             }
         }
 
         if (failure is TimeoutException)
         {
             throw failure;
+        }
+    }
+
+    private bool WaitForOperations(TimeSpan timeout)
+    {
+        if (_scheme.Epoch.ThisInstanceProtected())
+        {
+            // Dispose from inside an operation: that operation is in flight by definition.
+            return false;
+        }
+
+        if ((_faults & DurabilityFaults.SkipDisposeWait) != 0)
+        {
+            return true;
+        }
+
+        try
+        {
+            // The action runs once every thread protected before the bump has left.
+            return _scheme.Epoch.BumpCurrentEpochAsync(static () => { }).Wait(timeout);
+        }
+        catch (AggregateException)
+        {
+            return false;
+        }
+        catch (ObjectDisposedException)
+        {
+            return false;
         }
     }
 
@@ -296,7 +371,7 @@ public sealed unsafe partial class BufferedDurableHeap : IDisposable
         }
     }
 
-    /// <summary>After <see cref="Dispose"/>: why no state was saved for a fast reopen; null when it was saved.</summary>
+    /// <summary>After <see cref="Dispose()"/>: why no state was saved for a fast reopen; null when it was saved.</summary>
     internal string? SavedStateFailure { get; private set; } = "not disposed yet";
 
     /// <summary>

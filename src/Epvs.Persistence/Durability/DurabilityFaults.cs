@@ -31,4 +31,7 @@ internal enum DurabilityFaults
 
     /// <summary>Operations never help reclaim, however large the backlog of retired payloads grows (no back-pressure).</summary>
     NoBackPressure = 64,
+
+    /// <summary>Dispose does not wait for operations in flight and unmaps under them (the old behaviour; a crash).</summary>
+    SkipDisposeWait = 128,
 }

@@ -1,7 +1,10 @@
 using System;
 using System.Buffers.Binary;
 using System.IO;
+using System.Runtime.CompilerServices;
+using System.Runtime.InteropServices;
 using System.Threading;
+using System.Threading.Tasks;
 
 namespace Epvs.Persistence;
 
@@ -14,7 +17,7 @@ namespace Epvs.Persistence;
 /// <para>Bad input never changes the file: every check (read-only, lock, size, magic, version, geometry) runs before
 /// the file is mapped, and each failure is a <see cref="HeapFileException"/> whose <see cref="HeapFileException.Error"/>
 /// says which. An existing file is never reformatted.</para>
-/// <para>The first write of an open is clearing the clean-shutdown flag; <see cref="Dispose"/> persists the whole heap
+/// <para>The first write of an open is clearing the clean-shutdown flag; <see cref="Dispose()"/> persists the whole heap
 /// and sets it again, so <see cref="WasCleanShutdown"/> tells the next opener whether the previous one crashed.</para>
 /// </remarks>
 public sealed unsafe class HeapFile : IDisposable
@@ -28,6 +31,10 @@ public sealed unsafe class HeapFile : IDisposable
     private readonly FileStream? _lockedFile;
     private readonly bool _ownsDomain;
     private readonly object _growGate = new();
+
+    // Every access to the mapping through a public member runs inside protection on this epoch, so Dispose can wait
+    // for the accesses in flight before it unmaps (or, if they do not finish, never unmaps under them).
+    private readonly LightEpoch _operations = new();
     private int _disposed;
 
     private HeapFile(PersistenceDomain domain, FileStream? lockedFile, bool ownsDomain, string? path, bool wasClean)
@@ -51,23 +58,26 @@ public sealed unsafe class HeapFile : IDisposable
     public bool WasCleanShutdown { get; }
 
     /// <summary>The number of bytes of the file the heap uses; grows as the allocator adds segments.</summary>
-    public long Size => (long)VolatileWord(HeapLayout.HeapSizeOffset);
+    /// <exception cref="ObjectDisposedException">The file was disposed.</exception>
+    public long Size => SealedValue(HeapLayout.HeapSizeOffset);
 
     /// <summary>The number of segments in use.</summary>
     public long SegmentCount => (Size - DataStart) / HeapLayout.SegmentSize;
 
     /// <summary>The persisted epoch clock (buffered durability, part 2). Setting it stores and persists the word.</summary>
+    /// <exception cref="ArgumentOutOfRangeException">The value is negative or 2^42 or more.</exception>
     public long EpochClock
     {
-        get => (long)VolatileWord(HeapLayout.EpochClockOffset);
-        set => StoreAndPersist(HeapLayout.EpochClockOffset, (ulong)value);
+        get => SealedValue(HeapLayout.EpochClockOffset);
+        set => StoreAndPersist(HeapLayout.EpochClockOffset, HeapLayout.Seal(value, HeapLayout.EpochClockOffset));
     }
 
     /// <summary>The persisted durable frontier (buffered durability, part 2). Setting it stores and persists the word.</summary>
+    /// <exception cref="ArgumentOutOfRangeException">The value is negative or 2^42 or more.</exception>
     public long DurableFrontier
     {
-        get => (long)VolatileWord(HeapLayout.DurableFrontierOffset);
-        set => StoreAndPersist(HeapLayout.DurableFrontierOffset, (ulong)value);
+        get => SealedValue(HeapLayout.DurableFrontierOffset);
+        set => StoreAndPersist(HeapLayout.DurableFrontierOffset, HeapLayout.Seal(value, HeapLayout.DurableFrontierOffset));
     }
 
     internal long MaxSegments { get; }
@@ -144,10 +154,18 @@ public sealed unsafe class HeapFile : IDisposable
     /// <exception cref="FileNotFoundException">There is no file at <paramref name="path"/>.</exception>
     /// <exception cref="HeapFileException">The file is read-only, already open, too small, truncated, not a heap file,
     /// of a newer format, damaged, or the requested domain is unavailable. The file is unchanged.</exception>
-    public static HeapFile Open(string path, HeapFileOptions? options = null)
+    public static HeapFile Open(string path, HeapFileOptions? options = null) => Open(path, options, HeapLayout.KindUnclaimed);
+
+    /// <summary>Opens the file for a heap of <paramref name="kind"/>: a file another kind of heap owns is refused before anything is written.</summary>
+    internal static HeapFile Open(string path, HeapFileOptions? options, long kind)
     {
         options ??= new HeapFileOptions();
         string fullPath = System.IO.Path.GetFullPath(path);
+        if (Directory.Exists(fullPath))
+        {
+            ThrowHelper.ThrowHeapFile(HeapFileError.NotAHeapFile, $"Cannot open heap file '{fullPath}': it is a directory. Give the path of the heap file itself.");
+        }
+
         if (!File.Exists(fullPath))
         {
             throw new FileNotFoundException($"Heap file '{fullPath}' does not exist; create it with HeapFile.Create.", fullPath);
@@ -168,8 +186,19 @@ public sealed unsafe class HeapFile : IDisposable
                 RandomAccess.Read(stream.SafeFileHandle, superblock, 0);
             }
 
-            (long heapSize, long maxSegments, long dataStart) = Validate(superblock, fileLength, fullPath);
+            (long heapSize, long maxSegments, long dataStart) = Validate(superblock, fileLength, fullPath, kind);
             PersistenceDomain domain = MapDomain(stream, fullPath, heapSize, dataStart + (maxSegments * HeapLayout.SegmentSize), options);
+            try
+            {
+                // After every check and the mapping (which touches no page), before the first store.
+                Preallocate(stream, heapSize, fullPath);
+            }
+            catch
+            {
+                domain.Dispose();
+                throw;
+            }
+
             return Attach(domain, stream, ownsDomain: true, fullPath);
         }
         catch
@@ -200,46 +229,126 @@ public sealed unsafe class HeapFile : IDisposable
     {
         ArgumentNullException.ThrowIfNull(domain);
         ReadOnlySpan<byte> superblock = domain.Length >= HeapLayout.SuperblockSize ? domain.GetSpan(0, HeapLayout.SuperblockSize) : default;
-        Validate(superblock, domain.Length, $"<{domain.Kind} domain>");
+        Validate(superblock, domain.Length, $"<{domain.Kind} domain>", HeapLayout.KindUnclaimed);
         return Attach(domain, null, ownsDomain: false, null);
     }
 
     /// <summary>Reads root word <paramref name="slot"/>.</summary>
     /// <exception cref="ArgumentOutOfRangeException"><paramref name="slot"/> is not in [0, <see cref="RootSlotCount"/>).</exception>
-    public long GetRoot(int slot) => (long)VolatileWord(RootOffset(slot));
+    /// <exception cref="ObjectDisposedException">The file was disposed.</exception>
+    public long GetRoot(int slot)
+    {
+        int offset = RootOffset(slot);
+        EnterOperation();
+        try
+        {
+            return (long)VolatileWord(offset);
+        }
+        finally
+        {
+            ExitOperation();
+        }
+    }
 
     /// <summary>Stores root word <paramref name="slot"/> and persists it: durable on return.</summary>
     /// <exception cref="ArgumentOutOfRangeException"><paramref name="slot"/> is not in [0, <see cref="RootSlotCount"/>).</exception>
     public void SetRoot(int slot, long value) => StoreAndPersist(RootOffset(slot), (ulong)value);
 
     /// <summary>
-    /// Persists the whole heap, marks the shutdown clean, unmaps and releases the lock. Callers must have stopped
-    /// using the heap (and every pointer or span into it) first.
+    /// Persists the whole heap, marks the shutdown clean, unmaps and releases the lock. Never throws for a second call.
     /// </summary>
-    public void Dispose()
+    /// <remarks>
+    /// Calls that start after Dispose throw <see cref="ObjectDisposedException"/>. Dispose waits (up to 30 s) for calls
+    /// already inside the file — of this type, of a <see cref="PersistentHeap"/> on it — to return before it unmaps. If
+    /// they do not (a thread descheduled for that long, or Dispose called from inside such a call), it does not mark the
+    /// shutdown clean (the next open recovers) and, instead of unmapping under them, replaces the mapping with private
+    /// anonymous memory (Linux), so the stragglers neither crash nor write to the file, and releases the lock; the
+    /// address range stays reserved. Spans and addresses obtained from the heap must not be used after Dispose.
+    /// </remarks>
+    public void Dispose() => Dispose(operationsDrained: true);
+
+    /// <summary>The in-flight wait of <see cref="Dispose()"/>.</summary>
+    internal static TimeSpan DisposeWait { get; set; } = TimeSpan.FromSeconds(30);
+
+    /// <summary>
+    /// Disposes; <paramref name="operationsDrained"/> false says an owner (a buffered heap) knows of threads still
+    /// inside operations, so the mapping is quarantined, not unmapped, whatever this file's own wait finds.
+    /// </summary>
+    internal void Dispose(bool operationsDrained)
     {
-        // Interlocked.Exchange: full fence; exactly one caller shuts down.
+        // Interlocked.Exchange: full fence; exactly one caller shuts down. Pairs with the re-check after Resume in
+        // EnterOperation: a call either sees the flag and backs out, or is protected before WaitForOperations scans.
         if (Interlocked.Exchange(ref _disposed, 1) != 0)
         {
             return;
         }
 
+        bool drained = operationsDrained && (HeapFileTestHooks.SkipOperationWait || (!_operations.ThisInstanceProtected() && WaitForOperations(DisposeWait)));
         try
         {
-            if (!Domain.IsDisposed)
+            if (drained && !Domain.IsDisposed)
             {
-                Domain.Persist(0, Size);
-                StoreAndPersist(HeapLayout.CleanShutdownOffset, 1);
+                Domain.Persist(0, (long)(VolatileWord(HeapLayout.HeapSizeOffset) & HeapLayout.SealedValueMask));
+                StoreAndPersist(HeapLayout.CleanShutdownOffset, HeapLayout.Seal(1, HeapLayout.CleanShutdownOffset));
             }
         }
         finally
         {
             if (_ownsDomain)
             {
-                Domain.Dispose();
+                if (drained)
+                {
+                    Domain.Dispose();
+                }
+                else
+                {
+                    Domain.Quarantine();
+                }
             }
 
             _lockedFile?.Dispose();
+            if (drained)
+            {
+                _operations.Dispose();
+            }
+        }
+    }
+
+    /// <summary>Enters a call that touches the mapping; throws if the file is disposed.</summary>
+    [MethodImpl(MethodImplOptions.AggressiveInlining)]
+    internal void EnterOperation()
+    {
+        // Volatile.Read: acquire; pairs with the exchange in Dispose. (Checked first so that a disposed file throws
+        // its own ObjectDisposedException rather than the epoch's.)
+        if (Volatile.Read(ref _disposed) != 0)
+        {
+            ThrowHelper.ThrowObjectDisposed(this);
+        }
+
+        // Resume announces with a full fence before the re-check below: store-load ordered against Dispose's
+        // exchange-then-scan, so Dispose cannot miss a call that missed the flag.
+        _operations.Resume();
+        if (Volatile.Read(ref _disposed) != 0)
+        {
+            _operations.Suspend();
+            ThrowHelper.ThrowObjectDisposed(this);
+        }
+    }
+
+    /// <summary>Leaves a call entered with <see cref="EnterOperation"/>.</summary>
+    [MethodImpl(MethodImplOptions.AggressiveInlining)]
+    internal void ExitOperation() => _operations.Suspend();
+
+    private bool WaitForOperations(TimeSpan timeout)
+    {
+        // The action runs once every thread protected before the bump has left: then no call is inside the mapping.
+        try
+        {
+            return _operations.BumpCurrentEpochAsync(static () => { }).Wait(timeout);
+        }
+        catch (AggregateException)
+        {
+            return false;
         }
     }
 
@@ -266,12 +375,45 @@ public sealed unsafe class HeapFile : IDisposable
 
             // The file is longer before the superblock says so: a crash in between leaves unused tail bytes, never
             // a superblock claiming bytes the file lacks.
-            StoreAndPersist(HeapLayout.HeapSizeOffset, (ulong)newSize);
+            StoreAndPersist(HeapLayout.HeapSizeOffset, HeapLayout.Seal(newSize, HeapLayout.HeapSizeOffset));
             return true;
         }
     }
 
     internal ulong Word(int offset) => *(ulong*)(Pointer + offset);
+
+    /// <summary>
+    /// Records which kind of heap owns the file (the first opener claims it) or fails if another kind does: a file of a
+    /// raw <see cref="PersistentHeap"/> opened as a <see cref="BufferedDurableHeap"/> would otherwise lose every block.
+    /// </summary>
+    internal void ClaimKind(long kind)
+    {
+        long owner = SealedValue(HeapLayout.HeapKindOffset);
+        if (owner == kind)
+        {
+            return;
+        }
+
+        if (owner != HeapLayout.KindUnclaimed)
+        {
+            ThrowKindMismatch(Path ?? $"<{Domain.Kind} domain>", owner, kind);
+        }
+
+        StoreAndPersist(HeapLayout.HeapKindOffset, HeapLayout.Seal(kind, HeapLayout.HeapKindOffset));
+    }
+
+    private long SealedValue(int offset)
+    {
+        EnterOperation();
+        try
+        {
+            return (long)(VolatileWord(offset) & HeapLayout.SealedValueMask);
+        }
+        finally
+        {
+            ExitOperation();
+        }
+    }
 
     private ulong VolatileWord(int offset) =>
         // Volatile.Read: acquire; pairs with the release in StoreAndPersist.
@@ -279,12 +421,26 @@ public sealed unsafe class HeapFile : IDisposable
 
     private void StoreAndPersist(int offset, ulong value)
     {
-        // Volatile.Read: acquire; pairs with the Interlocked.Exchange in Dispose (best-effort misuse check).
-        if (Volatile.Read(ref _disposed) != 0 && offset != HeapLayout.CleanShutdownOffset)
+        if (offset == HeapLayout.CleanShutdownOffset)
         {
-            ThrowHelper.ThrowObjectDisposed(this);
+            // Only Dispose writes it, after the wait for calls in flight.
+            StoreAndPersistCore(offset, value);
+            return;
         }
 
+        EnterOperation();
+        try
+        {
+            StoreAndPersistCore(offset, value);
+        }
+        finally
+        {
+            ExitOperation();
+        }
+    }
+
+    private void StoreAndPersistCore(int offset, ulong value)
+    {
         // Volatile.Write: release; a reader of the word also sees what was written before it. One aligned 8-byte
         // store, so failure-atomic.
         Volatile.Write(ref *(ulong*)(Pointer + offset), value);
@@ -304,10 +460,10 @@ public sealed unsafe class HeapFile : IDisposable
     private static HeapFile Attach(PersistenceDomain domain, FileStream? stream, bool ownsDomain, string? path)
     {
         ulong* clean = (ulong*)(domain.Pointer + HeapLayout.CleanShutdownOffset);
-        bool wasClean = *clean == 1;
+        bool wasClean = HeapLayout.TryUnseal(*clean, HeapLayout.CleanShutdownOffset, out long flag) && flag == 1;
 
         // The first write of an open. Volatile.Write: release (plain data before it is not reordered after it).
-        Volatile.Write(ref *clean, 0UL);
+        Volatile.Write(ref *clean, HeapLayout.Seal(0, HeapLayout.CleanShutdownOffset));
         domain.Persist(HeapLayout.CleanShutdownOffset, sizeof(ulong));
         return new HeapFile(domain, stream, ownsDomain, path, wasClean);
     }
@@ -333,7 +489,12 @@ public sealed unsafe class HeapFile : IDisposable
         new Span<byte>(p, HeapLayout.SuperblockSize).Clear();
         new Span<byte>(p + HeapLayout.SuperblockSize, checked((int)HeapLayout.TableBytes(maxSegments))).Clear();
         *(ulong*)(p + HeapLayout.FormatVersionOffset) = (ulong)HeapLayout.FormatVersion;
-        *(ulong*)(p + HeapLayout.HeapSizeOffset) = (ulong)heapSize;
+        *(ulong*)(p + HeapLayout.HeapSizeOffset) = HeapLayout.Seal(heapSize, HeapLayout.HeapSizeOffset);
+        foreach (int sealedZero in new[] { HeapLayout.CleanShutdownOffset, HeapLayout.EpochClockOffset, HeapLayout.DurableFrontierOffset, HeapLayout.HeapKindOffset })
+        {
+            *(ulong*)(p + sealedZero) = HeapLayout.Seal(0, sealedZero);
+        }
+
         *(ulong*)(p + HeapLayout.SegmentSizeOffset) = HeapLayout.SegmentSize;
         *(ulong*)(p + HeapLayout.MaxSegmentsOffset) = (ulong)maxSegments;
         *(ulong*)(p + HeapLayout.DataStartOffset) = (ulong)dataStart;
@@ -346,7 +507,7 @@ public sealed unsafe class HeapFile : IDisposable
         domain.Persist(HeapLayout.MagicOffset, sizeof(ulong));
     }
 
-    private static (long HeapSize, long MaxSegments, long DataStart) Validate(ReadOnlySpan<byte> superblock, long fileLength, string name)
+    private static (long HeapSize, long MaxSegments, long DataStart) Validate(ReadOnlySpan<byte> superblock, long fileLength, string name, long kind)
     {
         if (fileLength < HeapLayout.SuperblockSize)
         {
@@ -360,6 +521,11 @@ public sealed unsafe class HeapFile : IDisposable
         }
 
         ulong version = Read(superblock, HeapLayout.FormatVersionOffset);
+        if (version is > 0 and < (ulong)HeapLayout.FormatVersion)
+        {
+            ThrowHelper.ThrowHeapFile(HeapFileError.OlderFormatVersion, $"Cannot open heap file '{name}': it has format version {version}, which this library no longer reads (it reads version {HeapLayout.FormatVersion}, which adds checksums to the superblock). Open it with the Epvs.Persistence that wrote it and copy the data out.");
+        }
+
         if (version > (ulong)HeapLayout.FormatVersion)
         {
             ThrowHelper.ThrowHeapFile(HeapFileError.NewerFormatVersion, $"Cannot open heap file '{name}': it has format version {version}, and this library reads versions up to {HeapLayout.FormatVersion}. Open it with a newer Epvs.Persistence.");
@@ -368,7 +534,26 @@ public sealed unsafe class HeapFile : IDisposable
         ulong segmentSize = Read(superblock, HeapLayout.SegmentSizeOffset);
         ulong maxSegments = Read(superblock, HeapLayout.MaxSegmentsOffset);
         ulong dataStart = Read(superblock, HeapLayout.DataStartOffset);
-        ulong heapSize = Read(superblock, HeapLayout.HeapSizeOffset);
+        if (!HeapLayout.TryUnseal(Read(superblock, HeapLayout.HeapSizeOffset), HeapLayout.HeapSizeOffset, out long sealedSize))
+        {
+            ThrowHelper.ThrowHeapFile(HeapFileError.Corrupt, $"Cannot open heap file '{name}': its superblock is damaged (the heap size word fails its check).");
+        }
+
+        foreach ((int offset, string what) in new[] { (HeapLayout.CleanShutdownOffset, "clean-shutdown flag"), (HeapLayout.EpochClockOffset, "epoch clock"), (HeapLayout.DurableFrontierOffset, "durable frontier"), (HeapLayout.HeapKindOffset, "heap kind") })
+        {
+            if (!HeapLayout.TryUnseal(Read(superblock, offset), offset, out _))
+            {
+                ThrowHelper.ThrowHeapFile(HeapFileError.Corrupt, $"Cannot open heap file '{name}': its superblock is damaged (the {what} word fails its check).");
+            }
+        }
+
+        HeapLayout.TryUnseal(Read(superblock, HeapLayout.HeapKindOffset), HeapLayout.HeapKindOffset, out long owner);
+        if (kind != HeapLayout.KindUnclaimed && owner != HeapLayout.KindUnclaimed && owner != kind)
+        {
+            ThrowKindMismatch(name, owner, kind);
+        }
+
+        ulong heapSize = (ulong)sealedSize;
         bool consistent = version == (ulong)HeapLayout.FormatVersion
             && Read(superblock, HeapLayout.GeometryCheckOffset) == HeapLayout.GeometryCheck(magic, version, segmentSize, maxSegments, dataStart)
             && segmentSize == HeapLayout.SegmentSize
@@ -390,6 +575,37 @@ public sealed unsafe class HeapFile : IDisposable
         return ((long)heapSize, (long)maxSegments, (long)dataStart);
     }
 
+    [System.Diagnostics.CodeAnalysis.DoesNotReturn]
+    private static void ThrowKindMismatch(string name, long owner, long kind)
+    {
+        static string Name(long k) => k == HeapLayout.KindRaw ? "a PersistentHeap" : k == HeapLayout.KindBufferedDurable ? "a BufferedDurableHeap" : $"an unknown heap kind ({k})";
+        ThrowHelper.ThrowHeapFile(HeapFileError.WrongHeapKind, $"Cannot open heap file '{name}' as {Name(kind)}: it belongs to {Name(owner)}, whose blocks the other kind would not recognize (and would free). Open it with {Name(owner)[2..]}.Open.");
+    }
+
+    /// <summary>
+    /// Reserves the file's blocks before mapping it (posix_fallocate): a sparse file (a copy made with holes, a file
+    /// system that ran full) would otherwise fail on a later store through the mapping with SIGBUS, killing the process.
+    /// </summary>
+    private static void Preallocate(FileStream stream, long length, string name)
+    {
+        if (OperatingSystem.IsWindows() || HeapFileTestHooks.SkipPreallocation)
+        {
+            return;
+        }
+
+        int error = HeapFileTestHooks.SimulatedFallocateError ?? Interop.Libc.PosixFallocate((int)stream.SafeFileHandle.DangerousGetHandle(), 0, length);
+        if (error is ENOSPC or EFBIG or EDQUOT)
+        {
+            ThrowHelper.ThrowHeapFile(HeapFileError.InsufficientSpace, $"Cannot open heap file '{name}': its {length} bytes are not all allocated on disk (a sparse file) and the file system has no space left to allocate them ({Marshal.GetPInvokeErrorMessage(error)}). Mapping it would crash the process on the first store into a hole. Free space, or copy the file without holes.");
+        }
+
+        // Other errors (EOPNOTSUPP, EINVAL on file systems without fallocate) leave the file as it is, like before.
+    }
+
+    private const int ENOSPC = 28;
+    private const int EFBIG = 27;
+    private const int EDQUOT = 122;
+
     private static ulong Read(ReadOnlySpan<byte> superblock, int offset) => BinaryPrimitives.ReadUInt64LittleEndian(superblock[offset..]);
 
     private static bool IsReadOnly(string path)
@@ -403,8 +619,11 @@ public sealed unsafe class HeapFile : IDisposable
         return (File.GetUnixFileMode(path) & UnixFileMode.UserWrite) == 0;
     }
 
+    private const int EROFS = 30;
+
     private static FileStream OpenLocked(string path)
     {
+
         try
         {
             // FileShare.None takes an exclusive advisory lock (flock on Unix, a share mode on Windows) that a second
@@ -414,6 +633,11 @@ public sealed unsafe class HeapFile : IDisposable
         catch (UnauthorizedAccessException e)
         {
             ThrowHelper.ThrowHeapFile(HeapFileError.ReadOnly, $"Cannot open heap file '{path}' for writing: access denied.", e);
+            throw;
+        }
+        catch (IOException e) when (e.HResult == EROFS)
+        {
+            ThrowHelper.ThrowHeapFile(HeapFileError.ReadOnly, $"Cannot open heap file '{path}' for writing: it is on a read-only file system. Remount it read-write or copy the file to a writable place.", e);
             throw;
         }
         catch (IOException e)

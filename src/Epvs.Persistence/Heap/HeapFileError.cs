@@ -32,4 +32,10 @@ public enum HeapFileError
 
     /// <summary>The requested persistence domain is not available (for example libpmem is not installed).</summary>
     DomainUnavailable = 10,
+
+    /// <summary>The file has a format version older than this library reads (version 1, before the superblock checksums).</summary>
+    OlderFormatVersion = 11,
+
+    /// <summary>The file belongs to the other kind of heap (a <see cref="PersistentHeap"/> file opened as a <see cref="BufferedDurableHeap"/>, or the reverse).</summary>
+    WrongHeapKind = 12,
 }

@@ -1,9 +1,11 @@
+using System;
 using System.Runtime.CompilerServices;
 
 namespace Epvs.Persistence;
 
 /// <summary>
-/// The persistent layout of an EPVS heap file, format version 1. Every persistent field is an 8-byte little-endian
+/// The persistent layout of an EPVS heap file, format version 2 (version 1 files are refused: version 2 added the
+/// sealed words and the heap kind). Every persistent field is an 8-byte little-endian
 /// word at an 8-byte aligned offset, written with a single aligned store, so it is failure-atomic: after a crash it
 /// holds an old or a new value, never a mix. Persistent data holds offsets from the start of the file, never pointers.
 /// </summary>
@@ -13,20 +15,25 @@ namespace Epvs.Persistence;
 ///         [4096, DataStart)              segment table: MaxSegments descriptors of 8 bytes (rounded up to 4096)
 ///         [DataStart + i*65536, +65536)  segment i, for i &lt; SegmentCount = (HeapSize - DataStart) / 65536
 ///
+/// Sealed words: value in bits 0..41, the low 22 bits of CRC-32(value, offset) in bits 42..63 (see Seal), so a word
+/// rewritten in place stays failure-atomic and a damaged one is detected instead of trusted.
+///
 /// Superblock (offset: word)
 ///     0  Magic            0x5041_4548_5356_5045, "EPVSHEAP" in ASCII; written last at creation
 ///     8  FormatVersion    1
-///    16  HeapSize         bytes in use: DataStart + SegmentCount*65536; grows (store + persist) after the file grew
+///    16  HeapSize         bytes in use: DataStart + SegmentCount*65536; grows (store + persist) after the file grew (sealed)
 ///    24  SegmentSize      65536
 ///    32  MaxSegments      capacity of the segment table
 ///    40  DataStart        offset of segment 0
-///    48  GeometryCheck    hash of words 0, 8, 24, 32, 40 (detects a damaged superblock)
-///    56  CleanShutdown    1 after an orderly Dispose, set to 0 (and persisted) as soon as a heap is opened
-///    64  EpochClock       the persisted epoch clock of buffered durability (part 2); 0 at creation
-///    72  DurableFrontier  the persisted durable frontier (part 2); 0 at creation
+///    48  GeometryCheck    XxHash3 of words 0, 8, 24, 32, 40 (detects a damaged superblock)
+///    56  CleanShutdown    1 after an orderly Dispose, set to 0 (and persisted) as soon as a heap is opened (sealed)
+///    64  EpochClock       the persisted epoch clock of buffered durability (part 2); 0 at creation (sealed)
+///    72  DurableFrontier  the persisted durable frontier (part 2); 0 at creation (sealed)
 ///    80  SavedState       offset of the saved allocator state of a clean shutdown (0: none); cleared durably at open
 ///    88  SavedStateWords  its length in 8-byte words
 ///    96  SavedStateCheck  a hash of its words and offset
+///   104  HeapKind         which heap owns the file: 0 none yet, 1 PersistentHeap, 2 BufferedDurableHeap (sealed);
+///                         set by the first open, and opening the file as the other kind fails
 ///   128  Root[0..15]      16 root words for the structures built on the heap (PayloadRef offsets or anything)
 ///
 /// Segment descriptor (table word i)
@@ -67,7 +74,7 @@ namespace Epvs.Persistence;
 internal static class HeapLayout
 {
     internal const ulong Magic = 0x5041_4548_5356_5045UL;
-    internal const long FormatVersion = 1;
+    internal const long FormatVersion = 2;
     internal const int SuperblockSize = 4096;
     internal const int SegmentSize = 64 * 1024;
     internal const int RootSlotCount = 16;
@@ -85,7 +92,17 @@ internal static class HeapLayout
     internal const int SavedStateOffset = 80;
     internal const int SavedStateWordsOffset = 88;
     internal const int SavedStateCheckOffset = 96;
+    internal const int HeapKindOffset = 104;
     internal const int RootsOffset = 128;
+
+    /// <summary>Bits of a sealed word that carry the value; the 22 bits above carry its check.</summary>
+    internal const int SealedValueBits = 42;
+    internal const ulong SealedValueMask = (1UL << SealedValueBits) - 1;
+
+    /// <summary>Heap kinds recorded in <see cref="HeapKindOffset"/> (sealed): 0 until a heap first opens the file.</summary>
+    internal const long KindUnclaimed = 0;
+    internal const long KindRaw = 1;
+    internal const long KindBufferedDurable = 2;
 
     internal const ulong SavedStateMagic = 0x5445_5453_4E45_504FUL;
     internal const int SavedStateHeaderWords = 7;
@@ -111,8 +128,43 @@ internal static class HeapLayout
 
     internal static long RoundUp(long value, long multiple) => (value + multiple - 1) / multiple * multiple;
 
-    internal static ulong GeometryCheck(ulong magic, ulong version, ulong segmentSize, ulong maxSegments, ulong dataStart) =>
-        Mix(Mix(Mix(Mix(Mix(magic) ^ version) ^ segmentSize) ^ maxSegments) ^ dataStart);
+    internal static ulong GeometryCheck(ulong magic, ulong version, ulong segmentSize, ulong maxSegments, ulong dataStart)
+    {
+        // XxHash3 (System.IO.Hashing) of the five immutable geometry words.
+        Span<ulong> words = stackalloc ulong[] { magic, version, segmentSize, maxSegments, dataStart };
+        return System.IO.Hashing.XxHash3.HashToUInt64(System.Runtime.InteropServices.MemoryMarshal.AsBytes(words));
+    }
+
+    /// <summary>
+    /// Seals a mutable superblock word (size, clock, frontier, clean flag, heap kind): the value in the low 42 bits, the
+    /// low 22 bits of a CRC-32 (System.IO.Hashing) of the value and the word's offset above it. One aligned 8-byte store,
+    /// so a crash leaves the old or the new sealed word, never a mix, and any other content — a flipped bit — fails
+    /// <see cref="TryUnseal"/>. (Every single-bit flip is caught: a test checks all 64 positions at every sealed offset.)
+    /// </summary>
+    internal static ulong Seal(long value, int offset)
+    {
+        if ((ulong)value > SealedValueMask)
+        {
+            ThrowHelper.ThrowArgumentOutOfRange(nameof(value), $"{value} does not fit a sealed superblock word (0 to 2^{SealedValueBits} - 1).");
+        }
+
+        return (ulong)value | ((ulong)SealCheck((ulong)value, offset) << SealedValueBits);
+    }
+
+    /// <summary>Whether <paramref name="word"/> is a sealed word of <paramref name="offset"/>; its value when it is.</summary>
+    internal static bool TryUnseal(ulong word, int offset, out long value)
+    {
+        value = (long)(word & SealedValueMask);
+        return word >> SealedValueBits == SealCheck(word & SealedValueMask, offset) || HeapFileTestHooks.IgnoreSeals;
+    }
+
+    private static uint SealCheck(ulong value, int offset)
+    {
+        Span<byte> bytes = stackalloc byte[16];
+        System.Buffers.Binary.BinaryPrimitives.WriteUInt64LittleEndian(bytes, value);
+        System.Buffers.Binary.BinaryPrimitives.WriteUInt64LittleEndian(bytes[8..], (ulong)offset ^ Magic);
+        return System.IO.Hashing.Crc32.HashToUInt32(bytes) & ((1u << (64 - SealedValueBits)) - 1);
+    }
 
     /// <summary>A hash of <paramref name="words"/>, seeded (for the saved state and the segment table).</summary>
     internal static unsafe ulong Hash(ulong* words, long count, ulong seed)

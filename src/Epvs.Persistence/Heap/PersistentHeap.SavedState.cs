@@ -219,7 +219,10 @@ public sealed unsafe partial class PersistentHeap
         }
 
         long segments = _file.SegmentCount;
-        if (offset < _dataStart || offset % sizeof(ulong) != 0 || words < HeapLayout.SavedStateHeaderWords || offset + (words * sizeof(ulong)) > _file.Size)
+        // Overflow-safe: both words come from the file and may be damaged; offset + words * 8 must not wrap around
+        // (a wrapped sum passed the old check and the hash below then read outside the mapping).
+        long heapSize = _file.Size;
+        if (offset < _dataStart || offset >= heapSize || offset % sizeof(ulong) != 0 || words < HeapLayout.SavedStateHeaderWords || words > (heapSize - offset) / sizeof(ulong))
         {
             SavedStateRejection = $"its position ({offset}, {words} words) is outside the heap";
             return null;

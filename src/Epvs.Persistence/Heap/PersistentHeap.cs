@@ -68,6 +68,9 @@ public sealed unsafe partial class PersistentHeap : IDisposable
 
         _caches = new ThreadLocal<ThreadCache>(() => new ThreadCache(), trackAllValues: true);
         _segmentFree = new bool[file.SegmentCount];
+
+        // Before recovery writes anything: a file of the other heap kind is refused, a new one is claimed.
+        file.ClaimKind(options.OwnerKind);
         RecoveryStatistics = Recover(options);
     }
 
@@ -99,7 +102,7 @@ public sealed unsafe partial class PersistentHeap : IDisposable
     /// <exception cref="HeapFileException">See <see cref="HeapFile.Open(string, HeapFileOptions?)"/>.</exception>
     public static PersistentHeap Open(string path, HeapFileOptions? options = null, PersistentHeapOptions? heapOptions = null)
     {
-        HeapFile file = HeapFile.Open(path, options);
+        HeapFile file = HeapFile.Open(path, options, HeapLayout.KindRaw);
         return OwnFile(file, heapOptions);
     }
 
@@ -141,6 +144,19 @@ public sealed unsafe partial class PersistentHeap : IDisposable
             ThrowHelper.ThrowArgumentOutOfRange(nameof(kind), $"{kind} is not a payload kind.");
         }
 
+        _file.EnterOperation();
+        try
+        {
+            return TryAllocateCore(size, typeId, out block, epochTag, kind, uid);
+        }
+        finally
+        {
+            _file.ExitOperation();
+        }
+    }
+
+    private bool TryAllocateCore(int size, int typeId, out PayloadRef block, long epochTag, PayloadKind kind, long uid)
+    {
         ThreadCache cache = _caches.Value!;
         if (uid == 0)
         {
@@ -175,6 +191,19 @@ public sealed unsafe partial class PersistentHeap : IDisposable
     /// <param name="block">A block returned by <c>Allocate</c> and not freed since.</param>
     /// <exception cref="InvalidOperationException">The block is not allocated (double free, or not a block of this heap).</exception>
     public void Free(PayloadRef block)
+    {
+        _file.EnterOperation();
+        try
+        {
+            FreeCore(block);
+        }
+        finally
+        {
+            _file.ExitOperation();
+        }
+    }
+
+    private void FreeCore(PayloadRef block)
     {
         (long segment, ulong descriptor) = Locate(block);
         ulong* commitWord = (ulong*)(_base + block.Offset + HeapLayout.CommitOffset);
@@ -214,6 +243,19 @@ public sealed unsafe partial class PersistentHeap : IDisposable
     /// <exception cref="InvalidOperationException">The block is not allocated.</exception>
     public PayloadHeader GetHeader(PayloadRef block)
     {
+        _file.EnterOperation();
+        try
+        {
+            return GetHeaderCore(block);
+        }
+        finally
+        {
+            _file.ExitOperation();
+        }
+    }
+
+    private PayloadHeader GetHeaderCore(PayloadRef block)
+    {
         (_, ulong descriptor) = Locate(block);
         ulong* h = (ulong*)(_base + block.Offset);
         // Volatile.Read: acquire; pairs with the release store of the commit word in WriteHeader.
@@ -238,8 +280,16 @@ public sealed unsafe partial class PersistentHeap : IDisposable
     /// <exception cref="InvalidOperationException">The block is not allocated.</exception>
     public void WriteBack(PayloadRef block)
     {
-        PayloadPointer(block, out int size);
-        _file.Domain.WriteBack(block.Offset, HeapLayout.HeaderSize + (long)size);
+        _file.EnterOperation();
+        try
+        {
+            PayloadPointerCore(block, out int size);
+            _file.Domain.WriteBack(block.Offset, HeapLayout.HeaderSize + (long)size);
+        }
+        finally
+        {
+            _file.ExitOperation();
+        }
     }
 
     /// <summary>
@@ -258,18 +308,46 @@ public sealed unsafe partial class PersistentHeap : IDisposable
             ThrowHelper.ThrowInvalidPayloadRef(block, "the offset is not a block position of this heap");
         }
 
-        _file.Domain.WriteBack(block.Offset, HeapLayout.HeaderSize);
+        _file.EnterOperation();
+        try
+        {
+            _file.Domain.WriteBack(block.Offset, HeapLayout.HeaderSize);
+        }
+        finally
+        {
+            _file.ExitOperation();
+        }
     }
 
     /// <summary>Waits until everything the calling thread wrote back is durable.</summary>
-    public void Fence() => _file.Domain.Fence();
+    /// <exception cref="ObjectDisposedException">The heap file was disposed.</exception>
+    public void Fence()
+    {
+        _file.EnterOperation();
+        try
+        {
+            _file.Domain.Fence();
+        }
+        finally
+        {
+            _file.ExitOperation();
+        }
+    }
 
     /// <summary>Writes back the block's header and payload and fences: on return the block and its payload are durable.</summary>
     /// <exception cref="InvalidOperationException">The block is not allocated.</exception>
     public void Persist(PayloadRef block)
     {
-        PayloadPointer(block, out int size);
-        _file.Domain.Persist(block.Offset, HeapLayout.HeaderSize + (long)size);
+        _file.EnterOperation();
+        try
+        {
+            PayloadPointerCore(block, out int size);
+            _file.Domain.Persist(block.Offset, HeapLayout.HeaderSize + (long)size);
+        }
+        finally
+        {
+            _file.ExitOperation();
+        }
     }
 
     /// <summary>
@@ -288,7 +366,15 @@ public sealed unsafe partial class PersistentHeap : IDisposable
     public void ForEachAllocated(Action<PayloadRef, PayloadHeader> visitor, int degreeOfParallelism = 1)
     {
         ArgumentNullException.ThrowIfNull(visitor);
-        Scan(visitor, degreeOfParallelism);
+        _file.EnterOperation();
+        try
+        {
+            Scan(visitor, degreeOfParallelism);
+        }
+        finally
+        {
+            _file.ExitOperation();
+        }
     }
 
     /// <summary>
@@ -332,10 +418,13 @@ public sealed unsafe partial class PersistentHeap : IDisposable
     }
 
     /// <summary>
-    /// Closes the allocator (and the heap file, when the heap created or opened it). Other threads must have stopped
-    /// using the heap and every payload span or address first.
+    /// Closes the allocator (and the heap file, when the heap created or opened it, with the wait for calls in flight
+    /// described on <see cref="HeapFile.Dispose()"/>). Later calls throw <see cref="ObjectDisposedException"/>; payload
+    /// spans and addresses must not be used after it.
     /// </summary>
-    public void Dispose()
+    public void Dispose() => Dispose(operationsDrained: true);
+
+    internal void Dispose(bool operationsDrained)
     {
         // Interlocked.Exchange: full fence; exactly one caller disposes.
         if (Interlocked.Exchange(ref _disposed, 1) != 0)
@@ -343,10 +432,15 @@ public sealed unsafe partial class PersistentHeap : IDisposable
             return;
         }
 
-        _caches.Dispose();
+        // The file first: it waits for the calls in flight, which use the caches.
         if (_ownsFile)
         {
-            _file.Dispose();
+            _file.Dispose(operationsDrained);
+        }
+
+        if (operationsDrained)
+        {
+            _caches.Dispose();
         }
     }
 
@@ -386,6 +480,11 @@ public sealed unsafe partial class PersistentHeap : IDisposable
     [MethodImpl(MethodImplOptions.AggressiveInlining)]
     private (long Segment, ulong Descriptor) Locate(PayloadRef block)
     {
+        if (_disposed != 0)
+        {
+            ThrowHelper.ThrowObjectDisposed(this);
+        }
+
         long relative = block.Offset - _dataStart;
         long segment = relative / HeapLayout.SegmentSize;
 
@@ -407,15 +506,23 @@ public sealed unsafe partial class PersistentHeap : IDisposable
             ThrowHelper.ThrowInvalidPayloadRef(block, "the offset is not the start of a block");
         }
 
-        if (_disposed != 0)
-        {
-            ThrowHelper.ThrowObjectDisposed(this);
-        }
-
         return (segment, descriptor);
     }
 
     private byte* PayloadPointer(PayloadRef block, out int size)
+    {
+        _file.EnterOperation();
+        try
+        {
+            return PayloadPointerCore(block, out size);
+        }
+        finally
+        {
+            _file.ExitOperation();
+        }
+    }
+
+    private byte* PayloadPointerCore(PayloadRef block, out int size)
     {
         Locate(block);
         ulong* h = (ulong*)(_base + block.Offset);

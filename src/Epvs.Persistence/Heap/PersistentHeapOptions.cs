@@ -18,4 +18,7 @@ public sealed class PersistentHeapOptions
 
     /// <summary>Deliberate faults, for the tests' broken controls only.</summary>
     internal HeapFaults Faults { get; set; }
+
+    /// <summary>Which heap kind opens the file (a buffered durable heap sets its own).</summary>
+    internal long OwnerKind { get; set; } = HeapLayout.KindRaw;
 }

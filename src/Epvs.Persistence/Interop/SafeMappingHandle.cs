@@ -20,6 +20,22 @@ internal sealed unsafe class SafeMappingHandle : SafeHandle
         _pmem = pmem;
     }
 
+    /// <summary>
+    /// Replaces the mapping, in place, with private anonymous memory (Linux) and gives up ownership, so it is never
+    /// unmapped: threads still using addresses in it neither crash nor write to the file. Used only when a Dispose could
+    /// not wait for such threads. Where that is not possible the file mapping is kept as it is, never unmapped.
+    /// </summary>
+    internal void Quarantine()
+    {
+        if (OperatingSystem.IsLinux() && !IsInvalid)
+        {
+            const int mapPrivate = 0x02, mapFixed = 0x10, mapAnonymous = 0x20, mapNoReserve = 0x4000;
+            Interop.Libc.Mmap((void*)handle, _length, Interop.Libc.ProtRead | Interop.Libc.ProtWrite, mapPrivate | mapFixed | mapAnonymous | mapNoReserve, -1, 0);
+        }
+
+        SetHandleAsInvalid();
+    }
+
     /// <inheritdoc/>
     public override bool IsInvalid => handle == IntPtr.Zero;
 

@@ -33,6 +33,16 @@ public static class TestProgram
             return DurableChild.Run(args[1], int.Parse(args[2], System.Globalization.CultureInfo.InvariantCulture));
         }
 
+        if (args.Length >= 3 && args[0] == SafetyChild.Role)
+        {
+            return SafetyChild.Run(args[1], args[2], args.Length >= 4 && args[3] == "control");
+        }
+
+        if (args.Length >= 2 && args[0] == SuperblockSweep.Role)
+        {
+            return SuperblockSweep.Run(args[1], args.Length >= 3 && args[2] == "control");
+        }
+
         Console.Error.WriteLine("This is the Epvs.Persistence test assembly; run it with 'dotnet test'.");
         return 2;
     }

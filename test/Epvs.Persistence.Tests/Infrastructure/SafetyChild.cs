@@ -1,0 +1,226 @@
+using System;
+using System.Collections.Generic;
+using System.IO;
+using System.Threading;
+
+namespace Epvs.Persistence.Tests;
+
+/// <summary>
+/// Child-process scenarios for the crash-safety tests: each either ends with <see cref="Survived"/> or a specific
+/// failure code, and a crash (SIGSEGV, SIGBUS) kills only the child, so the test sees an exit code instead of losing
+/// its host. Test hooks are switched on by the "control" argument.
+/// </summary>
+internal static class SafetyChild
+{
+    internal const string Role = "safety";
+    internal const int Survived = 0;
+    internal const int WrongOutcome = 3;
+
+    internal static int Run(string scenario, string path, bool control)
+    {
+        try
+        {
+            return scenario switch
+            {
+                "raw-use-after-dispose" => RawUseAfterDispose(path),
+                "raw-dispose-during-calls" => RawDisposeDuringCalls(path, control),
+                "durable-dispose-during-operation" => DurableDisposeDuringOperation(path, control),
+                "open-sparse-on-full-disk" => OpenSparseOnFullDisk(path, control),
+                _ => throw new ArgumentException($"unknown scenario {scenario}"),
+            };
+        }
+        catch (Exception e)
+        {
+            Console.Error.WriteLine($"unexpected: {e}");
+            return WrongOutcome;
+        }
+    }
+
+    /// <summary>Every call after Dispose throws ObjectDisposedException (it read the unmapped table before: a crash).</summary>
+    private static int RawUseAfterDispose(string path)
+    {
+        PersistentHeap heap = PersistentHeap.Create(path, new HeapFileOptions { Size = 4L << 20 });
+        PayloadRef block = heap.Allocate(64, typeId: 1);
+        HeapFile file = heap.File;
+        heap.Dispose();
+        var calls = new List<(string, Action)>
+        {
+            ("GetHeader", () => heap.GetHeader(block)),
+            ("GetPayload", () => heap.GetPayload(block)),
+            ("GetPayloadAddress", () => heap.GetPayloadAddress(block)),
+            ("Allocate", () => heap.Allocate(64, 1)),
+            ("Free", () => heap.Free(block)),
+            ("Persist", () => heap.Persist(block)),
+            ("WriteBack", () => heap.WriteBack(block)),
+            ("WriteBackHeader", () => heap.WriteBackHeader(block)),
+            ("ForEachAllocated", () => heap.ForEachAllocated((_, _) => { })),
+            ("File.GetRoot", () => file.GetRoot(0)),
+            ("File.SetRoot", () => file.SetRoot(0, 1)),
+            ("File.EpochClock", () => _ = file.EpochClock),
+            ("File.Size", () => _ = file.Size),
+        };
+        int wrong = 0;
+        foreach ((string name, Action call) in calls)
+        {
+            try
+            {
+                call();
+                Console.Error.WriteLine($"{name}: returned after Dispose");
+                wrong++;
+            }
+            catch (ObjectDisposedException)
+            {
+            }
+        }
+
+        return wrong == 0 ? Survived : WrongOutcome;
+    }
+
+    /// <summary>Threads calling the raw heap while another disposes it: they get ObjectDisposedException, never a crash.</summary>
+    private static int RawDisposeDuringCalls(string path, bool control)
+    {
+        HeapFileTestHooks.SkipOperationWait = control;
+        PersistentHeap heap = PersistentHeap.Create(path, new HeapFileOptions { Size = 16L << 20 });
+        long calls = 0;
+        var workers = new Thread[2];
+        for (int t = 0; t < workers.Length; t++)
+        {
+            workers[t] = new Thread(() =>
+            {
+                try
+                {
+                    while (true)
+                    {
+                        PayloadRef b = heap.Allocate(256, 1);
+                        heap.GetPayload(b).Fill(7);
+                        heap.Persist(b);
+                        heap.Free(b);
+                        Interlocked.Increment(ref calls);
+                    }
+                }
+                catch (ObjectDisposedException)
+                {
+                }
+            });
+            workers[t].Start();
+        }
+
+        // Dispose while both workers are busy calling (bounded wait for them to get going).
+        var clock = System.Diagnostics.Stopwatch.StartNew();
+        while (Volatile.Read(ref calls) < 20_000 && clock.Elapsed < TimeSpan.FromSeconds(30))
+        {
+            Thread.Yield();
+        }
+
+        heap.Dispose();
+        foreach (Thread w in workers)
+        {
+            if (!w.Join(TimeSpan.FromSeconds(30)))
+            {
+                return WrongOutcome;
+            }
+        }
+
+        return Survived;
+    }
+
+    /// <summary>
+    /// A thread stays inside a buffered-heap operation while Dispose runs: Dispose times out (TimeoutException), the
+    /// thread goes on writing its payload without crashing, and the file lock is released (the file reopens).
+    /// </summary>
+    private static int DurableDisposeDuringOperation(string path, bool control)
+    {
+        var options = new BufferedDurableHeapOptions { SyncTimeout = TimeSpan.FromMilliseconds(300) };
+        if (control)
+        {
+            options.Faults = DurabilityFaults.SkipDisposeWait;
+        }
+
+        BufferedDurableHeap heap = BufferedDurableHeap.Create(path, new HeapFileOptions { Size = 8L << 20 }, options);
+        var map = new PersistentHashMap<long, long>(heap, typeId: 1);
+        for (long k = 0; k < 100; k++)
+        {
+            map.Set(k, k * 10);
+        }
+
+        heap.Sync();
+        using var inside = new ManualResetEventSlim();
+        using var disposed = new ManualResetEventSlim();
+        Exception? workerFailure = null;
+        var worker = new Thread(() =>
+        {
+            try
+            {
+                using DurableOperation op = heap.BeginOperation();
+                PayloadRef block = op.Allocate(4096, typeId: 2);
+                Span<byte> payload = op.GetPayload(block);
+                inside.Set();
+                disposed.Wait(TimeSpan.FromSeconds(30));
+
+                // Still inside the operation after Dispose returned: write the payload it holds, many times.
+                for (int i = 0; i < 100; i++)
+                {
+                    payload.Fill((byte)i);
+                }
+            }
+            catch (ObjectDisposedException)
+            {
+                // Ending the operation on a closed heap may say so; what matters is that nothing crashed.
+            }
+            catch (Exception e)
+            {
+                workerFailure = e;
+            }
+        });
+        worker.Start();
+        inside.Wait(TimeSpan.FromSeconds(30));
+        bool timedOut = false;
+        try
+        {
+            heap.Dispose();
+        }
+        catch (TimeoutException)
+        {
+            timedOut = true;
+        }
+
+        disposed.Set();
+        if (!worker.Join(TimeSpan.FromSeconds(30)) || workerFailure is not null || !timedOut)
+        {
+            Console.Error.WriteLine($"timedOut={timedOut} worker={workerFailure}");
+            return WrongOutcome;
+        }
+
+        // The lock was released: the file opens again, and the synced data is there.
+        using BufferedDurableHeap reopened = BufferedDurableHeap.Open(path);
+        var again = new PersistentHashMap<long, long>(reopened, typeId: 1);
+        return again.Count == 100 && again.TryGetValue(42, out long v) && v == 420 ? Survived : WrongOutcome;
+    }
+
+    /// <summary>A sparse heap file on a full file system: Open reports InsufficientSpace instead of a SIGBUS later.</summary>
+    private static int OpenSparseOnFullDisk(string path, bool control)
+    {
+        HeapFileTestHooks.SkipPreallocation = control;
+        try
+        {
+            using PersistentHeap heap = PersistentHeap.Open(path, new HeapFileOptions { Domain = PersistenceDomainKind.MappedFile });
+            for (int i = 0; i < 100_000; i++)
+            {
+                heap.GetPayload(heap.Allocate(4000, 1)).Fill(1);
+            }
+
+            Console.Error.WriteLine("opened and wrote the whole heap: the file system was not full");
+            return WrongOutcome;
+        }
+        catch (HeapFileException e) when (e.Error == HeapFileError.InsufficientSpace)
+        {
+            Console.WriteLine(e.Message);
+            return Survived;
+        }
+        catch (InsufficientMemoryException)
+        {
+            Console.Error.WriteLine("the heap filled up without touching a hole");
+            return WrongOutcome;
+        }
+    }
+}
