@@ -179,6 +179,15 @@ public sealed unsafe partial class BufferedDurableHeap : IDisposable
         return new DurableOperation(this, buffers, Volatile.Read(ref _versionBase) + state.Version);
     }
 
+    /// <summary>Whether recovery kept payloads of <paramref name="typeId"/> that nobody has taken yet.</summary>
+    internal bool HasRecoveredPayloads(int typeId)
+    {
+        lock (_recoveredGate)
+        {
+            return _recovered.TryGetValue(typeId, out List<RecoveredPayload>? payloads) && payloads.Count != 0;
+        }
+    }
+
     /// <summary>
     /// Gives a structure the payloads recovery kept for <paramref name="typeId"/> (the structure's id). Each type id
     /// can be taken once; payloads of type ids nobody takes stay allocated.

@@ -27,7 +27,9 @@ internal sealed unsafe class DurableMapCore<TKey>
     {
         ArgumentNullException.ThrowIfNull(heap);
         _heap = heap;
-        _typeId = typeId;
+        int kind = fixedValueSize is null ? StructureKind.ByteMap : StructureKind.HashMap;
+        _typeId = StructureKind.Encode(kind, typeId);
+        StructureKind.CheckNoOtherKind(heap, kind, typeId);
         int shards = 1;
         while (shards < Environment.ProcessorCount * 64)
         {
@@ -41,7 +43,7 @@ internal sealed unsafe class DurableMapCore<TKey>
             _shards[i] = new Shard();
         }
 
-        Rebuild(heap.TakeRecoveredPayloads(typeId), fixedValueSize, recoveryParallelism);
+        Rebuild(heap.TakeRecoveredPayloads(_typeId), fixedValueSize, recoveryParallelism);
     }
 
     internal static int KeySize => sizeof(TKey);
@@ -118,12 +120,14 @@ internal sealed unsafe class DurableMapCore<TKey>
         Shard shard = ShardOf(key);
         lock (shard)
         {
-            if (!shard.Map.Remove(key, out long offset))
+            if (!shard.Map.TryGetValue(key, out long offset))
             {
                 return false;
             }
 
+            // The anti-payload first: if the heap is full it throws and the entry stays, as recovery would see it.
             op.Delete(new PayloadRef(offset));
+            shard.Map.Remove(key);
             // Interlocked.Decrement: see Upsert.
             Interlocked.Decrement(ref _count);
             return true;
@@ -157,14 +161,34 @@ internal sealed unsafe class DurableMapCore<TKey>
 
     private void Rebuild(IReadOnlyList<RecoveredPayload> payloads, int? fixedValueSize, int parallelism)
     {
-        Parallel.For(0, payloads.Count, new ParallelOptions { MaxDegreeOfParallelism = Math.Max(1, parallelism) }, i =>
+        // Sizes first, on this thread: one clear exception (not an AggregateException of many) that names both sizes.
+        foreach (RecoveredPayload payload in payloads)
         {
-            RecoveredPayload payload = payloads[i];
             int size = payload.Header.Size;
             if (size < KeySize || (fixedValueSize is int valueSize && size != KeySize + valueSize))
             {
-                throw new InvalidDataException($"Recovered payload {payload.Header} of type id {_typeId} has {size} bytes, which does not fit a {typeof(TKey).Name} key{(fixedValueSize is int v ? $" and a {v}-byte value" : string.Empty)}: is another structure (or another key/value type) using type id {_typeId}?");
+                string expected = fixedValueSize is int v ? $"{KeySize + v} bytes (a {KeySize}-byte {typeof(TKey).Name} key and a {v}-byte value)" : $"at least {KeySize} bytes (a {typeof(TKey).Name} key)";
+                throw new InvalidDataException($"The map with type id {_typeId & (StructureKind.TypeIdLimit - 1)} expects payloads of {expected}, but recovery found one of {size} bytes: was it written with other key or value types?");
             }
+        }
+
+        try
+        {
+            RebuildIndex(payloads, parallelism);
+        }
+        catch (AggregateException e) when (e.InnerException is InvalidDataException inner)
+        {
+            System.Runtime.ExceptionServices.ExceptionDispatchInfo.Capture(inner).Throw();
+        }
+
+        _count = payloads.Count;
+    }
+
+    private void RebuildIndex(IReadOnlyList<RecoveredPayload> payloads, int parallelism)
+    {
+        Parallel.For(0, payloads.Count, new ParallelOptions { MaxDegreeOfParallelism = Math.Max(1, parallelism) }, i =>
+        {
+            RecoveredPayload payload = payloads[i];
 
             TKey key = MemoryMarshal.Read<TKey>(_heap.PayloadUnchecked(payload.Block.Offset));
             Shard shard = ShardOf(key);
@@ -172,12 +196,10 @@ internal sealed unsafe class DurableMapCore<TKey>
             {
                 if (!shard.Map.TryAdd(key, payload.Block.Offset))
                 {
-                    throw new InvalidDataException($"Recovery found two live payloads for one key of the map with type id {_typeId} ({payload.Header} and the payload at 0x{shard.Map[key]:X}): the heap is inconsistent.");
+                    throw new InvalidDataException($"Recovery found two live payloads for one key of the map with type id {_typeId & (StructureKind.TypeIdLimit - 1)} ({payload.Header} and the payload at 0x{shard.Map[key]:X}): the heap is inconsistent.");
                 }
             }
         });
-
-        _count = payloads.Count;
     }
 
     private sealed class Shard

@@ -26,14 +26,16 @@ public sealed unsafe class PersistentQueue<T>
     /// <summary>Opens the queue with type id <paramref name="typeId"/> on <paramref name="heap"/>, rebuilding it from the recovered payloads.</summary>
     /// <param name="heap">The heap.</param>
     /// <param name="typeId">This queue's type id, distinct from every other structure's on the heap.</param>
+    /// <exception cref="ArgumentOutOfRangeException"><paramref name="typeId"/> is not in [0, 2^24) (the high bits record the structure's kind).</exception>
     /// <exception cref="InvalidOperationException">A structure with this type id was already opened on the heap.</exception>
     /// <exception cref="InvalidDataException">The recovered payloads are not this queue's, or their sequence numbers are not contiguous (an inconsistent heap).</exception>
     public PersistentQueue(BufferedDurableHeap heap, int typeId)
     {
         ArgumentNullException.ThrowIfNull(heap);
         _heap = heap;
-        _typeId = typeId;
-        Rebuild(heap.TakeRecoveredPayloads(typeId));
+        _typeId = StructureKind.Encode(StructureKind.Queue, typeId);
+        StructureKind.CheckNoOtherKind(heap, StructureKind.Queue, typeId);
+        Rebuild(heap.TakeRecoveredPayloads(_typeId));
     }
 
     /// <summary>The number of elements.</summary>
@@ -75,14 +77,17 @@ public sealed unsafe class PersistentQueue<T>
         using DurableOperation op = _heap.BeginOperation();
         lock (_gate)
         {
-            if (!_items.TryDequeue(out long offset))
+            if (!_items.TryPeek(out long offset))
             {
                 value = default;
                 return false;
             }
 
-            value = MemoryMarshal.Read<T>(_heap.PayloadUnchecked(offset)[sizeof(long)..]);
+            // The anti-payload first: if the heap is full it throws and the element stays, as recovery would see it.
+            T head = MemoryMarshal.Read<T>(_heap.PayloadUnchecked(offset)[sizeof(long)..]);
             op.Delete(new PayloadRef(offset));
+            _items.Dequeue();
+            value = head;
             return true;
         }
     }
@@ -129,7 +134,7 @@ public sealed unsafe class PersistentQueue<T>
         {
             if (payloads[i].Header.Size != PayloadSize)
             {
-                throw new InvalidDataException($"Recovered payload {payloads[i].Header} of type id {_typeId} is not an element of a queue of {typeof(T).Name}.");
+                throw new InvalidDataException($"The queue with type id {_typeId & (StructureKind.TypeIdLimit - 1)} expects elements of {PayloadSize} bytes (a sequence number and a {typeof(T).Name}), but recovery found one of {payloads[i].Header.Size} bytes: was it written with another element type?");
             }
 
             ordered[i] = (MemoryMarshal.Read<long>(_heap.PayloadUnchecked(payloads[i].Block.Offset)), payloads[i].Block.Offset);

@@ -353,7 +353,7 @@ public sealed class BufferedDurabilityCrashTests
                 {
                     map = new PersistentByteMap<long>(heap, DurableWorkload.MapTypeId);
                 }
-                catch (AggregateException e) when (e.InnerException is System.IO.InvalidDataException inner)
+                catch (System.IO.InvalidDataException inner)
                 {
                     violations.Add($"cycle {cycle}: inconsistent heap: {inner.Message}");
                     break;

@@ -92,7 +92,7 @@ public sealed class BufferedDurabilityProcessCrashTests
             {
                 caught = log.Compare(broken.Recovery.RecoveredVersion, DurableWorkload.Contents(new PersistentByteMap<long>(broken, DurableWorkload.MapTypeId)));
             }
-            catch (AggregateException e) when (e.InnerException is System.IO.InvalidDataException inner)
+            catch (System.IO.InvalidDataException inner)
             {
                 caught = new List<string> { inner.Message };
             }

@@ -20,7 +20,7 @@ internal static class DurableCrashCheck
         {
             map = new PersistentByteMap<long>(heap, DurableWorkload.MapTypeId);
         }
-        catch (AggregateException e) when (e.InnerException is System.IO.InvalidDataException inner)
+        catch (System.IO.InvalidDataException inner)
         {
             // The structure's own consistency check (two live payloads for one key) fired: report, not crash.
             contents = new Dictionary<long, byte[]>();

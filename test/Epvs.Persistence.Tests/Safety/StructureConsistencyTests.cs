@@ -1,0 +1,134 @@
+using System;
+using System.IO;
+using System.Threading;
+using Xunit;
+
+namespace Epvs.Persistence.Tests;
+
+/// <summary>
+/// Issue 10, consistency: what a running structure shows and what recovery rebuilds agree even when an operation
+/// fails (a full heap), and reopening with the wrong types or the wrong structure is refused with one clear exception.
+/// </summary>
+public sealed class StructureConsistencyTests
+{
+    private static readonly BufferedDurableHeapOptions NoAdvancer = new() { AdvancePeriod = Timeout.InfiniteTimeSpan };
+
+    [Fact]
+    public void Remove_OnAFullHeap_ThrowsAndKeepsTheEntryInMemoryAndAfterRecovery()
+    {
+        using var dir = new TempDirectory();
+        string path = dir.File("full.heap");
+        using (BufferedDurableHeap heap = Create(path))
+        {
+            var map = new PersistentHashMap<long, long>(heap, typeId: 1);
+            map.Set(1, 10);
+            FillHeap(heap);
+
+            Assert.Throws<InsufficientMemoryException>(() => map.Remove(1));
+            Assert.True(map.TryGetValue(1, out long value) && value == 10, "the failed Remove dropped the entry from the index");
+            Assert.Equal(1, map.Count);
+            heap.Sync();
+        }
+
+        using (BufferedDurableHeap heap = BufferedDurableHeap.Open(path, null, NoAdvancer))
+        {
+            var map = new PersistentHashMap<long, long>(heap, typeId: 1);
+            Assert.True(map.TryGetValue(1, out long value) && value == 10);
+        }
+    }
+
+    [Fact]
+    public void TryDequeue_OnAFullHeap_ThrowsAndKeepsTheElementInMemoryAndAfterRecovery()
+    {
+        using var dir = new TempDirectory();
+        string path = dir.File("full.heap");
+        using (BufferedDurableHeap heap = Create(path))
+        {
+            var queue = new PersistentQueue<long>(heap, typeId: 1);
+            queue.Enqueue(5);
+            queue.Enqueue(6);
+            FillHeap(heap);
+
+            Assert.Throws<InsufficientMemoryException>(() => queue.TryDequeue(out _));
+            Assert.Equal(new long[] { 5, 6 }, queue.ToArray());
+            heap.Sync();
+        }
+
+        using (BufferedDurableHeap heap = BufferedDurableHeap.Open(path, null, NoAdvancer))
+        {
+            Assert.Equal(new long[] { 5, 6 }, new PersistentQueue<long>(heap, typeId: 1).ToArray());
+        }
+    }
+
+    [Fact]
+    public void Reopen_WithAnotherValueType_ThrowsOneInvalidDataExceptionNamingBothSizes()
+    {
+        using var dir = new TempDirectory();
+        string path = dir.File("map.heap");
+        using (BufferedDurableHeap heap = Create(path))
+        {
+            var map = new PersistentHashMap<long, long>(heap, typeId: 1);
+            for (long k = 0; k < 100; k++)
+            {
+                map.Set(k, k);
+            }
+        }
+
+        using (BufferedDurableHeap heap = BufferedDurableHeap.Open(path, null, NoAdvancer))
+        {
+            InvalidDataException e = Assert.Throws<InvalidDataException>(() => new PersistentHashMap<long, int>(heap, typeId: 1));
+            Assert.Contains("12 bytes", e.Message, StringComparison.Ordinal);
+            Assert.Contains("16 bytes", e.Message, StringComparison.Ordinal);
+        }
+    }
+
+    [Fact]
+    public void Reopen_AMapsTypeIdAsAQueue_IsRefused()
+    {
+        using var dir = new TempDirectory();
+        string path = dir.File("map.heap");
+        using (BufferedDurableHeap heap = Create(path))
+        {
+            new PersistentHashMap<long, long>(heap, typeId: 1).Set(1, 2);
+        }
+
+        using (BufferedDurableHeap heap = BufferedDurableHeap.Open(path, null, NoAdvancer))
+        {
+            // PersistentQueue<long> elements are 16 bytes, like the map's payloads: only the recorded kind tells them apart.
+            InvalidDataException e = Assert.Throws<InvalidDataException>(() => new PersistentQueue<long>(heap, typeId: 1));
+            Assert.Contains("PersistentHashMap", e.Message, StringComparison.Ordinal);
+            Assert.Equal(1, new PersistentHashMap<long, long>(heap, typeId: 1).Count);
+        }
+    }
+
+    [Fact]
+    public void Structure_TypeIdOutOfRange_Throws()
+    {
+        using var dir = new TempDirectory();
+        using BufferedDurableHeap heap = Create(dir.File("a.heap"));
+        Assert.Throws<ArgumentOutOfRangeException>(() => new PersistentQueue<long>(heap, typeId: 1 << 24));
+        Assert.Throws<ArgumentOutOfRangeException>(() => new PersistentHashMap<long, long>(heap, typeId: -1));
+    }
+
+    private static BufferedDurableHeap Create(string path) =>
+        BufferedDurableHeap.Create(path, new HeapFileOptions { Size = 1L << 20, MaxSize = 1L << 20, Domain = PersistenceDomainKind.MappedFile }, NoAdvancer);
+
+    /// <summary>Allocates empty payloads (the size of an anti-payload) until the heap is full.</summary>
+    private static void FillHeap(BufferedDurableHeap heap)
+    {
+        for (int i = 0; i < 1_000_000; i++)
+        {
+            using DurableOperation op = heap.BeginOperation();
+            try
+            {
+                op.Allocate(0, typeId: 99);
+            }
+            catch (InsufficientMemoryException)
+            {
+                return;
+            }
+        }
+
+        throw new InvalidOperationException("the heap did not fill up");
+    }
+}
