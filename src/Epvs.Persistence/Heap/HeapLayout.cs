@@ -37,7 +37,8 @@ namespace Epvs.Persistence;
 ///   128  Root[0..15]      16 root words for the structures built on the heap (PayloadRef offsets or anything)
 ///
 /// Segment descriptor (table word i)
-///   bits  0..31  Generation   incremented every time the descriptor is rewritten
+///   bits  0..23  Generation   incremented (mod 2^24) every time the descriptor is rewritten
+///   bits 24..31  Check        with bits 36..39: 12 bits of CRC-32 of the other bits (IsValidDescriptor)
 ///   bits 32..35  Role         0 free, 1 small (one size class), 2 large start, 3 large continuation
 ///   bits 40..63  Class index (small) or span in segments (large start)
 ///
@@ -180,9 +181,38 @@ internal static class HeapLayout
 
     // ---- segment descriptors ----
 
-    internal static ulong Descriptor(uint generation, ulong role, ulong payload) => generation | (role << 32) | (payload << 40);
+    internal const uint GenerationMask = 0xFF_FFFF;
+    private const ulong DescriptorCheckMask = (0xFFUL << 24) | (0xFUL << 36);
 
-    internal static uint DescriptorGeneration(ulong descriptor) => (uint)descriptor;
+    internal static ulong Descriptor(uint generation, ulong role, ulong payload)
+    {
+        ulong content = (generation & GenerationMask) | (role << 32) | (payload << 40);
+        return content | DescriptorCheck(content);
+    }
+
+    /// <summary>
+    /// Whether a segment descriptor's 12 check bits match its content. A descriptor is one failure-atomic word, so
+    /// after a crash it is an old or a new valid word: a mismatch is damage, never a torn write. The all-zero word
+    /// (free, generation 0, as formatted) is valid.
+    /// </summary>
+    internal static bool IsValidDescriptor(ulong descriptor) =>
+        (descriptor & DescriptorCheckMask) == DescriptorCheck(descriptor & ~DescriptorCheckMask) || HeapFileTestHooks.IgnoreSeals;
+
+    /// <summary>12 bits of CRC-32 (System.IO.Hashing) of the content, made linear (check(0) = 0), in bits 24..31 and 36..39.</summary>
+    private static ulong DescriptorCheck(ulong content)
+    {
+        uint crc = Crc32Of(content) ^ Crc32Of(0);
+        return ((ulong)(crc & 0xFF) << 24) | ((ulong)((crc >> 8) & 0xF) << 36);
+    }
+
+    private static uint Crc32Of(ulong word)
+    {
+        Span<byte> bytes = stackalloc byte[8];
+        System.Buffers.Binary.BinaryPrimitives.WriteUInt64LittleEndian(bytes, word);
+        return System.IO.Hashing.Crc32.HashToUInt32(bytes);
+    }
+
+    internal static uint DescriptorGeneration(ulong descriptor) => (uint)descriptor & GenerationMask;
 
     internal static ulong DescriptorRole(ulong descriptor) => (descriptor >> 32) & 0xF;
 

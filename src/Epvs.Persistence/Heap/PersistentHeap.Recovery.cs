@@ -17,6 +17,16 @@ public sealed unsafe partial class PersistentHeap
         long liveBlocks = 0, liveBytes = 0, maxUid = 0;
         Func<PayloadRef, PayloadHeader, bool>? filter = options.RecoveryFilter;
 
+        // Every descriptor in use is checked before anything is written: a damaged one is reported, never trusted
+        // (a flipped role or class would silently drop or misread a whole segment of blocks).
+        for (long s = 0; s < segments; s++)
+        {
+            if (!HeapLayout.IsValidDescriptor(_table[s]))
+            {
+                ThrowHelper.ThrowHeapFile(HeapFileError.Corrupt, $"Cannot open heap file '{_file.Path}': the descriptor of segment {s} (0x{_table[s]:X16}) fails its check; the segment's blocks cannot be trusted. Restore the file from a copy.");
+            }
+        }
+
         // Fast reopen: checked (read-only) and invalidated durably before pass 1 can write anything.
         (ulong[] Bitmap, long NextUid)? saved = TryReadSavedState(options.RecoveryParallelism);
         ulong[]? bitmap = saved?.Bitmap;

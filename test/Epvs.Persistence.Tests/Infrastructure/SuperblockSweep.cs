@@ -7,7 +7,7 @@ namespace Epvs.Persistence.Tests;
 
 /// <summary>
 /// Child-process bit-flip sweep over the superblock's words (0 to 111: magic, geometry, size, clean flag, clock,
-/// frontier, saved state, heap kind) of a cleanly closed buffered heap whose data spans every segment. For each
+/// frontier, saved state, heap kind), or over the segment descriptors in use, of a cleanly closed buffered heap whose data spans every segment. For each
 /// single-bit flip it reopens the file and classifies the result: refused (a HeapFileException), recovered exactly,
 /// or SILENTLY wrong (opened, but the data differs). Prints the counts; exits 0 when nothing was silently wrong.
 /// A flip that crashed the process kills the child, which the test sees.
@@ -20,7 +20,8 @@ internal static class SuperblockSweep
     private const int Entries = 150;
     private const int ValueSize = 2000;
 
-    internal static int Run(string directory, bool control)
+    /// <summary>Sweeps the superblock (<paramref name="region"/> "superblock") or the segment descriptors in use ("descriptors").</summary>
+    internal static int Run(string directory, string region, bool control)
     {
         string path = Path.Combine(directory, "sweep.heap");
         var options = new BufferedDurableHeapOptions { AdvancePeriod = Timeout.InfiniteTimeSpan };
@@ -34,9 +35,18 @@ internal static class SuperblockSweep
         }
 
         byte[] original = File.ReadAllBytes(path);
+        int from = 0, to = SweptBytes;
+        if (region == "descriptors")
+        {
+            long heapSize = BitConverter.ToInt64(original, HeapLayout.HeapSizeOffset) & (long)HeapLayout.SealedValueMask;
+            long dataStart = BitConverter.ToInt64(original, HeapLayout.DataStartOffset);
+            from = HeapLayout.SuperblockSize;
+            to = from + (int)((heapSize - dataStart) / HeapLayout.SegmentSize * sizeof(long));
+        }
+
         HeapFileTestHooks.IgnoreSeals = control;
         int refused = 0, exact = 0, silent = 0;
-        for (int bit = 0; bit < SweptBytes * 8; bit++)
+        for (int bit = from * 8; bit < to * 8; bit++)
         {
             File.WriteAllBytes(path, original);
             using (FileStream f = File.OpenWrite(path))
@@ -71,7 +81,7 @@ internal static class SuperblockSweep
             }
         }
 
-        Console.WriteLine($"flips={SweptBytes * 8} refused={refused} exact={exact} silent={silent}");
+        Console.WriteLine($"region={region} bytes=[{from}, {to}) flips={(to - from) * 8} refused={refused} exact={exact} silent={silent}");
         return silent == 0 ? SafetyChild.Survived : SafetyChild.WrongOutcome;
     }
 

@@ -190,16 +190,18 @@ public sealed class HeapSafetyTests
         using BufferedDurableHeap heap = BufferedDurableHeap.Create(path, new HeapFileOptions { Size = 1L << 20 });
     }
 
-    [SkippableFact]
-    public void Superblock_EverySingleBitFlip_IsRefusedOrRecoveredExactly_NeverSilentlyWrongNorACrash()
+    [SkippableTheory]
+    [InlineData("superblock")]
+    [InlineData("descriptors")]
+    public void EverySingleBitFlip_IsRefusedOrRecoveredExactly_NeverSilentlyWrongNorACrash(string region)
     {
         using var dir = new TempDirectory();
-        (int code, string output) = TestProgram.RunChild(NoEnvironment, SuperblockSweep.Role, dir.Path);
+        (int code, string output) = TestProgram.RunChild(NoEnvironment, SuperblockSweep.Role, dir.Path, region);
         _output.WriteLine(output);
         Assert.True(code == SafetyChild.Survived, $"exit {code}: {output}");
 
         using var controlDir = new TempDirectory();
-        (int controlCode, string controlOutput) = TestProgram.RunChild(NoEnvironment, SuperblockSweep.Role, controlDir.Path, "control");
+        (int controlCode, string controlOutput) = TestProgram.RunChild(NoEnvironment, SuperblockSweep.Role, controlDir.Path, region, "control");
         _output.WriteLine($"control (seals ignored): exit {controlCode}: {controlOutput}");
         Skip.If(controlCode == SafetyChild.Survived, "inconclusive: with the seals ignored no flip was silently wrong, so the sweep proves nothing");
     }
@@ -224,6 +226,24 @@ public sealed class HeapSafetyTests
         }
 
         Assert.Throws<ArgumentOutOfRangeException>(() => HeapLayout.Seal(1L << HeapLayout.SealedValueBits, HeapLayout.EpochClockOffset));
+    }
+
+    [Fact]
+    public void Descriptor_EverySingleBitFlip_FailsItsCheck()
+    {
+        var random = new Random(20261123);
+        Assert.True(HeapLayout.IsValidDescriptor(0), "a formatted (all-zero) descriptor must be valid");
+        for (int sample = 0; sample < 2000; sample++)
+        {
+            ulong role = (ulong)random.Next(4);
+            ulong payload = role == HeapLayout.RoleSmall ? (ulong)random.Next(SizeClasses.Count) : (ulong)random.Next(1 << 20);
+            ulong descriptor = HeapLayout.Descriptor((uint)random.Next(), role, payload);
+            Assert.True(HeapLayout.IsValidDescriptor(descriptor));
+            for (int bit = 0; bit < 64; bit++)
+            {
+                Assert.False(HeapLayout.IsValidDescriptor(descriptor ^ (1UL << bit)), $"descriptor 0x{descriptor:X16}: flipping bit {bit} went unnoticed");
+            }
+        }
     }
 
     private static bool Run(string file, params string[] args)
