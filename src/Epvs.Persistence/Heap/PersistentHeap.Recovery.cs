@@ -48,8 +48,8 @@ public sealed unsafe partial class PersistentHeap
             {
                 long offset = SegmentStart(s);
                 bool valid = TryReadHeader(offset, HeapLayout.DescriptorGeneration(descriptor), out PayloadHeader header)
-                    && HeapLayout.HeaderSize + (long)header.Size > (payload - 1) * HeapLayout.SegmentSize
-                    && HeapLayout.HeaderSize + (long)header.Size <= payload * HeapLayout.SegmentSize;
+                    && HeapLayout.HeaderSize + (long)(uint)header.Size > (payload - 1) * HeapLayout.SegmentSize
+                    && HeapLayout.HeaderSize + (long)(uint)header.Size <= payload * HeapLayout.SegmentSize;
                 if (valid && (filter is null || filter(new PayloadRef(offset), header)))
                 {
                     liveBlocks++;
@@ -132,6 +132,9 @@ public sealed unsafe partial class PersistentHeap
                     {
                         valid = acceptTorn ? LooksAllocated(offset, generation, out header) : TryReadHeader(offset, generation, out header);
                     }
+
+                    // A size read from the file is checked against the block before anyone reads that many bytes.
+                    valid &= (uint)header.Size <= (uint)(blockSize - HeapLayout.HeaderSize);
 
                     if (valid && filter is not null && !filter(new PayloadRef(offset), header))
                     {
