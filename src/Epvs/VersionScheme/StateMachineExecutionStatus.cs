@@ -11,4 +11,16 @@ public enum StateMachineExecutionStatus
 
     /// <summary>The target version has already been reached or is claimed by the active machine; do not retry.</summary>
     Fail,
+
+    /// <summary>FASTER.core's name for <see cref="Ok"/>.</summary>
+    [System.Obsolete("FASTER.core's name; use StateMachineExecutionStatus.Ok.")]
+    OK = Ok,
+
+    /// <summary>FASTER.core's name for <see cref="Retry"/>.</summary>
+    [System.Obsolete("FASTER.core's name; use StateMachineExecutionStatus.Retry.")]
+    RETRY = Retry,
+
+    /// <summary>FASTER.core's name for <see cref="Fail"/>.</summary>
+    [System.Obsolete("FASTER.core's name; use StateMachineExecutionStatus.Fail.")]
+    FAIL = Fail,
 }

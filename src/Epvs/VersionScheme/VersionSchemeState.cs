@@ -12,6 +12,10 @@ public readonly struct VersionSchemeState : IEquatable<VersionSchemeState>
     /// <summary>The phase of a scheme at rest (no state machine in a special phase).</summary>
     public const byte Rest = 0;
 
+    /// <summary>FASTER.core's name for <see cref="Rest"/>.</summary>
+    [System.Obsolete("FASTER.core's name; use VersionSchemeState.Rest.")]
+    public const byte REST = Rest;
+
     /// <summary>The largest representable version.</summary>
     public const long MaxVersion = (1L << VersionBits) - 1;
 
