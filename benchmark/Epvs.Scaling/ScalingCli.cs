@@ -37,14 +37,9 @@ public static class ScalingCli
         measure ??= (figures, settings, dir) => Measure(figures, settings, dir, args, output);
         RootCommand root = Build(output, error, measure);
         ParseResult parsed = root.Parse(args);
-        if (parsed.Errors.Count > 0)
-        {
-            // System.CommandLine's own error action exits with 1; a bad command line is 2 here, as for the other tools.
-            foreach (ParseError e in parsed.Errors)
-                error.WriteLine($"error: {e.Message}");
-            error.WriteLine("Try '--help'.");
+        // System.CommandLine's own error action exits with 1; a bad command line is 2 here, as for the other tools.
+        if (Epvs.Samples.SampleCli.ReportErrors(parsed, error))
             return BadInput;
-        }
         return parsed.Invoke(new InvocationConfiguration { Output = output, Error = error });
     }
 

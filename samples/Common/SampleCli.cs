@@ -96,14 +96,8 @@ public static class SampleCli
             return parse.Invoke(invocation) == 0 ? Success : UsageError;
         }
 
-        if (parse.Errors.Count > 0)
+        if (ReportErrors(parse, error))
         {
-            foreach (ParseError parseError in parse.Errors)
-            {
-                error.WriteLine($"error: {parseError.Message}");
-            }
-
-            error.WriteLine($"Run '{command.Name} --help' for the options.");
             return UsageError;
         }
 
@@ -118,6 +112,32 @@ public static class SampleCli
             error.WriteLine(exception.ToString());
             return Failed;
         }
+    }
+
+    /// <summary>
+    /// Writes the parse errors of <paramref name="parse"/>, one line each, and a pointer to --help; returns whether there
+    /// were any (then the program exits with <see cref="UsageError"/> instead of System.CommandLine's 1). Shared by the
+    /// samples and the benchmark programs, so every program of the repository reports bad input the same way.
+    /// </summary>
+    /// <param name="parse">The parse result.</param>
+    /// <param name="error">Where errors go.</param>
+    /// <returns>Whether the command line had errors.</returns>
+    public static bool ReportErrors(ParseResult parse, TextWriter error)
+    {
+        ArgumentNullException.ThrowIfNull(parse);
+        ArgumentNullException.ThrowIfNull(error);
+        if (parse.Errors.Count == 0)
+        {
+            return false;
+        }
+
+        foreach (ParseError parseError in parse.Errors)
+        {
+            error.WriteLine($"error: {parseError.Message}");
+        }
+
+        error.WriteLine($"Run '{parse.RootCommandResult.Command.Name} --help' for the options.");
+        return true;
     }
 
     /// <summary>A duration the way the help text writes it: 500ms, 3s, 1.5s, 2m.</summary>
