@@ -26,6 +26,7 @@ internal static class SafetyChild
                 "raw-dispose-during-calls" => RawDisposeDuringCalls(path, control),
                 "durable-dispose-during-operation" => DurableDisposeDuringOperation(path, control),
                 "open-sparse-on-full-disk" => OpenSparseOnFullDisk(path, control),
+                "open-buffered" => OpenBuffered(path),
                 _ => throw new ArgumentException($"unknown scenario {scenario}"),
             };
         }
@@ -195,6 +196,22 @@ internal static class SafetyChild
         using BufferedDurableHeap reopened = BufferedDurableHeap.Open(path);
         var again = new PersistentHashMap<long, long>(reopened, typeId: 1);
         return again.Count == 100 && again.TryGetValue(42, out long v) && v == 420 ? Survived : WrongOutcome;
+    }
+
+    /// <summary>Opens a (damaged) buffered heap: prints how, or why it was refused; a crash is the only failure.</summary>
+    private static int OpenBuffered(string path)
+    {
+        try
+        {
+            using BufferedDurableHeap heap = BufferedDurableHeap.Open(path, new HeapFileOptions { Domain = PersistenceDomainKind.MappedFile });
+            Console.WriteLine($"opened: fast reopen {heap.Recovery.FastReopen}");
+        }
+        catch (HeapFileException e)
+        {
+            Console.WriteLine($"refused: {e.Error}: {e.Message}");
+        }
+
+        return Survived;
     }
 
     /// <summary>A sparse heap file on a full file system: Open reports InsufficientSpace instead of a SIGBUS later.</summary>

@@ -113,6 +113,32 @@ public sealed class HeapSafetyTests
         }
     }
 
+    [Theory]
+    [InlineData(0x2000_0000_0000_0000UL)] // offset + words * 8 wraps around to offset: the old check passed, the hash read far outside the mapping
+    [InlineData(0x1FFF_FFFF_FFFF_FFFFUL)] // words * 8 wraps negative
+    [InlineData(ulong.MaxValue)]
+    public void Open_SavedStateLengthThatOverflows_IsRejectedWithoutCrashing(ulong words)
+    {
+        using var dir = new TempDirectory();
+        string path = dir.File("a.heap");
+        using (BufferedDurableHeap heap = BufferedDurableHeap.Create(path, new HeapFileOptions { Size = 1L << 20, Domain = PersistenceDomainKind.MappedFile }))
+        {
+            new PersistentHashMap<long, long>(heap, typeId: 1).Set(1, 2);
+        }
+
+        using (FileStream f = new FileStream(path, FileMode.Open, FileAccess.ReadWrite))
+        {
+            byte[] saved = new byte[8];
+            RandomAccess.Read(f.SafeFileHandle, saved, HeapLayout.SavedStateOffset);
+            Assert.NotEqual(0L, BitConverter.ToInt64(saved)); // the clean shutdown saved a state
+            RandomAccess.Write(f.SafeFileHandle, BitConverter.GetBytes(words), HeapLayout.SavedStateWordsOffset);
+        }
+
+        (int code, string output) = TestProgram.RunChild(NoEnvironment, SafetyChild.Role, "open-buffered", path);
+        Assert.True(code == SafetyChild.Survived, $"exit {code}: {output}");
+        Assert.Contains("opened: fast reopen False", output, StringComparison.Ordinal);
+    }
+
     [Fact]
     public void Open_ADirectory_SaysItIsADirectory()
     {
