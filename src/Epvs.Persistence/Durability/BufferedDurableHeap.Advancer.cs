@@ -478,14 +478,18 @@ public sealed unsafe partial class BufferedDurableHeap
 
     private void AdvancerLoop()
     {
+        long started = Stopwatch.GetTimestamp();
         while (!_stopping)
         {
-            _wake.WaitOne(_period);
+            // Fixed rate: a cycle starts one period after the previous one started (not after it ended), so the
+            // durability lag stays about one period even when write-back takes a good part of it.
+            _wake.WaitOne(Remaining(started + (long)(_period.TotalSeconds * Stopwatch.Frequency)));
             if (_stopping)
             {
                 break;
             }
 
+            started = Stopwatch.GetTimestamp();
             try
             {
                 // Bounded, so that a stalled operation does not keep the advancer from noticing Dispose.
