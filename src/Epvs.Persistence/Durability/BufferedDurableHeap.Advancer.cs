@@ -25,6 +25,7 @@ public sealed unsafe partial class BufferedDurableHeap
     private TimeSpan _period;
     private volatile bool _stopping;
     private Exception? _advancerFault;
+    private long[] _scratch = new long[1024];
 
     /// <summary>
     /// Makes every operation that completed before the call durable: returns once <see cref="DurableFrontier"/> has
@@ -254,28 +255,112 @@ public sealed unsafe partial class BufferedDurableHeap
         int slot = ThreadBuffers.Slot(version);
         // Volatile.Read: acquire; pairs with the release in RegisterThread.
         ThreadBuffers[] registry = Volatile.Read(ref _registry);
-        foreach (ThreadBuffers buffers in registry)
+        var ranges = new RangeWriter(this, _pageWriteBack);
+        if (_pageWriteBack)
         {
-            OffsetList list = buffers.WriteBack[slot];
-            if (!_wholeRangeWriteBack)
+            // Through the page cache every write-back is a system call: gather the version's payloads, sort them,
+            // and write back each run of touched pages once (never the whole heap: its cost grows with the file).
+            int count = 0;
+            foreach (ThreadBuffers buffers in registry)
             {
-                for (int i = 0; i < list.Count; i++)
-                {
-                    long offset = list[i];
-                    _domain.WriteBack(offset, HeapLayout.HeaderSize + (long)PayloadSize(offset));
-                }
+                count += buffers.WriteBack[slot].Count;
             }
 
-            list.Clear();
-        }
+            long[] offsets = Scratch(count);
+            int n = 0;
+            foreach (ThreadBuffers buffers in registry)
+            {
+                OffsetList list = buffers.WriteBack[slot];
+                list.CopyTo(offsets.AsSpan(n));
+                n += list.Count;
+                list.Clear();
+            }
 
-        if (_wholeRangeWriteBack)
-        {
-            _domain.Persist(0, _heap.File.Size);
+            Array.Sort(offsets, 0, n);
+            for (int i = 0; i < n; i++)
+            {
+                long offset = offsets[i];
+                // (Seal point: anything that completes a payload before it is written back goes here.)
+                ranges.Add(offset, HeapLayout.HeaderSize + (long)PayloadSize(offset));
+            }
         }
         else
         {
-            _domain.Fence();
+            foreach (ThreadBuffers buffers in registry)
+            {
+                OffsetList list = buffers.WriteBack[slot];
+                for (int i = 0; i < list.Count; i++)
+                {
+                    long offset = list[i];
+                    // (Seal point: anything that completes a payload before it is written back goes here.)
+                    ranges.Add(offset, HeapLayout.HeaderSize + (long)PayloadSize(offset));
+                }
+
+                list.Clear();
+            }
+        }
+
+        ranges.Flush();
+        _domain.Fence();
+    }
+
+    private long[] Scratch(int count)
+    {
+        if (_scratch.Length < count)
+        {
+            _scratch = new long[Math.Max(count, _scratch.Length * 2)];
+        }
+
+        return _scratch;
+    }
+
+    /// <summary>
+    /// Writes back byte ranges: on persistent memory each range at once (cache-line write-back); through the page
+    /// cache, ranges added in ascending order are merged into runs of pages and each run is written back once.
+    /// </summary>
+    private struct RangeWriter
+    {
+        // Runs closer than this are merged: one msync over a few clean pages costs less than another system call.
+        private const long MergeGap = 64 * 1024;
+        private readonly BufferedDurableHeap _owner;
+        private readonly bool _coalesce;
+        private long _start;
+        private long _end;
+
+        internal RangeWriter(BufferedDurableHeap owner, bool coalesce)
+        {
+            _owner = owner;
+            _coalesce = coalesce;
+            _start = -1;
+            _end = -1;
+        }
+
+        internal void Add(long offset, long length)
+        {
+            if (!_coalesce)
+            {
+                _owner._domain.WriteBack(offset, length);
+                return;
+            }
+
+            if (_start >= 0 && offset <= _end + MergeGap)
+            {
+                _end = Math.Max(_end, offset + length);
+                return;
+            }
+
+            Flush();
+            _start = offset;
+            _end = offset + length;
+        }
+
+        internal void Flush()
+        {
+            if (_start >= 0)
+            {
+                _owner._domain.WriteBack(_start, _end - _start);
+                _start = -1;
+            }
         }
     }
 
@@ -301,7 +386,14 @@ public sealed unsafe partial class BufferedDurableHeap
 
     private void FreeAll(ThreadBuffers[] registry, Func<ThreadBuffers, OffsetList> select, bool durable)
     {
-        bool any = false;
+        int count = 0;
+        foreach (ThreadBuffers buffers in registry)
+        {
+            count += select(buffers).Count;
+        }
+
+        long[] headers = Scratch(count);
+        int n = 0;
         foreach (ThreadBuffers buffers in registry)
         {
             OffsetList list = select(buffers);
@@ -311,32 +403,34 @@ public sealed unsafe partial class BufferedDurableHeap
                 var block = new PayloadRef(list[i]);
                 bytes += HeapLayout.HeaderSize + PayloadSize(list[i]);
                 _heap.Free(block);
-                if (durable && !_wholeRangeWriteBack)
-                {
-                    _heap.WriteBackHeader(block);
-                }
+                headers[n++] = list[i];
             }
 
-            any |= list.Count != 0;
             list.Clear();
 
             // Volatile.Write: release; pairs with the acquire in ReclaimBacklog. Only cycles (under _cycleGate) write it.
             Volatile.Write(ref buffers.ReclaimedBytes, buffers.ReclaimedBytes + bytes);
         }
 
-        if (!durable || !any)
+        if (!durable || n == 0)
         {
             return;
         }
 
-        if (_wholeRangeWriteBack)
+        // The frees become durable: write back each freed header (through the page cache, sorted runs of pages).
+        if (_pageWriteBack)
         {
-            _domain.Persist(0, _heap.File.Size);
+            Array.Sort(headers, 0, n);
         }
-        else
+
+        var ranges = new RangeWriter(this, _pageWriteBack);
+        for (int i = 0; i < n; i++)
         {
-            _domain.Fence();
+            ranges.Add(headers[i], HeapLayout.HeaderSize);
         }
+
+        ranges.Flush();
+        _domain.Fence();
     }
 
     private void CompleteWaiters(long frontier)
@@ -384,14 +478,18 @@ public sealed unsafe partial class BufferedDurableHeap
 
     private void AdvancerLoop()
     {
+        long started = Stopwatch.GetTimestamp();
         while (!_stopping)
         {
-            _wake.WaitOne(_period);
+            // Fixed rate: a cycle starts one period after the previous one started (not after it ended), so the
+            // durability lag stays about one period even when write-back takes a good part of it.
+            _wake.WaitOne(Remaining(started + (long)(_period.TotalSeconds * Stopwatch.Frequency)));
             if (_stopping)
             {
                 break;
             }
 
+            started = Stopwatch.GetTimestamp();
             try
             {
                 // Bounded, so that a stalled operation does not keep the advancer from noticing Dispose.

@@ -258,20 +258,20 @@ public sealed unsafe partial class BufferedDurableHeap
             foreach (long offset in offsets)
             {
                 heap.Free(new PayloadRef(offset));
-                if (!_wholeRangeWriteBack)
+                if (!_pageWriteBack)
                 {
                     heap.WriteBackHeader(new PayloadRef(offset));
                 }
             }
 
             // The fence orders this thread's write-backs; each partition fences its own.
-            if (!_wholeRangeWriteBack && offsets.Count != 0)
+            if (!_pageWriteBack && offsets.Count != 0)
             {
                 heap.Fence();
             }
         });
 
-        if (_wholeRangeWriteBack)
+        if (_pageWriteBack)
         {
             _domain.Persist(0, heap.File.Size);
         }

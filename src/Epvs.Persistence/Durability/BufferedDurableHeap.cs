@@ -38,7 +38,7 @@ public sealed unsafe partial class BufferedDurableHeap : IDisposable
     private readonly TimeSpan _syncTimeout;
     private readonly long _backlogLimit;
     private readonly byte* _base;
-    private readonly bool _wholeRangeWriteBack;
+    private readonly bool _pageWriteBack;
     private readonly bool _ownsFile;
     private readonly ThreadLocal<ThreadBuffers> _local;
     private readonly object _registryGate = new();
@@ -58,9 +58,10 @@ public sealed unsafe partial class BufferedDurableHeap : IDisposable
         _domain = file.Domain;
         _base = file.Pointer;
 
-        // Through the page cache (msync), one ranged sync of the whole heap per version costs less than a system
-        // call per payload; on persistent memory, per-payload cache-line write-back is what Montage does.
-        _wholeRangeWriteBack = !_domain.IsPersistentMemory;
+        // Through the page cache (msync) every write-back is a system call: the advancer sorts a version's payloads and
+        // writes back each run of touched pages once; on persistent memory, per-payload cache-line write-back is what
+        // Montage does.
+        _pageWriteBack = !_domain.IsPersistentMemory;
         _local = new ThreadLocal<ThreadBuffers>(RegisterThread);
         _scheme = new EpochProtectedVersionScheme();
         try
@@ -447,6 +448,10 @@ public sealed unsafe partial class BufferedDurableHeap : IDisposable
     /// <summary>The payload bytes of an allocated block (no checks: internal callers hold a valid reference inside an operation).</summary>
     [MethodImpl(MethodImplOptions.AggressiveInlining)]
     internal Span<byte> PayloadUnchecked(long offset) => new(_base + offset + HeapLayout.HeaderSize, PayloadSize(offset));
+
+    /// <summary>The first payload byte of an allocated block (no checks: internal callers hold a valid reference inside an operation).</summary>
+    [MethodImpl(MethodImplOptions.AggressiveInlining)]
+    internal byte* PayloadPointer(long offset) => _base + offset + HeapLayout.HeaderSize;
 
     /// <summary>The header's uid and epoch tag of an allocated block.</summary>
     [MethodImpl(MethodImplOptions.AggressiveInlining)]

@@ -22,4 +22,6 @@ internal sealed class OffsetList
     }
 
     internal void Clear() => Count = 0;
+
+    internal void CopyTo(Span<long> destination) => _items.AsSpan(0, Count).CopyTo(destination);
 }

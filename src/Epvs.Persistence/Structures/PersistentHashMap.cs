@@ -13,12 +13,12 @@ namespace Epvs.Persistence;
 /// </summary>
 /// <typeparam name="TKey">An unmanaged key type with value equality; stored by its bytes.</typeparam>
 /// <typeparam name="TValue">An unmanaged value type; stored by its bytes (no references).</typeparam>
-/// <remarks>All members are thread-safe; each is one operation (one EPVS region, one shard lock).</remarks>
+/// <remarks>All members are thread-safe. Each write is one operation (one EPVS region, one striped lock); reads take no lock and read the DRAM index only, which holds the values too.</remarks>
 public sealed class PersistentHashMap<TKey, TValue>
     where TKey : unmanaged, IEquatable<TKey>
     where TValue : unmanaged
 {
-    private readonly DurableMapCore<TKey> _core;
+    private readonly ValueMapCore<TKey, TValue> _core;
 
     /// <summary>Opens the map with type id <paramref name="typeId"/> on <paramref name="heap"/>: rebuilds its index from the recovered payloads (empty on a new heap).</summary>
     /// <param name="heap">The heap.</param>
@@ -29,7 +29,7 @@ public sealed class PersistentHashMap<TKey, TValue>
     public PersistentHashMap(BufferedDurableHeap heap, int typeId)
     {
         ArgumentNullException.ThrowIfNull(heap);
-        _core = new DurableMapCore<TKey>(heap, typeId, Unsafe.SizeOf<TValue>(), heap.Recovery.Parallelism);
+        _core = new ValueMapCore<TKey, TValue>(heap, typeId, heap.Recovery.Parallelism);
     }
 
     /// <summary>The number of entries.</summary>
@@ -40,7 +40,7 @@ public sealed class PersistentHashMap<TKey, TValue>
     /// <param name="value">The value.</param>
     /// <returns><see langword="true"/> if the key was added, <see langword="false"/> if its value was replaced.</returns>
     /// <exception cref="InsufficientMemoryException">The heap is full.</exception>
-    public bool Set(TKey key, TValue value) => _core.Upsert(key, MemoryMarshal.AsBytes(new ReadOnlySpan<TValue>(in value)));
+    public bool Set(TKey key, TValue value) => _core.Upsert(key, value);
 
     /// <summary>Reads the value of <paramref name="key"/>.</summary>
     /// <param name="key">The key.</param>
@@ -53,16 +53,7 @@ public sealed class PersistentHashMap<TKey, TValue>
     /// <returns>Whether the key was present.</returns>
     public bool Remove(TKey key) => _core.Remove(key);
 
-    /// <summary>A copy of every entry. Each shard is copied atomically, the whole map is not.</summary>
+    /// <summary>A copy of every entry. Each entry is read atomically, the whole map is not (like enumerating a <see cref="System.Collections.Concurrent.ConcurrentDictionary{TKey, TValue}"/>).</summary>
     /// <returns>The entries, in no particular order.</returns>
-    public Dictionary<TKey, TValue> ToDictionary()
-    {
-        var result = new Dictionary<TKey, TValue>();
-        foreach ((TKey key, byte[] value) in _core.Snapshot())
-        {
-            result[key] = MemoryMarshal.Read<TValue>(value);
-        }
-
-        return result;
-    }
+    public Dictionary<TKey, TValue> ToDictionary() => _core.Snapshot();
 }

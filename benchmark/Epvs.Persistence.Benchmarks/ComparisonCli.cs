@@ -1,0 +1,109 @@
+using System;
+using System.CommandLine;
+using System.CommandLine.Parsing;
+using System.IO;
+using System.Linq;
+
+namespace Epvs.Persistence.Benchmarks;
+
+/// <summary>The command line of the comparison table (issue #10): options, validation (exit 2 on bad input), quick mode.</summary>
+internal static class ComparisonCli
+{
+    internal const int BadInput = 2;
+
+    internal static int Run(string[] args, TextWriter output, TextWriter error)
+    {
+        var quick = new Option<bool>("--quick") { Description = "Smoke run (about 30 s): 100 K keys, 200 ms cells, 1 repetition, 30 syncs, 128 MiB recovery heap." };
+        var threads = new Option<int[]?>("--threads") { Description = "Thread counts, comma-separated, 1 to 64 (default 1,2).", HelpName = "N,N", CustomParser = ParseThreads };
+        var keys = new Option<int?>("--keys") { Description = "Key range, all preloaded, 1000 to 100000000 (default 1000000).", HelpName = "N", CustomParser = r => ParseInt(r, "--keys", 1000, 100_000_000) };
+        var duration = new Option<int?>("--duration") { Description = "Milliseconds per throughput cell, 10 to 600000 (default 1000).", HelpName = "MS", CustomParser = r => ParseInt(r, "--duration", 10, 600_000) };
+        var repetitions = new Option<int?>("--repetitions") { Description = "Interleaved repetitions, median reported, 1 to 100 (default 5).", HelpName = "N", CustomParser = r => ParseInt(r, "--repetitions", 1, 100) };
+        var syncs = new Option<int?>("--syncs") { Description = "Sync and lag samples each, 5 to 100000 (default 200).", HelpName = "N", CustomParser = r => ParseInt(r, "--syncs", 5, 100_000) };
+        var recovery = new Option<int?>("--recovery-mib") { Description = "Size of the crash-recovery heap in MiB, 16 to 65536 (default 1024).", HelpName = "MIB", CustomParser = r => ParseInt(r, "--recovery-mib", 16, 65_536) };
+        var domain = new Option<string>("--domain") { Description = "Persistence domain of the map's heap.", DefaultValueFactory = _ => "mapped" };
+        domain.AcceptOnlyFromAmong("mapped", "pmem");
+        var dir = new Option<string?>("--dir") { Description = "Directory for the heap files (default: EPVS_BENCH_DIR or the temp directory).", HelpName = "DIR" };
+        var root = new RootCommand(
+            "EPVS persistence benchmarks. Without a subcommand: the issue #10 table, side by side in one run — " +
+            "PersistentHashMap vs ConcurrentDictionary upsert/read throughput, Sync latency and durability lag under load, 1 GiB crash recovery. " +
+            "'durability ...' runs the older per-mode harness; 'bdn ...' passes the rest to BenchmarkDotNet.")
+        {
+            quick, threads, keys, duration, repetitions, syncs, recovery, domain, dir,
+        };
+        root.SetAction(parse =>
+        {
+            bool q = parse.GetValue(quick);
+            string directory = parse.GetValue(dir) ?? Environment.GetEnvironmentVariable("EPVS_BENCH_DIR") ?? Path.GetTempPath();
+            if (!Directory.Exists(directory))
+            {
+                error.WriteLine($"error: --dir '{directory}' is not a directory");
+                return BadInput;
+            }
+
+            var settings = new ComparisonSettings(
+                parse.GetValue(threads) is { Length: > 0 } t ? t : [1, 2],
+                parse.GetValue(keys) ?? (q ? 100_000 : 1_000_000),
+                TimeSpan.FromMilliseconds(parse.GetValue(duration) ?? (q ? 200 : 1000)),
+                parse.GetValue(repetitions) ?? (q ? 1 : 5),
+                parse.GetValue(syncs) ?? (q ? 30 : 200),
+                (long)(parse.GetValue(recovery) ?? (q ? 128 : 1024)) << 20,
+                parse.GetValue(domain) == "pmem" ? PersistenceDomainKind.Pmem : PersistenceDomainKind.MappedFile,
+                directory,
+                q);
+            return MapComparison.Run(settings, output);
+        });
+
+        ParseResult parsed = root.Parse(args);
+        if (parsed.Errors.Count > 0)
+        {
+            // System.CommandLine's own error action exits with 1; a bad command line is 2 here, as for the other tools.
+            foreach (ParseError e in parsed.Errors)
+            {
+                error.WriteLine($"error: {e.Message}");
+            }
+
+            error.WriteLine("Try '--help'.");
+            return BadInput;
+        }
+
+        return parsed.Invoke(new InvocationConfiguration { Output = output, Error = error });
+    }
+
+    private static int? ParseInt(ArgumentResult result, string name, int min, int max)
+    {
+        string text = result.Tokens.Count == 1 ? result.Tokens[0].Value : string.Empty;
+        if (!int.TryParse(text, System.Globalization.NumberStyles.Integer, System.Globalization.CultureInfo.InvariantCulture, out int value) || value < min || value > max)
+        {
+            result.AddError($"{name} must be an integer from {min} to {max}, not '{text}'");
+            return null;
+        }
+
+        return value;
+    }
+
+    private static int[]? ParseThreads(ArgumentResult result)
+    {
+        var list = new System.Collections.Generic.List<int>();
+        foreach (Token token in result.Tokens)
+        {
+            foreach (string part in token.Value.Split(',', StringSplitOptions.RemoveEmptyEntries | StringSplitOptions.TrimEntries))
+            {
+                if (!int.TryParse(part, System.Globalization.NumberStyles.Integer, System.Globalization.CultureInfo.InvariantCulture, out int n) || n < 1 || n > 64)
+                {
+                    result.AddError($"--threads takes thread counts from 1 to 64, not '{part}'");
+                    return null;
+                }
+
+                list.Add(n);
+            }
+        }
+
+        if (list.Count == 0)
+        {
+            result.AddError("--threads needs at least one thread count");
+            return null;
+        }
+
+        return list.Distinct().ToArray();
+    }
+}

@@ -1,0 +1,289 @@
+using System;
+using System.Collections.Concurrent;
+using System.Collections.Generic;
+using System.Diagnostics;
+using System.IO;
+using System.Linq;
+using System.Runtime.InteropServices;
+using System.Threading;
+
+namespace Epvs.Persistence.Benchmarks;
+
+/// <summary>What one comparison run measures (see <see cref="ComparisonCli"/> for the defaults).</summary>
+internal sealed record ComparisonSettings(
+    int[] Threads,
+    int KeyRange,
+    TimeSpan Duration,
+    int Repetitions,
+    int Syncs,
+    long RecoveryBytes,
+    PersistenceDomainKind Domain,
+    string Directory,
+    bool Quick);
+
+/// <summary>
+/// Issue #10's performance table, side by side in one run: <see cref="PersistentHashMap{TKey, TValue}"/> against
+/// <see cref="ConcurrentDictionary{TKey, TValue}"/> (upsert, read; 1 and 2 threads, interleaved per repetition so a
+/// shared machine's noise hits both alike; medians and ratios), Sync latency and durability lag under one writer
+/// (in advance periods), and crash recovery of a heap of <see cref="ComparisonSettings.RecoveryBytes"/>.
+/// </summary>
+internal static class MapComparison
+{
+    private const int MapTypeId = 1;
+    private static readonly TimeSpan Period = TimeSpan.FromMilliseconds(20);
+
+    internal static int Run(ComparisonSettings s, TextWriter output)
+    {
+        output.WriteLine($"# EPVS persistent map vs ConcurrentDictionary: {Environment.ProcessorCount} logical CPUs, {RuntimeInformation.OSDescription}, {RuntimeInformation.ProcessArchitecture}, .NET {Environment.Version}");
+        output.WriteLine($"# key range {s.KeyRange:N0} (all preloaded), long keys and values, {s.Duration.TotalMilliseconds:0} ms per cell, {s.Repetitions} interleaved repetitions (median), threads {string.Join(",", s.Threads)}, domain {s.Domain}, files in {s.Directory}{(s.Quick ? ", QUICK mode" : string.Empty)}");
+        output.Flush();
+        string path = Path.Combine(s.Directory, $"epvs-compare-{Guid.NewGuid():N}.heap");
+        try
+        {
+            long heapSize = Math.Max(64L << 20, (long)s.KeyRange * 256);
+            using (BufferedDurableHeap heap = BufferedDurableHeap.Create(path, new HeapFileOptions { Size = heapSize, Domain = s.Domain }, new BufferedDurableHeapOptions { AdvancePeriod = Period }))
+            {
+                var map = new PersistentHashMap<long, long>(heap, MapTypeId);
+                var dictionary = new ConcurrentDictionary<long, long>();
+                Progress(output, "preloading both maps");
+                for (long k = 0; k < s.KeyRange; k++)
+                {
+                    map.Set(k, k);
+                    dictionary[k] = k;
+                }
+
+                Throughput(s, map, dictionary, output);
+                SyncAndLag(s, heap, map, output);
+            }
+
+            File.Delete(path);
+            Recovery(s, path, output);
+            return 0;
+        }
+        finally
+        {
+            File.Delete(path);
+        }
+    }
+
+    private static void Progress(TextWriter output, string what)
+    {
+        output.WriteLine($"# [{DateTime.UtcNow:HH:mm:ss}] {what}");
+        output.Flush();
+    }
+
+    private static void Throughput(ComparisonSettings s, PersistentHashMap<long, long> map, ConcurrentDictionary<long, long> dictionary, TextWriter output)
+    {
+        string[] cells = ["ConcurrentDictionary upsert", "PersistentHashMap upsert", "ConcurrentDictionary read", "PersistentHashMap read"];
+        var results = new Dictionary<(string, int), List<double>>();
+        foreach (int threads in s.Threads)
+        {
+            for (int rep = 0; rep < s.Repetitions; rep++)
+            {
+                Progress(output, $"throughput, {threads} thread(s), repetition {rep + 1}/{s.Repetitions}");
+                foreach (string cell in cells)
+                {
+                    bool persistent = cell.StartsWith("Persistent", StringComparison.Ordinal);
+                    bool upsert = cell.EndsWith("upsert", StringComparison.Ordinal);
+                    double mops = Measure(threads, s.Duration, s.KeyRange, (key, value) =>
+                    {
+                        if (persistent)
+                        {
+                            if (upsert)
+                            {
+                                map.Set(key, value);
+                            }
+                            else
+                            {
+                                map.TryGetValue(key, out _);
+                            }
+                        }
+                        else if (upsert)
+                        {
+                            dictionary[key] = value;
+                        }
+                        else
+                        {
+                            dictionary.TryGetValue(key, out _);
+                        }
+                    });
+                    CollectionsMarshal.GetValueRefOrAddDefault(results, (cell, threads), out _) ??= new List<double>();
+                    results[(cell, threads)].Add(mops);
+                }
+            }
+        }
+
+        output.WriteLine();
+        output.WriteLine("| operation | threads | ConcurrentDictionary (Mops/s, median) | PersistentHashMap (Mops/s, median) | ratio (median of per-repetition ratios) | target |");
+        output.WriteLine("|---|---:|---:|---:|---:|---|");
+        foreach (string op in new[] { "upsert", "read" })
+        {
+            foreach (int threads in s.Threads)
+            {
+                List<double> baseline = results[($"ConcurrentDictionary {op}", threads)];
+                List<double> persistent = results[($"PersistentHashMap {op}", threads)];
+                double ratio = Median(persistent.Zip(baseline, (p, b) => p / b).ToList());
+                output.WriteLine(FormattableString.Invariant($"| {op} | {threads} | {Median(baseline):0.00} | {Median(persistent):0.00} | {ratio:0.00} | ≥ 0.50 {(ratio >= 0.5 ? "met" : "NOT met")} |"));
+            }
+        }
+
+        output.WriteLine();
+        output.Flush();
+    }
+
+    private static double Measure(int threads, TimeSpan duration, int keyRange, Action<long, long> body)
+    {
+        int stop = 0;
+        long total = 0;
+        using var start = new Barrier(threads + 1);
+        var workers = new Thread[threads];
+        for (int t = 0; t < threads; t++)
+        {
+            int seed = t;
+            workers[t] = new Thread(() =>
+            {
+                ulong x = (ulong)(seed + 1) * 0x9E37_79B9_7F4A_7C15UL;
+                long ops = 0;
+                start.SignalAndWait();
+                // Volatile.Read: acquire; pairs with the Volatile.Write of the timing thread.
+                while (Volatile.Read(ref stop) == 0)
+                {
+                    for (int i = 0; i < 64; i++)
+                    {
+                        x ^= x << 13;
+                        x ^= x >> 7;
+                        x ^= x << 17;
+                        body((long)(x % (ulong)keyRange), (long)x);
+                    }
+
+                    ops += 64;
+                }
+
+                // Interlocked.Add: the workers' totals meet here; atomicity only.
+                Interlocked.Add(ref total, ops);
+            })
+            { IsBackground = true };
+            workers[t].Start();
+        }
+
+        start.SignalAndWait();
+        var watch = Stopwatch.StartNew();
+        Thread.Sleep(duration);
+        // Volatile.Write: release; pairs with the workers' Volatile.Read.
+        Volatile.Write(ref stop, 1);
+        foreach (Thread worker in workers)
+        {
+            worker.Join();
+        }
+
+        return Interlocked.Read(ref total) / watch.Elapsed.TotalSeconds / 1e6;
+    }
+
+    private static void SyncAndLag(ComparisonSettings s, BufferedDurableHeap heap, PersistentHashMap<long, long> map, TextWriter output)
+    {
+        Progress(output, $"Sync latency and durability lag under one writer, {s.Syncs} samples each");
+        int stop = 0;
+        var writer = new Thread(() =>
+        {
+            var random = new Random(7);
+            // Volatile.Read: acquire; pairs with the Volatile.Write below.
+            while (Volatile.Read(ref stop) == 0)
+            {
+                long key = random.Next(s.KeyRange);
+                map.Set(key, key);
+            }
+        })
+        { IsBackground = true };
+        writer.Start();
+        var random = new Random(8);
+        var syncs = new List<double>();
+        for (int i = 0; i < s.Syncs; i++)
+        {
+            Thread.Sleep(random.Next(1, 20));
+            var watch = Stopwatch.StartNew();
+            heap.Sync();
+            syncs.Add(watch.Elapsed.TotalMilliseconds);
+        }
+
+        // Lag: an operation completes, then the time until the durable frontier covers its version (read after the
+        // operation ended, so at or above the operation's own version: the lag is an upper bound), polled every 1 ms.
+        var lags = new List<double>();
+        for (int i = 0; i < s.Syncs; i++)
+        {
+            Thread.Sleep(random.Next(1, 20));
+            long key = random.Next(s.KeyRange);
+            map.Set(key, key);
+            var watch = Stopwatch.StartNew();
+            long version = heap.CurrentVersion;
+            while (heap.DurableFrontier < version)
+            {
+                Thread.Sleep(1);
+            }
+
+            lags.Add(watch.Elapsed.TotalMilliseconds);
+        }
+
+        // Volatile.Write: release; pairs with the writer's Volatile.Read.
+        Volatile.Write(ref stop, 1);
+        writer.Join();
+        double p = Period.TotalMilliseconds;
+        output.WriteLine(FormattableString.Invariant($"| under one writer, {p:0} ms advance period | p50 (ms) | p90 (ms) | p99 (ms) | max (ms) | p50 (periods) | p99 (periods) | target |"));
+        output.WriteLine("|---|---:|---:|---:|---:|---:|---:|---|");
+        output.WriteLine(Row("Sync latency", syncs, p, "p50 ≤ 2 periods", Percentile(syncs, 0.5) <= 2 * p));
+        output.WriteLine(Row("durability lag", lags, p, "p99 ≤ 2 periods", Percentile(lags, 0.99) <= 2 * p));
+        output.WriteLine();
+        output.Flush();
+    }
+
+    private static string Row(string name, List<double> samples, double period, string target, bool met) =>
+        FormattableString.Invariant($"| {name} ({samples.Count} samples) | {Percentile(samples, 0.5):0.0} | {Percentile(samples, 0.9):0.0} | {Percentile(samples, 0.99):0.0} | {samples.Max():0.0} | {Percentile(samples, 0.5) / period:0.00} | {Percentile(samples, 0.99) / period:0.00} | {target} {(met ? "met" : "NOT met")} |");
+
+    private static void Recovery(ComparisonSettings s, string path, TextWriter output)
+    {
+        Progress(output, $"filling a {s.RecoveryBytes >> 20} MiB heap with 1 KB payloads for crash recovery");
+        long payloads;
+        const long PerPayload = 1280; // the block of a 1 KB payload + 32-byte header
+        using (BufferedDurableHeap heap = BufferedDurableHeap.Create(path, new HeapFileOptions { Size = s.RecoveryBytes + (64L << 20), Domain = PersistenceDomainKind.MappedFile }))
+        {
+            var map = new PersistentByteMap<long>(heap, MapTypeId);
+            byte[] value = new byte[1024 - sizeof(long)];
+            payloads = s.RecoveryBytes / PerPayload;
+            for (long i = 0; i < payloads; i++)
+            {
+                map.Set(i, value);
+            }
+        }
+
+        var times = new List<double>();
+        long live = 0;
+        for (int rep = 0; rep < Math.Max(1, s.Repetitions); rep++)
+        {
+            Progress(output, $"crash recovery, repetition {rep + 1}");
+            // Clear the clean-shutdown word (superblock offset 56) as a crash would leave it.
+            using (var stream = new FileStream(path, FileMode.Open, FileAccess.ReadWrite))
+            {
+                stream.Position = 56;
+                stream.Write(new byte[8]);
+            }
+
+            var watch = Stopwatch.StartNew();
+            using BufferedDurableHeap heap = BufferedDurableHeap.Open(path, new HeapFileOptions { Domain = PersistenceDomainKind.MappedFile }, new BufferedDurableHeapOptions { AdvancePeriod = Timeout.InfiniteTimeSpan });
+            var map = new PersistentByteMap<long>(heap, MapTypeId);
+            times.Add(watch.Elapsed.TotalMilliseconds);
+            live = map.Count;
+        }
+
+        output.WriteLine("| crash recovery (mapped file, page cache warm) | heap | live payloads | median (ms) | target |");
+        output.WriteLine("|---|---:|---:|---:|---|");
+        output.WriteLine(FormattableString.Invariant($"| open + scan + map index rebuild, {times.Count} runs | {s.RecoveryBytes >> 20} MiB | {live:N0} | {Median(times):0} | < 1 s for 1 GiB {(s.RecoveryBytes >= 1L << 30 ? (Median(times) < 1000 ? "met" : "NOT met") : "(heap smaller than 1 GiB: not judged)")} |"));
+        output.Flush();
+    }
+
+    private static double Median(List<double> values) => Percentile(values, 0.5);
+
+    private static double Percentile(List<double> values, double q)
+    {
+        var sorted = values.OrderBy(v => v).ToList();
+        return sorted[(int)Math.Min(sorted.Count - 1, q * sorted.Count)];
+    }
+}
