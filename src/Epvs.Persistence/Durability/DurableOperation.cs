@@ -79,7 +79,18 @@ public ref struct DurableOperation
             // Two payloads of one uid in one version would tie at recovery: retire this uid and start a new one.
             PayloadRef fresh = Allocate(newSize, header.TypeId);
             heap.Allocator.GetPayload(current)[..Math.Min(header.Size, newSize)].CopyTo(heap.Allocator.GetPayload(fresh));
-            Delete(current);
+            try
+            {
+                Delete(current);
+            }
+            catch (InsufficientMemoryException)
+            {
+                // No room for the anti-payload: undo the copy, so the caller keeps current and recovery does not find
+                // two live payloads for one key. The copy was never published.
+                heap.Allocator.Free(fresh);
+                throw;
+            }
+
             return fresh;
         }
 

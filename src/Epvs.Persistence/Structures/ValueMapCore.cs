@@ -37,7 +37,8 @@ internal sealed unsafe class ValueMapCore<TKey, TValue>
     {
         ArgumentNullException.ThrowIfNull(heap);
         _heap = heap;
-        _typeId = typeId;
+        _typeId = StructureKind.Encode(StructureKind.HashMap, typeId);
+        StructureKind.CheckNoOtherKind(heap, StructureKind.HashMap, typeId);
         int stripes = 1;
         while (stripes < Environment.ProcessorCount * 64)
         {
@@ -51,7 +52,7 @@ internal sealed unsafe class ValueMapCore<TKey, TValue>
             _stripes[i] = new object();
         }
 
-        IReadOnlyList<RecoveredPayload> payloads = heap.TakeRecoveredPayloads(typeId);
+        IReadOnlyList<RecoveredPayload> payloads = heap.TakeRecoveredPayloads(_typeId);
         _index = new ConcurrentDictionary<TKey, Entry>(Math.Max(1, recoveryParallelism), Math.Max(31, payloads.Count));
         Rebuild(payloads, recoveryParallelism);
     }
@@ -149,27 +150,45 @@ internal sealed unsafe class ValueMapCore<TKey, TValue>
         return _stripes[(int)(h >> 16) & _mask];
     }
 
+    private int UserTypeId => _typeId & (StructureKind.TypeIdLimit - 1);
+
     private void Rebuild(IReadOnlyList<RecoveredPayload> payloads, int parallelism)
+    {
+        // Sizes first, on this thread: one clear exception (not an AggregateException of many) that names both sizes.
+        foreach (RecoveredPayload payload in payloads)
+        {
+            if (payload.Header.Size != PayloadSize)
+            {
+                throw new InvalidDataException($"The map with type id {UserTypeId} expects payloads of {PayloadSize} bytes (a {sizeof(TKey)}-byte {typeof(TKey).Name} key and a {sizeof(TValue)}-byte {typeof(TValue).Name} value), but recovery found one of {payload.Header.Size} bytes: was it written with other key or value types?");
+            }
+        }
+
+        try
+        {
+            RebuildIndex(payloads, parallelism);
+        }
+        catch (AggregateException e) when (e.InnerException is InvalidDataException inner)
+        {
+            System.Runtime.ExceptionServices.ExceptionDispatchInfo.Capture(inner).Throw();
+        }
+
+        _count = payloads.Count;
+    }
+
+    private void RebuildIndex(IReadOnlyList<RecoveredPayload> payloads, int parallelism)
     {
         Parallel.For(0, payloads.Count, new ParallelOptions { MaxDegreeOfParallelism = Math.Max(1, parallelism) }, i =>
         {
             RecoveredPayload payload = payloads[i];
-            int size = payload.Header.Size;
-            if (size != PayloadSize)
-            {
-                throw new InvalidDataException($"Recovered payload {payload.Header} of type id {_typeId} has {size} bytes, which does not fit a {typeof(TKey).Name} key and a {sizeof(TValue)}-byte value: is another structure (or another key/value type) using type id {_typeId}?");
-            }
 
             byte* bytes = _heap.PayloadPointer(payload.Block.Offset);
             TKey key = Unsafe.ReadUnaligned<TKey>(bytes);
             var entry = new Entry(payload.Block.Offset, payload.Header.Uid, payload.Header.EpochTag, Unsafe.ReadUnaligned<TValue>(bytes + sizeof(TKey)));
             if (!_index.TryAdd(key, entry))
             {
-                throw new InvalidDataException($"Recovery found two live payloads for one key of the map with type id {_typeId} ({payload.Header} and the payload at 0x{_index[key].Offset:X}): the heap is inconsistent.");
+                throw new InvalidDataException($"Recovery found two live payloads for one key of the map with type id {UserTypeId} ({payload.Header} and the payload at 0x{_index[key].Offset:X}): the heap is inconsistent.");
             }
         });
-
-        _count = payloads.Count;
     }
 
     /// <summary>

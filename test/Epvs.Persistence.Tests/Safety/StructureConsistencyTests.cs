@@ -61,6 +61,33 @@ public sealed class StructureConsistencyTests
     }
 
     [Fact]
+    public void Resize_InTheSameVersionOnAFullHeap_ThrowsAndKeepsOneLivePayload()
+    {
+        using var dir = new TempDirectory();
+        string path = dir.File("full.heap");
+        byte[] small = new byte[20];
+        small.AsSpan().Fill(7);
+        using (BufferedDurableHeap heap = Create(path))
+        {
+            var map = new PersistentByteMap<long>(heap, typeId: 1);
+            map.Set(1, small);
+            map.Set(2, new byte[500]); // formats a segment of the larger class: free blocks of it stay cached
+            FillHeap(heap);
+
+            // Same version, a new size of that larger class: the copy fits, its anti-payload does not.
+            Assert.Throws<InsufficientMemoryException>(() => map.Set(1, new byte[500]));
+            Assert.Equal(small, map.Get(1));
+            heap.Sync();
+        }
+
+        using (BufferedDurableHeap heap = BufferedDurableHeap.Open(path, null, NoAdvancer))
+        {
+            // Before the fix the copy stayed live too: "two live payloads for one key".
+            Assert.Equal(small, new PersistentByteMap<long>(heap, typeId: 1).Get(1));
+        }
+    }
+
+    [Fact]
     public void Reopen_WithAnotherValueType_ThrowsOneInvalidDataExceptionNamingBothSizes()
     {
         using var dir = new TempDirectory();
