@@ -16,6 +16,22 @@ public sealed unsafe partial class LightEpoch
     /// </summary>
     internal static bool DisableReannounceForTesting;
 
+    /// <summary>
+    /// Test-only: restores the old Dispose, which treated an epoch as disposed as soon as a Dispose began (so a
+    /// registration ran every pending action, and Resume/Bump threw, while a Dispose that would fail was still
+    /// checking), so the lifecycle test can show that it catches that. Read only on cold paths.
+    /// </summary>
+    internal static bool LegacyDisposeForTesting;
+
+    /// <summary>
+    /// Test-only: keeps drain nesting per thread across all instances (as before), so the nested-drain test can show
+    /// that it catches an action stranded on another epoch. Read only on the drain path.
+    /// </summary>
+    internal static bool SharedDrainDepthForTesting;
+
+    /// <summary>Test-only: runs on the disposing thread while Dispose is Closing (free slots marked, not decided).</summary>
+    internal System.Action? ClosingHookForTesting;
+
     /// <summary>Test-only: the instance id used to index per-thread records.</summary>
     internal int DebugId => id;
 }

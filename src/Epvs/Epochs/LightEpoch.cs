@@ -48,7 +48,16 @@ public sealed unsafe partial class LightEpoch : IDisposable
     private readonly Action<Exception> reportFault; // cached: a method group would allocate on every drain
     private readonly int id;
     private readonly long token;
-    private int disposed;
+
+    /// <summary>Lifecycle: <see cref="Live"/> → <see cref="Closing"/> (a Dispose is checking for protected
+    /// threads) → <see cref="Closed"/> (final), or back to <see cref="Live"/> when the Dispose cannot complete.
+    /// Only <see cref="Closed"/> lets anything run every pending action; <see cref="Closing"/> is observable only
+    /// as a short wait in the slow path of <see cref="Resume"/>.</summary>
+    private int lifecycle;
+
+    private const int Live = 0;
+    private const int Closing = 1;
+    private const int Closed = 2;
 
     /// <summary>Creates an epoch with a thread table that starts at 16 slots and grows on demand.</summary>
     public LightEpoch()
@@ -75,7 +84,8 @@ public sealed unsafe partial class LightEpoch : IDisposable
     /// <summary>Returns the instance id to the pool if the epoch was never disposed.</summary>
     ~LightEpoch()
     {
-        if (Interlocked.Exchange(ref disposed, 1) == 0)
+        // Unreachable, so no thread can be protected and nothing can race this.
+        if (Interlocked.Exchange(ref lifecycle, Closed) != Closed)
             ReleaseId(id);
     }
 
@@ -138,15 +148,30 @@ public sealed unsafe partial class LightEpoch : IDisposable
     [MethodImpl(MethodImplOptions.NoInlining)]
     private void ResumeSlow()
     {
-        if (Volatile.Read(ref disposed) != 0)
-            ThrowHelper.ThrowObjectDisposed(nameof(LightEpoch));
+        while (!TryResumeSlow())
+        {
+            // A Dispose is checking for protected threads (it marked our free slot, or saw us claim one). It either
+            // completes (we throw on the next try) or gives up and reverts to Live (we retry): wait for it, never fail
+            // a Resume on an epoch that stays live. The window is one pass over the table.
+            var spinner = new SpinWait();
+            while (Volatile.Read(ref lifecycle) == Closing) // acquire: pairs with Dispose's final exchange
+                spinner.SpinOnce();
+        }
+    }
+
+    /// <summary>Returns false if a concurrent Dispose was closing (nothing was changed); throws if it closed.</summary>
+    private bool TryResumeSlow()
+    {
+        ThrowIfDisposed();
 
         ThreadRecord* r = GetOrCreateRecord();
         if (r->Depth != 0)
         {
             r->Depth++;
-            return;
+            return true;
         }
+        if (Volatile.Read(ref lifecycle) == Closing)
+            return false; // every free slot is marked: do not grow the table for nothing
 
         // First use on this thread, or someone else took our last slot: probe for a free one (growing the
         // table if needed). The CAS inside Claim is the announcing full fence.
@@ -155,19 +180,22 @@ public sealed unsafe partial class LightEpoch : IDisposable
         slot->OwnerThreadId = r->ThreadId;
         r->Slot = slot;
         r->Depth = 1;
-        if (Volatile.Read(ref currentEpoch.Value) != epoch)
-            Reannounce(ref slot->Epoch, epoch);
 
-        // Dispose sets the flag and then marks every free slot. Our claim was a full fence, so either Dispose
-        // saw our slot taken (and refused), or we see its flag here.
-        if (Volatile.Read(ref disposed) != 0)
+        // Dispose leaves Live with a full fence and then reads every slot of every segment, including one our Claim
+        // may just have grown the table by. Our claim was a full fence too (a store-buffering pair): either Dispose
+        // saw our slot taken (and reverts to Live), or we see here that it left Live. Checked before Reannounce,
+        // which may drain and run actions that reallocate this thread's records: r is not used after a drain.
+        if (Volatile.Read(ref lifecycle) != Live)
         {
             r->Depth = 0;
-            Volatile.Write(ref slot->Epoch, 0);
+            Volatile.Write(ref slot->Epoch, 0); // release: pairs with Dispose's scan
             if (Volatile.Read(ref pendingActions.Value) != 0)
                 FenceAndDrain();
-            ThrowHelper.ThrowObjectDisposed(nameof(LightEpoch));
+            return false; // the caller waits while Closing, then retries (and throws if Closed)
         }
+        if (Volatile.Read(ref currentEpoch.Value) != epoch)
+            Reannounce(ref slot->Epoch, epoch);
+        return true;
     }
 
     /// <summary>
@@ -347,9 +375,12 @@ public sealed unsafe partial class LightEpoch : IDisposable
         // Ends with a full fence, so the registration is visible before the scans below. `mine` holds `prior` until
         // a drainer claims the action.
         ref long mine = ref drainList.Add(prior, action, completion, ref pendingActions.Value);
-        if (Volatile.Read(ref disposed) != 0)
+        // Only Closed is final: while a Dispose is Closing it may still find a protected thread and revert, so the
+        // ordinary rules apply. Add ended with a full fence and Dispose writes Closed with a full fence before it runs
+        // the list: either it sees our registration, or we see Closed here (then nobody is protected, ever again).
+        int now = Volatile.Read(ref lifecycle);
+        if (now == Closed || (LegacyDisposeForTesting && now != Live))
         {
-            // Dispose may have run the list before our registration landed; once it has, nobody is protected.
             drainList.RunEligible(long.MaxValue - 2, ref pendingActions.Value, reportFault);
             return;
         }
@@ -387,11 +418,34 @@ public sealed unsafe partial class LightEpoch : IDisposable
     /// <summary>How many short spins a bumper waits for active holders before issuing a process-wide barrier.</summary>
     private const int HelpSpins = 8;
 
-    /// <summary>Drain nesting on this thread (actions that bump or step run drains inside drains).</summary>
-    [ThreadStatic] private static int t_drainDepth;
+    /// <summary>Per thread and per instance (indexed by <see cref="id"/>): drain nesting (actions that bump or step
+    /// run drains inside drains), and whether a drain too deep to run inline asked the outermost one to look again.
+    /// Per instance, so deep nesting on one epoch never stops another epoch's drain: that epoch has its own outermost
+    /// drain on this thread (or none, and runs inline). A managed array, indexed afresh on every access, because an
+    /// action may grow it.</summary>
+    [ThreadStatic] private static DrainNesting[]? t_drainNesting;
 
-    /// <summary>Set by a drain that was too deep to run inline; the outermost drain on the thread then looks again.</summary>
-    [ThreadStatic] private static bool t_drainAgain;
+    private struct DrainNesting
+    {
+        public int Depth;
+        public bool Again;
+    }
+
+    private ref DrainNesting Nesting
+    {
+        get
+        {
+            int index = SharedDrainDepthForTesting ? 0 : id;
+            DrainNesting[]? all = t_drainNesting;
+            if (all is null || all.Length <= index)
+            {
+                var grown = new DrainNesting[Math.Max(index + 1, Math.Max(4, (all?.Length ?? 0) * 2))];
+                all?.AsSpan().CopyTo(grown);
+                t_drainNesting = all = grown;
+            }
+            return ref all[index];
+        }
+    }
 
     /// <summary>Beyond this depth a drain only asks the outermost one to look again, so a chain of actions that
     /// register actions (or a long state machine) cannot overflow the stack.</summary>
@@ -403,18 +457,19 @@ public sealed unsafe partial class LightEpoch : IDisposable
     /// </summary>
     private bool Drain()
     {
-        if (t_drainDepth >= MaxInlineDrainDepth)
+        int depth = Nesting.Depth;
+        if (depth >= MaxInlineDrainDepth)
         {
-            t_drainAgain = true;
+            Nesting.Again = true;
             return false;
         }
-        t_drainDepth++;
+        Nesting.Depth = ++depth;
         try
         {
             do
             {
-                if (t_drainDepth == 1)
-                    t_drainAgain = false;
+                if (depth == 1)
+                    Nesting.Again = false;
                 // Acquire: pairs with the increment; the scan below reads slots after it.
                 long current = Volatile.Read(ref currentEpoch.Value);
                 long safe = table.OldestAnnounced(current) - 1;
@@ -422,11 +477,11 @@ public sealed unsafe partial class LightEpoch : IDisposable
                 if (Volatile.Read(ref pendingActions.Value) != 0)
                     drainList.RunEligible(safe, ref pendingActions.Value, reportFault);
             }
-            while (t_drainDepth == 1 && t_drainAgain);
+            while (depth == 1 && Nesting.Again);
         }
         finally
         {
-            t_drainDepth--;
+            Nesting.Depth--;
         }
         return true;
     }
@@ -491,24 +546,60 @@ public sealed unsafe partial class LightEpoch : IDisposable
 
     private void ThrowIfDisposed()
     {
-        if (Volatile.Read(ref disposed) != 0)
+        // Acquire: pairs with Dispose's exchange to Closed. Closing is not disposed: that Dispose may still fail.
+        int now = Volatile.Read(ref lifecycle);
+        if (now == Closed || (LegacyDisposeForTesting && now != Live))
             ThrowHelper.ThrowObjectDisposed(nameof(LightEpoch));
     }
 
     /// <summary>
     /// Runs every pending action (none can be unsafe once no thread is protected) and retires the instance.
-    /// Calling it again does nothing.
+    /// Calling it again, or concurrently, does nothing more.
     /// </summary>
+    /// <remarks>
+    /// Disposing while a thread is protected is the one unsafe case (running the pending actions then could overlap a
+    /// region that still holds their epoch back), so it is refused loudly and changes nothing observable: no held
+    /// action runs early, and <see cref="Resume"/>/<see cref="BumpCurrentEpoch()"/> on other threads never see the
+    /// epoch as disposed. <see cref="TryDispose"/> answers the same question without an exception.
+    /// </remarks>
     /// <exception cref="InvalidOperationException">A thread is still protected by this instance; nothing is
     /// disposed, so the caller can make the threads leave and try again.</exception>
     public void Dispose()
     {
         if (ThisInstanceProtected())
             ThrowHelper.ThrowInvalidOperation("Dispose was called by a thread that is still protected by this epoch; call Suspend()/Leave() first.");
-        if (Interlocked.Exchange(ref disposed, 1) != 0)
-            return;
+        int stillProtected = CloseIfUnprotected();
+        if (stillProtected != 0)
+            ThrowHelper.ThrowInvalidOperation(
+                $"Dispose was called while {stillProtected} thread(s) are still protected by this epoch; " +
+                "make them call Suspend()/Leave() first (or use TryDispose). The epoch was not disposed.");
+    }
 
-        // Mark every free slot so no Resume can claim it; a slot already taken means a protected thread.
+    /// <summary>
+    /// Disposes the epoch if no thread (the caller included) is protected by it; otherwise changes nothing and
+    /// returns false. Never throws.
+    /// </summary>
+    /// <returns>True if the epoch is disposed (by this call or an earlier one).</returns>
+    public bool TryDispose() => !ThisInstanceProtected() && CloseIfUnprotected() == 0;
+
+    /// <summary>Live → Closing → Closed, or back to Live; returns the number of protected threads found (0: Closed).
+    /// The only place that leaves Live.</summary>
+    private int CloseIfUnprotected()
+    {
+        var spinner = new SpinWait();
+        while (true)
+        {
+            // Full fence: ordered before the slot reads below (pairs with ResumeSlow's claim, then read of lifecycle).
+            int was = Interlocked.CompareExchange(ref lifecycle, Closing, Live);
+            if (was == Closed)
+                return 0;
+            if (was == Live)
+                break;
+            spinner.SpinOnce(); // another Dispose is deciding: take its answer, or try again
+        }
+
+        // Mark every free slot so no fast-path Resume can claim it; a slot already taken means a protected thread.
+        // A slot in a segment grown after this pass is covered by ResumeSlow's check of lifecycle after its claim.
         int stillProtected = 0;
         for (Segment<EpochSlot>? s = table.First; s is not null; s = Volatile.Read(ref s.Next))
         {
@@ -519,6 +610,7 @@ public sealed unsafe partial class LightEpoch : IDisposable
                     stillProtected++;
             }
         }
+        ClosingHookForTesting?.Invoke();
 
         if (stillProtected != 0)
         {
@@ -528,14 +620,17 @@ public sealed unsafe partial class LightEpoch : IDisposable
                 for (int i = 0; i < slots.Length; i++)
                     Interlocked.CompareExchange(ref slots[i].Epoch, 0, EpochSlotTable.DisposedMarker);
             }
-            Volatile.Write(ref disposed, 0);
-            ThrowHelper.ThrowInvalidOperation(
-                $"Dispose was called while {stillProtected} thread(s) are still protected by this epoch; " +
-                "make them call Suspend()/Leave() first. The epoch was not disposed.");
+            // Full fence: the unmarked slots are visible to a Resume that sees Live again.
+            Interlocked.Exchange(ref lifecycle, Live);
+            return stillProtected;
         }
 
+        // Final. Full fence: pairs with Defer's read of lifecycle after its registration (either we run it below, or it
+        // sees Closed and runs the list itself).
+        Interlocked.Exchange(ref lifecycle, Closed);
         drainList.RunEligible(long.MaxValue - 2, ref pendingActions.Value, reportFault);
         ReleaseId(id);
         GC.SuppressFinalize(this);
+        return 0;
     }
 }

@@ -2,6 +2,7 @@ using System;
 using System.Diagnostics;
 using System.Runtime.ExceptionServices;
 using System.Threading;
+using System.Threading.Tasks;
 
 namespace Epvs;
 
@@ -19,6 +20,14 @@ public sealed partial class EpochProtectedVersionScheme
     /// and its claim (CAS) order these writes before <see cref="CompleteStep"/> reads them.</summary>
     private VersionSchemeStateMachine? stepMachine;
     private VersionSchemeState stepFrom, stepTo;
+
+    /// <summary>1 from the moment a step is published as intermediate until its <see cref="CompleteStep"/> has
+    /// returned from <see cref="VersionSchemeStateMachine.AfterEnteringState"/> and, if the machine ended, retired it.
+    /// Set under <see cref="stepLock"/>, read under it by <see cref="PrepareStep"/>: while it is set no next step is
+    /// prepared, so AfterEnteringState never overlaps the next OnEnteringState, and a machine that faulted or finished
+    /// is retired before anyone can ask it for another step. The owner asks for the next step after clearing it.
+    /// Written with release (Volatile.Write) and read with acquire under the lock.</summary>
+    private int stepOwned;
 
     /// <summary>Cached (created with the scheme), so a step allocates nothing and cannot fail to allocate it.</summary>
     private readonly Action completeStep;
@@ -50,20 +59,17 @@ public sealed partial class EpochProtectedVersionScheme
         if (target != -1 && target <= CurrentState.Version)
             return StateMachineExecutionStatus.Fail;
 
+        // Mark before publishing: a machine that ran before (here or on another scheme) must never be visible as
+        // currentMachine, where a concurrent stepper would ask it for steps towards its old target.
+        if (!stateMachine.TryMarkStarted())
+            ThrowHelper.ThrowInvalidOperation("This state machine has already been started; create a new instance for each transition.");
         VersionSchemeStateMachine? active = Interlocked.CompareExchange(ref currentMachine, stateMachine, null);
         if (active is not null)
         {
+            stateMachine.UnmarkStarted(); // not started after all: the caller may retry with the same instance
             if (active == DisposedSentinel)
                 ThrowHelper.ThrowObjectDisposed(nameof(EpochProtectedVersionScheme));
-            if (ReferenceEquals(active, stateMachine))
-                ThrowHelper.ThrowInvalidOperation("This state machine is already running on this scheme; create a new instance for each transition.");
             return StatusAgainst(active, target);
-        }
-
-        if (!stateMachine.TryMarkStarted())
-        {
-            Volatile.Write(ref currentMachine, null);
-            ThrowHelper.ThrowInvalidOperation("This state machine has already been executed; create a new instance for each transition.");
         }
 
         // No machine was active, so no step is in flight and the state is settled.
@@ -105,11 +111,7 @@ public sealed partial class EpochProtectedVersionScheme
     /// <exception cref="ObjectDisposedException">The scheme has been disposed.</exception>
     public bool ExecuteStateMachine(VersionSchemeStateMachine stateMachine, bool spin = false)
     {
-        if (epoch.ThisInstanceProtected())
-            ThrowHelper.ThrowInvalidOperation(
-                "ExecuteStateMachine/AdvanceVersionWithCriticalSection was called by a protected thread: it waits for state " +
-                "machines that wait for this thread to leave, so it would never return. Call Leave() first, or use " +
-                "TryExecuteStateMachine/TryAdvanceVersionWithCriticalSection and Refresh() between attempts.");
+        ThrowIfProtected();
 
         var spinner = new SpinWait();
         StateMachineExecutionStatus status;
@@ -186,6 +188,72 @@ public sealed partial class EpochProtectedVersionScheme
     }
 
     /// <summary>
+    /// Advances the version with one critical section and returns a task that completes when the transition has
+    /// completed: the awaitable form of <see cref="AdvanceVersionWithCriticalSection"/> with <c>spin: true</c>.
+    /// </summary>
+    /// <remarks>
+    /// While another machine is active, waits (asynchronously) for it to end and tries again. The task's result is
+    /// false if the target version had already been reached or claimed; it faults with the critical section's
+    /// exception if that threw (the version is then unchanged). <paramref name="cancellationToken"/> cancels only
+    /// the waiting before the transition starts; once started, a transition runs to its end and the task reports it.
+    /// Call it outside protected regions: the transition waits for every protected thread, the caller included, and
+    /// protection must not be held across an <c>await</c>.
+    /// </remarks>
+    /// <param name="criticalSection">Called with the old and the new version.</param>
+    /// <param name="targetVersion">The version to reach, or -1 for the next one.</param>
+    /// <param name="cancellationToken">Cancels waiting for another machine before this transition starts.</param>
+    /// <returns>True once the transition has completed; false if its target was already reached or claimed.</returns>
+    /// <exception cref="ArgumentNullException"><paramref name="criticalSection"/> is null.</exception>
+    /// <exception cref="InvalidOperationException">The calling thread is protected (see <see cref="ExecuteStateMachine"/>).</exception>
+    /// <exception cref="ObjectDisposedException">The scheme has been disposed.</exception>
+    public Task<bool> AdvanceVersionAsync(Action<long, long> criticalSection, long targetVersion = -1, CancellationToken cancellationToken = default)
+    {
+        if (criticalSection is null)
+            ThrowHelper.ThrowArgumentNull(nameof(criticalSection));
+        ThrowIfProtected();
+        return AdvanceVersionCoreAsync(new CriticalSectionStateMachine(criticalSection, targetVersion), cancellationToken);
+    }
+
+    private async Task<bool> AdvanceVersionCoreAsync(VersionSchemeStateMachine machine, CancellationToken cancellationToken)
+    {
+        while (true)
+        {
+            cancellationToken.ThrowIfCancellationRequested();
+            StateMachineExecutionStatus status = TryExecuteStateMachine(machine);
+            if (status == StateMachineExecutionStatus.Fail)
+                return false;
+            if (status == StateMachineExecutionStatus.Ok)
+                break;
+            // Retry: wait for the active machine to end (its fault is its requester's, not ours), then try again.
+            if (ActiveStateMachine is { } active)
+            {
+                Task ended = active.Completion;
+                if (!ended.IsCompleted)
+                {
+                    var cancelled = new TaskCompletionSource<bool>(TaskCreationOptions.RunContinuationsAsynchronously);
+                    using (cancellationToken.Register(static c => ((TaskCompletionSource<bool>)c!).TrySetResult(true), cancelled))
+                        await Task.WhenAny(ended, cancelled.Task).ConfigureAwait(false);
+                }
+            }
+            else
+            {
+                await Task.Yield(); // the active machine ended between our try and the read: try again at once
+            }
+        }
+        await machine.Completion.ConfigureAwait(false); // rethrows the critical section's exception
+        return true;
+    }
+
+    private void ThrowIfProtected()
+    {
+        if (epoch.ThisInstanceProtected())
+            ThrowHelper.ThrowInvalidOperation(
+                "ExecuteStateMachine/AdvanceVersionWithCriticalSection/AdvanceVersionAsync was called by a protected thread: it " +
+                "waits for state machines that wait for this thread to leave, so it would never return. Call Leave() first, " +
+                "or use TryExecuteStateMachine/TryAdvanceVersionWithCriticalSection and Refresh() between attempts.");
+    }
+
+    /// <summary>
     /// Tells the scheme that the active machine's next step may have become available (after
     /// <see cref="VersionSchemeStateMachine.GetNextStep"/> returned false), so it can proceed without any thread
     /// entering or leaving. Unnecessary for machines whose steps are always available.
@@ -248,6 +316,7 @@ public sealed partial class EpochProtectedVersionScheme
                     stepMachine = null;
                     Volatile.Write(ref state, from.Word);
                     FinishMachine(machine, ex);
+                    ReleaseStep();
                     return;
                 }
             }
@@ -262,8 +331,10 @@ public sealed partial class EpochProtectedVersionScheme
     private Action? PrepareStep(out long prior)
     {
         prior = 0;
+        if (Volatile.Read(ref stepOwned) != 0 && !DisableStepOwnershipForTesting)
+            return null; // the step in flight (or its AfterEnteringState) still runs; its owner asks again when done
         VersionSchemeStateMachine? machine = Volatile.Read(ref currentMachine);
-        if (machine is null)
+        if (machine is null || machine.IsCompleted)
             return null;
         long target = machine.ActualToVersion;
         if (target < 0)
@@ -294,11 +365,16 @@ public sealed partial class EpochProtectedVersionScheme
             return null;
         }
 
+        // Re-check under the lock after the user's GetNextStep: the machine may have been retired meanwhile.
+        if (Volatile.Read(ref currentMachine) != machine || machine.IsCompleted)
+            return null;
+
         // Readers that see the intermediate state must not pair it with the previous step's epoch.
         Volatile.Write(ref transitionPrior, UnknownPrior);
         // Full fence. From here no thread can begin a region in `from` (Enter backs off on intermediate states).
         if (Interlocked.CompareExchange(ref state, VersionSchemeState.MakeIntermediate(from).Word, from.Word) != from.Word)
             return null;
+        Volatile.Write(ref stepOwned, 1); // release; we hold stepLock, whose release publishes it too
         Volatile.Write(ref stepStartTimestamp, Stopwatch.GetTimestamp());
         Volatile.Write(ref stallReported, 0);
         // Every region that may have observed `from` announced before reading it, so before our CAS, so at most the
@@ -330,7 +406,8 @@ public sealed partial class EpochProtectedVersionScheme
         {
             // The step did not happen: back to where it started (release, as below).
             Volatile.Write(ref state, from.Word);
-            FinishMachine(machine, ex);
+            FinishMachine(machine, ex); // retired while we still own the step: nobody can step it again
+            ReleaseStep();
             return;
         }
         finally
@@ -343,6 +420,8 @@ public sealed partial class EpochProtectedVersionScheme
         // acquire read in Enter/Refresh).
         Volatile.Write(ref state, to.Word);
 
+        // Still owned: AfterEnteringState finishes before the next step is prepared (documented), and a fault is
+        // retired before anyone else can ask the machine for another step.
         try
         {
             machine.AfterEnteringState(to);
@@ -350,13 +429,21 @@ public sealed partial class EpochProtectedVersionScheme
         catch (Exception ex)
         {
             FinishMachine(machine, ex);
+            ReleaseStep();
             return;
         }
 
         if (to.Phase == VersionSchemeState.Rest && to.Version == machine.ActualToVersion)
             FinishMachine(machine, null);
-        else
-            TryStepStateMachine(mustNotLose: true);
+        ReleaseStep();
+    }
+
+    /// <summary>Ends ownership of the step (see <see cref="stepOwned"/>) and asks for the next one: of this machine,
+    /// or of one started while we owned the step (its starter's request found the step owned and left it to us).</summary>
+    private void ReleaseStep()
+    {
+        Volatile.Write(ref stepOwned, 0); // release: pairs with the acquire read in PrepareStep (under stepLock)
+        TryStepStateMachine(mustNotLose: true);
     }
 
     private void FinishMachine(VersionSchemeStateMachine machine, Exception? fault)

@@ -8,4 +8,11 @@ public sealed partial class EpochProtectedVersionScheme
     /// on the cold stepping path.
     /// </summary>
     internal static bool DisableFinishedMachineGuardForTesting;
+
+    /// <summary>
+    /// Test-only: lets the next step be prepared while the current one is still in its AfterEnteringState (and before a
+    /// machine whose callback threw is retired), as before, so the ownership tests can show that they catch that.
+    /// Read only on the cold stepping path.
+    /// </summary>
+    internal static bool DisableStepOwnershipForTesting;
 }

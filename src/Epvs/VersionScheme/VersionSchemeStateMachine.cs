@@ -20,6 +20,7 @@ public abstract class VersionSchemeStateMachine
     private TaskCompletionSource<bool>? completion; // created on first use of Completion
     private long actualToVersion = -1;
     private int started;
+    private int completing;
     private int completed;
     private Exception? fault;
 
@@ -96,10 +97,19 @@ public abstract class VersionSchemeStateMachine
     /// <summary>Marks the machine as started exactly once.</summary>
     internal bool TryMarkStarted() => Interlocked.CompareExchange(ref started, 1, 0) == 0;
 
+    /// <summary>Undoes <see cref="TryMarkStarted"/> when the machine could not be published (another one was active).</summary>
+    internal void UnmarkStarted() => Volatile.Write(ref started, 0); // release: pairs with the CAS in TryMarkStarted
+
+    /// <summary>Test-only: lets a second <see cref="Complete"/> overwrite the first (as before).</summary>
+    internal static bool AllowSecondCompleteForTesting;
+
     internal void SetActualToVersion(long version) => Volatile.Write(ref actualToVersion, version);
 
     internal void Complete(Exception? exception)
     {
+        // The first completion wins: a later one (e.g. a success after a fault) must not clear Fault. Full fence.
+        if (Interlocked.Exchange(ref completing, 1) != 0 && !AllowSecondCompleteForTesting)
+            return;
         fault = exception;
         // Full fence: publishes fault, and orders the read of `completion` below after it (see Completion).
         Interlocked.Exchange(ref completed, 1);
