@@ -4,7 +4,6 @@ using System.IO;
 using System.Runtime.CompilerServices;
 using System.Runtime.InteropServices;
 using System.Threading;
-using System.Threading.Tasks;
 
 namespace Epvs.Persistence;
 
@@ -23,19 +22,12 @@ internal sealed unsafe class DurableMapCore<TKey>
     private readonly int _mask;
     private long _count;
 
-    internal DurableMapCore(BufferedDurableHeap heap, int typeId, int? fixedValueSize, int recoveryParallelism)
+    internal DurableMapCore(BufferedDurableHeap heap, int typeId, int recoveryParallelism)
     {
         ArgumentNullException.ThrowIfNull(heap);
         _heap = heap;
-        int kind = fixedValueSize is null ? StructureKind.ByteMap : StructureKind.HashMap;
-        _typeId = StructureKind.Encode(kind, typeId);
-        StructureKind.CheckNoOtherKind(heap, kind, typeId);
-        int shards = 1;
-        while (shards < Environment.ProcessorCount * 64)
-        {
-            shards <<= 1;
-        }
-
+        _typeId = StructureKind.Claim(heap, StructureKind.ByteMap, typeId);
+        int shards = StructureRecovery.StripeCount();
         _shards = new Shard[shards];
         _mask = shards - 1;
         for (int i = 0; i < shards; i++)
@@ -43,7 +35,7 @@ internal sealed unsafe class DurableMapCore<TKey>
             _shards[i] = new Shard();
         }
 
-        Rebuild(heap.TakeRecoveredPayloads(_typeId), fixedValueSize, recoveryParallelism);
+        Rebuild(heap.TakeRecoveredPayloads(_typeId), recoveryParallelism);
     }
 
     internal static int KeySize => sizeof(TKey);
@@ -96,24 +88,6 @@ internal sealed unsafe class DurableMapCore<TKey>
         }
     }
 
-    internal bool TryRead<TValue>(TKey key, out TValue value)
-        where TValue : unmanaged
-    {
-        using DurableOperation op = _heap.BeginOperation();
-        Shard shard = ShardOf(key);
-        lock (shard)
-        {
-            if (!shard.Map.TryGetValue(key, out long offset))
-            {
-                value = default;
-                return false;
-            }
-
-            value = MemoryMarshal.Read<TValue>(_heap.PayloadUnchecked(offset)[KeySize..]);
-            return true;
-        }
-    }
-
     internal bool Remove(TKey key)
     {
         using DurableOperation op = _heap.BeginOperation();
@@ -159,37 +133,10 @@ internal sealed unsafe class DurableMapCore<TKey>
         return _shards[(int)(h >> 16) & _mask];
     }
 
-    private void Rebuild(IReadOnlyList<RecoveredPayload> payloads, int? fixedValueSize, int parallelism)
+    private void Rebuild(IReadOnlyList<RecoveredPayload> payloads, int parallelism)
     {
-        // Sizes first, on this thread: one clear exception (not an AggregateException of many) that names both sizes.
-        foreach (RecoveredPayload payload in payloads)
+        StructureRecovery.Rebuild(payloads, parallelism, size => size >= KeySize, $"byte map with type id {_typeId & (StructureKind.TypeIdLimit - 1)}", $"at least {KeySize} bytes (a {typeof(TKey).Name} key)", payload =>
         {
-            int size = payload.Header.Size;
-            if (size < KeySize || (fixedValueSize is int valueSize && size != KeySize + valueSize))
-            {
-                string expected = fixedValueSize is int v ? $"{KeySize + v} bytes (a {KeySize}-byte {typeof(TKey).Name} key and a {v}-byte value)" : $"at least {KeySize} bytes (a {typeof(TKey).Name} key)";
-                throw new InvalidDataException($"The map with type id {_typeId & (StructureKind.TypeIdLimit - 1)} expects payloads of {expected}, but recovery found one of {size} bytes: was it written with other key or value types?");
-            }
-        }
-
-        try
-        {
-            RebuildIndex(payloads, parallelism);
-        }
-        catch (AggregateException e) when (e.InnerException is InvalidDataException inner)
-        {
-            System.Runtime.ExceptionServices.ExceptionDispatchInfo.Capture(inner).Throw();
-        }
-
-        _count = payloads.Count;
-    }
-
-    private void RebuildIndex(IReadOnlyList<RecoveredPayload> payloads, int parallelism)
-    {
-        Parallel.For(0, payloads.Count, new ParallelOptions { MaxDegreeOfParallelism = Math.Max(1, parallelism) }, i =>
-        {
-            RecoveredPayload payload = payloads[i];
-
             TKey key = MemoryMarshal.Read<TKey>(_heap.PayloadUnchecked(payload.Block.Offset));
             Shard shard = ShardOf(key);
             lock (shard)
@@ -200,6 +147,7 @@ internal sealed unsafe class DurableMapCore<TKey>
                 }
             }
         });
+        _count = payloads.Count;
     }
 
     private sealed class Shard

@@ -25,7 +25,7 @@ public sealed class PersistentByteMap<TKey>
     public PersistentByteMap(BufferedDurableHeap heap, int typeId)
     {
         ArgumentNullException.ThrowIfNull(heap);
-        _core = new DurableMapCore<TKey>(heap, typeId, fixedValueSize: null, heap.Recovery.Parallelism);
+        _core = new DurableMapCore<TKey>(heap, typeId, heap.Recovery.Parallelism);
     }
 
     /// <summary>The number of entries.</summary>

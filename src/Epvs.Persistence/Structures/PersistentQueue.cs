@@ -33,8 +33,7 @@ public sealed unsafe class PersistentQueue<T>
     {
         ArgumentNullException.ThrowIfNull(heap);
         _heap = heap;
-        _typeId = StructureKind.Encode(StructureKind.Queue, typeId);
-        StructureKind.CheckNoOtherKind(heap, StructureKind.Queue, typeId);
+        _typeId = StructureKind.Claim(heap, StructureKind.Queue, typeId);
         Rebuild(heap.TakeRecoveredPayloads(_typeId));
     }
 

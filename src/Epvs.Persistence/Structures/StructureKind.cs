@@ -26,6 +26,14 @@ internal static class StructureKind
         return (kind << 24) | typeId;
     }
 
+    /// <summary>The stored type id for a structure of <paramref name="kind"/> opening on <paramref name="heap"/>, after <see cref="CheckNoOtherKind"/>.</summary>
+    internal static int Claim(BufferedDurableHeap heap, int kind, int typeId)
+    {
+        int stored = Encode(kind, typeId);
+        CheckNoOtherKind(heap, kind, typeId);
+        return stored;
+    }
+
     /// <summary>Refuses to open structure <paramref name="kind"/> when the heap holds another kind's payloads of the same type id.</summary>
     internal static void CheckNoOtherKind(BufferedDurableHeap heap, int kind, int typeId)
     {

@@ -5,7 +5,6 @@ using System.IO;
 using System.Runtime.CompilerServices;
 using System.Runtime.InteropServices;
 using System.Threading;
-using System.Threading.Tasks;
 
 namespace Epvs.Persistence;
 
@@ -37,14 +36,8 @@ internal sealed unsafe class ValueMapCore<TKey, TValue>
     {
         ArgumentNullException.ThrowIfNull(heap);
         _heap = heap;
-        _typeId = StructureKind.Encode(StructureKind.HashMap, typeId);
-        StructureKind.CheckNoOtherKind(heap, StructureKind.HashMap, typeId);
-        int stripes = 1;
-        while (stripes < Environment.ProcessorCount * 64)
-        {
-            stripes <<= 1;
-        }
-
+        _typeId = StructureKind.Claim(heap, StructureKind.HashMap, typeId);
+        int stripes = StructureRecovery.StripeCount();
         _stripes = new object[stripes];
         _mask = stripes - 1;
         for (int i = 0; i < stripes; i++)
@@ -154,33 +147,8 @@ internal sealed unsafe class ValueMapCore<TKey, TValue>
 
     private void Rebuild(IReadOnlyList<RecoveredPayload> payloads, int parallelism)
     {
-        // Sizes first, on this thread: one clear exception (not an AggregateException of many) that names both sizes.
-        foreach (RecoveredPayload payload in payloads)
+        StructureRecovery.Rebuild(payloads, parallelism, size => size == PayloadSize, $"map with type id {UserTypeId}", $"{PayloadSize} bytes (a {sizeof(TKey)}-byte {typeof(TKey).Name} key and a {sizeof(TValue)}-byte {typeof(TValue).Name} value)", payload =>
         {
-            if (payload.Header.Size != PayloadSize)
-            {
-                throw new InvalidDataException($"The map with type id {UserTypeId} expects payloads of {PayloadSize} bytes (a {sizeof(TKey)}-byte {typeof(TKey).Name} key and a {sizeof(TValue)}-byte {typeof(TValue).Name} value), but recovery found one of {payload.Header.Size} bytes: was it written with other key or value types?");
-            }
-        }
-
-        try
-        {
-            RebuildIndex(payloads, parallelism);
-        }
-        catch (AggregateException e) when (e.InnerException is InvalidDataException inner)
-        {
-            System.Runtime.ExceptionServices.ExceptionDispatchInfo.Capture(inner).Throw();
-        }
-
-        _count = payloads.Count;
-    }
-
-    private void RebuildIndex(IReadOnlyList<RecoveredPayload> payloads, int parallelism)
-    {
-        Parallel.For(0, payloads.Count, new ParallelOptions { MaxDegreeOfParallelism = Math.Max(1, parallelism) }, i =>
-        {
-            RecoveredPayload payload = payloads[i];
-
             byte* bytes = _heap.PayloadPointer(payload.Block.Offset);
             TKey key = Unsafe.ReadUnaligned<TKey>(bytes);
             var entry = new Entry(payload.Block.Offset, payload.Header.Uid, payload.Header.EpochTag, Unsafe.ReadUnaligned<TValue>(bytes + sizeof(TKey)));
@@ -189,6 +157,7 @@ internal sealed unsafe class ValueMapCore<TKey, TValue>
                 throw new InvalidDataException($"Recovery found two live payloads for one key of the map with type id {UserTypeId} ({payload.Header} and the payload at 0x{_index[key].Offset:X}): the heap is inconsistent.");
             }
         });
+        _count = payloads.Count;
     }
 
     /// <summary>

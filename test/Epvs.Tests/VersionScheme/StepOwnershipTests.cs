@@ -150,6 +150,21 @@ public class StepOwnershipTests
         machine.Complete(new InvalidOperationException("first"));
         machine.Complete(null);
         Assert.True(machine.Completion.IsFaulted);
+        Assert.NotNull(machine.Fault);
+
+        // Control: letting the second completion through (the old behaviour) clears the fault, which the checks above catch.
+        VersionSchemeStateMachine.AllowSecondCompleteForTesting = true;
+        try
+        {
+            var control = new DelegateMachine(-1, s => s);
+            control.Complete(new InvalidOperationException("first"));
+            control.Complete(null);
+            Assert.Null(control.Fault);
+        }
+        finally
+        {
+            VersionSchemeStateMachine.AllowSecondCompleteForTesting = false;
+        }
     }
 
     [Fact]
