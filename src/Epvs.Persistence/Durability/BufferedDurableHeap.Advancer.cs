@@ -250,6 +250,12 @@ public sealed unsafe partial class BufferedDurableHeap
         Reclaim(completed - 1);
     }
 
+    /// <summary>
+    /// Seals and writes back <paramref name="version"/>'s payloads (no thread writes them any more: the version's cut
+    /// has passed), then fences. Sealing first puts a check over header and payload into each commit word, so every
+    /// block the frontier will cover is checked whole at recovery; a crash during this write-back can leave a seal
+    /// durable before its payload, which recovery recognises by the clock (frontier + 2) and the tag (frontier + 1).
+    /// </summary>
     private void WriteBackVersion(long version)
     {
         int slot = ThreadBuffers.Slot(version);
@@ -280,7 +286,7 @@ public sealed unsafe partial class BufferedDurableHeap
             for (int i = 0; i < n; i++)
             {
                 long offset = offsets[i];
-                // (Seal point: anything that completes a payload before it is written back goes here.)
+                _heap.Seal(offset, version);
                 ranges.Add(offset, HeapLayout.HeaderSize + (long)PayloadSize(offset));
             }
         }
@@ -292,7 +298,7 @@ public sealed unsafe partial class BufferedDurableHeap
                 for (int i = 0; i < list.Count; i++)
                 {
                     long offset = list[i];
-                    // (Seal point: anything that completes a payload before it is written back goes here.)
+                    _heap.Seal(offset, version);
                     ranges.Add(offset, HeapLayout.HeaderSize + (long)PayloadSize(offset));
                 }
 
@@ -386,6 +392,8 @@ public sealed unsafe partial class BufferedDurableHeap
 
     private void FreeAll(ThreadBuffers[] registry, Func<ThreadBuffers, OffsetList> select, bool durable)
     {
+        // (The broken control hands blocks out at once, before their frees are durable: the old behaviour.)
+        bool holdUntilDurable = durable && (_faults & DurabilityFaults.ReuseBeforeFreeIsDurable) == 0;
         int count = 0;
         foreach (ThreadBuffers buffers in registry)
         {
@@ -402,7 +410,16 @@ public sealed unsafe partial class BufferedDurableHeap
             {
                 var block = new PayloadRef(list[i]);
                 bytes += HeapLayout.HeaderSize + PayloadSize(list[i]);
-                _heap.Free(block);
+                if (holdUntilDurable)
+                {
+                    // Marked free only: handed out again below, once the free is durable.
+                    _heap.MarkFree(block);
+                }
+                else
+                {
+                    _heap.Free(block);
+                }
+
                 headers[n++] = list[i];
             }
 
@@ -417,7 +434,9 @@ public sealed unsafe partial class BufferedDurableHeap
             return;
         }
 
-        // The frees become durable: write back each freed header (through the page cache, sorted runs of pages).
+        // The frees become durable (each freed header written back; through the page cache, sorted runs of pages)
+        // before any of the blocks is handed out again: a reuse that reached the file before the free could leave an
+        // old seal over new bytes, which recovery would have to report as damage.
         if (_pageWriteBack)
         {
             Array.Sort(headers, 0, n);
@@ -431,6 +450,13 @@ public sealed unsafe partial class BufferedDurableHeap
 
         ranges.Flush();
         _domain.Fence();
+        if (holdUntilDurable)
+        {
+            for (int i = 0; i < n; i++)
+            {
+                _heap.ReleaseFreed(new PayloadRef(headers[i]));
+            }
+        }
     }
 
     private void CompleteWaiters(long frontier)

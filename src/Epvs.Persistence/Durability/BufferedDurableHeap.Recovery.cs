@@ -43,6 +43,12 @@ public sealed unsafe partial class BufferedDurableHeap
             RecoveryParallelism = options.RecoveryParallelism,
             Faults = options.HeapFaults,
             OwnerKind = HeapLayout.KindBufferedDurable,
+            SalvageDamagedBlocks = options.SalvageDamagedBlocks,
+
+            // The advancer seals a version's blocks as it writes them back, before the frontier covers them; the clock
+            // is one past the frontier except from a transition's clock persist until that frontier persist (clock =
+            // frontier + 2), when a crash may leave a seal of version frontier + 1 durable without its payload.
+            InterruptedWriteBackVersion = report.PersistedClock == report.PersistedFrontier + 2 ? report.PersistedFrontier + 1 : 0,
             RecoveryFilter = (block, header) =>
             {
                 if (header.EpochTag <= 0 || (header.EpochTag > cut && !keepBeyond))
@@ -61,6 +67,7 @@ public sealed unsafe partial class BufferedDurableHeap
         try
         {
             report.FastReopen = heap.OpenedFromSavedState;
+            report.DamagedBlocks = heap.RecoveryDamagedBlocks;
             report.FastReopenRejection = heap.SavedStateRejection;
             // Interlocked.Read: the scanning threads have been joined; an atomic read of their shared counter.
             if (heap.OpenedFromSavedState && Interlocked.Read(ref dropped) == 0 && !HasAntiPayloads(candidates.Values))

@@ -31,6 +31,14 @@ public sealed class BufferedDurableHeapOptions
     /// <summary>How many threads recovery uses to scan blocks and resolve payloads; default <see cref="Environment.ProcessorCount"/>.</summary>
     public int RecoveryParallelism { get; set; } = Environment.ProcessorCount;
 
+    /// <summary>
+    /// What recovery does with a damaged block (see <see cref="PersistentHeapOptions.SalvageDamagedBlocks"/>). False (the
+    /// default): opening throws <see cref="HeapFileException"/> (<see cref="HeapFileError.Corrupt"/>, the blocks in
+    /// <see cref="HeapFileException.DamagedBlocks"/>) and changes nothing. True: they are dropped and listed in
+    /// <see cref="DurableRecoveryReport.DamagedBlocks"/>; the operations they held are lost.
+    /// </summary>
+    public bool SalvageDamagedBlocks { get; set; }
+
     /// <summary>Deliberate faults, for the tests' broken controls only.</summary>
     internal DurabilityFaults Faults { get; set; }
 

@@ -34,4 +34,7 @@ internal enum DurabilityFaults
 
     /// <summary>Dispose does not wait for operations in flight and unmaps under them (the old behaviour; a crash).</summary>
     SkipDisposeWait = 128,
+
+    /// <summary>Reclamation hands freed blocks out again before their frees are durable (a reuse can reach the file over an old seal).</summary>
+    ReuseBeforeFreeIsDurable = 256,
 }

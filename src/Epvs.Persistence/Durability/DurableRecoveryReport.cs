@@ -1,4 +1,5 @@
 using System;
+using System.Collections.Generic;
 
 namespace Epvs.Persistence;
 
@@ -43,6 +44,12 @@ public sealed class DurableRecoveryReport
     /// <summary>Payloads and anti-payloads freed because a mature anti-payload deleted their uid.</summary>
     public long Cancelled { get; internal set; }
 
+    /// <summary>
+    /// File offsets (sorted) of the damaged blocks dropped because the heap opened with
+    /// <see cref="BufferedDurableHeapOptions.SalvageDamagedBlocks"/>; without it, damage makes opening throw instead.
+    /// </summary>
+    public IReadOnlyList<long> DamagedBlocks { get; internal set; } = Array.Empty<long>();
+
     /// <summary>Payloads handed to the structures.</summary>
     public long Live { get; internal set; }
 
@@ -55,5 +62,5 @@ public sealed class DurableRecoveryReport
     /// <inheritdoc/>
     public override string ToString() =>
         $"clean={WasCleanShutdown} fast={FastReopen} clock={PersistedClock} frontier={PersistedFrontier} recovered≤{RecoveredVersion} scanned={ScannedPayloads} " +
-        $"dropped={DroppedBeyondFrontier} superseded={Superseded} cancelled={Cancelled} live={Live} threads={Parallelism} time={Duration.TotalMilliseconds:F1} ms";
+        $"dropped={DroppedBeyondFrontier} superseded={Superseded} cancelled={Cancelled} damaged={DamagedBlocks.Count} live={Live} threads={Parallelism} time={Duration.TotalMilliseconds:F1} ms";
 }

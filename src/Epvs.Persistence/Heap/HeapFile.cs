@@ -523,7 +523,7 @@ public sealed unsafe class HeapFile : IDisposable
         ulong version = Read(superblock, HeapLayout.FormatVersionOffset);
         if (version is > 0 and < (ulong)HeapLayout.FormatVersion)
         {
-            ThrowHelper.ThrowHeapFile(HeapFileError.OlderFormatVersion, $"Cannot open heap file '{name}': it has format version {version}, which this library no longer reads (it reads version {HeapLayout.FormatVersion}, which adds checksums to the superblock). Open it with the Epvs.Persistence that wrote it and copy the data out.");
+            ThrowHelper.ThrowHeapFile(HeapFileError.OlderFormatVersion, $"Cannot open heap file '{name}': it has format version {version}, which this library no longer reads (it reads version {HeapLayout.FormatVersion}, which adds checksums to the superblock and to every block). Open it with the Epvs.Persistence that wrote it and copy the data out.");
         }
 
         if (version > (ulong)HeapLayout.FormatVersion)

@@ -1,4 +1,5 @@
 using System;
+using System.Collections.Generic;
 using System.IO;
 
 namespace Epvs.Persistence;
@@ -13,6 +14,16 @@ public sealed class HeapFileException : IOException
     public HeapFileException(HeapFileError error, string message, Exception? innerException = null)
         : base(message, innerException) => Error = error;
 
+    internal HeapFileException(HeapFileError error, string message, IReadOnlyList<long> damagedBlocks)
+        : base(message) => (Error, DamagedBlocks) = (error, damagedBlocks);
+
     /// <summary>What went wrong.</summary>
     public HeapFileError Error { get; }
+
+    /// <summary>
+    /// With <see cref="HeapFileError.Corrupt"/> from a recovery that found damaged blocks: their file offsets, sorted
+    /// (open with <see cref="PersistentHeapOptions.SalvageDamagedBlocks"/> or
+    /// <see cref="BufferedDurableHeapOptions.SalvageDamagedBlocks"/> to drop them). Empty otherwise.
+    /// </summary>
+    public IReadOnlyList<long> DamagedBlocks { get; } = Array.Empty<long>();
 }

@@ -15,6 +15,6 @@ internal static class HeapFileTestHooks
     /// <summary>When set, Dispose does not wait for calls inside the mapping and unmaps under them (the control for the in-flight tests: the old behaviour).</summary>
     internal static bool SkipOperationWait { get; set; }
 
-    /// <summary>When set, damaged sealed superblock words are trusted (the control for the bit-flip sweep: the old behaviour).</summary>
+    /// <summary>When set, damaged sealed superblock words and descriptors are trusted, damaged blocks are taken as free and sealed blocks whose check fails as valid (the control for the bit-flip sweeps: the old behaviour).</summary>
     internal static bool IgnoreSeals { get; set; }
 }

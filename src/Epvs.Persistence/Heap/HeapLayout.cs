@@ -4,8 +4,8 @@ using System.Runtime.CompilerServices;
 namespace Epvs.Persistence;
 
 /// <summary>
-/// The persistent layout of an EPVS heap file, format version 2 (version 1 files are refused: version 2 added the
-/// sealed words and the heap kind). Every persistent field is an 8-byte little-endian
+/// The persistent layout of an EPVS heap file, format version 3 (older files are refused: version 2 added the
+/// sealed superblock words and the heap kind, version 3 the sealed blocks, XxHash3 block checks and zeroed segments). Every persistent field is an 8-byte little-endian
 /// word at an 8-byte aligned offset, written with a single aligned store, so it is failure-atomic: after a crash it
 /// holds an old or a new value, never a mix. Persistent data holds offsets from the start of the file, never pointers.
 /// </summary>
@@ -20,7 +20,7 @@ namespace Epvs.Persistence;
 ///
 /// Superblock (offset: word)
 ///     0  Magic            0x5041_4548_5356_5045, "EPVSHEAP" in ASCII; written last at creation
-///     8  FormatVersion    1
+///     8  FormatVersion    3
 ///    16  HeapSize         bytes in use: DataStart + SegmentCount*65536; grows (store + persist) after the file grew (sealed)
 ///    24  SegmentSize      65536
 ///    32  MaxSegments      capacity of the segment table
@@ -31,7 +31,7 @@ namespace Epvs.Persistence;
 ///    72  DurableFrontier  the persisted durable frontier (part 2); 0 at creation (sealed)
 ///    80  SavedState       offset of the saved allocator state of a clean shutdown (0: none); cleared durably at open
 ///    88  SavedStateWords  its length in 8-byte words
-///    96  SavedStateCheck  a hash of its words and offset
+///    96  SavedStateCheck  XxHash3 of its words, seeded with its offset
 ///   104  HeapKind         which heap owns the file: 0 none yet, 1 PersistentHeap, 2 BufferedDurableHeap (sealed);
 ///                         set by the first open, and opening the file as the other kind fails
 ///   128  Root[0..15]      16 root words for the structures built on the heap (PayloadRef offsets or anything)
@@ -46,10 +46,20 @@ namespace Epvs.Persistence;
 ///   +0   Uid     word 0: the payload's logical identity (kept by UPDATE copies and by DELETE anti-payloads)
 ///   +8   Epoch   word 1: the EPVS version the payload was written in (part 2); 0 when unused
 ///   +16  Shape   word 2: bits 0..31 payload size in bytes, bits 32..63 type id
-///   +24  Commit  word 3: bits 0..31 check, 32..47 generation (low 16 bits), 48..51 kind (1 alloc, 2 update,
-///                3 delete), 52..55 state (1 allocated, 2 free), 56..63 tag 0xB7
+///   +24  Commit  word 3: bits 0..31 check, 32..39 generation (low 8 bits), 40..47 epoch tag (low 8 bits),
+///                48..51 kind (1 alloc, 2 update, 3 delete), 52..55 state (1 allocated, 2 free, 4 sealed: pairwise two
+///                bits apart), 56..63 tag 0xB7
 ///   +32  payload (size bytes)
 /// </code>
+/// <para>Checks (XxHash3 of System.IO.Hashing, low 32 bits). Allocated: of Uid, Epoch, Shape, the block's offset, the
+/// segment's full generation and the commit's other bits. Sealed: of the payload bytes, seeded with that header hash,
+/// so it covers header and payload. A <see cref="BufferedDurableHeap"/> seals every block of a version as it writes the
+/// version back (before the frontier covers it), so every block recovery keeps from a buffered heap is checked whole.</para>
+/// <para>Segments are zeroed durably when they are formatted (before their descriptor), and a large block's header
+/// before its descriptors, so after a crash a commit word of a segment in use is 0 (never used since formatting) or
+/// one whole commit of this segment's generation: anything else — another tag, an unknown state, another
+/// generation — is damage, and so is a sealed block whose check fails, except a block of the one version whose
+/// write-back a crash interrupted (see <see cref="BlockState.SealFailed"/>).</para>
 /// <para>Store order. Allocation writes Uid, Epoch, Shape with plain stores and then Commit with a release store;
 /// Free replaces Commit with a single store of the free word. Neither writes back nor fences (as in Ralloc): the
 /// caller persists the block when its protocol says so (<see cref="PersistentHeap.Persist(PayloadRef)"/>, or part 2's
@@ -75,7 +85,7 @@ namespace Epvs.Persistence;
 internal static class HeapLayout
 {
     internal const ulong Magic = 0x5041_4548_5356_5045UL;
-    internal const long FormatVersion = 2;
+    internal const long FormatVersion = 3;
     internal const int SuperblockSize = 4096;
     internal const int SegmentSize = 64 * 1024;
     internal const int RootSlotCount = 16;
@@ -117,6 +127,7 @@ internal static class HeapLayout
     internal const ulong CommitTag = 0xB7UL << 56;
     internal const ulong StateAllocated = 1;
     internal const ulong StateFree = 2;
+    internal const ulong StateSealed = 4;
 
     internal const ulong RoleFree = 0;
     internal const ulong RoleSmall = 1;
@@ -167,17 +178,9 @@ internal static class HeapLayout
         return System.IO.Hashing.Crc32.HashToUInt32(bytes) & ((1u << (64 - SealedValueBits)) - 1);
     }
 
-    /// <summary>A hash of <paramref name="words"/>, seeded (for the saved state and the segment table).</summary>
-    internal static unsafe ulong Hash(ulong* words, long count, ulong seed)
-    {
-        ulong h = Mix(seed ^ 0xD6E8_FEB8_6659_FD93UL);
-        for (long i = 0; i < count; i++)
-        {
-            h = Mix(h ^ words[i]) + (ulong)i;
-        }
-
-        return h;
-    }
+    /// <summary>XxHash3 (System.IO.Hashing) of <paramref name="words"/>, seeded (for the saved state and the segment table).</summary>
+    internal static unsafe ulong Hash(ulong* words, long count, ulong seed) =>
+        System.IO.Hashing.XxHash3.HashToUInt64(new ReadOnlySpan<byte>(words, checked((int)(count * sizeof(ulong)))), (long)seed);
 
     // ---- segment descriptors ----
 
@@ -229,52 +232,128 @@ internal static class HeapLayout
     [MethodImpl(MethodImplOptions.AggressiveInlining)]
     internal static ulong AllocatedCommit(ulong uid, ulong epoch, ulong shape, long offset, uint generation, PayloadKind kind)
     {
-        ulong meta = CommitTag | (StateAllocated << 52) | ((ulong)kind << 48) | ((ulong)(ushort)generation << 32);
-        return meta | Check(uid, epoch, shape, offset, generation, meta);
+        ulong meta = Meta(StateAllocated, kind, generation, epoch);
+        return meta | (uint)HeaderHash(uid, epoch, shape, offset, generation, meta);
     }
+
+    /// <summary>The sealed commit of a complete block: its check covers the header and <paramref name="payload"/>.</summary>
+    internal static ulong SealedCommit(ulong uid, ulong epoch, ulong shape, long offset, uint generation, PayloadKind kind, ReadOnlySpan<byte> payload)
+    {
+        ulong meta = Meta(StateSealed, kind, generation, epoch);
+        return meta | SealCheck(uid, epoch, shape, offset, generation, meta, payload);
+    }
+
+    /// <summary>A free commit of a block in a segment of <paramref name="generation"/>.</summary>
+    internal static ulong FreeWord(uint generation) => Meta(StateFree, 0, generation, 0);
 
     internal static ulong FreeCommit(ulong commit) => CommitTag | (StateFree << 52) | (commit & (0xFFFFUL << 32 | 0xFUL << 48));
 
+    /// <summary>The low 8 bits of the epoch tag a commit word carries (in the word itself, so a durable commit says which version wrote it even when the header's epoch word did not reach the file).</summary>
+    internal static byte CommitEpochLow(ulong commit) => (byte)(commit >> 40);
+
+    /// <summary>Whether a commit word names the segment's generation (low 8 bits).</summary>
+    internal static bool SameGeneration(ulong commit, uint generation) => (byte)(commit >> 32) == (byte)generation;
+
     internal static ulong CommitState(ulong commit) => (commit >> 52) & 0xF;
+
+    /// <summary>Whether a commit word holds a block in use (allocated or sealed).</summary>
+    [MethodImpl(MethodImplOptions.AggressiveInlining)]
+    internal static bool InUse(ulong commit) =>
+        (commit & (0xFFUL << 56)) == CommitTag && (CommitState(commit) == StateAllocated || CommitState(commit) == StateSealed);
 
     internal static PayloadKind CommitKind(ulong commit) => (PayloadKind)((commit >> 48) & 0xF);
 
-    /// <summary>Whether the four header words form one complete allocation of the block at <paramref name="offset"/> in a segment of <paramref name="generation"/>.</summary>
+    /// <summary>Whether the four header words form one complete allocation of the block at <paramref name="offset"/> in a segment of <paramref name="generation"/> (header check only; a sealed block's structure only).</summary>
     internal static bool IsValidAllocated(ulong uid, ulong epoch, ulong shape, ulong commit, long offset, uint generation)
     {
-        if ((commit & (0xFFUL << 56)) != CommitTag || CommitState(commit) != StateAllocated || (ushort)(commit >> 32) != (ushort)generation)
+        if (!InUse(commit) || !SameGeneration(commit, generation) || CommitKind(commit) is < PayloadKind.Alloc or > PayloadKind.Delete)
         {
             return false;
+        }
+
+        return CommitState(commit) == StateSealed || (uint)commit == (uint)HeaderHash(uid, epoch, shape, offset, generation, commit & ~0xFFFF_FFFFUL);
+    }
+
+    /// <summary>
+    /// Classifies the block at <paramref name="block"/> (file offset <paramref name="offset"/>) of a segment in use of
+    /// <paramref name="generation"/>, for recovery: reads the commit word first and hashes a payload only after its size
+    /// was checked against <paramref name="maxPayload"/>.
+    /// </summary>
+    internal static unsafe BlockState Classify(byte* block, long offset, uint generation, long maxPayload, out PayloadHeader header)
+    {
+        ulong* h = (ulong*)block;
+        ulong uid = h[0], epoch = h[1], shape = h[2], commit = h[3];
+        header = default;
+        if (commit == 0)
+        {
+            return BlockState.Unused;
+        }
+
+        ulong state = CommitState(commit);
+        if ((commit & (0xFFUL << 56)) != CommitTag || !SameGeneration(commit, generation)
+            || (state != StateAllocated && state != StateFree && state != StateSealed))
+        {
+            // Commit words are written whole and segments are zeroed at formatting: no crash leaves this.
+            return HeapFileTestHooks.IgnoreSeals ? BlockState.Free : BlockState.Damaged;
+        }
+
+        if (state == StateFree)
+        {
+            return BlockState.Free;
         }
 
         PayloadKind kind = CommitKind(commit);
-        if (kind is < PayloadKind.Alloc or > PayloadKind.Delete)
+        bool shapeFits = kind is >= PayloadKind.Alloc and <= PayloadKind.Delete && (ulong)(uint)ShapeSize(shape) <= (ulong)maxPayload;
+        if (state == StateAllocated)
         {
-            return false;
+            // Allocated, not sealed: a crash may leave any subset of the header's stores durable, so a failed check
+            // is a torn allocation (free), not damage.
+            if ((uint)commit != (uint)HeaderHash(uid, epoch, shape, offset, generation, commit & ~0xFFFF_FFFFUL))
+            {
+                return BlockState.Torn;
+            }
+
+            if (!shapeFits)
+            {
+                return HeapFileTestHooks.IgnoreSeals ? BlockState.Torn : BlockState.Damaged;
+            }
+
+            header = new PayloadHeader((long)uid, (long)epoch, kind, ShapeSize(shape), ShapeTypeId(shape));
+            return BlockState.Allocated;
         }
 
-        return (uint)commit == Check(uid, epoch, shape, offset, generation, commit & ~0xFFFF_FFFFUL);
+        if (!shapeFits)
+        {
+            return HeapFileTestHooks.IgnoreSeals ? BlockState.Free : BlockState.SealFailed;
+        }
+
+        header = new PayloadHeader((long)uid, (long)epoch, kind, ShapeSize(shape), ShapeTypeId(shape));
+        var payload = new ReadOnlySpan<byte>(block + HeaderSize, ShapeSize(shape));
+        if ((uint)commit != SealCheck(uid, epoch, shape, offset, generation, commit & ~0xFFFF_FFFFUL, payload) && !HeapFileTestHooks.IgnoreSeals)
+        {
+            return BlockState.SealFailed;
+        }
+
+        return BlockState.Sealed;
     }
 
     [MethodImpl(MethodImplOptions.AggressiveInlining)]
-    private static uint Check(ulong uid, ulong epoch, ulong shape, long offset, uint generation, ulong meta)
+    private static ulong Meta(ulong state, PayloadKind kind, uint generation, ulong epoch) =>
+        CommitTag | (state << 52) | ((ulong)kind << 48) | ((epoch & 0xFF) << 40) | ((ulong)(byte)generation << 32);
+
+    /// <summary>XxHash3 (System.IO.Hashing) of the header words, the block's offset and the segment's full generation.</summary>
+    [MethodImpl(MethodImplOptions.AggressiveInlining)]
+    private static ulong HeaderHash(ulong uid, ulong epoch, ulong shape, long offset, uint generation, ulong meta)
     {
-        ulong h = Mix(uid ^ 0x9E37_79B9_7F4A_7C15UL);
-        h = Mix(h ^ epoch);
-        h = Mix(h ^ shape);
-        h = Mix(h ^ (ulong)offset ^ ((ulong)generation << 40));
-        h = Mix(h ^ meta);
-        return (uint)(h ^ (h >> 32));
+        Span<ulong> words = stackalloc ulong[5];
+        words[0] = uid;
+        words[1] = epoch;
+        words[2] = shape;
+        words[3] = (ulong)offset ^ ((ulong)generation << 40);
+        words[4] = meta;
+        return System.IO.Hashing.XxHash3.HashToUInt64(System.Runtime.InteropServices.MemoryMarshal.AsBytes(words));
     }
 
-    // SplitMix64's finalizer: a cheap bijective mixer, good enough for a corruption check (not cryptographic).
-    [MethodImpl(MethodImplOptions.AggressiveInlining)]
-    private static ulong Mix(ulong x)
-    {
-        x ^= x >> 30;
-        x *= 0xBF58_476D_1CE4_E5B9UL;
-        x ^= x >> 27;
-        x *= 0x94D0_49BB_1331_11EBUL;
-        return x ^ (x >> 31);
-    }
+    private static uint SealCheck(ulong uid, ulong epoch, ulong shape, long offset, uint generation, ulong meta, ReadOnlySpan<byte> payload) =>
+        (uint)System.IO.Hashing.XxHash3.HashToUInt64(payload, (long)HeaderHash(uid, epoch, shape, offset, generation, meta));
 }

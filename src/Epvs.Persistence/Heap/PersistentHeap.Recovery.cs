@@ -16,6 +16,7 @@ public sealed unsafe partial class PersistentHeap
         var small = new List<long>();
         long liveBlocks = 0, liveBytes = 0, maxUid = 0;
         Func<PayloadRef, PayloadHeader, bool>? filter = options.RecoveryFilter;
+        long tornSeal = options.InterruptedWriteBackVersion;
 
         // Every descriptor in use is checked before anything is written: a damaged one is reported, never trusted
         // (a flipped role or class would silently drop or misread a whole segment of blocks).
@@ -27,10 +28,16 @@ public sealed unsafe partial class PersistentHeap
             }
         }
 
-        // Fast reopen: checked (read-only) and invalidated durably before pass 1 can write anything.
+        // Fast reopen: checked (read-only, every block it marks allocated checked whole) and invalidated durably.
         (ulong[] Bitmap, long NextUid)? saved = TryReadSavedState(options.RecoveryParallelism);
         ulong[]? bitmap = saved?.Bitmap;
         OpenedFromSavedState = saved is not null;
+
+        // Nothing below writes to the file until every block has been classified (the writes are collected): a
+        // damaged block is reported before recovery has changed anything it would need to salvage by hand.
+        var damaged = new List<long>();
+        var freeSpans = new List<(long Segment, long Span, long FreeOffset)>();
+        var freeBlocks = new List<long>();
 
         // Pass 1, sequential and cheap (8 bytes per 64 KiB): classify segments, settle large blocks.
         for (long s = 0; s < segments;)
@@ -47,10 +54,16 @@ public sealed unsafe partial class PersistentHeap
             if (role == HeapLayout.RoleLargeStart && payload >= 1 && s + payload <= segments)
             {
                 long offset = SegmentStart(s);
-                bool valid = TryReadHeader(offset, HeapLayout.DescriptorGeneration(descriptor), out PayloadHeader header)
-                    && HeapLayout.HeaderSize + (long)(uint)header.Size > (payload - 1) * HeapLayout.SegmentSize
-                    && HeapLayout.HeaderSize + (long)(uint)header.Size <= payload * HeapLayout.SegmentSize;
-                if (valid && (filter is null || filter(new PayloadRef(offset), header)))
+                BlockState largeState = ClassifyBlock(offset, HeapLayout.DescriptorGeneration(descriptor), (payload * HeapLayout.SegmentSize) - HeapLayout.HeaderSize, tornSeal, out PayloadHeader header);
+                bool complete = largeState is BlockState.Allocated or BlockState.Sealed;
+                if (complete && HeapLayout.HeaderSize + (long)header.Size <= (payload - 1) * HeapLayout.SegmentSize)
+                {
+                    // A checked header whose size does not need its whole span: no crash leaves this.
+                    largeState = HeapFileTestHooks.IgnoreSeals ? BlockState.Torn : BlockState.Damaged;
+                    complete = false;
+                }
+
+                if (complete && (filter is null || filter(new PayloadRef(offset), header)))
                 {
                     liveBlocks++;
                     liveBytes += payload * HeapLayout.SegmentSize;
@@ -59,25 +72,14 @@ public sealed unsafe partial class PersistentHeap
                     continue;
                 }
 
-                // A torn or rejected large block: free its whole span durably, so no stale descriptor inside it can
-                // resurface, then classify its segments as free ones below.
-                if (valid)
+                if (largeState == BlockState.Damaged)
                 {
-                    ulong* commit = (ulong*)(_base + offset + HeapLayout.CommitOffset);
-                    // Volatile.Write: one aligned 8-byte store (failure-atomic); written back below.
-                    Volatile.Write(ref *commit, HeapLayout.FreeCommit(*commit));
-                    _file.Domain.WriteBack(offset, HeapLayout.HeaderSize);
+                    damaged.Add(offset);
                 }
 
-                lock (_segmentGate)
-                {
-                    ReleaseSpanLocked(s, payload);
-                    _freeSegmentCount -= payload;
-                    for (long t = s; t < s + payload; t++)
-                    {
-                        _segmentFree[t] = false;
-                    }
-                }
+                // A torn, damaged or rejected large block: its whole span is freed durably (after the scan), so no
+                // stale descriptor inside it can resurface; its segments are free ones below.
+                freeSpans.Add((s, payload, complete || largeState is BlockState.Damaged or BlockState.TornSeal ? offset : -1));
             }
 
             // Free, orphan continuation, or anything unrecognizable: the segment is free.
@@ -94,11 +96,6 @@ public sealed unsafe partial class PersistentHeap
 
         var gate = new object();
         long freeBlockBytes = 0;
-
-        // Through the page cache (msync), a write-back per freed header is a system call and a disk write each (the
-        // PersistentKv sample's recovery spent seconds on them); one ranged persist after the scan covers them all.
-        bool perBlockWriteBack = _file.Domain.IsPersistentMemory;
-        int anyFreed = 0;
         bool acceptTorn = (_faults & HeapFaults.AcceptTornHeaders) != 0;
         bool loseInvalid = (_faults & HeapFaults.LoseInvalidBlocksAtRecovery) != 0;
         Parallel.For(
@@ -117,7 +114,6 @@ public sealed unsafe partial class PersistentHeap
                 long start = SegmentStart(segment);
                 long[] free = new long[blocks];
                 int freeCount = 0, live = 0, invalid = 0;
-                bool wroteBack = false;
                 for (int k = 0; k < blocks; k++)
                 {
                     long offset = start + ((long)k * blockSize);
@@ -125,12 +121,27 @@ public sealed unsafe partial class PersistentHeap
                     bool valid;
                     if (bitmap is not null)
                     {
+                        // Checked whole when the saved state was accepted (TryReadSavedState).
                         valid = (bitmap[firstWord[index] + (k >> 6)] & (1UL << (k & 63))) != 0;
                         header = valid ? ReadHeaderUnchecked(offset) : default;
                     }
+                    else if (acceptTorn)
+                    {
+                        valid = LooksAllocated(offset, generation, out header);
+                    }
                     else
                     {
-                        valid = acceptTorn ? LooksAllocated(offset, generation, out header) : TryReadHeader(offset, generation, out header);
+                        BlockState blockState = ClassifyBlock(offset, generation, blockSize - HeapLayout.HeaderSize, tornSeal, out header);
+                        valid = blockState is BlockState.Allocated or BlockState.Sealed;
+                        if (blockState == BlockState.Damaged)
+                        {
+                            totals.Damaged.Add(offset);
+                        }
+
+                        if (blockState is BlockState.Damaged or BlockState.TornSeal)
+                        {
+                            totals.FreeBlocks.Add(offset);
+                        }
                     }
 
                     // A size read from the file is checked against the block before anyone reads that many bytes.
@@ -138,15 +149,7 @@ public sealed unsafe partial class PersistentHeap
 
                     if (valid && filter is not null && !filter(new PayloadRef(offset), header))
                     {
-                        ulong* commit = (ulong*)(_base + offset + HeapLayout.CommitOffset);
-                        // Volatile.Write: one aligned 8-byte store (failure-atomic); written back below.
-                        Volatile.Write(ref *commit, HeapLayout.FreeCommit(*commit));
-                        if (perBlockWriteBack)
-                        {
-                            _file.Domain.WriteBack(offset, HeapLayout.HeaderSize);
-                        }
-
-                        wroteBack = true;
+                        totals.FreeBlocks.Add(offset);
                         valid = false;
                     }
                     else if (!valid)
@@ -162,19 +165,6 @@ public sealed unsafe partial class PersistentHeap
                     else
                     {
                         free[freeCount++] = offset;
-                    }
-                }
-
-                if (wroteBack)
-                {
-                    if (perBlockWriteBack)
-                    {
-                        _file.Domain.Fence();
-                    }
-                    else
-                    {
-                        // Volatile.Write: release; read after Parallel.For returns (its join orders it anyway).
-                        Volatile.Write(ref anyFreed, 1);
                     }
                 }
 
@@ -215,6 +205,8 @@ public sealed unsafe partial class PersistentHeap
                     freeBlockBytes += totals.FreeBytes;
                     _overheadBytes += totals.Overhead;
                     maxUid = Math.Max(maxUid, totals.MaxUid);
+                    damaged.AddRange(totals.Damaged);
+                    freeBlocks.AddRange(totals.FreeBlocks);
                     foreach (long segment in totals.FreeSegments)
                     {
                         _segmentFree[segment] = true;
@@ -223,12 +215,14 @@ public sealed unsafe partial class PersistentHeap
                 }
             });
 
-        if (anyFreed != 0)
+        damaged.Sort();
+        RecoveryDamagedBlocks = damaged;
+        if (damaged.Count != 0 && !options.SalvageDamagedBlocks)
         {
-            // Every free above is durable before the constructor returns (callers rely on it).
-            _file.Domain.Persist(0, _file.Size);
+            ThrowDamaged(damaged);
         }
 
+        WriteRecoveredFrees(freeBlocks, freeSpans);
         _recoveredLiveBlocks = liveBlocks;
         _recoveredLiveBytes = liveBytes;
         _nextUid = saved is { } state ? Math.Max(maxUid, state.NextUid) : maxUid;
@@ -239,6 +233,96 @@ public sealed unsafe partial class PersistentHeap
             freeBlockBytes + (_freeSegmentCount * HeapLayout.SegmentSize),
             _overheadBytes,
             _freeSegmentCount);
+    }
+
+    /// <summary>
+    /// The file offsets (sorted) of the damaged blocks recovery dropped when the heap opened with
+    /// <see cref="PersistentHeapOptions.SalvageDamagedBlocks"/>; empty when it found none.
+    /// </summary>
+    public IReadOnlyList<long> RecoveryDamagedBlocks { get; private set; } = Array.Empty<long>();
+
+    private void ThrowDamaged(List<long> damaged)
+    {
+        const int Shown = 16;
+        string offsets = string.Join(", ", damaged.GetRange(0, Math.Min(Shown, damaged.Count)).ConvertAll(o => $"0x{o:X}"));
+        string more = damaged.Count > Shown ? $" and {damaged.Count - Shown} more" : string.Empty;
+        throw new HeapFileException(
+            HeapFileError.Corrupt,
+            $"Cannot open heap file '{_file.Path}': {damaged.Count} block(s) fail their checks (at file offsets {offsets}{more}); their contents cannot be trusted, and recovery changed no block. Restore the file from a copy, or open it with SalvageDamagedBlocks = true to drop those blocks (each is listed in the recovery report).",
+            damagedBlocks: damaged);
+    }
+
+    /// <summary>
+    /// The frees recovery decided on, written after every block was classified: rejected and damaged blocks get a free
+    /// commit, torn or rejected large blocks their span's descriptors; all of it durable before the constructor returns.
+    /// </summary>
+    private void WriteRecoveredFrees(List<long> freeBlocks, List<(long Segment, long Span, long FreeOffset)> freeSpans)
+    {
+        // Through the page cache (msync), a write-back per freed header is a system call and a disk write each (the
+        // PersistentKv sample's recovery spent seconds on them); one ranged persist after the loop covers them all.
+        bool perBlockWriteBack = _file.Domain.IsPersistentMemory;
+        foreach (long offset in freeBlocks)
+        {
+            ulong* commit = (ulong*)(_base + offset + HeapLayout.CommitOffset);
+            uint generation = HeapLayout.DescriptorGeneration(_table[(offset - _dataStart) / HeapLayout.SegmentSize]);
+            // Volatile.Write: one aligned 8-byte store (failure-atomic); written back below.
+            Volatile.Write(ref *commit, HeapLayout.FreeWord(generation));
+            if (perBlockWriteBack)
+            {
+                _file.Domain.WriteBack(offset, HeapLayout.HeaderSize);
+            }
+        }
+
+        foreach ((long segment, long span, long freeOffset) in freeSpans)
+        {
+            if (freeOffset >= 0)
+            {
+                ulong* commit = (ulong*)(_base + freeOffset + HeapLayout.CommitOffset);
+                // Volatile.Write: one aligned 8-byte store (failure-atomic), persisted before the descriptors below.
+                Volatile.Write(ref *commit, HeapLayout.FreeWord(HeapLayout.DescriptorGeneration(_table[segment])));
+                _file.Domain.Persist(freeOffset, HeapLayout.HeaderSize);
+            }
+
+            for (long t = segment; t < segment + span; t++)
+            {
+                // Volatile.Write: release; the segments were already counted free by the scan (no other thread yet).
+                Volatile.Write(ref _table[t], HeapLayout.Descriptor(HeapLayout.DescriptorGeneration(_table[t]) + 1, HeapLayout.RoleFree, 0));
+            }
+
+            _file.Domain.Persist(TableOffset(segment), span * sizeof(ulong));
+        }
+
+        if (freeBlocks.Count != 0)
+        {
+            if (perBlockWriteBack)
+            {
+                _file.Domain.Fence();
+            }
+            else
+            {
+                // Every free above is durable before the constructor returns (callers rely on it).
+                _file.Domain.Persist(0, _file.Size);
+            }
+        }
+    }
+
+    /// <summary>
+    /// <see cref="HeapLayout.Classify"/>, with the decision it leaves to the caller: a sealed block whose check fails is
+    /// torn (<see cref="BlockState.TornSeal"/>) if its commit word names <paramref name="tornSealVersion"/> (the version whose write-back a crash
+    /// interrupted, 0 for none: its seals may be durable before its payloads and even before its epoch words, so the
+    /// commit word's own 8 tag bits decide), and damaged otherwise.
+    /// </summary>
+    private BlockState ClassifyBlock(long offset, uint generation, long maxPayload, long tornSealVersion, out PayloadHeader header)
+    {
+        BlockState state = HeapLayout.Classify(_base + offset, offset, generation, maxPayload, out header);
+        if (state == BlockState.SealFailed)
+        {
+            ulong commit = *(ulong*)(_base + offset + HeapLayout.CommitOffset);
+            state = tornSealVersion != 0 && HeapLayout.CommitEpochLow(commit) == (byte)tornSealVersion ? BlockState.TornSeal : BlockState.Damaged;
+            header = default;
+        }
+
+        return state;
     }
 
     private void Scan(Action<PayloadRef, PayloadHeader> visitor, int degreeOfParallelism)
@@ -253,7 +337,7 @@ public sealed unsafe partial class PersistentHeap
             long payload = HeapLayout.DescriptorPayload(descriptor);
             if (role == HeapLayout.RoleLargeStart && payload >= 1 && s + payload <= segments)
             {
-                if (TryReadHeader(SegmentStart(s), HeapLayout.DescriptorGeneration(descriptor), out PayloadHeader header))
+                if (TryReadHeader(SegmentStart(s), HeapLayout.DescriptorGeneration(descriptor), (payload * HeapLayout.SegmentSize) - HeapLayout.HeaderSize, out PayloadHeader header))
                 {
                     visitor(new PayloadRef(SegmentStart(s)), header);
                     s += payload;
@@ -276,7 +360,7 @@ public sealed unsafe partial class PersistentHeap
             for (int k = 0; k < SizeClasses.BlocksPerSegment[cls]; k++)
             {
                 long offset = SegmentStart(segment) + ((long)k * SizeClasses.BlockSizes[cls]);
-                bool valid = (_faults & HeapFaults.AcceptTornHeaders) != 0 ? LooksAllocated(offset, generation, out PayloadHeader header) : TryReadHeader(offset, generation, out header);
+                bool valid = (_faults & HeapFaults.AcceptTornHeaders) != 0 ? LooksAllocated(offset, generation, out PayloadHeader header) : TryReadHeader(offset, generation, SizeClasses.BlockSizes[cls] - HeapLayout.HeaderSize, out header);
                 if (valid)
                 {
                     visitor(new PayloadRef(offset), header);
@@ -285,19 +369,9 @@ public sealed unsafe partial class PersistentHeap
         });
     }
 
-    private bool TryReadHeader(long offset, uint generation, out PayloadHeader header)
-    {
-        ulong* h = (ulong*)(_base + offset);
-        ulong uid = h[0], epoch = h[1], shape = h[2], commit = h[3];
-        if (!HeapLayout.IsValidAllocated(uid, epoch, shape, commit, offset, generation))
-        {
-            header = default;
-            return false;
-        }
-
-        header = new PayloadHeader((long)uid, (long)epoch, HeapLayout.CommitKind(commit), HeapLayout.ShapeSize(shape), HeapLayout.ShapeTypeId(shape));
-        return true;
-    }
+    /// <summary>Whether the block is a complete allocation (a sealed one checked whole, header and payload).</summary>
+    private bool TryReadHeader(long offset, uint generation, long maxPayload, out PayloadHeader header) =>
+        ClassifyBlock(offset, generation, maxPayload, tornSealVersion: 0, out header) is BlockState.Allocated or BlockState.Sealed;
 
     /// <summary>The broken check of <see cref="HeapFaults.AcceptTornHeaders"/>: state bits and generation only.</summary>
     private bool LooksAllocated(long offset, uint generation, out PayloadHeader header)
@@ -305,8 +379,8 @@ public sealed unsafe partial class PersistentHeap
         ulong* h = (ulong*)(_base + offset);
         ulong commit = h[3];
         bool looks = (commit & (0xFFUL << 56)) == HeapLayout.CommitTag
-            && HeapLayout.CommitState(commit) == HeapLayout.StateAllocated
-            && (ushort)(commit >> 32) == (ushort)generation;
+            && HeapLayout.InUse(commit)
+            && HeapLayout.SameGeneration(commit, generation);
         header = looks ? new PayloadHeader((long)h[0], (long)h[1], HeapLayout.CommitKind(commit), HeapLayout.ShapeSize(h[2]), HeapLayout.ShapeTypeId(h[2])) : default;
         return looks;
     }
@@ -319,5 +393,9 @@ public sealed unsafe partial class PersistentHeap
         internal long Overhead;
         internal long MaxUid;
         internal List<long> FreeSegments { get; } = new();
+
+        internal List<long> FreeBlocks { get; } = new();
+
+        internal List<long> Damaged { get; } = new();
     }
 }

@@ -263,7 +263,7 @@ public sealed unsafe partial class PersistentHeap
 
             if (role == HeapLayout.RoleLargeStart && payload >= 1 && s + payload <= segments)
             {
-                if (!trust && !TryReadHeader(SegmentStart(s), HeapLayout.DescriptorGeneration(descriptor), out _))
+                if (!trust && !TryReadHeader(SegmentStart(s), HeapLayout.DescriptorGeneration(descriptor), (payload * HeapLayout.SegmentSize) - HeapLayout.HeaderSize, out _))
                 {
                     SavedStateRejection = $"the large block at segment {s} is not a valid allocation";
                     return null;
@@ -299,7 +299,7 @@ public sealed unsafe partial class PersistentHeap
                         continue;
                     }
 
-                    if (k >= blocks || !TryReadHeader(SegmentStart(segment) + ((long)k * SizeClasses.BlockSizes[cls]), generation, out _))
+                    if (k >= blocks || !TryReadHeader(SegmentStart(segment) + ((long)k * SizeClasses.BlockSizes[cls]), generation, SizeClasses.BlockSizes[cls] - HeapLayout.HeaderSize, out _))
                     {
                         // Volatile.Write: release; read after Parallel.For returns, whose join orders it anyway.
                         System.Threading.Volatile.Write(ref bad, 1);
@@ -311,7 +311,7 @@ public sealed unsafe partial class PersistentHeap
 
             if (bad != 0)
             {
-                SavedStateRejection = "a block it marks allocated has no valid header (stale or damaged)";
+                SavedStateRejection = "a block it marks allocated fails its check (stale or damaged; the full scan reports damage)";
                 return null;
             }
         }

@@ -29,6 +29,11 @@ public sealed unsafe partial class PersistentHeap
                 return false;
             }
 
+            // The segment is zeroed durably first, so no header of an earlier use (another size class's boundaries,
+            // an old seal) survives into this one: after a crash every commit word of a segment in use is 0 or a
+            // whole commit of this generation, and anything else can be reported as damage.
+            ZeroDurably(SegmentStart(segment), HeapLayout.SegmentSize);
+
             // The descriptor (with a new generation, which invalidates every header left from an earlier use of the
             // segment) is durable before any block of the segment is handed out.
             ulong descriptor = HeapLayout.Descriptor(HeapLayout.DescriptorGeneration(_table[segment]) + 1, HeapLayout.RoleSmall, (ulong)cls);
@@ -55,6 +60,12 @@ public sealed unsafe partial class PersistentHeap
         }
 
         return true;
+    }
+
+    private void ZeroDurably(long offset, long length)
+    {
+        System.Runtime.InteropServices.NativeMemory.Clear(_base + offset, (nuint)length);
+        _file.Domain.Persist(offset, length);
     }
 
     private void PushFree(int cls, long start, int blockSize, int from, int to)
@@ -108,8 +119,10 @@ public sealed unsafe partial class PersistentHeap
                 return false;
             }
 
-            // Continuations first, start last, one fence for all: if the start is not durable the continuations
+            // The header position is zeroed durably first (see TryFormatSmallSegment). Continuations next, start last,
+            // one fence for all: if the start is not durable the continuations
             // are orphans, which recovery treats as free; if it is, recovery skips the whole span.
+            ZeroDurably(SegmentStart(segment), HeapLayout.HeaderSize);
             for (long s = segment + 1; s < segment + span; s++)
             {
                 _table[s] = HeapLayout.Descriptor(HeapLayout.DescriptorGeneration(_table[s]) + 1, HeapLayout.RoleLargeContinuation, 0);

@@ -205,11 +205,51 @@ public sealed unsafe partial class PersistentHeap : IDisposable
 
     private void FreeCore(PayloadRef block)
     {
+        (long segment, ulong descriptor) = MarkFreeCore(block);
+        ReleaseCore(block, segment, descriptor);
+    }
+
+    /// <summary>
+    /// The first half of a free: the commit word becomes free (one store, not written back); the block is not handed
+    /// out until <see cref="ReleaseFreed(PayloadRef)"/>. A caller that writes the free back and fences in between
+    /// guarantees that no reuse of the block can reach the file before its free does — what a sealed block needs, or a
+    /// crash could leave its old seal over new bytes, which recovery would report as damage.
+    /// </summary>
+    internal void MarkFree(PayloadRef block)
+    {
+        _file.EnterOperation();
+        try
+        {
+            MarkFreeCore(block);
+        }
+        finally
+        {
+            _file.ExitOperation();
+        }
+    }
+
+    /// <summary>The second half of a free (see <see cref="MarkFree(PayloadRef)"/>): hands the block out again.</summary>
+    internal void ReleaseFreed(PayloadRef block)
+    {
+        _file.EnterOperation();
+        try
+        {
+            (long segment, ulong descriptor) = Locate(block);
+            ReleaseCore(block, segment, descriptor);
+        }
+        finally
+        {
+            _file.ExitOperation();
+        }
+    }
+
+    private (long Segment, ulong Descriptor) MarkFreeCore(PayloadRef block)
+    {
         (long segment, ulong descriptor) = Locate(block);
         ulong* commitWord = (ulong*)(_base + block.Offset + HeapLayout.CommitOffset);
         // Volatile.Read: acquire; pairs with the release store of the commit word in WriteHeader.
         ulong commit = Volatile.Read(ref *commitWord);
-        if (HeapLayout.CommitState(commit) != HeapLayout.StateAllocated || (commit & (0xFFUL << 56)) != HeapLayout.CommitTag)
+        if (!HeapLayout.InUse(commit))
         {
             ThrowHelper.ThrowInvalidPayloadRef(block, "it is already free (double free?)");
         }
@@ -221,6 +261,11 @@ public sealed unsafe partial class PersistentHeap : IDisposable
             ThrowHelper.ThrowInvalidPayloadRef(block, "another thread freed it concurrently (double free)");
         }
 
+        return (segment, descriptor);
+    }
+
+    private void ReleaseCore(PayloadRef block, long segment, ulong descriptor)
+    {
         ThreadCache cache = _caches.Value!;
         if (HeapLayout.DescriptorRole(descriptor) == HeapLayout.RoleLargeStart)
         {
@@ -237,6 +282,30 @@ public sealed unsafe partial class PersistentHeap : IDisposable
         }
 
         cache.Blocks[cls][cache.Counts[cls]++] = block.Offset;
+    }
+
+    /// <summary>
+    /// Seals the block at <paramref name="offset"/> if it is an allocated (unsealed) block of <paramref name="version"/>:
+    /// its commit word gets a check over header and payload (not written back: the caller writes the block back). Call
+    /// only once no thread writes the version's blocks any more (after the version's quiescent cut).
+    /// </summary>
+    internal void Seal(long offset, long version)
+    {
+        ulong* h = (ulong*)(_base + offset);
+        // Volatile.Read: acquire; pairs with the release store of the commit word in WriteHeader, so the epoch word read
+        // next is the one of this allocation (a block freed and reused by a later version is recognised and skipped).
+        ulong commit = Volatile.Read(ref h[3]);
+        if (HeapLayout.CommitState(commit) != HeapLayout.StateAllocated || (long)h[1] != version)
+        {
+            return;
+        }
+
+        uint generation = HeapLayout.DescriptorGeneration(_table[(offset - _dataStart) / HeapLayout.SegmentSize]);
+        var payload = new ReadOnlySpan<byte>(h + 4, HeapLayout.ShapeSize(h[2]));
+        ulong sealedCommit = HeapLayout.SealedCommit(h[0], h[1], h[2], offset, generation, HeapLayout.CommitKind(commit), payload);
+
+        // Interlocked.CompareExchange: full fence; replaces exactly the commit read above, never a free that raced it.
+        Interlocked.CompareExchange(ref h[3], sealedCommit, commit);
     }
 
     /// <summary>Reads a block's header.</summary>
@@ -530,7 +599,7 @@ public sealed unsafe partial class PersistentHeap : IDisposable
         // Volatile.Read: acquire; pairs with the release store of the commit word in WriteHeader, so the shape read
         // below is the one this commit covers when the block was allocated by another thread.
         ulong commit = Volatile.Read(ref h[3]);
-        if (HeapLayout.CommitState(commit) != HeapLayout.StateAllocated)
+        if (!HeapLayout.InUse(commit))
         {
             ThrowHelper.ThrowInvalidPayloadRef(block, "it is free");
         }

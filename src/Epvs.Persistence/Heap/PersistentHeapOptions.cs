@@ -16,6 +16,21 @@ public sealed class PersistentHeapOptions
     /// <summary>How many threads scan the segments at open; default <see cref="Environment.ProcessorCount"/>.</summary>
     public int RecoveryParallelism { get; set; } = Environment.ProcessorCount;
 
+    /// <summary>
+    /// What recovery does with a damaged block (a commit word no crash can leave, or a sealed block whose check over
+    /// header and payload fails). False (the default): opening throws <see cref="HeapFileException"/> with
+    /// <see cref="HeapFileError.Corrupt"/>, listing the blocks in <see cref="HeapFileException.DamagedBlocks"/>, and
+    /// frees nothing. True: the damaged blocks are dropped (freed durably, their contents lost) and the heap opens;
+    /// <see cref="PersistentHeap.RecoveryDamagedBlocks"/> lists them.
+    /// </summary>
+    public bool SalvageDamagedBlocks { get; set; }
+
+    /// <summary>
+    /// The version whose write-back a crash may have interrupted (a buffered heap's durable frontier + 1 while a
+    /// write-back was in progress), or 0: a sealed block of it whose check fails is torn, not damaged.
+    /// </summary>
+    internal long InterruptedWriteBackVersion { get; set; }
+
     /// <summary>Deliberate faults, for the tests' broken controls only.</summary>
     internal HeapFaults Faults { get; set; }
 

@@ -41,13 +41,13 @@ public sealed class BufferedDurabilityCrashTests
     [Fact]
     public void Crash_UpdateInPlaceOnAnOlderVersionPayload_IsCaught()
     {
-        AssertControlCaught(EnumerateCrashes(DurabilityFaults.UpdateOlderVersionInPlace, DurabilityFaults.None, out _, out _), "not its state", "missing");
+        AssertControlCaught(EnumerateCrashes(DurabilityFaults.UpdateOlderVersionInPlace, DurabilityFaults.None, out _, out _), "not its state", "missing", "damaged blocks");
     }
 
     [Fact]
     public void Crash_AdvancerPersistingTheFrontierBeforeWritingBack_IsCaught()
     {
-        AssertControlCaught(EnumerateCrashes(DurabilityFaults.PersistFrontierBeforeWriteBack, DurabilityFaults.None, out _, out _), "missing", "not its state", "inconsistent");
+        AssertControlCaught(EnumerateCrashes(DurabilityFaults.PersistFrontierBeforeWriteBack, DurabilityFaults.None, out _, out _), "missing", "not its state", "inconsistent", "damaged blocks");
     }
 
     [Fact]

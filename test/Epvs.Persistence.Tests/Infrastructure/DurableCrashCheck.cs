@@ -13,7 +13,21 @@ internal static class DurableCrashCheck
         var violations = new List<string>();
         using var domain = SimulatedPersistenceDomain.FromImage(image, capacity);
         using HeapFile file = HeapFile.Open(domain);
-        using BufferedDurableHeap heap = BufferedDurableHeap.Open(file, new BufferedDurableHeapOptions { AdvancePeriod = Timeout.InfiniteTimeSpan, Faults = recoveryFaults, HeapFaults = heapFaults, RecoveryParallelism = 2 });
+        BufferedDurableHeap opened;
+        try
+        {
+            opened = BufferedDurableHeap.Open(file, new BufferedDurableHeapOptions { AdvancePeriod = Timeout.InfiniteTimeSpan, Faults = recoveryFaults, HeapFaults = heapFaults, RecoveryParallelism = 2 });
+        }
+        catch (HeapFileException damage) when (damage.Error == HeapFileError.Corrupt)
+        {
+            // The heap's integrity checks fired: a crash alone never damages a block, so this is a violation too.
+            cut = -1;
+            contents = new Dictionary<long, byte[]>();
+            violations.Add($"damaged blocks reported at recovery: {damage.Message}");
+            return violations;
+        }
+
+        using BufferedDurableHeap heap = opened;
         cut = heap.Recovery.RecoveredVersion;
         PersistentByteMap<long> map;
         try

@@ -38,9 +38,9 @@ public static class TestProgram
             return SafetyChild.Run(args[1], args[2], args.Length >= 4 && args[3] == "control");
         }
 
-        if (args.Length >= 3 && args[0] == SuperblockSweep.Role)
+        if (args.Length >= 3 && args[0] == BitFlipSweep.Role)
         {
-            return SuperblockSweep.Run(args[1], args[2], args.Length >= 4 && args[3] == "control");
+            return BitFlipSweep.Run(args[1], args[2], args.Length >= 4 && args[3] == "control");
         }
 
         Console.Error.WriteLine("This is the Epvs.Persistence test assembly; run it with 'dotnet test'.");

@@ -226,15 +226,17 @@ public sealed class HeapSafetyTests
     [SkippableTheory]
     [InlineData("superblock")]
     [InlineData("descriptors")]
+    [InlineData("blocks")]
+    [InlineData("blocks-crashed")]
     public void EverySingleBitFlip_IsRefusedOrRecoveredExactly_NeverSilentlyWrongNorACrash(string region)
     {
         using var dir = new TempDirectory();
-        (int code, string output) = TestProgram.RunChild(NoEnvironment, SuperblockSweep.Role, dir.Path, region);
+        (int code, string output) = TestProgram.RunChild(NoEnvironment, BitFlipSweep.Role, dir.Path, region);
         _output.WriteLine(output);
         Assert.True(code == SafetyChild.Survived, $"exit {code}: {output}");
 
         using var controlDir = new TempDirectory();
-        (int controlCode, string controlOutput) = TestProgram.RunChild(NoEnvironment, SuperblockSweep.Role, controlDir.Path, region, "control");
+        (int controlCode, string controlOutput) = TestProgram.RunChild(NoEnvironment, BitFlipSweep.Role, controlDir.Path, region, "control");
         _output.WriteLine($"control (seals ignored): exit {controlCode}: {controlOutput}");
         Skip.If(controlCode == SafetyChild.Survived, "inconclusive: with the seals ignored no flip was silently wrong, so the sweep proves nothing");
     }
