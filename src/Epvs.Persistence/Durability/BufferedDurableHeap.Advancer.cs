@@ -27,6 +27,9 @@ public sealed unsafe partial class BufferedDurableHeap
     private Exception? _advancerFault;
     private long[] _scratch = new long[1024];
 
+    /// <summary>Test hook: runs in reclamation after the frees are marked and before they are written back (the window in which an early reuse would race the free to the file).</summary>
+    internal Action? AfterReclaimMarkedForTesting { get; set; }
+
     /// <summary>
     /// Makes every operation that completed before the call durable: returns once <see cref="DurableFrontier"/> has
     /// reached the version current at the call. Runs the advance itself if needed (it does not wait for the
@@ -433,6 +436,8 @@ public sealed unsafe partial class BufferedDurableHeap
         {
             return;
         }
+
+        AfterReclaimMarkedForTesting?.Invoke();
 
         // The frees become durable (each freed header written back; through the page cache, sorted runs of pages)
         // before any of the blocks is handed out again: a reuse that reached the file before the free could leave an

@@ -48,7 +48,7 @@ public sealed unsafe partial class BufferedDurableHeap
             // The advancer seals a version's blocks as it writes them back, before the frontier covers them; the clock
             // is one past the frontier except from a transition's clock persist until that frontier persist (clock =
             // frontier + 2), when a crash may leave a seal of version frontier + 1 durable without its payload.
-            InterruptedWriteBackVersion = report.PersistedClock == report.PersistedFrontier + 2 ? report.PersistedFrontier + 1 : 0,
+            InterruptedWriteBackVersion = report.PersistedClock == report.PersistedFrontier + 2 && (_faults & DurabilityFaults.NoInterruptedWriteBackWindow) == 0 ? report.PersistedFrontier + 1 : 0,
             RecoveryFilter = (block, header) =>
             {
                 if (header.EpochTag <= 0 || (header.EpochTag > cut && !keepBeyond))

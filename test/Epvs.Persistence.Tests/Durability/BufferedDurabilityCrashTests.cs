@@ -39,6 +39,14 @@ public sealed class BufferedDurabilityCrashTests
     }
 
     [Fact]
+    public void Crash_RecoveryWithoutTheInterruptedWriteBackWindow_IsCaughtReportingTornSealsAsDamage()
+    {
+        // The control for the one exception to "a failed seal is damage": the crash images include write-backs
+        // interrupted after a seal reached the file and before its payload did.
+        AssertControlCaught(EnumerateCrashes(DurabilityFaults.None, DurabilityFaults.NoInterruptedWriteBackWindow, out _, out _), "damaged blocks");
+    }
+
+    [Fact]
     public void Crash_UpdateInPlaceOnAnOlderVersionPayload_IsCaught()
     {
         AssertControlCaught(EnumerateCrashes(DurabilityFaults.UpdateOlderVersionInPlace, DurabilityFaults.None, out _, out _), "not its state", "missing", "damaged blocks");
