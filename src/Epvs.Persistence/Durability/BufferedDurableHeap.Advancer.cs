@@ -174,6 +174,13 @@ public sealed unsafe partial class BufferedDurableHeap
                 return;
             }
 
+            if (_advancerFault is { } earlier)
+            {
+                // A cycle failed after its transition: that version's write-back is incomplete, so no later version
+                // may be covered by the frontier (it would cover the incomplete one too).
+                ThrowHelper.ThrowInvalidOperation($"The heap's advancer failed, so nothing more can become durable: {earlier.Message}", earlier);
+            }
+
             AdvanceStateMachine machine = _inflight ??= StartTransition(deadline, target, timeout);
             bool done;
             try
@@ -197,7 +204,17 @@ public sealed unsafe partial class BufferedDurableHeap
                 ThrowHelper.ThrowInvalidOperation($"The version transition failed: {fault.Message}", fault);
             }
 
-            AfterTransition(Volatile.Read(ref _versionBase) + machine.ActualToVersion - 1);
+            try
+            {
+                AfterTransition(Volatile.Read(ref _versionBase) + machine.ActualToVersion - 1);
+            }
+            catch (Exception e)
+            {
+                // Recorded under the gate before anyone else can start a cycle: see the check above.
+                _advancerFault ??= e;
+                FailWaiters(new InvalidOperationException($"The heap's advancer failed: {e.Message}", e));
+                throw;
+            }
         }
         finally
         {
@@ -254,59 +271,62 @@ public sealed unsafe partial class BufferedDurableHeap
     }
 
     /// <summary>
-    /// Seals and writes back <paramref name="version"/>'s payloads (no thread writes them any more: the version's cut
-    /// has passed), then fences. Sealing first puts a check over header and payload into each commit word, so every
-    /// block the frontier will cover is checked whole at recovery; a crash during this write-back can leave a seal
-    /// durable before its payload, which recovery recognises by the clock (frontier + 2) and the tag (frontier + 1).
+    /// Writes back <paramref name="version"/>'s payloads (no thread writes them any more: the version's cut has
+    /// passed) and fences; then seals them — each commit word becomes a check over header and payload — and writes
+    /// back and fences the commit words. A seal therefore reaches the file only after everything it covers: after any
+    /// crash, a sealed block whose check fails is damage, never a write-back the crash interrupted.
     /// </summary>
     private void WriteBackVersion(long version)
     {
         int slot = ThreadBuffers.Slot(version);
         // Volatile.Read: acquire; pairs with the release in RegisterThread.
         ThreadBuffers[] registry = Volatile.Read(ref _registry);
-        var ranges = new RangeWriter(this, _pageWriteBack);
+        int count = 0;
+        foreach (ThreadBuffers buffers in registry)
+        {
+            count += buffers.WriteBack[slot].Count;
+        }
+
+        long[] offsets = Scratch(count);
+        int n = 0;
+        foreach (ThreadBuffers buffers in registry)
+        {
+            OffsetList list = buffers.WriteBack[slot];
+            list.CopyTo(offsets.AsSpan(n));
+            n += list.Count;
+            list.Clear();
+        }
+
         if (_pageWriteBack)
         {
-            // Through the page cache every write-back is a system call: gather the version's payloads, sort them,
-            // and write back each run of touched pages once (never the whole heap: its cost grows with the file).
-            int count = 0;
-            foreach (ThreadBuffers buffers in registry)
-            {
-                count += buffers.WriteBack[slot].Count;
-            }
-
-            long[] offsets = Scratch(count);
-            int n = 0;
-            foreach (ThreadBuffers buffers in registry)
-            {
-                OffsetList list = buffers.WriteBack[slot];
-                list.CopyTo(offsets.AsSpan(n));
-                n += list.Count;
-                list.Clear();
-            }
-
+            // Through the page cache every write-back is a system call: sorted, each run of touched pages is written
+            // back once (never the whole heap: its cost grows with the file).
             Array.Sort(offsets, 0, n);
-            for (int i = 0; i < n; i++)
-            {
-                long offset = offsets[i];
-                _heap.Seal(offset, version);
-                ranges.Add(offset, HeapLayout.HeaderSize + (long)PayloadSize(offset));
-            }
         }
-        else
-        {
-            foreach (ThreadBuffers buffers in registry)
-            {
-                OffsetList list = buffers.WriteBack[slot];
-                for (int i = 0; i < list.Count; i++)
-                {
-                    long offset = list[i];
-                    _heap.Seal(offset, version);
-                    ranges.Add(offset, HeapLayout.HeaderSize + (long)PayloadSize(offset));
-                }
 
-                list.Clear();
+        bool sealFirst = (_faults & DurabilityFaults.SealBeforeWriteBack) != 0;
+        var ranges = new RangeWriter(this, _pageWriteBack);
+        for (int i = 0; i < n; i++)
+        {
+            if (sealFirst)
+            {
+                _heap.Seal(offsets[i], version);
             }
+
+            ranges.Add(offsets[i], HeapLayout.HeaderSize + (long)PayloadSize(offsets[i]));
+        }
+
+        ranges.Flush();
+        _domain.Fence();
+        if (sealFirst)
+        {
+            return;
+        }
+
+        for (int i = 0; i < n; i++)
+        {
+            _heap.Seal(offsets[i], version);
+            ranges.Add(offsets[i] + HeapLayout.CommitOffset, sizeof(ulong));
         }
 
         ranges.Flush();

@@ -27,6 +27,13 @@ public sealed unsafe partial class BufferedDurableHeap
             Parallelism = options.RecoveryParallelism,
         };
 
+        if (_mode == DurabilityMode.Transient && (report.PersistedFrontier > 0 || report.PersistedClock > 0))
+        {
+            // Transient updates payloads of any version in place and frees without making the free durable: over
+            // durable data it would destroy what the file promises to keep (and leave seals over changed payloads).
+            ThrowHelper.ThrowInvalidOperation($"Cannot open heap file '{file.Path}' in DurabilityMode.Transient: it holds durable data (frontier {report.PersistedFrontier}, clock {report.PersistedClock}), which a transient heap would overwrite in place. Open it with DurabilityMode.Buffered or Strict, or give the transient heap a new file.");
+        }
+
         // Montage's rule (clock − 2) and ours (the frontier): the advancer persists frontier v before the clock can
         // reach v + 2, so the frontier is never below clock − 2; taking the max keeps the Montage guarantee even for
         // a file whose frontier word was never written.
@@ -44,11 +51,6 @@ public sealed unsafe partial class BufferedDurableHeap
             Faults = options.HeapFaults,
             OwnerKind = HeapLayout.KindBufferedDurable,
             SalvageDamagedBlocks = options.SalvageDamagedBlocks,
-
-            // The advancer seals a version's blocks as it writes them back, before the frontier covers them; the clock
-            // is one past the frontier except from a transition's clock persist until that frontier persist (clock =
-            // frontier + 2), when a crash may leave a seal of version frontier + 1 durable without its payload.
-            InterruptedWriteBackVersion = report.PersistedClock == report.PersistedFrontier + 2 && (_faults & DurabilityFaults.NoInterruptedWriteBackWindow) == 0 ? report.PersistedFrontier + 1 : 0,
             RecoveryFilter = (block, header) =>
             {
                 if (header.EpochTag <= 0 || (header.EpochTag > cut && !keepBeyond))

@@ -327,6 +327,16 @@ public sealed unsafe partial class BufferedDurableHeap : IDisposable
         }
     }
 
+    /// <summary>Undoes the <see cref="Track"/> of <paramref name="block"/>, the last block this thread tracked for <paramref name="version"/>.</summary>
+    internal void Untrack(ThreadBuffers buffers, long version, PayloadRef block)
+    {
+        OffsetList list = _mode == DurabilityMode.Buffered ? buffers.WriteBack[ThreadBuffers.Slot(version)] : buffers.StrictPending;
+        if (_mode != DurabilityMode.Transient && !list.RemoveLast(block.Offset))
+        {
+            ThrowHelper.ThrowInvalidOperation($"Internal error: {block} was not the last block tracked by this operation.");
+        }
+    }
+
     internal DurabilityFaults Faults => _faults;
 
     /// <summary>Bytes of replaced and deleted payloads not yet freed, over all threads (approximate while they run).</summary>

@@ -38,6 +38,6 @@ internal enum DurabilityFaults
     /// <summary>Reclamation hands freed blocks out again before their frees are durable (a reuse can reach the file over an old seal).</summary>
     ReuseBeforeFreeIsDurable = 256,
 
-    /// <summary>Recovery reports every sealed block whose check fails as damage, even one of the write-back a crash interrupted (false alarms).</summary>
-    NoInterruptedWriteBackWindow = 512,
+    /// <summary>The advancer seals a version's blocks before their write-back instead of after it (a seal can reach the file before its payload).</summary>
+    SealBeforeWriteBack = 512,
 }

@@ -19,7 +19,9 @@ public enum DurabilityMode
 
     /// <summary>
     /// For comparison (benchmarks): nothing is written back and the epoch clock and frontier are never persisted, so
-    /// a reopened heap is empty. Epoch-based reclamation still runs.
+    /// a reopened heap is empty. Epoch-based reclamation still runs. A file that holds durable data (one used in
+    /// <see cref="Buffered"/> or <see cref="Strict"/> mode) is refused with <see cref="System.InvalidOperationException"/>:
+    /// a transient heap would overwrite it in place.
     /// </summary>
     Transient = 2,
 }

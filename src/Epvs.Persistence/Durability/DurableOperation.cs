@@ -86,7 +86,9 @@ public ref struct DurableOperation
             catch (InsufficientMemoryException)
             {
                 // No room for the anti-payload: undo the copy, so the caller keeps current and recovery does not find
-                // two live payloads for one key. The copy was never published.
+                // two live payloads for one key. The copy was never published; it leaves the write-back list first, so
+                // the advancer never seals or writes back a block that may by then be part of another one.
+                heap.Untrack(_buffers!, Version, fresh);
                 heap.Allocator.Free(fresh);
                 throw;
             }

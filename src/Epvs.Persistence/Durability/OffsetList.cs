@@ -23,5 +23,17 @@ internal sealed class OffsetList
 
     internal void Clear() => Count = 0;
 
+    /// <summary>Removes the last offset if it is <paramref name="offset"/>; whether it did.</summary>
+    internal bool RemoveLast(long offset)
+    {
+        if (Count == 0 || _items[Count - 1] != offset)
+        {
+            return false;
+        }
+
+        Count--;
+        return true;
+    }
+
     internal void CopyTo(Span<long> destination) => _items.AsSpan(0, Count).CopyTo(destination);
 }

@@ -18,19 +18,6 @@ internal enum BlockState
     /// <summary>A sealed block whose check over header and payload holds.</summary>
     Sealed,
 
-    /// <summary>
-    /// A sealed block whose check fails: damage, unless it belongs to the version whose write-back the crash
-    /// interrupted (the seal may have become durable before the payload did); the caller decides by the 8 tag bits of
-    /// the commit word itself.
-    /// </summary>
-    SealFailed,
-
-    /// <summary>
-    /// A sealed block of the version whose write-back a crash interrupted, whose check fails: torn, so free — and its
-    /// free must be written, because a later recovery no longer knows which write-back was interrupted.
-    /// </summary>
-    TornSeal,
-
-    /// <summary>A commit word no crash can leave (wrong tag, state or generation): damage.</summary>
+    /// <summary>A commit word no crash can leave, or a sealed block whose check fails (a seal reaches the file only after what it covers): damage.</summary>
     Damaged,
 }

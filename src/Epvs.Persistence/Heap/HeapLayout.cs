@@ -46,20 +46,19 @@ namespace Epvs.Persistence;
 ///   +0   Uid     word 0: the payload's logical identity (kept by UPDATE copies and by DELETE anti-payloads)
 ///   +8   Epoch   word 1: the EPVS version the payload was written in (part 2); 0 when unused
 ///   +16  Shape   word 2: bits 0..31 payload size in bytes, bits 32..63 type id
-///   +24  Commit  word 3: bits 0..31 check, 32..39 generation (low 8 bits), 40..47 epoch tag (low 8 bits),
-///                48..51 kind (1 alloc, 2 update, 3 delete), 52..55 state (1 allocated, 2 free, 4 sealed: pairwise two
-///                bits apart), 56..63 tag 0xB7
+///   +24  Commit  word 3: bits 0..31 check, 32..47 generation (low 16 bits), 48..51 kind (1 alloc, 2 update,
+///                3 delete), 52..55 state (1 allocated, 2 free, 4 sealed: pairwise two bits apart), 56..63 tag 0xB7
 ///   +32  payload (size bytes)
 /// </code>
 /// <para>Checks (XxHash3 of System.IO.Hashing, low 32 bits). Allocated: of Uid, Epoch, Shape, the block's offset, the
 /// segment's full generation and the commit's other bits. Sealed: of the payload bytes, seeded with that header hash,
-/// so it covers header and payload. A <see cref="BufferedDurableHeap"/> seals every block of a version as it writes the
-/// version back (before the frontier covers it), so every block recovery keeps from a buffered heap is checked whole.</para>
+/// so it covers header and payload. A <see cref="BufferedDurableHeap"/> seals every block of a version after writing the
+/// version back and before the frontier covers it, and makes the seals durable in a second write-back: a seal never
+/// reaches the file before what it covers, and every block recovery keeps from a buffered heap is checked whole.</para>
 /// <para>Segments are zeroed durably when they are formatted (before their descriptor), and a large block's header
 /// before its descriptors, so after a crash a commit word of a segment in use is 0 (never used since formatting) or
 /// one whole commit of this segment's generation: anything else — another tag, an unknown state, another
-/// generation — is damage, and so is a sealed block whose check fails, except a block of the one version whose
-/// write-back a crash interrupted (see <see cref="BlockState.SealFailed"/>).</para>
+/// generation — is damage, and so is a sealed block whose check fails.</para>
 /// <para>Store order. Allocation writes Uid, Epoch, Shape with plain stores and then Commit with a release store;
 /// Free replaces Commit with a single store of the free word. Neither writes back nor fences (as in Ralloc): the
 /// caller persists the block when its protocol says so (<see cref="PersistentHeap.Persist(PayloadRef)"/>, or part 2's
@@ -232,27 +231,24 @@ internal static class HeapLayout
     [MethodImpl(MethodImplOptions.AggressiveInlining)]
     internal static ulong AllocatedCommit(ulong uid, ulong epoch, ulong shape, long offset, uint generation, PayloadKind kind)
     {
-        ulong meta = Meta(StateAllocated, kind, generation, epoch);
+        ulong meta = Meta(StateAllocated, kind, generation);
         return meta | (uint)HeaderHash(uid, epoch, shape, offset, generation, meta);
     }
 
     /// <summary>The sealed commit of a complete block: its check covers the header and <paramref name="payload"/>.</summary>
     internal static ulong SealedCommit(ulong uid, ulong epoch, ulong shape, long offset, uint generation, PayloadKind kind, ReadOnlySpan<byte> payload)
     {
-        ulong meta = Meta(StateSealed, kind, generation, epoch);
+        ulong meta = Meta(StateSealed, kind, generation);
         return meta | SealCheck(uid, epoch, shape, offset, generation, meta, payload);
     }
 
     /// <summary>A free commit of a block in a segment of <paramref name="generation"/>.</summary>
-    internal static ulong FreeWord(uint generation) => Meta(StateFree, 0, generation, 0);
+    internal static ulong FreeWord(uint generation) => Meta(StateFree, 0, generation);
 
     internal static ulong FreeCommit(ulong commit) => CommitTag | (StateFree << 52) | (commit & (0xFFFFUL << 32 | 0xFUL << 48));
 
-    /// <summary>The low 8 bits of the epoch tag a commit word carries (in the word itself, so a durable commit says which version wrote it even when the header's epoch word did not reach the file).</summary>
-    internal static byte CommitEpochLow(ulong commit) => (byte)(commit >> 40);
-
-    /// <summary>Whether a commit word names the segment's generation (low 8 bits).</summary>
-    internal static bool SameGeneration(ulong commit, uint generation) => (byte)(commit >> 32) == (byte)generation;
+    /// <summary>Whether a commit word names the segment's generation (low 16 bits).</summary>
+    internal static bool SameGeneration(ulong commit, uint generation) => (ushort)(commit >> 32) == (ushort)generation;
 
     internal static ulong CommitState(ulong commit) => (commit >> 52) & 0xF;
 
@@ -324,22 +320,22 @@ internal static class HeapLayout
 
         if (!shapeFits)
         {
-            return HeapFileTestHooks.IgnoreSeals ? BlockState.Free : BlockState.SealFailed;
+            return HeapFileTestHooks.IgnoreSeals ? BlockState.Free : BlockState.Damaged;
         }
 
         header = new PayloadHeader((long)uid, (long)epoch, kind, ShapeSize(shape), ShapeTypeId(shape));
         var payload = new ReadOnlySpan<byte>(block + HeaderSize, ShapeSize(shape));
         if ((uint)commit != SealCheck(uid, epoch, shape, offset, generation, commit & ~0xFFFF_FFFFUL, payload) && !HeapFileTestHooks.IgnoreSeals)
         {
-            return BlockState.SealFailed;
+            return BlockState.Damaged;
         }
 
         return BlockState.Sealed;
     }
 
     [MethodImpl(MethodImplOptions.AggressiveInlining)]
-    private static ulong Meta(ulong state, PayloadKind kind, uint generation, ulong epoch) =>
-        CommitTag | (state << 52) | ((ulong)kind << 48) | ((epoch & 0xFF) << 40) | ((ulong)(byte)generation << 32);
+    private static ulong Meta(ulong state, PayloadKind kind, uint generation) =>
+        CommitTag | (state << 52) | ((ulong)kind << 48) | ((ulong)(ushort)generation << 32);
 
     /// <summary>XxHash3 (System.IO.Hashing) of the header words, the block's offset and the segment's full generation.</summary>
     [MethodImpl(MethodImplOptions.AggressiveInlining)]

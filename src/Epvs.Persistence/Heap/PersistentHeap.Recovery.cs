@@ -16,7 +16,6 @@ public sealed unsafe partial class PersistentHeap
         var small = new List<long>();
         long liveBlocks = 0, liveBytes = 0, maxUid = 0;
         Func<PayloadRef, PayloadHeader, bool>? filter = options.RecoveryFilter;
-        long tornSeal = options.InterruptedWriteBackVersion;
 
         // Every descriptor in use is checked before anything is written: a damaged one is reported, never trusted
         // (a flipped role or class would silently drop or misread a whole segment of blocks).
@@ -54,7 +53,7 @@ public sealed unsafe partial class PersistentHeap
             if (role == HeapLayout.RoleLargeStart && payload >= 1 && s + payload <= segments)
             {
                 long offset = SegmentStart(s);
-                BlockState largeState = ClassifyBlock(offset, HeapLayout.DescriptorGeneration(descriptor), (payload * HeapLayout.SegmentSize) - HeapLayout.HeaderSize, tornSeal, out PayloadHeader header);
+                BlockState largeState = ClassifyBlock(offset, HeapLayout.DescriptorGeneration(descriptor), (payload * HeapLayout.SegmentSize) - HeapLayout.HeaderSize, out PayloadHeader header);
                 bool complete = largeState is BlockState.Allocated or BlockState.Sealed;
                 if (complete && HeapLayout.HeaderSize + (long)header.Size <= (payload - 1) * HeapLayout.SegmentSize)
                 {
@@ -79,7 +78,7 @@ public sealed unsafe partial class PersistentHeap
 
                 // A torn, damaged or rejected large block: its whole span is freed durably (after the scan), so no
                 // stale descriptor inside it can resurface; its segments are free ones below.
-                freeSpans.Add((s, payload, complete || largeState is BlockState.Damaged or BlockState.TornSeal ? offset : -1));
+                freeSpans.Add((s, payload, complete || largeState == BlockState.Damaged ? offset : -1));
             }
 
             // Free, orphan continuation, or anything unrecognizable: the segment is free.
@@ -131,15 +130,11 @@ public sealed unsafe partial class PersistentHeap
                     }
                     else
                     {
-                        BlockState blockState = ClassifyBlock(offset, generation, blockSize - HeapLayout.HeaderSize, tornSeal, out header);
+                        BlockState blockState = ClassifyBlock(offset, generation, blockSize - HeapLayout.HeaderSize, out header);
                         valid = blockState is BlockState.Allocated or BlockState.Sealed;
                         if (blockState == BlockState.Damaged)
                         {
                             totals.Damaged.Add(offset);
-                        }
-
-                        if (blockState is BlockState.Damaged or BlockState.TornSeal)
-                        {
                             totals.FreeBlocks.Add(offset);
                         }
                     }
@@ -306,24 +301,8 @@ public sealed unsafe partial class PersistentHeap
         }
     }
 
-    /// <summary>
-    /// <see cref="HeapLayout.Classify"/>, with the decision it leaves to the caller: a sealed block whose check fails is
-    /// torn (<see cref="BlockState.TornSeal"/>) if its commit word names <paramref name="tornSealVersion"/> (the version whose write-back a crash
-    /// interrupted, 0 for none: its seals may be durable before its payloads and even before its epoch words, so the
-    /// commit word's own 8 tag bits decide), and damaged otherwise.
-    /// </summary>
-    private BlockState ClassifyBlock(long offset, uint generation, long maxPayload, long tornSealVersion, out PayloadHeader header)
-    {
-        BlockState state = HeapLayout.Classify(_base + offset, offset, generation, maxPayload, out header);
-        if (state == BlockState.SealFailed)
-        {
-            ulong commit = *(ulong*)(_base + offset + HeapLayout.CommitOffset);
-            state = tornSealVersion != 0 && HeapLayout.CommitEpochLow(commit) == (byte)tornSealVersion ? BlockState.TornSeal : BlockState.Damaged;
-            header = default;
-        }
-
-        return state;
-    }
+    private BlockState ClassifyBlock(long offset, uint generation, long maxPayload, out PayloadHeader header) =>
+        HeapLayout.Classify(_base + offset, offset, generation, maxPayload, out header);
 
     private void Scan(Action<PayloadRef, PayloadHeader> visitor, int degreeOfParallelism)
     {
@@ -371,7 +350,7 @@ public sealed unsafe partial class PersistentHeap
 
     /// <summary>Whether the block is a complete allocation (a sealed one checked whole, header and payload).</summary>
     private bool TryReadHeader(long offset, uint generation, long maxPayload, out PayloadHeader header) =>
-        ClassifyBlock(offset, generation, maxPayload, tornSealVersion: 0, out header) is BlockState.Allocated or BlockState.Sealed;
+        ClassifyBlock(offset, generation, maxPayload, out header) is BlockState.Allocated or BlockState.Sealed;
 
     /// <summary>The broken check of <see cref="HeapFaults.AcceptTornHeaders"/>: state bits and generation only.</summary>
     private bool LooksAllocated(long offset, uint generation, out PayloadHeader header)

@@ -295,7 +295,7 @@ public sealed unsafe partial class PersistentHeap : IDisposable
         // Volatile.Read: acquire; pairs with the release store of the commit word in WriteHeader, so the epoch word read
         // next is the one of this allocation (a block freed and reused by a later version is recognised and skipped).
         ulong commit = Volatile.Read(ref h[3]);
-        if (HeapLayout.CommitState(commit) != HeapLayout.StateAllocated || (long)h[1] != version)
+        if (!HeapLayout.InUse(commit) || HeapLayout.CommitState(commit) != HeapLayout.StateAllocated || (long)h[1] != version)
         {
             return;
         }

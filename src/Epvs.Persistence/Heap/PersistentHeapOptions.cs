@@ -25,12 +25,6 @@ public sealed class PersistentHeapOptions
     /// </summary>
     public bool SalvageDamagedBlocks { get; set; }
 
-    /// <summary>
-    /// The version whose write-back a crash may have interrupted (a buffered heap's durable frontier + 1 while a
-    /// write-back was in progress), or 0: a sealed block of it whose check fails is torn, not damaged.
-    /// </summary>
-    internal long InterruptedWriteBackVersion { get; set; }
-
     /// <summary>Deliberate faults, for the tests' broken controls only.</summary>
     internal HeapFaults Faults { get; set; }
 

@@ -39,11 +39,11 @@ public sealed class BufferedDurabilityCrashTests
     }
 
     [Fact]
-    public void Crash_RecoveryWithoutTheInterruptedWriteBackWindow_IsCaughtReportingTornSealsAsDamage()
+    public void Crash_AdvancerSealingBeforeWritingBack_IsCaughtAsDamage()
     {
-        // The control for the one exception to "a failed seal is damage": the crash images include write-backs
-        // interrupted after a seal reached the file and before its payload did.
-        AssertControlCaught(EnumerateCrashes(DurabilityFaults.None, DurabilityFaults.NoInterruptedWriteBackWindow, out _, out _), "damaged blocks");
+        // The control for "a seal reaches the file only after what it covers": with the seals written first, some
+        // crash image has a durable seal over a payload that is not, which recovery must report.
+        AssertControlCaught(EnumerateCrashes(DurabilityFaults.SealBeforeWriteBack, DurabilityFaults.None, out _, out _), "damaged blocks");
     }
 
     [Fact]

@@ -17,6 +17,78 @@ public sealed class BufferedDurableHeapTests
     public BufferedDurableHeapTests(ITestOutputHelper output) => _output = output;
 
     [Fact]
+    public void OpenTransient_AFileHoldingDurableData_IsRefusedAndLeavesItsBlocksUnchanged()
+    {
+        using var dir = new TempDirectory();
+        string path = dir.File("durable.heap");
+        var fileOptions = new HeapFileOptions { Size = 1L << 20, Domain = PersistenceDomainKind.MappedFile };
+        using (BufferedDurableHeap heap = BufferedDurableHeap.Create(path, fileOptions, Manual))
+        {
+            new PersistentHashMap<long, long>(heap, typeId: 1).Set(1, 2);
+        }
+
+        byte[] before = System.IO.File.ReadAllBytes(path);
+        var transient = new BufferedDurableHeapOptions { AdvancePeriod = Timeout.InfiniteTimeSpan, Mode = DurabilityMode.Transient };
+        InvalidOperationException refused = Assert.Throws<InvalidOperationException>(() => BufferedDurableHeap.Open(path, fileOptions, transient).Dispose());
+        Assert.Contains("Transient", refused.Message, StringComparison.Ordinal);
+        byte[] after = System.IO.File.ReadAllBytes(path);
+        Assert.True(before.AsSpan(HeapLayout.SuperblockSize).SequenceEqual(after.AsSpan(HeapLayout.SuperblockSize)), "the refused open changed the file past the superblock");
+
+        // Still intact for a durable open; a file only ever used transiently reopens transiently (empty).
+        using (BufferedDurableHeap heap = BufferedDurableHeap.Open(path, fileOptions, Manual))
+        {
+            Assert.True(new PersistentHashMap<long, long>(heap, typeId: 1).TryGetValue(1, out long v) && v == 2);
+        }
+
+        string scratch = dir.File("scratch.heap");
+        using (BufferedDurableHeap heap = BufferedDurableHeap.Create(scratch, fileOptions, transient))
+        {
+            new PersistentHashMap<long, long>(heap, typeId: 1).Set(1, 2);
+        }
+
+        using (BufferedDurableHeap heap = BufferedDurableHeap.Open(scratch, fileOptions, transient))
+        {
+            Assert.Equal(0, new PersistentHashMap<long, long>(heap, typeId: 1).Count);
+        }
+    }
+
+    [Fact]
+    public void AdvanceVersion_AfterACycleFailedPastItsTransition_RefusesInsteadOfMovingTheFrontierOverIt()
+    {
+        using var dir = new TempDirectory();
+        using BufferedDurableHeap heap = BufferedDurableHeap.Create(dir.File("fault.heap"), new HeapFileOptions { Size = 1L << 20, Domain = PersistenceDomainKind.MappedFile }, Manual);
+        var map = new PersistentHashMap<long, long>(heap, typeId: 1);
+        for (long k = 0; k < 8; k++)
+        {
+            map.Set(k, k);
+        }
+
+        heap.AdvanceVersion(TimeSpan.FromSeconds(30));
+        for (long k = 0; k < 8; k++)
+        {
+            map.Set(k, k + 1);
+        }
+
+        // A failure inside the cycle after its transition (the hook runs in reclamation: a stand-in for a failed
+        // write-back) must stop every later cycle, whoever runs it.
+        heap.AfterReclaimMarkedForTesting = () => throw new System.IO.IOException("simulated write-back failure");
+        Exception first = Record.Exception(() =>
+        {
+            for (int i = 0; i < 3; i++)
+            {
+                heap.AdvanceVersion(TimeSpan.FromSeconds(30));
+            }
+        });
+        Assert.IsType<System.IO.IOException>(first);
+        heap.AfterReclaimMarkedForTesting = null;
+        long frontier = heap.DurableFrontier;
+        InvalidOperationException refused = Assert.Throws<InvalidOperationException>(() => heap.AdvanceVersion(TimeSpan.FromSeconds(30)));
+        Assert.Contains("simulated write-back failure", refused.Message, StringComparison.Ordinal);
+        Assert.Throws<InvalidOperationException>(() => heap.Sync());
+        Assert.Equal(frontier, heap.DurableFrontier);
+    }
+
+    [Fact]
     public void Map_SetGetRemoveThenReopen_KeepsTheSyncedState()
     {
         using var dir = new TempDirectory();
