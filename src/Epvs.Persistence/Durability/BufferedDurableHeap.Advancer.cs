@@ -26,6 +26,7 @@ public sealed unsafe partial class BufferedDurableHeap
     private volatile bool _stopping;
     private Exception? _advancerFault;
     private long[] _scratch = new long[1024];
+    private long[] _sealScratch = new long[1024];
 
     /// <summary>Test hook: runs in reclamation after the frees are marked and before they are written back (the window in which an early reuse would race the free to the file).</summary>
     internal Action? AfterReclaimMarkedForTesting { get; set; }
@@ -247,6 +248,7 @@ public sealed unsafe partial class BufferedDurableHeap
     /// <summary>Version <paramref name="completed"/> has no region left: write it back, persist it as the frontier, reclaim.</summary>
     private void AfterTransition(long completed)
     {
+        int written = 0;
         if (_mode == DurabilityMode.Buffered)
         {
             if ((_faults & DurabilityFaults.PersistFrontierBeforeWriteBack) != 0)
@@ -254,7 +256,7 @@ public sealed unsafe partial class BufferedDurableHeap
                 _heap.File.DurableFrontier = completed;
             }
 
-            WriteBackVersion(completed);
+            written = WriteBackVersion(completed);
         }
 
         if (_mode != DurabilityMode.Transient)
@@ -267,16 +269,20 @@ public sealed unsafe partial class BufferedDurableHeap
         // Volatile.Write: release; pairs with the acquire in DurableFrontier (Sync's loop, SyncAsync).
         Volatile.Write(ref _frontier, completed);
         CompleteWaiters(completed);
+        if (written != 0 && (_faults & DurabilityFaults.SealBeforeWriteBack) == 0)
+        {
+            SealVersion(completed, written);
+        }
+
         Reclaim(completed - 1);
     }
 
     /// <summary>
     /// Writes back <paramref name="version"/>'s payloads (no thread writes them any more: the version's cut has
-    /// passed) and fences; then seals them — each commit word becomes a check over header and payload — and writes
-    /// back and fences the commit words. A seal therefore reaches the file only after everything it covers: after any
-    /// crash, a sealed block whose check fails is damage, never a write-back the crash interrupted.
+    /// passed) and fences. Leaves their offsets in <see cref="_sealScratch"/> for <see cref="SealVersion"/>.
     /// </summary>
-    private void WriteBackVersion(long version)
+    /// <returns>How many blocks it wrote back.</returns>
+    private int WriteBackVersion(long version)
     {
         int slot = ThreadBuffers.Slot(version);
         // Volatile.Read: acquire; pairs with the release in RegisterThread.
@@ -287,7 +293,12 @@ public sealed unsafe partial class BufferedDurableHeap
             count += buffers.WriteBack[slot].Count;
         }
 
-        long[] offsets = Scratch(count);
+        if (_sealScratch.Length < count)
+        {
+            _sealScratch = new long[Math.Max(count, _sealScratch.Length * 2)];
+        }
+
+        long[] offsets = _sealScratch;
         int n = 0;
         foreach (ThreadBuffers buffers in registry)
         {
@@ -304,6 +315,7 @@ public sealed unsafe partial class BufferedDurableHeap
             Array.Sort(offsets, 0, n);
         }
 
+        // (The broken control seals first, so a seal can reach the file before the payload it covers.)
         bool sealFirst = (_faults & DurabilityFaults.SealBeforeWriteBack) != 0;
         var ranges = new RangeWriter(this, _pageWriteBack);
         for (int i = 0; i < n; i++)
@@ -318,12 +330,21 @@ public sealed unsafe partial class BufferedDurableHeap
 
         ranges.Flush();
         _domain.Fence();
-        if (sealFirst)
-        {
-            return;
-        }
+        return n;
+    }
 
-        for (int i = 0; i < n; i++)
+    /// <summary>
+    /// Seals the blocks <see cref="WriteBackVersion"/> wrote back — each commit word becomes a check over header and
+    /// payload — and writes back and fences the commit words. They were durable already (fenced), so a seal never
+    /// reaches the file before what it covers: after any crash a sealed block whose check fails is damage, never an
+    /// interrupted write. Runs after the frontier moved (Sync does not wait for it); a crash in between leaves that
+    /// version's blocks unsealed, checked by their header only, as every block is until it is sealed.
+    /// </summary>
+    private void SealVersion(long version, int count)
+    {
+        long[] offsets = _sealScratch;
+        var ranges = new RangeWriter(this, _pageWriteBack);
+        for (int i = 0; i < count; i++)
         {
             _heap.Seal(offsets[i], version);
             ranges.Add(offsets[i] + HeapLayout.CommitOffset, sizeof(ulong));

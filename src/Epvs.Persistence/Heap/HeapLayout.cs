@@ -52,9 +52,9 @@ namespace Epvs.Persistence;
 /// </code>
 /// <para>Checks (XxHash3 of System.IO.Hashing, low 32 bits). Allocated: of Uid, Epoch, Shape, the block's offset, the
 /// segment's full generation and the commit's other bits. Sealed: of the payload bytes, seeded with that header hash,
-/// so it covers header and payload. A <see cref="BufferedDurableHeap"/> seals every block of a version after writing the
-/// version back and before the frontier covers it, and makes the seals durable in a second write-back: a seal never
-/// reaches the file before what it covers, and every block recovery keeps from a buffered heap is checked whole.</para>
+/// so it covers header and payload. A <see cref="BufferedDurableHeap"/> seals every block of a version once the version
+/// is written back and fenced (right after its frontier is persisted), and makes the seals durable in a second
+/// write-back: a seal never reaches the file before what it covers.</para>
 /// <para>Segments are zeroed durably when they are formatted (before their descriptor), and a large block's header
 /// before its descriptors, so after a crash a commit word of a segment in use is 0 (never used since formatting) or
 /// one whole commit of this segment's generation: anything else — another tag, an unknown state, another
