@@ -173,6 +173,7 @@ public sealed unsafe partial class LightEpoch : IDisposable
         if (Volatile.Read(ref lifecycle) == Closing)
             return false; // every free slot is marked: do not grow the table for nothing
 
+        ResumeSlowBeforeClaimHookForTesting?.Invoke();
         // First use on this thread, or someone else took our last slot: probe for a free one (growing the
         // table if needed). The CAS inside Claim is the announcing full fence.
         long epoch = Volatile.Read(ref currentEpoch.Value);
@@ -180,6 +181,7 @@ public sealed unsafe partial class LightEpoch : IDisposable
         slot->OwnerThreadId = r->ThreadId;
         r->Slot = slot;
         r->Depth = 1;
+        ResumeSlowAfterClaimHookForTesting?.Invoke();
 
         // Dispose leaves Live with a full fence and then reads every slot of every segment, including one our Claim
         // may just have grown the table by. Our claim was a full fence too (a store-buffering pair): either Dispose
@@ -188,7 +190,19 @@ public sealed unsafe partial class LightEpoch : IDisposable
         if (Volatile.Read(ref lifecycle) != Live)
         {
             r->Depth = 0;
+            // Forget the slot. Our Claim may have grown the table after Dispose's marking pass (Dispose's marks are what
+            // made every older slot look taken), so nothing will ever mark this slot: kept as the record's hint, it
+            // would let the next fast-path Resume claim it and succeed on a disposed epoch. Without a slot, the next
+            // Resume takes this slow path, which checks lifecycle first. Written before the drain below, which may run
+            // actions that reallocate this thread's records (r would then point into the discarded copy).
+            if (!KeepSlotAfterClosedClaimForTesting && !ClearSlotAfterDrainForTesting)
+                r->Slot = null;
             Volatile.Write(ref slot->Epoch, 0); // release: pairs with Dispose's scan
+            if (ClearSlotAfterDrainForTesting)
+            {
+                BackOutUsingRecordAfterDrain(r);
+                return false;
+            }
             if (Volatile.Read(ref pendingActions.Value) != 0)
                 FenceAndDrain();
             return false; // the caller waits while Closing, then retries (and throws if Closed)
