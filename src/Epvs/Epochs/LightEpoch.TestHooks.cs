@@ -65,6 +65,32 @@ public sealed unsafe partial class LightEpoch
         System.GC.KeepAlive(keep);
     }
 
+    /// <summary>
+    /// Test-only: a registration stores its epoch into the min-pending-epoch hint instead of lowering it with a CAS-min
+    /// (so it can raise the hint above an older pending action), so the hint test can show that it catches an action
+    /// stranded that way. Read only on the registration path.
+    /// </summary>
+    internal static bool OverwritePendingHintForTesting;
+
+    /// <summary>
+    /// Test-only: a registration lowers the hint without looking at a raise in progress (so a raise whose scan missed it
+    /// can overwrite its lowering), so the hint test can show that it catches that. Read only on the registration path.
+    /// </summary>
+    internal static bool IgnoreRaisingHintForTesting;
+
+    /// <summary>Test-only: runs while the hint is being raised, after the scan, before the new value is written (under
+    /// the hint lock).</summary>
+    internal System.Action? RaisePendingHintHookForTesting;
+
+    /// <summary>Test-only: runs on a registrar that saw a raise in progress, before it waits for the hint lock.</summary>
+    internal System.Action? LowerHintWaitsForRaiseHookForTesting;
+
+    /// <summary>Test-only: runs on a registrar after it lowered the hint without the lock.</summary>
+    internal System.Action? LoweredPendingHintHookForTesting;
+
+    /// <summary>Test-only: the min-pending-epoch hint.</summary>
+    internal long PendingHintForTesting => Volatile.Read(ref pendingHint.Value);
+
     /// <summary>Test-only: runs on the disposing thread while Dispose is Closing (free slots marked, not decided).</summary>
     internal System.Action? ClosingHookForTesting;
 

@@ -43,6 +43,20 @@ public sealed unsafe partial class LightEpoch : IDisposable
     /// a line of its own, rather than behind the drain list. May briefly run ahead of the list, never stays wrong.</summary>
     private PaddedInt64 pendingActions;
 
+    /// <summary>
+    /// Min-pending-epoch hint: never above the epoch of a published, unclaimed action (outside the windows argued in
+    /// <see cref="RaisePendingHint"/> and <see cref="LowerPendingHint"/>), <see cref="long.MaxValue"/> when none is
+    /// pending. A drain whose safe epoch is below it has nothing to run and does not scan the list, so that with a
+    /// parked thread holding many actions back, every leave, refresh, bump and registration stays constant-time.
+    /// Lowered by registrations (CAS-min), raised only under <see cref="hintLock"/> by a drain that ran something.
+    /// </summary>
+    private PaddedInt64 pendingHint;
+
+    /// <summary>1 while a drain recomputes <see cref="pendingHint"/> (under <see cref="hintLock"/>).</summary>
+    private int raisingHint;
+
+    private readonly object hintLock = new();
+
     private readonly EpochSlotTable table;
     private readonly DrainList drainList;
     private readonly Action<Exception> reportFault; // cached: a method group would allocate on every drain
@@ -77,6 +91,7 @@ public sealed unsafe partial class LightEpoch : IDisposable
         drainList = new DrainList(DefaultInitialDrainListSize);
         reportFault = ReportFault;
         currentEpoch.Value = 1;
+        pendingHint.Value = long.MaxValue;
         id = AllocateId();
         token = Interlocked.Increment(ref s_nextToken);
     }
@@ -386,9 +401,11 @@ public sealed unsafe partial class LightEpoch : IDisposable
     /// </summary>
     internal void Defer(long prior, Action action, TaskCompletionSource<bool>? completion)
     {
-        // Ends with a full fence, so the registration is visible before the scans below. `mine` holds `prior` until
-        // a drainer claims the action.
-        ref long mine = ref drainList.Add(prior, action, completion, ref pendingActions.Value);
+        // Ends with a full fence, so the registration is visible before the scans below. `mine` stays pending until a
+        // drainer claims the action.
+        DrainList.Registration mine = drainList.Add(prior, action, completion, ref pendingActions.Value);
+        // After publishing, before this registrar's own scan of the table (inside Drain): see LowerPendingHint.
+        LowerPendingHint(prior);
         // Only Closed is final: while a Dispose is Closing it may still find a protected thread and revert, so the
         // ordinary rules apply. Add ended with a full fence and Dispose writes Closed with a full fence before it runs
         // the list: either it sees our registration, or we see Closed here (then nobody is protected, ever again).
@@ -398,17 +415,32 @@ public sealed unsafe partial class LightEpoch : IDisposable
             drainList.RunEligible(long.MaxValue - 2, ref pendingActions.Value, reportFault);
             return;
         }
+        // Read before our scan of the table, after our count was published (Add): see below.
+        bool covered = drainList.CoveredStillPending();
         if (!Drain())
             return; // deep inside drains on this thread: the outermost one loops until nothing more runs
-        if (Volatile.Read(ref mine) != prior || DisableLeaveRaceGuardForTesting)
+        if (!mine.IsPending || DisableLeaveRaceGuardForTesting)
             return; // claimed: run, or running
 
         // Still pending. A thread may have left just before we registered, with its cleared slot still in its
         // store buffer and its check of the pending count made before our registration (Suspend does not
-        // fence), so that neither of us runs the action. If anyone but the caller still seems to hold the epoch
-        // back, force every core's buffered stores out; then look again, whatever the answer: after the barrier
-        // either we see that slot cleared, or its owner's later check of the count sees our registration. (When
-        // only the caller holds it back, the caller drains when it leaves or refreshes.)
+        // fence), so that neither of us runs the action.
+        //
+        // No barrier is needed while an earlier registration X0 that was followed by a process-wide barrier B0 is still
+        // unclaimed when we looked (`covered`, read after our count was published and before our scan). Such a leaver
+        // either checked the count before B0 reached it - then its cleared slot was visible after B0, and so to our
+        // scan, which follows our acquire read of the mark written after B0 - or after B0 - then it saw X0 counted, or,
+        // if X0 was claimed since, our count (we saw X0 unclaimed after our increment, so X0's decrement comes after
+        // our increment): it saw a nonzero count, fenced and drained, and of its drain and our scan one sees the
+        // other's write. Only actions left pending need this, so with a thread parked inside protection one barrier
+        // serves every registration behind it.
+        if (covered)
+            return;
+
+        // Otherwise, if anyone but the caller still seems to hold the epoch back, force every core's buffered stores
+        // out; then look again, whatever the answer: after the barrier either we see that slot cleared, or its owner's
+        // later check of the count sees our registration. (When only the caller holds it back, the caller drains when
+        // it leaves or refreshes.)
         ThreadRecord* r = FindRecord();
         EpochSlot* own = r->Depth != 0 ? r->Slot : null;
         if (table.AnyOtherAtOrBelow(prior, own))
@@ -421,12 +453,84 @@ public sealed unsafe partial class LightEpoch : IDisposable
             {
                 Thread.SpinWait(16);
                 Drain();
-                if (Volatile.Read(ref mine) != prior)
+                if (!mine.IsPending)
                     return;
             }
             Interlocked.MemoryBarrierProcessWide();
+            Drain();
+            // Still pending after a barrier that followed it: later registrations can rely on it (see above).
+            if (mine.IsPending)
+                drainList.MarkCovered(mine);
+            return;
         }
         Drain();
+    }
+
+    /// <summary>
+    /// Makes <see cref="pendingHint"/> at most <paramref name="epoch"/>, the epoch of an action this thread has just
+    /// published with a full fence.
+    /// </summary>
+    /// <remarks>
+    /// A raise (<see cref="RaisePendingHint"/>) sets <see cref="raisingHint"/> with a full fence and then scans the list;
+    /// we published with a full fence and then read the flag (a store-buffering pair): either its scan sees our action
+    /// (so what it writes is not above our epoch), or we see the flag and lower only under the lock, after its write.
+    /// Our lowering is always a CAS, a full fence before our own scan of the table (in Drain): a thread that read a
+    /// raised hint from a raise that missed us, with its slot cleared before that read, is then seen cleared by our
+    /// scan, so we run the action ourselves.
+    /// </remarks>
+    private void LowerPendingHint(long epoch)
+    {
+        if (OverwritePendingHintForTesting)
+        {
+            Volatile.Write(ref pendingHint.Value, epoch);
+            return;
+        }
+        // Acquire; after Add's full fence (see above).
+        if (Volatile.Read(ref raisingHint) != 0 && !IgnoreRaisingHintForTesting)
+        {
+            LowerHintWaitsForRaiseHookForTesting?.Invoke();
+            lock (hintLock)
+                LowerPendingHintCore(epoch);
+            return;
+        }
+        LowerPendingHintCore(epoch);
+        LoweredPendingHintHookForTesting?.Invoke();
+    }
+
+    private void LowerPendingHintCore(long epoch)
+    {
+        long seen = Volatile.Read(ref pendingHint.Value);
+        while (true)
+        {
+            // Full fence, even when the hint is already low enough (then it writes the same value): see above.
+            long witnessed = Interlocked.CompareExchange(ref pendingHint.Value, Math.Min(seen, epoch), seen);
+            if (witnessed == seen)
+                return;
+            seen = witnessed;
+        }
+    }
+
+    /// <summary>
+    /// Recomputes <see cref="pendingHint"/> as the smallest epoch still pending, after a drain ran actions (so the hint
+    /// may be below every remaining action, which only costs scans). One raise at a time, under <see cref="hintLock"/>;
+    /// no action runs under the lock.
+    /// </summary>
+    [MethodImpl(MethodImplOptions.NoInlining)]
+    private void RaisePendingHint()
+    {
+        lock (hintLock)
+        {
+            // Full fence: the flag is visible before the scan below reads any slot. Pairs with a registrar's full-fence
+            // publication before its read of the flag (LowerPendingHint): either our scan sees its action, or it waits
+            // for this lock and lowers after our write.
+            Interlocked.Exchange(ref raisingHint, 1);
+            long min = drainList.MinPendingEpoch();
+            RaisePendingHintHookForTesting?.Invoke();
+            // Release. A registrar lowering without the lock at the same time read the flag clear before we set it, so
+            // our scan saw its action and min is not above its epoch: overwriting its value loses nothing.
+            Volatile.Write(ref pendingHint.Value, min);
+            Volatile.Write(ref raisingHint, 0); // release: a registrar that reads 0 here reads min or later below
+        }
     }
 
     /// <summary>How many short spins a bumper waits for active holders before issuing a process-wide barrier.</summary>
@@ -488,8 +592,14 @@ public sealed unsafe partial class LightEpoch : IDisposable
                 long current = Volatile.Read(ref currentEpoch.Value);
                 long safe = table.OldestAnnounced(current) - 1;
                 PublishSafeEpoch(safe);
-                if (Volatile.Read(ref pendingActions.Value) != 0)
-                    drainList.RunEligible(safe, ref pendingActions.Value, reportFault);
+                // Acquire, after the caller's full fence (FenceAndDrain, a bump's increment, Reannounce's exchange, a
+                // registrar's lowering CAS): pairs with the lowering CAS of a registration (see LowerPendingHint). Below
+                // the hint nothing is eligible, so the list is not scanned: constant time however many actions wait.
+                if (Volatile.Read(ref pendingActions.Value) != 0 && safe >= Volatile.Read(ref pendingHint.Value) &&
+                    drainList.RunEligible(safe, ref pendingActions.Value, reportFault) != 0)
+                {
+                    RaisePendingHint();
+                }
             }
             while (depth == 1 && Nesting.Again);
         }
