@@ -78,14 +78,13 @@ public sealed unsafe partial class LightEpoch
     /// </summary>
     internal static bool IgnoreRaisingHintForTesting;
 
-    /// <summary>Test-only: runs while the hint is being raised, after the scan, before the new value is written (under
-    /// the hint lock).</summary>
+    /// <summary>Test-only: runs while the hint is being raised, after the scan, before the new value is written.</summary>
     internal System.Action? RaisePendingHintHookForTesting;
 
-    /// <summary>Test-only: runs on a registrar that saw a raise in progress, before it waits for the hint lock.</summary>
+    /// <summary>Test-only: runs on a registrar that saw a raise in progress, before it waits for the raise to end.</summary>
     internal System.Action? LowerHintWaitsForRaiseHookForTesting;
 
-    /// <summary>Test-only: runs on a registrar after it lowered the hint without the lock.</summary>
+    /// <summary>Test-only: runs on a registrar after it lowered the hint.</summary>
     internal System.Action? LoweredPendingHintHookForTesting;
 
     /// <summary>Test-only: the min-pending-epoch hint.</summary>

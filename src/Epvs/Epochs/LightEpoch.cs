@@ -48,14 +48,12 @@ public sealed unsafe partial class LightEpoch : IDisposable
     /// <see cref="RaisePendingHint"/> and <see cref="LowerPendingHint"/>), <see cref="long.MaxValue"/> when none is
     /// pending. A drain whose safe epoch is below it has nothing to run and does not scan the list, so that with a
     /// parked thread holding many actions back, every leave, refresh, bump and registration stays constant-time.
-    /// Lowered by registrations (CAS-min), raised only under <see cref="hintLock"/> by a drain that ran something.
+    /// Lowered by registrations (CAS-min), raised only by a drain that ran something, one raise at a time.
     /// </summary>
     private PaddedInt64 pendingHint;
 
-    /// <summary>1 while a drain recomputes <see cref="pendingHint"/> (under <see cref="hintLock"/>).</summary>
+    /// <summary>1 while a drain recomputes <see cref="pendingHint"/> (taken by CAS: one raise at a time).</summary>
     private int raisingHint;
-
-    private readonly object hintLock = new();
 
     private readonly EpochSlotTable table;
     private readonly DrainList drainList;
@@ -471,12 +469,12 @@ public sealed unsafe partial class LightEpoch : IDisposable
     /// published with a full fence.
     /// </summary>
     /// <remarks>
-    /// A raise (<see cref="RaisePendingHint"/>) sets <see cref="raisingHint"/> with a full fence and then scans the list;
-    /// we published with a full fence and then read the flag (a store-buffering pair): either its scan sees our action
-    /// (so what it writes is not above our epoch), or we see the flag and lower only under the lock, after its write.
-    /// Our lowering is always a CAS, a full fence before our own scan of the table (in Drain): a thread that read a
-    /// raised hint from a raise that missed us, with its slot cleared before that read, is then seen cleared by our
-    /// scan, so we run the action ourselves.
+    /// A raise (<see cref="RaisePendingHint"/>) sets <see cref="raisingHint"/> with a full fence and then reads the count
+    /// and the list; we counted and published with full fences and then read the flag (a store-buffering pair): either
+    /// the raise sees our action (so what it writes is not above our epoch), or we see the flag and lower only after
+    /// the raise has written. Our lowering is always a CAS, a full fence before our own scan of the table (in Drain): a
+    /// thread that read a raised hint, with its slot cleared before that read, is then seen cleared by our scan, so we
+    /// run the action ourselves.
     /// </remarks>
     private void LowerPendingHint(long epoch)
     {
@@ -485,16 +483,21 @@ public sealed unsafe partial class LightEpoch : IDisposable
             Volatile.Write(ref pendingHint.Value, epoch);
             return;
         }
-        // Acquire; after Add's full fence (see above).
+        // Acquire; after Add's full fence (see above). A raise is a scan with no user code in it: wait it out (a raise
+        // that starts after this read sees our action).
         if (Volatile.Read(ref raisingHint) != 0 && !IgnoreRaisingHintForTesting)
-        {
-            LowerHintWaitsForRaiseHookForTesting?.Invoke();
-            lock (hintLock)
-                LowerPendingHintCore(epoch);
-            return;
-        }
+            WaitForRaise();
         LowerPendingHintCore(epoch);
         LoweredPendingHintHookForTesting?.Invoke();
+    }
+
+    [MethodImpl(MethodImplOptions.NoInlining)]
+    private void WaitForRaise()
+    {
+        LowerHintWaitsForRaiseHookForTesting?.Invoke();
+        var spinner = new SpinWait();
+        while (Volatile.Read(ref raisingHint) != 0) // acquire: pairs with the raise's release of the flag
+            spinner.SpinOnce();
     }
 
     private void LowerPendingHintCore(long epoch)
@@ -512,25 +515,25 @@ public sealed unsafe partial class LightEpoch : IDisposable
 
     /// <summary>
     /// Recomputes <see cref="pendingHint"/> as the smallest epoch still pending, after a drain ran actions (so the hint
-    /// may be below every remaining action, which only costs scans). One raise at a time, under <see cref="hintLock"/>;
-    /// no action runs under the lock.
+    /// may be below every remaining action, which only costs scans). One raise at a time: a drain that finds another
+    /// raise in progress leaves it to that one (which may write a lower value than needed: only more scans).
     /// </summary>
     [MethodImpl(MethodImplOptions.NoInlining)]
     private void RaisePendingHint()
     {
-        lock (hintLock)
-        {
-            // Full fence: the flag is visible before the scan below reads any slot. Pairs with a registrar's full-fence
-            // publication before its read of the flag (LowerPendingHint): either our scan sees its action, or it waits
-            // for this lock and lowers after our write.
-            Interlocked.Exchange(ref raisingHint, 1);
-            long min = drainList.MinPendingEpoch();
-            RaisePendingHintHookForTesting?.Invoke();
-            // Release. A registrar lowering without the lock at the same time read the flag clear before we set it, so
-            // our scan saw its action and min is not above its epoch: overwriting its value loses nothing.
-            Volatile.Write(ref pendingHint.Value, min);
-            Volatile.Write(ref raisingHint, 0); // release: a registrar that reads 0 here reads min or later below
-        }
+        // Full fence: the flag is visible before the count and the list are read below. Pairs with a registrar's
+        // full-fence count and publication before its read of the flag (LowerPendingHint): either we see its action,
+        // or it sees the flag and lowers after our write.
+        if (Interlocked.CompareExchange(ref raisingHint, 1, 0) != 0)
+            return;
+        // No action counted: none can be published unseen either (the registrar counts before publishing, and one that
+        // counts after this read sees the flag), so the list need not be scanned. Acquire.
+        long min = Volatile.Read(ref pendingActions.Value) == 0 ? long.MaxValue : drainList.MinPendingEpoch();
+        RaisePendingHintHookForTesting?.Invoke();
+        // Release. A registrar lowering at the same time read the flag clear before we set it, so we saw its action and
+        // min is not above its epoch: overwriting its value loses nothing.
+        Volatile.Write(ref pendingHint.Value, min);
+        Volatile.Write(ref raisingHint, 0); // release: a registrar that reads 0 here reads min or later
     }
 
     /// <summary>How many short spins a bumper waits for active holders before issuing a process-wide barrier.</summary>

@@ -83,8 +83,10 @@ public class PendingHintTests
             epoch.LowerHintWaitsForRaiseHookForTesting = waits.Set;
             epoch.LoweredPendingHintHookForTesting = () =>
             {
+                if (waits.IsSet)
+                    return; // it waited for the raise to end: nothing to force
                 lowered.Set();
-                // Only a registration that ignored the raise gets here during it: drain only after the raise wrote.
+                // A registration that ignored the raise in progress: drain only after the raise wrote.
                 Assert.True(Bounded.TryWaitUntil(() => epoch.PendingHintForTesting == b, GuardedThread.DefaultTimeout), "the raise never wrote");
             };
             epoch.RaisePendingHintHookForTesting = () =>
