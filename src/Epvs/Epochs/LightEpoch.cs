@@ -97,8 +97,9 @@ public sealed unsafe partial class LightEpoch : IDisposable
     /// <summary>Returns the instance id to the pool if the epoch was never disposed.</summary>
     ~LightEpoch()
     {
-        // Unreachable, so no thread can be protected and nothing can race this.
-        if (Interlocked.Exchange(ref lifecycle, Closed) != Closed)
+        // Unreachable, so no thread can be protected and nothing can race this. A constructor that threw (a bad
+        // argument) never took an id: `id` is then the default 0, which may be a live epoch's, and `token` is still 0.
+        if (token != 0 && Interlocked.Exchange(ref lifecycle, Closed) != Closed)
             ReleaseId(id);
     }
 
@@ -285,6 +286,14 @@ public sealed unsafe partial class LightEpoch : IDisposable
         // the last one to let an epoch go always runs what became safe (FASTER's SuspendDrain has the same barrier).
         Interlocked.MemoryBarrier();
         Drain();
+        // A fresh lookup: the drain may have run actions that reallocated this thread's records.
+        ThreadRecord* r = FindRecord();
+        long owed = r->OwedLook;
+        if (owed != 0 && (r->Depth == 0 || Volatile.Read(ref r->Slot->Epoch) > owed))
+        {
+            r->OwedLook = 0;
+            SecondLook(owed);
+        }
     }
 
     /// <summary>
@@ -441,13 +450,20 @@ public sealed unsafe partial class LightEpoch : IDisposable
         // it leaves or refreshes.)
         ThreadRecord* r = FindRecord();
         EpochSlot* own = r->Depth != 0 ? r->Slot : null;
+        if (own != null && Volatile.Read(ref own->Epoch) <= prior)
+        {
+            // The caller holds the action back itself: it cannot run before the caller leaves or refreshes, so the
+            // second look is owed then (FenceAndDrain), when a thread that left just before us has long published its
+            // cleared slot and the look rarely needs the barrier. Written before any drain (r stays valid).
+            if (prior > r->OwedLook)
+                r->OwedLook = prior;
+            return;
+        }
         if (table.AnyOtherAtOrBelow(prior, own))
         {
             // Threads that are still active refresh or leave within moments and run the action themselves; give
             // them that moment before paying for the barrier, which is only needed for one that already left.
-            // Pointless when the caller itself holds the action back.
-            bool callerHolds = own != null && Volatile.Read(ref own->Epoch) <= prior;
-            for (int i = 0; i < HelpSpins && !callerHolds; i++)
+            for (int i = 0; i < HelpSpins; i++)
             {
                 Thread.SpinWait(16);
                 Drain();
@@ -461,6 +477,35 @@ public sealed unsafe partial class LightEpoch : IDisposable
                 drainList.MarkCovered(mine);
             return;
         }
+        Drain();
+    }
+
+    /// <summary>
+    /// The second look that <see cref="Defer"/> owes for actions up to <paramref name="prior"/> registered while the
+    /// caller held them back, taken once the caller no longer does (after its fence and drain in FenceAndDrain): the
+    /// same reasoning as in Defer, with our registrations' counts published long before.
+    /// </summary>
+    [MethodImpl(MethodImplOptions.NoInlining)]
+    private void SecondLook(long prior)
+    {
+        if (Volatile.Read(ref pendingActions.Value) == 0)
+            return; // acquire: nothing pending, nothing to strand
+        // Read before the scans below, after our counts were published: see Defer.
+        if (drainList.CoveredStillPending())
+        {
+            Drain();
+            return;
+        }
+        // As in Defer: give active holders a moment, and pay for the barrier only if someone still seems to hold.
+        bool held = table.AnyOtherAtOrBelow(prior, null);
+        for (int i = 0; i < HelpSpins && held; i++)
+        {
+            Thread.SpinWait(16);
+            Drain();
+            held = table.AnyOtherAtOrBelow(prior, null);
+        }
+        if (held)
+            Interlocked.MemoryBarrierProcessWide();
         Drain();
     }
 

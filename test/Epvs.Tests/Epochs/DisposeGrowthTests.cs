@@ -140,7 +140,7 @@ public class DisposeGrowthTests
             epoch.Suspend();
         foreach (LightEpoch e in made)
             e.Dispose();
-        output.WriteLine($"records reallocated by the action: {reallocated} ({made.Count} instances)");
+        output.WriteLine($"records reallocated by the action: {reallocated} ({made.Count} instances); the action ran on the resuming thread: {ranOn == resumer}");
         return (second, reallocated);
     }
 
@@ -157,7 +157,7 @@ public class DisposeGrowthTests
         {
             LightEpoch.ClearSlotAfterDrainForTesting = false;
         }
-        output.WriteLine($"control (record written after the drain): second threw {control.SecondThrew}");
+        output.WriteLine($"control (record written after the drain): second threw {control.SecondThrew}, records reallocated {control.Reallocated}");
 
         var real = BackOutDrainThatReallocatesRecords();
         Assert.True(real.SecondThrew, "a later Resume succeeded on a disposed epoch");
