@@ -457,6 +457,8 @@ public sealed unsafe partial class LightEpoch : IDisposable
             // cleared slot and the look rarely needs the barrier. Written before any drain (r stays valid).
             if (prior > r->OwedLook)
                 r->OwedLook = prior;
+            // Remembered so that the look can mark it covered if it still needs the barrier (see SecondLook).
+            t_owedRegistration = new OwedRegistration(drainList, mine);
             return;
         }
         if (table.AnyOtherAtOrBelow(prior, own))
@@ -504,9 +506,37 @@ public sealed unsafe partial class LightEpoch : IDisposable
             Drain();
             held = table.AnyOtherAtOrBelow(prior, null);
         }
-        if (held)
-            Interlocked.MemoryBarrierProcessWide();
+        if (!held)
+        {
+            t_owedRegistration = default; // do not keep the list alive
+            Drain();
+            return;
+        }
+        Interlocked.MemoryBarrierProcessWide();
         Drain();
+        // Our latest owed registration was counted before the barrier: if it is still pending, later registrations can
+        // rely on this barrier (see Defer). Only if it belongs to this epoch (the thread may use several).
+        OwedRegistration owedRegistration = t_owedRegistration;
+        t_owedRegistration = default;
+        if (owedRegistration.List == drainList && owedRegistration.Registration.IsPending)
+            drainList.MarkCovered(owedRegistration.Registration);
+    }
+
+    /// <summary>The latest registration this thread left pending behind its own protection (any epoch): lets the second
+    /// look it owes mark that registration covered after a barrier.</summary>
+    [ThreadStatic] private static OwedRegistration t_owedRegistration;
+
+    private readonly struct OwedRegistration
+    {
+        public OwedRegistration(DrainList list, DrainList.Registration registration)
+        {
+            List = list;
+            Registration = registration;
+        }
+
+        public DrainList? List { get; }
+
+        public DrainList.Registration Registration { get; }
     }
 
     /// <summary>
