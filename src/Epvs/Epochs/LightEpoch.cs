@@ -273,8 +273,9 @@ public sealed unsafe partial class LightEpoch : IDisposable
 
         // Release: every access the region made happens-before the slot reads 0 to a scanner.
         Volatile.Write(ref r->Slot->Epoch, 0);
-        // This load may pass the store above (store buffering). That is fine: a bumper that registers an
-        // action we do not see here issues a process-wide barrier before giving up (BumpCurrentEpoch).
+        // This load may pass the store above (store buffering). That is fine: a bumper that registers an action we
+        // do not see here takes a second look behind a process-wide barrier before giving up, or relies on an earlier
+        // one that an action still pending followed (Defer).
         if (Volatile.Read(ref pendingActions.Value) != 0)
             FenceAndDrain();
     }
