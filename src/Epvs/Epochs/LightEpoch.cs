@@ -48,7 +48,7 @@ public sealed unsafe partial class LightEpoch : IDisposable
     /// <see cref="RaisePendingHint"/> and <see cref="LowerPendingHint"/>), <see cref="long.MaxValue"/> when none is
     /// pending. A drain whose safe epoch is below it has nothing to run and does not scan the list, so that with a
     /// parked thread holding many actions back, every leave, refresh, bump and registration stays constant-time.
-    /// Lowered by registrations (CAS-min), raised only by a drain that ran something, one raise at a time.
+    /// Lowered by registrations (CAS-min), raised only by a drain that scanned the list, one raise at a time.
     /// </summary>
     private PaddedInt64 pendingHint;
 
@@ -590,8 +590,8 @@ public sealed unsafe partial class LightEpoch : IDisposable
     }
 
     /// <summary>
-    /// Recomputes <see cref="pendingHint"/> as the smallest epoch still pending, after a drain ran actions (so the hint
-    /// may be below every remaining action, which only costs scans). One raise at a time: a drain that finds another
+    /// Recomputes <see cref="pendingHint"/> as the smallest epoch still pending, after a drain scanned the list (so the
+    /// hint may be below every remaining action, which only costs scans). One raise at a time: a drain that finds another
     /// raise in progress leaves it to that one (which may write a lower value than needed: only more scans).
     /// </summary>
     [MethodImpl(MethodImplOptions.NoInlining)]
@@ -674,9 +674,11 @@ public sealed unsafe partial class LightEpoch : IDisposable
                 // Acquire, after the caller's full fence (FenceAndDrain, a bump's increment, Reannounce's exchange, a
                 // registrar's lowering CAS): pairs with the lowering CAS of a registration (see LowerPendingHint). Below
                 // the hint nothing is eligible, so the list is not scanned: constant time however many actions wait.
-                if (Volatile.Read(ref pendingActions.Value) != 0 && safe >= Volatile.Read(ref pendingHint.Value) &&
-                    drainList.RunEligible(safe, ref pendingActions.Value, reportFault) != 0)
+                if (Volatile.Read(ref pendingActions.Value) != 0 && safe >= Volatile.Read(ref pendingHint.Value))
                 {
+                    drainList.RunEligible(safe, ref pendingActions.Value, reportFault);
+                    // Whether we ran something or found the hint stale (another drain ran it, or a raise that lost to
+                    // ours computed its value before our claims): recompute it, so later drains skip again.
                     RaisePendingHint();
                 }
             }
