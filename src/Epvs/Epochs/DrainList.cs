@@ -36,7 +36,7 @@ internal sealed class DrainList
     /// correct, it only decides where the search starts).</summary>
     private int insertIndex;
 
-    /// <summary>A registration made after a process-wide barrier that itself followed the registration (see
+    /// <summary>The latest registration that was counted before a process-wide barrier and still pending after it (see
     /// <see cref="LightEpoch"/>'s <c>Defer</c>), or null. Written with release semantics after the barrier.</summary>
     private Covered? covered;
 
