@@ -21,7 +21,7 @@ internal sealed class DrainList
     private const long Free = long.MaxValue;
     private const long Busy = long.MaxValue - 1;
 
-    private struct Slot
+    internal struct Slot
     {
         public long Epoch;
         public Action? Action;
@@ -30,6 +30,50 @@ internal sealed class DrainList
 
     private readonly Segment<Slot> first;
     private Segment<Slot> insertHint;
+
+    /// <summary>Where in <see cref="insertHint"/> the last registration found its slot: the next one starts looking
+    /// there, so registering behind a long run of waiting actions does not rescan them (a racy hint: any value is
+    /// correct, it only decides where the search starts).</summary>
+    private int insertIndex;
+
+    /// <summary>The latest registration that was counted before a process-wide barrier and still pending after it (see
+    /// <see cref="LightEpoch"/>'s <c>Defer</c>), or null. Written with release semantics after the barrier.</summary>
+    private Covered? covered;
+
+    /// <summary>A published registration: where its state word is and which epoch it was published with.</summary>
+    public readonly struct Registration
+    {
+        private readonly Slot[] items;
+        private readonly int index;
+
+        internal Registration(Slot[] items, int index, long epoch)
+        {
+            this.items = items;
+            this.index = index;
+            Epoch = epoch;
+        }
+
+        public long Epoch { get; }
+
+        /// <summary>Whether no drainer has claimed the action yet. Epochs are unique per registration, so a reused slot
+        /// is never mistaken for this one. Acquire: pairs with the claiming CAS.</summary>
+        public bool IsPending => Volatile.Read(ref items[index].Epoch) == Epoch;
+    }
+
+    private sealed class Covered
+    {
+        public readonly Registration Registration;
+
+        public Covered(Registration registration) => Registration = registration;
+    }
+
+    /// <summary>Records <paramref name="registration"/> (still pending) as published before a process-wide barrier.</summary>
+    public void MarkCovered(Registration registration) =>
+        Volatile.Write(ref covered, new Covered(registration)); // release: after the caller's barrier
+
+    /// <summary>Whether a registration recorded by <see cref="MarkCovered"/> is still unclaimed.</summary>
+    public bool CoveredStillPending() =>
+        Volatile.Read(ref covered) is { } c && c.Registration.IsPending; // acquire: pairs with MarkCovered
 
     public DrainList(int initialSize)
     {
@@ -53,15 +97,16 @@ internal sealed class DrainList
     /// </summary>
     /// <returns>The slot's state word: it holds <paramref name="epoch"/> until a drainer claims the action (epochs are
     /// unique per registration, so a reused slot cannot be mistaken for this one).</returns>
-    public ref long Add(long epoch, Action action, TaskCompletionSource<bool>? completion, ref long pending)
+    public Registration Add(long epoch, Action action, TaskCompletionSource<bool>? completion, ref long pending)
     {
         Segment<Slot> start = Volatile.Read(ref insertHint);
         Segment<Slot> segment = start;
+        int from = Volatile.Read(ref insertIndex);
         bool wrapped = false;
         while (true)
         {
             Slot[] slots = segment.Items;
-            for (int i = 0; i < slots.Length; i++)
+            for (int i = segment == start && !wrapped ? Math.Min(from, slots.Length) : 0; i < slots.Length; i++)
             {
                 if (Volatile.Read(ref slots[i].Epoch) == Free &&
                     Interlocked.CompareExchange(ref slots[i].Epoch, Busy, Free) == Free)
@@ -77,13 +122,15 @@ internal sealed class DrainList
                     Interlocked.Exchange(ref slots[i].Epoch, epoch);
                     if (segment != start)
                         Volatile.Write(ref insertHint, segment);
-                    return ref slots[i].Epoch;
+                    Volatile.Write(ref insertIndex, i + 1); // a hint only: racing writers may leave either value
+                    return new Registration(slots, i, epoch);
                 }
             }
 
-            if (Volatile.Read(ref segment.Next) is null && !wrapped && start != first)
+            if (Volatile.Read(ref segment.Next) is null && !wrapped && (start != first || from != 0))
             {
-                // Slots before the hint may have been freed since; look there before growing.
+                // Slots before the hint may have been freed since; look there before growing (once per pass, so a
+                // full list costs one rescan per segment it grows by: amortized constant).
                 wrapped = true;
                 segment = first;
                 continue;
@@ -134,6 +181,24 @@ internal sealed class DrainList
             }
         }
         return ran;
+    }
+
+    /// <summary>The smallest epoch of a published, unclaimed action, or <see cref="long.MaxValue"/> if it sees none.
+    /// A slot being filled or emptied (Busy) is skipped: its registrar, or its drainer, accounts for it.</summary>
+    public long MinPendingEpoch()
+    {
+        long min = Free;
+        for (Segment<Slot>? s = first; s is not null; s = Volatile.Read(ref s.Next))
+        {
+            Slot[] slots = s.Items;
+            for (int i = 0; i < slots.Length; i++)
+            {
+                long e = Volatile.Read(ref slots[i].Epoch); // acquire: after the caller's full fence
+                if (e < min)
+                    min = e;
+            }
+        }
+        return min < Busy ? min : Free;
     }
 
     /// <summary>Epochs of the published actions, for diagnostics (racy snapshot).</summary>

@@ -1,3 +1,5 @@
+using System.Threading;
+
 namespace Epvs;
 
 public sealed unsafe partial class LightEpoch
@@ -28,6 +30,65 @@ public sealed unsafe partial class LightEpoch
     /// that it catches an action stranded on another epoch. Read only on the drain path.
     /// </summary>
     internal static bool SharedDrainDepthForTesting;
+
+    /// <summary>
+    /// Test-only: a Resume that claimed a slot and then found the epoch no longer Live keeps the slot as its record's
+    /// hint (as before the fix), so the Dispose-versus-growth test can show that it catches a later fast-path Resume
+    /// succeeding on a disposed epoch. Read only on that cold path.
+    /// </summary>
+    internal static bool KeepSlotAfterClosedClaimForTesting;
+
+    /// <summary>
+    /// Test-only: the same back-out forgets the slot through its record pointer only after draining, so the test can
+    /// show that it catches a write through a record pointer that a drained action made stale (it reallocated this
+    /// thread's records). Read only on that cold path.
+    /// </summary>
+    internal static bool ClearSlotAfterDrainForTesting;
+
+    /// <summary>Test-only: runs on a thread in Resume's slow path, after its lifecycle check, before it claims a slot.</summary>
+    internal System.Action? ResumeSlowBeforeClaimHookForTesting;
+
+    /// <summary>Test-only: runs on a thread in Resume's slow path after it claimed a slot, before it checks lifecycle.</summary>
+    internal System.Action? ResumeSlowAfterClaimHookForTesting;
+
+    /// <summary>Test-only: the address of the calling thread's record array (changes when the array is reallocated).</summary>
+    internal static nint RecordStorageForTesting => (nint)t_records;
+
+    /// <summary>The control behind <see cref="ClearSlotAfterDrainForTesting"/>: drains, then writes through
+    /// <paramref name="r"/>. Keeps the old record array alive so the stale write cannot corrupt the heap.</summary>
+    private void BackOutUsingRecordAfterDrain(ThreadRecord* r)
+    {
+        PinnedRecords? keep = t_recordStorage;
+        if (Volatile.Read(ref pendingActions.Value) != 0)
+            FenceAndDrain();
+        r->Slot = null;
+        System.GC.KeepAlive(keep);
+    }
+
+    /// <summary>
+    /// Test-only: a registration stores its epoch into the min-pending-epoch hint instead of lowering it with a CAS-min
+    /// (so it can raise the hint above an older pending action), so the hint test can show that it catches an action
+    /// stranded that way. Read only on the registration path.
+    /// </summary>
+    internal static bool OverwritePendingHintForTesting;
+
+    /// <summary>
+    /// Test-only: a registration lowers the hint without looking at a raise in progress (so a raise whose scan missed it
+    /// can overwrite its lowering), so the hint test can show that it catches that. Read only on the registration path.
+    /// </summary>
+    internal static bool IgnoreRaisingHintForTesting;
+
+    /// <summary>Test-only: runs while the hint is being raised, after the scan, before the new value is written.</summary>
+    internal System.Action? RaisePendingHintHookForTesting;
+
+    /// <summary>Test-only: runs on a registrar that saw a raise in progress, before it waits for the raise to end.</summary>
+    internal System.Action? LowerHintWaitsForRaiseHookForTesting;
+
+    /// <summary>Test-only: runs on a registrar after it lowered the hint.</summary>
+    internal System.Action? LoweredPendingHintHookForTesting;
+
+    /// <summary>Test-only: the min-pending-epoch hint.</summary>
+    internal long PendingHintForTesting => Volatile.Read(ref pendingHint.Value);
 
     /// <summary>Test-only: runs on the disposing thread while Dispose is Closing (free slots marked, not decided).</summary>
     internal System.Action? ClosingHookForTesting;

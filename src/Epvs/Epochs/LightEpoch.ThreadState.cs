@@ -34,6 +34,10 @@ public sealed unsafe partial class LightEpoch
 
         /// <summary>The owner's managed thread id, written into the slot it claims (diagnostics).</summary>
         public int ThreadId;
+
+        /// <summary>The largest epoch of an action this thread registered while it held the action back itself and
+        /// whose second look (<see cref="LightEpoch.SecondLook"/>) it owes when it stops holding it; 0 if none.</summary>
+        public long OwedLook;
     }
 
     /// <summary>A pinned array of records for one thread; kept alive by <see cref="t_recordStorage"/>.</summary>

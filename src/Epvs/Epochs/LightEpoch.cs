@@ -43,6 +43,18 @@ public sealed unsafe partial class LightEpoch : IDisposable
     /// a line of its own, rather than behind the drain list. May briefly run ahead of the list, never stays wrong.</summary>
     private PaddedInt64 pendingActions;
 
+    /// <summary>
+    /// Min-pending-epoch hint: never above the epoch of a published, unclaimed action (outside the windows argued in
+    /// <see cref="RaisePendingHint"/> and <see cref="LowerPendingHint"/>), <see cref="long.MaxValue"/> when none is
+    /// pending. A drain whose safe epoch is below it has nothing to run and does not scan the list, so that with a
+    /// parked thread holding many actions back, every leave, refresh, bump and registration stays constant-time.
+    /// Lowered by registrations (CAS-min), raised only by a drain that scanned the list, one raise at a time.
+    /// </summary>
+    private PaddedInt64 pendingHint;
+
+    /// <summary>1 while a drain recomputes <see cref="pendingHint"/> (taken by CAS: one raise at a time).</summary>
+    private int raisingHint;
+
     private readonly EpochSlotTable table;
     private readonly DrainList drainList;
     private readonly Action<Exception> reportFault; // cached: a method group would allocate on every drain
@@ -77,6 +89,7 @@ public sealed unsafe partial class LightEpoch : IDisposable
         drainList = new DrainList(DefaultInitialDrainListSize);
         reportFault = ReportFault;
         currentEpoch.Value = 1;
+        pendingHint.Value = long.MaxValue;
         id = AllocateId();
         token = Interlocked.Increment(ref s_nextToken);
     }
@@ -84,8 +97,9 @@ public sealed unsafe partial class LightEpoch : IDisposable
     /// <summary>Returns the instance id to the pool if the epoch was never disposed.</summary>
     ~LightEpoch()
     {
-        // Unreachable, so no thread can be protected and nothing can race this.
-        if (Interlocked.Exchange(ref lifecycle, Closed) != Closed)
+        // Unreachable, so no thread can be protected and nothing can race this. A constructor that threw (a bad
+        // argument) never took an id: `id` is then the default 0, which may be a live epoch's, and `token` is still 0.
+        if (token != 0 && Interlocked.Exchange(ref lifecycle, Closed) != Closed)
             ReleaseId(id);
     }
 
@@ -173,6 +187,7 @@ public sealed unsafe partial class LightEpoch : IDisposable
         if (Volatile.Read(ref lifecycle) == Closing)
             return false; // every free slot is marked: do not grow the table for nothing
 
+        ResumeSlowBeforeClaimHookForTesting?.Invoke();
         // First use on this thread, or someone else took our last slot: probe for a free one (growing the
         // table if needed). The CAS inside Claim is the announcing full fence.
         long epoch = Volatile.Read(ref currentEpoch.Value);
@@ -180,6 +195,7 @@ public sealed unsafe partial class LightEpoch : IDisposable
         slot->OwnerThreadId = r->ThreadId;
         r->Slot = slot;
         r->Depth = 1;
+        ResumeSlowAfterClaimHookForTesting?.Invoke();
 
         // Dispose leaves Live with a full fence and then reads every slot of every segment, including one our Claim
         // may just have grown the table by. Our claim was a full fence too (a store-buffering pair): either Dispose
@@ -188,7 +204,19 @@ public sealed unsafe partial class LightEpoch : IDisposable
         if (Volatile.Read(ref lifecycle) != Live)
         {
             r->Depth = 0;
+            // Forget the slot. Our Claim may have grown the table after Dispose's marking pass (Dispose's marks are what
+            // made every older slot look taken), so nothing will ever mark this slot: kept as the record's hint, it
+            // would let the next fast-path Resume claim it and succeed on a disposed epoch. Without a slot, the next
+            // Resume takes this slow path, which checks lifecycle first. Written before the drain below, which may run
+            // actions that reallocate this thread's records (r would then point into the discarded copy).
+            if (!KeepSlotAfterClosedClaimForTesting && !ClearSlotAfterDrainForTesting)
+                r->Slot = null;
             Volatile.Write(ref slot->Epoch, 0); // release: pairs with Dispose's scan
+            if (ClearSlotAfterDrainForTesting)
+            {
+                BackOutUsingRecordAfterDrain(r);
+                return false;
+            }
             if (Volatile.Read(ref pendingActions.Value) != 0)
                 FenceAndDrain();
             return false; // the caller waits while Closing, then retries (and throws if Closed)
@@ -245,8 +273,9 @@ public sealed unsafe partial class LightEpoch : IDisposable
 
         // Release: every access the region made happens-before the slot reads 0 to a scanner.
         Volatile.Write(ref r->Slot->Epoch, 0);
-        // This load may pass the store above (store buffering). That is fine: a bumper that registers an
-        // action we do not see here issues a process-wide barrier before giving up (BumpCurrentEpoch).
+        // This load may pass the store above (store buffering). That is fine: a bumper that registers an action we
+        // do not see here takes a second look behind a process-wide barrier before giving up, or relies on an earlier
+        // one that an action still pending followed (Defer).
         if (Volatile.Read(ref pendingActions.Value) != 0)
             FenceAndDrain();
     }
@@ -258,6 +287,14 @@ public sealed unsafe partial class LightEpoch : IDisposable
         // the last one to let an epoch go always runs what became safe (FASTER's SuspendDrain has the same barrier).
         Interlocked.MemoryBarrier();
         Drain();
+        // A fresh lookup: the drain may have run actions that reallocated this thread's records.
+        ThreadRecord* r = FindRecord();
+        long owed = r->OwedLook;
+        if (owed != 0 && (r->Depth == 0 || Volatile.Read(ref r->Slot->Epoch) > owed))
+        {
+            r->OwedLook = 0;
+            SecondLook(owed);
+        }
     }
 
     /// <summary>
@@ -372,9 +409,11 @@ public sealed unsafe partial class LightEpoch : IDisposable
     /// </summary>
     internal void Defer(long prior, Action action, TaskCompletionSource<bool>? completion)
     {
-        // Ends with a full fence, so the registration is visible before the scans below. `mine` holds `prior` until
-        // a drainer claims the action.
-        ref long mine = ref drainList.Add(prior, action, completion, ref pendingActions.Value);
+        // Ends with a full fence, so the registration is visible before the scans below. `mine` stays pending until a
+        // drainer claims the action.
+        DrainList.Registration mine = drainList.Add(prior, action, completion, ref pendingActions.Value);
+        // After publishing, before this registrar's own scan of the table (inside Drain): see LowerPendingHint.
+        LowerPendingHint(prior);
         // Only Closed is final: while a Dispose is Closing it may still find a protected thread and revert, so the
         // ordinary rules apply. Add ended with a full fence and Dispose writes Closed with a full fence before it runs
         // the list: either it sees our registration, or we see Closed here (then nobody is protected, ever again).
@@ -384,35 +423,193 @@ public sealed unsafe partial class LightEpoch : IDisposable
             drainList.RunEligible(long.MaxValue - 2, ref pendingActions.Value, reportFault);
             return;
         }
+        // Read before our scan of the table, after our count was published (Add): see below.
+        bool covered = drainList.CoveredStillPending();
         if (!Drain())
             return; // deep inside drains on this thread: the outermost one loops until nothing more runs
-        if (Volatile.Read(ref mine) != prior || DisableLeaveRaceGuardForTesting)
+        if (!mine.IsPending || DisableLeaveRaceGuardForTesting)
             return; // claimed: run, or running
 
         // Still pending. A thread may have left just before we registered, with its cleared slot still in its
         // store buffer and its check of the pending count made before our registration (Suspend does not
-        // fence), so that neither of us runs the action. If anyone but the caller still seems to hold the epoch
-        // back, force every core's buffered stores out; then look again, whatever the answer: after the barrier
-        // either we see that slot cleared, or its owner's later check of the count sees our registration. (When
-        // only the caller holds it back, the caller drains when it leaves or refreshes.)
+        // fence), so that neither of us runs the action.
+        //
+        // No barrier is needed while an earlier registration X0 that was followed by a process-wide barrier B0 is still
+        // unclaimed when we looked (`covered`, read after our count was published and before our scan). Such a leaver
+        // either checked the count before B0 reached it - then its cleared slot was visible after B0, and so to our
+        // scan, which follows our acquire read of the mark written after B0 - or after B0 - then it saw X0 counted, or,
+        // if X0 was claimed since, our count (we saw X0 unclaimed after our increment, so X0's decrement comes after
+        // our increment): it saw a nonzero count, fenced and drained, and of its drain and our scan one sees the
+        // other's write. Only actions left pending need this, so with a thread parked inside protection one barrier
+        // serves every registration behind it.
+        if (covered)
+            return;
+
+        // Otherwise, if anyone but the caller still seems to hold the epoch back, force every core's buffered stores
+        // out; then look again, whatever the answer: after the barrier either we see that slot cleared, or its owner's
+        // later check of the count sees our registration. (When only the caller holds it back, the caller drains when
+        // it leaves or refreshes.)
         ThreadRecord* r = FindRecord();
         EpochSlot* own = r->Depth != 0 ? r->Slot : null;
+        if (own != null && Volatile.Read(ref own->Epoch) <= prior)
+        {
+            // The caller holds the action back itself: it cannot run before the caller leaves or refreshes, so the
+            // second look is owed then (FenceAndDrain), when a thread that left just before us has long published its
+            // cleared slot and the look rarely needs the barrier. Written before any drain (r stays valid).
+            if (prior > r->OwedLook)
+                r->OwedLook = prior;
+            // Remembered so that the look can mark it covered if it still needs the barrier (see SecondLook).
+            t_owedRegistration = new OwedRegistration(drainList, mine);
+            return;
+        }
         if (table.AnyOtherAtOrBelow(prior, own))
         {
             // Threads that are still active refresh or leave within moments and run the action themselves; give
             // them that moment before paying for the barrier, which is only needed for one that already left.
-            // Pointless when the caller itself holds the action back.
-            bool callerHolds = own != null && Volatile.Read(ref own->Epoch) <= prior;
-            for (int i = 0; i < HelpSpins && !callerHolds; i++)
+            for (int i = 0; i < HelpSpins; i++)
             {
                 Thread.SpinWait(16);
                 Drain();
-                if (Volatile.Read(ref mine) != prior)
+                if (!mine.IsPending)
                     return;
             }
             Interlocked.MemoryBarrierProcessWide();
+            Drain();
+            // Still pending after a barrier that followed it: later registrations can rely on it (see above).
+            if (mine.IsPending)
+                drainList.MarkCovered(mine);
+            return;
         }
         Drain();
+    }
+
+    /// <summary>
+    /// The second look that <see cref="Defer"/> owes for actions up to <paramref name="prior"/> registered while the
+    /// caller held them back, taken once the caller no longer does (after its fence and drain in FenceAndDrain): the
+    /// same reasoning as in Defer, with our registrations' counts published long before.
+    /// </summary>
+    [MethodImpl(MethodImplOptions.NoInlining)]
+    private void SecondLook(long prior)
+    {
+        if (Volatile.Read(ref pendingActions.Value) == 0)
+            return; // acquire: nothing pending, nothing to strand
+        // Read before the scans below, after our counts were published: see Defer.
+        if (drainList.CoveredStillPending())
+        {
+            Drain();
+            return;
+        }
+        // As in Defer: give active holders a moment, and pay for the barrier only if someone still seems to hold.
+        bool held = table.AnyOtherAtOrBelow(prior, null);
+        for (int i = 0; i < HelpSpins && held; i++)
+        {
+            Thread.SpinWait(16);
+            Drain();
+            held = table.AnyOtherAtOrBelow(prior, null);
+        }
+        if (!held)
+        {
+            t_owedRegistration = default; // do not keep the list alive
+            Drain();
+            return;
+        }
+        Interlocked.MemoryBarrierProcessWide();
+        Drain();
+        // Our latest owed registration was counted before the barrier: if it is still pending, later registrations can
+        // rely on this barrier (see Defer). Only if it belongs to this epoch (the thread may use several).
+        OwedRegistration owedRegistration = t_owedRegistration;
+        t_owedRegistration = default;
+        if (owedRegistration.List == drainList && owedRegistration.Registration.IsPending)
+            drainList.MarkCovered(owedRegistration.Registration);
+    }
+
+    /// <summary>The latest registration this thread left pending behind its own protection (any epoch): lets the second
+    /// look it owes mark that registration covered after a barrier.</summary>
+    [ThreadStatic] private static OwedRegistration t_owedRegistration;
+
+    private readonly struct OwedRegistration
+    {
+        public OwedRegistration(DrainList list, DrainList.Registration registration)
+        {
+            List = list;
+            Registration = registration;
+        }
+
+        public DrainList? List { get; }
+
+        public DrainList.Registration Registration { get; }
+    }
+
+    /// <summary>
+    /// Makes <see cref="pendingHint"/> at most <paramref name="epoch"/>, the epoch of an action this thread has just
+    /// published with a full fence.
+    /// </summary>
+    /// <remarks>
+    /// A raise (<see cref="RaisePendingHint"/>) sets <see cref="raisingHint"/> with a full fence and then reads the count
+    /// and the list; we counted and published with full fences and then read the flag (a store-buffering pair): either
+    /// the raise sees our action (so what it writes is not above our epoch), or we see the flag and lower only after
+    /// the raise has written. Our lowering is always a CAS, a full fence before our own scan of the table (in Drain): a
+    /// thread that read a raised hint, with its slot cleared before that read, is then seen cleared by our scan, so we
+    /// run the action ourselves.
+    /// </remarks>
+    private void LowerPendingHint(long epoch)
+    {
+        if (OverwritePendingHintForTesting)
+        {
+            Volatile.Write(ref pendingHint.Value, epoch);
+            return;
+        }
+        // Acquire; after Add's full fence (see above). A raise is a scan with no user code in it: wait it out (a raise
+        // that starts after this read sees our action).
+        if (Volatile.Read(ref raisingHint) != 0 && !IgnoreRaisingHintForTesting)
+            WaitForRaise();
+        LowerPendingHintCore(epoch);
+        LoweredPendingHintHookForTesting?.Invoke();
+    }
+
+    [MethodImpl(MethodImplOptions.NoInlining)]
+    private void WaitForRaise()
+    {
+        LowerHintWaitsForRaiseHookForTesting?.Invoke();
+        var spinner = new SpinWait();
+        while (Volatile.Read(ref raisingHint) != 0) // acquire: pairs with the raise's release of the flag
+            spinner.SpinOnce();
+    }
+
+    private void LowerPendingHintCore(long epoch)
+    {
+        long seen = Volatile.Read(ref pendingHint.Value);
+        while (true)
+        {
+            // Full fence, even when the hint is already low enough (then it writes the same value): see above.
+            long witnessed = Interlocked.CompareExchange(ref pendingHint.Value, Math.Min(seen, epoch), seen);
+            if (witnessed == seen)
+                return;
+            seen = witnessed;
+        }
+    }
+
+    /// <summary>
+    /// Recomputes <see cref="pendingHint"/> as the smallest epoch still pending, after a drain scanned the list (so the
+    /// hint may be below every remaining action, which only costs scans). One raise at a time: a drain that finds another
+    /// raise in progress leaves it to that one (which may write a lower value than needed: only more scans).
+    /// </summary>
+    [MethodImpl(MethodImplOptions.NoInlining)]
+    private void RaisePendingHint()
+    {
+        // Full fence: the flag is visible before the count and the list are read below. Pairs with a registrar's
+        // full-fence count and publication before its read of the flag (LowerPendingHint): either we see its action,
+        // or it sees the flag and lowers after our write.
+        if (Interlocked.CompareExchange(ref raisingHint, 1, 0) != 0)
+            return;
+        // No action counted: none can be published unseen either (the registrar counts before publishing, and one that
+        // counts after this read sees the flag), so the list need not be scanned. Acquire.
+        long min = Volatile.Read(ref pendingActions.Value) == 0 ? long.MaxValue : drainList.MinPendingEpoch();
+        RaisePendingHintHookForTesting?.Invoke();
+        // Release. A registrar lowering at the same time read the flag clear before we set it, so we saw its action and
+        // min is not above its epoch: overwriting its value loses nothing.
+        Volatile.Write(ref pendingHint.Value, min);
+        Volatile.Write(ref raisingHint, 0); // release: a registrar that reads 0 here reads min or later
     }
 
     /// <summary>How many short spins a bumper waits for active holders before issuing a process-wide barrier.</summary>
@@ -474,8 +671,16 @@ public sealed unsafe partial class LightEpoch : IDisposable
                 long current = Volatile.Read(ref currentEpoch.Value);
                 long safe = table.OldestAnnounced(current) - 1;
                 PublishSafeEpoch(safe);
-                if (Volatile.Read(ref pendingActions.Value) != 0)
+                // Acquire, after the caller's full fence (FenceAndDrain, a bump's increment, Reannounce's exchange, a
+                // registrar's lowering CAS): pairs with the lowering CAS of a registration (see LowerPendingHint). Below
+                // the hint nothing is eligible, so the list is not scanned: constant time however many actions wait.
+                if (Volatile.Read(ref pendingActions.Value) != 0 && safe >= Volatile.Read(ref pendingHint.Value))
+                {
                     drainList.RunEligible(safe, ref pendingActions.Value, reportFault);
+                    // Whether we ran something or found the hint stale (another drain ran it, or a raise that lost to
+                    // ours computed its value before our claims): recompute it, so later drains skip again.
+                    RaisePendingHint();
+                }
             }
             while (depth == 1 && Nesting.Again);
         }

@@ -1,4 +1,6 @@
 using System;
+using System.Collections.Generic;
+using System.Runtime.CompilerServices;
 using System.Threading;
 using Xunit;
 using Xunit.Abstractions;
@@ -116,5 +118,35 @@ public class LifecycleTests
         Assert.False(real.RanEarly, "a held action ran while a protected thread held its epoch back");
         Assert.False(real.Threw, "Resume/Bump threw ObjectDisposedException on an epoch that stays live");
         Skip.If(!control.RanEarly && !control.Threw, "inconclusive: the control (legacy Dispose) was not caught");
+    }
+    [MethodImpl(MethodImplOptions.NoInlining)]
+    private static void ConstructWithBadArgument() => Assert.Throws<ArgumentOutOfRangeException>(() => new LightEpoch(0));
+
+    /// <summary>A constructor that throws leaves an object the finalizer still sees: it must not return an instance id it
+    /// never took (id 0, the default), or two live epochs would share per-thread records. Deterministic: the finalizers
+    /// are run before the check.</summary>
+    [Fact]
+    public void ConstructorThatThrows_NeverReleasesAnIdItDidNotTake()
+    {
+        for (int i = 0; i < 4; i++)
+            ConstructWithBadArgument();
+        GC.Collect();
+        GC.WaitForPendingFinalizers();
+        var live = new List<LightEpoch>();
+        try
+        {
+            var ids = new HashSet<int>();
+            for (int i = 0; i < 64; i++)
+            {
+                var e = new LightEpoch();
+                live.Add(e);
+                Assert.True(ids.Add(e.DebugId), $"two live epochs share instance id {e.DebugId}");
+            }
+        }
+        finally
+        {
+            foreach (LightEpoch e in live)
+                e.Dispose();
+        }
     }
 }
