@@ -34,4 +34,7 @@ internal enum DurabilityFaults
 
     /// <summary>Dispose does not wait for operations in flight and unmaps under them (the old behaviour; a crash).</summary>
     SkipDisposeWait = 128,
+
+    /// <summary>The hash map's lock-free reads skip the slot's sequence check (they may return a torn value).</summary>
+    TornIndexReads = 256,
 }

@@ -10,16 +10,17 @@ namespace Epvs.Persistence;
 
 /// <summary>
 /// The core of <see cref="PersistentHashMap{TKey, TValue}"/>: a DRAM index (a <see cref="ConcurrentDictionary{TKey, TValue}"/>)
-/// from each key to an <see cref="Entry"/> that holds the value and what an update needs of the payload
-/// header (offset, uid, epoch tag), over payloads [key bytes | value bytes] of one type id.
+/// from each key to a <see cref="Slot"/> that holds the value and what an update needs of the payload header (offset,
+/// uid, epoch tag), over payloads [key bytes | value bytes] of one type id.
 /// </summary>
 /// <remarks>
-/// <para>Reads take no lock and do not touch the persistent heap: they read the entry the last completed (or
-/// in-progress) write published, like <see cref="ConcurrentDictionary{TKey, TValue}"/>. The entry is a multi-word struct, which
-/// the dictionary never writes in place (it swaps the node), so a read never sees a torn value, and it lives in DRAM, so reclamation of the payload behind it cannot hurt.</para>
+/// <para>Reads take no lock and do not touch the persistent heap: they read the value the last completed (or
+/// in-progress) write published, like <see cref="ConcurrentDictionary{TKey, TValue}"/>. The slot's value is guarded by
+/// a sequence lock, so a read never sees a torn value, and it lives in DRAM, so reclamation of the payload behind it
+/// cannot hurt.</para>
 /// <para>Writes to one key are serialized by a striped lock taken inside the operation's region, so the order of
 /// writes to a key agrees with their versions (a version transition is a quiescent cut), and an update finds the old
-/// payload's uid and tag in the entry without reading the payload (one cache miss fewer).</para>
+/// payload's uid and tag in the slot without reading the payload (one cache miss fewer).</para>
 /// </remarks>
 internal sealed unsafe class ValueMapCore<TKey, TValue>
     where TKey : unmanaged, IEquatable<TKey>
@@ -27,7 +28,8 @@ internal sealed unsafe class ValueMapCore<TKey, TValue>
 {
     private readonly BufferedDurableHeap _heap;
     private readonly int _typeId;
-    private readonly ConcurrentDictionary<TKey, Entry> _index;
+    private readonly ConcurrentDictionary<TKey, Slot> _index;
+    private readonly bool _tornReads;
     private readonly object[] _stripes;
     private readonly int _mask;
     private long _count;
@@ -46,7 +48,8 @@ internal sealed unsafe class ValueMapCore<TKey, TValue>
         }
 
         IReadOnlyList<RecoveredPayload> payloads = heap.TakeRecoveredPayloads(_typeId);
-        _index = new ConcurrentDictionary<TKey, Entry>(Math.Max(1, recoveryParallelism), Math.Max(31, payloads.Count));
+        _tornReads = (heap.Faults & DurabilityFaults.TornIndexReads) != 0;
+        _index = new ConcurrentDictionary<TKey, Slot>(Math.Max(1, recoveryParallelism), Math.Max(31, payloads.Count));
         Rebuild(payloads, recoveryParallelism);
     }
 
@@ -60,45 +63,34 @@ internal sealed unsafe class ValueMapCore<TKey, TValue>
         using DurableOperation op = _heap.BeginOperation();
         lock (StripeOf(key))
         {
-            PayloadRef block;
-            long uid;
-            long tag = op.Version;
-            bool added = !_index.TryGetValue(key, out Entry current);
-            if (added)
+            // One lookup: an existing key's slot is updated in place (no allocation, no second hash lookup).
+            if (_index.TryGetValue(key, out Slot? slot))
             {
-                block = op.Allocate(PayloadSize, _typeId);
-                uid = _heap.HeaderWords(block.Offset).Uid;
-            }
-            else
-            {
-                block = op.ReplaceWhole(new PayloadRef(current.Offset), current.Uid, current.Tag, PayloadSize, _typeId, out uid);
-                if (block.Offset == current.Offset)
-                {
-                    // Updated in place: the header (uid, tag) is unchanged.
-                    tag = current.Tag;
-                }
+                PayloadRef block = op.ReplaceWhole(new PayloadRef(slot.Offset), slot.Uid, slot.Tag, PayloadSize, _typeId, out long uid);
+
+                // Updated in place (same block): the header (uid, tag) is unchanged.
+                long tag = block.Offset == slot.Offset ? slot.Tag : op.Version;
+                WritePayload(block, key, value);
+                slot.Write(block.Offset, uid, tag, value);
+                return false;
             }
 
-            byte* payload = _heap.PayloadPointer(block.Offset);
-            Unsafe.WriteUnaligned(payload, key);
-            Unsafe.WriteUnaligned(payload + sizeof(TKey), value);
-            _index[key] = new Entry(block.Offset, uid, tag, value);
-            if (added)
-            {
-                // Interlocked.Increment: the count is shared across stripes; atomicity only.
-                Interlocked.Increment(ref _count);
-            }
+            PayloadRef added = op.Allocate(PayloadSize, _typeId);
+            WritePayload(added, key, value);
+            _index[key] = new Slot(added.Offset, _heap.HeaderWords(added.Offset).Uid, op.Version, value);
 
-            return added;
+            // Interlocked.Increment: the count is shared across stripes; atomicity only.
+            Interlocked.Increment(ref _count);
+            return true;
         }
     }
 
     [MethodImpl(MethodImplOptions.AggressiveInlining)]
     internal bool TryRead(TKey key, out TValue value)
     {
-        if (_index.TryGetValue(key, out Entry entry))
+        if (_index.TryGetValue(key, out Slot? slot))
         {
-            value = entry.Value;
+            value = _tornReads ? slot.ReadTorn() : slot.Read();
             return true;
         }
 
@@ -106,12 +98,20 @@ internal sealed unsafe class ValueMapCore<TKey, TValue>
         return false;
     }
 
+    [MethodImpl(MethodImplOptions.AggressiveInlining)]
+    private void WritePayload(PayloadRef block, TKey key, TValue value)
+    {
+        byte* payload = _heap.PayloadPointer(block.Offset);
+        Unsafe.WriteUnaligned(payload, key);
+        Unsafe.WriteUnaligned(payload + sizeof(TKey), value);
+    }
+
     internal bool Remove(TKey key)
     {
         using DurableOperation op = _heap.BeginOperation();
         lock (StripeOf(key))
         {
-            if (!_index.TryGetValue(key, out Entry current))
+            if (!_index.TryGetValue(key, out Slot? current))
             {
                 return false;
             }
@@ -128,9 +128,9 @@ internal sealed unsafe class ValueMapCore<TKey, TValue>
     internal Dictionary<TKey, TValue> Snapshot()
     {
         var result = new Dictionary<TKey, TValue>();
-        foreach (KeyValuePair<TKey, Entry> pair in _index)
+        foreach (KeyValuePair<TKey, Slot> pair in _index)
         {
-            result[pair.Key] = pair.Value.Value;
+            result[pair.Key] = pair.Value.Read();
         }
 
         return result;
@@ -151,7 +151,7 @@ internal sealed unsafe class ValueMapCore<TKey, TValue>
         {
             byte* bytes = _heap.PayloadPointer(payload.Block.Offset);
             TKey key = Unsafe.ReadUnaligned<TKey>(bytes);
-            var entry = new Entry(payload.Block.Offset, payload.Header.Uid, payload.Header.EpochTag, Unsafe.ReadUnaligned<TValue>(bytes + sizeof(TKey)));
+            var entry = new Slot(payload.Block.Offset, payload.Header.Uid, payload.Header.EpochTag, Unsafe.ReadUnaligned<TValue>(bytes + sizeof(TKey)));
             if (!_index.TryAdd(key, entry))
             {
                 throw new InvalidDataException($"Recovery found two live payloads for one key of the map with type id {UserTypeId} ({payload.Header} and the payload at 0x{_index[key].Offset:X}): the heap is inconsistent.");
@@ -161,25 +161,95 @@ internal sealed unsafe class ValueMapCore<TKey, TValue>
     }
 
     /// <summary>
-    /// One key's state, stored inline in the index's node. Larger than a word, so the dictionary replaces the node at
-    /// each write rather than writing the value in place: reads never tear.
+    /// One key's state: the value (for lock-free reads) and what an update needs of the payload header. Allocated
+    /// once per key and updated in place under the key's stripe lock, so an update allocates nothing (a new node per
+    /// update, as the dictionary makes for a value wider than a word, is a gen-2 survivor each time: every gen-0 GC
+    /// became a gen-1 GC). The value is guarded by a sequence lock (Lameter's seqlock, as in the Linux kernel): the
+    /// writer makes the sequence odd, stores the value, makes it even; a reader retries until it read the same even
+    /// sequence before and after the value, so it never returns a torn value.
     /// </summary>
-    private readonly struct Entry
+    private sealed class Slot
     {
-        internal Entry(long offset, long uid, long tag, TValue value)
+        private int _sequence;
+        private TValue _value;
+
+        internal Slot(long offset, long uid, long tag, TValue value)
         {
             Offset = offset;
             Uid = uid;
             Tag = tag;
-            Value = value;
+            _value = value;
         }
 
-        internal long Offset { get; }
+        /// <summary>The payload's offset. Read and written under the key's stripe lock only.</summary>
+        internal long Offset { get; private set; }
 
-        internal long Uid { get; }
+        /// <summary>The payload header's uid. Under the stripe lock only.</summary>
+        internal long Uid { get; private set; }
 
-        internal long Tag { get; }
+        /// <summary>The payload header's epoch tag. Under the stripe lock only.</summary>
+        internal long Tag { get; private set; }
 
-        internal TValue Value { get; }
+        /// <summary>Publishes a new payload and value. The caller holds the key's stripe lock (one writer at a time).</summary>
+        internal void Write(long offset, long uid, long tag, TValue value)
+        {
+            Offset = offset;
+            Uid = uid;
+            Tag = tag;
+            int sequence = _sequence;
+
+            // Volatile.Write: release (odd: a write is in progress); the WriteBarrier after it keeps the value's
+            // stores below from becoming visible before the odd sequence (store-store), pairing with the reader's
+            // second sequence load.
+            Volatile.Write(ref _sequence, sequence + 1);
+            Volatile.WriteBarrier();
+            _value = value;
+
+            // Volatile.Write: release; the value's stores are visible before the even sequence, pairing with the
+            // reader's first (acquire) sequence load.
+            Volatile.Write(ref _sequence, sequence + 2);
+        }
+
+        /// <summary>The value, never torn: retries while a write is in progress or one completed during the read.</summary>
+        [MethodImpl(MethodImplOptions.AggressiveInlining)]
+        internal TValue Read()
+        {
+            // Volatile.Read: acquire; pairs with the writer's final release, so the value loads below see at least
+            // that write.
+            int before = Volatile.Read(ref _sequence);
+            TValue value = _value;
+
+            // Volatile.ReadBarrier: the value's loads complete before the sequence is loaded again (load-load), pairing
+            // with the writer's odd store followed by its WriteBarrier.
+            Volatile.ReadBarrier();
+            if ((before & 1) == 0 && Volatile.Read(ref _sequence) == before)
+            {
+                return value;
+            }
+
+            return ReadContended();
+        }
+
+        /// <summary>Test control (<see cref="DurabilityFaults.TornIndexReads"/>): reads the value without the sequence check.</summary>
+        internal TValue ReadTorn() => _value;
+
+        [MethodImpl(MethodImplOptions.NoInlining)]
+        private TValue ReadContended()
+        {
+            var spinner = new SpinWait();
+            while (true)
+            {
+                spinner.SpinOnce();
+
+                // Volatile.Read / ReadBarrier: as in Read.
+                int before = Volatile.Read(ref _sequence);
+                TValue value = _value;
+                Volatile.ReadBarrier();
+                if ((before & 1) == 0 && Volatile.Read(ref _sequence) == before)
+                {
+                    return value;
+                }
+            }
+        }
     }
 }
