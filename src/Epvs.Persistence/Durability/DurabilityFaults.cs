@@ -37,4 +37,7 @@ internal enum DurabilityFaults
 
     /// <summary>The hash map's lock-free reads skip the slot's sequence check (they may return a torn value).</summary>
     TornIndexReads = 256,
+
+    /// <summary>The hash map's index grows by moving its nodes into the new table instead of copying them (a reader may miss a present key).</summary>
+    RelinkOnGrow = 512,
 }

@@ -8,8 +8,9 @@ using Xunit.Abstractions;
 namespace Epvs.Persistence.Tests;
 
 /// <summary>
-/// The hash map's lock-free reads: a key's slot is updated in place (no allocation per update), so its value is
-/// guarded by a sequence lock; a read that races with an update must never return a mix of two values.
+/// The hash map's lock-free reads: a key's node is updated in place (no allocation per update), so its value is
+/// guarded by a sequence lock, and a read that races with an update must never return a mix of two values; the index
+/// grows by copying its nodes, so a read that races with a growth must still find every present key.
 /// </summary>
 public sealed class HashMapReadTests
 {
@@ -30,6 +31,66 @@ public sealed class HashMapReadTests
         (long controlReads, long controlTorn) = RaceReadsWithUpdates(DurabilityFaults.TornIndexReads, 3 * Duration);
         _output.WriteLine($"control (no sequence check): {controlReads:N0} reads, {controlTorn:N0} torn");
         Skip.If(controlTorn == 0, "inconclusive: the control saw no torn read this run (the threads did not overlap enough)");
+    }
+
+    [SkippableFact]
+    public void Map_ReadsWhileTheIndexGrows_AlwaysFindPresentKeys()
+    {
+        (long reads, long missed) = RaceReadsWithGrowth(DurabilityFaults.None);
+        _output.WriteLine($"copying growth: {reads:N0} reads, {missed:N0} present keys missed");
+        Assert.True(reads > 1000, $"too few reads to judge ({reads})");
+        Assert.Equal(0, missed);
+
+        // Control: growth that moves the nodes (rewriting their links under readers) must be caught losing keys.
+        (long controlReads, long controlMissed) = RaceReadsWithGrowth(DurabilityFaults.RelinkOnGrow);
+        _output.WriteLine($"control (relinking growth): {controlReads:N0} reads, {controlMissed:N0} present keys missed");
+        Skip.If(controlMissed == 0, "inconclusive: the control lost no key this run (no read overlapped a growth)");
+    }
+
+    private static (long Reads, long Missed) RaceReadsWithGrowth(DurabilityFaults faults)
+    {
+        const int Present = 4096;
+        const int Inserted = 1 << 18;
+        using var dir = new TempDirectory();
+        using BufferedDurableHeap heap = BufferedDurableHeap.Create(
+            dir.File("map.heap"),
+            new HeapFileOptions { Size = 128L << 20, Domain = PersistenceDomainKind.MappedFile },
+            new BufferedDurableHeapOptions { Mode = DurabilityMode.Transient, AdvancePeriod = Timeout.InfiniteTimeSpan, Faults = faults });
+        var map = new PersistentHashMap<long, long>(heap, typeId: 1);
+        for (long k = 0; k < Present; k++)
+        {
+            map.Set(k, k * 10);
+        }
+
+        int stop = 0;
+        long reads = 0, missed = 0;
+        Workers.Run(2, index =>
+        {
+            if (index == 0)
+            {
+                // Several doublings of the table while the reader runs.
+                for (long k = Present; k < Present + Inserted; k++)
+                {
+                    map.Set(k, k * 10);
+                }
+
+                // Volatile.Write: release; pairs with the reader's Volatile.Read.
+                Volatile.Write(ref stop, 1);
+                return;
+            }
+
+            // Volatile.Read: acquire; pairs with the writer's Volatile.Write.
+            for (long k = 0; Volatile.Read(ref stop) == 0; k = (k + 1) % Present)
+            {
+                reads++;
+                if (!map.TryGetValue(k, out long value) || value != k * 10)
+                {
+                    missed++;
+                }
+            }
+        });
+
+        return (reads, missed);
     }
 
     private static (long Reads, long Torn) RaceReadsWithUpdates(DurabilityFaults faults, TimeSpan duration)
