@@ -40,4 +40,10 @@ internal enum DurabilityFaults
 
     /// <summary>The advancer seals a version's blocks before their write-back instead of after it (a seal can reach the file before its payload).</summary>
     SealBeforeWriteBack = 512,
+
+    /// <summary>The hash map's lock-free reads skip the slot's sequence check (they may return a torn value).</summary>
+    TornIndexReads = 1024,
+
+    /// <summary>The hash map's index grows by moving its nodes into the new table instead of copying them (a reader may miss a present key).</summary>
+    RelinkOnGrow = 2048,
 }

@@ -43,7 +43,7 @@ public ref struct DurableOperation
     public readonly PayloadRef Allocate(int size, int typeId)
     {
         BufferedDurableHeap heap = Heap;
-        PayloadRef block = heap.Allocator.Allocate(size, typeId, Version, PayloadKind.Alloc);
+        PayloadRef block = heap.Allocator.AllocateInOperation(AllocatorCache(heap), size, typeId, Version, PayloadKind.Alloc, 0);
         heap.Track(_buffers!, Version, block);
         return block;
     }
@@ -131,7 +131,7 @@ public ref struct DurableOperation
             return current;
         }
 
-        PayloadRef copy = heap.Allocator.Allocate(size, typeId, Version, PayloadKind.Update, uid);
+        PayloadRef copy = heap.Allocator.AllocateInOperation(AllocatorCache(heap), size, typeId, Version, PayloadKind.Update, uid);
         heap.Track(_buffers!, Version, copy);
         _buffers!.Retired[ThreadBuffers.Slot(Version)].Add(current.Offset);
         _buffers.RetiredBytes += HeapLayout.HeaderSize + size;
@@ -183,6 +183,11 @@ public ref struct DurableOperation
     }
 
     internal readonly ThreadBuffers Buffers => _buffers!;
+
+    /// <summary>This thread's allocator cache, looked up once per thread and kept in its buffers.</summary>
+    [MethodImpl(MethodImplOptions.AggressiveInlining)]
+    private readonly PersistentHeap.ThreadCache AllocatorCache(BufferedDurableHeap heap) =>
+        _buffers!.AllocatorCache ??= heap.Allocator.CurrentThreadCache;
 
     private readonly BufferedDurableHeap Heap
     {

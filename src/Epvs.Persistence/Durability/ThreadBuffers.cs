@@ -27,6 +27,9 @@ internal sealed class ThreadBuffers
 
     internal int ManagedThreadId { get; }
 
+    /// <summary>The owner's allocation cache in the <see cref="PersistentHeap"/> (set on the owner's first allocation), so an allocation needs no thread-local lookup.</summary>
+    internal PersistentHeap.ThreadCache? AllocatorCache;
+
     internal OffsetList[] WriteBack { get; } = new OffsetList[Slots];
 
     internal OffsetList[] Retired { get; } = new OffsetList[Slots];

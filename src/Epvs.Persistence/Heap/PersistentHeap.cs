@@ -147,7 +147,7 @@ public sealed unsafe partial class PersistentHeap : IDisposable
         _file.EnterOperation();
         try
         {
-            return TryAllocateCore(size, typeId, out block, epochTag, kind, uid);
+            return TryAllocateCore(_caches.Value!, size, typeId, out block, epochTag, kind, uid);
         }
         finally
         {
@@ -155,9 +155,29 @@ public sealed unsafe partial class PersistentHeap : IDisposable
         }
     }
 
-    private bool TryAllocateCore(int size, int typeId, out PayloadRef block, long epochTag, PayloadKind kind, long uid)
+    /// <summary>
+    /// <see cref="Allocate(int, int, long, PayloadKind, long)"/> for a <see cref="BufferedDurableHeap"/> operation
+    /// (internal callers pass a valid kind): no file epoch entry, because the operation's EPVS region already keeps
+    /// the mapping alive (<see cref="BufferedDurableHeap.Dispose"/> waits for every operation before it disposes the
+    /// allocator and the file), and no thread-local lookup: <paramref name="cache"/> is the calling thread's
+    /// (<see cref="CurrentThreadCache"/>, kept by the caller).
+    /// </summary>
+    [MethodImpl(MethodImplOptions.AggressiveInlining)]
+    internal PayloadRef AllocateInOperation(ThreadCache cache, int size, int typeId, long epochTag, PayloadKind kind, long uid)
     {
-        ThreadCache cache = _caches.Value!;
+        if (!TryAllocateCore(cache, size, typeId, out PayloadRef block, epochTag, kind, uid))
+        {
+            ThrowHelper.ThrowHeapFull(size);
+        }
+
+        return block;
+    }
+
+    /// <summary>The calling thread's allocation cache (for <see cref="AllocateInOperation"/>; use it on this thread only).</summary>
+    internal ThreadCache CurrentThreadCache => _caches.Value!;
+
+    private bool TryAllocateCore(ThreadCache cache, int size, int typeId, out PayloadRef block, long epochTag, PayloadKind kind, long uid)
+    {
         if (uid == 0)
         {
             uid = cache.NextUid(ref _nextUid);
@@ -653,7 +673,7 @@ public sealed unsafe partial class PersistentHeap : IDisposable
     }
 
     /// <summary>One thread's blocks per size class and its share of the accounting. Touched by its owner only (statistics read it racily).</summary>
-    private sealed class ThreadCache
+    internal sealed class ThreadCache
     {
         internal readonly long[][] Blocks;
         internal readonly int[] Counts = new int[SizeClasses.Count];

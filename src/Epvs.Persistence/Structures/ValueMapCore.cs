@@ -1,5 +1,4 @@
 using System;
-using System.Collections.Concurrent;
 using System.Collections.Generic;
 using System.IO;
 using System.Runtime.CompilerServices;
@@ -9,17 +8,19 @@ using System.Threading;
 namespace Epvs.Persistence;
 
 /// <summary>
-/// The core of <see cref="PersistentHashMap{TKey, TValue}"/>: a DRAM index (a <see cref="ConcurrentDictionary{TKey, TValue}"/>)
-/// from each key to an <see cref="Entry"/> that holds the value and what an update needs of the payload
-/// header (offset, uid, epoch tag), over payloads [key bytes | value bytes] of one type id.
+/// The core of <see cref="PersistentHashMap{TKey, TValue}"/>: a DRAM index (<see cref="ValueIndex{TKey, TValue}"/>)
+/// whose node per key holds the value and what an update needs of the payload header (offset, uid, epoch tag), over
+/// payloads [key bytes | value bytes] of one type id.
 /// </summary>
 /// <remarks>
-/// <para>Reads take no lock and do not touch the persistent heap: they read the entry the last completed (or
-/// in-progress) write published, like <see cref="ConcurrentDictionary{TKey, TValue}"/>. The entry is a multi-word struct, which
-/// the dictionary never writes in place (it swaps the node), so a read never sees a torn value, and it lives in DRAM, so reclamation of the payload behind it cannot hurt.</para>
-/// <para>Writes to one key are serialized by a striped lock taken inside the operation's region, so the order of
-/// writes to a key agrees with their versions (a version transition is a quiescent cut), and an update finds the old
-/// payload's uid and tag in the entry without reading the payload (one cache miss fewer).</para>
+/// <para>Reads take no lock and do not touch the persistent heap: they read the value the last completed (or
+/// in-progress) write published, like <see cref="System.Collections.Concurrent.ConcurrentDictionary{TKey, TValue}"/>. The
+/// node's value is guarded by a sequence lock, so a read never sees a torn value, and it lives in DRAM, so reclamation
+/// of the payload behind it cannot hurt.</para>
+/// <para>Writes to one key are serialized by the index's striped lock, taken inside the operation's region, so the order
+/// of writes to a key agrees with their versions (a version transition is a quiescent cut), and an update finds the old
+/// payload's uid and tag in the node without reading the payload (one cache miss fewer). An update of an existing key
+/// writes its node in place: it allocates nothing.</para>
 /// </remarks>
 internal sealed unsafe class ValueMapCore<TKey, TValue>
     where TKey : unmanaged, IEquatable<TKey>
@@ -27,9 +28,8 @@ internal sealed unsafe class ValueMapCore<TKey, TValue>
 {
     private readonly BufferedDurableHeap _heap;
     private readonly int _typeId;
-    private readonly ConcurrentDictionary<TKey, Entry> _index;
-    private readonly object[] _stripes;
-    private readonly int _mask;
+    private readonly ValueIndex<TKey, TValue> _index;
+    private readonly bool _tornReads;
     private long _count;
 
     internal ValueMapCore(BufferedDurableHeap heap, int typeId, int recoveryParallelism)
@@ -37,16 +37,9 @@ internal sealed unsafe class ValueMapCore<TKey, TValue>
         ArgumentNullException.ThrowIfNull(heap);
         _heap = heap;
         _typeId = StructureKind.Claim(heap, StructureKind.HashMap, typeId);
-        int stripes = StructureRecovery.StripeCount();
-        _stripes = new object[stripes];
-        _mask = stripes - 1;
-        for (int i = 0; i < stripes; i++)
-        {
-            _stripes[i] = new object();
-        }
-
         IReadOnlyList<RecoveredPayload> payloads = heap.TakeRecoveredPayloads(_typeId);
-        _index = new ConcurrentDictionary<TKey, Entry>(Math.Max(1, recoveryParallelism), Math.Max(31, payloads.Count));
+        _tornReads = (heap.Faults & DurabilityFaults.TornIndexReads) != 0;
+        _index = new ValueIndex<TKey, TValue>(StructureRecovery.StripeCount(), payloads.Count, (heap.Faults & DurabilityFaults.RelinkOnGrow) != 0);
         Rebuild(payloads, recoveryParallelism);
     }
 
@@ -57,48 +50,48 @@ internal sealed unsafe class ValueMapCore<TKey, TValue>
 
     internal bool Upsert(TKey key, TValue value)
     {
-        using DurableOperation op = _heap.BeginOperation();
-        lock (StripeOf(key))
+        uint hash = ValueIndex<TKey, TValue>.Hash(key);
+        bool grow;
+        using (DurableOperation op = _heap.BeginOperation())
         {
-            PayloadRef block;
-            long uid;
-            long tag = op.Version;
-            bool added = !_index.TryGetValue(key, out Entry current);
-            if (added)
+            lock (_index.LockFor(hash))
             {
-                block = op.Allocate(PayloadSize, _typeId);
-                uid = _heap.HeaderWords(block.Offset).Uid;
-            }
-            else
-            {
-                block = op.ReplaceWhole(new PayloadRef(current.Offset), current.Uid, current.Tag, PayloadSize, _typeId, out uid);
-                if (block.Offset == current.Offset)
+                // An existing key's node is updated in place: no allocation.
+                if (_index.Find(key, hash) is { } node)
                 {
-                    // Updated in place: the header (uid, tag) is unchanged.
-                    tag = current.Tag;
-                }
-            }
+                    PayloadRef block = op.ReplaceWhole(new PayloadRef(node.Offset), node.Uid, node.Tag, PayloadSize, _typeId, out long uid);
 
-            byte* payload = _heap.PayloadPointer(block.Offset);
-            Unsafe.WriteUnaligned(payload, key);
-            Unsafe.WriteUnaligned(payload + sizeof(TKey), value);
-            _index[key] = new Entry(block.Offset, uid, tag, value);
-            if (added)
-            {
+                    // Updated in place (same block): the header (uid, tag) is unchanged.
+                    long tag = block.Offset == node.Offset ? node.Tag : op.Version;
+                    WritePayload(block, key, value);
+                    node.Write(block.Offset, uid, tag, value);
+                    return false;
+                }
+
+                PayloadRef added = op.Allocate(PayloadSize, _typeId);
+                WritePayload(added, key, value);
+                grow = _index.Add(new ValueIndex<TKey, TValue>.Node(key, hash, added.Offset, _heap.HeaderWords(added.Offset).Uid, op.Version, value));
+
                 // Interlocked.Increment: the count is shared across stripes; atomicity only.
                 Interlocked.Increment(ref _count);
             }
-
-            return added;
         }
+
+        if (grow)
+        {
+            // Outside the operation and the lock: growing takes every lock of the index.
+            _index.Grow();
+        }
+
+        return true;
     }
 
     [MethodImpl(MethodImplOptions.AggressiveInlining)]
     internal bool TryRead(TKey key, out TValue value)
     {
-        if (_index.TryGetValue(key, out Entry entry))
+        if (_index.Find(key, ValueIndex<TKey, TValue>.Hash(key)) is { } node)
         {
-            value = entry.Value;
+            value = _tornReads ? node.ReadTorn() : node.Read();
             return true;
         }
 
@@ -106,19 +99,28 @@ internal sealed unsafe class ValueMapCore<TKey, TValue>
         return false;
     }
 
+    [MethodImpl(MethodImplOptions.AggressiveInlining)]
+    private void WritePayload(PayloadRef block, TKey key, TValue value)
+    {
+        byte* payload = _heap.PayloadPointer(block.Offset);
+        Unsafe.WriteUnaligned(payload, key);
+        Unsafe.WriteUnaligned(payload + sizeof(TKey), value);
+    }
+
     internal bool Remove(TKey key)
     {
+        uint hash = ValueIndex<TKey, TValue>.Hash(key);
         using DurableOperation op = _heap.BeginOperation();
-        lock (StripeOf(key))
+        lock (_index.LockFor(hash))
         {
-            if (!_index.TryGetValue(key, out Entry current))
+            if (_index.Find(key, hash) is not { } current)
             {
                 return false;
             }
 
             // The anti-payload first: if the heap is full, Delete throws and the index still agrees with the heap.
             op.Delete(new PayloadRef(current.Offset));
-            _index.TryRemove(key, out _);
+            _index.Remove(key, hash);
             // Interlocked.Decrement: see Upsert.
             Interlocked.Decrement(ref _count);
             return true;
@@ -128,19 +130,12 @@ internal sealed unsafe class ValueMapCore<TKey, TValue>
     internal Dictionary<TKey, TValue> Snapshot()
     {
         var result = new Dictionary<TKey, TValue>();
-        foreach (KeyValuePair<TKey, Entry> pair in _index)
+        foreach (ValueIndex<TKey, TValue>.Node node in _index.Nodes())
         {
-            result[pair.Key] = pair.Value.Value;
+            result[node.Key] = node.Read();
         }
 
         return result;
-    }
-
-    [MethodImpl(MethodImplOptions.AggressiveInlining)]
-    private object StripeOf(TKey key)
-    {
-        uint h = (uint)key.GetHashCode() * 0x9E37_79B9u;
-        return _stripes[(int)(h >> 16) & _mask];
     }
 
     private int UserTypeId => _typeId & (StructureKind.TypeIdLimit - 1);
@@ -151,35 +146,18 @@ internal sealed unsafe class ValueMapCore<TKey, TValue>
         {
             byte* bytes = _heap.PayloadPointer(payload.Block.Offset);
             TKey key = Unsafe.ReadUnaligned<TKey>(bytes);
-            var entry = new Entry(payload.Block.Offset, payload.Header.Uid, payload.Header.EpochTag, Unsafe.ReadUnaligned<TValue>(bytes + sizeof(TKey)));
-            if (!_index.TryAdd(key, entry))
+            uint hash = ValueIndex<TKey, TValue>.Hash(key);
+            lock (_index.LockFor(hash))
             {
-                throw new InvalidDataException($"Recovery found two live payloads for one key of the map with type id {UserTypeId} ({payload.Header} and the payload at 0x{_index[key].Offset:X}): the heap is inconsistent.");
+                if (_index.Find(key, hash) is { } other)
+                {
+                    throw new InvalidDataException($"Recovery found two live payloads for one key of the map with type id {UserTypeId} ({payload.Header} and the payload at 0x{other.Offset:X}): the heap is inconsistent.");
+                }
+
+                // Presized for the payloads: no growth during the rebuild.
+                _index.Add(new ValueIndex<TKey, TValue>.Node(key, hash, payload.Block.Offset, payload.Header.Uid, payload.Header.EpochTag, Unsafe.ReadUnaligned<TValue>(bytes + sizeof(TKey))));
             }
         });
         _count = payloads.Count;
-    }
-
-    /// <summary>
-    /// One key's state, stored inline in the index's node. Larger than a word, so the dictionary replaces the node at
-    /// each write rather than writing the value in place: reads never tear.
-    /// </summary>
-    private readonly struct Entry
-    {
-        internal Entry(long offset, long uid, long tag, TValue value)
-        {
-            Offset = offset;
-            Uid = uid;
-            Tag = tag;
-            Value = value;
-        }
-
-        internal long Offset { get; }
-
-        internal long Uid { get; }
-
-        internal long Tag { get; }
-
-        internal TValue Value { get; }
     }
 }

@@ -25,6 +25,7 @@ internal static class SafetyChild
                 "raw-use-after-dispose" => RawUseAfterDispose(path),
                 "raw-dispose-during-calls" => RawDisposeDuringCalls(path, control),
                 "durable-dispose-during-operation" => DurableDisposeDuringOperation(path, control),
+                "durable-allocate-after-dispose" => DurableAllocateAfterDispose(path, control),
                 "open-sparse-on-full-disk" => OpenSparseOnFullDisk(path, control),
                 "open-buffered" => OpenBuffered(path),
                 _ => throw new ArgumentException($"unknown scenario {scenario}"),
@@ -120,6 +121,74 @@ internal static class SafetyChild
             {
                 return WrongOutcome;
             }
+        }
+
+        return Survived;
+    }
+
+    /// <summary>
+    /// Allocation inside an operation takes no epoch of the heap file (the operation's own region is what
+    /// <see cref="BufferedDurableHeap.Dispose"/> waits for): a thread that stays inside an operation while Dispose
+    /// runs, and allocates new payloads (writing their headers) after Dispose returned, does not crash. The control makes Dispose
+    /// skip that wait, so it unmaps under the allocations.
+    /// </summary>
+    private static int DurableAllocateAfterDispose(string path, bool control)
+    {
+        var options = new BufferedDurableHeapOptions { SyncTimeout = TimeSpan.FromMilliseconds(300) };
+        if (control)
+        {
+            options.Faults = DurabilityFaults.SkipDisposeWait;
+        }
+
+        BufferedDurableHeap heap = BufferedDurableHeap.Create(path, new HeapFileOptions { Size = 8L << 20 }, options);
+        using var inside = new ManualResetEventSlim();
+        using var disposed = new ManualResetEventSlim();
+        Exception? workerFailure = null;
+        int allocated = 0;
+        var worker = new Thread(() =>
+        {
+            try
+            {
+                using DurableOperation op = heap.BeginOperation();
+
+                // The first allocation fills this thread's cache, so the ones after Dispose touch only the mapping.
+                op.GetPayload(op.Allocate(16, typeId: 2)).Fill(1);
+                inside.Set();
+                disposed.Wait(TimeSpan.FromSeconds(30));
+                for (int i = 0; i < 20; i++)
+                {
+                    // Each allocation writes the new block's header into the mapping. (GetPayload is a checked call:
+                    // after Dispose it throws ObjectDisposedException, so it is not used here.)
+                    op.Allocate(16, typeId: 2);
+                    allocated++;
+                }
+            }
+            catch (ObjectDisposedException)
+            {
+                // Ending the operation on a closed heap may say so; what matters is that nothing crashed.
+            }
+            catch (Exception e)
+            {
+                workerFailure = e;
+            }
+        });
+        worker.Start();
+        inside.Wait(TimeSpan.FromSeconds(30));
+        bool timedOut = false;
+        try
+        {
+            heap.Dispose();
+        }
+        catch (TimeoutException)
+        {
+            timedOut = true;
+        }
+
+        disposed.Set();
+        if (!worker.Join(TimeSpan.FromSeconds(30)) || workerFailure is not null || !timedOut || allocated != 20)
+        {
+            Console.Error.WriteLine($"timedOut={timedOut} allocated={allocated} worker={workerFailure}");
+            return WrongOutcome;
         }
 
         return Survived;

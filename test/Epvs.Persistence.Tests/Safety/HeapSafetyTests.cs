@@ -63,6 +63,19 @@ public sealed class HeapSafetyTests
     }
 
     [SkippableFact]
+    public void BufferedHeap_AllocationsInsideAnOperationThatOutlivesDispose_DoNotCrash()
+    {
+        using var dir = new TempDirectory();
+        (int code, string output) = TestProgram.RunChild(NoEnvironment, SafetyChild.Role, "durable-allocate-after-dispose", dir.File("a.heap"));
+        Assert.True(code == SafetyChild.Survived, $"exit {code}: {output}");
+
+        (int controlCode, string controlOutput) = TestProgram.RunChild(NoEnvironment, SafetyChild.Role, "durable-allocate-after-dispose", dir.File("b.heap"), "control");
+        _output.WriteLine($"control (Dispose unmapping under the operation's allocations): exit {controlCode}");
+        Skip.If(controlCode == SafetyChild.Survived, $"inconclusive: the control did not crash this run: {controlOutput}");
+        Assert.NotEqual(SafetyChild.Survived, controlCode);
+    }
+
+    [SkippableFact]
     public void Open_SparseCopyOnAFullFileSystem_ReportsInsufficientSpaceInsteadOfSigbus()
     {
         using var dir = new TempDirectory();
