@@ -141,53 +141,23 @@ internal static class SafetyChild
         }
 
         BufferedDurableHeap heap = BufferedDurableHeap.Create(path, new HeapFileOptions { Size = 8L << 20 }, options);
-        using var inside = new ManualResetEventSlim();
-        using var disposed = new ManualResetEventSlim();
-        Exception? workerFailure = null;
         int allocated = 0;
-        var worker = new Thread(() =>
+        (bool timedOut, string? failure) = DisposeWhileInsideAnOperation(heap, (op, waitUntilDisposed) =>
         {
-            try
+            // The first allocation fills this thread's cache, so the ones after Dispose touch only the mapping.
+            op.GetPayload(op.Allocate(16, typeId: 2)).Fill(1);
+            waitUntilDisposed();
+            for (int i = 0; i < 20; i++)
             {
-                using DurableOperation op = heap.BeginOperation();
-
-                // The first allocation fills this thread's cache, so the ones after Dispose touch only the mapping.
-                op.GetPayload(op.Allocate(16, typeId: 2)).Fill(1);
-                inside.Set();
-                disposed.Wait(TimeSpan.FromSeconds(30));
-                for (int i = 0; i < 20; i++)
-                {
-                    // Each allocation writes the new block's header into the mapping. (GetPayload is a checked call:
-                    // after Dispose it throws ObjectDisposedException, so it is not used here.)
-                    op.Allocate(16, typeId: 2);
-                    allocated++;
-                }
-            }
-            catch (ObjectDisposedException)
-            {
-                // Ending the operation on a closed heap may say so; what matters is that nothing crashed.
-            }
-            catch (Exception e)
-            {
-                workerFailure = e;
+                // Each allocation writes the new block's header into the mapping. (GetPayload is a checked call:
+                // after Dispose it throws ObjectDisposedException, so it is not used here.)
+                op.Allocate(16, typeId: 2);
+                allocated++;
             }
         });
-        worker.Start();
-        inside.Wait(TimeSpan.FromSeconds(30));
-        bool timedOut = false;
-        try
+        if (failure is not null || !timedOut || allocated != 20)
         {
-            heap.Dispose();
-        }
-        catch (TimeoutException)
-        {
-            timedOut = true;
-        }
-
-        disposed.Set();
-        if (!worker.Join(TimeSpan.FromSeconds(30)) || workerFailure is not null || !timedOut || allocated != 20)
-        {
-            Console.Error.WriteLine($"timedOut={timedOut} allocated={allocated} worker={workerFailure}");
+            Console.Error.WriteLine($"timedOut={timedOut} allocated={allocated} worker={failure}");
             return WrongOutcome;
         }
 
@@ -214,6 +184,38 @@ internal static class SafetyChild
         }
 
         heap.Sync();
+        (bool timedOut, string? failure) = DisposeWhileInsideAnOperation(heap, (op, waitUntilDisposed) =>
+        {
+            Span<byte> payload = op.GetPayload(op.Allocate(4096, typeId: 2));
+            waitUntilDisposed();
+
+            // Still inside the operation after Dispose returned: write the payload it holds, many times.
+            for (int i = 0; i < 100; i++)
+            {
+                payload.Fill((byte)i);
+            }
+        });
+        if (failure is not null || !timedOut)
+        {
+            Console.Error.WriteLine($"timedOut={timedOut} worker={failure}");
+            return WrongOutcome;
+        }
+
+        // The lock was released: the file opens again, and the synced data is there.
+        using BufferedDurableHeap reopened = BufferedDurableHeap.Open(path);
+        var again = new PersistentHashMap<long, long>(reopened, typeId: 1);
+        return again.Count == 100 && again.TryGetValue(42, out long v) && v == 420 ? Survived : WrongOutcome;
+    }
+
+    private delegate void InsideOperation(DurableOperation op, Action waitUntilDisposed);
+
+    /// <summary>
+    /// A worker begins an operation and runs <paramref name="body"/> in it; when the body calls its second argument,
+    /// the heap is disposed (bounded waits throughout) and the body goes on after Dispose returned. Whether Dispose
+    /// timed out, and why the worker failed (null: it ended, or said ObjectDisposedException, without crashing).
+    /// </summary>
+    private static (bool TimedOut, string? Failure) DisposeWhileInsideAnOperation(BufferedDurableHeap heap, InsideOperation body)
+    {
         using var inside = new ManualResetEventSlim();
         using var disposed = new ManualResetEventSlim();
         Exception? workerFailure = null;
@@ -222,16 +224,11 @@ internal static class SafetyChild
             try
             {
                 using DurableOperation op = heap.BeginOperation();
-                PayloadRef block = op.Allocate(4096, typeId: 2);
-                Span<byte> payload = op.GetPayload(block);
-                inside.Set();
-                disposed.Wait(TimeSpan.FromSeconds(30));
-
-                // Still inside the operation after Dispose returned: write the payload it holds, many times.
-                for (int i = 0; i < 100; i++)
+                body(op, () =>
                 {
-                    payload.Fill((byte)i);
-                }
+                    inside.Set();
+                    disposed.Wait(TimeSpan.FromSeconds(30));
+                });
             }
             catch (ObjectDisposedException)
             {
@@ -255,16 +252,7 @@ internal static class SafetyChild
         }
 
         disposed.Set();
-        if (!worker.Join(TimeSpan.FromSeconds(30)) || workerFailure is not null || !timedOut)
-        {
-            Console.Error.WriteLine($"timedOut={timedOut} worker={workerFailure}");
-            return WrongOutcome;
-        }
-
-        // The lock was released: the file opens again, and the synced data is there.
-        using BufferedDurableHeap reopened = BufferedDurableHeap.Open(path);
-        var again = new PersistentHashMap<long, long>(reopened, typeId: 1);
-        return again.Count == 100 && again.TryGetValue(42, out long v) && v == 420 ? Survived : WrongOutcome;
+        return worker.Join(TimeSpan.FromSeconds(30)) ? (timedOut, workerFailure?.ToString()) : (timedOut, "the worker did not end within 30 s");
     }
 
     /// <summary>Opens a (damaged) buffered heap: prints how, or why it was refused; a crash is the only failure.</summary>
