@@ -43,7 +43,8 @@ internal static class DurabilityHarness
             foreach (DurabilityMode mode in new[] { DurabilityMode.Transient, DurabilityMode.Buffered })
             {
                 string p = Path.Combine(dir, $"epvs-leak-{Guid.NewGuid():N}.heap");
-                using (BufferedDurableHeap heap = BufferedDurableHeap.Create(p, new HeapFileOptions { Size = 128L << 20, Domain = PersistenceDomainKind.MappedFile }))
+                // Each mode preloads its own file: a transient heap refuses a file that holds durable data.
+                using (BufferedDurableHeap heap = BufferedDurableHeap.Create(p, new HeapFileOptions { Size = 128L << 20, Domain = PersistenceDomainKind.MappedFile }, new BufferedDurableHeapOptions { Mode = mode }))
                 {
                     var map = new PersistentByteMap<long>(heap, MapTypeId);
                     byte[] value = new byte[ValueSize];
@@ -51,12 +52,6 @@ internal static class DurabilityHarness
                     {
                         map.Set(i * 2, value);
                     }
-                }
-
-                using (BufferedDurableHeap heap = BufferedDurableHeap.Open(p, new HeapFileOptions { Domain = PersistenceDomainKind.MappedFile }, new BufferedDurableHeapOptions { Mode = mode }))
-                {
-                    var map = new PersistentByteMap<long>(heap, MapTypeId);
-                    byte[] value = new byte[ValueSize];
 
                     Console.WriteLine($"{mode} before: {heap.Heap.GetStatistics()} count={map.Count}");
                     var random = new Random(1);
@@ -99,9 +94,14 @@ internal static class DurabilityHarness
         string path = Path.Combine(dir, $"epvs-bench-{Guid.NewGuid():N}.heap");
         try
         {
-            var watch = Stopwatch.StartNew();
-            using (BufferedDurableHeap heap = BufferedDurableHeap.Create(path, new HeapFileOptions { Size = 3L << 29, MaxSize = 3L << 30, Domain = domain }))
+            var results = new Dictionary<(string, int, DurabilityMode), double>();
+            string[] workloads = ["map 0:1:1", "map 2:1:1", "map 18:1:1", "queue 1:1"];
+            foreach (DurabilityMode mode in new[] { DurabilityMode.Transient, DurabilityMode.Buffered, DurabilityMode.Strict })
             {
+                // Each mode preloads a file of its own, created in that mode: a transient heap refuses a file that
+                // holds durable data (it would overwrite it in place).
+                var watch = Stopwatch.StartNew();
+                using BufferedDurableHeap heap = BufferedDurableHeap.Create(path, new HeapFileOptions { Size = 3L << 29, MaxSize = 3L << 30, Domain = domain }, new BufferedDurableHeapOptions { Mode = mode });
                 var map = new PersistentByteMap<long>(heap, MapTypeId);
                 var queue = new PersistentQueue<Kilobyte>(heap, QueueTypeId);
                 Parallel(2, t =>
@@ -117,19 +117,7 @@ internal static class DurabilityHarness
                     queue.Enqueue(default);
                 }
 
-                Console.WriteLine($"# {domain}: preloaded {map.Count:N0} keys in {watch.Elapsed.TotalSeconds:0.0} s (pmem path: {heap.Heap.File.Domain.IsPersistentMemory})");
-            }
-
-            Console.WriteLine();
-            Console.WriteLine($"| domain | workload | threads | transient Mops/s | buffered Mops/s | strict Mops/s | buffered/transient | buffered/strict |");
-            Console.WriteLine($"|---|---|---:|---:|---:|---:|---:|---:|");
-            var results = new Dictionary<(string, int, DurabilityMode), double>();
-            string[] workloads = ["map 0:1:1", "map 2:1:1", "map 18:1:1", "queue 1:1"];
-            foreach (DurabilityMode mode in new[] { DurabilityMode.Transient, DurabilityMode.Buffered, DurabilityMode.Strict })
-            {
-                using BufferedDurableHeap heap = BufferedDurableHeap.Open(path, new HeapFileOptions { Domain = domain }, new BufferedDurableHeapOptions { Mode = mode });
-                var map = new PersistentByteMap<long>(heap, MapTypeId);
-                var queue = new PersistentQueue<Kilobyte>(heap, QueueTypeId);
+                Console.WriteLine($"# {domain}, {mode}: preloaded {map.Count:N0} keys in {watch.Elapsed.TotalSeconds:0.0} s (pmem path: {heap.Heap.File.Domain.IsPersistentMemory})");
                 foreach (string workload in workloads)
                 {
                     foreach (int threads in new[] { 1, 2 })
@@ -139,8 +127,14 @@ internal static class DurabilityHarness
                         results[(workload, threads, mode)] = Measure(heap, map, queue, workload, threads, cell);
                     }
                 }
+
+                heap.Dispose();
+                File.Delete(path);
             }
 
+            Console.WriteLine();
+            Console.WriteLine($"| domain | workload | threads | transient Mops/s | buffered Mops/s | strict Mops/s | buffered/transient | buffered/strict |");
+            Console.WriteLine($"|---|---|---:|---:|---:|---:|---:|---:|");
             foreach (string workload in workloads)
             {
                 foreach (int threads in new[] { 1, 2 })
