@@ -337,6 +337,16 @@ public sealed unsafe partial class BufferedDurableHeap : IDisposable
         }
     }
 
+    /// <summary>Throws unless the calling thread is inside an operation of this heap (a stale copy of an ended <see cref="DurableOperation"/>).</summary>
+    [MethodImpl(MethodImplOptions.AggressiveInlining)]
+    internal void ThrowIfNotInsideAnOperation()
+    {
+        if (!_scheme.Epoch.ThisInstanceProtected())
+        {
+            ThrowHelper.ThrowInvalidOperation("This DurableOperation has ended (a copy of it outlived its Dispose): allocate only through an operation that is still open on this thread.");
+        }
+    }
+
     internal DurabilityFaults Faults => _faults;
 
     /// <summary>Bytes of replaced and deleted payloads not yet freed, over all threads (approximate while they run).</summary>

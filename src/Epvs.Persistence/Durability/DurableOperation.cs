@@ -42,7 +42,7 @@ public ref struct DurableOperation
     /// <exception cref="InsufficientMemoryException">The heap is full.</exception>
     public readonly PayloadRef Allocate(int size, int typeId)
     {
-        BufferedDurableHeap heap = Heap;
+        BufferedDurableHeap heap = InsideHeap;
         PayloadRef block = heap.Allocator.AllocateInOperation(AllocatorCache(heap), size, typeId, Version, PayloadKind.Alloc, 0);
         heap.Track(_buffers!, Version, block);
         return block;
@@ -131,6 +131,7 @@ public ref struct DurableOperation
             return current;
         }
 
+        heap.ThrowIfNotInsideAnOperation();
         PayloadRef copy = heap.Allocator.AllocateInOperation(AllocatorCache(heap), size, typeId, Version, PayloadKind.Update, uid);
         heap.Track(_buffers!, Version, copy);
         _buffers!.Retired[ThreadBuffers.Slot(Version)].Add(current.Offset);
@@ -188,6 +189,22 @@ public ref struct DurableOperation
     [MethodImpl(MethodImplOptions.AggressiveInlining)]
     private readonly PersistentHeap.ThreadCache AllocatorCache(BufferedDurableHeap heap) =>
         _buffers!.AllocatorCache ??= heap.Allocator.CurrentThreadCache;
+
+    /// <summary>
+    /// <see cref="Heap"/>, for the calls that write into the mapping without the heap file's own epoch (allocation):
+    /// they are safe only inside an operation, which Dispose waits for. A copy of this ref struct used after the
+    /// original was disposed is not inside one, and throws instead of writing into a heap that may be unmapped.
+    /// </summary>
+    private readonly BufferedDurableHeap InsideHeap
+    {
+        [MethodImpl(MethodImplOptions.AggressiveInlining)]
+        get
+        {
+            BufferedDurableHeap heap = Heap;
+            heap.ThrowIfNotInsideAnOperation();
+            return heap;
+        }
+    }
 
     private readonly BufferedDurableHeap Heap
     {

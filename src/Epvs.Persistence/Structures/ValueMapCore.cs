@@ -30,7 +30,6 @@ internal sealed unsafe class ValueMapCore<TKey, TValue>
     private readonly int _typeId;
     private readonly ValueIndex<TKey, TValue> _index;
     private readonly bool _tornReads;
-    private long _count;
 
     internal ValueMapCore(BufferedDurableHeap heap, int typeId, int recoveryParallelism)
     {
@@ -45,8 +44,7 @@ internal sealed unsafe class ValueMapCore<TKey, TValue>
 
     private static int PayloadSize => sizeof(TKey) + sizeof(TValue);
 
-    // Volatile.Read: acquire; the count is maintained with Interlocked under the stripe locks.
-    internal long Count => Volatile.Read(ref _count);
+    internal long Count => _index.Count;
 
     internal bool Upsert(TKey key, TValue value)
     {
@@ -71,9 +69,6 @@ internal sealed unsafe class ValueMapCore<TKey, TValue>
                 PayloadRef added = op.Allocate(PayloadSize, _typeId);
                 WritePayload(added, key, value);
                 grow = _index.Add(new ValueIndex<TKey, TValue>.Node(key, hash, added.Offset, _heap.HeaderWords(added.Offset).Uid, op.Version, value));
-
-                // Interlocked.Increment: the count is shared across stripes; atomicity only.
-                Interlocked.Increment(ref _count);
             }
         }
 
@@ -121,8 +116,6 @@ internal sealed unsafe class ValueMapCore<TKey, TValue>
             // The anti-payload first: if the heap is full, Delete throws and the index still agrees with the heap.
             op.Delete(new PayloadRef(current.Offset));
             _index.Remove(key, hash);
-            // Interlocked.Decrement: see Upsert.
-            Interlocked.Decrement(ref _count);
             return true;
         }
     }
@@ -158,6 +151,5 @@ internal sealed unsafe class ValueMapCore<TKey, TValue>
                 _index.Add(new ValueIndex<TKey, TValue>.Node(key, hash, payload.Block.Offset, payload.Header.Uid, payload.Header.EpochTag, Unsafe.ReadUnaligned<TValue>(bytes + sizeof(TKey))));
             }
         });
-        _count = payloads.Count;
     }
 }

@@ -17,6 +17,33 @@ public sealed class BufferedDurableHeapTests
     public BufferedDurableHeapTests(ITestOutputHelper output) => _output = output;
 
     [Fact]
+    public void Allocate_ThroughACopyOfAnEndedOperation_ThrowsInsteadOfWritingOutsideAnOperation()
+    {
+        // Allocation skips the heap file's own epoch (the operation's region is what Dispose waits for), so a copy of
+        // the ref struct that outlived its Dispose must not allocate: after the heap's Dispose it would write into an
+        // unmapped file. (Checked before the heap is disposed, so a regression fails here instead of crashing.)
+        using var dir = new TempDirectory();
+        using BufferedDurableHeap heap = BufferedDurableHeap.Create(dir.File("copy.heap"), new HeapFileOptions { Size = 1L << 20, Domain = PersistenceDomainKind.MappedFile }, Manual);
+        DurableOperation op = heap.BeginOperation();
+        DurableOperation copy = op;
+        PayloadRef first = copy.Allocate(16, typeId: 3);
+        op.Dispose();
+        string? refused = null;
+        try
+        {
+            copy.Allocate(16, typeId: 3);
+        }
+        catch (InvalidOperationException e)
+        {
+            refused = e.Message;
+        }
+
+        Assert.NotNull(refused);
+        Assert.Contains("ended", refused, StringComparison.Ordinal);
+        Assert.NotEqual(0, first.Offset);
+    }
+
+    [Fact]
     public void OpenTransient_AFileHoldingDurableData_IsRefusedAndLeavesItsBlocksUnchanged()
     {
         using var dir = new TempDirectory();
