@@ -108,7 +108,8 @@ internal sealed class ValueIndex<TKey, TValue>
             Node node = link;
             if (node.Hash == hash && node.Key.Equals(key))
             {
-                // Volatile.Write: release; a reader that already holds the node still walks on from it.
+                // Volatile.Write: an atomic store, no new ordering needed (node.Next was published when the node was
+                // linked); a reader that already holds the node still walks on from it.
                 Volatile.Write(ref link, node.Next);
 
                 // Interlocked.Decrement: see Add.
@@ -269,6 +270,9 @@ internal sealed class ValueIndex<TKey, TValue>
             // LoadLoadBarrier: the value's loads complete before the sequence is loaded again, pairing with the
             // writer's odd store followed by its store-store barrier.
             LoadLoadBarrier();
+
+            // Volatile.Read: the second sequence load (ordered after the value's loads by the barrier above); equal to
+            // the first and even means no write overlapped the copy.
             if ((before & 1) == 0 && Volatile.Read(ref _sequence) == before)
             {
                 return value;
