@@ -46,4 +46,7 @@ internal enum DurabilityFaults
 
     /// <summary>The hash map's index grows by moving its nodes into the new table instead of copying them (a reader may miss a present key).</summary>
     RelinkOnGrow = 2048,
+
+    /// <summary>The hash map's index grows without excluding the writers of other stripes (an update racing the copy is lost).</summary>
+    GrowWithoutWriterLocks = 4096,
 }

@@ -33,9 +33,11 @@ internal sealed class ValueIndex<TKey, TValue>
     private long _nodes;
 
     private readonly bool _relinkOnGrow;
+    private readonly bool _growWithoutLocks;
 
-    internal ValueIndex(int lockCount, int capacity, bool relinkOnGrow = false)
+    internal ValueIndex(int lockCount, int capacity, bool relinkOnGrow = false, bool growWithoutLocks = false)
     {
+        _growWithoutLocks = growWithoutLocks;
         _relinkOnGrow = relinkOnGrow;
         _locks = new object[lockCount];
         for (int i = 0; i < lockCount; i++)
@@ -137,7 +139,9 @@ internal sealed class ValueIndex<TKey, TValue>
         int taken = 0;
         try
         {
-            for (; taken < _locks.Length; taken++)
+            // (The broken control takes only the first lock, so writers of the other stripes update nodes it is
+            // copying: an update that lands on an old node after its copy is lost.)
+            for (int locks = _growWithoutLocks ? 1 : _locks.Length; taken < locks; taken++)
             {
                 Monitor.Enter(_locks[taken]);
             }

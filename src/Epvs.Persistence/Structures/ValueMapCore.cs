@@ -38,7 +38,7 @@ internal sealed unsafe class ValueMapCore<TKey, TValue>
         _typeId = StructureKind.Claim(heap, StructureKind.HashMap, typeId);
         IReadOnlyList<RecoveredPayload> payloads = heap.TakeRecoveredPayloads(_typeId);
         _tornReads = (heap.Faults & DurabilityFaults.TornIndexReads) != 0;
-        _index = new ValueIndex<TKey, TValue>(StructureRecovery.StripeCount(), payloads.Count, (heap.Faults & DurabilityFaults.RelinkOnGrow) != 0);
+        _index = new ValueIndex<TKey, TValue>(StructureRecovery.StripeCount(), payloads.Count, (heap.Faults & DurabilityFaults.RelinkOnGrow) != 0, (heap.Faults & DurabilityFaults.GrowWithoutWriterLocks) != 0);
         Rebuild(payloads, recoveryParallelism);
     }
 

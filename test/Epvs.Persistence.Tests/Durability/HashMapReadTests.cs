@@ -47,6 +47,87 @@ public sealed class HashMapReadTests
         Skip.If(controlMissed == 0, "inconclusive: the control lost no key this run (no read overlapped a growth)");
     }
 
+    [SkippableFact]
+    public void Map_UpdatesWhileTheIndexGrows_AreNeverLost()
+    {
+        (long updates, long lost) = RaceUpdatesWithGrowth(DurabilityFaults.None);
+        _output.WriteLine($"growth under every lock: {updates:N0} updates, {lost:N0} lost");
+        Assert.True(updates > 1000, $"too few updates to judge ({updates})");
+        Assert.Equal(0, lost);
+
+        // Control: growth that does not exclude the other stripes' writers must be caught losing updates.
+        (long controlUpdates, long controlLost) = RaceUpdatesWithGrowth(DurabilityFaults.GrowWithoutWriterLocks);
+        _output.WriteLine($"control (growth without the writers' locks): {controlUpdates:N0} updates, {controlLost:N0} lost");
+        Skip.If(controlLost == 0, "inconclusive: the control lost no update this run (no update overlapped a growth)");
+    }
+
+    /// <summary>
+    /// One thread inserts keys (several doublings of the table) while another keeps updating 4,096 present keys with
+    /// increasing values, reading each one first: a value that is not the key's previous write, or a final value that
+    /// is not its last write, is a lost update.
+    /// </summary>
+    private static (long Updates, long Lost) RaceUpdatesWithGrowth(DurabilityFaults faults)
+    {
+        const int Present = 4096;
+        const int Inserted = 1 << 18;
+        using var dir = new TempDirectory();
+        using BufferedDurableHeap heap = BufferedDurableHeap.Create(
+            dir.File("map.heap"),
+            new HeapFileOptions { Size = 128L << 20, Domain = PersistenceDomainKind.MappedFile },
+            new BufferedDurableHeapOptions { Mode = DurabilityMode.Transient, AdvancePeriod = Timeout.InfiniteTimeSpan, Faults = faults });
+        var map = new PersistentHashMap<long, long>(heap, typeId: 1);
+        var last = new long[Present];
+        for (long k = 0; k < Present; k++)
+        {
+            map.Set(k, 0);
+        }
+
+        int stop = 0;
+        long updates = 0, lost = 0;
+        Workers.Run(2, index =>
+        {
+            if (index == 0)
+            {
+                for (long k = Present; k < Present + Inserted; k++)
+                {
+                    map.Set(k, k);
+                }
+
+                // Volatile.Write: release; pairs with the updater's Volatile.Read.
+                Volatile.Write(ref stop, 1);
+                return;
+            }
+
+            // Volatile.Read: acquire; pairs with the inserter's Volatile.Write.
+            for (long round = 1; Volatile.Read(ref stop) == 0; round++)
+            {
+                for (int k = 0; k < Present; k++)
+                {
+                    // The previous round's write must still be there: an update that went to a node after a growth
+                    // had copied it is gone from the grown table.
+                    if (!map.TryGetValue(k, out long before) || before != last[k])
+                    {
+                        lost++;
+                    }
+
+                    map.Set(k, round);
+                    last[k] = round;
+                    updates++;
+                }
+            }
+        });
+
+        for (int k = 0; k < Present; k++)
+        {
+            if (!map.TryGetValue(k, out long final) || final != last[k])
+            {
+                lost++;
+            }
+        }
+
+        return (updates, lost);
+    }
+
     private static (long Reads, long Missed) RaceReadsWithGrowth(DurabilityFaults faults)
     {
         const int Present = 4096;
