@@ -14,94 +14,57 @@ namespace Epvs.Persistence.Tests;
 /// </summary>
 public sealed class HashMapReadTests
 {
+    private const int GrowthPresent = 4096;
     private static readonly TimeSpan Duration = TimeSpan.FromSeconds(1);
     private readonly ITestOutputHelper _output;
 
     public HashMapReadTests(ITestOutputHelper output) => _output = output;
 
     [SkippableFact]
-    public void Map_ReadsRacingUpdatesOfAWideValue_NeverReturnATornValue()
-    {
-        (long reads, long torn) = RaceReadsWithUpdates(DurabilityFaults.None, Duration);
-        _output.WriteLine($"sequence lock: {reads:N0} reads, {torn:N0} torn");
-        Assert.True(reads > 1000, $"too few reads to judge ({reads})");
-        Assert.Equal(0, torn);
-
+    public void Map_ReadsRacingUpdatesOfAWideValue_NeverReturnATornValue() =>
         // Control: reads that skip the sequence check must be caught returning torn values.
-        (long controlReads, long controlTorn) = RaceReadsWithUpdates(DurabilityFaults.TornIndexReads, 3 * Duration);
-        _output.WriteLine($"control (no sequence check): {controlReads:N0} reads, {controlTorn:N0} torn");
-        Skip.If(controlTorn == 0, "inconclusive: the control saw no torn read this run (the threads did not overlap enough)");
-    }
+        CheckWithControl("reads", "torn", faults => RaceReadsWithUpdates(faults, faults == DurabilityFaults.None ? Duration : 3 * Duration), DurabilityFaults.TornIndexReads);
 
     [SkippableFact]
-    public void Map_ReadsWhileTheIndexGrows_AlwaysFindPresentKeys()
-    {
-        (long reads, long missed) = RaceReadsWithGrowth(DurabilityFaults.None);
-        _output.WriteLine($"copying growth: {reads:N0} reads, {missed:N0} present keys missed");
-        Assert.True(reads > 1000, $"too few reads to judge ({reads})");
-        Assert.Equal(0, missed);
-
+    public void Map_ReadsWhileTheIndexGrows_AlwaysFindPresentKeys() =>
         // Control: growth that moves the nodes (rewriting their links under readers) must be caught losing keys.
-        (long controlReads, long controlMissed) = RaceReadsWithGrowth(DurabilityFaults.RelinkOnGrow);
-        _output.WriteLine($"control (relinking growth): {controlReads:N0} reads, {controlMissed:N0} present keys missed");
-        Skip.If(controlMissed == 0, "inconclusive: the control lost no key this run (no read overlapped a growth)");
-    }
+        CheckWithControl("reads", "present keys missed", RaceReadsWithGrowth, DurabilityFaults.RelinkOnGrow);
 
     [SkippableFact]
-    public void Map_UpdatesWhileTheIndexGrows_AreNeverLost()
-    {
-        (long updates, long lost) = RaceUpdatesWithGrowth(DurabilityFaults.None);
-        _output.WriteLine($"growth under every lock: {updates:N0} updates, {lost:N0} lost");
-        Assert.True(updates > 1000, $"too few updates to judge ({updates})");
-        Assert.Equal(0, lost);
-
+    public void Map_UpdatesWhileTheIndexGrows_AreNeverLost() =>
         // Control: growth that does not exclude the other stripes' writers must be caught losing updates.
-        (long controlUpdates, long controlLost) = RaceUpdatesWithGrowth(DurabilityFaults.GrowWithoutWriterLocks);
-        _output.WriteLine($"control (growth without the writers' locks): {controlUpdates:N0} updates, {controlLost:N0} lost");
-        Skip.If(controlLost == 0, "inconclusive: the control lost no update this run (no update overlapped a growth)");
+        CheckWithControl("updates", "lost", RaceUpdatesWithGrowth, DurabilityFaults.GrowWithoutWriterLocks);
+
+    /// <summary>
+    /// Runs <paramref name="race"/> as built (enough operations, no failure), then with <paramref name="control"/>,
+    /// which must show failures; a control that shows none makes the run inconclusive (skipped), never passed.
+    /// </summary>
+    private void CheckWithControl(string operations, string failures, Func<DurabilityFaults, (long Operations, long Failures)> race, DurabilityFaults control)
+    {
+        (long done, long failed) = race(DurabilityFaults.None);
+        _output.WriteLine($"as built: {done:N0} {operations}, {failed:N0} {failures}");
+        Assert.True(done > 1000, $"too few {operations} to judge ({done})");
+        Assert.Equal(0, failed);
+
+        (long controlDone, long controlFailed) = race(control);
+        _output.WriteLine($"control ({control}): {controlDone:N0} {operations}, {controlFailed:N0} {failures}");
+        Skip.If(controlFailed == 0, $"inconclusive: the control {control} showed no {failures} this run (the threads did not overlap enough)");
     }
 
     /// <summary>
-    /// One thread inserts keys (several doublings of the table) while another keeps updating 4,096 present keys with
-    /// increasing values, reading each one first: a value that is not the key's previous write, or a final value that
-    /// is not its last write, is a lost update.
+    /// One thread updates 4,096 present keys with increasing values, reading each one first, while another inserts keys
+    /// (several doublings of the table): a value that is not the key's previous write, or a final value that is not its
+    /// last write, is a lost update.
     /// </summary>
     private static (long Updates, long Lost) RaceUpdatesWithGrowth(DurabilityFaults faults)
     {
-        const int Present = 4096;
-        const int Inserted = 1 << 18;
-        using var dir = new TempDirectory();
-        using BufferedDurableHeap heap = BufferedDurableHeap.Create(
-            dir.File("map.heap"),
-            new HeapFileOptions { Size = 128L << 20, Domain = PersistenceDomainKind.MappedFile },
-            new BufferedDurableHeapOptions { Mode = DurabilityMode.Transient, AdvancePeriod = Timeout.InfiniteTimeSpan, Faults = faults });
-        var map = new PersistentHashMap<long, long>(heap, typeId: 1);
-        var last = new long[Present];
-        for (long k = 0; k < Present; k++)
-        {
-            map.Set(k, 0);
-        }
-
-        int stop = 0;
+        var last = new long[GrowthPresent];
         long updates = 0, lost = 0;
-        Workers.Run(2, index =>
+        RaceWithGrowth(faults, k => 0, (map, stopped) =>
         {
-            if (index == 0)
+            for (long round = 1; !stopped(); round++)
             {
-                for (long k = Present; k < Present + Inserted; k++)
-                {
-                    map.Set(k, k);
-                }
-
-                // Volatile.Write: release; pairs with the updater's Volatile.Read.
-                Volatile.Write(ref stop, 1);
-                return;
-            }
-
-            // Volatile.Read: acquire; pairs with the inserter's Volatile.Write.
-            for (long round = 1; Volatile.Read(ref stop) == 0; round++)
-            {
-                for (int k = 0; k < Present; k++)
+                for (int k = 0; k < GrowthPresent; k++)
                 {
                     // The previous round's write must still be there: an update that went to a node after a growth
                     // had copied it is gone from the grown table.
@@ -115,53 +78,26 @@ public sealed class HashMapReadTests
                     updates++;
                 }
             }
-        });
 
-        for (int k = 0; k < Present; k++)
-        {
-            if (!map.TryGetValue(k, out long final) || final != last[k])
+            for (int k = 0; k < GrowthPresent; k++)
             {
-                lost++;
+                if (!map.TryGetValue(k, out long final) || final != last[k])
+                {
+                    lost++;
+                }
             }
-        }
+        });
 
         return (updates, lost);
     }
 
+    /// <summary>One thread reads the 4,096 present keys round and round while another grows the index: each must be found with its value.</summary>
     private static (long Reads, long Missed) RaceReadsWithGrowth(DurabilityFaults faults)
     {
-        const int Present = 4096;
-        const int Inserted = 1 << 18;
-        using var dir = new TempDirectory();
-        using BufferedDurableHeap heap = BufferedDurableHeap.Create(
-            dir.File("map.heap"),
-            new HeapFileOptions { Size = 128L << 20, Domain = PersistenceDomainKind.MappedFile },
-            new BufferedDurableHeapOptions { Mode = DurabilityMode.Transient, AdvancePeriod = Timeout.InfiniteTimeSpan, Faults = faults });
-        var map = new PersistentHashMap<long, long>(heap, typeId: 1);
-        for (long k = 0; k < Present; k++)
-        {
-            map.Set(k, k * 10);
-        }
-
-        int stop = 0;
         long reads = 0, missed = 0;
-        Workers.Run(2, index =>
+        RaceWithGrowth(faults, k => k * 10, (map, stopped) =>
         {
-            if (index == 0)
-            {
-                // Several doublings of the table while the reader runs.
-                for (long k = Present; k < Present + Inserted; k++)
-                {
-                    map.Set(k, k * 10);
-                }
-
-                // Volatile.Write: release; pairs with the reader's Volatile.Read.
-                Volatile.Write(ref stop, 1);
-                return;
-            }
-
-            // Volatile.Read: acquire; pairs with the writer's Volatile.Write.
-            for (long k = 0; Volatile.Read(ref stop) == 0; k = (k + 1) % Present)
+            for (long k = 0; !stopped(); k = (k + 1) % GrowthPresent)
             {
                 reads++;
                 if (!map.TryGetValue(k, out long value) || value != k * 10)
@@ -172,6 +108,45 @@ public sealed class HashMapReadTests
         });
 
         return (reads, missed);
+    }
+
+    /// <summary>
+    /// A transient map of <see cref="GrowthPresent"/> keys (values from <paramref name="valueOf"/>); worker 0 inserts
+    /// 2^18 more keys (several doublings of the index) and then signals; worker 1 runs <paramref name="racer"/> with
+    /// the map and a "has the inserter finished" probe.
+    /// </summary>
+    private static void RaceWithGrowth(DurabilityFaults faults, Func<long, long> valueOf, Action<PersistentHashMap<long, long>, Func<bool>> racer)
+    {
+        const int Inserted = 1 << 18;
+        using var dir = new TempDirectory();
+        using BufferedDurableHeap heap = BufferedDurableHeap.Create(
+            dir.File("map.heap"),
+            new HeapFileOptions { Size = 128L << 20, Domain = PersistenceDomainKind.MappedFile },
+            new BufferedDurableHeapOptions { Mode = DurabilityMode.Transient, AdvancePeriod = Timeout.InfiniteTimeSpan, Faults = faults });
+        var map = new PersistentHashMap<long, long>(heap, typeId: 1);
+        for (long k = 0; k < GrowthPresent; k++)
+        {
+            map.Set(k, valueOf(k));
+        }
+
+        int stop = 0;
+        Workers.Run(2, index =>
+        {
+            if (index == 0)
+            {
+                for (long k = GrowthPresent; k < GrowthPresent + Inserted; k++)
+                {
+                    map.Set(k, valueOf(k));
+                }
+
+                // Volatile.Write: release; pairs with the racer's Volatile.Read.
+                Volatile.Write(ref stop, 1);
+                return;
+            }
+
+            // Volatile.Read: acquire; pairs with the inserter's Volatile.Write.
+            racer(map, () => Volatile.Read(ref stop) != 0);
+        });
     }
 
     private static (long Reads, long Torn) RaceReadsWithUpdates(DurabilityFaults faults, TimeSpan duration)
