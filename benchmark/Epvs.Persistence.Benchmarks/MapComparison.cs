@@ -25,7 +25,9 @@ internal sealed record ComparisonSettings(
 /// Issue #10's performance table, side by side in one run: <see cref="PersistentHashMap{TKey, TValue}"/> against
 /// <see cref="ConcurrentDictionary{TKey, TValue}"/> (upsert, read; 1 and 2 threads, interleaved per repetition so a
 /// shared machine's noise hits both alike; medians and ratios), Sync latency and durability lag under one writer
-/// (in advance periods), and crash recovery of a heap of <see cref="ComparisonSettings.RecoveryBytes"/>.
+/// (in advance periods), and crash recovery of a heap of <see cref="ComparisonSettings.RecoveryBytes"/>. A breakdown row
+/// runs the same upserts on a <see cref="DurabilityMode.Transient"/> heap: the operation's own cost, without the
+/// durability work.
 /// </summary>
 internal static class MapComparison
 {
@@ -38,22 +40,31 @@ internal static class MapComparison
         output.WriteLine($"# key range {s.KeyRange:N0} (all preloaded), long keys and values, {s.Duration.TotalMilliseconds:0} ms per cell, {s.Repetitions} interleaved repetitions (median), threads {string.Join(",", s.Threads)}, domain {s.Domain}, files in {s.Directory}{(s.Quick ? ", QUICK mode" : string.Empty)}");
         output.Flush();
         string path = Path.Combine(s.Directory, $"epvs-compare-{Guid.NewGuid():N}.heap");
+        string transientPath = path + ".transient";
         try
         {
             long heapSize = Math.Max(64L << 20, (long)s.KeyRange * 256);
             using (BufferedDurableHeap heap = BufferedDurableHeap.Create(path, new HeapFileOptions { Size = heapSize, Domain = s.Domain }, new BufferedDurableHeapOptions { AdvancePeriod = Period }))
+            using (BufferedDurableHeap transient = BufferedDurableHeap.Create(transientPath, new HeapFileOptions { Size = heapSize, Domain = s.Domain }, new BufferedDurableHeapOptions { AdvancePeriod = Period, Mode = DurabilityMode.Transient }))
             {
                 var map = new PersistentHashMap<long, long>(heap, MapTypeId);
+                var transientMap = new PersistentHashMap<long, long>(transient, MapTypeId);
                 var dictionary = new ConcurrentDictionary<long, long>();
-                Progress(output, "preloading both maps");
+                Progress(output, "preloading the three maps");
                 for (long k = 0; k < s.KeyRange; k++)
                 {
                     map.Set(k, k);
+                    transientMap.Set(k, k);
                     dictionary[k] = k;
                 }
 
-                Throughput(s, map, dictionary, output);
-                SyncAndLag(s, heap, map, output);
+                Throughput(s, map, transientMap, dictionary, output);
+            }
+
+            File.Delete(transientPath);
+            using (BufferedDurableHeap heap = BufferedDurableHeap.Open(path, new HeapFileOptions { Domain = s.Domain }, new BufferedDurableHeapOptions { AdvancePeriod = Period }))
+            {
+                SyncAndLag(s, heap, new PersistentHashMap<long, long>(heap, MapTypeId), output);
             }
 
             File.Delete(path);
@@ -63,6 +74,7 @@ internal static class MapComparison
         finally
         {
             File.Delete(path);
+            File.Delete(transientPath);
         }
     }
 
@@ -72,9 +84,12 @@ internal static class MapComparison
         output.Flush();
     }
 
-    private static void Throughput(ComparisonSettings s, PersistentHashMap<long, long> map, ConcurrentDictionary<long, long> dictionary, TextWriter output)
+    private static void Throughput(ComparisonSettings s, PersistentHashMap<long, long> map, PersistentHashMap<long, long> transientMap, ConcurrentDictionary<long, long> dictionary, TextWriter output)
     {
-        string[] cells = ["ConcurrentDictionary upsert", "PersistentHashMap upsert", "ConcurrentDictionary read", "PersistentHashMap read"];
+        // The transient cell is the breakdown: the same map on a DurabilityMode.Transient heap updates each payload in
+        // place (no copy, no write-back, no seal, no reclamation), so it is the cost of the operation itself (version
+        // region, lock, index, payload write) without the durability work.
+        string[] cells = ["ConcurrentDictionary upsert", "PersistentHashMap upsert", "PersistentHashMap upsert, transient heap", "ConcurrentDictionary read", "PersistentHashMap read"];
         var results = new Dictionary<(string, int), List<double>>();
         foreach (int threads in s.Threads)
         {
@@ -84,14 +99,15 @@ internal static class MapComparison
                 foreach (string cell in cells)
                 {
                     bool persistent = cell.StartsWith("Persistent", StringComparison.Ordinal);
-                    bool upsert = cell.EndsWith("upsert", StringComparison.Ordinal);
+                    bool upsert = cell.Contains("upsert", StringComparison.Ordinal);
+                    PersistentHashMap<long, long> target = cell.EndsWith("transient heap", StringComparison.Ordinal) ? transientMap : map;
                     double mops = Measure(threads, s.Duration, s.KeyRange, (key, value) =>
                     {
                         if (persistent)
                         {
                             if (upsert)
                             {
-                                map.Set(key, value);
+                                target.Set(key, value);
                             }
                             else
                             {
@@ -125,6 +141,14 @@ internal static class MapComparison
                 double ratio = Median(persistent.Zip(baseline, (p, b) => p / b).ToList());
                 output.WriteLine(FormattableString.Invariant($"| {op} | {threads} | {Median(baseline):0.00} | {Median(persistent):0.00} | {ratio:0.00} | ≥ 0.50 {(ratio >= 0.5 ? "met" : "NOT met")} |"));
             }
+        }
+
+        foreach (int threads in s.Threads)
+        {
+            List<double> baseline = results[("ConcurrentDictionary upsert", threads)];
+            List<double> transient = results[("PersistentHashMap upsert, transient heap", threads)];
+            double ratio = Median(transient.Zip(baseline, (p, b) => p / b).ToList());
+            output.WriteLine(FormattableString.Invariant($"| upsert, transient heap (breakdown: no durability work) | {threads} | {Median(baseline):0.00} | {Median(transient):0.00} | {ratio:0.00} | (not a target) |"));
         }
 
         output.WriteLine();
