@@ -3,6 +3,7 @@ using System.Collections.Generic;
 using System.Diagnostics;
 using System.Diagnostics.CodeAnalysis;
 using System.Linq;
+using System.Runtime.InteropServices;
 using System.Threading;
 using System.Threading.Tasks;
 using Epvs;
@@ -27,8 +28,9 @@ public sealed unsafe partial class BufferedDurableHeap
     private Exception? _advancerFault;
     private long[] _scratch = new long[1024];
     private long[] _sealScratch = new long[1024];
+    private readonly List<long> _largeScratch = new();
 
-    /// <summary>Test hook: runs in reclamation after the frees are marked and before they are written back (the window in which an early reuse would race the free to the file).</summary>
+    /// <summary>Test hook: runs in reclamation once the version's frees are handed to the heap (deferred: see <see cref="PersistentHeap.AfterSweepMarkedForTesting"/> for the window in which an early reuse would race the free to the file).</summary>
     internal Action? AfterReclaimMarkedForTesting { get; set; }
 
     /// <summary>
@@ -274,7 +276,7 @@ public sealed unsafe partial class BufferedDurableHeap
             SealVersion(completed, written);
         }
 
-        Reclaim(completed - 1);
+        Reclaim(completed - 1, written);
     }
 
     /// <summary>
@@ -414,37 +416,80 @@ public sealed unsafe partial class BufferedDurableHeap
         }
     }
 
-    /// <summary>Frees what version <paramref name="version"/> replaced or deleted: its readers are gone and its replacements durable.</summary>
-    private void Reclaim(long version)
+    /// <summary>
+    /// Frees what version <paramref name="version"/> replaced or deleted: its readers are gone and its replacements
+    /// durable. Replaced and deleted payloads are deferred (<see cref="PersistentHeap.DeferFrees"/>: parked untouched,
+    /// marked free and written back by the heap's sweep before they are handed out again). An anti-payload is freed only
+    /// once every older copy of its uid is durably free, so when the version deleted anything, every deferred free is
+    /// made durable first. Then the sweep stocks the heap's pools for the next versions.
+    /// </summary>
+    /// <param name="version">The version whose retired blocks become free.</param>
+    /// <param name="allocated">How many blocks the cycle's version allocated: the sweep keeps about two cycles' worth ready.</param>
+    private void Reclaim(long version, int allocated)
     {
         int slot = ThreadBuffers.Slot(version);
         bool durable = _mode != DurabilityMode.Transient;
         bool unordered = (_faults & DurabilityFaults.FreeAntiPayloadsWithoutOrdering) != 0;
         // Volatile.Read: acquire; pairs with the release in RegisterThread.
         ThreadBuffers[] registry = Volatile.Read(ref _registry);
-        if (unordered)
+        if (!durable)
         {
-            FreeAll(registry, b => b.AntiPayloads[slot], durable);
+            // Transient: nothing is durable, blocks go straight back.
+            FreeAll(registry, b => b.Retired[slot], durable: false);
+            FreeAll(registry, b => b.AntiPayloads[slot], durable: false);
+            return;
         }
 
-        FreeAll(registry, b => b.Retired[slot], durable);
-        if (!unordered)
+        int n = Collect(registry, b => b.Retired[slot]);
+        _largeScratch.Clear();
+        _heap.DeferFrees(_scratch, n, _largeScratch);
+        if (n != 0)
         {
-            FreeAll(registry, b => b.AntiPayloads[slot], durable);
+            AfterReclaimMarkedForTesting?.Invoke();
+        }
+
+        if (_largeScratch.Count != 0)
+        {
+            FreeOffsets(CollectionsMarshal.AsSpan(_largeScratch), durable: true);
+        }
+
+        bool deletes = false;
+        foreach (ThreadBuffers buffers in registry)
+        {
+            deletes |= buffers.AntiPayloads[slot].Count != 0;
+        }
+
+        if (deletes)
+        {
+            // (A delete-heavy workload writes its frees back every cycle, as before frees were deferred. The broken
+            // control skips this, so an anti-payload's free can reach the file before the free of a copy it cancels.)
+            if (!unordered)
+            {
+                _heap.FlushPendingFrees();
+            }
+
+            FreeAll(registry, b => b.AntiPayloads[slot], durable: true);
+        }
+
+        // Keep about two cycles' allocations ready, so allocating threads neither sweep nor format segments themselves.
+        long ready = _heap.ReadyFreeBlocks;
+        long wanted = (2L * allocated) + 1024;
+        if (ready < wanted)
+        {
+            _heap.SweepPendingFrees(wanted - ready);
         }
     }
 
-    private void FreeAll(ThreadBuffers[] registry, Func<ThreadBuffers, OffsetList> select, bool durable)
+    /// <summary>Copies the offsets the lists <paramref name="select"/> picks into <see cref="_scratch"/>, clears the lists and counts their bytes as reclaimed.</summary>
+    private int Collect(ThreadBuffers[] registry, Func<ThreadBuffers, OffsetList> select)
     {
-        // (The broken control hands blocks out at once, before their frees are durable: the old behaviour.)
-        bool holdUntilDurable = durable && (_faults & DurabilityFaults.ReuseBeforeFreeIsDurable) == 0;
         int count = 0;
         foreach (ThreadBuffers buffers in registry)
         {
             count += select(buffers).Count;
         }
 
-        long[] headers = Scratch(count);
+        long[] offsets = Scratch(count);
         int n = 0;
         foreach (ThreadBuffers buffers in registry)
         {
@@ -452,19 +497,8 @@ public sealed unsafe partial class BufferedDurableHeap
             long bytes = 0;
             for (int i = 0; i < list.Count; i++)
             {
-                var block = new PayloadRef(list[i]);
                 bytes += HeapLayout.HeaderSize + PayloadSize(list[i]);
-                if (holdUntilDurable)
-                {
-                    // Marked free only: handed out again below, once the free is durable.
-                    _heap.MarkFree(block);
-                }
-                else
-                {
-                    _heap.Free(block);
-                }
-
-                headers[n++] = list[i];
+                offsets[n++] = list[i];
             }
 
             list.Clear();
@@ -473,34 +507,65 @@ public sealed unsafe partial class BufferedDurableHeap
             Volatile.Write(ref buffers.ReclaimedBytes, buffers.ReclaimedBytes + bytes);
         }
 
-        if (!durable || n == 0)
+        return n;
+    }
+
+    private void FreeAll(ThreadBuffers[] registry, Func<ThreadBuffers, OffsetList> select, bool durable)
+    {
+        int n = Collect(registry, select);
+        FreeOffsets(_scratch.AsSpan(0, n), durable, testHook: true);
+    }
+
+    /// <summary>
+    /// Frees blocks the eager way: marked free, written back (through the page cache, sorted runs of pages) and
+    /// fenced, and only then handed out again — a reuse that reached the file before the free could leave an old seal
+    /// over new bytes, which recovery would have to report as damage. Sorts <paramref name="offsets"/> in place.
+    /// </summary>
+    private void FreeOffsets(Span<long> offsets, bool durable, bool testHook = false)
+    {
+        // (The broken control hands blocks out at once, before their frees are durable: the old behaviour.)
+        bool holdUntilDurable = durable && (_faults & DurabilityFaults.ReuseBeforeFreeIsDurable) == 0;
+        foreach (long offset in offsets)
+        {
+            if (holdUntilDurable)
+            {
+                // Marked free only: handed out again below, once the free is durable.
+                _heap.MarkFree(new PayloadRef(offset));
+            }
+            else
+            {
+                _heap.Free(new PayloadRef(offset));
+            }
+        }
+
+        if (!durable || offsets.Length == 0)
         {
             return;
         }
 
-        AfterReclaimMarkedForTesting?.Invoke();
+        if (testHook)
+        {
+            AfterReclaimMarkedForTesting?.Invoke();
+        }
 
-        // The frees become durable (each freed header written back; through the page cache, sorted runs of pages)
-        // before any of the blocks is handed out again: a reuse that reached the file before the free could leave an
-        // old seal over new bytes, which recovery would have to report as damage.
         if (_pageWriteBack)
         {
-            Array.Sort(headers, 0, n);
+            offsets.Sort();
         }
 
         var ranges = new RangeWriter(this, _pageWriteBack);
-        for (int i = 0; i < n; i++)
+        foreach (long offset in offsets)
         {
-            ranges.Add(headers[i], HeapLayout.HeaderSize);
+            ranges.Add(offset, HeapLayout.HeaderSize);
         }
 
         ranges.Flush();
         _domain.Fence();
         if (holdUntilDurable)
         {
-            for (int i = 0; i < n; i++)
+            foreach (long offset in offsets)
             {
-                _heap.ReleaseFreed(new PayloadRef(headers[i]));
+                _heap.ReleaseFreed(new PayloadRef(offset));
             }
         }
     }

@@ -48,7 +48,8 @@ public sealed unsafe partial class BufferedDurableHeap
         var heapOptions = new PersistentHeapOptions
         {
             RecoveryParallelism = options.RecoveryParallelism,
-            Faults = options.HeapFaults,
+            // (The reuse-before-durable control breaks the heap's sweep of deferred frees the same way.)
+            Faults = options.HeapFaults | ((_faults & DurabilityFaults.ReuseBeforeFreeIsDurable) != 0 ? HeapFaults.HandOutSweptFreesEarly : HeapFaults.None),
             OwnerKind = HeapLayout.KindBufferedDurable,
             SalvageDamagedBlocks = options.SalvageDamagedBlocks,
             RecoveryFilter = (block, header) =>

@@ -421,6 +421,12 @@ public sealed unsafe partial class BufferedDurableHeap : IDisposable
             return "payloads were still waiting for reclamation";
         }
 
+        // Every deferred free made durable: the allocated blocks are exactly the live payloads.
+        lock (_cycleGate)
+        {
+            _heap.FlushPendingFrees();
+        }
+
         return _heap.TrySaveStateForReopen();
     }
 

@@ -26,7 +26,7 @@ internal enum DurabilityFaults
     /// <summary>Recovery leaves superseded and cancelled payloads allocated (a leak).</summary>
     KeepCancelledPayloads = 16,
 
-    /// <summary>Reclamation (and recovery) make the frees of anti-payloads durable before the frees of the payloads they cancel.</summary>
+    /// <summary>Reclamation frees anti-payloads without first making the deferred frees of the payloads they cancel durable, and recovery frees anti-payloads first: an anti-payload's free can reach the file before a cancelled copy's.</summary>
     FreeAntiPayloadsWithoutOrdering = 32,
 
     /// <summary>Operations never help reclaim, however large the backlog of retired payloads grows (no back-pressure).</summary>

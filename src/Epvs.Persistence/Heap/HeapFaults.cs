@@ -28,4 +28,7 @@ internal enum HeapFaults
 
     /// <summary>Opening ignores the saved state and rescans (the reference a fast reopen is compared with).</summary>
     IgnoreSavedState = 32,
+
+    /// <summary>A sweep of deferred frees hands the blocks out before their frees are written back and fenced (a reuse can reach the file over an old seal).</summary>
+    HandOutSweptFreesEarly = 64,
 }

@@ -30,6 +30,11 @@ public sealed unsafe partial class PersistentHeap
     /// <returns>Null when saved; otherwise why not (the next open then rescans).</returns>
     internal string? TrySaveStateForReopen()
     {
+        if (PendingFreeBlocks != 0)
+        {
+            return "frees were still waiting for the sweep";
+        }
+
         long segments = _segmentCount;
         var wordIndex = new long[segments];
         long bitmapWords = 0;

@@ -1,4 +1,6 @@
 using System;
+using System.Collections.Generic;
+using System.Runtime.InteropServices;
 using System.Threading;
 
 namespace Epvs.Persistence;
@@ -18,12 +20,12 @@ public sealed unsafe partial class PersistentHeap
 
     private long TableOffset(long segment) => HeapLayout.SuperblockSize + (segment * sizeof(ulong));
 
-    private bool TryFormatSmallSegment(ThreadCache cache, int cls)
+    private bool TryFormatSmallSegment(ThreadCache cache, int cls, bool allowGrowth = true)
     {
         long segment;
         lock (_segmentGate)
         {
-            segment = TakeRunLocked(1);
+            segment = TakeRunLocked(1, allowGrowth);
             if (segment < 0)
             {
                 return false;
@@ -88,15 +90,19 @@ public sealed unsafe partial class PersistentHeap
         }
     }
 
-    private void PushFree(int cls, long[] offsets, int count)
+    private void PushFree(int cls, long[] offsets, int count) => PushFree(cls, offsets.AsSpan(0, count));
+
+    private void PushFree(int cls, List<long> offsets) => PushFree(cls, CollectionsMarshal.AsSpan(offsets));
+
+    private void PushFree(int cls, ReadOnlySpan<long> offsets)
     {
         ClassPool pool = _pools[cls];
         lock (pool)
         {
-            for (int i = 0; i < count; i += BatchSize)
+            for (int i = 0; i < offsets.Length; i += BatchSize)
             {
-                pool.Batches.Push(offsets.AsSpan(i, Math.Min(BatchSize, count - i)).ToArray());
-                pool.BlockCount += Math.Min(BatchSize, count - i);
+                pool.Batches.Push(offsets.Slice(i, Math.Min(BatchSize, offsets.Length - i)).ToArray());
+                pool.BlockCount += Math.Min(BatchSize, offsets.Length - i);
             }
         }
     }
@@ -172,7 +178,7 @@ public sealed unsafe partial class PersistentHeap
     }
 
     /// <summary>Takes <paramref name="span"/> contiguous free segments (growing the heap if needed); -1 if impossible.</summary>
-    private long TakeRunLocked(long span)
+    private long TakeRunLocked(long span, bool allowGrowth = true)
     {
         for (int attempt = 0; attempt < 2; attempt++)
         {
@@ -193,7 +199,7 @@ public sealed unsafe partial class PersistentHeap
                 }
             }
 
-            if (attempt == 0 && !TryGrowLocked(span))
+            if (attempt == 0 && (!allowGrowth || !TryGrowLocked(span)))
             {
                 return -1;
             }

@@ -503,6 +503,11 @@ public sealed unsafe partial class PersistentHeap : IDisposable
         }
 
         freeBytes += freeSegments * HeapLayout.SegmentSize;
+        lock (_pendingGate)
+        {
+            freeBytes += _pendingBytes;
+        }
+
         return new HeapStatistics(segments * HeapLayout.SegmentSize, liveBlocks, liveBytes, freeBytes, overhead, freeSegments);
     }
 
@@ -630,24 +635,53 @@ public sealed unsafe partial class PersistentHeap : IDisposable
 
     private bool TryRefill(ThreadCache cache, int cls)
     {
+        if (TryTakeBatch(cache, cls) || TryFormatSmallSegment(cache, cls, allowGrowth: false))
+        {
+            return true;
+        }
+
+        // Deferred frees before growing the file: sweep the densest segments (a few write-backs on this thread).
+        if (PendingFreeBlocks != 0 && SweepPendingFrees(8 * BatchSize) != 0 && TryTakeBatch(cache, cls))
+        {
+            return true;
+        }
+
+        if (TryFormatSmallSegment(cache, cls, allowGrowth: true))
+        {
+            return true;
+        }
+
+        // No block ready and no segment left: make every deferred free durable and look once more (the advancer's
+        // sweep normally keeps the pools stocked, so this is the heap-almost-full path).
+        if (PendingFreeBlocks == 0)
+        {
+            return false;
+        }
+
+        FlushPendingFrees();
+        return TryTakeBatch(cache, cls);
+    }
+
+    private bool TryTakeBatch(ThreadCache cache, int cls)
+    {
         ClassPool pool = _pools[cls];
         lock (pool)
         {
-            if (pool.Batches.Count != 0)
+            if (pool.Batches.Count == 0)
             {
-                long[] batch = (_faults & HeapFaults.ShareRefillBatch) != 0 ? pool.Batches.Peek() : pool.Batches.Pop();
-                if ((_faults & HeapFaults.ShareRefillBatch) == 0)
-                {
-                    pool.BlockCount -= batch.Length;
-                }
-
-                batch.CopyTo(cache.Blocks[cls], 0);
-                cache.Counts[cls] = batch.Length;
-                return true;
+                return false;
             }
-        }
 
-        return TryFormatSmallSegment(cache, cls);
+            long[] batch = (_faults & HeapFaults.ShareRefillBatch) != 0 ? pool.Batches.Peek() : pool.Batches.Pop();
+            if ((_faults & HeapFaults.ShareRefillBatch) == 0)
+            {
+                pool.BlockCount -= batch.Length;
+            }
+
+            batch.CopyTo(cache.Blocks[cls], 0);
+            cache.Counts[cls] = batch.Length;
+            return true;
+        }
     }
 
     private void Spill(ThreadCache cache, int cls)

@@ -182,6 +182,34 @@ public sealed class BufferedDurableHeapTests
     }
 
     [Fact]
+    public void DeferredFrees_UpdatingEveryKeyEachVersion_ReuseTheHeapInsteadOfGrowingIt()
+    {
+        // 5,000 live entries (about 230 KiB of 48-byte blocks, a quarter of a 1 MiB file that may grow to 16 MiB). Versions
+        // that replace 100 entries alternate with versions that replace all of them, so the advancer's sweep (sized by
+        // the last version) leaves the pools short while the replaced blocks wait for the sweep. Allocation must reuse
+        // them (sweeping itself when nothing is ready and no segment is free) before it grows the file.
+        using var dir = new TempDirectory();
+        using BufferedDurableHeap heap = BufferedDurableHeap.Create(dir.File("grow.heap"), new HeapFileOptions { Size = 1L << 20, Domain = PersistenceDomainKind.MappedFile }, Manual);
+        var map = new PersistentHashMap<long, long>(heap, typeId: 1);
+        long segments = heap.Heap.File.SegmentCount;
+        for (int round = 0; round < 100; round++)
+        {
+            for (long k = 0; k < (round % 2 == 0 ? 100 : 5_000); k++)
+            {
+                map.Set(k, round);
+            }
+
+            heap.AdvanceVersion(TimeSpan.FromSeconds(10));
+        }
+
+        Assert.Equal(segments, heap.Heap.File.SegmentCount);
+        Assert.All(Enumerable.Range(0, 5_000), k => Assert.True(map.TryGetValue(k, out long v) && v == 99));
+        HeapStatistics stats = heap.Heap.GetStatistics();
+        _output.WriteLine(stats.ToString());
+        Assert.True(stats.AddsUp);
+    }
+
+    [Fact]
     public void Reclamation_RepeatedUpdatesAndDeletes_FreeOldPayloadsTwoVersionsLater()
     {
         using var domain = new SimulatedPersistenceDomain(4 << 20);

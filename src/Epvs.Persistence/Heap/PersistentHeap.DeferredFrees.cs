@@ -1,0 +1,237 @@
+using System;
+using System.Collections.Generic;
+
+namespace Epvs.Persistence;
+
+/// <summary>
+/// Deferred frees for a <see cref="BufferedDurableHeap"/>: a freed small block is parked, untouched, with the other
+/// pending frees of its segment; a sweep later takes the segments with the most pending frees, marks those free, writes
+/// them back, fences, and only then hands the blocks out again, in address order.
+/// </summary>
+/// <remarks>
+/// <para>Why. A version's frees fall on random pages of the heap. Writing each version's frees back as they happen costs
+/// one cache-line flush or one dirty page (and, through the page cache, a write-protect fault) per free, every version;
+/// swept densest segment first, each page is written once for all the frees it collected meanwhile, and the blocks
+/// handed out next lie together, so a version's new payloads fill a few runs of pages instead of one page each.</para>
+/// <para>Safety. A pending block keeps its durable image (its old, sealed payload) until the sweep writes its free
+/// back, and is never handed out before that free is durable (the invariant reclamation had before: a reuse never
+/// reaches the file over an old seal). Its replacement is durable already, so after a crash recovery finds both copies
+/// of the uid and keeps the newer. An anti-payload may be freed only once every older copy of its uid is durably free:
+/// <see cref="FlushPendingFrees"/> (all of them) comes first.</para>
+/// <para>Threads. Guarded by <see cref="_pendingGate"/>; the write-back and fence run under it (slow path only: the
+/// advancer each cycle, an allocating thread only when no block is ready and no free segment is left, before it
+/// grows the file).</para>
+/// </remarks>
+public sealed unsafe partial class PersistentHeap
+{
+    private readonly object _pendingGate = new();
+    private List<long>?[] _pendingBySegment = Array.Empty<List<long>?>();
+    private long _pendingBlocks;
+    private long _pendingBytes;
+
+    /// <summary>Test hook: runs inside a sweep after its frees are marked and before they are written back (the window in which an early reuse would race the free to the file). May allocate.</summary>
+    internal Action? AfterSweepMarkedForTesting { get; set; }
+
+    /// <summary>Small blocks freed but parked for the sweep: not marked free yet, not handed out (approximate while the advancer runs).</summary>
+    internal long PendingFreeBlocks => System.Threading.Volatile.Read(ref _pendingBlocks);
+
+    /// <summary>
+    /// Frees the blocks at <paramref name="offsets"/>: a small block is parked for the sweep (<see cref="SweepPendingFrees"/>),
+    /// which marks it free, makes the free durable and hands it out again; a large block is left to the caller.
+    /// </summary>
+    /// <param name="offsets">Allocated blocks, none freed yet.</param>
+    /// <param name="count">How many of <paramref name="offsets"/> to free.</param>
+    /// <param name="large">Receives the large blocks, left allocated, for the caller to free the eager way (mark, write back, fence, release).</param>
+    internal void DeferFrees(long[] offsets, int count, List<long> large)
+    {
+        _file.EnterOperation();
+        try
+        {
+            ThreadCache cache = _caches.Value!;
+            lock (_pendingGate)
+            {
+                for (int i = 0; i < count; i++)
+                {
+                    (long segment, ulong descriptor) = Locate(new PayloadRef(offsets[i]));
+                    if (HeapLayout.DescriptorRole(descriptor) != HeapLayout.RoleSmall)
+                    {
+                        large.Add(offsets[i]);
+                        continue;
+                    }
+
+                    int blockSize = SizeClasses.BlockSizes[(int)HeapLayout.DescriptorPayload(descriptor)];
+                    cache.LiveBlocks--;
+                    cache.LiveBytes -= blockSize;
+                    if (segment >= _pendingBySegment.Length)
+                    {
+                        Array.Resize(ref _pendingBySegment, (int)Math.Max(segment + 1, _pendingBySegment.Length * 2L));
+                    }
+
+                    (_pendingBySegment[segment] ??= new List<long>()).Add(offsets[i]);
+                    _pendingBlocks++;
+                    _pendingBytes += blockSize;
+                }
+            }
+        }
+        finally
+        {
+            _file.ExitOperation();
+        }
+    }
+
+    /// <summary>
+    /// Makes the pending frees of the densest segments durable and hands their blocks out (in address order), until at
+    /// least <paramref name="minimumBlocks"/> blocks were handed out (<see cref="long.MaxValue"/>: every pending free).
+    /// </summary>
+    /// <returns>How many blocks were handed out.</returns>
+    internal long SweepPendingFrees(long minimumBlocks)
+    {
+        _file.EnterOperation();
+        try
+        {
+            lock (_pendingGate)
+            {
+                return SweepLocked(minimumBlocks);
+            }
+        }
+        finally
+        {
+            _file.ExitOperation();
+        }
+    }
+
+    /// <summary>Free blocks in the shared pools, ready to be handed out (approximate while other threads allocate).</summary>
+    internal long ReadyFreeBlocks
+    {
+        get
+        {
+            long ready = 0;
+            foreach (ClassPool pool in _pools)
+            {
+                lock (pool)
+                {
+                    ready += pool.BlockCount;
+                }
+            }
+
+            return ready;
+        }
+    }
+
+    /// <summary>Makes every pending free durable and hands the blocks out (before an anti-payload is freed, and at a clean shutdown).</summary>
+    internal void FlushPendingFrees() => SweepPendingFrees(long.MaxValue);
+
+    private long SweepLocked(long minimumBlocks)
+    {
+        if (_pendingBlocks == 0)
+        {
+            return 0;
+        }
+
+        // The densest segments first (most blocks per page written back), then in address order for the write-back.
+        bool all = minimumBlocks == long.MaxValue;
+        var candidates = new List<(int Count, long Segment)>();
+        for (long segment = 0; segment < _pendingBySegment.Length; segment++)
+        {
+            if (_pendingBySegment[segment] is { Count: > 0 } list)
+            {
+                candidates.Add((list.Count, segment));
+            }
+        }
+
+        if (!all)
+        {
+            candidates.Sort((a, b) => b.Count.CompareTo(a.Count));
+            long take = 0;
+            int chosen = 0;
+            while (chosen < candidates.Count && take < minimumBlocks)
+            {
+                take += candidates[chosen++].Count;
+            }
+
+            candidates.RemoveRange(chosen, candidates.Count - chosen);
+            candidates.Sort((a, b) => a.Segment.CompareTo(b.Segment));
+        }
+
+        // Detached first: a callback below (the test hook) may allocate, and an allocation may sweep.
+        var swept = new List<(long Segment, List<long> Blocks)>(candidates.Count);
+        long handedOut = 0;
+        foreach ((_, long segment) in candidates)
+        {
+            List<long> blocks = _pendingBySegment[segment]!;
+            _pendingBySegment[segment] = null;
+            blocks.Sort();
+            swept.Add((segment, blocks));
+            handedOut += blocks.Count;
+            _pendingBlocks -= blocks.Count;
+            _pendingBytes -= (long)blocks.Count * SizeClasses.BlockSizes[(int)HeapLayout.DescriptorPayload(_table[segment])];
+            foreach (long offset in blocks)
+            {
+                // Marked only now: through the page cache, the first store to a page written back earlier takes a
+                // write-protect fault, so marking a segment's frees together costs one per page, not one per free.
+                MarkFreeCore(new PayloadRef(offset));
+            }
+        }
+
+        // (The broken control hands the blocks out before their frees are durable.)
+        bool early = (_faults & HeapFaults.HandOutSweptFreesEarly) != 0;
+        if (early)
+        {
+            HandOut(swept);
+        }
+
+        AfterSweepMarkedForTesting?.Invoke();
+        bool pmem = _file.Domain.IsPersistentMemory;
+        long runStart = -1, runEnd = -1;
+        foreach ((_, List<long> blocks) in swept)
+        {
+            if (pmem)
+            {
+                foreach (long offset in blocks)
+                {
+                    _file.Domain.WriteBack(offset, HeapLayout.HeaderSize);
+                }
+
+                continue;
+            }
+
+            // Through the page cache, one run per stretch of touched pages (segments are in address order).
+            long first = blocks[0], last = blocks[^1] + HeapLayout.HeaderSize;
+            if (runStart >= 0 && first >= runEnd && first - runEnd <= HeapLayout.SegmentSize)
+            {
+                runEnd = last;
+                continue;
+            }
+
+            if (runStart >= 0)
+            {
+                _file.Domain.WriteBack(runStart, runEnd - runStart);
+            }
+
+            (runStart, runEnd) = (first, last);
+        }
+
+        if (runStart >= 0)
+        {
+            _file.Domain.WriteBack(runStart, runEnd - runStart);
+        }
+
+        _file.Domain.Fence();
+        if (!early)
+        {
+            HandOut(swept);
+        }
+
+        return handedOut;
+    }
+
+    private void HandOut(List<(long Segment, List<long> Blocks)> swept)
+    {
+        foreach ((long segment, List<long> blocks) in swept)
+        {
+            // Pushed highest first: the pool pops the lowest addresses first.
+            blocks.Reverse();
+            PushFree((int)HeapLayout.DescriptorPayload(_table[segment]), blocks);
+        }
+    }
+}
