@@ -478,6 +478,13 @@ public sealed unsafe partial class BufferedDurableHeap
         {
             _heap.SweepPendingFrees(wanted - ready);
         }
+
+        // Bounded like the retired backlog: old copies do not stay parked (and recoverable) for ever.
+        long pendingBytes = _heap.PendingFreeBytes;
+        if (pendingBytes > BacklogLimit)
+        {
+            _heap.SweepPendingFrees(_heap.PendingFreeBlocks / 2);
+        }
     }
 
     /// <summary>Copies the offsets the lists <paramref name="select"/> picks into <see cref="_scratch"/>, clears the lists and counts their bytes as reclaimed.</summary>

@@ -26,14 +26,21 @@ public sealed unsafe partial class PersistentHeap
 {
     private readonly object _pendingGate = new();
     private List<long>?[] _pendingBySegment = Array.Empty<List<long>?>();
+    private readonly long[] _pendingByClass = new long[SizeClasses.Count];
     private long _pendingBlocks;
     private long _pendingBytes;
 
-    /// <summary>Test hook: runs inside a sweep after its frees are marked and before they are written back (the window in which an early reuse would race the free to the file). May allocate.</summary>
+    /// <summary>Why a sweep failed after it had taken blocks off the pending lists; every later sweep then throws (fail-stop).</summary>
+    private Exception? _sweepFailure;
+
+    /// <summary>Test hook: runs inside a sweep after its frees are marked and before they are written back (the window in which an early reuse would race the free to the file). May allocate from the pools; must not sweep or flush (it runs under the sweep's lock).</summary>
     internal Action? AfterSweepMarkedForTesting { get; set; }
 
     /// <summary>Small blocks freed but parked for the sweep: not marked free yet, not handed out (approximate while the advancer runs).</summary>
     internal long PendingFreeBlocks => System.Threading.Volatile.Read(ref _pendingBlocks);
+
+    /// <summary>Bytes of the blocks parked for the sweep (approximate while the advancer runs).</summary>
+    internal long PendingFreeBytes => System.Threading.Volatile.Read(ref _pendingBytes);
 
     /// <summary>
     /// Frees the blocks at <paramref name="offsets"/>: a small block is parked for the sweep (<see cref="SweepPendingFrees"/>),
@@ -59,7 +66,8 @@ public sealed unsafe partial class PersistentHeap
                         continue;
                     }
 
-                    int blockSize = SizeClasses.BlockSizes[(int)HeapLayout.DescriptorPayload(descriptor)];
+                    int cls = (int)HeapLayout.DescriptorPayload(descriptor);
+                    int blockSize = SizeClasses.BlockSizes[cls];
                     cache.LiveBlocks--;
                     cache.LiveBytes -= blockSize;
                     if (segment >= _pendingBySegment.Length)
@@ -68,8 +76,10 @@ public sealed unsafe partial class PersistentHeap
                     }
 
                     (_pendingBySegment[segment] ??= new List<long>()).Add(offsets[i]);
-                    _pendingBlocks++;
-                    _pendingBytes += blockSize;
+                    // Volatile.Write: the counters are read without the lock (statistics, the refill's check); atomicity only.
+                    System.Threading.Volatile.Write(ref _pendingByClass[cls], _pendingByClass[cls] + 1);
+                    System.Threading.Volatile.Write(ref _pendingBlocks, _pendingBlocks + 1);
+                    System.Threading.Volatile.Write(ref _pendingBytes, _pendingBytes + blockSize);
                 }
             }
         }
@@ -91,13 +101,46 @@ public sealed unsafe partial class PersistentHeap
         {
             lock (_pendingGate)
             {
-                return SweepLocked(minimumBlocks);
+                return SweepLocked(minimumBlocks, -1);
             }
         }
         finally
         {
             _file.ExitOperation();
         }
+    }
+
+    /// <summary>
+    /// An allocating thread found no block of class <paramref name="cls"/> ready: if enough of that class are parked,
+    /// sweeps them (densest segments first) rather than take a free segment for the class, and refills the cache. A
+    /// thread that waited for another's sweep takes that sweep's blocks instead of sweeping again.
+    /// </summary>
+    private bool TrySweepForRefill(ThreadCache cache, int cls)
+    {
+        if (System.Threading.Volatile.Read(ref _pendingByClass[cls]) < 2 * BatchSize)
+        {
+            return false;
+        }
+
+        _file.EnterOperation();
+        try
+        {
+            lock (_pendingGate)
+            {
+                if (TryTakeBatch(cache, cls))
+                {
+                    return true;
+                }
+
+                SweepLocked(8 * BatchSize, cls);
+            }
+        }
+        finally
+        {
+            _file.ExitOperation();
+        }
+
+        return TryTakeBatch(cache, cls);
     }
 
     /// <summary>Free blocks in the shared pools, ready to be handed out (approximate while other threads allocate).</summary>
@@ -121,8 +164,15 @@ public sealed unsafe partial class PersistentHeap
     /// <summary>Makes every pending free durable and hands the blocks out (before an anti-payload is freed, and at a clean shutdown).</summary>
     internal void FlushPendingFrees() => SweepPendingFrees(long.MaxValue);
 
-    private long SweepLocked(long minimumBlocks)
+    private long SweepLocked(long minimumBlocks, int onlyClass)
     {
+        if (_sweepFailure is { } failure)
+        {
+            // The failed sweep's blocks are marked free in memory but their frees may not be durable: freeing anything
+            // that relies on them (an anti-payload) could bring a deleted key back after a crash. Stop instead.
+            throw new System.IO.IOException($"An earlier sweep of deferred frees failed ({failure.Message}); no more frees can be made durable.", failure);
+        }
+
         if (_pendingBlocks == 0)
         {
             return 0;
@@ -133,7 +183,7 @@ public sealed unsafe partial class PersistentHeap
         var candidates = new List<(int Count, long Segment)>();
         for (long segment = 0; segment < _pendingBySegment.Length; segment++)
         {
-            if (_pendingBySegment[segment] is { Count: > 0 } list)
+            if (_pendingBySegment[segment] is { Count: > 0 } list && (onlyClass < 0 || (int)HeapLayout.DescriptorPayload(_table[segment]) == onlyClass))
             {
                 candidates.Add((list.Count, segment));
             }
@@ -163,8 +213,27 @@ public sealed unsafe partial class PersistentHeap
             blocks.Sort();
             swept.Add((segment, blocks));
             handedOut += blocks.Count;
-            _pendingBlocks -= blocks.Count;
-            _pendingBytes -= (long)blocks.Count * SizeClasses.BlockSizes[(int)HeapLayout.DescriptorPayload(_table[segment])];
+            int cls = (int)HeapLayout.DescriptorPayload(_table[segment]);
+            System.Threading.Volatile.Write(ref _pendingByClass[cls], _pendingByClass[cls] - blocks.Count);
+            System.Threading.Volatile.Write(ref _pendingBlocks, _pendingBlocks - blocks.Count);
+            System.Threading.Volatile.Write(ref _pendingBytes, _pendingBytes - ((long)blocks.Count * SizeClasses.BlockSizes[cls]));
+        }
+
+        try
+        {
+            return MarkWriteBackAndHandOut(swept, handedOut);
+        }
+        catch (Exception e)
+        {
+            _sweepFailure = e;
+            throw;
+        }
+    }
+
+    private long MarkWriteBackAndHandOut(List<(long Segment, List<long> Blocks)> swept, long handedOut)
+    {
+        foreach ((_, List<long> blocks) in swept)
+        {
             foreach (long offset in blocks)
             {
                 // Marked only now: through the page cache, the first store to a page written back earlier takes a

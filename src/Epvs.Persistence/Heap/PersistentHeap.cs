@@ -635,13 +635,9 @@ public sealed unsafe partial class PersistentHeap : IDisposable
 
     private bool TryRefill(ThreadCache cache, int cls)
     {
-        if (TryTakeBatch(cache, cls) || TryFormatSmallSegment(cache, cls, allowGrowth: false))
-        {
-            return true;
-        }
-
-        // Deferred frees before growing the file: sweep the densest segments (a few write-backs on this thread).
-        if (PendingFreeBlocks != 0 && SweepPendingFrees(8 * BatchSize) != 0 && TryTakeBatch(cache, cls))
+        // Parked frees of this class before a free segment (a small segment keeps its class while the heap is open)
+        // and before growing the file: a sweep is a few write-backs on this thread.
+        if (TryTakeBatch(cache, cls) || TrySweepForRefill(cache, cls) || TryFormatSmallSegment(cache, cls, allowGrowth: false))
         {
             return true;
         }

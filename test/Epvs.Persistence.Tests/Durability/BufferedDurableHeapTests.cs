@@ -182,6 +182,43 @@ public sealed class BufferedDurableHeapTests
     }
 
     [Fact]
+    public void DeferredFrees_ASweepThatFailsAfterTakingItsBlocks_StopsEveryLaterSweep()
+    {
+        // A sweep that fails after it took blocks off the pending lists (a write-back error) leaves them marked free in
+        // memory with frees that may not be durable: a later anti-payload free could then bring a deleted key back
+        // after a crash. Every later sweep, and so every later anti-payload free, must refuse.
+        using var dir = new TempDirectory();
+        using BufferedDurableHeap heap = BufferedDurableHeap.Create(dir.File("sweep.heap"), new HeapFileOptions { Size = 1L << 20, Domain = PersistenceDomainKind.MappedFile }, Manual);
+        var map = new PersistentHashMap<long, long>(heap, typeId: 1);
+        for (long k = 0; k < 64; k++)
+        {
+            map.Set(k, k);
+        }
+
+        heap.AdvanceVersion(TimeSpan.FromSeconds(10));
+        for (long k = 0; k < 64; k++)
+        {
+            map.Set(k, k + 1);
+        }
+
+        heap.Heap.AfterSweepMarkedForTesting = () => throw new System.IO.IOException("simulated write-back failure");
+        Exception first = Record.Exception(() =>
+        {
+            for (int i = 0; i < 3; i++)
+            {
+                heap.AdvanceVersion(TimeSpan.FromSeconds(10));
+            }
+
+            heap.Heap.FlushPendingFrees();
+        });
+        Assert.IsType<System.IO.IOException>(first);
+        Assert.Contains("simulated write-back failure", first.Message, StringComparison.Ordinal);
+        heap.Heap.AfterSweepMarkedForTesting = null;
+        System.IO.IOException later = Assert.Throws<System.IO.IOException>(() => heap.Heap.FlushPendingFrees());
+        Assert.Contains("earlier sweep", later.Message, StringComparison.Ordinal);
+    }
+
+    [Fact]
     public void DeferredFrees_UpdatingEveryKeyEachVersion_ReuseTheHeapInsteadOfGrowingIt()
     {
         // 5,000 live entries (about 230 KiB of 48-byte blocks, a quarter of a 1 MiB file that may grow to 16 MiB). Versions
