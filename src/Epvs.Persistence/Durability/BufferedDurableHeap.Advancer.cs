@@ -479,11 +479,12 @@ public sealed unsafe partial class BufferedDurableHeap
             _heap.SweepPendingFrees(wanted - ready);
         }
 
-        // Bounded like the retired backlog: old copies do not stay parked (and recoverable) for ever.
-        long pendingBytes = _heap.PendingFreeBytes;
-        if (pendingBytes > BacklogLimit)
+        // Bounded: at most three quarters of the file parked, so old copies do not stay on the file (and recoverable)
+        // for ever. Past the bound, each cycle sweeps a few cycles' worth more, not everything at once (one long pause).
+        long excess = _heap.PendingFreeBytes - (_heap.File.Size / 4 * 3);
+        if (excess > 0)
         {
-            _heap.SweepPendingFrees(_heap.PendingFreeBlocks / 2);
+            _heap.SweepPendingFrees(Math.Min(excess / HeapLayout.HeaderSize, 4 * wanted));
         }
     }
 

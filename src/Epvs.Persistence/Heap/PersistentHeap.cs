@@ -635,9 +635,9 @@ public sealed unsafe partial class PersistentHeap : IDisposable
 
     private bool TryRefill(ThreadCache cache, int cls)
     {
-        // Parked frees of this class before a free segment (a small segment keeps its class while the heap is open)
-        // and before growing the file: a sweep is a few write-backs on this thread.
-        if (TryTakeBatch(cache, cls) || TrySweepForRefill(cache, cls) || TryFormatSmallSegment(cache, cls, allowGrowth: false))
+        // A free segment first (fresh and dense, no write-back on this thread), then parked frees of this class before
+        // growing the file (a sweep is a few write-backs on this thread).
+        if (TryTakeBatch(cache, cls) || TryFormatSmallSegment(cache, cls, allowGrowth: false) || TrySweepForRefill(cache, cls))
         {
             return true;
         }
