@@ -83,18 +83,7 @@ public sealed class BufferedDurableHeapTests
     public void AdvanceVersion_AfterACycleFailedPastItsTransition_RefusesInsteadOfMovingTheFrontierOverIt()
     {
         using var dir = new TempDirectory();
-        using BufferedDurableHeap heap = BufferedDurableHeap.Create(dir.File("fault.heap"), new HeapFileOptions { Size = 1L << 20, Domain = PersistenceDomainKind.MappedFile }, Manual);
-        var map = new PersistentHashMap<long, long>(heap, typeId: 1);
-        for (long k = 0; k < 8; k++)
-        {
-            map.Set(k, k);
-        }
-
-        heap.AdvanceVersion(TimeSpan.FromSeconds(30));
-        for (long k = 0; k < 8; k++)
-        {
-            map.Set(k, k + 1);
-        }
+        using BufferedDurableHeap heap = HeapWithReplacedKeys(dir.File("fault.heap"), keys: 8);
 
         // A failure inside the cycle after its transition (the hook runs in reclamation: a stand-in for a failed
         // write-back) must stop every later cycle, whoever runs it.
@@ -188,18 +177,7 @@ public sealed class BufferedDurableHeapTests
         // memory with frees that may not be durable: a later anti-payload free could then bring a deleted key back
         // after a crash. Every later sweep, and so every later anti-payload free, must refuse.
         using var dir = new TempDirectory();
-        using BufferedDurableHeap heap = BufferedDurableHeap.Create(dir.File("sweep.heap"), new HeapFileOptions { Size = 1L << 20, Domain = PersistenceDomainKind.MappedFile }, Manual);
-        var map = new PersistentHashMap<long, long>(heap, typeId: 1);
-        for (long k = 0; k < 64; k++)
-        {
-            map.Set(k, k);
-        }
-
-        heap.AdvanceVersion(TimeSpan.FromSeconds(10));
-        for (long k = 0; k < 64; k++)
-        {
-            map.Set(k, k + 1);
-        }
+        using BufferedDurableHeap heap = HeapWithReplacedKeys(dir.File("sweep.heap"), keys: 64);
 
         heap.Heap.AfterSweepMarkedForTesting = () => throw new System.IO.IOException("simulated write-back failure");
         Exception first = Record.Exception(() =>
@@ -424,5 +402,24 @@ public sealed class BufferedDurableHeapTests
             queue.Enqueue(99);
             Assert.True(queue.TryDequeue(out long v) && v == 20);
         }
+    }
+
+    /// <summary>A 1 MiB manual heap whose map (type id 1) wrote <paramref name="keys"/> keys in one version and replaced them all in the next (still open).</summary>
+    private static BufferedDurableHeap HeapWithReplacedKeys(string path, int keys)
+    {
+        BufferedDurableHeap heap = BufferedDurableHeap.Create(path, new HeapFileOptions { Size = 1L << 20, Domain = PersistenceDomainKind.MappedFile }, Manual);
+        var map = new PersistentHashMap<long, long>(heap, typeId: 1);
+        for (long k = 0; k < keys; k++)
+        {
+            map.Set(k, k);
+        }
+
+        heap.AdvanceVersion(TimeSpan.FromSeconds(30));
+        for (long k = 0; k < keys; k++)
+        {
+            map.Set(k, k + 1);
+        }
+
+        return heap;
     }
 }
