@@ -319,7 +319,7 @@ public sealed unsafe partial class BufferedDurableHeap
 
         // (The broken control seals first, so a seal can reach the file before the payload it covers.)
         bool sealFirst = (_faults & DurabilityFaults.SealBeforeWriteBack) != 0;
-        var ranges = new RangeWriter(this, _pageWriteBack);
+        var ranges = new WriteBackRuns(_domain);
         for (int i = 0; i < n; i++)
         {
             if (sealFirst)
@@ -345,7 +345,7 @@ public sealed unsafe partial class BufferedDurableHeap
     private void SealVersion(long version, int count)
     {
         long[] offsets = _sealScratch;
-        var ranges = new RangeWriter(this, _pageWriteBack);
+        var ranges = new WriteBackRuns(_domain);
         for (int i = 0; i < count; i++)
         {
             _heap.Seal(offsets[i], version);
@@ -364,56 +364,6 @@ public sealed unsafe partial class BufferedDurableHeap
         }
 
         return _scratch;
-    }
-
-    /// <summary>
-    /// Writes back byte ranges: on persistent memory each range at once (cache-line write-back); through the page
-    /// cache, ranges added in ascending order are merged into runs of pages and each run is written back once.
-    /// </summary>
-    private struct RangeWriter
-    {
-        // Runs closer than this are merged: one msync over a few clean pages costs less than another system call.
-        private const long MergeGap = 64 * 1024;
-        private readonly BufferedDurableHeap _owner;
-        private readonly bool _coalesce;
-        private long _start;
-        private long _end;
-
-        internal RangeWriter(BufferedDurableHeap owner, bool coalesce)
-        {
-            _owner = owner;
-            _coalesce = coalesce;
-            _start = -1;
-            _end = -1;
-        }
-
-        internal void Add(long offset, long length)
-        {
-            if (!_coalesce)
-            {
-                _owner._domain.WriteBack(offset, length);
-                return;
-            }
-
-            if (_start >= 0 && offset <= _end + MergeGap)
-            {
-                _end = Math.Max(_end, offset + length);
-                return;
-            }
-
-            Flush();
-            _start = offset;
-            _end = offset + length;
-        }
-
-        internal void Flush()
-        {
-            if (_start >= 0)
-            {
-                _owner._domain.WriteBack(_start, _end - _start);
-                _start = -1;
-            }
-        }
     }
 
     /// <summary>
@@ -561,7 +511,7 @@ public sealed unsafe partial class BufferedDurableHeap
             offsets.Sort();
         }
 
-        var ranges = new RangeWriter(this, _pageWriteBack);
+        var ranges = new WriteBackRuns(_domain);
         foreach (long offset in offsets)
         {
             ranges.Add(offset, HeapLayout.HeaderSize);

@@ -250,41 +250,17 @@ public sealed unsafe partial class PersistentHeap
         }
 
         AfterSweepMarkedForTesting?.Invoke();
-        bool pmem = _file.Domain.IsPersistentMemory;
-        long runStart = -1, runEnd = -1;
+        // Segments are in address order, so through the page cache the headers merge into runs of pages.
+        var runs = new WriteBackRuns(_file.Domain);
         foreach ((_, List<long> blocks) in swept)
         {
-            if (pmem)
+            foreach (long offset in blocks)
             {
-                foreach (long offset in blocks)
-                {
-                    _file.Domain.WriteBack(offset, HeapLayout.HeaderSize);
-                }
-
-                continue;
+                runs.Add(offset, HeapLayout.HeaderSize);
             }
-
-            // Through the page cache, one run per stretch of touched pages (segments are in address order).
-            long first = blocks[0], last = blocks[^1] + HeapLayout.HeaderSize;
-            if (runStart >= 0 && first >= runEnd && first - runEnd <= HeapLayout.SegmentSize)
-            {
-                runEnd = last;
-                continue;
-            }
-
-            if (runStart >= 0)
-            {
-                _file.Domain.WriteBack(runStart, runEnd - runStart);
-            }
-
-            (runStart, runEnd) = (first, last);
         }
 
-        if (runStart >= 0)
-        {
-            _file.Domain.WriteBack(runStart, runEnd - runStart);
-        }
-
+        runs.Flush();
         _file.Domain.Fence();
         if (!early)
         {

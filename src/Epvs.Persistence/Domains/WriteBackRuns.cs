@@ -1,0 +1,54 @@
+namespace Epvs.Persistence;
+
+/// <summary>
+/// Writes back byte ranges of a <see cref="PersistenceDomain"/>: on persistent memory each range at once (cache-line
+/// write-back); through the page cache, ranges added in ascending order are merged into runs and each run is written
+/// back once (every write-back there is a system call).
+/// </summary>
+internal struct WriteBackRuns
+{
+    // Runs closer than this are merged: one msync over a few clean pages costs less than another system call.
+    private const long MergeGap = 64 * 1024;
+    private readonly PersistenceDomain _domain;
+    private readonly bool _coalesce;
+    private long _start;
+    private long _end;
+
+    internal WriteBackRuns(PersistenceDomain domain)
+    {
+        _domain = domain;
+        _coalesce = !domain.IsPersistentMemory;
+        _start = -1;
+        _end = -1;
+    }
+
+    /// <summary>Adds a range (through the page cache, in ascending order of <paramref name="offset"/> to merge).</summary>
+    internal void Add(long offset, long length)
+    {
+        if (!_coalesce)
+        {
+            _domain.WriteBack(offset, length);
+            return;
+        }
+
+        if (_start >= 0 && offset >= _start && offset <= _end + MergeGap)
+        {
+            _end = System.Math.Max(_end, offset + length);
+            return;
+        }
+
+        Flush();
+        _start = offset;
+        _end = offset + length;
+    }
+
+    /// <summary>Writes back the run in progress (the caller fences).</summary>
+    internal void Flush()
+    {
+        if (_start >= 0)
+        {
+            _domain.WriteBack(_start, _end - _start);
+            _start = -1;
+        }
+    }
+}
