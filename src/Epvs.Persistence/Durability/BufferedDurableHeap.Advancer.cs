@@ -471,7 +471,7 @@ public sealed unsafe partial class BufferedDurableHeap
     private void FreeAll(ThreadBuffers[] registry, Func<ThreadBuffers, OffsetList> select, bool durable)
     {
         int n = Collect(registry, select);
-        FreeOffsets(_scratch.AsSpan(0, n), durable, testHook: true);
+        FreeOffsets(_scratch.AsSpan(0, n), durable);
     }
 
     /// <summary>
@@ -479,7 +479,7 @@ public sealed unsafe partial class BufferedDurableHeap
     /// fenced, and only then handed out again — a reuse that reached the file before the free could leave an old seal
     /// over new bytes, which recovery would have to report as damage. Sorts <paramref name="offsets"/> in place.
     /// </summary>
-    private void FreeOffsets(Span<long> offsets, bool durable, bool testHook = false)
+    private void FreeOffsets(Span<long> offsets, bool durable)
     {
         // (The broken control hands blocks out at once, before their frees are durable: the old behaviour.)
         bool holdUntilDurable = durable && (_faults & DurabilityFaults.ReuseBeforeFreeIsDurable) == 0;
@@ -499,11 +499,6 @@ public sealed unsafe partial class BufferedDurableHeap
         if (!durable || offsets.Length == 0)
         {
             return;
-        }
-
-        if (testHook)
-        {
-            AfterReclaimMarkedForTesting?.Invoke();
         }
 
         if (_pageWriteBack)
