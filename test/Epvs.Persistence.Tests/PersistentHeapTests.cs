@@ -182,5 +182,34 @@ public sealed class PersistentHeapTests : IDisposable
         }
     }
 
+    [Fact]
+    public unsafe void Seal_ManyBlocksInBatches_SealsExactlyTheAllocatedBlocksOfTheVersion()
+    {
+        // More than two of Seal's batches (64 blocks each), so every batch boundary and the prefetch past the end are
+        // crossed; among them blocks of another version and a freed block, which must be left as they are.
+        using var domain = new SimulatedPersistenceDomain(4 << 20);
+        using HeapFile file = HeapFile.Create(domain);
+        using var heap = new PersistentHeap(file);
+        var blocks = new List<(PayloadRef Block, long Version)>();
+        for (int i = 0; i < 200; i++)
+        {
+            long version = i % 10 == 3 ? 8 : 7;
+            PayloadRef block = heap.Allocate(i % 3 == 0 ? 16 : 200, typeId: 1, epochTag: version);
+            heap.GetPayload(block).Fill((byte)i);
+            blocks.Add((block, version));
+        }
+
+        PayloadRef freed = blocks[130].Block;
+        heap.Free(freed);
+        heap.Seal(blocks.Select(b => b.Block.Offset).ToArray(), version: 7);
+
+        foreach ((PayloadRef block, long version) in blocks)
+        {
+            ulong commit = *(ulong*)(file.Pointer + block.Offset + HeapLayout.CommitOffset);
+            ulong expected = block == freed ? HeapLayout.StateFree : version == 7 ? HeapLayout.StateSealed : HeapLayout.StateAllocated;
+            Assert.True(HeapLayout.CommitState(commit) == expected, $"block 0x{block.Offset:X} of version {version}: state {HeapLayout.CommitState(commit)}, expected {expected}");
+        }
+    }
+
     private static HeapFileOptions MappedFile(long size) => new() { Size = size, Domain = PersistenceDomainKind.MappedFile };
 }

@@ -324,7 +324,7 @@ public sealed unsafe partial class BufferedDurableHeap
         {
             if (sealFirst)
             {
-                _heap.Seal(offsets[i], version);
+                _heap.Seal(offsets.AsSpan(i, 1), version);
             }
 
             ranges.Add(offsets[i], HeapLayout.HeaderSize + (long)PayloadSize(offsets[i]));
@@ -345,10 +345,10 @@ public sealed unsafe partial class BufferedDurableHeap
     private void SealVersion(long version, int count)
     {
         long[] offsets = _sealScratch;
+        _heap.Seal(offsets.AsSpan(0, count), version);
         var ranges = new WriteBackRuns(_domain);
         for (int i = 0; i < count; i++)
         {
-            _heap.Seal(offsets[i], version);
             ranges.Add(offsets[i] + HeapLayout.CommitOffset, sizeof(ulong));
         }
 

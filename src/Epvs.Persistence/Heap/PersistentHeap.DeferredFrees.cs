@@ -1,5 +1,6 @@
 using System;
 using System.Collections.Generic;
+using System.Runtime.InteropServices;
 
 namespace Epvs.Persistence;
 
@@ -234,11 +235,19 @@ public sealed unsafe partial class PersistentHeap
     {
         foreach ((_, List<long> blocks) in swept)
         {
-            foreach (long offset in blocks)
+            ReadOnlySpan<long> offsets = CollectionsMarshal.AsSpan(blocks);
+            for (int i = 0; i < offsets.Length; i++)
             {
+                // Each mark is a compare-and-swap, whose fence would wait for the next block's cache miss: the blocks
+                // a few places ahead are prefetched (a prefetch is not held back by the fence), so the misses overlap.
+                if (i + PrefetchDistance < offsets.Length)
+                {
+                    Prefetch(_base + offsets[i + PrefetchDistance]);
+                }
+
                 // Marked only now: through the page cache, the first store to a page written back earlier takes a
                 // write-protect fault, so marking a segment's frees together costs one per page, not one per free.
-                MarkFreeCore(new PayloadRef(offset));
+                MarkFreeCore(new PayloadRef(offsets[i]));
             }
         }
 

@@ -305,27 +305,78 @@ public sealed unsafe partial class PersistentHeap : IDisposable
     }
 
     /// <summary>
-    /// Seals the block at <paramref name="offset"/> if it is an allocated (unsealed) block of <paramref name="version"/>:
-    /// its commit word gets a check over header and payload (not written back: the caller writes the block back). Call
-    /// only once no thread writes the version's blocks any more (after the version's quiescent cut).
+    /// Seals each block of <paramref name="offsets"/> that is an allocated (unsealed) block of
+    /// <paramref name="version"/>: its commit word gets a check over header and payload (not written back: the caller
+    /// writes the commit words back). Call only once no thread writes the version's blocks any more (after the version's
+    /// quiescent cut).
     /// </summary>
-    internal void Seal(long offset, long version)
+    /// <remarks>
+    /// In batches, two passes each: the first reads and checks every block of the batch and computes its sealed commit
+    /// word, with no fence between blocks and the blocks a few places ahead prefetched, so the cache misses of many
+    /// blocks overlap; the second installs the words, each with a compare-and-swap against the word the first pass read
+    /// (on lines now cached). One block at a time, every compare-and-swap's fence waited for the next block's miss.
+    /// </remarks>
+    internal void Seal(ReadOnlySpan<long> offsets, long version)
+    {
+        const int Batch = 64;
+        Span<ulong> expected = stackalloc ulong[Batch];
+        Span<ulong> sealedCommits = stackalloc ulong[Batch];
+        for (int start = 0; start < offsets.Length; start += Batch)
+        {
+            int count = Math.Min(Batch, offsets.Length - start);
+            for (int i = 0; i < count; i++)
+            {
+                if (start + i + PrefetchDistance < offsets.Length)
+                {
+                    Prefetch(_base + offsets[start + i + PrefetchDistance]);
+                }
+
+                sealedCommits[i] = SealedCommitOf(offsets[start + i], version, out expected[i]);
+            }
+
+            for (int i = 0; i < count; i++)
+            {
+                if (sealedCommits[i] != 0)
+                {
+                    ulong* h = (ulong*)(_base + offsets[start + i]);
+
+                    // Interlocked.CompareExchange: full fence; replaces exactly the commit word the first pass read,
+                    // never a free that raced it.
+                    Interlocked.CompareExchange(ref h[3], sealedCommits[i], expected[i]);
+                }
+            }
+        }
+    }
+
+    /// <summary>The sealed commit word of the block at <paramref name="offset"/>, or 0 when it is not an allocated, unsealed block of <paramref name="version"/>.</summary>
+    [MethodImpl(MethodImplOptions.AggressiveInlining)]
+    private ulong SealedCommitOf(long offset, long version, out ulong commit)
     {
         ulong* h = (ulong*)(_base + offset);
         // Volatile.Read: acquire; pairs with the release store of the commit word in WriteHeader, so the epoch word read
         // next is the one of this allocation (a block freed and reused by a later version is recognised and skipped).
-        ulong commit = Volatile.Read(ref h[3]);
+        commit = Volatile.Read(ref h[3]);
         if (!HeapLayout.InUse(commit) || HeapLayout.CommitState(commit) != HeapLayout.StateAllocated || (long)h[1] != version)
         {
-            return;
+            return 0;
         }
 
         uint generation = HeapLayout.DescriptorGeneration(_table[(offset - _dataStart) / HeapLayout.SegmentSize]);
         var payload = new ReadOnlySpan<byte>(h + 4, HeapLayout.ShapeSize(h[2]));
-        ulong sealedCommit = HeapLayout.SealedCommit(h[0], h[1], h[2], offset, generation, HeapLayout.CommitKind(commit), payload);
+        return HeapLayout.SealedCommit(h[0], h[1], h[2], offset, generation, HeapLayout.CommitKind(commit), payload);
+    }
 
-        // Interlocked.CompareExchange: full fence; replaces exactly the commit read above, never a free that raced it.
-        Interlocked.CompareExchange(ref h[3], sealedCommit, commit);
+    /// <summary>How many blocks ahead a pass over many blocks prefetches: enough for several misses to overlap.</summary>
+    private const int PrefetchDistance = 8;
+
+    /// <summary>A hint to bring the line at <paramref name="address"/> into the cache (x86; nothing elsewhere). Never faults.</summary>
+    [MethodImpl(MethodImplOptions.AggressiveInlining)]
+    private static void Prefetch(byte* address)
+    {
+        if (System.Runtime.Intrinsics.X86.Sse.IsSupported)
+        {
+            System.Runtime.Intrinsics.X86.Sse.Prefetch0(address);
+        }
     }
 
     /// <summary>Reads a block's header.</summary>
