@@ -33,6 +33,9 @@ public sealed unsafe partial class BufferedDurableHeap
     /// <summary>Test hook: runs in reclamation once the version's frees are handed to the heap (deferred: see <see cref="PersistentHeap.AfterSweepMarkedForTesting"/> for the window in which an early reuse would race the free to the file).</summary>
     internal Action? AfterReclaimMarkedForTesting { get; set; }
 
+    /// <summary>Test hook: runs in the eager free path (large blocks, anti-payloads) once its blocks are marked free, before the frees are written back: the window in which an early reuse would race the free to the file.</summary>
+    internal Action? AfterEagerFreesMarkedForTesting { get; set; }
+
     /// <summary>
     /// Makes every operation that completed before the call durable: returns once <see cref="DurableFrontier"/> has
     /// reached the version current at the call. Runs the advance itself if needed (it does not wait for the
@@ -500,6 +503,8 @@ public sealed unsafe partial class BufferedDurableHeap
         {
             return;
         }
+
+        AfterEagerFreesMarkedForTesting?.Invoke();
 
         if (_pageWriteBack)
         {

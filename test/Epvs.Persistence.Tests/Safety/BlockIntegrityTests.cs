@@ -129,6 +129,114 @@ public sealed unsafe class BlockIntegrityTests
         }
     }
 
+    [Fact]
+    public void Reclaim_AntiPayloads_AreHandedOutAgainOnlyAfterTheirFreesAreDurable_NoCrashImageReportsDamage()
+    {
+        List<string> violations = AntiPayloadReuseDuringReclamation(DurabilityFaults.None, out int images);
+        Assert.True(images > 10, $"only {images} crash images");
+        Assert.Empty(violations);
+    }
+
+    [SkippableFact]
+    public void Reclaim_ReusingAnAntiPayloadBeforeItsFreeIsDurable_IsCaughtAsDamage()
+    {
+        // The control of the eager free path (anti-payloads are freed eagerly, not deferred): the broken variant hands
+        // each block out as soon as it is marked free, so a new anti-payload can reach the file under the old seal.
+        List<string> violations = AntiPayloadReuseDuringReclamation(DurabilityFaults.ReuseBeforeFreeIsDurable, out int images);
+        Skip.If(violations.Count == 0, $"inconclusive: none of {images} crash images of the broken control showed damage");
+        Assert.Contains("damaged", violations[0], StringComparison.Ordinal);
+    }
+
+    /// <summary>
+    /// Thirty-two keys written in version 1, sixteen of them removed in version 2 (sixteen anti-payloads, which the
+    /// eager free path frees); when reclamation has marked the anti-payloads free and before it writes the frees back
+    /// (the eager path's test hook), the other sixteen keys are removed (new anti-payloads of the same size class), with
+    /// a power failure armed at every later crash point (4 adversarial seeds each) through two more advances. Returns
+    /// what reopening each image reported. (Large blocks, the eager path's other user, are safe by another mechanism: a
+    /// reused segment's header is zeroed durably before anything is written into it, and its generation changes.)
+    /// </summary>
+    private static List<string> AntiPayloadReuseDuringReclamation(DurabilityFaults faults, out int images)
+    {
+        const long Capacity = 1 << 20;
+        using var domain = new SimulatedPersistenceDomain(Capacity);
+        using (HeapFile file = HeapFile.Create(domain))
+        {
+            using BufferedDurableHeap heap = BufferedDurableHeap.Open(file, new BufferedDurableHeapOptions { AdvancePeriod = Timeout.InfiniteTimeSpan, Faults = faults });
+            var map = new PersistentHashMap<long, long>(heap, TypeId);
+            for (long k = 0; k < 32; k++)
+            {
+                map.Set(k, k);
+            }
+
+            heap.AdvanceVersion(TimeSpan.FromSeconds(30));
+            for (long k = 0; k < 16; k++)
+            {
+                map.Remove(k);
+            }
+
+            bool armed = false;
+            heap.AfterEagerFreesMarkedForTesting = () =>
+            {
+                if (armed)
+                {
+                    return;
+                }
+
+                armed = true;
+                ArmEveryLaterCrashPoint(domain);
+                for (long k = 16; k < 32; k++)
+                {
+                    map.Remove(k);
+                }
+            };
+
+            for (int i = 0; i < 3 && !armed; i++)
+            {
+                heap.AdvanceVersion(TimeSpan.FromSeconds(30));
+            }
+
+            Assert.True(armed, "the eager free path never ran its hook: the scenario exercised nothing");
+            heap.AdvanceVersion(TimeSpan.FromSeconds(30));
+            heap.AdvanceVersion(TimeSpan.FromSeconds(30));
+        }
+
+        images = domain.CapturedCrashes.Count;
+        return DamagedCrashImages(domain, Capacity);
+    }
+
+    /// <summary>Arms a power failure at each of the next 64 crash points, 4 adversarial seeds each.</summary>
+    private static void ArmEveryLaterCrashPoint(SimulatedPersistenceDomain domain)
+    {
+        for (long p = domain.CrashPointCount; p < domain.CrashPointCount + 64; p++)
+        {
+            for (int seed = 0; seed < 4; seed++)
+            {
+                domain.ArmCrash(p, (int)(p * 4) + seed);
+            }
+        }
+    }
+
+    /// <summary>Reopens every captured crash image; returns one line per image that recovery refused as damaged.</summary>
+    private static List<string> DamagedCrashImages(SimulatedPersistenceDomain domain, long capacity)
+    {
+        var violations = new List<string>();
+        foreach (SimulatedCrash crash in domain.CapturedCrashes)
+        {
+            try
+            {
+                using var image = SimulatedPersistenceDomain.FromImage(crash.Image, capacity);
+                using HeapFile file = HeapFile.Open(image);
+                using BufferedDurableHeap heap = BufferedDurableHeap.Open(file, new BufferedDurableHeapOptions { AdvancePeriod = Timeout.InfiniteTimeSpan });
+            }
+            catch (HeapFileException e) when (e.Error == HeapFileError.Corrupt)
+            {
+                violations.Add($"point {crash.Point} seed {crash.Seed}: damaged: {e.Message}");
+            }
+        }
+
+        return violations;
+    }
+
     /// <summary>
     /// Sixteen keys written in version 1 and replaced in version 2; once their version-1 blocks are reclaimed (deferred
     /// frees), the first sweep that takes them makes the frees durable and hands the blocks out, and sixteen new keys are
@@ -163,13 +271,7 @@ public sealed unsafe class BlockIntegrityTests
                 }
 
                 armed = true;
-                for (long p = domain.CrashPointCount; p < domain.CrashPointCount + 64; p++)
-                {
-                    for (int seed = 0; seed < 4; seed++)
-                    {
-                        domain.ArmCrash(p, (int)(p * 4) + seed);
-                    }
-                }
+                ArmEveryLaterCrashPoint(domain);
 
                 for (long k = 1000; k < 1016; k++)
                 {
@@ -193,22 +295,7 @@ public sealed unsafe class BlockIntegrityTests
             heap.AdvanceVersion(TimeSpan.FromSeconds(30));
         }
 
-        var violations = new List<string>();
-        foreach (SimulatedCrash crash in domain.CapturedCrashes)
-        {
-            try
-            {
-                using var image = SimulatedPersistenceDomain.FromImage(crash.Image, Capacity);
-                using HeapFile file = HeapFile.Open(image);
-                using BufferedDurableHeap heap = BufferedDurableHeap.Open(file, new BufferedDurableHeapOptions { AdvancePeriod = Timeout.InfiniteTimeSpan });
-            }
-            catch (HeapFileException e) when (e.Error == HeapFileError.Corrupt)
-            {
-                violations.Add($"point {crash.Point} seed {crash.Seed}: damaged: {e.Message}");
-            }
-        }
-
         images = domain.CapturedCrashes.Count;
-        return violations;
+        return DamagedCrashImages(domain, Capacity);
     }
 }
