@@ -204,6 +204,126 @@ public sealed unsafe class BlockIntegrityTests
         return DamagedCrashImages(domain, Capacity);
     }
 
+    [Fact]
+    public void Sweep_OnAWriterThreadWhileAnotherWriterAllocates_HandsBlocksOutOnlyAfterTheirFreesAreDurable()
+    {
+        List<string> violations = WriterSweepsUnderLoad(DurabilityFaults.None, out int images, out int writerSweeps);
+        Assert.True(writerSweeps > 0, "no writer thread swept: the scenario exercised nothing");
+        Assert.True(images > 10, $"only {images} crash images");
+        Assert.Empty(violations);
+    }
+
+    [SkippableFact]
+    public void Sweep_OnAWriterThreadHandingBlocksOutBeforeTheirFreesAreDurable_IsCaughtAsDamage()
+    {
+        // The control: a sweep that hands its blocks out before the fence lets the other writer's new payloads reach
+        // the file while the old seals are still there.
+        List<string> violations = WriterSweepsUnderLoad(DurabilityFaults.ReuseBeforeFreeIsDurable, out int images, out int writerSweeps);
+        Skip.If(violations.Count == 0, $"inconclusive: none of {images} crash images of the broken control ({writerSweeps} sweeps by a writer) showed damage");
+        Assert.Contains("damaged", violations[0], StringComparison.Ordinal);
+    }
+
+    /// <summary>
+    /// Two writer threads in lock-step rounds (a barrier; this thread advances the version after each round): each
+    /// writer owns 5,000 keys and replaces all of them every third round and 50 otherwise, so the advancer's sweep, sized
+    /// by the last version, leaves frees parked. At the start of each round the second writer sweeps them on its own
+    /// thread (<see cref="PersistentHeap.FlushPendingFrees"/>: the sweep an allocation runs when nothing is ready and
+    /// no segment is free) while the first writer allocates. The first eight sweeps arm power failures at every 48th of
+    /// the next 640 crash points (2 adversarial seeds each), inside the window between marking the frees and making
+    /// them durable. Returns what reopening each image reported.
+    /// </summary>
+    private static List<string> WriterSweepsUnderLoad(DurabilityFaults faults, out int images, out int writerSweeps)
+    {
+        const long Capacity = 16 << 20;
+        const int KeysPerWriter = 5_000;
+        const int Rounds = 60;
+        using var domain = new SimulatedPersistenceDomain(1 << 20, Capacity);
+        Thread advancing = Thread.CurrentThread;
+        int sweeps = 0;
+        using (HeapFile file = HeapFile.Create(domain))
+        {
+            using BufferedDurableHeap heap = BufferedDurableHeap.Open(file, new BufferedDurableHeapOptions { AdvancePeriod = Timeout.InfiniteTimeSpan, Faults = faults });
+            var map = new PersistentHashMap<long, long>(heap, TypeId);
+            for (long k = 0; k < 2 * KeysPerWriter; k++)
+            {
+                map.Set(k, k);
+            }
+
+            heap.Heap.AfterSweepMarkedForTesting = () =>
+            {
+                // Interlocked.Increment: writers sweep concurrently; atomicity only.
+                if (Thread.CurrentThread != advancing && Interlocked.Increment(ref sweeps) <= 8)
+                {
+                    // Spread over the sweep's write-backs (one crash point per block here), so that some images fall after
+                    // the other writer has taken blocks from this sweep.
+                    long next = domain.CrashPointCount;
+                    for (long p = next; p < next + 640; p += 48)
+                    {
+                        domain.ArmCrash(p, (int)(p * 2));
+                        domain.ArmCrash(p, (int)(p * 2) + 1);
+                    }
+                }
+            };
+
+            // Rounds in lock step (a barrier, no timing): this thread advances after each round, so each version is one
+            // round, and the advancer's sweep, sized by a small version, leaves frees parked for the next round's sweep.
+            var failures = new System.Collections.Concurrent.ConcurrentQueue<Exception>();
+            using var round = new Barrier(3);
+            var writers = new Thread[2];
+            for (int t = 0; t < writers.Length; t++)
+            {
+                long first = t * KeysPerWriter;
+                bool sweeper = t == 1;
+                writers[t] = new Thread(() =>
+                {
+                    for (int r = 0; r < Rounds; r++)
+                    {
+                        round.SignalAndWait();
+                        try
+                        {
+                            if (sweeper)
+                            {
+                                // A sweep on this writer's thread (the path an allocation takes when nothing is ready
+                                // and no segment is free) while the other writer allocates.
+                                heap.Heap.FlushPendingFrees();
+                            }
+
+                            for (long k = first; k < first + (r % 3 == 0 ? KeysPerWriter : 50); k++)
+                            {
+                                map.Set(k, r);
+                            }
+                        }
+                        catch (Exception e)
+                        {
+                            failures.Enqueue(e);
+                        }
+
+                        round.SignalAndWait();
+                    }
+                });
+                writers[t].Start();
+            }
+
+            for (int r = 0; r < Rounds; r++)
+            {
+                round.SignalAndWait();
+                round.SignalAndWait();
+                heap.AdvanceVersion(TimeSpan.FromSeconds(30));
+            }
+
+            foreach (Thread writer in writers)
+            {
+                writer.Join();
+            }
+
+            Assert.Empty(failures);
+        }
+
+        images = domain.CapturedCrashes.Count;
+        writerSweeps = Volatile.Read(ref sweeps);
+        return DamagedCrashImages(domain, Capacity);
+    }
+
     /// <summary>Arms a power failure at each of the next 64 crash points, 4 adversarial seeds each.</summary>
     private static void ArmEveryLaterCrashPoint(SimulatedPersistenceDomain domain)
     {
