@@ -220,6 +220,7 @@ internal static class MapComparison
         { IsBackground = true };
         writer.Start();
         long firstVersion = heap.CurrentVersion;
+        AdvancerStatistics before = heap.GetAdvancerStatistics();
         var phase = Stopwatch.StartNew();
         var random = new Random(8);
         var syncs = new List<double>();
@@ -259,6 +260,12 @@ internal static class MapComparison
         // version, not the schedule, bounds Sync and the lag.
         long versions = heap.CurrentVersion - firstVersion;
         output.WriteLine(FormattableString.Invariant($"# advance cycles under the writer: {versions} versions in {phase.Elapsed.TotalSeconds:0.0} s, {phase.Elapsed.TotalMilliseconds / Math.Max(1, versions):0.0} ms per cycle ({phase.Elapsed.TotalMilliseconds / Math.Max(1, versions) / p:0.00} periods)"));
+
+        // Where those cycles went (the heap's own counters): write-back of the version and the frontier, sealing its
+        // blocks, reclamation (deferring and sweeping frees).
+        AdvancerStatistics cycles = heap.GetAdvancerStatistics().Since(before);
+        double n = Math.Max(1, cycles.Cycles);
+        output.WriteLine(FormattableString.Invariant($"# per cycle ({cycles.Cycles} cycles): {cycles.BlocksWrittenBack / n:0} blocks written back; write-back {cycles.WriteBackTime.TotalMilliseconds / n:0.0} ms, seal {cycles.SealTime.TotalMilliseconds / n:0.0} ms, reclaim {cycles.ReclaimTime.TotalMilliseconds / n:0.0} ms"));
         output.WriteLine(FormattableString.Invariant($"| under one writer, {p:0} ms advance period | p50 (ms) | p90 (ms) | p99 (ms) | max (ms) | p50 (periods) | p99 (periods) | target |"));
         output.WriteLine("|---|---:|---:|---:|---:|---:|---:|---|");
         output.WriteLine(Row("Sync latency", syncs, p, "p50 ≤ 2 periods", Percentile(syncs, 0.5) <= 2 * p));

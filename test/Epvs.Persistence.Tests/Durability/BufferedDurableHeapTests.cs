@@ -225,6 +225,37 @@ public sealed class BufferedDurableHeapTests
     }
 
     [Fact]
+    public void AdvancerStatistics_CountEachCycleAndTheBlocksItWroteBack()
+    {
+        using var domain = new SimulatedPersistenceDomain(1 << 20);
+        using HeapFile file = HeapFile.Create(domain);
+        using BufferedDurableHeap heap = BufferedDurableHeap.Open(file, Manual);
+        var map = new PersistentHashMap<long, long>(heap, typeId: 1);
+        AdvancerStatistics start = heap.GetAdvancerStatistics();
+        for (long k = 0; k < 100; k++)
+        {
+            map.Set(k, k);
+        }
+
+        heap.AdvanceVersion(TimeSpan.FromSeconds(10));
+        AdvancerStatistics first = heap.GetAdvancerStatistics().Since(start);
+        Assert.Equal((1L, 100L), (first.Cycles, first.BlocksWrittenBack));
+
+        // Ten keys updated (copies of version-1 payloads), then an empty version.
+        for (long k = 0; k < 10; k++)
+        {
+            map.Set(k, -k);
+        }
+
+        heap.AdvanceVersion(TimeSpan.FromSeconds(10));
+        heap.AdvanceVersion(TimeSpan.FromSeconds(10));
+        AdvancerStatistics all = heap.GetAdvancerStatistics().Since(start);
+        Assert.Equal((3L, 110L), (all.Cycles, all.BlocksWrittenBack));
+        Assert.True(all.WriteBackTime > TimeSpan.Zero && all.SealTime > TimeSpan.Zero && all.ReclaimTime > TimeSpan.Zero, all.ToString());
+        Assert.True(all.WriteBackTime >= first.WriteBackTime && all.SealTime >= first.SealTime, $"{first} then {all}");
+    }
+
+    [Fact]
     public void Reclamation_RepeatedUpdatesAndDeletes_FreeOldPayloadsTwoVersionsLater()
     {
         using var domain = new SimulatedPersistenceDomain(4 << 20);
