@@ -1,5 +1,6 @@
 using System;
 using System.Runtime.CompilerServices;
+using System.Runtime.Intrinsics.X86;
 using System.Threading;
 
 namespace Epvs.Persistence;
@@ -318,12 +319,12 @@ public sealed unsafe partial class PersistentHeap : IDisposable
     /// </remarks>
     internal void Seal(ReadOnlySpan<long> offsets, long version)
     {
-        const int Batch = 64;
-        Span<ulong> expected = stackalloc ulong[Batch];
-        Span<ulong> sealedCommits = stackalloc ulong[Batch];
-        for (int start = 0; start < offsets.Length; start += Batch)
+        const int SealBatch = 64;
+        Span<ulong> expected = stackalloc ulong[SealBatch];
+        Span<ulong> sealedCommits = stackalloc ulong[SealBatch];
+        for (int start = 0; start < offsets.Length; start += SealBatch)
         {
-            int count = Math.Min(Batch, offsets.Length - start);
+            int count = Math.Min(SealBatch, offsets.Length - start);
             for (int i = 0; i < count; i++)
             {
                 if (start + i + PrefetchDistance < offsets.Length)
@@ -341,7 +342,9 @@ public sealed unsafe partial class PersistentHeap : IDisposable
                     ulong* h = (ulong*)(_base + offsets[start + i]);
 
                     // Interlocked.CompareExchange: full fence; replaces exactly the commit word the first pass read,
-                    // never a free that raced it.
+                    // never a free that raced it. (None can today: a version's blocks are sealed in its own cycle,
+                    // before any cycle can reclaim them. The compare keeps that an invariant of this method, not of
+                    // its caller's schedule.)
                     Interlocked.CompareExchange(ref h[3], sealedCommits[i], expected[i]);
                 }
             }
@@ -373,9 +376,9 @@ public sealed unsafe partial class PersistentHeap : IDisposable
     [MethodImpl(MethodImplOptions.AggressiveInlining)]
     private static void Prefetch(byte* address)
     {
-        if (System.Runtime.Intrinsics.X86.Sse.IsSupported)
+        if (Sse.IsSupported)
         {
-            System.Runtime.Intrinsics.X86.Sse.Prefetch0(address);
+            Sse.Prefetch0(address);
         }
     }
 

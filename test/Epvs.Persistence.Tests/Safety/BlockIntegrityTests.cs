@@ -224,13 +224,13 @@ public sealed unsafe class BlockIntegrityTests
     }
 
     /// <summary>
-    /// Two writer threads in lock-step rounds (a barrier; this thread advances the version after each round): each
+    /// Two writer threads in lock-step rounds (a barrier; a third thread advances the version after each round): each
     /// writer owns 5,000 keys and replaces all of them every third round and 50 otherwise, so the advancer's sweep, sized
     /// by the last version, leaves frees parked. At the start of each round the second writer sweeps them on its own
     /// thread (<see cref="PersistentHeap.FlushPendingFrees"/>: the sweep an allocation runs when nothing is ready and
     /// no segment is free) while the first writer allocates. The first eight sweeps arm power failures at every 48th of
-    /// the next 640 crash points (2 adversarial seeds each), inside the window between marking the frees and making
-    /// them durable. Returns what reopening each image reported.
+    /// 640 crash points from a few past the current one (2 adversarial seeds each), inside the window between marking
+    /// the frees and making them durable. Returns what reopening each image reported.
     /// </summary>
     private static List<string> WriterSweepsUnderLoad(DurabilityFaults faults, out int images, out int writerSweeps)
     {
@@ -238,7 +238,6 @@ public sealed unsafe class BlockIntegrityTests
         const int KeysPerWriter = 5_000;
         const int Rounds = 60;
         using var domain = new SimulatedPersistenceDomain(1 << 20, Capacity);
-        Thread advancing = Thread.CurrentThread;
         int sweeps = 0;
         using (HeapFile file = HeapFile.Create(domain))
         {
@@ -249,14 +248,16 @@ public sealed unsafe class BlockIntegrityTests
                 map.Set(k, k);
             }
 
+            Thread? advancing = null;
             heap.Heap.AfterSweepMarkedForTesting = () =>
             {
                 // Interlocked.Increment: writers sweep concurrently; atomicity only.
                 if (Thread.CurrentThread != advancing && Interlocked.Increment(ref sweeps) <= 8)
                 {
                     // Spread over the sweep's write-backs (one crash point per block here), so that some images fall after
-                    // the other writer has taken blocks from this sweep.
-                    long next = domain.CrashPointCount;
+                    // the other writer has taken blocks from this sweep; from a few points on, because the other writer
+                    // may pass a crash point (formatting a segment) between reading the count and arming.
+                    long next = domain.CrashPointCount + 16;
                     for (long p = next; p < next + 640; p += 48)
                     {
                         domain.ArmCrash(p, (int)(p * 2));
@@ -265,61 +266,56 @@ public sealed unsafe class BlockIntegrityTests
                 }
             };
 
-            // Rounds in lock step (a barrier, no timing): this thread advances after each round, so each version is one
-            // round, and the advancer's sweep, sized by a small version, leaves frees parked for the next round's sweep.
-            var failures = new System.Collections.Concurrent.ConcurrentQueue<Exception>();
+            // Rounds in lock step (a barrier, every wait bounded, no timing): worker 2 advances after each round, so each
+            // version is one round, and the advancer's sweep, sized by a small version, leaves frees parked for the next
+            // round's sweep by worker 1, which runs while worker 0 allocates.
             using var round = new Barrier(3);
-            var writers = new Thread[2];
-            for (int t = 0; t < writers.Length; t++)
+            void Meet()
             {
-                long first = t * KeysPerWriter;
-                bool sweeper = t == 1;
-                writers[t] = new Thread(() =>
+                if (!round.SignalAndWait(Workers.JoinTimeout))
                 {
-                    for (int r = 0; r < Rounds; r++)
+                    throw new TimeoutException("a round's barrier timed out (another participant failed?)");
+                }
+            }
+
+            Workers.Run(3, w =>
+            {
+                if (w == 2)
+                {
+                    // Published to the hook by the first barrier (a full fence) before any round can sweep.
+                    advancing = Thread.CurrentThread;
+                }
+
+                long first = w * KeysPerWriter;
+                for (int r = 0; r < Rounds; r++)
+                {
+                    Meet();
+                    if (w == 2)
                     {
-                        round.SignalAndWait();
-                        try
-                        {
-                            if (sweeper)
-                            {
-                                // A sweep on this writer's thread (the path an allocation takes when nothing is ready
-                                // and no segment is free) while the other writer allocates.
-                                heap.Heap.FlushPendingFrees();
-                            }
-
-                            for (long k = first; k < first + (r % 3 == 0 ? KeysPerWriter : 50); k++)
-                            {
-                                map.Set(k, r);
-                            }
-                        }
-                        catch (Exception e)
-                        {
-                            failures.Enqueue(e);
-                        }
-
-                        round.SignalAndWait();
+                        Meet();
+                        heap.AdvanceVersion(TimeSpan.FromSeconds(30));
+                        continue;
                     }
-                });
-                writers[t].Start();
-            }
 
-            for (int r = 0; r < Rounds; r++)
-            {
-                round.SignalAndWait();
-                round.SignalAndWait();
-                heap.AdvanceVersion(TimeSpan.FromSeconds(30));
-            }
+                    if (w == 1)
+                    {
+                        // A sweep on this writer's thread (the path an allocation takes when nothing is ready and no
+                        // segment is free) while the other writer allocates.
+                        heap.Heap.FlushPendingFrees();
+                    }
 
-            foreach (Thread writer in writers)
-            {
-                writer.Join();
-            }
+                    for (long k = first; k < first + (r % 3 == 0 ? KeysPerWriter : 50); k++)
+                    {
+                        map.Set(k, r);
+                    }
 
-            Assert.Empty(failures);
+                    Meet();
+                }
+            });
         }
 
         images = domain.CapturedCrashes.Count;
+        // Volatile.Read: the writers have been joined; a plain read would do, this one says the field is shared.
         writerSweeps = Volatile.Read(ref sweeps);
         return DamagedCrashImages(domain, Capacity);
     }
