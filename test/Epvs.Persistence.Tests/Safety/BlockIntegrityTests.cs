@@ -54,8 +54,7 @@ public sealed unsafe class BlockIntegrityTests
     public void Reclaim_HandsABlockOutAgainOnlyAfterItsFreeIsDurable_NoCrashImageReportsDamage()
     {
         List<string> violations = ReuseDuringReclamation(DurabilityFaults.None, out int images);
-        Assert.True(images > 10, $"only {images} crash images");
-        Assert.Empty(violations);
+        AssertNoDamage(violations, images);
     }
 
     [SkippableFact]
@@ -63,8 +62,7 @@ public sealed unsafe class BlockIntegrityTests
     {
         // The control: a reused block's new bytes can reach the file under its old seal, which recovery must report.
         List<string> violations = ReuseDuringReclamation(DurabilityFaults.ReuseBeforeFreeIsDurable, out int images);
-        Skip.If(violations.Count == 0, $"inconclusive: none of {images} crash images of the broken control showed damage");
-        Assert.Contains("damaged", violations[0], StringComparison.Ordinal);
+        AssertDamageCaught(violations, images);
     }
 
     [Fact]
@@ -133,8 +131,7 @@ public sealed unsafe class BlockIntegrityTests
     public void Reclaim_AntiPayloads_AreHandedOutAgainOnlyAfterTheirFreesAreDurable_NoCrashImageReportsDamage()
     {
         List<string> violations = AntiPayloadReuseDuringReclamation(DurabilityFaults.None, out int images);
-        Assert.True(images > 10, $"only {images} crash images");
-        Assert.Empty(violations);
+        AssertNoDamage(violations, images);
     }
 
     [SkippableFact]
@@ -143,8 +140,7 @@ public sealed unsafe class BlockIntegrityTests
         // The control of the eager free path (anti-payloads are freed eagerly, not deferred): the broken variant hands
         // each block out as soon as it is marked free, so a new anti-payload can reach the file under the old seal.
         List<string> violations = AntiPayloadReuseDuringReclamation(DurabilityFaults.ReuseBeforeFreeIsDurable, out int images);
-        Skip.If(violations.Count == 0, $"inconclusive: none of {images} crash images of the broken control showed damage");
-        Assert.Contains("damaged", violations[0], StringComparison.Ordinal);
+        AssertDamageCaught(violations, images);
     }
 
     /// <summary>
@@ -209,8 +205,7 @@ public sealed unsafe class BlockIntegrityTests
     {
         List<string> violations = WriterSweepsUnderLoad(DurabilityFaults.None, out int images, out int writerSweeps);
         Assert.True(writerSweeps > 0, "no writer thread swept: the scenario exercised nothing");
-        Assert.True(images > 10, $"only {images} crash images");
-        Assert.Empty(violations);
+        AssertNoDamage(violations, images);
     }
 
     [SkippableFact]
@@ -219,8 +214,7 @@ public sealed unsafe class BlockIntegrityTests
         // The control: a sweep that hands its blocks out before the fence lets the other writer's new payloads reach
         // the file while the old seals are still there.
         List<string> violations = WriterSweepsUnderLoad(DurabilityFaults.ReuseBeforeFreeIsDurable, out int images, out int writerSweeps);
-        Skip.If(violations.Count == 0, $"inconclusive: none of {images} crash images of the broken control ({writerSweeps} sweeps by a writer) showed damage");
-        Assert.Contains("damaged", violations[0], StringComparison.Ordinal);
+        AssertDamageCaught(violations, images, $" ({writerSweeps} sweeps by a writer)");
     }
 
     /// <summary>
@@ -318,6 +312,20 @@ public sealed unsafe class BlockIntegrityTests
         // Volatile.Read: the writers have been joined; a plain read would do, this one says the field is shared.
         writerSweeps = Volatile.Read(ref sweeps);
         return DamagedCrashImages(domain, Capacity);
+    }
+
+    /// <summary>A crash enumeration of the correct code: enough images, none refused as damaged.</summary>
+    private static void AssertNoDamage(List<string> violations, int images)
+    {
+        Assert.True(images > 10, $"only {images} crash images");
+        Assert.Empty(violations);
+    }
+
+    /// <summary>A crash enumeration of a broken control: some image refused as damaged, else the control is reported inconclusive (skipped).</summary>
+    private static void AssertDamageCaught(List<string> violations, int images, string detail = "")
+    {
+        Skip.If(violations.Count == 0, $"inconclusive: none of {images} crash images of the broken control{detail} showed damage");
+        Assert.Contains("damaged", violations[0], StringComparison.Ordinal);
     }
 
     /// <summary>Arms a power failure at each of the next 64 crash points, 4 adversarial seeds each.</summary>
