@@ -367,7 +367,9 @@ public sealed unsafe partial class BufferedDurableHeap : IDisposable
         }
     }
 
-    private long BacklogLimit => _backlogLimit != 0 ? _backlogLimit : Math.Max(1L << 20, _heap.File.Size / 8);
+    // An eighth of the heap: the floor is small, so that on a small heap the limit stays a fraction of it (a 1 MiB
+    // floor was the whole of a 1 MiB heap, which fast writers then filled with replaced payloads).
+    internal long BacklogLimit => _backlogLimit != 0 ? _backlogLimit : Math.Max(64L * 1024, _heap.File.Size / 8);
 
     /// <summary>
     /// The slow path of <see cref="BeginOperation"/>, every BacklogLimit / 16 retired bytes of this thread: if the
@@ -377,7 +379,7 @@ public sealed unsafe partial class BufferedDurableHeap : IDisposable
     private void ApplyBackPressure(ThreadBuffers buffers)
     {
         long limit = BacklogLimit;
-        buffers.NextBacklogCheck = buffers.RetiredBytes + Math.Max(64 * 1024, limit / 16);
+        buffers.NextBacklogCheck = buffers.RetiredBytes + Math.Max(4 * 1024, limit / 16);
         if ((_faults & DurabilityFaults.NoBackPressure) != 0 || ReclaimBacklog <= limit || _scheme.Epoch.ThisInstanceProtected())
         {
             // (Nested operations cannot help: the advance would wait for the enclosing one.)

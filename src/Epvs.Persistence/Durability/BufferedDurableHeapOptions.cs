@@ -24,7 +24,7 @@ public sealed class BufferedDurableHeapOptions
     /// Back-pressure: when replaced and deleted payloads waiting for reclamation (they are freed two versions later)
     /// exceed this many bytes, a thread beginning an operation first runs advances itself until they are freed, so a
     /// write rate the background advancer cannot keep up with (a starved advancer, a fast producer) slows down instead
-    /// of filling the heap. 0 (the default) means an eighth of the heap's current size, at least 1 MiB.
+    /// of filling the heap. 0 (the default) means an eighth of the heap's current size, at least 64 KiB.
     /// </summary>
     public long ReclaimBacklogLimit { get; set; }
 

@@ -9,8 +9,9 @@ namespace Epvs.Persistence.Tests;
 
 /// <summary>
 /// The heap-full of the benchmark (a fast producer with the advancer starved of CPU: retired payloads pile up faster
-/// than two-versions-later reclamation frees them). Here the advancer is absent altogether — the worst starvation —
-/// and the property is that a churning workload stays within a bounded heap because operations help reclaim.
+/// than two-versions-later reclamation frees them). The churn tests have no advancer at all — the worst starvation —
+/// and the property is that a churning workload stays within a bounded heap because operations help reclaim; the
+/// small-heap tests run the background advancer against two writers on a heap that cannot grow.
 /// </summary>
 public sealed class BackPressureTests
 {
@@ -44,6 +45,62 @@ public sealed class BackPressureTests
             "INCONCLUSIVE: the broken control (no back-pressure) was not caught; the check proves nothing on this run.");
     }
 
+    [Fact]
+    public void TwoFastWritersOnASmallHeap_NeverRunItOutOfSpace()
+    {
+        Assert.Null(FastWritersOnASmallHeap(DurabilityFaults.None));
+    }
+
+    [SkippableFact]
+    public void TwoFastWritersOnASmallHeap_WithoutBackPressure_FillIt()
+    {
+        // The control: without back-pressure the replaced payloads outrun reclamation and the heap runs out of space.
+        Exception? failure = FastWritersOnASmallHeap(DurabilityFaults.NoBackPressure);
+        Skip.If(failure is null, "inconclusive: the writers did not outrun the advancer on this run");
+        Assert.IsType<InsufficientMemoryException>(failure);
+    }
+
+    /// <summary>
+    /// A 1 MiB heap that cannot grow, a quarter of it live (4,000 entries in 64-byte blocks), two writers replacing every
+    /// entry 400 times while the background advancer runs (5 ms period): the replaced payloads waiting for reclamation
+    /// must be held to a fraction of the heap by back-pressure, not fill it (the default limit used to be at least
+    /// 1 MiB, the whole of this heap). Returns the first writer's failure, or null once every entry holds its last value.
+    /// </summary>
+    private static Exception? FastWritersOnASmallHeap(DurabilityFaults faults)
+    {
+        const int KeysPerWriter = 2_000;
+        const int Rounds = 400;
+        using var domain = new SimulatedPersistenceDomain(1 << 20);
+        using HeapFile file = HeapFile.Create(domain);
+        using BufferedDurableHeap heap = BufferedDurableHeap.Open(file, new BufferedDurableHeapOptions { AdvancePeriod = TimeSpan.FromMilliseconds(5), Faults = faults });
+        var map = new PersistentHashMap<long, long>(heap, typeId: 1);
+        for (long k = 0; k < 2 * KeysPerWriter; k++)
+        {
+            map.Set(k, -1);
+        }
+
+        try
+        {
+            Workers.Run(2, w =>
+            {
+                for (int round = 0; round < Rounds; round++)
+                {
+                    for (long k = w * KeysPerWriter; k < (w + 1) * KeysPerWriter; k++)
+                    {
+                        map.Set(k, round);
+                    }
+                }
+            });
+        }
+        catch (AggregateException e)
+        {
+            return e.InnerExceptions[0];
+        }
+
+        Assert.All(Enumerable.Range(0, 2 * KeysPerWriter), k => Assert.True(map.TryGetValue(k, out long v) && v == Rounds - 1, $"key {k}"));
+        return null;
+    }
+
     /// <summary>One thread churns 1 KB set/remove on a few keys of a 4 MiB heap with no advancer; reports a heap-full and a backlog over twice the limit.</summary>
     private static List<string> Churn(DurabilityMode mode, DurabilityFaults faults, out long peak, out long limit)
     {
@@ -52,7 +109,7 @@ public sealed class BackPressureTests
         using var domain = new SimulatedPersistenceDomain(Capacity);
         using HeapFile file = HeapFile.Create(domain);
         using BufferedDurableHeap heap = BufferedDurableHeap.Open(file, new BufferedDurableHeapOptions { Mode = mode, AdvancePeriod = Timeout.InfiniteTimeSpan, Faults = faults });
-        limit = Math.Max(1L << 20, file.Size / 8);
+        limit = heap.BacklogLimit;
         var map = new PersistentByteMap<long>(heap, DurableWorkload.MapTypeId);
         var random = new Random(Seed);
         byte[] value = new byte[1000];
