@@ -2,6 +2,7 @@ using System;
 using System.Collections.Generic;
 using System.IO;
 using System.Linq;
+using System.Threading;
 using Xunit;
 
 namespace Epvs.Persistence.Tests;
@@ -180,6 +181,47 @@ public sealed class PersistentHeapTests : IDisposable
             using var unfiltered = new PersistentHeap(againFile);
             Assert.Equal(20, unfiltered.RecoveryStatistics.LiveBlocks);
         }
+    }
+
+    [Fact]
+    public void DeferredFrees_ParkedInAnyOrder_AreHandedOutInAddressOrder()
+    {
+        // One whole segment of 16-byte payloads allocated, half of its blocks parked in a shuffled order; after the
+        // sweep, a fresh thread allocates exactly those blocks, lowest address first.
+        using var domain = new SimulatedPersistenceDomain(1 << 20);
+        using HeapFile file = HeapFile.Create(domain);
+        using var heap = new PersistentHeap(file);
+        int perSegment = SizeClasses.BlocksPerSegment[SizeClasses.ForPayload(16)];
+        long[] blocks = Enumerable.Range(0, perSegment).Select(_ => heap.Allocate(16, typeId: 1).Offset).ToArray();
+        long[] parked = blocks.Where((_, i) => i % 2 == 1).OrderBy(o => (o * 0x9E37_79B9L) & 0xFFFF).ToArray();
+        heap.DeferFrees(parked, parked.Length, new List<long>());
+        heap.FlushPendingFrees();
+
+        var reused = new List<long>();
+        var thread = new Thread(() =>
+        {
+            for (int i = 0; i < parked.Length; i++)
+            {
+                reused.Add(heap.Allocate(16, typeId: 1).Offset);
+            }
+        });
+        thread.Start();
+        Assert.True(thread.Join(Workers.JoinTimeout));
+        Assert.Equal(parked.Order(), reused);
+    }
+
+    [Fact]
+    public void DeferredFrees_ABlockParkedTwice_IsReportedAndStopsEveryLaterSweep()
+    {
+        using var domain = new SimulatedPersistenceDomain(1 << 20);
+        using HeapFile file = HeapFile.Create(domain);
+        using var heap = new PersistentHeap(file);
+        long[] blocks = Enumerable.Range(0, 10).Select(_ => heap.Allocate(16, typeId: 1).Offset).ToArray();
+        heap.DeferFrees([blocks[3], blocks[5], blocks[3]], 3, new List<long>());
+        InvalidOperationException e = Assert.Throws<InvalidOperationException>(heap.FlushPendingFrees);
+        Assert.Contains("double free", e.Message, StringComparison.Ordinal);
+        heap.DeferFrees([blocks[7]], 1, new List<long>());
+        Assert.Throws<IOException>(heap.FlushPendingFrees);
     }
 
     [Fact]
