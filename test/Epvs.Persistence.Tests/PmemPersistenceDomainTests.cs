@@ -59,7 +59,7 @@ public sealed class PmemPersistenceDomainTests : IDisposable
             uid = heap.GetHeader(block).Uid;
             Stamp.Write(heap.GetPayload(block), uid);
             heap.Persist(block);
-            Assert.True(((MappedFilePersistenceDomain)heap.File.Domain).MsyncCalls > 0);
+            Assert.True(((MappedFilePersistenceDomain)heap.File.Domain).WriteBackCalls > 0);
         }
 
         using PersistentHeap reopened = PersistentHeap.Open(path, options);

@@ -57,6 +57,13 @@ public abstract unsafe class PersistenceDomain : IDisposable
     // other threads use the domain is misuse).
     public bool IsDisposed => Volatile.Read(ref _disposed) != 0;
 
+    /// <summary>
+    /// The largest gap of untouched bytes that <see cref="WriteBackRuns"/> bridges to merge two ranges into one
+    /// write-back (a system call through the page cache); 64 KiB, where a write-back over clean pages costs less than
+    /// another call.
+    /// </summary>
+    internal virtual long WriteBackMergeGap => 64 * 1024;
+
     /// <summary>The mapping, for this assembly's allocator.</summary>
     internal byte* Pointer { get; }
 

@@ -3,14 +3,15 @@ namespace Epvs.Persistence;
 /// <summary>
 /// Writes back byte ranges of a <see cref="PersistenceDomain"/>: on persistent memory each range at once (cache-line
 /// write-back); through the page cache, ranges added in ascending order are merged into runs and each run is written
-/// back once (every write-back there is a system call).
+/// back once (every write-back there is a system call). A run takes in the next range when it starts on the page the
+/// run ends on or within <see cref="PersistenceDomain.WriteBackMergeGap"/> of its end.
 /// </summary>
 internal struct WriteBackRuns
 {
-    // Runs closer than this are merged: one msync over a few clean pages costs less than another system call.
-    private const long MergeGap = 64 * 1024;
     private readonly PersistenceDomain _domain;
     private readonly bool _coalesce;
+    private readonly long _mergeGap;
+    private readonly long _pageMask;
     private long _start;
     private long _end;
 
@@ -18,6 +19,8 @@ internal struct WriteBackRuns
     {
         _domain = domain;
         _coalesce = !domain.IsPersistentMemory;
+        _mergeGap = domain.WriteBackMergeGap;
+        _pageMask = System.Environment.SystemPageSize - 1;
         _start = -1;
         _end = -1;
     }
@@ -31,7 +34,8 @@ internal struct WriteBackRuns
             return;
         }
 
-        if (_start >= 0 && offset >= _start && offset <= _end + MergeGap)
+        // Merged: within the gap the domain bridges, or on the page the run already ends on (already dirty).
+        if (_start >= 0 && offset >= _start && offset <= System.Math.Max(_end + _mergeGap, (_end + _pageMask) & ~_pageMask))
         {
             _end = System.Math.Max(_end, offset + length);
             return;

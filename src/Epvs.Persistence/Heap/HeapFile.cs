@@ -91,7 +91,7 @@ public sealed unsafe class HeapFile : IDisposable
     /// <param name="options">Size, maximum size and persistence domain; null for the defaults.</param>
     /// <returns>The open heap file, holding its exclusive lock.</returns>
     /// <exception cref="HeapFileException">The path exists, its directory is read-only, the disk lacks space, or the requested domain is unavailable.</exception>
-    /// <exception cref="ArgumentOutOfRangeException">The size is too small for one segment, or above the maximum size.</exception>
+    /// <exception cref="ArgumentOutOfRangeException">The size is too small for one segment, or above the maximum size, or an option is not a value of its enum.</exception>
     public static HeapFile Create(string path, HeapFileOptions? options = null)
     {
         options ??= new HeapFileOptions();
@@ -154,6 +154,7 @@ public sealed unsafe class HeapFile : IDisposable
     /// <exception cref="FileNotFoundException">There is no file at <paramref name="path"/>.</exception>
     /// <exception cref="HeapFileException">The file is read-only, already open, too small, truncated, not a heap file,
     /// of a newer format, damaged, or the requested domain is unavailable. The file is unchanged.</exception>
+    /// <exception cref="ArgumentOutOfRangeException">The domain cannot map a file, or an option is not a value of its enum.</exception>
     public static HeapFile Open(string path, HeapFileOptions? options = null) => Open(path, options, HeapLayout.KindUnclaimed);
 
     /// <summary>Opens the file for a heap of <paramref name="kind"/>: a file another kind of heap owns is refused before anything is written.</summary>
@@ -649,6 +650,16 @@ public sealed unsafe class HeapFile : IDisposable
 
     private static PersistenceDomain MapDomain(FileStream stream, string path, long length, long capacity, HeapFileOptions options)
     {
+        if (options.MappedFileWriteBack is not (MappedFileWriteBack.Auto or MappedFileWriteBack.SharedMapping or MappedFileWriteBack.PrivateMapping))
+        {
+            ThrowHelper.ThrowArgumentOutOfRange(nameof(options), $"HeapFileOptions.MappedFileWriteBack {options.MappedFileWriteBack} is not a MappedFileWriteBack value.");
+        }
+
+        if (options.MappedFileWriteBack == MappedFileWriteBack.PrivateMapping && !OperatingSystem.IsLinux())
+        {
+            ThrowHelper.ThrowHeapFile(HeapFileError.DomainUnavailable, $"Cannot map heap file '{path}' privately: MappedFileWriteBack.PrivateMapping needs Linux (pwrite into the page cache of a copy-on-write mapping). Use Auto or SharedMapping.");
+        }
+
         string? failure = null;
         switch (options.Domain)
         {
@@ -656,7 +667,16 @@ public sealed unsafe class HeapFile : IDisposable
             case PersistenceDomainKind.Pmem:
                 if (options.PmemLibraryName is not null && PmemLibrary.TryLoad(options.PmemLibraryName, out failure))
                 {
-                    return PmemPersistenceDomain.Map(path);
+                    PmemPersistenceDomain pmem = PmemPersistenceDomain.Map(path);
+
+                    // Auto on a file that is not persistent memory: libpmem would only msync it (and cannot grow it);
+                    // the mapped-file domain does that job better.
+                    if (options.Domain == PersistenceDomainKind.Pmem || pmem.IsPersistentMemory)
+                    {
+                        return pmem;
+                    }
+
+                    pmem.Dispose();
                 }
 
                 if (options.Domain == PersistenceDomainKind.Pmem)
@@ -664,12 +684,15 @@ public sealed unsafe class HeapFile : IDisposable
                     ThrowHelper.ThrowHeapFile(HeapFileError.DomainUnavailable, $"Cannot map heap file '{path}' with libpmem: {failure ?? "HeapFileOptions.PmemLibraryName is null."} Use PersistenceDomainKind.Auto or MappedFile to fall back to msync.");
                 }
 
-                return MappedFilePersistenceDomain.Map(stream, length, capacity);
+                return MapFile(stream, length, capacity, options);
             case PersistenceDomainKind.MappedFile:
-                return MappedFilePersistenceDomain.Map(stream, length, capacity);
+                return MapFile(stream, length, capacity, options);
             default:
                 ThrowHelper.ThrowArgumentOutOfRange(nameof(options), $"Domain {options.Domain} cannot map a file; create a SimulatedPersistenceDomain and use HeapFile.Create(PersistenceDomain).");
                 return null;
         }
     }
+
+    private static MappedFilePersistenceDomain MapFile(FileStream stream, long length, long capacity, HeapFileOptions options) =>
+        MappedFilePersistenceDomain.Map(stream, length, capacity, MappedFilePersistenceDomain.UsesPrivateMapping(options.MappedFileWriteBack, capacity));
 }

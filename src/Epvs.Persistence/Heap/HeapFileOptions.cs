@@ -12,8 +12,19 @@ public sealed class HeapFileOptions
     /// </summary>
     public long MaxSize { get; set; }
 
-    /// <summary>Which persistence domain maps the file. Default <see cref="PersistenceDomainKind.Auto"/>: libpmem when it loads, else the mapped file.</summary>
+    /// <summary>
+    /// Which persistence domain maps the file. Default <see cref="PersistenceDomainKind.Auto"/>: libpmem when it loads
+    /// and maps the file as persistent memory, else the mapped file.
+    /// </summary>
     public PersistenceDomainKind Domain { get; set; } = PersistenceDomainKind.Auto;
+
+    /// <summary>
+    /// How the <see cref="PersistenceDomainKind.MappedFile"/> domain maps the file and writes it back: a private mapping
+    /// written back with <c>pwrite</c> (Linux; no page faults on the writers' threads, but written pages stay in process
+    /// memory) or a shared one synchronized with <c>msync</c>. Default <see cref="MappedFileWriteBack.Auto"/>: private
+    /// on Linux for a heap whose maximum size is at most a quarter of the available memory. Applies to open too.
+    /// </summary>
+    public MappedFileWriteBack MappedFileWriteBack { get; set; } = MappedFileWriteBack.Auto;
 
     /// <summary>
     /// The name or path libpmem is loaded by (default <c>libpmem.so.1</c>); null disables libpmem. The first libpmem

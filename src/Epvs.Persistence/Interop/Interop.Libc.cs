@@ -6,14 +6,19 @@ namespace Epvs.Persistence;
 internal static partial class Interop
 {
     /// <summary>
-    /// The C library on Unix (glibc's <c>libc.so.6</c>, macOS's <c>libSystem</c>): memory mapping of the heap file
-    /// and ranged <c>msync</c>, which .NET's <c>MemoryMappedViewAccessor.Flush</c> does not offer (it syncs the whole view).
+    /// The C library on Unix (glibc's <c>libc.so.6</c>, macOS's <c>libSystem</c>): memory mapping of the heap file,
+    /// ranged <c>msync</c>, which .NET's <c>MemoryMappedViewAccessor.Flush</c> does not offer (it syncs the whole view),
+    /// and the <c>pwrite</c>/<c>fdatasync</c> write-back of a private mapping (Linux).
     /// </summary>
     internal static unsafe partial class Libc
     {
         internal const int ProtRead = 0x1;
         internal const int ProtWrite = 0x2;
         internal const int MapShared = 0x1;
+        internal const int MapPrivate = 0x2;
+
+        /// <summary><c>EINTR</c> (the same value on Linux, macOS and the BSDs).</summary>
+        internal const int Eintr = 4;
 
         /// <summary><c>MS_SYNC</c>: 4 on Linux, 0x10 on macOS and the BSDs.</summary>
         internal static int MsSync => OperatingSystem.IsLinux() ? 4 : 0x10;
@@ -28,6 +33,13 @@ internal static partial class Interop
 
         [LibraryImport(NativeLibraryResolver.LibcLibraryName, EntryPoint = "msync", SetLastError = true)]
         internal static partial int Msync(void* address, nuint length, int flags);
+
+        /// <summary>Bytes written, or -1 with errno set.</summary>
+        [LibraryImport(NativeLibraryResolver.LibcLibraryName, EntryPoint = "pwrite", SetLastError = true)]
+        internal static partial nint Pwrite(int fd, void* buffer, nuint count, long offset);
+
+        [LibraryImport(NativeLibraryResolver.LibcLibraryName, EntryPoint = "fdatasync", SetLastError = true)]
+        internal static partial int Fdatasync(int fd);
 
         /// <summary>Returns 0 or an errno value (it does not set errno).</summary>
         [LibraryImport(NativeLibraryResolver.LibcLibraryName, EntryPoint = "posix_fallocate")]

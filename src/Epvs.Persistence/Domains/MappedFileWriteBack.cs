@@ -1,0 +1,37 @@
+namespace Epvs.Persistence;
+
+/// <summary>How a heap in the <see cref="PersistenceDomainKind.MappedFile"/> domain maps its file and makes written ranges durable.</summary>
+/// <remarks>
+/// Through a shared mapping the kernel tracks dirty pages itself: every <c>msync</c> cleans the pages it writes and
+/// write-protects them again, so the next store to each takes a page fault, and changing the protection interrupts
+/// the other cores that run the process (a TLB shootdown). Under a writer that updates random keys that is a fault per
+/// page per advance cycle, on the writers' threads. A private mapping has no such faults after a page's first store;
+/// the write-back copies the written ranges into the file instead.
+/// </remarks>
+public enum MappedFileWriteBack
+{
+    /// <summary>
+    /// <see cref="PrivateMapping"/> on Linux when the heap's maximum size (<see cref="HeapFileOptions.MaxSize"/>) is at
+    /// most a quarter of the memory available to the process, so its private copies cannot crowd out the rest;
+    /// <see cref="SharedMapping"/> otherwise and on other systems.
+    /// </summary>
+    Auto = 0,
+
+    /// <summary>
+    /// The file is mapped shared and a write-back is <c>msync(MS_SYNC)</c> of the pages covering the range
+    /// (<c>FlushViewOfFile</c> then <c>FlushFileBuffers</c> at the fence on Windows). Written pages are the page cache's,
+    /// which the kernel may evict once they are clean, so a heap larger than memory works; each write-back makes the next
+    /// store to its pages fault.
+    /// </summary>
+    SharedMapping = 1,
+
+    /// <summary>
+    /// Linux only. The file is mapped copy-on-write; a write-back copies the range into the file with <c>pwrite</c> and a
+    /// fence is <c>fdatasync</c>. Stores fault once per page (its first store since the heap opened), never after a
+    /// write-back. Every page written since the heap opened is then private memory of the process — up to the heap's
+    /// size, not evictable without swap — besides its copy in the page cache. Only ranges written back reach the file,
+    /// as the durability contract of <see cref="PersistenceDomain"/> says: a store that was never written back is lost
+    /// when the heap closes, not only at a crash.
+    /// </summary>
+    PrivateMapping = 2,
+}

@@ -1,0 +1,203 @@
+using System;
+using System.IO;
+using System.Linq;
+using Xunit;
+
+namespace Epvs.Persistence.Tests;
+
+/// <summary>
+/// The two ways the mapped-file domain reaches the file (<see cref="MappedFileWriteBack"/>): a private mapping written
+/// back with pwrite and fdatasync, and a shared one synchronized with msync. Each test reads the file itself, under the
+/// mapping, so a write-back that copied the wrong bytes, or none, fails it.
+/// </summary>
+public sealed class MappedFileWriteBackTests : IDisposable
+{
+    private const long Page = 4096;
+    private readonly TempDirectory _directory = new();
+
+    public void Dispose() => _directory.Dispose();
+
+    [SkippableFact]
+    public void PrivateMapping_AWrittenBackRangeReachesTheFile_AStoreNotWrittenBackDoesNot()
+    {
+        Skip.IfNot(OperatingSystem.IsLinux(), "private mappings are Linux only");
+        using HeapFile file = HeapFile.Create(_directory.File("private.heap"), Options(MappedFileWriteBack.PrivateMapping));
+        var domain = (MappedFilePersistenceDomain)file.Domain;
+        Assert.True(domain.IsPrivateMapping);
+        (long written, long notWritten) = Fill(domain);
+
+        domain.WriteBack(written, 100);
+        domain.Fence();
+
+        Assert.Equal(Pattern(written, 100), FileBytes(domain, written, 100));
+
+        // The control that shows the file is read, not the mapping: the store that was never written back is not there.
+        Assert.Equal(new byte[100], FileBytes(domain, notWritten, 100));
+    }
+
+    [Fact]
+    public void SharedMapping_AStoreIsInThePageCacheAtOnce_AndMsyncIsWhatWritesBack()
+    {
+        using HeapFile file = HeapFile.Create(_directory.File("shared.heap"), Options(MappedFileWriteBack.SharedMapping));
+        var domain = (MappedFilePersistenceDomain)file.Domain;
+        Assert.False(domain.IsPrivateMapping);
+        (long written, long notWritten) = Fill(domain);
+        long calls = domain.WriteBackCalls;
+
+        domain.WriteBack(written, 100);
+        domain.Fence();
+
+        Assert.Equal(calls + 1, domain.WriteBackCalls);
+        Assert.Equal(Pattern(written, 100), FileBytes(domain, written, 100));
+
+        // A shared mapping is the page cache: what a private one keeps to itself is visible here without a write-back.
+        Assert.Equal(Pattern(notWritten, 100), FileBytes(domain, notWritten, 100));
+    }
+
+    [SkippableTheory]
+    [InlineData(MappedFileWriteBack.PrivateMapping)]
+    [InlineData(MappedFileWriteBack.SharedMapping)]
+    public void BufferedHeap_EveryWriteSurvivesACleanReopen(MappedFileWriteBack writeBack)
+    {
+        Skip.If(writeBack == MappedFileWriteBack.PrivateMapping && !OperatingSystem.IsLinux(), "private mappings are Linux only");
+        string path = _directory.File("map.heap");
+        HeapFileOptions options = Options(writeBack);
+        var expected = new System.Collections.Generic.Dictionary<long, long>();
+        using (BufferedDurableHeap heap = BufferedDurableHeap.Create(path, options, new BufferedDurableHeapOptions { AdvancePeriod = TimeSpan.FromMilliseconds(1) }))
+        {
+            Assert.Equal(writeBack == MappedFileWriteBack.PrivateMapping, ((MappedFilePersistenceDomain)heap.Heap.File.Domain).IsPrivateMapping);
+            var map = new PersistentHashMap<long, long>(heap, 1);
+            var random = new Random(7);
+            for (int i = 0; i < 20_000; i++)
+            {
+                long key = random.Next(2_000);
+                if (random.Next(10) == 0)
+                {
+                    map.Remove(key);
+                    expected.Remove(key);
+                }
+                else
+                {
+                    map.Set(key, i);
+                    expected[key] = i;
+                }
+            }
+        }
+
+        using BufferedDurableHeap reopened = BufferedDurableHeap.Open(path, options);
+        Assert.True(reopened.Heap.File.WasCleanShutdown);
+        var recovered = new PersistentHashMap<long, long>(reopened, 1);
+        Assert.Equal(expected.OrderBy(e => e.Key), recovered.ToDictionary().OrderBy(e => e.Key));
+    }
+
+    [SkippableFact]
+    public void PrivateMapping_RangesOnOnePageAreOneWriteBack_RangesOnOtherPagesAreNotBridged()
+    {
+        Skip.IfNot(OperatingSystem.IsLinux(), "private mappings are Linux only");
+        using HeapFile file = HeapFile.Create(_directory.File("runs.heap"), Options(MappedFileWriteBack.PrivateMapping));
+        var domain = (MappedFilePersistenceDomain)file.Domain;
+        (long start, _) = Fill(domain);
+        long calls = domain.WriteBackCalls;
+
+        // Two ranges on one page: one pwrite. The next range two pages on: a pwrite of its own (bridging would copy,
+        // and dirty, the clean page between them).
+        var runs = new WriteBackRuns(domain);
+        runs.Add(start, 32);
+        runs.Add(start + 1000, 32);
+        runs.Add(start + (3 * Page), 32);
+        runs.Flush();
+        domain.Fence();
+
+        Assert.Equal(calls + 2, domain.WriteBackCalls);
+        Assert.Equal(Pattern(start, 1032), FileBytes(domain, start, 1032));
+        Assert.Equal(Pattern(start + (3 * Page), 32), FileBytes(domain, start + (3 * Page), 32));
+        Assert.Equal(new byte[100], FileBytes(domain, start + Page + 100, 100));
+    }
+
+    [Fact]
+    public void SharedMapping_RangesAFewPagesApartAreOneMsync()
+    {
+        using HeapFile file = HeapFile.Create(_directory.File("runs-shared.heap"), Options(MappedFileWriteBack.SharedMapping));
+        var domain = (MappedFilePersistenceDomain)file.Domain;
+        (long start, _) = Fill(domain);
+        long calls = domain.WriteBackCalls;
+
+        var runs = new WriteBackRuns(domain);
+        runs.Add(start, 32);
+        runs.Add(start + (3 * Page), 32);
+        runs.Flush();
+
+        Assert.Equal(calls + 1, domain.WriteBackCalls);
+    }
+
+    [SkippableFact]
+    public void Auto_PrivateForAHeapThatFitsInAQuarterOfMemory_SharedForOneThatDoesNot()
+    {
+        Skip.IfNot(OperatingSystem.IsLinux(), "private mappings are Linux only");
+        long available = GC.GetGCMemoryInfo().TotalAvailableMemoryBytes;
+        Assert.True(MappedFilePersistenceDomain.UsesPrivateMapping(MappedFileWriteBack.Auto, available / 4));
+        Assert.False(MappedFilePersistenceDomain.UsesPrivateMapping(MappedFileWriteBack.Auto, (available / 4) + 1));
+        Assert.False(MappedFilePersistenceDomain.UsesPrivateMapping(MappedFileWriteBack.SharedMapping, 1L << 20));
+        Assert.True(MappedFilePersistenceDomain.UsesPrivateMapping(MappedFileWriteBack.PrivateMapping, long.MaxValue));
+
+        // The default options: a small heap on an ordinary file.
+        using HeapFile file = HeapFile.Create(_directory.File("auto.heap"), new HeapFileOptions { Size = 2L << 20 });
+        Assert.True(((MappedFilePersistenceDomain)file.Domain).IsPrivateMapping);
+    }
+
+    [SkippableFact]
+    public void AutoDomain_LibpmemOnAnOrdinaryFile_UsesTheMappedFileDomain()
+    {
+        // The test process does not force libpmem to treat files as pmem (TestProgram runs such cases in a child).
+        Skip.If(Environment.GetEnvironmentVariable("PMEM_IS_PMEM_FORCE") == "1", "libpmem is forced to treat every file as persistent memory");
+        string path = _directory.File("auto-domain.heap");
+        using (HeapFile created = HeapFile.Create(path, new HeapFileOptions { Size = 2L << 20 }))
+        {
+            Assert.Equal(PersistenceDomainKind.MappedFile, created.Domain.Kind);
+        }
+
+        using (HeapFile opened = HeapFile.Open(path))
+        {
+            Assert.Equal(PersistenceDomainKind.MappedFile, opened.Domain.Kind);
+        }
+
+        // Asked for by name, libpmem is still used (its msync path on an ordinary file).
+        using HeapFile pmem = HeapFile.Open(path, new HeapFileOptions { Domain = PersistenceDomainKind.Pmem });
+        Assert.Equal(PersistenceDomainKind.Pmem, pmem.Domain.Kind);
+    }
+
+    [Fact]
+    public void Create_WriteBackNotAnEnumValue_ThrowsAndLeavesNoFile()
+    {
+        string path = _directory.File("bad.heap");
+        ArgumentOutOfRangeException error = Assert.Throws<ArgumentOutOfRangeException>(() => HeapFile.Create(path, Options((MappedFileWriteBack)7)));
+        Assert.Contains("MappedFileWriteBack 7", error.Message);
+        Assert.False(File.Exists(path));
+    }
+
+    private static HeapFileOptions Options(MappedFileWriteBack writeBack) =>
+        new() { Size = 2L << 20, Domain = PersistenceDomainKind.MappedFile, MappedFileWriteBack = writeBack };
+
+    /// <summary>Stores a pattern on two pages of the data area (one page apart), without writing anything back.</summary>
+    private static (long Written, long NotWritten) Fill(MappedFilePersistenceDomain domain)
+    {
+        long start = domain.Length - (8 * Page);
+        for (long offset = start; offset < start + (6 * Page); offset += 100)
+        {
+            Pattern(offset, 100).CopyTo(domain.GetSpan(offset, 100));
+        }
+
+        return (start, start + (5 * Page) + 300);
+    }
+
+    /// <summary>A byte pattern that depends on the offset, so a range copied to the wrong place does not match.</summary>
+    private static byte[] Pattern(long offset, int length) =>
+        Enumerable.Range(0, length).Select(i => (byte)(((offset + i) * 31) % 251 + 1)).ToArray();
+
+    private static byte[] FileBytes(MappedFilePersistenceDomain domain, long offset, int length)
+    {
+        byte[] bytes = new byte[length];
+        Assert.Equal(length, domain.ReadFile(offset, bytes));
+        return bytes;
+    }
+}
