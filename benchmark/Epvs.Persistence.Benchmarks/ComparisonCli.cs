@@ -22,13 +22,15 @@ internal static class ComparisonCli
         var recovery = new Option<int?>("--recovery-mib") { Description = "Size of the crash-recovery heap in MiB, 16 to 65536 (default 1024).", HelpName = "MIB", CustomParser = r => ParseInt(r, "--recovery-mib", 16, 65_536) };
         var domain = new Option<string>("--domain") { Description = "Persistence domain of the map's heap.", DefaultValueFactory = _ => "mapped" };
         domain.AcceptOnlyFromAmong("mapped", "pmem");
+        var writeBack = new Option<string>("--write-back") { Description = "How the mapped domain writes back: auto (private on Linux when the heap fits in a quarter of memory), private (pwrite), shared (msync).", DefaultValueFactory = _ => "auto" };
+        writeBack.AcceptOnlyFromAmong("auto", "private", "shared");
         var dir = new Option<string?>("--dir") { Description = "Directory for the heap files (default: EPVS_BENCH_DIR or the temp directory).", HelpName = "DIR" };
         var root = new RootCommand(
             "EPVS persistence benchmarks. Without a subcommand: the issue #10 table, side by side in one run — " +
             "PersistentHashMap vs ConcurrentDictionary upsert/read throughput, Sync latency and durability lag under load, 1 GiB crash recovery. " +
             "'durability ...' runs the older per-mode harness; 'bdn ...' passes the rest to BenchmarkDotNet.")
         {
-            quick, threads, keys, duration, repetitions, syncs, recovery, domain, dir,
+            quick, threads, keys, duration, repetitions, syncs, recovery, domain, writeBack, dir,
         };
         root.SetAction(parse =>
         {
@@ -48,6 +50,7 @@ internal static class ComparisonCli
                 parse.GetValue(syncs) ?? (q ? 30 : 200),
                 (long)(parse.GetValue(recovery) ?? (q ? 128 : 1024)) << 20,
                 parse.GetValue(domain) == "pmem" ? PersistenceDomainKind.Pmem : PersistenceDomainKind.MappedFile,
+                parse.GetValue(writeBack) switch { "private" => MappedFileWriteBack.PrivateMapping, "shared" => MappedFileWriteBack.SharedMapping, _ => MappedFileWriteBack.Auto },
                 directory,
                 q);
             return MapComparison.Run(settings, output);

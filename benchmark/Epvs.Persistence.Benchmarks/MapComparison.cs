@@ -18,6 +18,7 @@ internal sealed record ComparisonSettings(
     int Syncs,
     long RecoveryBytes,
     PersistenceDomainKind Domain,
+    MappedFileWriteBack WriteBack,
     string Directory,
     bool Quick);
 
@@ -44,12 +45,14 @@ internal static class MapComparison
         try
         {
             long heapSize = Math.Max(64L << 20, (long)s.KeyRange * 256);
-            using (BufferedDurableHeap heap = BufferedDurableHeap.Create(path, new HeapFileOptions { Size = heapSize, Domain = s.Domain }, new BufferedDurableHeapOptions { AdvancePeriod = Period }))
-            using (BufferedDurableHeap transient = BufferedDurableHeap.Create(transientPath, new HeapFileOptions { Size = heapSize, Domain = s.Domain }, new BufferedDurableHeapOptions { AdvancePeriod = Period, Mode = DurabilityMode.Transient }))
+            using (BufferedDurableHeap heap = BufferedDurableHeap.Create(path, new HeapFileOptions { Size = heapSize, Domain = s.Domain, MappedFileWriteBack = s.WriteBack }, new BufferedDurableHeapOptions { AdvancePeriod = Period }))
+            using (BufferedDurableHeap transient = BufferedDurableHeap.Create(transientPath, new HeapFileOptions { Size = heapSize, Domain = s.Domain, MappedFileWriteBack = s.WriteBack }, new BufferedDurableHeapOptions { AdvancePeriod = Period, Mode = DurabilityMode.Transient }))
             {
                 var map = new PersistentHashMap<long, long>(heap, MapTypeId);
                 var transientMap = new PersistentHashMap<long, long>(transient, MapTypeId);
                 var dictionary = new ConcurrentDictionary<long, long>();
+                HeapFile file = heap.Heap.File;
+                output.WriteLine($"# map heap: domain {file.Domain.Kind}{(file.MappedFileWriteBack is { } writeBack ? $" ({writeBack})" : string.Empty)}, persistent memory {file.Domain.IsPersistentMemory}");
                 Progress(output, "preloading the three maps");
                 for (long k = 0; k < s.KeyRange; k++)
                 {
@@ -62,7 +65,7 @@ internal static class MapComparison
             }
 
             File.Delete(transientPath);
-            using (BufferedDurableHeap heap = BufferedDurableHeap.Open(path, new HeapFileOptions { Domain = s.Domain }, new BufferedDurableHeapOptions { AdvancePeriod = Period }))
+            using (BufferedDurableHeap heap = BufferedDurableHeap.Open(path, new HeapFileOptions { Domain = s.Domain, MappedFileWriteBack = s.WriteBack }, new BufferedDurableHeapOptions { AdvancePeriod = Period }))
             {
                 SyncAndLag(s, heap, new PersistentHashMap<long, long>(heap, MapTypeId), output);
             }
@@ -285,7 +288,7 @@ internal static class MapComparison
         Progress(output, $"filling a {s.RecoveryBytes >> 20} MiB heap with 1 KB payloads for crash recovery");
         long payloads;
         const long PerPayload = 1280; // the block of a 1 KB payload + 32-byte header
-        using (BufferedDurableHeap heap = BufferedDurableHeap.Create(path, new HeapFileOptions { Size = s.RecoveryBytes + (64L << 20), Domain = PersistenceDomainKind.MappedFile }))
+        using (BufferedDurableHeap heap = BufferedDurableHeap.Create(path, new HeapFileOptions { Size = s.RecoveryBytes + (64L << 20), Domain = PersistenceDomainKind.MappedFile, MappedFileWriteBack = s.WriteBack }))
         {
             var map = new PersistentByteMap<long>(heap, MapTypeId);
             byte[] value = new byte[1024 - sizeof(long)];
@@ -299,7 +302,7 @@ internal static class MapComparison
         // The clean-shutdown word as an open leaves it (cleared, in the file format's sealed encoding): written back
         // before each repetition, it makes the file look like a heap whose process died.
         byte[] crashed;
-        using (HeapFile open = HeapFile.Open(path, new HeapFileOptions { Domain = PersistenceDomainKind.MappedFile }))
+        using (HeapFile open = HeapFile.Open(path, new HeapFileOptions { Domain = PersistenceDomainKind.MappedFile, MappedFileWriteBack = s.WriteBack }))
         {
             crashed = open.Domain.GetSpan(CleanShutdownOffset, sizeof(long)).ToArray();
         }
@@ -316,7 +319,7 @@ internal static class MapComparison
             }
 
             var watch = Stopwatch.StartNew();
-            using BufferedDurableHeap heap = BufferedDurableHeap.Open(path, new HeapFileOptions { Domain = PersistenceDomainKind.MappedFile }, new BufferedDurableHeapOptions { AdvancePeriod = Timeout.InfiniteTimeSpan });
+            using BufferedDurableHeap heap = BufferedDurableHeap.Open(path, new HeapFileOptions { Domain = PersistenceDomainKind.MappedFile, MappedFileWriteBack = s.WriteBack }, new BufferedDurableHeapOptions { AdvancePeriod = Timeout.InfiniteTimeSpan });
             var map = new PersistentByteMap<long>(heap, MapTypeId);
             times.Add(watch.Elapsed.TotalMilliseconds);
             live = map.Count;

@@ -41,6 +41,7 @@ public sealed class MappedFileWriteBackTests : IDisposable
         using HeapFile file = HeapFile.Create(_directory.File("shared.heap"), Options(MappedFileWriteBack.SharedMapping));
         var domain = (MappedFilePersistenceDomain)file.Domain;
         Assert.False(domain.IsPrivateMapping);
+        Assert.Equal(MappedFileWriteBack.SharedMapping, file.MappedFileWriteBack);
         (long written, long notWritten) = Fill(domain);
         long calls = domain.WriteBackCalls;
 
@@ -143,6 +144,7 @@ public sealed class MappedFileWriteBackTests : IDisposable
         // The default options: a small heap on an ordinary file.
         using HeapFile file = HeapFile.Create(_directory.File("auto.heap"), new HeapFileOptions { Size = 2L << 20 });
         Assert.True(((MappedFilePersistenceDomain)file.Domain).IsPrivateMapping);
+        Assert.Equal(MappedFileWriteBack.PrivateMapping, file.MappedFileWriteBack);
     }
 
     [SkippableFact]
@@ -164,6 +166,14 @@ public sealed class MappedFileWriteBackTests : IDisposable
         // Asked for by name, libpmem is still used (its msync path on an ordinary file).
         using HeapFile pmem = HeapFile.Open(path, new HeapFileOptions { Domain = PersistenceDomainKind.Pmem });
         Assert.Equal(PersistenceDomainKind.Pmem, pmem.Domain.Kind);
+    }
+
+    [Fact]
+    public void MappedFileWriteBack_IsNullForOtherDomains()
+    {
+        using var domain = new SimulatedPersistenceDomain(2L << 20);
+        using HeapFile file = HeapFile.Create(domain);
+        Assert.Null(file.MappedFileWriteBack);
     }
 
     [Fact]

@@ -51,6 +51,15 @@ public sealed unsafe class HeapFile : IDisposable
     /// <summary>The persistence domain that maps the file.</summary>
     public PersistenceDomain Domain { get; }
 
+    /// <summary>
+    /// How a <see cref="PersistenceDomainKind.MappedFile"/> domain writes the file back, as resolved when it opened
+    /// (<see cref="MappedFileWriteBack.SharedMapping"/> or <see cref="MappedFileWriteBack.PrivateMapping"/>, never
+    /// <see cref="MappedFileWriteBack.Auto"/>); null for the other domains.
+    /// </summary>
+    public MappedFileWriteBack? MappedFileWriteBack => Domain is MappedFilePersistenceDomain mapped
+        ? mapped.IsPrivateMapping ? Persistence.MappedFileWriteBack.PrivateMapping : Persistence.MappedFileWriteBack.SharedMapping
+        : null;
+
     /// <summary>The file's full path, or null for a heap on a caller-supplied domain.</summary>
     public string? Path { get; }
 
@@ -650,12 +659,12 @@ public sealed unsafe class HeapFile : IDisposable
 
     private static PersistenceDomain MapDomain(FileStream stream, string path, long length, long capacity, HeapFileOptions options)
     {
-        if (options.MappedFileWriteBack is not (MappedFileWriteBack.Auto or MappedFileWriteBack.SharedMapping or MappedFileWriteBack.PrivateMapping))
+        if (options.MappedFileWriteBack is not (Persistence.MappedFileWriteBack.Auto or Persistence.MappedFileWriteBack.SharedMapping or Persistence.MappedFileWriteBack.PrivateMapping))
         {
             ThrowHelper.ThrowArgumentOutOfRange(nameof(options), $"HeapFileOptions.MappedFileWriteBack {options.MappedFileWriteBack} is not a MappedFileWriteBack value.");
         }
 
-        if (options.MappedFileWriteBack == MappedFileWriteBack.PrivateMapping && !OperatingSystem.IsLinux())
+        if (options.MappedFileWriteBack == Persistence.MappedFileWriteBack.PrivateMapping && !OperatingSystem.IsLinux())
         {
             ThrowHelper.ThrowHeapFile(HeapFileError.DomainUnavailable, $"Cannot map heap file '{path}' privately: MappedFileWriteBack.PrivateMapping needs Linux (pwrite into the page cache of a copy-on-write mapping). Use Auto or SharedMapping.");
         }
