@@ -12,11 +12,12 @@ internal static class DomainDescription
     /// answers yes on any file when <c>PMEM_IS_PMEM_FORCE=1</c> (which the demo sets, to exercise the cache-flush
     /// path), so a yes under that variable says how bytes are written back, not what the file is on.
     /// </summary>
-    /// <param name="domain">The heap file's domain.</param>
-    /// <param name="path">The heap file, to tell a direct-access (DAX) mount from an ordinary file system.</param>
-    internal static string Describe(PersistenceDomain domain, string path)
+    /// <param name="file">The heap file.</param>
+    /// <param name="path">The heap file's path, to tell a direct-access (DAX) mount from an ordinary file system.</param>
+    internal static string Describe(HeapFile file, string path)
     {
-        ArgumentNullException.ThrowIfNull(domain);
+        ArgumentNullException.ThrowIfNull(file);
+        PersistenceDomain domain = file.Domain;
         bool forced = Environment.GetEnvironmentVariable("PMEM_IS_PMEM_FORCE") == "1";
         return (domain.Kind, domain.IsPersistentMemory) switch
         {
@@ -26,8 +27,10 @@ internal static class DomainDescription
                 "libpmem domain on real persistent memory (a direct-access mapping): write-back by CPU cache flushes",
             (PersistenceDomainKind.Pmem, false) =>
                 "libpmem domain on an ordinary file, not persistent memory: write-back by pmem_msync",
+            (PersistenceDomainKind.MappedFile, _) when file.MappedFileWriteBack == MappedFileWriteBack.PrivateMapping =>
+                "memory-mapped file domain (not persistent memory): a private mapping written back with pwrite and fdatasync",
             (PersistenceDomainKind.MappedFile, _) =>
-                "memory-mapped file domain (libpmem not found), not persistent memory: write-back by msync",
+                "memory-mapped file domain (not persistent memory): a shared mapping written back with msync",
             (PersistenceDomainKind.Simulated, _) =>
                 "simulated domain (an in-memory model of persistent memory)",
             _ => $"{domain.Kind} domain",

@@ -69,7 +69,7 @@ public static class PersistentKvDemo
         start.ArgumentList.Add(Seed.ToString(System.Globalization.CultureInfo.InvariantCulture));
 
         // libpmem's cache-flush path on an ordinary file (see the Epvs.Persistence README); without libpmem the
-        // heap falls back to msync, which is slower but equally correct.
+        // heap falls back to the mapped-file domain (pwrite or msync through the page cache), equally correct.
         start.Environment["PMEM_IS_PMEM_FORCE"] = "1";
         using var ready = new ManualResetEventSlim();
         using Process child = Process.Start(start)!;

@@ -23,7 +23,7 @@ internal static class PersistentKvWriter
         var heap = BufferedDurableHeap.Create(path, new HeapFileOptions { Size = 64L << 20 }, new BufferedDurableHeapOptions { AdvancePeriod = TimeSpan.FromMilliseconds(20) });
         var map = new PersistentByteMap<long>(heap, MapTypeId);
         // The parent waits for "ready" and prints the rest of the line.
-        Console.WriteLine($"ready {DomainDescription.Describe(heap.Heap.File.Domain, path)}");
+        Console.WriteLine($"ready {DomainDescription.Describe(heap.Heap.File, path)}");
         object console = new();
         var threads = new Thread[Threads];
         for (int t = 0; t < Threads; t++)

@@ -1,6 +1,7 @@
 using System;
 using System.IO;
 using System.Linq;
+using System.Threading;
 using Xunit;
 
 namespace Epvs.Persistence.Tests;
@@ -91,6 +92,43 @@ public sealed class MappedFileWriteBackTests : IDisposable
         Assert.Equal(expected.OrderBy(e => e.Key), recovered.ToDictionary().OrderBy(e => e.Key));
     }
 
+    [SkippableTheory]
+    [InlineData(MappedFileWriteBack.PrivateMapping)]
+    [InlineData(MappedFileWriteBack.SharedMapping)]
+    public void BufferedHeap_AfterSync_TheFileAloneRecoversEverySyncedWrite(MappedFileWriteBack writeBack)
+    {
+        Skip.If(writeBack == MappedFileWriteBack.PrivateMapping && !OperatingSystem.IsLinux(), "private mappings are Linux only");
+        var expected = new System.Collections.Generic.Dictionary<long, long>();
+        using BufferedDurableHeap heap = BufferedDurableHeap.Create(_directory.File("sync.heap"), Options(writeBack), new BufferedDurableHeapOptions { AdvancePeriod = TimeSpan.FromMilliseconds(1) });
+        var map = new PersistentHashMap<long, long>(heap, 1);
+        var random = new Random(11);
+        for (int i = 0; i < 20_000; i++)
+        {
+            long key = random.Next(2_000);
+            if (random.Next(10) == 0)
+            {
+                map.Remove(key);
+                expected.Remove(key);
+            }
+            else
+            {
+                map.Set(key, i);
+                expected[key] = i;
+            }
+        }
+
+        heap.Sync();
+
+        // The file as the process leaves it if it dies now (no Dispose, no further write-back): what the page cache holds.
+        var domain = (MappedFilePersistenceDomain)heap.Heap.File.Domain;
+        byte[] image = new byte[domain.Length];
+        Assert.Equal(image.Length, domain.ReadFile(0, image));
+        using var crashed = SimulatedPersistenceDomain.FromImage(image);
+        using BufferedDurableHeap recovered = BufferedDurableHeap.Open(HeapFile.Open(crashed), new BufferedDurableHeapOptions { AdvancePeriod = Timeout.InfiniteTimeSpan });
+        Assert.False(recovered.Recovery.WasCleanShutdown);
+        Assert.Equal(expected.OrderBy(e => e.Key), new PersistentHashMap<long, long>(recovered, 1).ToDictionary().OrderBy(e => e.Key));
+    }
+
     [SkippableFact]
     public void PrivateMapping_RangesOnOnePageAreOneWriteBack_RangesOnOtherPagesAreNotBridged()
     {
@@ -141,8 +179,8 @@ public sealed class MappedFileWriteBackTests : IDisposable
         Assert.False(MappedFilePersistenceDomain.UsesPrivateMapping(MappedFileWriteBack.SharedMapping, 1L << 20));
         Assert.True(MappedFilePersistenceDomain.UsesPrivateMapping(MappedFileWriteBack.PrivateMapping, long.MaxValue));
 
-        // The default options: a small heap on an ordinary file.
-        using HeapFile file = HeapFile.Create(_directory.File("auto.heap"), new HeapFileOptions { Size = 2L << 20 });
+        // The default write-back: a small heap (a 32 MiB maximum size) on an ordinary file.
+        using HeapFile file = HeapFile.Create(_directory.File("auto.heap"), new HeapFileOptions { Size = 2L << 20, Domain = PersistenceDomainKind.MappedFile });
         Assert.True(((MappedFilePersistenceDomain)file.Domain).IsPrivateMapping);
         Assert.Equal(MappedFileWriteBack.PrivateMapping, file.MappedFileWriteBack);
     }
@@ -166,6 +204,54 @@ public sealed class MappedFileWriteBackTests : IDisposable
         // Asked for by name, libpmem is still used (its msync path on an ordinary file).
         using HeapFile pmem = HeapFile.Open(path, new HeapFileOptions { Domain = PersistenceDomainKind.Pmem });
         Assert.Equal(PersistenceDomainKind.Pmem, pmem.Domain.Kind);
+    }
+
+    [SkippableTheory]
+    [InlineData(false)]
+    [InlineData(true)]
+    public void PrivateMapping_QuarantineWhileAWriteBackCopies_WaitsForIt(bool control)
+    {
+        Skip.IfNot(OperatingSystem.IsLinux(), "private mappings are Linux only");
+        string path = _directory.File(control ? "quarantine-control.heap" : "quarantine.heap");
+        using var stream = new FileStream(path, FileMode.CreateNew, FileAccess.ReadWrite, FileShare.None);
+        stream.SetLength(1L << 20);
+        MappedFilePersistenceDomain domain = MappedFilePersistenceDomain.Map(stream, 1L << 20, 1L << 20, privateMapping: true);
+        long offset = 8 * Page;
+        Pattern(offset, 100).CopyTo(domain.GetSpan(offset, 100));
+        using var inside = new ManualResetEventSlim();
+        using var go = new ManualResetEventSlim();
+        domain.InsideFileCallForTesting = () =>
+        {
+            inside.Set();
+            Assert.True(go.Wait(TimeSpan.FromSeconds(30)), "the test never let the write-back go on");
+        };
+        domain.SkipFileCallWaitForTesting = control;
+
+        // A straggler is inside its write-back (counted in, about to copy) when the heap is quarantined.
+        var straggler = new Thread(() => domain.WriteBack(offset, 100));
+        straggler.Start();
+        Assert.True(inside.Wait(TimeSpan.FromSeconds(30)), "the write-back never started");
+        var quarantine = new Thread(domain.Quarantine);
+        quarantine.Start();
+
+        // The real quarantine waits for the straggler; the control replaces the mapping with zeros under it at once.
+        bool quarantinedFirst = quarantine.Join(TimeSpan.FromSeconds(1));
+        go.Set();
+        Assert.True(straggler.Join(TimeSpan.FromSeconds(30)) && quarantine.Join(TimeSpan.FromSeconds(30)), "a thread did not finish");
+        byte[] inFile = new byte[100];
+        Assert.Equal(100, RandomAccess.Read(stream.SafeFileHandle, inFile, offset));
+        if (control)
+        {
+            Skip.IfNot(quarantinedFirst, "inconclusive: the control's quarantine did not finish within 1 s, so the straggler copied before it");
+            Assert.Equal(new byte[100], inFile);
+            return;
+        }
+
+        Assert.False(quarantinedFirst, "the quarantine finished while a write-back was still copying from the mapping");
+        Assert.Equal(Pattern(offset, 100), inFile);
+
+        // After the quarantine, a write-back throws instead of copying the anonymous memory into the file.
+        Assert.Throws<ObjectDisposedException>(() => domain.WriteBack(offset, 100));
     }
 
     [Fact]

@@ -2,6 +2,7 @@ using System;
 using System.IO;
 using System.IO.MemoryMappedFiles;
 using System.Runtime.InteropServices;
+using System.Threading;
 using Microsoft.Win32.SafeHandles;
 
 namespace Epvs.Persistence;
@@ -21,10 +22,11 @@ namespace Epvs.Persistence;
 /// <para>On Unix the mapping reserves address space for the heap's maximum size up front, so growing is extending the
 /// file (<c>posix_fallocate</c>, which fails cleanly when the disk is full instead of faulting later) and the base
 /// address never moves.</para>
-/// <para>A private mapping relies on the kernel's copy loop (<c>copy_from_user</c>) reading each aligned 8-byte word
-/// with one load, as the device's reads of a shared page do: a word stored while its page is being written back
-/// reaches the file old or new, never mixed, which is what the failure-atomicity of
-/// <see cref="PersistenceDomain"/> promises.</para>
+/// <para>An assumption, not an architectural guarantee: a private mapping's failure-atomic words (see
+/// <see cref="PersistenceDomain"/>) rest on the kernel's copy loop (<c>copy_from_user</c>, <c>rep movsb</c> on current
+/// x86-64 kernels) reading each aligned 8-byte word with one load, so that a word stored while its page is being copied
+/// reaches the file old or new, never mixed — as a shared mapping rests on the device's reads of a page under
+/// writeback. Every range this package writes back starts on an 8-byte boundary.</para>
 /// </remarks>
 internal sealed unsafe class MappedFilePersistenceDomain : PersistenceDomain
 {
@@ -37,6 +39,15 @@ internal sealed unsafe class MappedFilePersistenceDomain : PersistenceDomain
     private readonly bool _private;
     private bool _fileReferenced;
     private long _writeBackCalls;
+
+    /// <summary>pwrite/fdatasync calls in progress (private mapping): quarantine and dispose wait for them.</summary>
+    private int _fileCalls;
+
+    /// <summary>Test hook: runs inside each pwrite call of this domain, after it was counted in, before it copies.</summary>
+    internal Action? InsideFileCallForTesting;
+
+    /// <summary>Broken control for tests: quarantine and dispose do not wait for pwrite calls in flight.</summary>
+    internal bool SkipFileCallWaitForTesting;
 
     private MappedFilePersistenceDomain(byte* pointer, long length, long capacity, bool privateMapping, SafeFileHandle file, SafeMappingHandle? unixMapping, MemoryMappedFile? windowsMap, MemoryMappedViewAccessor? windowsView)
         : base(pointer, length)
@@ -63,6 +74,9 @@ internal sealed unsafe class MappedFilePersistenceDomain : PersistenceDomain
 
     /// <summary>Calls to msync, pwrite or FlushViewOfFile so far (diagnostic; may undercount under concurrency).</summary>
     internal long WriteBackCalls => _writeBackCalls;
+
+    /// <inheritdoc/>
+    internal override bool WritesBackByCopy => _private;
 
     /// <inheritdoc/>
     // Through pwrite every byte of a run is copied and its pages become dirty: a run takes in what follows it on its
@@ -110,7 +124,9 @@ internal sealed unsafe class MappedFilePersistenceDomain : PersistenceDomain
             if (address == (void*)-1)
             {
                 int errno = Marshal.GetLastPInvokeError();
-                ThrowHelper.ThrowIO($"mmap of {capacity} bytes failed: {Marshal.GetPInvokeErrorMessage(errno)} (errno {errno}).");
+                // A writable private mapping is charged to the system's commit limit for its whole reservation.
+                string advice = privateMapping ? " A private mapping counts its whole maximum size against the memory the system commits: lower HeapFileOptions.MaxSize or use MappedFileWriteBack.SharedMapping." : string.Empty;
+                ThrowHelper.ThrowIO($"mmap of {capacity} bytes failed: {Marshal.GetPInvokeErrorMessage(errno)} (errno {errno}).{advice}");
             }
 
             var domain = new MappedFilePersistenceDomain((byte*)address, length, capacity, privateMapping, file, new SafeMappingHandle(address, (nuint)capacity, pmem: false), null, null);
@@ -135,6 +151,7 @@ internal sealed unsafe class MappedFilePersistenceDomain : PersistenceDomain
             return;
         }
 
+        WaitForFileCalls();
         if (_windowsView is not null)
         {
             _windowsView.SafeMemoryMappedViewHandle.ReleasePointer();
@@ -151,6 +168,11 @@ internal sealed unsafe class MappedFilePersistenceDomain : PersistenceDomain
 
     private protected override void QuarantineCore()
     {
+        // A straggler's pwrite still copying from the mapping would copy the anonymous memory's zeros into the file
+        // (or, once the file is closed, into whatever file reuses its descriptor): let those in flight finish first;
+        // later ones see the domain disposed and throw (BeginFileCall).
+        WaitForFileCalls();
+
         // Windows: the view is kept (never unmapped); Unix: replaced by anonymous memory.
         _unixMapping?.Quarantine();
         if (_fileReferenced)
@@ -198,9 +220,17 @@ internal sealed unsafe class MappedFilePersistenceDomain : PersistenceDomain
         // FlushViewOfFile only queued the pages.
         if (_private)
         {
-            if (Interop.Libc.Fdatasync((int)_file.DangerousGetHandle()) != 0)
+            BeginFileCall();
+            try
             {
-                ThrowSyncFailed("fdatasync");
+                if (Interop.Libc.Fdatasync((int)_file.DangerousGetHandle()) != 0)
+                {
+                    ThrowSyncFailed("fdatasync");
+                }
+            }
+            finally
+            {
+                Interlocked.Decrement(ref _fileCalls);
             }
         }
         else if (_windowsView is not null && !Interop.Kernel32.FlushFileBuffers(_file))
@@ -212,24 +242,59 @@ internal sealed unsafe class MappedFilePersistenceDomain : PersistenceDomain
     /// <summary>Copies a range of the private mapping to the same place in the file (into the page cache).</summary>
     private void CopyToFile(long offset, long length)
     {
-        int fd = (int)_file.DangerousGetHandle();
-        while (length > 0)
+        BeginFileCall();
+        try
         {
-            nint written = Interop.Libc.Pwrite(fd, Pointer + offset, (nuint)length, offset);
-            if (written <= 0)
+            InsideFileCallForTesting?.Invoke();
+            int fd = (int)_file.DangerousGetHandle();
+            while (length > 0)
             {
-                // A signal before anything was copied: try again. Zero bytes for a non-empty range: no progress is
-                // possible (a full disk reports ENOSPC instead), so report it rather than spin.
-                if (written < 0 && Marshal.GetLastPInvokeError() == Interop.Libc.Eintr)
+                nint written = Interop.Libc.Pwrite(fd, Pointer + offset, (nuint)length, offset);
+                if (written > 0)
                 {
-                    continue;
+                    offset += written;
+                    length -= written;
                 }
-
-                ThrowSyncFailed("pwrite");
+                else if (written == 0)
+                {
+                    // No progress for a non-empty range (a full disk reports ENOSPC instead); errno is not set.
+                    ThrowHelper.ThrowIO($"pwrite of {length} bytes at offset {offset} wrote nothing; the written-back range is not durable.");
+                }
+                else if (Marshal.GetLastPInvokeError() != Interop.Libc.Eintr)
+                {
+                    // (A signal before anything was copied is retried.)
+                    ThrowSyncFailed("pwrite");
+                }
             }
+        }
+        finally
+        {
+            Interlocked.Decrement(ref _fileCalls);
+        }
+    }
 
-            offset += written;
-            length -= written;
+    /// <summary>
+    /// Counts a pwrite/fdatasync in; throws if the domain was disposed or quarantined. Interlocked.Increment: full
+    /// fence, paired with the exchange that disposes (PersistenceDomain.Quarantine/Dispose): either this call sees the
+    /// domain disposed, or the disposer's <see cref="WaitForFileCalls"/> sees this call.
+    /// </summary>
+    private void BeginFileCall()
+    {
+        Interlocked.Increment(ref _fileCalls);
+        if (IsDisposed)
+        {
+            Interlocked.Decrement(ref _fileCalls);
+            ThrowHelper.ThrowObjectDisposed(this);
+        }
+    }
+
+    private void WaitForFileCalls()
+    {
+        // Volatile.Read: acquire; each call's decrement follows its last access to the mapping and the descriptor.
+        var spinner = new SpinWait();
+        while (Volatile.Read(ref _fileCalls) != 0 && !SkipFileCallWaitForTesting)
+        {
+            spinner.SpinOnce();
         }
     }
 

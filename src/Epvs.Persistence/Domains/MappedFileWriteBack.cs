@@ -11,9 +11,11 @@ namespace Epvs.Persistence;
 public enum MappedFileWriteBack
 {
     /// <summary>
-    /// <see cref="PrivateMapping"/> on Linux when the heap's maximum size (<see cref="HeapFileOptions.MaxSize"/>) is at
-    /// most a quarter of the memory available to the process, so its private copies cannot crowd out the rest;
-    /// <see cref="SharedMapping"/> otherwise and on other systems.
+    /// <see cref="PrivateMapping"/> on Linux when the heap's maximum size (<see cref="HeapFileOptions.MaxSize"/>, by
+    /// default 16 times <see cref="HeapFileOptions.Size"/>) is at most a quarter of the memory available to the process
+    /// (<see cref="System.GCMemoryInfo.TotalAvailableMemoryBytes"/>: physical memory or the container's limit), so its
+    /// private copies cannot crowd out the rest; <see cref="SharedMapping"/> otherwise and on other systems. Each heap
+    /// decides alone: several private heaps may together exceed that quarter.
     /// </summary>
     Auto = 0,
 
@@ -29,9 +31,11 @@ public enum MappedFileWriteBack
     /// Linux only. The file is mapped copy-on-write; a write-back copies the range into the file with <c>pwrite</c> and a
     /// fence is <c>fdatasync</c>. Stores fault once per page (its first store since the heap opened), never after a
     /// write-back. Every page written since the heap opened is then private memory of the process — up to the heap's
-    /// size, not evictable without swap — besides its copy in the page cache. Only ranges written back reach the file,
-    /// as the durability contract of <see cref="PersistenceDomain"/> says: a store that was never written back is lost
-    /// when the heap closes, not only at a crash.
+    /// size, not evictable without swap — besides its copy in the page cache, and the whole reservation (the maximum
+    /// size) counts against the system's commit limit. Only ranges written back reach the file, as the durability
+    /// contract of <see cref="PersistenceDomain"/> says: closing the heap does not write back the rest (with a shared
+    /// mapping, a clean close also persists stores that were never written back). Every structure of this package
+    /// writes back what it commits; a caller of the raw <see cref="PersistentHeap"/> must persist its payloads.
     /// </summary>
     PrivateMapping = 2,
 }

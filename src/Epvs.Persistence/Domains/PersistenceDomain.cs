@@ -64,6 +64,13 @@ public abstract unsafe class PersistenceDomain : IDisposable
     /// </summary>
     internal virtual long WriteBackMergeGap => 64 * 1024;
 
+    /// <summary>
+    /// Whether a write-back copies every byte of its range to the medium (a private mapping written back with
+    /// <c>pwrite</c>), so that writing back a large range costs its size, clean bytes included; false where it costs the
+    /// dirty part only (<c>msync</c> of a shared mapping, cache-line flushes).
+    /// </summary>
+    internal virtual bool WritesBackByCopy => false;
+
     /// <summary>The mapping, for this assembly's allocator.</summary>
     internal byte* Pointer { get; }
 

@@ -281,7 +281,18 @@ public sealed unsafe partial class BufferedDurableHeap
             }
         });
 
-        if (_pageWriteBack)
+        if (_pageWriteBack && _domain.WritesBackByCopy)
+        {
+            // A private mapping copies whole ranges: the freed headers only, merged into runs per page.
+            var freed = new List<long>();
+            foreach (PartitionResult result in results)
+            {
+                freed.AddRange(first ? result.FreeFirst : result.FreeSecond);
+            }
+
+            PersistentHeap.WriteBackInAddressOrder(_domain, freed);
+        }
+        else if (_pageWriteBack)
         {
             _domain.Persist(0, heap.File.Size);
         }

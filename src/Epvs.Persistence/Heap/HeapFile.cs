@@ -298,7 +298,14 @@ public sealed unsafe class HeapFile : IDisposable
         {
             if (drained && !Domain.IsDisposed)
             {
-                Domain.Persist(0, (long)(VolatileWord(HeapLayout.HeapSizeOffset) & HeapLayout.SealedValueMask));
+                // Through a shared mapping (msync writes dirty pages only) or on pmem, also whatever a caller stored and
+                // never wrote back. A private mapping would copy every byte of the heap: there only what was written
+                // back reaches the file (MappedFileWriteBack.PrivateMapping), which is everything this package commits.
+                if (!Domain.WritesBackByCopy)
+                {
+                    Domain.Persist(0, (long)(VolatileWord(HeapLayout.HeapSizeOffset) & HeapLayout.SealedValueMask));
+                }
+
                 StoreAndPersist(HeapLayout.CleanShutdownOffset, HeapLayout.Seal(1, HeapLayout.CleanShutdownOffset));
             }
         }

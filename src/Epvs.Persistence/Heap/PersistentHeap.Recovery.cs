@@ -289,16 +289,35 @@ public sealed unsafe partial class PersistentHeap
 
         if (freeBlocks.Count != 0)
         {
+            // Every free above is durable before the constructor returns (callers rely on it).
             if (perBlockWriteBack)
             {
                 _file.Domain.Fence();
             }
+            else if (_file.Domain.WritesBackByCopy)
+            {
+                // A private mapping copies whole ranges: the freed headers only, merged into runs per page.
+                WriteBackInAddressOrder(_file.Domain, freeBlocks);
+            }
             else
             {
-                // Every free above is durable before the constructor returns (callers rely on it).
                 _file.Domain.Persist(0, _file.Size);
             }
         }
+    }
+
+    /// <summary>Writes back the header of each block in <paramref name="offsets"/> (sorted in place) as page runs, then fences.</summary>
+    internal static void WriteBackInAddressOrder(PersistenceDomain domain, List<long> offsets)
+    {
+        offsets.Sort();
+        var runs = new WriteBackRuns(domain);
+        foreach (long offset in offsets)
+        {
+            runs.Add(offset, HeapLayout.HeaderSize);
+        }
+
+        runs.Flush();
+        domain.Fence();
     }
 
     private BlockState ClassifyBlock(long offset, uint generation, long maxPayload, out PayloadHeader header) =>
