@@ -10,10 +10,11 @@ using Xunit.Abstractions;
 namespace Epvs.Persistence.Tests;
 
 /// <summary>
-/// Process crashes: a child process writing under load (two threads, libpmem domain with PMEM_IS_PMEM_FORCE=1, 5 ms
-/// advance period) is killed with SIGKILL after a seeded number of operations; the parent reopens the heap and checks
-/// it against the child's op log. A process crash keeps every store in the page cache, so payloads beyond the
-/// frontier and half-written ones are all in the file: recovery must still cut exactly at the frontier.
+/// Process crashes: a child process writing under load (two threads, 5 ms advance period) is killed with SIGKILL after a
+/// seeded number of operations; the parent reopens the heap and checks it against the child's op log. On the libpmem
+/// domain (PMEM_IS_PMEM_FORCE=1) a process crash keeps every store in the page cache, so payloads beyond the frontier
+/// and half-written ones are all in the file: recovery must still cut exactly at the frontier. Through a private
+/// mapping only what was written back (pwrite) is in the file, as after a power failure.
 /// </summary>
 public sealed class BufferedDurabilityProcessCrashTests
 {
@@ -22,11 +23,14 @@ public sealed class BufferedDurabilityProcessCrashTests
     public BufferedDurabilityProcessCrashTests(ITestOutputHelper output) => _output = output;
 
     [SkippableTheory]
-    [InlineData(1)]
-    [InlineData(2)]
-    [InlineData(3)]
-    public void Sigkill_DuringAConcurrentWriteLoad_RecoversTheFrontierPrefixOfTheOpLog(int seed)
+    [InlineData(1, "pmem")]
+    [InlineData(2, "pmem")]
+    [InlineData(3, "pmem")]
+    [InlineData(4, "private")]
+    [InlineData(5, "private")]
+    public void Sigkill_DuringAConcurrentWriteLoad_RecoversTheFrontierPrefixOfTheOpLog(int seed, string domain)
     {
+        Skip.If(domain == "private" && !OperatingSystem.IsLinux(), "private mappings are Linux only");
         using var dir = new TempDirectory();
         string path = dir.File("kill.heap");
         int target = new Random(seed).Next(2_000, 12_000);
@@ -48,7 +52,8 @@ public sealed class BufferedDurabilityProcessCrashTests
             },
             DurableChild.Role,
             path,
-            seed.ToString(CultureInfo.InvariantCulture)))
+            seed.ToString(CultureInfo.InvariantCulture),
+            domain))
         {
             bool got = reached.Wait(TimeSpan.FromSeconds(90));
             bool exited = child.HasExited;
@@ -115,6 +120,17 @@ public sealed class BufferedDurabilityProcessCrashTests
         Assert.Empty(violations);
         Assert.False(heap.Recovery.WasCleanShutdown);
         Assert.True(cut > 1, "nothing became durable before the kill; the test exercised nothing");
+        if (domain == "private")
+        {
+            // Through a private mapping payloads beyond the frontier rarely reach the file, so the control above is
+            // rarely caught. This one checks the same recovered state against a frontier one version later — what a
+            // frontier persisted before its version's write-back would claim: that version's operations are missing.
+            List<string> later = log.Compare(cut + 1, DurableWorkload.Contents(map));
+            _output.WriteLine($"control (frontier claimed one version early): {later.Count} violations, e.g. {later.FirstOrDefault()}");
+            Skip.If(later.Count == 0, "inconclusive: no operation of the version after the frontier was logged before the kill, so this run proves nothing");
+            return;
+        }
+
         Skip.IfNot(controlCaught, "inconclusive: the broken recovery was not caught on this kill (no payload beyond the frontier reached the file), so this run proves nothing");
     }
 }

@@ -6,8 +6,9 @@ using System.Threading;
 namespace Epvs.Persistence.Tests;
 
 /// <summary>
-/// The child process of the SIGKILL test: two threads write and delete map entries on a libpmem heap (forced pmem)
-/// until the parent kills the process. Each operation prints its line — thread, version, key, write number or D —
+/// The child process of the SIGKILL test: two threads write and delete map entries on a libpmem heap (forced pmem) or
+/// a privately mapped file (only what was written back is in the file when the process dies) until the parent kills
+/// the process. Each operation prints its line — thread, version, key, write number or D —
 /// inside its EPVS region, before it runs, so every operation of a version that completed was printed; a line ends
 /// with " ." so that a line torn by the kill is recognizable. After each Sync it prints the version it covered.
 /// </summary>
@@ -17,9 +18,12 @@ internal static class DurableChild
     internal const int Threads = 2;
     internal const int KeysPerThread = 64;
 
-    internal static int Run(string path, int seed)
+    internal static int Run(string path, int seed, string domain)
     {
-        var heap = BufferedDurableHeap.Create(path, new HeapFileOptions { Size = 32L << 20, Domain = PersistenceDomainKind.Pmem }, new BufferedDurableHeapOptions { AdvancePeriod = TimeSpan.FromMilliseconds(5) });
+        HeapFileOptions options = domain == "private"
+            ? new HeapFileOptions { Size = 32L << 20, Domain = PersistenceDomainKind.MappedFile, MappedFileWriteBack = MappedFileWriteBack.PrivateMapping }
+            : new HeapFileOptions { Size = 32L << 20, Domain = PersistenceDomainKind.Pmem };
+        var heap = BufferedDurableHeap.Create(path, options, new BufferedDurableHeapOptions { AdvancePeriod = TimeSpan.FromMilliseconds(5) });
         var map = new PersistentByteMap<long>(heap, DurableWorkload.MapTypeId);
         Console.WriteLine($"ready pmem={heap.Heap.File.Domain.IsPersistentMemory} .");
         var threads = new Thread[Threads];

@@ -30,7 +30,7 @@ public static class TestProgram
 
         if (args.Length >= 3 && args[0] == DurableChild.Role)
         {
-            return DurableChild.Run(args[1], int.Parse(args[2], System.Globalization.CultureInfo.InvariantCulture));
+            return DurableChild.Run(args[1], int.Parse(args[2], System.Globalization.CultureInfo.InvariantCulture), args.Length >= 4 ? args[3] : "pmem");
         }
 
         if (args.Length >= 3 && args[0] == SafetyChild.Role)
