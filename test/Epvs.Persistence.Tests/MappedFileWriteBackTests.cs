@@ -254,6 +254,86 @@ public sealed class MappedFileWriteBackTests : IDisposable
         Assert.Throws<ObjectDisposedException>(() => domain.WriteBack(offset, 100));
     }
 
+    /// <summary>
+    /// A failing disk: with <paramref name="payloadsOnly"/> false every pwrite and fdatasync fails, so the version
+    /// transition's own persist (the epoch clock) fails first and a later Sync may retry; with it true only the
+    /// payloads' write-back fails, after the transition, and the heap stops making anything durable (fail-stop).
+    /// </summary>
+    [SkippableTheory]
+    [InlineData(false, false)]
+    [InlineData(true, false)]
+    [InlineData(false, true)]
+    public void PrivateMapping_WriteBackFails_SyncThrowsAndNothingUnwrittenIsClaimedDurable(bool payloadsOnly, bool control)
+    {
+        Skip.IfNot(OperatingSystem.IsLinux(), "private mappings are Linux only");
+        const int Eio = 5;
+        string path = _directory.File($"eio-{payloadsOnly}-{control}.heap");
+        using (BufferedDurableHeap heap = BufferedDurableHeap.Create(path, Options(MappedFileWriteBack.PrivateMapping), new BufferedDurableHeapOptions { AdvancePeriod = Timeout.InfiniteTimeSpan }))
+        {
+            var map = new PersistentHashMap<long, long>(heap, 1);
+            map.Set(1, 10);
+            heap.Sync();
+            long frontier = heap.DurableFrontier;
+
+            // The disk starts failing (EIO on every pwrite and fdatasync). The control ignores the errors, as code that
+            // does not check what the calls return would.
+            var domain = (MappedFilePersistenceDomain)heap.Heap.File.Domain;
+            domain.FailFileCallsForTesting = Eio;
+            domain.FailFromOffsetForTesting = payloadsOnly ? heap.Heap.File.DataStart : 0;
+            domain.IgnoreFileCallErrorsForTesting = control;
+            map.Set(2, 20);
+            Exception? failure = Record.Exception(() => heap.Sync());
+
+            // What the file holds now, as a crash would leave it: every write a Sync returned for must be there.
+            byte[] image = new byte[domain.Length];
+            Assert.Equal(image.Length, domain.ReadFile(0, image));
+            using var crashed = SimulatedPersistenceDomain.FromImage(image);
+            using (BufferedDurableHeap recovered = BufferedDurableHeap.Open(HeapFile.Open(crashed), new BufferedDurableHeapOptions { AdvancePeriod = Timeout.InfiniteTimeSpan }))
+            {
+                var contents = new PersistentHashMap<long, long>(recovered, 1);
+                Assert.True(contents.TryGetValue(1, out long one) && one == 10);
+                bool secondInFile = contents.TryGetValue(2, out _);
+                if (control)
+                {
+                    // The control's Sync returned although the write never reached the file: lost silently.
+                    Assert.Null(failure);
+                    Assert.False(secondInFile);
+                    return;
+                }
+
+                Assert.True(failure is not null || secondInFile, "Sync returned for a write that is not in the file");
+
+                // The transition's failure is reported wrapped; the write-back's as the disk's own error (as documented).
+                Assert.IsType(payloadsOnly ? typeof(IOException) : typeof(InvalidOperationException), failure);
+                Assert.Contains("Input/output error", failure!.ToString());
+                Assert.Equal(frontier, heap.DurableFrontier);
+                Assert.Equal(frontier, recovered.Recovery.RecoveredVersion);
+            }
+
+            // Still failing: still no Sync returns.
+            Assert.ThrowsAny<Exception>(() => heap.Sync());
+            domain.FailFileCallsForTesting = 0;
+            if (payloadsOnly)
+            {
+                // A version whose write-back failed is not durable, and every later version would cover it: the
+                // heap makes nothing durable any more, even once the disk works again; reopening recovers up to the
+                // frontier.
+                InvalidOperationException stopped = Assert.Throws<InvalidOperationException>(() => heap.Sync());
+                Assert.Contains("nothing more can become durable", stopped.Message);
+                Assert.Equal(frontier, heap.DurableFrontier);
+            }
+            else
+            {
+                // The transition failed before the version ended: once the disk works again, a Sync completes it.
+                heap.Sync();
+                Assert.True(heap.DurableFrontier > frontier);
+            }
+        }
+
+        using BufferedDurableHeap reopened = BufferedDurableHeap.Open(path, Options(MappedFileWriteBack.PrivateMapping));
+        Assert.Equal(!payloadsOnly, new PersistentHashMap<long, long>(reopened, 1).TryGetValue(2, out long two) && two == 20);
+    }
+
     [Fact]
     public void MappedFileWriteBack_IsNullForOtherDomains()
     {

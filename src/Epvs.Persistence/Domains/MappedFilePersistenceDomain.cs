@@ -49,6 +49,15 @@ internal sealed unsafe class MappedFilePersistenceDomain : PersistenceDomain
     /// <summary>Broken control for tests: quarantine and dispose do not wait for pwrite calls in flight.</summary>
     internal bool SkipFileCallWaitForTesting;
 
+    /// <summary>Test hook: when not 0, every pwrite and fdatasync fails with this errno (as a failing disk makes them).</summary>
+    internal int FailFileCallsForTesting;
+
+    /// <summary>Test hook: with <see cref="FailFileCallsForTesting"/>, only pwrites at or above this offset fail (fdatasync does not).</summary>
+    internal long FailFromOffsetForTesting;
+
+    /// <summary>Broken control for tests: a failed pwrite or fdatasync is ignored (as if its result were not checked).</summary>
+    internal bool IgnoreFileCallErrorsForTesting;
+
     private MappedFilePersistenceDomain(byte* pointer, long length, long capacity, bool privateMapping, SafeFileHandle file, SafeMappingHandle? unixMapping, MemoryMappedFile? windowsMap, MemoryMappedViewAccessor? windowsView)
         : base(pointer, length)
     {
@@ -223,7 +232,7 @@ internal sealed unsafe class MappedFilePersistenceDomain : PersistenceDomain
             BeginFileCall();
             try
             {
-                if (Interop.Libc.Fdatasync((int)_file.DangerousGetHandle()) != 0)
+                if ((FailFileCallsForTesting != 0 && FailFromOffsetForTesting == 0 ? Fail() : Interop.Libc.Fdatasync((int)_file.DangerousGetHandle())) != 0 && !IgnoreFileCallErrorsForTesting)
                 {
                     ThrowSyncFailed("fdatasync");
                 }
@@ -249,7 +258,12 @@ internal sealed unsafe class MappedFilePersistenceDomain : PersistenceDomain
             int fd = (int)_file.DangerousGetHandle();
             while (length > 0)
             {
-                nint written = Interop.Libc.Pwrite(fd, Pointer + offset, (nuint)length, offset);
+                nint written = FailFileCallsForTesting != 0 && offset >= FailFromOffsetForTesting ? Fail() : Interop.Libc.Pwrite(fd, Pointer + offset, (nuint)length, offset);
+                if (written < 0 && IgnoreFileCallErrorsForTesting)
+                {
+                    return;
+                }
+
                 if (written > 0)
                 {
                     offset += written;
@@ -286,6 +300,13 @@ internal sealed unsafe class MappedFilePersistenceDomain : PersistenceDomain
             Interlocked.Decrement(ref _fileCalls);
             ThrowHelper.ThrowObjectDisposed(this);
         }
+    }
+
+    /// <summary>A failed system call for <see cref="FailFileCallsForTesting"/>: -1 with errno set.</summary>
+    private int Fail()
+    {
+        Marshal.SetLastPInvokeError(FailFileCallsForTesting);
+        return -1;
     }
 
     private void WaitForFileCalls()

@@ -61,8 +61,12 @@ public sealed unsafe partial class BufferedDurableHeap
     /// <see cref="BufferedDurableHeapOptions.SyncTimeout"/>.
     /// </summary>
     /// <exception cref="InvalidOperationException">The calling thread is inside an operation (the version cannot
-    /// advance until it ends), the heap is <see cref="DurabilityMode.Transient"/>, or the advancer failed.</exception>
+    /// advance until it ends), the heap is <see cref="DurabilityMode.Transient"/>, the version transition failed, or
+    /// the advancer failed earlier.</exception>
     /// <exception cref="TimeoutException">Another thread stayed inside an operation for the whole timeout; the message names it.</exception>
+    /// <exception cref="System.IO.IOException">The cycle this call ran failed to write the version back (the medium's
+    /// error). Nothing of that version or any later one becomes durable in this heap any more: later calls throw
+    /// <see cref="InvalidOperationException"/>, and a reopen recovers up to <see cref="DurableFrontier"/>.</exception>
     /// <exception cref="ObjectDisposedException">The heap has been disposed.</exception>
     public void Sync() => Sync(_syncTimeout);
 
@@ -70,6 +74,7 @@ public sealed unsafe partial class BufferedDurableHeap
     /// <param name="timeout">How long to wait at most; <see cref="Timeout.InfiniteTimeSpan"/> to wait for ever.</param>
     /// <exception cref="InvalidOperationException">See <see cref="Sync()"/>.</exception>
     /// <exception cref="TimeoutException">See <see cref="Sync()"/>.</exception>
+    /// <exception cref="System.IO.IOException">See <see cref="Sync()"/>.</exception>
     /// <exception cref="ObjectDisposedException">The heap has been disposed.</exception>
     public void Sync(TimeSpan timeout)
     {
