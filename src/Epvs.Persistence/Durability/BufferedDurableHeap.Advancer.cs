@@ -489,14 +489,11 @@ public sealed unsafe partial class BufferedDurableHeap
         int n = 0;
         foreach (ThreadBuffers buffers in registry)
         {
+            // The bytes were counted when the blocks were retired: no read of their (cold) headers here.
             OffsetList list = select(buffers);
-            long bytes = 0;
-            for (int i = 0; i < list.Count; i++)
-            {
-                bytes += HeapLayout.HeaderSize + PayloadSize(list[i]);
-                offsets[n++] = list[i];
-            }
-
+            long bytes = list.Bytes;
+            list.CopyTo(offsets.AsSpan(n));
+            n += list.Count;
             list.Clear();
 
             // Volatile.Write: release; pairs with the acquire in ReclaimBacklog. Only cycles (under _cycleGate) write it.

@@ -99,8 +99,7 @@ public ref struct DurableOperation
         PayloadRef copy = heap.Allocator.Allocate(newSize, header.TypeId, Version, PayloadKind.Update, header.Uid);
         heap.Allocator.GetPayload(current)[..Math.Min(header.Size, newSize)].CopyTo(heap.Allocator.GetPayload(copy));
         heap.Track(_buffers!, Version, copy);
-        _buffers!.Retired[ThreadBuffers.Slot(Version)].Add(current.Offset);
-        _buffers.RetiredBytes += HeapLayout.HeaderSize + header.Size;
+        _buffers!.Retire(ThreadBuffers.Slot(Version), current.Offset, HeapLayout.HeaderSize + header.Size);
         return copy;
     }
 
@@ -134,8 +133,7 @@ public ref struct DurableOperation
         heap.ThrowIfNotInsideAnOperation();
         PayloadRef copy = heap.Allocator.AllocateInOperation(AllocatorCache(heap), size, typeId, Version, PayloadKind.Update, uid);
         heap.Track(_buffers!, Version, copy);
-        _buffers!.Retired[ThreadBuffers.Slot(Version)].Add(current.Offset);
-        _buffers.RetiredBytes += HeapLayout.HeaderSize + size;
+        _buffers!.Retire(ThreadBuffers.Slot(Version), current.Offset, HeapLayout.HeaderSize + size);
         newUid = uid;
         return copy;
     }
@@ -155,12 +153,10 @@ public ref struct DurableOperation
             PayloadHeader header = heap.Allocator.GetHeader(current);
             PayloadRef anti = heap.Allocator.Allocate(0, header.TypeId, Version, PayloadKind.Delete, header.Uid);
             heap.Track(_buffers!, Version, anti);
-            _buffers!.AntiPayloads[slot].Add(anti.Offset);
-            _buffers.RetiredBytes += HeapLayout.HeaderSize;
+            _buffers!.RetireAntiPayload(slot, anti.Offset);
         }
 
-        _buffers!.Retired[slot].Add(current.Offset);
-        _buffers.RetiredBytes += HeapLayout.HeaderSize + heap.PayloadSize(current.Offset);
+        _buffers!.Retire(slot, current.Offset, HeapLayout.HeaderSize + heap.PayloadSize(current.Offset));
     }
 
     /// <summary>The bytes of a payload, valid while this operation lasts.</summary>

@@ -21,7 +21,21 @@ internal sealed class OffsetList
         _items[Count++] = offset;
     }
 
-    internal void Clear() => Count = 0;
+    /// <summary>Bytes the entries account for (retired blocks: header and payload), as given to <see cref="Add(long, long)"/>.</summary>
+    internal long Bytes { get; private set; }
+
+    /// <summary>Adds a retired block and the bytes it frees, so that reclaiming the list needs no read of its headers.</summary>
+    internal void Add(long offset, long bytes)
+    {
+        Add(offset);
+        Bytes += bytes;
+    }
+
+    internal void Clear()
+    {
+        Count = 0;
+        Bytes = 0;
+    }
 
     /// <summary>Removes the last offset if it is <paramref name="offset"/>; whether it did.</summary>
     internal bool RemoveLast(long offset)

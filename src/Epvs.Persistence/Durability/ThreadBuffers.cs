@@ -49,4 +49,18 @@ internal sealed class ThreadBuffers
     internal OffsetList StrictPending { get; } = new();
 
     internal static int Slot(long version) => (int)(version & (Slots - 1));
+
+    /// <summary>Retires a replaced or deleted payload's block of <paramref name="bytes"/> (header included) in <paramref name="slot"/>.</summary>
+    internal void Retire(int slot, long offset, long bytes)
+    {
+        Retired[slot].Add(offset, bytes);
+        RetiredBytes += bytes;
+    }
+
+    /// <summary>Retires an anti-payload's block (a header only) in <paramref name="slot"/>.</summary>
+    internal void RetireAntiPayload(int slot, long offset)
+    {
+        AntiPayloads[slot].Add(offset, HeapLayout.HeaderSize);
+        RetiredBytes += HeapLayout.HeaderSize;
+    }
 }
