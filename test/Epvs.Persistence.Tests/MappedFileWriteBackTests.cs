@@ -64,26 +64,11 @@ public sealed class MappedFileWriteBackTests : IDisposable
         Skip.If(writeBack == MappedFileWriteBack.PrivateMapping && !OperatingSystem.IsLinux(), "private mappings are Linux only");
         string path = _directory.File("map.heap");
         HeapFileOptions options = Options(writeBack);
-        var expected = new System.Collections.Generic.Dictionary<long, long>();
+        System.Collections.Generic.Dictionary<long, long> expected;
         using (BufferedDurableHeap heap = BufferedDurableHeap.Create(path, options, new BufferedDurableHeapOptions { AdvancePeriod = TimeSpan.FromMilliseconds(1) }))
         {
             Assert.Equal(writeBack == MappedFileWriteBack.PrivateMapping, ((MappedFilePersistenceDomain)heap.Heap.File.Domain).IsPrivateMapping);
-            var map = new PersistentHashMap<long, long>(heap, 1);
-            var random = new Random(7);
-            for (int i = 0; i < 20_000; i++)
-            {
-                long key = random.Next(2_000);
-                if (random.Next(10) == 0)
-                {
-                    map.Remove(key);
-                    expected.Remove(key);
-                }
-                else
-                {
-                    map.Set(key, i);
-                    expected[key] = i;
-                }
-            }
+            expected = SetAndRemoveAtRandom(new PersistentHashMap<long, long>(heap, 1), seed: 7);
         }
 
         using BufferedDurableHeap reopened = BufferedDurableHeap.Open(path, options);
@@ -98,24 +83,8 @@ public sealed class MappedFileWriteBackTests : IDisposable
     public void BufferedHeap_AfterSync_TheFileAloneRecoversEverySyncedWrite(MappedFileWriteBack writeBack)
     {
         Skip.If(writeBack == MappedFileWriteBack.PrivateMapping && !OperatingSystem.IsLinux(), "private mappings are Linux only");
-        var expected = new System.Collections.Generic.Dictionary<long, long>();
         using BufferedDurableHeap heap = BufferedDurableHeap.Create(_directory.File("sync.heap"), Options(writeBack), new BufferedDurableHeapOptions { AdvancePeriod = TimeSpan.FromMilliseconds(1) });
-        var map = new PersistentHashMap<long, long>(heap, 1);
-        var random = new Random(11);
-        for (int i = 0; i < 20_000; i++)
-        {
-            long key = random.Next(2_000);
-            if (random.Next(10) == 0)
-            {
-                map.Remove(key);
-                expected.Remove(key);
-            }
-            else
-            {
-                map.Set(key, i);
-                expected[key] = i;
-            }
-        }
+        System.Collections.Generic.Dictionary<long, long> expected = SetAndRemoveAtRandom(new PersistentHashMap<long, long>(heap, 1), seed: 11);
 
         heap.Sync();
 
@@ -349,6 +318,29 @@ public sealed class MappedFileWriteBackTests : IDisposable
         ArgumentOutOfRangeException error = Assert.Throws<ArgumentOutOfRangeException>(() => HeapFile.Create(path, Options((MappedFileWriteBack)7)));
         Assert.Contains("MappedFileWriteBack 7", error.Message);
         Assert.False(File.Exists(path));
+    }
+
+    /// <summary>20,000 sets and removes of 2,000 keys at random; returns what the map should hold.</summary>
+    private static System.Collections.Generic.Dictionary<long, long> SetAndRemoveAtRandom(PersistentHashMap<long, long> map, int seed)
+    {
+        var expected = new System.Collections.Generic.Dictionary<long, long>();
+        var random = new Random(seed);
+        for (int i = 0; i < 20_000; i++)
+        {
+            long key = random.Next(2_000);
+            if (random.Next(10) == 0)
+            {
+                map.Remove(key);
+                expected.Remove(key);
+            }
+            else
+            {
+                map.Set(key, i);
+                expected[key] = i;
+            }
+        }
+
+        return expected;
     }
 
     private static HeapFileOptions Options(MappedFileWriteBack writeBack) =>

@@ -46,6 +46,27 @@ internal struct WriteBackRuns
         _end = offset + length;
     }
 
+    /// <summary>
+    /// Writes back the header of every block in <paramref name="offsets"/> and fences: on persistent memory line by
+    /// line, through the page cache sorted (in place) into runs of pages.
+    /// </summary>
+    internal static void WriteBackHeadersAndFence(PersistenceDomain domain, System.Span<long> offsets)
+    {
+        var runs = new WriteBackRuns(domain);
+        if (runs._coalesce)
+        {
+            System.MemoryExtensions.Sort(offsets);
+        }
+
+        foreach (long offset in offsets)
+        {
+            runs.Add(offset, HeapLayout.HeaderSize);
+        }
+
+        runs.Flush();
+        domain.Fence();
+    }
+
     /// <summary>Writes back the run in progress (the caller fences).</summary>
     internal void Flush()
     {

@@ -537,20 +537,7 @@ public sealed unsafe partial class BufferedDurableHeap
         }
 
         AfterEagerFreesMarkedForTesting?.Invoke();
-
-        if (_pageWriteBack)
-        {
-            offsets.Sort();
-        }
-
-        var ranges = new WriteBackRuns(_domain);
-        foreach (long offset in offsets)
-        {
-            ranges.Add(offset, HeapLayout.HeaderSize);
-        }
-
-        ranges.Flush();
-        _domain.Fence();
+        WriteBackRuns.WriteBackHeadersAndFence(_domain, offsets);
         if (holdUntilDurable)
         {
             foreach (long offset in offsets)

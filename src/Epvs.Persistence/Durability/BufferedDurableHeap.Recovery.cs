@@ -1,6 +1,7 @@
 using System;
 using System.Collections.Generic;
 using System.Diagnostics;
+using System.Runtime.InteropServices;
 using System.Threading;
 using System.Threading.Tasks;
 
@@ -290,7 +291,7 @@ public sealed unsafe partial class BufferedDurableHeap
                 freed.AddRange(first ? result.FreeFirst : result.FreeSecond);
             }
 
-            PersistentHeap.WriteBackInAddressOrder(_domain, freed);
+            WriteBackRuns.WriteBackHeadersAndFence(_domain, CollectionsMarshal.AsSpan(freed));
         }
         else if (_pageWriteBack)
         {

@@ -1,5 +1,6 @@
 using System;
 using System.Collections.Generic;
+using System.Runtime.InteropServices;
 using System.Threading;
 using System.Threading.Tasks;
 
@@ -297,27 +298,13 @@ public sealed unsafe partial class PersistentHeap
             else if (_file.Domain.WritesBackByCopy)
             {
                 // A private mapping copies whole ranges: the freed headers only, merged into runs per page.
-                WriteBackInAddressOrder(_file.Domain, freeBlocks);
+                WriteBackRuns.WriteBackHeadersAndFence(_file.Domain, CollectionsMarshal.AsSpan(freeBlocks));
             }
             else
             {
                 _file.Domain.Persist(0, _file.Size);
             }
         }
-    }
-
-    /// <summary>Writes back the header of each block in <paramref name="offsets"/> (sorted in place) as page runs, then fences.</summary>
-    internal static void WriteBackInAddressOrder(PersistenceDomain domain, List<long> offsets)
-    {
-        offsets.Sort();
-        var runs = new WriteBackRuns(domain);
-        foreach (long offset in offsets)
-        {
-            runs.Add(offset, HeapLayout.HeaderSize);
-        }
-
-        runs.Flush();
-        domain.Fence();
     }
 
     private BlockState ClassifyBlock(long offset, uint generation, long maxPayload, out PayloadHeader header) =>
