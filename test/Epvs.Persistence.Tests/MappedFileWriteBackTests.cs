@@ -223,10 +223,50 @@ public sealed class MappedFileWriteBackTests : IDisposable
         Assert.Throws<ObjectDisposedException>(() => domain.WriteBack(offset, 100));
     }
 
+    [SkippableFact]
+    public void PrivateMapping_AWriteBackCheckedBeforeAQuarantine_ThrowsInsteadOfCopyingZeros()
+    {
+        Skip.IfNot(OperatingSystem.IsLinux(), "private mappings are Linux only");
+        string path = _directory.File("quarantine-before.heap");
+        using var stream = new FileStream(path, FileMode.CreateNew, FileAccess.ReadWrite, FileShare.None);
+        stream.SetLength(1L << 20);
+        MappedFilePersistenceDomain domain = MappedFilePersistenceDomain.Map(stream, 1L << 20, 1L << 20, privateMapping: true);
+        long offset = 8 * Page;
+        Pattern(offset, 100).CopyTo(domain.GetSpan(offset, 100));
+        domain.WriteBack(offset, 100);
+        domain.Fence();
+        using var reached = new ManualResetEventSlim();
+        using var go = new ManualResetEventSlim();
+        domain.BeforeFileCallForTesting = () =>
+        {
+            reached.Set();
+            Assert.True(go.Wait(TimeSpan.FromSeconds(30)), "the test never let the write-back go on");
+        };
+
+        // A straggler passed the range check (the domain was live) and has not reached the file yet when the heap is
+        // quarantined: nothing is in flight, so the quarantine replaces the mapping with zeros at once.
+        Exception? straggled = null;
+        var straggler = new Thread(() => straggled = Record.Exception(() => domain.WriteBack(offset, 100)));
+        straggler.Start();
+        Assert.True(reached.Wait(TimeSpan.FromSeconds(30)), "the write-back never started");
+        domain.Quarantine();
+        go.Set();
+        Assert.True(straggler.Join(TimeSpan.FromSeconds(30)), "the straggler did not finish");
+
+        // It must see the quarantine and throw: copying now would write the anonymous memory's zeros over the data.
+        Assert.IsType<ObjectDisposedException>(straggled);
+        byte[] inFile = new byte[100];
+        Assert.Equal(100, RandomAccess.Read(stream.SafeFileHandle, inFile, offset));
+        Assert.Equal(Pattern(offset, 100), inFile);
+    }
+
     /// <summary>
     /// A failing disk: with <paramref name="payloadsOnly"/> false every pwrite and fdatasync fails, so the version
-    /// transition's own persist (the epoch clock) fails first and a later Sync may retry; with it true only the
-    /// payloads' write-back fails, after the transition, and the heap stops making anything durable (fail-stop).
+    /// transition's own persist (the epoch clock) fails first; with it true only the payloads' write-back fails, after
+    /// the transition. Either way Sync throws, and the domain stays failed even once the disk answers again (the
+    /// kernel marks failed pages clean and reports an error once, so nothing written back after it can be trusted):
+    /// nothing more becomes durable, Dispose reports it and leaves the shutdown unclean, and a reopen recovers up to the
+    /// frontier.
     /// </summary>
     [SkippableTheory]
     [InlineData(false, false)]
@@ -237,12 +277,14 @@ public sealed class MappedFileWriteBackTests : IDisposable
         Skip.IfNot(OperatingSystem.IsLinux(), "private mappings are Linux only");
         const int Eio = 5;
         string path = _directory.File($"eio-{payloadsOnly}-{control}.heap");
-        using (BufferedDurableHeap heap = BufferedDurableHeap.Create(path, Options(MappedFileWriteBack.PrivateMapping), new BufferedDurableHeapOptions { AdvancePeriod = Timeout.InfiniteTimeSpan }))
+        long frontier;
+        BufferedDurableHeap heap = BufferedDurableHeap.Create(path, Options(MappedFileWriteBack.PrivateMapping), new BufferedDurableHeapOptions { AdvancePeriod = Timeout.InfiniteTimeSpan });
+        try
         {
             var map = new PersistentHashMap<long, long>(heap, 1);
             map.Set(1, 10);
             heap.Sync();
-            long frontier = heap.DurableFrontier;
+            frontier = heap.DurableFrontier;
 
             // The disk starts failing (EIO on every pwrite and fdatasync). The control ignores the errors, as code that
             // does not check what the calls return would.
@@ -279,28 +321,23 @@ public sealed class MappedFileWriteBackTests : IDisposable
                 Assert.Equal(frontier, recovered.Recovery.RecoveredVersion);
             }
 
-            // Still failing: still no Sync returns.
-            Assert.ThrowsAny<Exception>(() => heap.Sync());
+            // The disk answers again, but what failed was marked clean by the kernel: no Sync returns any more.
             domain.FailFileCallsForTesting = 0;
-            if (payloadsOnly)
-            {
-                // A version whose write-back failed is not durable, and every later version would cover it: the
-                // heap makes nothing durable any more, even once the disk works again; reopening recovers up to the
-                // frontier.
-                InvalidOperationException stopped = Assert.Throws<InvalidOperationException>(() => heap.Sync());
-                Assert.Contains("nothing more can become durable", stopped.Message);
-                Assert.Equal(frontier, heap.DurableFrontier);
-            }
-            else
-            {
-                // The transition failed before the version ended: once the disk works again, a Sync completes it.
-                heap.Sync();
-                Assert.True(heap.DurableFrontier > frontier);
-            }
+            Exception later = Assert.ThrowsAny<Exception>(() => heap.Sync());
+            Assert.Contains("Input/output error", later.ToString());
+            Assert.Equal(frontier, heap.DurableFrontier);
+        }
+        finally
+        {
+            // Dispose reports the failure too (it cannot write the clean-shutdown word) and still releases the file.
+            Exception? disposal = Record.Exception(heap.Dispose);
+            Assert.True(control || disposal is IOException or InvalidOperationException, $"Dispose after a failed write-back: {disposal}");
         }
 
         using BufferedDurableHeap reopened = BufferedDurableHeap.Open(path, Options(MappedFileWriteBack.PrivateMapping));
-        Assert.Equal(!payloadsOnly, new PersistentHashMap<long, long>(reopened, 1).TryGetValue(2, out long two) && two == 20);
+        Assert.False(reopened.Recovery.WasCleanShutdown);
+        Assert.Equal(frontier, reopened.Recovery.RecoveredVersion);
+        Assert.False(new PersistentHashMap<long, long>(reopened, 1).TryGetValue(2, out _));
     }
 
     [Fact]

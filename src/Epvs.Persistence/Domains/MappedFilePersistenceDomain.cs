@@ -43,6 +43,18 @@ internal sealed unsafe class MappedFilePersistenceDomain : PersistenceDomain
     /// <summary>pwrite/fdatasync calls in progress (private mapping): quarantine and dispose wait for them.</summary>
     private int _fileCalls;
 
+    /// <summary>How long a quarantine or dispose waits for pwrite, fdatasync and fallocate calls in flight.</summary>
+    internal static TimeSpan FileCallWait { get; set; } = TimeSpan.FromSeconds(30);
+
+    /// <summary>Serializes fdatasync calls, so the one that reports a write-back error records it before another can return.</summary>
+    private readonly object _syncGate = new();
+
+    /// <summary>The first failed pwrite, fdatasync or msync: every later write-back and fence reports it (fail-stop).</summary>
+    private volatile string? _failure;
+
+    /// <summary>Test hook: runs in each pwrite call of this domain before it is counted in (after the range check).</summary>
+    internal Action? BeforeFileCallForTesting;
+
     /// <summary>Test hook: runs inside each pwrite call of this domain, after it was counted in, before it copies.</summary>
     internal Action? InsideFileCallForTesting;
 
@@ -160,7 +172,13 @@ internal sealed unsafe class MappedFilePersistenceDomain : PersistenceDomain
             return;
         }
 
-        WaitForFileCalls();
+        if (!WaitForFileCalls())
+        {
+            // A call stuck in the kernel for that long (a failing disk): leave the mapping and the descriptor to it
+            // rather than unmap or close under it.
+            return;
+        }
+
         if (_windowsView is not null)
         {
             _windowsView.SafeMemoryMappedViewHandle.ReleasePointer();
@@ -180,7 +198,12 @@ internal sealed unsafe class MappedFilePersistenceDomain : PersistenceDomain
         // A straggler's pwrite still copying from the mapping would copy the anonymous memory's zeros into the file
         // (or, once the file is closed, into whatever file reuses its descriptor): let those in flight finish first;
         // later ones see the domain disposed and throw (BeginFileCall).
-        WaitForFileCalls();
+        if (!WaitForFileCalls())
+        {
+            // A call stuck in the kernel for that long: the mapping stays the file's and the descriptor stays open (both
+            // leak), so the call neither copies zeros nor reaches another file.
+            return;
+        }
 
         // Windows: the view is kept (never unmapped); Unix: replaced by anonymous memory.
         _unixMapping?.Quarantine();
@@ -198,6 +221,7 @@ internal sealed unsafe class MappedFilePersistenceDomain : PersistenceDomain
         }
 
         _writeBackCalls++;
+        ThrowIfFailedBefore();
         if (_private)
         {
             CopyToFile(offset, length);
@@ -224,6 +248,7 @@ internal sealed unsafe class MappedFilePersistenceDomain : PersistenceDomain
 
     private protected override void FenceCore()
     {
+        ThrowIfFailedBefore();
         // Private mapping: the copies are in the page cache; one fdatasync waits for all of them (every thread's: a
         // stronger fence than the contract asks). Shared mapping on Unix: msync(MS_SYNC) already waited. Windows:
         // FlushViewOfFile only queued the pages.
@@ -232,9 +257,15 @@ internal sealed unsafe class MappedFilePersistenceDomain : PersistenceDomain
             BeginFileCall();
             try
             {
-                if ((FailFileCallsForTesting != 0 && FailFromOffsetForTesting == 0 ? Fail() : Interop.Libc.Fdatasync((int)_file.DangerousGetHandle())) != 0 && !IgnoreFileCallErrorsForTesting)
+                // Linux reports a write-back error once per open file, to whichever fdatasync looks first: under the
+                // gate that call records it before any other can return, so no thread's fence passes over it.
+                lock (_syncGate)
                 {
-                    ThrowSyncFailed("fdatasync");
+                    ThrowIfFailedBefore();
+                    if ((FailFileCallsForTesting != 0 && FailFromOffsetForTesting == 0 ? Fail() : Interop.Libc.Fdatasync((int)_file.DangerousGetHandle())) != 0 && !IgnoreFileCallErrorsForTesting)
+                    {
+                        ThrowSyncFailed("fdatasync");
+                    }
                 }
             }
             finally
@@ -251,6 +282,7 @@ internal sealed unsafe class MappedFilePersistenceDomain : PersistenceDomain
     /// <summary>Copies a range of the private mapping to the same place in the file (into the page cache).</summary>
     private void CopyToFile(long offset, long length)
     {
+        BeforeFileCallForTesting?.Invoke();
         BeginFileCall();
         try
         {
@@ -272,7 +304,8 @@ internal sealed unsafe class MappedFilePersistenceDomain : PersistenceDomain
                 else if (written == 0)
                 {
                     // No progress for a non-empty range (a full disk reports ENOSPC instead); errno is not set.
-                    ThrowHelper.ThrowIO($"pwrite of {length} bytes at offset {offset} wrote nothing; the written-back range is not durable.");
+                    _failure ??= $"pwrite of {length} bytes at offset {offset} wrote nothing";
+                    ThrowHelper.ThrowIO($"{_failure}; the written-back range is not durable.");
                 }
                 else if (Marshal.GetLastPInvokeError() != Interop.Libc.Eintr)
                 {
@@ -309,14 +342,23 @@ internal sealed unsafe class MappedFilePersistenceDomain : PersistenceDomain
         return -1;
     }
 
-    private void WaitForFileCalls()
+    /// <summary>Waits up to <see cref="FileCallWait"/> for the calls in flight; false if some are still in the kernel.</summary>
+    private bool WaitForFileCalls()
     {
         // Volatile.Read: acquire; each call's decrement follows its last access to the mapping and the descriptor.
+        long deadline = Environment.TickCount64 + (long)FileCallWait.TotalMilliseconds;
         var spinner = new SpinWait();
         while (Volatile.Read(ref _fileCalls) != 0 && !SkipFileCallWaitForTesting)
         {
+            if (Environment.TickCount64 > deadline)
+            {
+                return false;
+            }
+
             spinner.SpinOnce();
         }
+
+        return true;
     }
 
     private protected override bool TryGrowCore(long newLength)
@@ -326,13 +368,37 @@ internal sealed unsafe class MappedFilePersistenceDomain : PersistenceDomain
             return false;
         }
 
-        int error = Interop.Libc.PosixFallocate((int)_file.DangerousGetHandle(), Length, newLength - Length);
-        return error == 0;
+        // Counted in like a write-back: a quarantine must not release the descriptor under it.
+        BeginFileCall();
+        try
+        {
+            int error = Interop.Libc.PosixFallocate((int)_file.DangerousGetHandle(), Length, newLength - Length);
+            return error == 0;
+        }
+        finally
+        {
+            Interlocked.Decrement(ref _fileCalls);
+        }
     }
 
-    private static void ThrowSyncFailed(string call)
+    /// <summary>Records the failure (fail-stop: see <see cref="ThrowIfFailedBefore"/>) and throws it.</summary>
+    private void ThrowSyncFailed(string call)
     {
         int errno = Marshal.GetLastPInvokeError();
-        ThrowHelper.ThrowIO($"{call} failed: {Marshal.GetPInvokeErrorMessage(errno)} (error {errno}); the written-back range may not be durable.");
+        string failure = $"{call} failed: {Marshal.GetPInvokeErrorMessage(errno)} (error {errno})";
+        _failure ??= failure;
+        ThrowHelper.ThrowIO($"{failure}; the written-back range may not be durable.");
+    }
+
+    /// <summary>
+    /// After a failed write-back or fence nothing written back since can be trusted durable (the kernel marks the
+    /// failed pages clean and reports the error once): every later write-back and fence of this domain throws.
+    /// </summary>
+    private void ThrowIfFailedBefore()
+    {
+        if (_failure is { } failure)
+        {
+            ThrowHelper.ThrowIO($"An earlier write-back of this heap file failed ({failure}); nothing written back since can be trusted durable. Reopen the heap to recover up to its durable frontier.");
+        }
     }
 }

@@ -89,7 +89,21 @@ public ref struct DurableOperation
                 // two live payloads for one key. The copy was never published; it leaves the write-back list first, so
                 // the advancer never seals or writes back a block that may by then be part of another one.
                 heap.Untrack(_buffers!, Version, fresh);
-                heap.Allocator.Free(fresh);
+                if (heap.Mode == DurabilityMode.Transient)
+                {
+                    heap.Allocator.Free(fresh);
+                }
+                else
+                {
+                    // Freed durably before it can be handed out again: a write-back of a neighbouring block may already
+                    // have copied its allocated header to the file (a page run through the page cache), and no later
+                    // write-back would cover the free; a full scan would then find a second live payload for the key.
+                    heap.Allocator.MarkFree(fresh);
+                    heap.Allocator.WriteBackHeader(fresh);
+                    heap.Allocator.Fence();
+                    heap.Allocator.ReleaseFreed(fresh);
+                }
+
                 throw;
             }
 
