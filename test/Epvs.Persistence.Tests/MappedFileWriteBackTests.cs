@@ -1,4 +1,5 @@
 using System;
+using System.Collections.Generic;
 using System.IO;
 using System.Linq;
 using System.Threading;
@@ -258,6 +259,69 @@ public sealed class MappedFileWriteBackTests : IDisposable
         byte[] inFile = new byte[100];
         Assert.Equal(100, RandomAccess.Read(stream.SafeFileHandle, inFile, offset));
         Assert.Equal(Pattern(offset, 100), inFile);
+    }
+
+    [SkippableFact]
+    public void PrivateMapping_AReplaceUndoneOnAFullHeap_FreesItsCopyInTheFile()
+    {
+        Skip.IfNot(OperatingSystem.IsLinux(), "private mappings are Linux only");
+        string path = _directory.File("undo.heap");
+        using BufferedDurableHeap heap = BufferedDurableHeap.Create(path, new HeapFileOptions { Size = 1L << 20, MaxSize = 1L << 20, Domain = PersistenceDomainKind.MappedFile, MappedFileWriteBack = MappedFileWriteBack.PrivateMapping }, new BufferedDurableHeapOptions { AdvancePeriod = Timeout.InfiniteTimeSpan });
+        var domain = (MappedFilePersistenceDomain)heap.Heap.File.Domain;
+        long copy = -1;
+
+        // As a page run of another write-back does when it covers the copy's page: its allocated header reaches the file.
+        heap.AfterReplaceCopiedForTesting = offset =>
+        {
+            copy = offset;
+            domain.WriteBack(offset, HeapLayout.HeaderSize);
+            domain.Fence();
+        };
+        PayloadRef original;
+        using (DurableOperation op = heap.BeginOperation())
+        {
+            // One 100-byte payload, then header-only blocks until the heap is full: the 100-byte class keeps free
+            // blocks in its segment, the anti-payload's class has none, and no segment is left.
+            original = op.Allocate(100, 7);
+            bool full = false;
+            for (int i = 0; i < 1_000_000 && !full; i++)
+            {
+                try
+                {
+                    op.Allocate(0, 8);
+                }
+                catch (InsufficientMemoryException)
+                {
+                    full = true;
+                }
+            }
+
+            Assert.True(full, "the heap never filled up");
+
+            // A same-version resize: the copy is allocated, then the anti-payload for the original cannot be.
+            bool undone = false;
+            try
+            {
+                op.Replace(original, 110);
+            }
+            catch (InsufficientMemoryException)
+            {
+                undone = true;
+            }
+
+            Assert.True(undone, "the replace did not run out of room for the anti-payload");
+        }
+
+        Assert.True(copy >= 0, "the replace never made its copy");
+        heap.Sync();
+
+        // The file alone, as a crash would leave it: the copy must be free there, not a second live payload.
+        byte[] image = new byte[domain.Length];
+        Assert.Equal(image.Length, domain.ReadFile(0, image));
+        using var crashed = SimulatedPersistenceDomain.FromImage(image);
+        using BufferedDurableHeap recovered = BufferedDurableHeap.Open(HeapFile.Open(crashed), new BufferedDurableHeapOptions { AdvancePeriod = Timeout.InfiniteTimeSpan });
+        IReadOnlyList<RecoveredPayload> live = recovered.TakeRecoveredPayloads(7);
+        Assert.Equal(new[] { original.Offset }, live.Select(p => p.Block.Offset));
     }
 
     /// <summary>

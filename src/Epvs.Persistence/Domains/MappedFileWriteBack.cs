@@ -35,7 +35,9 @@ public enum MappedFileWriteBack
     /// size) counts against the system's commit limit. Only ranges written back reach the file, as the durability
     /// contract of <see cref="PersistenceDomain"/> says: closing the heap does not write back the rest (with a shared
     /// mapping, a clean close also persists stores that were never written back). Every structure of this package
-    /// writes back what it commits; a caller of the raw <see cref="PersistentHeap"/> must persist its payloads.
+    /// writes back what it commits; a caller of the raw <see cref="PersistentHeap"/> must persist its payloads
+    /// (<see cref="PersistentHeap.Persist(PayloadRef)"/>) and its frees (<see cref="PersistentHeap.WriteBackHeader(PayloadRef)"/>
+    /// then <see cref="PersistentHeap.Fence"/>), and anything it stores through the domain itself.
     /// </summary>
     PrivateMapping = 2,
 }

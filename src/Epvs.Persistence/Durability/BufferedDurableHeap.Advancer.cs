@@ -51,6 +51,12 @@ public sealed unsafe partial class BufferedDurableHeap
     /// <summary>Test hook: runs in reclamation once the version's frees are handed to the heap (deferred: see <see cref="PersistentHeap.AfterSweepMarkedForTesting"/> for the window in which an early reuse would race the free to the file).</summary>
     internal Action? AfterReclaimMarkedForTesting { get; set; }
 
+    /// <summary>Test hook: with <see cref="DurabilityFaults.PersistFrontierBeforeWriteBack"/>, runs once the broken order has persisted the frontier (the version) and before it writes the version back.</summary>
+    internal Action<long>? AfterFrontierPersistedFirstForTesting { get; set; }
+
+    /// <summary>Test hook: runs in <see cref="DurableOperation.Replace(PayloadRef, int)"/> when a same-version replace has allocated and filled its copy (with its offset), before it deletes the original.</summary>
+    internal Action<long>? AfterReplaceCopiedForTesting { get; set; }
+
     /// <summary>Test hook: runs in the eager free path (large blocks, anti-payloads) once its blocks are marked free, before the frees are written back: the window in which an early reuse would race the free to the file.</summary>
     internal Action? AfterEagerFreesMarkedForTesting { get; set; }
 
@@ -283,6 +289,7 @@ public sealed unsafe partial class BufferedDurableHeap
             if ((_faults & DurabilityFaults.PersistFrontierBeforeWriteBack) != 0)
             {
                 _heap.File.DurableFrontier = completed;
+                AfterFrontierPersistedFirstForTesting?.Invoke(completed);
             }
 
             written = WriteBackVersion(completed);

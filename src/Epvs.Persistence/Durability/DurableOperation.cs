@@ -79,6 +79,7 @@ public ref struct DurableOperation
             // Two payloads of one uid in one version would tie at recovery: retire this uid and start a new one.
             PayloadRef fresh = Allocate(newSize, header.TypeId);
             heap.Allocator.GetPayload(current)[..Math.Min(header.Size, newSize)].CopyTo(heap.Allocator.GetPayload(fresh));
+            heap.AfterReplaceCopiedForTesting?.Invoke(fresh.Offset);
             try
             {
                 Delete(current);

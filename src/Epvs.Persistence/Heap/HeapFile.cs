@@ -17,8 +17,9 @@ namespace Epvs.Persistence;
 /// <para>Bad input never changes the file: every check (read-only, lock, size, magic, version, geometry) runs before
 /// the file is mapped, and each failure is a <see cref="HeapFileException"/> whose <see cref="HeapFileException.Error"/>
 /// says which. An existing file is never reformatted.</para>
-/// <para>The first write of an open is clearing the clean-shutdown flag; <see cref="Dispose()"/> persists the whole heap
-/// and sets it again, so <see cref="WasCleanShutdown"/> tells the next opener whether the previous one crashed.</para>
+/// <para>The first write of an open is clearing the clean-shutdown flag; <see cref="Dispose()"/> persists the heap (the
+/// whole heap, except through a private mapping: see <see cref="MappedFileWriteBack.PrivateMapping"/>) and sets it
+/// again, so <see cref="WasCleanShutdown"/> tells the next opener whether the previous one crashed.</para>
 /// </remarks>
 public sealed unsafe class HeapFile : IDisposable
 {
@@ -265,7 +266,9 @@ public sealed unsafe class HeapFile : IDisposable
     public void SetRoot(int slot, long value) => StoreAndPersist(RootOffset(slot), (ulong)value);
 
     /// <summary>
-    /// Persists the whole heap, marks the shutdown clean, unmaps and releases the lock. Never throws for a second call.
+    /// Persists the whole heap (through a private mapping, only what was written back reaches the file: see
+    /// <see cref="MappedFileWriteBack.PrivateMapping"/>), marks the shutdown clean, unmaps and releases the lock. Never
+    /// throws for a second call.
     /// </summary>
     /// <remarks>
     /// Calls that start after Dispose throw <see cref="ObjectDisposedException"/>. Dispose waits (up to 30 s) for calls

@@ -14,7 +14,8 @@ namespace Epvs.Persistence.Tests;
 /// seeded number of operations; the parent reopens the heap and checks it against the child's op log. On the libpmem
 /// domain (PMEM_IS_PMEM_FORCE=1) a process crash keeps every store in the page cache, so payloads beyond the frontier
 /// and half-written ones are all in the file: recovery must still cut exactly at the frontier. Through a private
-/// mapping only what was written back (pwrite) is in the file, as after a power failure.
+/// mapping only what was written back (pwrite) is in the file: a store never written back is lost, while a write-back
+/// not yet fenced survives a killed process in the page cache (it would not survive a power failure).
 /// </summary>
 public sealed class BufferedDurabilityProcessCrashTests
 {
@@ -34,6 +35,47 @@ public sealed class BufferedDurabilityProcessCrashTests
         using var dir = new TempDirectory();
         string path = dir.File("kill.heap");
         int target = new Random(seed).Next(2_000, 12_000);
+        (OpLog log, long synced, int parsed) = RunAndKill(path, seed, target, domain);
+
+        bool controlCaught;
+        if (domain == "private")
+        {
+            // The control through a private mapping: a child whose advancer persists the frontier before it writes the
+            // version back, killed in between (it stops there and says so). The frontier then covers payloads that
+            // never reached the file, which the same check must report.
+            string controlPath = dir.File("kill-control.heap");
+            (OpLog controlLog, long controlSynced, _) = RunAndKill(controlPath, seed, int.MaxValue, "private-frontier-first", DurableChild.WindowLine);
+            using BufferedDurableHeap broken = BufferedDurableHeap.Open(controlPath, new HeapFileOptions { Domain = PersistenceDomainKind.MappedFile }, new BufferedDurableHeapOptions { AdvancePeriod = Timeout.InfiniteTimeSpan });
+            List<string> caught = Check(broken, controlLog, controlSynced, out _);
+            _output.WriteLine($"control (frontier persisted before the write-back): {caught.Count} violations, e.g. {caught.FirstOrDefault()}");
+            controlCaught = caught.Count > 0;
+        }
+        else
+        {
+            // The control first, on a copy: a recovery that keeps tags beyond the frontier must be caught by the same
+            // check. Whether it can be depends on where the kill fell (payloads beyond the frontier must have reached
+            // the file), so an uncaught control makes this run inconclusive (skipped), after the real check has run.
+            string copy = dir.File("kill-copy.heap");
+            System.IO.File.Copy(path, copy);
+            using BufferedDurableHeap broken = BufferedDurableHeap.Open(copy, new HeapFileOptions { Domain = PersistenceDomainKind.MappedFile }, new BufferedDurableHeapOptions { AdvancePeriod = Timeout.InfiniteTimeSpan, Faults = DurabilityFaults.KeepTagsBeyondFrontier });
+            List<string> caught = Check(broken, log, synced, out _);
+            _output.WriteLine($"control (recovery keeping tags beyond the frontier): {caught.Count} violations, e.g. {caught.FirstOrDefault()}");
+            controlCaught = caught.Count > 0;
+        }
+
+        using BufferedDurableHeap heap = BufferedDurableHeap.Open(path, new HeapFileOptions { Domain = PersistenceDomainKind.MappedFile }, new BufferedDurableHeapOptions { AdvancePeriod = Timeout.InfiniteTimeSpan });
+        _output.WriteLine($"seed={seed} domain={domain} killed after {parsed} logged operations (target {target}); last Sync covered {synced}; last version {log.MaxVersion}; {heap.Recovery}");
+        List<string> violations = Check(heap, log, synced, out long count);
+        violations.AddRange(DurableCrashCheck.UidsAndLeaks(heap, count));
+        Assert.Empty(violations);
+        Assert.False(heap.Recovery.WasCleanShutdown);
+        Assert.True(heap.Recovery.RecoveredVersion > 1, "nothing became durable before the kill; the test exercised nothing");
+        Skip.IfNot(controlCaught, "inconclusive: the broken variant was not caught on this kill, so this run proves nothing");
+    }
+
+    /// <summary>Runs the child on <paramref name="path"/> until it logged <paramref name="target"/> operations (or printed <paramref name="killOnLine"/>), kills it, and parses its log.</summary>
+    private static (OpLog Log, long Synced, int Parsed) RunAndKill(string path, int seed, int target, string domain, string? killOnLine = null)
+    {
         var lines = new List<string>();
         int ops = 0;
         using var reached = new ManualResetEventSlim();
@@ -44,7 +86,7 @@ public sealed class BufferedDurabilityProcessCrashTests
                 lock (lines)
                 {
                     lines.Add(line);
-                    if (line.StartsWith("op ", StringComparison.Ordinal) && ++ops >= target)
+                    if ((line.StartsWith("op ", StringComparison.Ordinal) && ++ops >= target) || line == killOnLine)
                     {
                         reached.Set();
                     }
@@ -84,53 +126,31 @@ public sealed class BufferedDurabilityProcessCrashTests
             }
         }
 
-        // The control first, on a copy: a recovery that keeps tags beyond the frontier must be caught by the same check.
-        // Whether it can be depends on where the kill fell (payloads beyond the frontier must have reached the file), so
-        // an uncaught control makes this run inconclusive (skipped), after the real check has run.
-        bool controlCaught;
-        string copy = dir.File("kill-copy.heap");
-        System.IO.File.Copy(path, copy);
-        using (BufferedDurableHeap broken = BufferedDurableHeap.Open(copy, new HeapFileOptions { Domain = PersistenceDomainKind.MappedFile }, new BufferedDurableHeapOptions { AdvancePeriod = Timeout.InfiniteTimeSpan, Faults = DurabilityFaults.KeepTagsBeyondFrontier }))
-        {
-            List<string> caught;
-            try
-            {
-                caught = log.Compare(broken.Recovery.RecoveredVersion, DurableWorkload.Contents(new PersistentByteMap<long>(broken, DurableWorkload.MapTypeId)));
-            }
-            catch (System.IO.InvalidDataException inner)
-            {
-                caught = new List<string> { inner.Message };
-            }
+        return (log, synced, parsed);
+    }
 
-            _output.WriteLine($"control (recovery keeping tags beyond the frontier): {caught.Count} violations, e.g. {caught.FirstOrDefault()}");
-            controlCaught = caught.Count > 0;
+    /// <summary>The recovered map against the op log's prefix at the recovered version, and Sync's promise.</summary>
+    private static List<string> Check(BufferedDurableHeap heap, OpLog log, long synced, out long count)
+    {
+        long cut = heap.Recovery.RecoveredVersion;
+        List<string> violations;
+        count = 0;
+        try
+        {
+            var map = new PersistentByteMap<long>(heap, DurableWorkload.MapTypeId);
+            count = map.Count;
+            violations = log.Compare(cut, DurableWorkload.Contents(map));
+        }
+        catch (System.IO.InvalidDataException inner)
+        {
+            violations = new List<string> { inner.Message };
         }
 
-        using BufferedDurableHeap heap = BufferedDurableHeap.Open(path, new HeapFileOptions { Domain = PersistenceDomainKind.MappedFile }, new BufferedDurableHeapOptions { AdvancePeriod = Timeout.InfiniteTimeSpan });
-        var map = new PersistentByteMap<long>(heap, DurableWorkload.MapTypeId);
-        long cut = heap.Recovery.RecoveredVersion;
-        _output.WriteLine($"seed={seed} killed after {parsed} logged operations (target {target}); last Sync covered {synced}; last version {log.MaxVersion}; {heap.Recovery}");
-        var violations = log.Compare(cut, DurableWorkload.Contents(map));
         if (cut < synced)
         {
             violations.Add($"a Sync covering version {synced} returned, but recovery kept only ≤ {cut}");
         }
 
-        violations.AddRange(DurableCrashCheck.UidsAndLeaks(heap, map.Count));
-        Assert.Empty(violations);
-        Assert.False(heap.Recovery.WasCleanShutdown);
-        Assert.True(cut > 1, "nothing became durable before the kill; the test exercised nothing");
-        if (domain == "private")
-        {
-            // Through a private mapping payloads beyond the frontier rarely reach the file, so the control above is
-            // rarely caught. This one checks the same recovered state against a frontier one version later — what a
-            // frontier persisted before its version's write-back would claim: that version's operations are missing.
-            List<string> later = log.Compare(cut + 1, DurableWorkload.Contents(map));
-            _output.WriteLine($"control (frontier claimed one version early): {later.Count} violations, e.g. {later.FirstOrDefault()}");
-            Skip.If(later.Count == 0, "inconclusive: no operation of the version after the frontier was logged before the kill, so this run proves nothing");
-            return;
-        }
-
-        Skip.IfNot(controlCaught, "inconclusive: the broken recovery was not caught on this kill (no payload beyond the frontier reached the file), so this run proves nothing");
+        return violations;
     }
 }

@@ -7,8 +7,8 @@ namespace Epvs.Persistence.Tests;
 
 /// <summary>
 /// The child process of the SIGKILL test: two threads write and delete map entries on a libpmem heap (forced pmem) or
-/// a privately mapped file (only what was written back is in the file when the process dies) until the parent kills
-/// the process. Each operation prints its line — thread, version, key, write number or D —
+/// a privately mapped file (only what was written back is in the file when the process dies; with the broken control,
+/// the frontier is persisted before the version's write-back) until the parent kills the process. Each operation prints its line — thread, version, key, write number or D —
 /// inside its EPVS region, before it runs, so every operation of a version that completed was printed; a line ends
 /// with " ." so that a line torn by the kill is recognizable. After each Sync it prints the version it covered.
 /// </summary>
@@ -18,12 +18,34 @@ internal static class DurableChild
     internal const int Threads = 2;
     internal const int KeysPerThread = 64;
 
+    /// <summary>What the broken control prints when it stops between persisting the frontier and the version's write-back.</summary>
+    internal const string WindowLine = "window frontier-persisted-before-write-back .";
+
+    private const int ControlOperations = 2_000;
+    private static long s_operations;
+
     internal static int Run(string path, int seed, string domain)
     {
-        HeapFileOptions options = domain == "private"
+        // "private-frontier-first" is the broken control: the frontier is persisted before the version's write-back.
+        HeapFileOptions options = domain.StartsWith("private", StringComparison.Ordinal)
             ? new HeapFileOptions { Size = 32L << 20, Domain = PersistenceDomainKind.MappedFile, MappedFileWriteBack = MappedFileWriteBack.PrivateMapping }
             : new HeapFileOptions { Size = 32L << 20, Domain = PersistenceDomainKind.Pmem };
-        var heap = BufferedDurableHeap.Create(path, options, new BufferedDurableHeapOptions { AdvancePeriod = TimeSpan.FromMilliseconds(5) });
+        DurabilityFaults faults = domain == "private-frontier-first" ? DurabilityFaults.PersistFrontierBeforeWriteBack : DurabilityFaults.None;
+        var heap = BufferedDurableHeap.Create(path, options, new BufferedDurableHeapOptions { AdvancePeriod = TimeSpan.FromMilliseconds(5), Faults = faults });
+        if (faults != DurabilityFaults.None)
+        {
+            // The control stops in its window — frontier persisted, version not written back — once the load has run a
+            // while, and says so: the parent kills it there, so the broken order is always exposed.
+            heap.AfterFrontierPersistedFirstForTesting = version =>
+            {
+                if (Volatile.Read(ref s_operations) >= ControlOperations)
+                {
+                    Console.WriteLine(WindowLine);
+                    Thread.Sleep(Timeout.Infinite);
+                }
+            };
+        }
+
         var map = new PersistentByteMap<long>(heap, DurableWorkload.MapTypeId);
         Console.WriteLine($"ready pmem={heap.Heap.File.Domain.IsPersistentMemory} .");
         var threads = new Thread[Threads];
@@ -67,6 +89,7 @@ internal static class DurableChild
                 }
             }
 
+            Interlocked.Increment(ref s_operations);
             if (i % 500 == 499)
             {
                 long version = heap.CurrentVersion;
