@@ -359,7 +359,7 @@ public sealed unsafe partial class BufferedDurableHeap : IDisposable
             foreach (ThreadBuffers buffers in Volatile.Read(ref _registry))
             {
                 // Volatile.Read: acquire; RetiredBytes is the owner's plain counter (a stale value only delays help),
-                // ReclaimedBytes pairs with the Volatile.Write in FreeAll.
+                // ReclaimedBytes pairs with the Volatile.Write in Collect.
                 backlog += Volatile.Read(ref buffers.RetiredBytes) - Volatile.Read(ref buffers.ReclaimedBytes);
             }
 

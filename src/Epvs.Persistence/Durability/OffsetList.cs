@@ -38,6 +38,7 @@ internal sealed class OffsetList
     }
 
     /// <summary>Removes the last offset if it is <paramref name="offset"/>; whether it did.</summary>
+    /// <summary>Removes the last entry if it is <paramref name="offset"/> (write-back lists only: <see cref="Bytes"/> is not adjusted).</summary>
     internal bool RemoveLast(long offset)
     {
         if (Count == 0 || _items[Count - 1] != offset)
