@@ -41,7 +41,10 @@ internal static class DurableChild
                 if (Volatile.Read(ref s_operations) >= ControlOperations)
                 {
                     Console.WriteLine(WindowLine);
-                    Thread.Sleep(Timeout.Infinite);
+
+                    // Parked in the window until the parent, which waits for that line, kills the process.
+                    using var never = new ManualResetEventSlim();
+                    never.Wait();
                 }
             };
         }
