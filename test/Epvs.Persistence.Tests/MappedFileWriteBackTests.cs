@@ -225,6 +225,39 @@ public sealed class MappedFileWriteBackTests : IDisposable
     }
 
     [SkippableFact]
+    public void PrivateMapping_AQuarantineThatGivesUpWaiting_LeavesTheMappingToTheStuckCopy()
+    {
+        Skip.IfNot(OperatingSystem.IsLinux(), "private mappings are Linux only");
+        string path = _directory.File("quarantine-stuck.heap");
+        using var stream = new FileStream(path, FileMode.CreateNew, FileAccess.ReadWrite, FileShare.None);
+        stream.SetLength(1L << 20);
+        MappedFilePersistenceDomain domain = MappedFilePersistenceDomain.Map(stream, 1L << 20, 1L << 20, privateMapping: true);
+        domain.FileCallWait = TimeSpan.FromMilliseconds(50);
+        long offset = 8 * Page;
+        Pattern(offset, 100).CopyTo(domain.GetSpan(offset, 100));
+        using var inside = new ManualResetEventSlim();
+        using var go = new ManualResetEventSlim();
+        domain.InsideFileCallForTesting = () =>
+        {
+            inside.Set();
+            Assert.True(go.Wait(TimeSpan.FromSeconds(30)), "the test never let the write-back go on");
+        };
+
+        // A copy stuck in the kernel (here: held) outlasts the quarantine's wait. The quarantine returns without
+        // replacing the mapping or releasing the descriptor, so the copy, when it goes on, still copies the data.
+        var straggler = new Thread(() => domain.WriteBack(offset, 100));
+        straggler.Start();
+        Assert.True(inside.Wait(TimeSpan.FromSeconds(30)), "the write-back never started");
+        domain.Quarantine();
+        Assert.True(domain.IsDisposed);
+        go.Set();
+        Assert.True(straggler.Join(TimeSpan.FromSeconds(30)), "the straggler did not finish");
+        byte[] inFile = new byte[100];
+        Assert.Equal(100, RandomAccess.Read(stream.SafeFileHandle, inFile, offset));
+        Assert.Equal(Pattern(offset, 100), inFile);
+    }
+
+    [SkippableFact]
     public void PrivateMapping_AWriteBackCheckedBeforeAQuarantine_ThrowsInsteadOfCopyingZeros()
     {
         Skip.IfNot(OperatingSystem.IsLinux(), "private mappings are Linux only");

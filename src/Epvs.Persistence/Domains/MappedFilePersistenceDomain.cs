@@ -43,8 +43,8 @@ internal sealed unsafe class MappedFilePersistenceDomain : PersistenceDomain
     /// <summary>pwrite/fdatasync calls in progress (private mapping): quarantine and dispose wait for them.</summary>
     private int _fileCalls;
 
-    /// <summary>How long a quarantine or dispose waits for pwrite, fdatasync and fallocate calls in flight.</summary>
-    internal static TimeSpan FileCallWait { get; set; } = TimeSpan.FromSeconds(30);
+    /// <summary>How long a quarantine or dispose waits for pwrite, fdatasync and fallocate calls in flight (tests shorten it).</summary>
+    internal TimeSpan FileCallWait { get; set; } = TimeSpan.FromSeconds(30);
 
     /// <summary>Serializes fdatasync calls, so the one that reports a write-back error records it before another can return.</summary>
     private readonly object _syncGate = new();
