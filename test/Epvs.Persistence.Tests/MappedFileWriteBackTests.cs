@@ -15,6 +15,7 @@ namespace Epvs.Persistence.Tests;
 public sealed class MappedFileWriteBackTests : IDisposable
 {
     private const long Page = 4096;
+    private const long QuarantineOffset = 8 * Page;
     private readonly TempDirectory _directory = new();
 
     public void Dispose() => _directory.Dispose();
@@ -182,34 +183,25 @@ public sealed class MappedFileWriteBackTests : IDisposable
     public void PrivateMapping_QuarantineWhileAWriteBackCopies_WaitsForIt(bool control)
     {
         Skip.IfNot(OperatingSystem.IsLinux(), "private mappings are Linux only");
-        string path = _directory.File(control ? "quarantine-control.heap" : "quarantine.heap");
-        using var stream = new FileStream(path, FileMode.CreateNew, FileAccess.ReadWrite, FileShare.None);
-        stream.SetLength(1L << 20);
-        MappedFilePersistenceDomain domain = MappedFilePersistenceDomain.Map(stream, 1L << 20, 1L << 20, privateMapping: true);
-        long offset = 8 * Page;
-        Pattern(offset, 100).CopyTo(domain.GetSpan(offset, 100));
-        using var inside = new ManualResetEventSlim();
-        using var go = new ManualResetEventSlim();
-        domain.InsideFileCallForTesting = () =>
-        {
-            inside.Set();
-            Assert.True(go.Wait(TimeSpan.FromSeconds(30)), "the test never let the write-back go on");
-        };
+        using var stream = new FileStream(_directory.File(control ? "quarantine-control.heap" : "quarantine.heap"), FileMode.CreateNew, FileAccess.ReadWrite, FileShare.None);
+        MappedFilePersistenceDomain domain = MapWithPattern(stream);
+        const long offset = QuarantineOffset;
+        using var held = new HeldCall();
+        domain.InsideFileCallForTesting = held.Hold;
         domain.SkipFileCallWaitForTesting = control;
 
         // A straggler is inside its write-back (counted in, about to copy) when the heap is quarantined.
         var straggler = new Thread(() => domain.WriteBack(offset, 100));
         straggler.Start();
-        Assert.True(inside.Wait(TimeSpan.FromSeconds(30)), "the write-back never started");
+        held.WaitUntilHeld();
         var quarantine = new Thread(domain.Quarantine);
         quarantine.Start();
 
         // The real quarantine waits for the straggler; the control replaces the mapping with zeros under it at once.
         bool quarantinedFirst = quarantine.Join(TimeSpan.FromSeconds(1));
-        go.Set();
+        held.Release();
         Assert.True(straggler.Join(TimeSpan.FromSeconds(30)) && quarantine.Join(TimeSpan.FromSeconds(30)), "a thread did not finish");
-        byte[] inFile = new byte[100];
-        Assert.Equal(100, RandomAccess.Read(stream.SafeFileHandle, inFile, offset));
+        byte[] inFile = FileBytes(stream, offset, 100);
         if (control)
         {
             Skip.IfNot(quarantinedFirst, "inconclusive: the control's quarantine did not finish within 1 s, so the straggler copied before it");
@@ -228,32 +220,23 @@ public sealed class MappedFileWriteBackTests : IDisposable
     public void PrivateMapping_AQuarantineThatGivesUpWaiting_LeavesTheMappingToTheStuckCopy()
     {
         Skip.IfNot(OperatingSystem.IsLinux(), "private mappings are Linux only");
-        string path = _directory.File("quarantine-stuck.heap");
-        using var stream = new FileStream(path, FileMode.CreateNew, FileAccess.ReadWrite, FileShare.None);
-        stream.SetLength(1L << 20);
-        MappedFilePersistenceDomain domain = MappedFilePersistenceDomain.Map(stream, 1L << 20, 1L << 20, privateMapping: true);
+        using var stream = new FileStream(_directory.File("quarantine-stuck.heap"), FileMode.CreateNew, FileAccess.ReadWrite, FileShare.None);
+        MappedFilePersistenceDomain domain = MapWithPattern(stream);
+        const long offset = QuarantineOffset;
         domain.FileCallWait = TimeSpan.FromMilliseconds(50);
-        long offset = 8 * Page;
-        Pattern(offset, 100).CopyTo(domain.GetSpan(offset, 100));
-        using var inside = new ManualResetEventSlim();
-        using var go = new ManualResetEventSlim();
-        domain.InsideFileCallForTesting = () =>
-        {
-            inside.Set();
-            Assert.True(go.Wait(TimeSpan.FromSeconds(30)), "the test never let the write-back go on");
-        };
+        using var held = new HeldCall();
+        domain.InsideFileCallForTesting = held.Hold;
 
         // A copy stuck in the kernel (here: held) outlasts the quarantine's wait. The quarantine returns without
         // replacing the mapping or releasing the descriptor, so the copy, when it goes on, still copies the data.
         var straggler = new Thread(() => domain.WriteBack(offset, 100));
         straggler.Start();
-        Assert.True(inside.Wait(TimeSpan.FromSeconds(30)), "the write-back never started");
+        held.WaitUntilHeld();
         domain.Quarantine();
         Assert.True(domain.IsDisposed);
-        go.Set();
+        held.Release();
         Assert.True(straggler.Join(TimeSpan.FromSeconds(30)), "the straggler did not finish");
-        byte[] inFile = new byte[100];
-        Assert.Equal(100, RandomAccess.Read(stream.SafeFileHandle, inFile, offset));
+        byte[] inFile = FileBytes(stream, offset, 100);
         Assert.Equal(Pattern(offset, 100), inFile);
     }
 
@@ -261,36 +244,27 @@ public sealed class MappedFileWriteBackTests : IDisposable
     public void PrivateMapping_AWriteBackCheckedBeforeAQuarantine_ThrowsInsteadOfCopyingZeros()
     {
         Skip.IfNot(OperatingSystem.IsLinux(), "private mappings are Linux only");
-        string path = _directory.File("quarantine-before.heap");
-        using var stream = new FileStream(path, FileMode.CreateNew, FileAccess.ReadWrite, FileShare.None);
-        stream.SetLength(1L << 20);
-        MappedFilePersistenceDomain domain = MappedFilePersistenceDomain.Map(stream, 1L << 20, 1L << 20, privateMapping: true);
-        long offset = 8 * Page;
-        Pattern(offset, 100).CopyTo(domain.GetSpan(offset, 100));
+        using var stream = new FileStream(_directory.File("quarantine-before.heap"), FileMode.CreateNew, FileAccess.ReadWrite, FileShare.None);
+        MappedFilePersistenceDomain domain = MapWithPattern(stream);
+        const long offset = QuarantineOffset;
         domain.WriteBack(offset, 100);
         domain.Fence();
-        using var reached = new ManualResetEventSlim();
-        using var go = new ManualResetEventSlim();
-        domain.BeforeFileCallForTesting = () =>
-        {
-            reached.Set();
-            Assert.True(go.Wait(TimeSpan.FromSeconds(30)), "the test never let the write-back go on");
-        };
+        using var held = new HeldCall();
+        domain.BeforeFileCallForTesting = held.Hold;
 
         // A straggler passed the range check (the domain was live) and has not reached the file yet when the heap is
         // quarantined: nothing is in flight, so the quarantine replaces the mapping with zeros at once.
         Exception? straggled = null;
         var straggler = new Thread(() => straggled = Record.Exception(() => domain.WriteBack(offset, 100)));
         straggler.Start();
-        Assert.True(reached.Wait(TimeSpan.FromSeconds(30)), "the write-back never started");
+        held.WaitUntilHeld();
         domain.Quarantine();
-        go.Set();
+        held.Release();
         Assert.True(straggler.Join(TimeSpan.FromSeconds(30)), "the straggler did not finish");
 
         // It must see the quarantine and throw: copying now would write the anonymous memory's zeros over the data.
         Assert.IsType<ObjectDisposedException>(straggled);
-        byte[] inFile = new byte[100];
-        Assert.Equal(100, RandomAccess.Read(stream.SafeFileHandle, inFile, offset));
+        byte[] inFile = FileBytes(stream, offset, 100);
         Assert.Equal(Pattern(offset, 100), inFile);
     }
 
@@ -452,6 +426,45 @@ public sealed class MappedFileWriteBackTests : IDisposable
         ArgumentOutOfRangeException error = Assert.Throws<ArgumentOutOfRangeException>(() => HeapFile.Create(path, Options((MappedFileWriteBack)7)));
         Assert.Contains("MappedFileWriteBack 7", error.Message);
         Assert.False(File.Exists(path));
+    }
+
+    /// <summary>Maps a fresh 1 MiB file privately, with the test pattern stored (not written back) at <see cref="QuarantineOffset"/>.</summary>
+    private static MappedFilePersistenceDomain MapWithPattern(FileStream stream)
+    {
+        stream.SetLength(1L << 20);
+        MappedFilePersistenceDomain domain = MappedFilePersistenceDomain.Map(stream, 1L << 20, 1L << 20, privateMapping: true);
+        Pattern(QuarantineOffset, 100).CopyTo(domain.GetSpan(QuarantineOffset, 100));
+        return domain;
+    }
+
+    private static byte[] FileBytes(FileStream stream, long offset, int length)
+    {
+        byte[] bytes = new byte[length];
+        Assert.Equal(length, RandomAccess.Read(stream.SafeFileHandle, bytes, offset));
+        return bytes;
+    }
+
+    /// <summary>Holds the thread that runs <see cref="Hold"/> (a domain's test hook) until <see cref="Release"/>; waits are bounded.</summary>
+    private sealed class HeldCall : IDisposable
+    {
+        private readonly ManualResetEventSlim _held = new();
+        private readonly ManualResetEventSlim _go = new();
+
+        internal void Hold()
+        {
+            _held.Set();
+            Assert.True(_go.Wait(TimeSpan.FromSeconds(30)), "the test never let the write-back go on");
+        }
+
+        internal void WaitUntilHeld() => Assert.True(_held.Wait(TimeSpan.FromSeconds(30)), "the write-back never started");
+
+        internal void Release() => _go.Set();
+
+        public void Dispose()
+        {
+            _held.Dispose();
+            _go.Dispose();
+        }
     }
 
     /// <summary>20,000 sets and removes of 2,000 keys at random; returns what the map should hold.</summary>
