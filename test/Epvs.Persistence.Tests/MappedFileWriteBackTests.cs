@@ -419,6 +419,108 @@ public sealed class MappedFileWriteBackTests : IDisposable
         Assert.Null(file.MappedFileWriteBack);
     }
 
+    /// <summary>
+    /// Linux reports a write-back error once per open file, to whichever msync or fdatasync checks first, even if the
+    /// failed pages were another call's. Two calls at once, the first one's pages fail (a simulated kernel stands in for
+    /// the system call): the call whose pages failed must not return success. The broken control lets the calls overlap,
+    /// and the second one takes the error while the first returns as if its pages were durable.
+    /// </summary>
+    [SkippableTheory]
+    [InlineData(false, false)]
+    [InlineData(false, true)]
+    [InlineData(true, false)]
+    [InlineData(true, true)]
+    public void ConcurrentSyncCalls_TheCallWhosePagesFailedNeverReturnsSuccess(bool privateMapping, bool control)
+    {
+        Skip.If(privateMapping && !OperatingSystem.IsLinux(), "private mappings are Linux only");
+        Skip.IfNot(OperatingSystem.IsLinux() || OperatingSystem.IsMacOS(), "msync is the shared mapping's write-back on Unix only");
+        const int Eio = 5;
+        using var stream = new FileStream(_directory.File($"errseq-{privateMapping}-{control}.heap"), FileMode.CreateNew, FileAccess.ReadWrite);
+        stream.SetLength(1L << 20);
+        MappedFilePersistenceDomain domain = MappedFilePersistenceDomain.Map(stream, 1L << 20, 1L << 20, privateMapping);
+        using var firstInside = new ManualResetEventSlim();
+        using var secondChecked = new ManualResetEventSlim();
+        using var firstReturned = new ManualResetEventSlim();
+        int pendingError = 0;
+        int firstThread = 0;
+        domain.UngatedSyncForTesting = control;
+        domain.SyncCallForTesting = () =>
+        {
+            if (Environment.CurrentManagedThreadId == Volatile.Read(ref firstThread))
+            {
+                // The first call's pages fail while it is in the kernel; the error waits for the first call to check.
+                Volatile.Write(ref pendingError, 1);
+                firstInside.Set();
+
+                // The second call checks first if it can get in now: only if the calls are not serialized. Bounded:
+                // under the gate it never gets in while this call is inside.
+                secondChecked.Wait(TimeSpan.FromSeconds(2));
+            }
+
+            bool failed = Interlocked.Exchange(ref pendingError, 0) != 0;
+            if (Environment.CurrentManagedThreadId != Volatile.Read(ref firstThread))
+            {
+                secondChecked.Set();
+                if (failed)
+                {
+                    // The second call took the first one's error: it returns (and records it) only once the first
+                    // call has returned, the widest form of the race (bounded).
+                    firstReturned.Wait(TimeSpan.FromSeconds(2));
+                }
+            }
+
+            if (failed)
+            {
+                System.Runtime.InteropServices.Marshal.SetLastPInvokeError(Eio);
+                return -1;
+            }
+
+            return 0;
+        };
+
+        // A private mapping's pages reach the kernel by pwrite; fdatasync is the call that checks. A shared mapping's
+        // msync does both.
+        void Sync(long offset)
+        {
+            domain.WriteBack(offset, 100);
+            domain.Fence();
+        }
+
+        Exception? first = null;
+        Exception? second = null;
+        var firstCall = new Thread(() =>
+        {
+            Volatile.Write(ref firstThread, Environment.CurrentManagedThreadId);
+            first = Record.Exception(() => Sync(QuarantineOffset));
+            firstReturned.Set();
+        });
+        var secondCall = new Thread(() =>
+        {
+            Assert.True(firstInside.Wait(TimeSpan.FromSeconds(30)), "the first call never reached the kernel");
+            second = Record.Exception(() => Sync(QuarantineOffset + (4 * Page)));
+        });
+        firstCall.Start();
+        secondCall.Start();
+        Assert.True(firstCall.Join(TimeSpan.FromSeconds(30)) && secondCall.Join(TimeSpan.FromSeconds(30)), "a call never returned");
+        Record.Exception(domain.Dispose);
+
+        if (control)
+        {
+            Skip.IfNot(secondChecked.IsSet, "inconclusive: the control's second call did not reach the kernel while the first was inside");
+
+            // The control: the second call took the error, and the first returned as if its pages were durable.
+            Assert.IsType<IOException>(second);
+            Assert.Null(first);
+            return;
+        }
+
+        IOException failure = Assert.IsType<IOException>(first);
+        Assert.Contains("Input/output error", failure.Message);
+
+        // Fail-stop: the second call, after it, reports the first's failure too.
+        Assert.Contains("Input/output error", Assert.IsType<IOException>(second).Message);
+    }
+
     [Fact]
     public void Create_WriteBackNotAnEnumValue_ThrowsAndLeavesNoFile()
     {

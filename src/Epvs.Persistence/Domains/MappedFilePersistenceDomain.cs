@@ -19,6 +19,10 @@ namespace Epvs.Persistence;
 /// mapping (Linux): the write-back puts the range in the page cache and the fence waits for every range written back so
 /// far, by any thread, with one <c>fdatasync</c>. Windows: the write-back queues the dirty pages and the fence flushes
 /// the file's buffers to the device.</para>
+/// <para>Errors are fail-stop: after a failed msync, pwrite or fdatasync every later write-back and fence of the domain
+/// throws. msync and fdatasync calls are serialized, because Linux reports a write-back error once per open file to
+/// whichever call checks first: serialized, no call returns success over pages that failed under it. The cost: two
+/// threads' msyncs of a shared mapping (<see cref="DurabilityMode.Strict"/> operations) no longer overlap.</para>
 /// <para>On Unix the mapping reserves address space for the heap's maximum size up front, so growing is extending the
 /// file (<c>posix_fallocate</c>, which fails cleanly when the disk is full instead of faulting later) and the base
 /// address never moves.</para>
@@ -46,7 +50,10 @@ internal sealed unsafe class MappedFilePersistenceDomain : PersistenceDomain
     /// <summary>How long a quarantine or dispose waits for pwrite, fdatasync and fallocate calls in flight (tests shorten it).</summary>
     internal TimeSpan FileCallWait { get; set; } = TimeSpan.FromSeconds(30);
 
-    /// <summary>Serializes fdatasync calls, so the one that reports a write-back error records it before another can return.</summary>
+    /// <summary>
+    /// Serializes msync and fdatasync calls: Linux reports a write-back error once per open file, to whichever call
+    /// checks first, so under the gate the call that sees it records it before any other can return.
+    /// </summary>
     private readonly object _syncGate = new();
 
     /// <summary>The first failed pwrite, fdatasync or msync: every later write-back and fence reports it (fail-stop).</summary>
@@ -69,6 +76,12 @@ internal sealed unsafe class MappedFilePersistenceDomain : PersistenceDomain
 
     /// <summary>Broken control for tests: a failed pwrite or fdatasync is ignored (as if its result were not checked).</summary>
     internal bool IgnoreFileCallErrorsForTesting;
+
+    /// <summary>Test hook: replaces the msync (shared mapping) or fdatasync (private mapping) system call; a simulated kernel whose result (0, or -1 with errno set) is the call's.</summary>
+    internal Func<int>? SyncCallForTesting;
+
+    /// <summary>Broken control for tests: msync and fdatasync calls are not serialized (a concurrent call may take another's error).</summary>
+    internal bool UngatedSyncForTesting;
 
     private MappedFilePersistenceDomain(byte* pointer, long length, long capacity, bool privateMapping, SafeFileHandle file, SafeMappingHandle? unixMapping, MemoryMappedFile? windowsMap, MemoryMappedViewAccessor? windowsView)
         : base(pointer, length)
@@ -240,9 +253,28 @@ internal sealed unsafe class MappedFilePersistenceDomain : PersistenceDomain
 
         // msync wants a page-aligned start address.
         long start = offset & ~(long)(_pageSize - 1);
-        if (Interop.Libc.Msync(Pointer + start, (nuint)(offset + length - start), Interop.Libc.MsSync) != 0)
+        bool gated = !UngatedSyncForTesting;
+        if (gated)
         {
-            ThrowSyncFailed("msync");
+            // msync(MS_SYNC) checks the file's write-back errors like fdatasync: the first call to look takes an error,
+            // even one of another call's pages (see _syncGate). Serialized, the call whose pages failed sees it.
+            Monitor.Enter(_syncGate);
+        }
+
+        try
+        {
+            ThrowIfFailedBefore();
+            if ((SyncCallForTesting?.Invoke() ?? Interop.Libc.Msync(Pointer + start, (nuint)(offset + length - start), Interop.Libc.MsSync)) != 0)
+            {
+                ThrowSyncFailed("msync");
+            }
+        }
+        finally
+        {
+            if (gated)
+            {
+                Monitor.Exit(_syncGate);
+            }
         }
     }
 
@@ -257,14 +289,27 @@ internal sealed unsafe class MappedFilePersistenceDomain : PersistenceDomain
             BeginFileCall();
             try
             {
-                // Linux reports a write-back error once per open file, to whichever fdatasync looks first: under the
-                // gate that call records it before any other can return, so no thread's fence passes over it.
-                lock (_syncGate)
+                // Under the gate (see _syncGate), so no thread's fence passes over another's error.
+                bool gated = !UngatedSyncForTesting;
+                if (gated)
+                {
+                    Monitor.Enter(_syncGate);
+                }
+
+                try
                 {
                     ThrowIfFailedBefore();
-                    if ((FailFileCallsForTesting != 0 && FailFromOffsetForTesting == 0 ? Fail() : Interop.Libc.Fdatasync((int)_file.DangerousGetHandle())) != 0 && !IgnoreFileCallErrorsForTesting)
+                    int result = SyncCallForTesting?.Invoke() ?? (FailFileCallsForTesting != 0 && FailFromOffsetForTesting == 0 ? Fail() : Interop.Libc.Fdatasync((int)_file.DangerousGetHandle()));
+                    if (result != 0 && !IgnoreFileCallErrorsForTesting)
                     {
                         ThrowSyncFailed("fdatasync");
+                    }
+                }
+                finally
+                {
+                    if (gated)
+                    {
+                        Monitor.Exit(_syncGate);
                     }
                 }
             }
