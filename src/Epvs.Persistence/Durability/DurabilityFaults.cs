@@ -44,9 +44,15 @@ internal enum DurabilityFaults
     /// <summary>The hash map's lock-free reads skip the slot's sequence check (they may return a torn value).</summary>
     TornIndexReads = 1024,
 
-    /// <summary>The hash map's index grows by moving its nodes into the new table instead of copying them (a reader may miss a present key).</summary>
-    RelinkOnGrow = 2048,
+    /// <summary>The hash map's index grows by emptying each old slot it copies instead of leaving it readable (a reader still on the old table may miss a present key).</summary>
+    ClearOldSlotsOnGrow = 2048,
 
-    /// <summary>The hash map's index grows without excluding the writers of other stripes (an update racing the copy is lost).</summary>
-    GrowWithoutWriterLocks = 4096,
+    /// <summary>The hash map's index grows without locking the slots it copies (an update racing the copy is lost).</summary>
+    GrowWithoutSlotLocks = 4096,
+
+    /// <summary>The hash map inserts a key it found absent without looking again under the key's stripe lock (two racing inserts of one key both add it).</summary>
+    InsertWithoutRecheck = 8192,
+
+    /// <summary>The hash map's index growth copies a slot it saw live without looking again once it holds the slot's lock (a key removed meanwhile comes back).</summary>
+    GrowWithoutRecheck = 16384,
 }

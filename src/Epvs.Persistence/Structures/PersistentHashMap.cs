@@ -13,7 +13,14 @@ namespace Epvs.Persistence;
 /// </summary>
 /// <typeparam name="TKey">An unmanaged key type with value equality; stored by its bytes.</typeparam>
 /// <typeparam name="TValue">An unmanaged value type; stored by its bytes (no references).</typeparam>
-/// <remarks>All members are thread-safe. Each write is one operation (one EPVS region, one striped lock); reads take no lock and read the DRAM index only, which holds the values too.</remarks>
+/// <remarks>
+/// <para>All members are thread-safe. Each write is one operation (one EPVS region) that locks the key's index slot (an
+/// update or remove) or its lock stripe (an insert); reads take no lock and read the DRAM index only, which holds the
+/// values too.</para>
+/// <para>Memory: the index is an open-addressing table in native memory, one 64-byte slot per key for keys and values
+/// of up to 32 bytes together (whole cache lines for wider ones), kept at most half full: 2 to 4 slots per key
+/// (128–256 bytes for a <c>long</c> key and value), in exchange for one cache miss per lookup.</para>
+/// </remarks>
 public sealed class PersistentHashMap<TKey, TValue>
     where TKey : unmanaged, IEquatable<TKey>
     where TValue : unmanaged

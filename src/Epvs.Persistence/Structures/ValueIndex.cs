@@ -2,136 +2,208 @@ using System;
 using System.Collections.Generic;
 using System.Numerics;
 using System.Runtime.CompilerServices;
+using System.Runtime.InteropServices;
 using System.Threading;
 
 namespace Epvs.Persistence;
 
 /// <summary>
-/// The DRAM index of <see cref="ValueMapCore{TKey, TValue}"/>: a chained hash table whose nodes hold the key, the
-/// value and what an update needs of the payload header, with lock-free reads and striped-lock writes.
+/// The DRAM index of <see cref="ValueMapCore{TKey, TValue}"/>: an open-addressing hash table (linear probing) whose
+/// slots hold the key, the value and what an update needs of the payload header, each slot on its own cache line(s),
+/// with lock-free reads, per-slot locks for updates and removes, and striped locks for inserts.
 /// </summary>
 /// <remarks>
-/// <para>Why not <see cref="System.Collections.Concurrent.ConcurrentDictionary{TKey, TValue}"/>: its node holds the
-/// value, and a value wider than a word is replaced by a new node at every write (an allocation per update, each one a
-/// gen-2 survivor: every gen-0 GC became a gen-1 GC); a separate mutable slot per key avoids that but adds a dependent
-/// cache miss to every read and update. Here the node is the slot: a read is one bucket load and one node load.</para>
-/// <para>Writers hold <see cref="LockFor(uint)"/> of the key's hash. The lock index is the hash's top bits and the
-/// bucket index its top <c>log2(buckets)</c> bits (at least as many), so one lock covers every bucket of its keys:
-/// inserts and removes of a bucket's chain are serialized, and an update of a node's value is done in place under the
-/// same lock (a sequence lock guards the value against torn reads). A resize takes every lock and publishes a new
-/// table of copied nodes (a reader on the old table sees the values as of the resize, which is linearizable: the
-/// resize happened during its read). Nodes are published with release stores and read with acquire loads.</para>
+/// <para>Why not <see cref="System.Collections.Concurrent.ConcurrentDictionary{TKey, TValue}"/> or a chained table:
+/// a chained table costs two dependent cache misses per lookup (the bucket, then the node). Here a lookup costs one:
+/// the slot the key hashes to, which holds everything (at most half the slots are used, so the key is mostly there or
+/// on the next line). Keys and values are unmanaged, so the table lives in native memory, cache-line aligned, freed
+/// when no thread references it any more (readers and writers hold the <see cref="Table"/> object while they use it).</para>
+/// <para>A slot's life: empty → claimed (an insert is writing it) → live → deleted (a tombstone) or moved (copied into a
+/// grown table). It never goes back to empty, and its key never changes once it is live, so a lock-free reader that
+/// probes from the key's home slot to the first empty one cannot miss a live key. A slot's sequence word is both a
+/// sequence lock for its value (odd: a write is in progress; readers retry) and the slot's writer lock (taken by
+/// compare-and-swap from even to odd): an update of an existing key is one compare-and-swap on a line the lookup has
+/// just loaded, and its release is a plain store.</para>
+/// <para>Inserts hold <see cref="LockFor(uint)"/> of the key's hash (so two inserts of one key are serialized) and claim
+/// an empty slot by compare-and-swap (inserts of other stripes may race for it). Growing takes every stripe lock (no
+/// insert), then locks each live slot in turn, copies it and marks it moved, and publishes the new table: an update
+/// that locked the slot first is copied; one that locks it after sees it moved and retries on the new table. Readers on
+/// the old table still read moved slots, whose values are those of the moment the table was replaced, which is during
+/// their read: linearizable.</para>
 /// </remarks>
-internal sealed class ValueIndex<TKey, TValue>
+internal sealed unsafe class ValueIndex<TKey, TValue>
     where TKey : unmanaged, IEquatable<TKey>
     where TValue : unmanaged
 {
+    private const int Empty = 0;
+    private const int Claimed = 1;
+    private const int Live = 2;
+    private const int Moved = 3;
+    private const int Deleted = 4;
+
+    private const int SequenceOffset = 0;
+    private const int StateOffset = 4;
+    private const int PayloadOffset = 8;
+    private const int UidOffset = 16;
+    private const int TagOffset = 24;
+    private const int KeyOffset = 32;
+
+    private static readonly int ValueOffset = KeyOffset + ((sizeof(TKey) + 7) & ~7);
+
+    /// <summary>The slot size: one cache line, or whole lines for wide keys and values.</summary>
+    private static readonly int Stride = (ValueOffset + ((sizeof(TValue) + 7) & ~7) + 63) & ~63;
+
     private readonly object[] _locks;
     private readonly int _lockShift;
-    private Node?[] _buckets;
-    private int _bucketShift;
-    private long _nodes;
+    private readonly bool _clearOldSlotsOnGrow;
+    private readonly bool _growWithoutSlotLocks;
+    private readonly bool _growWithoutRecheck;
+    private Table _table;
+    private long _count;
 
-    private readonly bool _relinkOnGrow;
-    private readonly bool _growWithoutLocks;
-
-    internal ValueIndex(int lockCount, int capacity, bool relinkOnGrow = false, bool growWithoutLocks = false)
+    internal ValueIndex(int lockCount, int capacity, DurabilityFaults faults = DurabilityFaults.None)
     {
-        _growWithoutLocks = growWithoutLocks;
-        _relinkOnGrow = relinkOnGrow;
+        _clearOldSlotsOnGrow = (faults & DurabilityFaults.ClearOldSlotsOnGrow) != 0;
+        _growWithoutSlotLocks = (faults & DurabilityFaults.GrowWithoutSlotLocks) != 0;
+        _growWithoutRecheck = (faults & DurabilityFaults.GrowWithoutRecheck) != 0;
         _locks = new object[lockCount];
         for (int i = 0; i < lockCount; i++)
         {
             _locks[i] = new object();
         }
 
-        _lockShift = 32 - Log2(lockCount);
-        int buckets = Math.Max(lockCount, (int)Math.Min(1 << 30, BitOperations.RoundUpToPowerOf2((uint)Math.Max(1, capacity))));
-        _buckets = new Node?[buckets];
-        _bucketShift = 32 - Log2(buckets);
+        _lockShift = 32 - BitOperations.Log2((uint)lockCount);
+        _table = new Table(SlotsFor(Math.Max(1, capacity)));
     }
 
-    /// <summary>The key's hash: Fibonacci hashing of <see cref="object.GetHashCode"/>, whose top bits choose the lock and the bucket.</summary>
+    /// <summary>How many keys the index holds (exact when no insert or remove is in flight).</summary>
+    // Volatile.Read: atomicity only (64-bit on 32-bit runtimes); inserts and removes change it with Interlocked.
+    internal long Count => Volatile.Read(ref _count);
+
+    /// <summary>The key's hash: Fibonacci hashing of <see cref="object.GetHashCode"/>, whose top bits choose the lock and the home slot.</summary>
     [MethodImpl(MethodImplOptions.AggressiveInlining)]
     internal static uint Hash(TKey key) => (uint)key.GetHashCode() * 0x9E37_79B9u;
 
-    /// <summary>The lock a writer of a key with this hash holds.</summary>
+    /// <summary>The lock an insert of a key with this hash holds (while it is held, the table is not replaced).</summary>
     [MethodImpl(MethodImplOptions.AggressiveInlining)]
     internal object LockFor(uint hash) => _locks[(int)(hash >> _lockShift)];
 
-    /// <summary>The node of <paramref name="key"/>, or null. Lock-free.</summary>
+    /// <summary>Reads the value of <paramref name="key"/> without a lock; never a torn value (unless <paramref name="torn"/>, a test control).</summary>
     [MethodImpl(MethodImplOptions.AggressiveInlining)]
-    internal Node? Find(TKey key, uint hash)
+    internal bool TryRead(TKey key, uint hash, out TValue value, bool torn = false)
     {
-        // Volatile.Read: acquire; pairs with the release in Grow, so the new table's nodes are seen initialized.
-        Node?[] buckets = Volatile.Read(ref _buckets);
-
-        // Volatile.Read: acquire; pairs with the release stores that publish a node (Add, Remove).
-        Node? node = Volatile.Read(ref buckets[(int)(hash >> (32 - Log2(buckets.Length)))]);
-        while (node is not null)
+        // Volatile.Read: acquire; pairs with the release in Grow, so the new table's slots are seen initialized.
+        Table table = Volatile.Read(ref _table);
+        byte* slot = FindReadable(table, key, hash);
+        if (slot == null)
         {
-            if (node.Hash == hash && node.Key.Equals(key))
-            {
-                return node;
-            }
-
-            // Volatile.Read: acquire; as above.
-            node = Volatile.Read(ref node.Next);
+            value = default;
+            GC.KeepAlive(table);
+            return false;
         }
 
-        return null;
+        value = torn ? Unsafe.Read<TValue>(slot + ValueOffset) : ReadValue(slot);
+        GC.KeepAlive(table);
+        return true;
     }
 
-    /// <summary>Adds a node for a key that is not in the index. The caller holds <see cref="LockFor(uint)"/> of its hash.</summary>
+    /// <summary>
+    /// Locks the live slot of <paramref name="key"/> for an update or a remove, or returns an empty lock if the key is
+    /// absent. Waits for a growth in progress. Release with <see cref="SlotLock.Dispose"/>.
+    /// </summary>
+    internal SlotLock LockLive(TKey key, uint hash)
+    {
+        while (true)
+        {
+            // Volatile.Read: acquire; as in TryRead.
+            Table table = Volatile.Read(ref _table);
+            byte* slot = FindReadable(table, key, hash);
+            if (slot == null)
+            {
+                return default;
+            }
+
+            int sequence = Acquire(slot);
+
+            // Plain read: removes and moves change the state under the slot lock, which this thread now holds.
+            int state = *(int*)(slot + StateOffset);
+            if (state == Live)
+            {
+                return new SlotLock(this, table, slot, sequence);
+            }
+
+            Release(slot, sequence);
+            if (state == Moved)
+            {
+                // A growth is copying the table: wait for it (it holds every stripe lock until the new table is
+                // published), then look again in the new table.
+                lock (LockFor(hash))
+                {
+                }
+            }
+
+            // (Deleted: removed since the lookup; look again, it may have been inserted anew.)
+        }
+    }
+
+    /// <summary>
+    /// Adds <paramref name="key"/>, which the caller found absent while holding <see cref="LockFor(uint)"/> of its hash
+    /// (so no other insert of it can run); <see cref="Contains"/> under the same lock says whether it is absent.
+    /// </summary>
     /// <returns>Whether the table should grow (call <see cref="Grow"/> after releasing the lock).</returns>
-    /// <summary>How many keys the index holds (exact when no insert or remove is in flight).</summary>
-    // Volatile.Read: atomicity only (64-bit on 32-bit runtimes); inserts and removes change it with Interlocked.
-    internal long Count => Volatile.Read(ref _nodes);
-
-    internal bool Add(Node node)
+    internal bool Insert(TKey key, uint hash, long offset, long uid, long tag, TValue value)
     {
-        Node?[] buckets = _buckets;
-        ref Node? head = ref buckets[(int)(node.Hash >> _bucketShift)];
-        node.Next = head;
-
-        // Volatile.Write: release; the node's fields (key, value, next) are visible before the node is reachable.
-        Volatile.Write(ref head, node);
-
-        // Interlocked.Increment: counted across locks; atomicity only.
-        return Interlocked.Increment(ref _nodes) > buckets.Length;
-    }
-
-    /// <summary>Unlinks the node of <paramref name="key"/>. The caller holds <see cref="LockFor(uint)"/> of its hash.</summary>
-    internal bool Remove(TKey key, uint hash)
-    {
-        ref Node? link = ref _buckets[(int)(hash >> _bucketShift)];
-        while (link is not null)
+        // Plain read: the caller holds a stripe lock, and Grow replaces the table only while holding all of them.
+        Table table = _table;
+        for (uint i = table.Home(hash), probes = 0; ; i = (i + 1) & table.Mask, probes++)
         {
-            Node node = link;
-            if (node.Hash == hash && node.Key.Equals(key))
+            byte* slot = table.Slot(i);
+            if (probes > table.Mask)
             {
-                // Volatile.Write: an atomic store, no new ordering needed (node.Next was published when the node was
-                // linked); a reader that already holds the node still walks on from it.
-                Volatile.Write(ref link, node.Next);
-
-                // Interlocked.Decrement: see Add.
-                Interlocked.Decrement(ref _nodes);
-                return true;
+                // Unreachable while growth keeps the table at most half full (plus the inserts in flight).
+                ThrowHelper.ThrowInvalidOperation("Internal error: the map's index has no empty slot.");
             }
 
-            link = ref node.Next;
-        }
+            // Interlocked.CompareExchange: claims the empty slot against inserts of other stripes.
+            if (*(int*)(slot + StateOffset) == Empty && Interlocked.CompareExchange(ref *(int*)(slot + StateOffset), Claimed, Empty) == Empty)
+            {
+                Unsafe.Write(slot + KeyOffset, key);
+                Unsafe.Write(slot + ValueOffset, value);
+                *(long*)(slot + PayloadOffset) = offset;
+                *(long*)(slot + UidOffset) = uid;
+                *(long*)(slot + TagOffset) = tag;
 
-        return false;
+                // Volatile.Write: release; the key and value are visible before a reader sees the slot live.
+                Volatile.Write(ref *(int*)(slot + StateOffset), Live);
+
+                // Interlocked.Increment: counted across stripes; atomicity only.
+                Interlocked.Increment(ref _count);
+                bool grow = Interlocked.Increment(ref table.Used) > table.Capacity / 2;
+                GC.KeepAlive(table);
+                return grow;
+            }
+        }
     }
 
-    /// <summary>Doubles the table if it is still over its load factor. The caller holds no lock of this index.</summary>
+    /// <summary>Whether <paramref name="key"/> is live, with its payload offset. Lock-free.</summary>
+    internal bool Contains(TKey key, uint hash, out long offset)
+    {
+        // Volatile.Read: acquire; as in TryRead.
+        Table table = Volatile.Read(ref _table);
+        byte* slot = FindReadable(table, key, hash);
+        offset = slot == null ? 0 : Volatile.Read(ref *(long*)(slot + PayloadOffset));
+        GC.KeepAlive(table);
+        return slot != null;
+    }
+
+    /// <summary>Grows (or rehashes away tombstones) if the table is still over its load factor. The caller holds no lock of this index.</summary>
     [MethodImpl(MethodImplOptions.NoInlining)]
     internal void Grow()
     {
         // Volatile.Read: acquire, a racy pre-check only (decided again under every lock below): of several threads
         // that crossed the load factor together, those that find the table already grown take no lock.
-        if (Volatile.Read(ref _nodes) <= Volatile.Read(ref _buckets).Length || Volatile.Read(ref _buckets).Length >= 1 << 30)
+        Table current = Volatile.Read(ref _table);
+        if (Volatile.Read(ref current.Used) <= current.Capacity / 2)
         {
             return;
         }
@@ -139,49 +211,57 @@ internal sealed class ValueIndex<TKey, TValue>
         int taken = 0;
         try
         {
-            // (The broken control takes only the first lock, so writers of the other stripes update nodes it is
-            // copying: an update that lands on an old node after its copy is lost.)
-            for (int locks = _growWithoutLocks ? 1 : _locks.Length; taken < locks; taken++)
+            for (; taken < _locks.Length; taken++)
             {
                 Monitor.Enter(_locks[taken]);
             }
 
-            Node?[] old = _buckets;
+            Table old = _table;
 
-            // Volatile.Read: atomicity only (every writer is excluded now).
-            if (Volatile.Read(ref _nodes) <= old.Length || old.Length >= 1 << 30)
+            // Volatile.Read: atomicity only (every insert is excluded now).
+            if (Volatile.Read(ref old.Used) <= old.Capacity / 2)
             {
                 return;
             }
 
-            var grown = new Node?[old.Length * 2];
-            int shift = _bucketShift - 1;
-            foreach (Node? first in old)
+            // Sized for the live keys at a quarter full: a table of tombstones is rehashed at its size.
+            var grown = new Table(SlotsFor(Volatile.Read(ref _count) * 2));
+            long copied = 0;
+            for (uint i = 0; i < (uint)old.Capacity; i++)
             {
-                for (Node? node = first; node is not null;)
+                byte* slot = old.Slot(i);
+                if (*(int*)(slot + StateOffset) != Live)
                 {
-                    Node? next = node.Next;
-                    ref Node? head = ref grown[(int)(node.Hash >> shift)];
-                    if (_relinkOnGrow)
-                    {
-                        // Test control (DurabilityFaults.RelinkOnGrow): moves the node, rewriting its link under readers.
-                        Volatile.Write(ref node.Next, head);
-                        head = node;
-                    }
-                    else
-                    {
-                        // A copy, not a relink: a reader walking the old table must not be led into another chain.
-                        head = node.CopyWithNext(head);
-                    }
+                    continue;
+                }
 
-                    node = next;
+                // The slot lock waits out an update in progress and keeps later ones off this slot (they see it moved).
+                // The broken control copies without it, and leaves the slot live: an update after the copy is lost.
+                int sequence = _growWithoutSlotLocks ? 0 : Acquire(slot);
+                if (!_growWithoutSlotLocks && !_growWithoutRecheck && *(int*)(slot + StateOffset) != Live)
+                {
+                    // Removed while this growth waited for the slot: a tombstone, not copied.
+                    Release(slot, sequence);
+                    continue;
+                }
+
+                CopyInto(grown, slot);
+                copied++;
+                if (!_growWithoutSlotLocks)
+                {
+                    // The broken control (clearOldSlotsOnGrow) empties the slot instead: a reader still probing the old
+                    // table stops there and misses a present key.
+                    *(int*)(slot + StateOffset) = _clearOldSlotsOnGrow ? Empty : Moved;
+                    Release(slot, sequence);
                 }
             }
 
-            _bucketShift = shift;
+            grown.Used = copied;
 
-            // Volatile.Write: release; pairs with the acquire in Find: the copies are initialized before the table is seen.
-            Volatile.Write(ref _buckets, grown);
+            // Volatile.Write: release; pairs with the acquire in TryRead and LockLive: the copies are initialized
+            // before the table is seen.
+            Volatile.Write(ref _table, grown);
+            GC.KeepAlive(old);
         }
         finally
         {
@@ -192,148 +272,282 @@ internal sealed class ValueIndex<TKey, TValue>
         }
     }
 
-    /// <summary>Every node, read without locks (each value atomically, the whole table not).</summary>
-    internal IEnumerable<Node> Nodes()
+    /// <summary>
+    /// Every live key and its value, read without locks (each value atomically, the whole table not: a key removed and
+    /// inserted again during the walk may be met twice, the later value last).
+    /// </summary>
+    internal Dictionary<TKey, TValue> Snapshot()
     {
-        // Volatile.Read: acquire; see Find.
-        Node?[] buckets = Volatile.Read(ref _buckets);
-        for (int i = 0; i < buckets.Length; i++)
+        // Volatile.Read: acquire; as in TryRead.
+        Table table = Volatile.Read(ref _table);
+        var entries = new Dictionary<TKey, TValue>();
+        for (uint i = 0; i < (uint)table.Capacity; i++)
         {
-            // Volatile.Read: acquire; see Find.
-            for (Node? node = Volatile.Read(ref buckets[i]); node is not null; node = Volatile.Read(ref node.Next))
+            byte* slot = table.Slot(i);
+            if (IsReadable(Volatile.Read(ref *(int*)(slot + StateOffset))))
             {
-                yield return node;
+                entries[Unsafe.Read<TKey>(slot + KeyOffset)] = ReadValue(slot);
+            }
+        }
+
+        GC.KeepAlive(table);
+        return entries;
+    }
+
+    /// <summary>Live or moved: the key and a consistent value can be read.</summary>
+    [MethodImpl(MethodImplOptions.AggressiveInlining)]
+    private static bool IsReadable(int state) => (uint)(state - Live) <= Moved - Live;
+
+    /// <summary>The slot holding <paramref name="key"/> live (or moved), or null: probes from the home slot to the first empty one.</summary>
+    [MethodImpl(MethodImplOptions.AggressiveInlining)]
+    private static byte* FindReadable(Table table, TKey key, uint hash)
+    {
+        for (uint i = table.Home(hash); ; i = (i + 1) & table.Mask)
+        {
+            byte* slot = table.Slot(i);
+
+            // Volatile.Read: acquire; pairs with the release that makes a claimed slot live, so its key is seen.
+            int state = Volatile.Read(ref *(int*)(slot + StateOffset));
+            if (state == Empty)
+            {
+                return null;
+            }
+
+            // (Claimed: an insert not yet done, so not yet linearized; deleted: a tombstone. Both are passed over.)
+            if (IsReadable(state) && Unsafe.Read<TKey>(slot + KeyOffset).Equals(key))
+            {
+                return slot;
             }
         }
     }
 
-    private static int Log2(int powerOfTwo) => BitOperations.Log2((uint)powerOfTwo);
-
-    /// <summary>
-    /// One key: the value (for lock-free reads) and what an update needs of the payload header. Updated in place
-    /// under the key's lock, so an update allocates nothing. The value is guarded by a sequence lock (as in the Linux
-    /// kernel's seqlock): the writer makes the sequence odd, stores the value, makes it even; a reader retries until it
-    /// read the same even sequence before and after the value, so it never returns a torn value.
-    /// </summary>
-    internal sealed class Node
+    /// <summary>The value, never torn: retries while a write is in progress or one completed during the read.</summary>
+    [MethodImpl(MethodImplOptions.AggressiveInlining)]
+    private static TValue ReadValue(byte* slot)
     {
-        internal readonly TKey Key;
-        internal readonly uint Hash;
-        internal Node? Next;
-        private int _sequence;
-        private TValue _value;
+        ref int sequence = ref *(int*)(slot + SequenceOffset);
 
-        internal Node(TKey key, uint hash, long offset, long uid, long tag, TValue value)
+        // Volatile.Read: acquire; pairs with the writer's final release, so the value loads below see that write.
+        int before = Volatile.Read(ref sequence);
+        TValue value = Unsafe.Read<TValue>(slot + ValueOffset);
+
+        // LoadLoadBarrier: the value's loads complete before the sequence is loaded again, pairing with the writer's
+        // odd store followed by its store-store barrier.
+        LoadLoadBarrier();
+
+        // Volatile.Read: the second sequence load; equal to the first and even means no write overlapped the copy.
+        if ((before & 1) == 0 && Volatile.Read(ref sequence) == before)
         {
-            Key = key;
-            Hash = hash;
-            Offset = offset;
-            Uid = uid;
-            Tag = tag;
-            _value = value;
+            return value;
         }
 
-        /// <summary>The payload's offset. Read and written under the key's lock only.</summary>
-        internal long Offset { get; private set; }
+        return ReadValueContended(slot);
+    }
 
-        /// <summary>The payload header's uid. Under the key's lock only.</summary>
-        internal long Uid { get; private set; }
-
-        /// <summary>The payload header's epoch tag. Under the key's lock only.</summary>
-        internal long Tag { get; private set; }
-
-        /// <summary>Publishes a new payload and value. The caller holds the key's lock (one writer at a time).</summary>
-        internal void Write(long offset, long uid, long tag, TValue value)
+    [MethodImpl(MethodImplOptions.NoInlining)]
+    private static TValue ReadValueContended(byte* slot)
+    {
+        ref int sequence = ref *(int*)(slot + SequenceOffset);
+        var spinner = new SpinWait();
+        while (true)
         {
-            Offset = offset;
-            Uid = uid;
-            Tag = tag;
-            int sequence = _sequence;
+            spinner.SpinOnce();
 
-            // Volatile.Write: release (odd: a write is in progress); the store-store barrier after it keeps the value's
-            // stores below from becoming visible before the odd sequence (store-store), pairing with the reader's
-            // second sequence load.
-            Volatile.Write(ref _sequence, sequence + 1);
-            StoreStoreBarrier();
-            _value = value;
-
-            // Volatile.Write: release; the value's stores are visible before the even sequence, pairing with the
-            // reader's first (acquire) sequence load.
-            Volatile.Write(ref _sequence, sequence + 2);
-        }
-
-        /// <summary>The value, never torn: retries while a write is in progress or one completed during the read.</summary>
-        [MethodImpl(MethodImplOptions.AggressiveInlining)]
-        internal TValue Read()
-        {
-            // Volatile.Read: acquire; pairs with the writer's final release, so the value loads below see at least
-            // that write.
-            int before = Volatile.Read(ref _sequence);
-            TValue value = _value;
-
-            // LoadLoadBarrier: the value's loads complete before the sequence is loaded again, pairing with the
-            // writer's odd store followed by its store-store barrier.
+            // Volatile.Read / LoadLoadBarrier: as in ReadValue.
+            int before = Volatile.Read(ref sequence);
+            TValue value = Unsafe.Read<TValue>(slot + ValueOffset);
             LoadLoadBarrier();
-
-            // Volatile.Read: the second sequence load (ordered after the value's loads by the barrier above); equal to
-            // the first and even means no write overlapped the copy.
-            if ((before & 1) == 0 && Volatile.Read(ref _sequence) == before)
+            if ((before & 1) == 0 && Volatile.Read(ref sequence) == before)
             {
                 return value;
             }
+        }
+    }
 
-            return ReadContended();
+    /// <summary>Takes the slot's lock: its sequence from even to odd. Returns the (even) sequence it found.</summary>
+    [MethodImpl(MethodImplOptions.AggressiveInlining)]
+    private static int Acquire(byte* slot)
+    {
+        ref int word = ref *(int*)(slot + SequenceOffset);
+        int sequence = Volatile.Read(ref word);
+
+        // Interlocked.CompareExchange: full fence; the lock is taken before any load or store of the slot below it.
+        if ((sequence & 1) == 0 && Interlocked.CompareExchange(ref word, sequence + 1, sequence) == sequence)
+        {
+            return sequence;
         }
 
-        /// <summary>Test control (<see cref="DurabilityFaults.TornIndexReads"/>): reads the value without the sequence check.</summary>
-        internal TValue ReadTorn() => _value;
+        return AcquireContended(slot);
+    }
 
-        /// <summary>A copy for a grown table (under every lock of the index: no write is in progress).</summary>
-        internal Node CopyWithNext(Node? next) => new(Key, Hash, Offset, Uid, Tag, _value) { Next = next };
-
-        /// <summary>
-        /// Loads before it complete before loads after it. On .NET 10 <c>Volatile.ReadBarrier</c>: free on x64 (the JIT
-        /// only keeps the order), a load barrier on Arm64. On .NET 8 a full fence (a locked instruction even on x64,
-        /// paid by every read): correct, slower; the published figures are .NET 10.
-        /// </summary>
-        [MethodImpl(MethodImplOptions.AggressiveInlining)]
-        private static void LoadLoadBarrier()
+    [MethodImpl(MethodImplOptions.NoInlining)]
+    private static int AcquireContended(byte* slot)
+    {
+        ref int word = ref *(int*)(slot + SequenceOffset);
+        var spinner = new SpinWait();
+        while (true)
         {
-#if NET10_0_OR_GREATER
-            Volatile.ReadBarrier();
-#else
-            Interlocked.MemoryBarrier();
-#endif
-        }
+            spinner.SpinOnce();
 
-        /// <summary>Stores before it become visible before stores after it.</summary>
-        [MethodImpl(MethodImplOptions.AggressiveInlining)]
-        private static void StoreStoreBarrier()
-        {
-#if NET10_0_OR_GREATER
-            Volatile.WriteBarrier();
-#else
-            Interlocked.MemoryBarrier();
-#endif
-        }
-
-        [MethodImpl(MethodImplOptions.NoInlining)]
-        private TValue ReadContended()
-        {
-            var spinner = new SpinWait();
-            while (true)
+            // Volatile.Read / Interlocked.CompareExchange: as in Acquire.
+            int sequence = Volatile.Read(ref word);
+            if ((sequence & 1) == 0 && Interlocked.CompareExchange(ref word, sequence + 1, sequence) == sequence)
             {
-                spinner.SpinOnce();
-
-                // Volatile.Read / LoadLoadBarrier: as in Read.
-                int before = Volatile.Read(ref _sequence);
-                TValue value = _value;
-                LoadLoadBarrier();
-                if ((before & 1) == 0 && Volatile.Read(ref _sequence) == before)
-                {
-                    return value;
-                }
+                return sequence;
             }
         }
+    }
+
+    /// <summary>Releases the slot's lock taken at <paramref name="sequence"/>: the next even sequence.</summary>
+    [MethodImpl(MethodImplOptions.AggressiveInlining)]
+    private static void Release(byte* slot, int sequence)
+    {
+        // Volatile.Write: release; the slot's stores are visible before the even sequence, pairing with the reader's
+        // first (acquire) sequence load and with the next writer's compare-and-swap.
+        Volatile.Write(ref *(int*)(slot + SequenceOffset), sequence + 2);
+    }
+
+    /// <summary>Copies a live slot into a table nobody else sees yet.</summary>
+    private static void CopyInto(Table table, byte* source)
+    {
+        TKey key = Unsafe.Read<TKey>(source + KeyOffset);
+        for (uint i = table.Home(Hash(key)); ; i = (i + 1) & table.Mask)
+        {
+            byte* slot = table.Slot(i);
+            if (*(int*)(slot + StateOffset) == Empty)
+            {
+                Buffer.MemoryCopy(source + PayloadOffset, slot + PayloadOffset, Stride - PayloadOffset, Stride - PayloadOffset);
+                *(int*)(slot + StateOffset) = Live;
+                return;
+            }
+        }
+    }
+
+    /// <summary>A power of two with room for <paramref name="keys"/> at half full, at least 64 slots.</summary>
+    private static long SlotsFor(long keys) => (long)BitOperations.RoundUpToPowerOf2((ulong)Math.Clamp(keys * 2, 64, 1L << 31));
+
+    /// <summary>
+    /// Loads before it complete before loads after it. On .NET 10 <c>Volatile.ReadBarrier</c>: free on x64 (the JIT
+    /// only keeps the order), a load barrier on Arm64. On .NET 8 a full fence (a locked instruction even on x64,
+    /// paid by every read): correct, slower; the published figures are .NET 10.
+    /// </summary>
+    [MethodImpl(MethodImplOptions.AggressiveInlining)]
+    private static void LoadLoadBarrier()
+    {
+#if NET10_0_OR_GREATER
+        Volatile.ReadBarrier();
+#else
+        Interlocked.MemoryBarrier();
+#endif
+    }
+
+    /// <summary>
+    /// A locked live slot: what an update needs of the payload header, and the write of a new payload and value. The
+    /// value's readers retry while it is held (the sequence is odd). Dispose releases it, on every path.
+    /// </summary>
+    internal readonly ref struct SlotLock
+    {
+        private readonly ValueIndex<TKey, TValue>? _index;
+        private readonly Table? _table;
+        private readonly byte* _slot;
+        private readonly int _sequence;
+
+        internal SlotLock(ValueIndex<TKey, TValue> index, Table table, byte* slot, int sequence)
+        {
+            _index = index;
+            _table = table;
+            _slot = slot;
+            _sequence = sequence;
+        }
+
+        /// <summary>Whether a slot is held (the key was live).</summary>
+        internal bool IsHeld => _slot != null;
+
+        /// <summary>The payload's offset.</summary>
+        internal long Offset => *(long*)(_slot + PayloadOffset);
+
+        /// <summary>The payload header's uid.</summary>
+        internal long Uid => *(long*)(_slot + UidOffset);
+
+        /// <summary>The payload header's epoch tag.</summary>
+        internal long Tag => *(long*)(_slot + TagOffset);
+
+        /// <summary>Publishes a new payload and value (readers see it when the lock is released).</summary>
+        internal void Write(long offset, long uid, long tag, TValue value)
+        {
+            *(long*)(_slot + PayloadOffset) = offset;
+            *(long*)(_slot + UidOffset) = uid;
+            *(long*)(_slot + TagOffset) = tag;
+
+            // No barrier: the sequence has been odd since the compare-and-swap (a full fence), so no value store below
+            // becomes visible before it, and readers retry until the release in Dispose.
+            Unsafe.Write(_slot + ValueOffset, value);
+        }
+
+        /// <summary>Marks the key removed (a tombstone): lookups pass over it from now on.</summary>
+        internal void MarkDeleted()
+        {
+            // Volatile.Write: an atomic store; readers that already matched the key read its last value, which was
+            // current during their read.
+            Volatile.Write(ref *(int*)(_slot + StateOffset), Deleted);
+
+            // Interlocked.Decrement: see Insert.
+            Interlocked.Decrement(ref _index!._count);
+        }
+
+        /// <summary>Releases the slot.</summary>
+        public void Dispose()
+        {
+            if (_slot != null)
+            {
+                Release(_slot, _sequence);
+                GC.KeepAlive(_table);
+            }
+        }
+    }
+
+    /// <summary>
+    /// One table: native memory, cache-line aligned, zeroed (every slot empty), freed by the finalizer once no index,
+    /// reader or writer references it.
+    /// </summary>
+    internal sealed class Table
+    {
+        private readonly void* _allocation;
+        private readonly byte* _base;
+        private readonly long _bytes;
+        private readonly int _shift;
+
+        /// <summary>Slots claimed (live, deleted or moved); the table grows past half full.</summary>
+        internal long Used;
+
+        internal Table(long slots)
+        {
+            Capacity = slots;
+            Mask = (uint)(slots - 1);
+            _shift = 32 - BitOperations.Log2((ulong)slots);
+            _bytes = (slots * Stride) + 64;
+
+            // Zeroed by the allocator (calloc: fresh pages from the kernel for a large table, not written here).
+            _allocation = NativeMemory.AllocZeroed((nuint)_bytes);
+            _base = (byte*)(((nuint)_allocation + 63) & ~(nuint)63);
+            GC.AddMemoryPressure(_bytes);
+        }
+
+        ~Table()
+        {
+            NativeMemory.Free(_allocation);
+            GC.RemoveMemoryPressure(_bytes);
+        }
+
+        internal long Capacity { get; }
+
+        internal uint Mask { get; }
+
+        /// <summary>The key's first slot: the hash's top bits.</summary>
+        [MethodImpl(MethodImplOptions.AggressiveInlining)]
+        internal uint Home(uint hash) => hash >> _shift;
+
+        [MethodImpl(MethodImplOptions.AggressiveInlining)]
+        internal byte* Slot(uint index) => _base + ((long)index * Stride);
     }
 }

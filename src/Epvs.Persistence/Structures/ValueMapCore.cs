@@ -9,18 +9,19 @@ namespace Epvs.Persistence;
 
 /// <summary>
 /// The core of <see cref="PersistentHashMap{TKey, TValue}"/>: a DRAM index (<see cref="ValueIndex{TKey, TValue}"/>)
-/// whose node per key holds the value and what an update needs of the payload header (offset, uid, epoch tag), over
+/// whose slot per key holds the value and what an update needs of the payload header (offset, uid, epoch tag), over
 /// payloads [key bytes | value bytes] of one type id.
 /// </summary>
 /// <remarks>
 /// <para>Reads take no lock and do not touch the persistent heap: they read the value the last completed (or
 /// in-progress) write published, like <see cref="System.Collections.Concurrent.ConcurrentDictionary{TKey, TValue}"/>. The
-/// node's value is guarded by a sequence lock, so a read never sees a torn value, and it lives in DRAM, so reclamation
+/// slot's value is guarded by a sequence lock, so a read never sees a torn value, and it lives in DRAM, so reclamation
 /// of the payload behind it cannot hurt.</para>
-/// <para>Writes to one key are serialized by the index's striped lock, taken inside the operation's region, so the order
-/// of writes to a key agrees with their versions (a version transition is a quiescent cut), and an update finds the old
-/// payload's uid and tag in the node without reading the payload (one cache miss fewer). An update of an existing key
-/// writes its node in place: it allocates nothing.</para>
+/// <para>Writes to one key are serialized by the key's slot lock (an update or remove) or its stripe lock (an insert),
+/// taken inside the operation's region, so the order of writes to a key agrees with their versions (a version
+/// transition is a quiescent cut), and an update finds the old payload's uid and tag in the slot without reading the
+/// payload (one cache miss fewer). An update of an existing key writes its slot in place: one compare-and-swap on the
+/// line the lookup loaded, no allocation in the index.</para>
 /// </remarks>
 internal sealed unsafe class ValueMapCore<TKey, TValue>
     where TKey : unmanaged, IEquatable<TKey>
@@ -30,6 +31,7 @@ internal sealed unsafe class ValueMapCore<TKey, TValue>
     private readonly int _typeId;
     private readonly ValueIndex<TKey, TValue> _index;
     private readonly bool _tornReads;
+    private readonly bool _insertWithoutRecheck;
 
     internal ValueMapCore(BufferedDurableHeap heap, int typeId, int recoveryParallelism)
     {
@@ -38,7 +40,8 @@ internal sealed unsafe class ValueMapCore<TKey, TValue>
         _typeId = StructureKind.Claim(heap, StructureKind.HashMap, typeId);
         IReadOnlyList<RecoveredPayload> payloads = heap.TakeRecoveredPayloads(_typeId);
         _tornReads = (heap.Faults & DurabilityFaults.TornIndexReads) != 0;
-        _index = new ValueIndex<TKey, TValue>(StructureRecovery.StripeCount(), payloads.Count, (heap.Faults & DurabilityFaults.RelinkOnGrow) != 0, (heap.Faults & DurabilityFaults.GrowWithoutWriterLocks) != 0);
+        _insertWithoutRecheck = (heap.Faults & DurabilityFaults.InsertWithoutRecheck) != 0;
+        _index = new ValueIndex<TKey, TValue>(StructureRecovery.StripeCount(), payloads.Count, heap.Faults);
         Rebuild(payloads, recoveryParallelism);
     }
 
@@ -52,23 +55,39 @@ internal sealed unsafe class ValueMapCore<TKey, TValue>
         bool grow;
         using (DurableOperation op = _heap.BeginOperation())
         {
-            lock (_index.LockFor(hash))
+            while (true)
             {
-                // An existing key's node is updated in place: no allocation.
-                if (_index.Find(key, hash) is { } node)
+                // An existing key: its slot is locked (the one writer of the key) and updated in place: no allocation
+                // in the index.
+                using (ValueIndex<TKey, TValue>.SlotLock slot = _index.LockLive(key, hash))
                 {
-                    PayloadRef block = op.ReplaceWhole(new PayloadRef(node.Offset), node.Uid, node.Tag, PayloadSize, _typeId, out long uid);
+                    if (slot.IsHeld)
+                    {
+                        long offset = slot.Offset;
+                        PayloadRef block = op.ReplaceWhole(new PayloadRef(offset), slot.Uid, slot.Tag, PayloadSize, _typeId, out long uid);
 
-                    // Updated in place (same block): the header (uid, tag) is unchanged.
-                    long tag = block.Offset == node.Offset ? node.Tag : op.Version;
-                    WritePayload(block, key, value);
-                    node.Write(block.Offset, uid, tag, value);
-                    return false;
+                        // Updated in place (same block): the header (uid, tag) is unchanged.
+                        long tag = block.Offset == offset ? slot.Tag : op.Version;
+                        WritePayload(block, key, value);
+                        slot.Write(block.Offset, uid, tag, value);
+                        return false;
+                    }
                 }
 
-                PayloadRef added = op.Allocate(PayloadSize, _typeId);
-                WritePayload(added, key, value);
-                grow = _index.Add(new ValueIndex<TKey, TValue>.Node(key, hash, added.Offset, _heap.HeaderWords(added.Offset).Uid, op.Version, value));
+                // A new key: inserts of it are serialized by its stripe lock.
+                lock (_index.LockFor(hash))
+                {
+                    if (!_insertWithoutRecheck && _index.Contains(key, hash, out _))
+                    {
+                        // Inserted since the lookup: update it instead.
+                        continue;
+                    }
+
+                    PayloadRef added = op.Allocate(PayloadSize, _typeId);
+                    WritePayload(added, key, value);
+                    grow = _index.Insert(key, hash, added.Offset, _heap.HeaderWords(added.Offset).Uid, op.Version, value);
+                    break;
+                }
             }
         }
 
@@ -82,17 +101,7 @@ internal sealed unsafe class ValueMapCore<TKey, TValue>
     }
 
     [MethodImpl(MethodImplOptions.AggressiveInlining)]
-    internal bool TryRead(TKey key, out TValue value)
-    {
-        if (_index.Find(key, ValueIndex<TKey, TValue>.Hash(key)) is { } node)
-        {
-            value = _tornReads ? node.ReadTorn() : node.Read();
-            return true;
-        }
-
-        value = default;
-        return false;
-    }
+    internal bool TryRead(TKey key, out TValue value) => _index.TryRead(key, ValueIndex<TKey, TValue>.Hash(key), out value, _tornReads);
 
     [MethodImpl(MethodImplOptions.AggressiveInlining)]
     private void WritePayload(PayloadRef block, TKey key, TValue value)
@@ -104,32 +113,20 @@ internal sealed unsafe class ValueMapCore<TKey, TValue>
 
     internal bool Remove(TKey key)
     {
-        uint hash = ValueIndex<TKey, TValue>.Hash(key);
         using DurableOperation op = _heap.BeginOperation();
-        lock (_index.LockFor(hash))
+        using ValueIndex<TKey, TValue>.SlotLock slot = _index.LockLive(key, ValueIndex<TKey, TValue>.Hash(key));
+        if (!slot.IsHeld)
         {
-            if (_index.Find(key, hash) is not { } current)
-            {
-                return false;
-            }
-
-            // The anti-payload first: if the heap is full, Delete throws and the index still agrees with the heap.
-            op.Delete(new PayloadRef(current.Offset));
-            _index.Remove(key, hash);
-            return true;
-        }
-    }
-
-    internal Dictionary<TKey, TValue> Snapshot()
-    {
-        var result = new Dictionary<TKey, TValue>();
-        foreach (ValueIndex<TKey, TValue>.Node node in _index.Nodes())
-        {
-            result[node.Key] = node.Read();
+            return false;
         }
 
-        return result;
+        // The anti-payload first: if the heap is full, Delete throws and the index still agrees with the heap.
+        op.Delete(new PayloadRef(slot.Offset));
+        slot.MarkDeleted();
+        return true;
     }
+
+    internal Dictionary<TKey, TValue> Snapshot() => _index.Snapshot();
 
     private int UserTypeId => _typeId & (StructureKind.TypeIdLimit - 1);
 
@@ -142,13 +139,13 @@ internal sealed unsafe class ValueMapCore<TKey, TValue>
             uint hash = ValueIndex<TKey, TValue>.Hash(key);
             lock (_index.LockFor(hash))
             {
-                if (_index.Find(key, hash) is { } other)
+                if (_index.Contains(key, hash, out long other))
                 {
-                    throw new InvalidDataException($"Recovery found two live payloads for one key of the map with type id {UserTypeId} ({payload.Header} and the payload at 0x{other.Offset:X}): the heap is inconsistent.");
+                    throw new InvalidDataException($"Recovery found two live payloads for one key of the map with type id {UserTypeId} ({payload.Header} and the payload at 0x{other:X}): the heap is inconsistent.");
                 }
 
                 // Presized for the payloads: no growth during the rebuild.
-                _index.Add(new ValueIndex<TKey, TValue>.Node(key, hash, payload.Block.Offset, payload.Header.Uid, payload.Header.EpochTag, Unsafe.ReadUnaligned<TValue>(bytes + sizeof(TKey))));
+                _index.Insert(key, hash, payload.Block.Offset, payload.Header.Uid, payload.Header.EpochTag, Unsafe.ReadUnaligned<TValue>(bytes + sizeof(TKey)));
             }
         });
     }

@@ -8,9 +8,10 @@ using Xunit.Abstractions;
 namespace Epvs.Persistence.Tests;
 
 /// <summary>
-/// The hash map's lock-free reads: a key's node is updated in place (no allocation per update), so its value is
+/// The hash map's lock-free reads: a key's slot is updated in place (no allocation per update), so its value is
 /// guarded by a sequence lock, and a read that races with an update must never return a mix of two values; the index
-/// grows by copying its nodes, so a read that races with a growth must still find every present key.
+/// grows by copying its slots and leaving the old ones readable, so a read that races with a growth must still find
+/// every present key, and an update that races with it must not be lost.
 /// </summary>
 public sealed class HashMapReadTests
 {
@@ -27,13 +28,13 @@ public sealed class HashMapReadTests
 
     [SkippableFact]
     public void Map_ReadsWhileTheIndexGrows_AlwaysFindPresentKeys() =>
-        // Control: growth that moves the nodes (rewriting their links under readers) must be caught losing keys.
-        CheckWithControl("reads", "present keys missed", RaceReadsWithGrowth, DurabilityFaults.RelinkOnGrow);
+        // Control: growth that empties the old slots it copies (under readers of the old table) must be caught losing keys.
+        CheckWithControl("reads", "present keys missed", RaceReadsWithGrowth, DurabilityFaults.ClearOldSlotsOnGrow);
 
     [SkippableFact]
     public void Map_UpdatesWhileTheIndexGrows_AreNeverLost() =>
-        // Control: growth that does not exclude the other stripes' writers must be caught losing updates.
-        CheckWithControl("updates", "lost", RaceUpdatesWithGrowth, DurabilityFaults.GrowWithoutWriterLocks);
+        // Control: growth that copies slots without locking them must be caught losing updates.
+        CheckWithControl("updates", "lost", RaceUpdatesWithGrowth, DurabilityFaults.GrowWithoutSlotLocks);
 
     /// <summary>
     /// Runs <paramref name="race"/> as built (enough operations, no failure), then with <paramref name="control"/>,
@@ -66,7 +67,7 @@ public sealed class HashMapReadTests
             {
                 for (int k = 0; k < GrowthPresent; k++)
                 {
-                    // The previous round's write must still be there: an update that went to a node after a growth
+                    // The previous round's write must still be there: an update that went to a slot after a growth
                     // had copied it is gone from the grown table.
                     if (!map.TryGetValue(k, out long before) || before != last[k])
                     {
