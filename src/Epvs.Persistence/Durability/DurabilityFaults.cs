@@ -55,4 +55,10 @@ internal enum DurabilityFaults
 
     /// <summary>The hash map's index growth copies a slot it saw live without looking again once it holds the slot's lock (a key removed meanwhile comes back).</summary>
     GrowWithoutRecheck = 16384,
+
+    /// <summary>The hash map's slot lock makes readers of the key wait for the whole update (allocation included), not just for the store of the value.</summary>
+    ReadersWaitForSlotLock = 32768,
+
+    /// <summary>Not a broken behaviour but a simulated environment: every growth of the hash map's index throws <see cref="OutOfMemoryException"/>.</summary>
+    IndexGrowthOutOfMemory = 65536,
 }

@@ -28,6 +28,13 @@ internal static partial class Interop
         [LibraryImport(NativeLibraryResolver.LibcLibraryName, EntryPoint = "mmap", SetLastError = true)]
         internal static partial void* Mmap(void* address, nuint length, int protection, int flags, int fd, long offset);
 
+        /// <summary><c>MADV_HUGEPAGE</c> (Linux, every architecture): back the range with transparent huge pages where possible.</summary>
+        internal const int MadvHugePage = 14;
+
+        /// <summary>A hint; 0 or -1 with errno set.</summary>
+        [LibraryImport(NativeLibraryResolver.LibcLibraryName, EntryPoint = "madvise", SetLastError = true)]
+        internal static partial int Madvise(void* address, nuint length, int advice);
+
         [LibraryImport(NativeLibraryResolver.LibcLibraryName, EntryPoint = "munmap", SetLastError = true)]
         internal static partial int Munmap(void* address, nuint length);
 

@@ -20,12 +20,15 @@ namespace Epvs.Persistence;
 /// when no thread references it any more (readers and writers hold the <see cref="Table"/> object while they use it).</para>
 /// <para>A slot's life: empty → claimed (an insert is writing it) → live → deleted (a tombstone) or moved (copied into a
 /// grown table). It never goes back to empty, and its key never changes once it is live, so a lock-free reader that
-/// probes from the key's home slot to the first empty one cannot miss a live key. A slot's sequence word is both a
-/// sequence lock for its value (odd: a write is in progress; readers retry) and the slot's writer lock (taken by
-/// compare-and-swap from even to odd): an update of an existing key is one compare-and-swap on a line the lookup has
-/// just loaded, and its release is a plain store.</para>
+/// probes from the key's home slot to the first empty one cannot miss a live key. A slot's sequence word holds both the
+/// slot's writer lock (bit 1, taken by compare-and-swap) and a sequence lock for its value (bit 0 set while the value is
+/// being stored; readers retry only then, and when the sequence moved on during their read): an update of an existing
+/// key is one compare-and-swap on a line the lookup has just loaded, and a reader never waits for a writer that holds
+/// the lock while it allocates the new payload, only for the store of the value itself.</para>
 /// <para>Inserts hold <see cref="LockFor(uint)"/> of the key's hash (so two inserts of one key are serialized) and claim
-/// an empty slot by compare-and-swap (inserts of other stripes may race for it). Growing takes every stripe lock (no
+/// an empty slot by compare-and-swap (inserts of other stripes may race for it) before the payload is allocated, so a
+/// full table is found before anything is written to the heap; an insert that fails after its claim leaves a tombstone.
+/// Growing takes every stripe lock (no
 /// insert), then locks each live slot in turn, copies it and marks it moved, and publishes the new table: an update
 /// that locked the slot first is copied; one that locks it after sees it moved and retries on the new table. Readers on
 /// the old table still read moved slots, whose values are those of the moment the table was replaced, which is during
@@ -40,6 +43,18 @@ internal sealed unsafe class ValueIndex<TKey, TValue>
     private const int Live = 2;
     private const int Moved = 3;
     private const int Deleted = 4;
+
+    /// <summary>Sequence bit 0: the value is being stored (readers retry).</summary>
+    private const int Storing = 1;
+
+    /// <summary>Sequence bit 1: a writer holds the slot (readers ignore it).</summary>
+    private const int Locked = 2;
+
+    /// <summary>What a value store adds to the sequence (above the two flag bits).</summary>
+    private const int Step = 4;
+
+    /// <summary>The smallest table: room for the inserts in flight between a claim's room check and growth.</summary>
+    private const long MinimumSlots = 1024;
 
     private const int SequenceOffset = 0;
     private const int StateOffset = 4;
@@ -58,6 +73,8 @@ internal sealed unsafe class ValueIndex<TKey, TValue>
     private readonly bool _clearOldSlotsOnGrow;
     private readonly bool _growWithoutSlotLocks;
     private readonly bool _growWithoutRecheck;
+    private readonly bool _readersWaitForSlotLock;
+    private readonly bool _growthOutOfMemory;
     private Table _table;
     private long _count;
 
@@ -66,6 +83,8 @@ internal sealed unsafe class ValueIndex<TKey, TValue>
         _clearOldSlotsOnGrow = (faults & DurabilityFaults.ClearOldSlotsOnGrow) != 0;
         _growWithoutSlotLocks = (faults & DurabilityFaults.GrowWithoutSlotLocks) != 0;
         _growWithoutRecheck = (faults & DurabilityFaults.GrowWithoutRecheck) != 0;
+        _readersWaitForSlotLock = (faults & DurabilityFaults.ReadersWaitForSlotLock) != 0;
+        _growthOutOfMemory = (faults & DurabilityFaults.IndexGrowthOutOfMemory) != 0;
         _locks = new object[lockCount];
         for (int i = 0; i < lockCount; i++)
         {
@@ -120,19 +139,34 @@ internal sealed unsafe class ValueIndex<TKey, TValue>
             byte* slot = FindReadable(table, key, hash);
             if (slot == null)
             {
+                GC.KeepAlive(table);
                 return default;
             }
 
-            int sequence = Acquire(slot);
-
-            // Plain read: removes and moves change the state under the slot lock, which this thread now holds.
-            int state = *(int*)(slot + StateOffset);
+            // Volatile.Read: acquire; a moved slot is never locked (its old table's readers would retry for nothing).
+            int state = Volatile.Read(ref *(int*)(slot + StateOffset));
             if (state == Live)
             {
-                return new SlotLock(this, table, slot, sequence);
+                Acquire(slot);
+
+                // Plain read: removes and moves change the state under the slot lock, which this thread now holds.
+                state = *(int*)(slot + StateOffset);
+                if (state == Live)
+                {
+                    if (_readersWaitForSlotLock)
+                    {
+                        // The broken control: readers see a value store in progress for the whole update.
+                        *(int*)(slot + SequenceOffset) |= Storing;
+                    }
+
+                    return new SlotLock(this, table, slot);
+                }
+
+                Release(slot);
             }
 
-            Release(slot, sequence);
+            // The table stays referenced until the slot is let go (it may be an old table nobody else holds).
+            GC.KeepAlive(table);
             if (state == Moved)
             {
                 // A growth is copying the table: wait for it (it holds every stripe lock until the new table is
@@ -147,40 +181,31 @@ internal sealed unsafe class ValueIndex<TKey, TValue>
     }
 
     /// <summary>
-    /// Adds <paramref name="key"/>, which the caller found absent while holding <see cref="LockFor(uint)"/> of its hash
-    /// (so no other insert of it can run); <see cref="Contains"/> under the same lock says whether it is absent.
+    /// Claims an empty slot for a key the caller found absent (<see cref="Contains"/>) while
+    /// holding <see cref="LockFor(uint)"/> of its hash, so no other insert of it can run. Returns an empty claim when the
+    /// table has no room (release the lock, <see cref="Grow"/>, and try again); nothing has been written then.
     /// </summary>
-    /// <returns>Whether the table should grow (call <see cref="Grow"/> after releasing the lock).</returns>
-    internal bool Insert(TKey key, uint hash, long offset, long uid, long tag, TValue value)
+    internal SlotClaim Claim(uint hash)
     {
         // Plain read: the caller holds a stripe lock, and Grow replaces the table only while holding all of them.
         Table table = _table;
-        for (uint i = table.Home(hash), probes = 0; ; i = (i + 1) & table.Mask, probes++)
+
+        // Room for this claim and the others in flight (at most one per stripe lock); growth is due at half full.
+        if (Volatile.Read(ref table.Used) >= table.Capacity - (table.Capacity / 4))
+        {
+            return default;
+        }
+
+        for (uint i = table.Home(hash); ; i = (i + 1) & table.Mask)
         {
             byte* slot = table.Slot(i);
-            if (probes > table.Mask)
-            {
-                // Unreachable while growth keeps the table at most half full (plus the inserts in flight).
-                ThrowHelper.ThrowInvalidOperation("Internal error: the map's index has no empty slot.");
-            }
 
             // Interlocked.CompareExchange: claims the empty slot against inserts of other stripes.
             if (*(int*)(slot + StateOffset) == Empty && Interlocked.CompareExchange(ref *(int*)(slot + StateOffset), Claimed, Empty) == Empty)
             {
-                Unsafe.Write(slot + KeyOffset, key);
-                Unsafe.Write(slot + ValueOffset, value);
-                *(long*)(slot + PayloadOffset) = offset;
-                *(long*)(slot + UidOffset) = uid;
-                *(long*)(slot + TagOffset) = tag;
-
-                // Volatile.Write: release; the key and value are visible before a reader sees the slot live.
-                Volatile.Write(ref *(int*)(slot + StateOffset), Live);
-
                 // Interlocked.Increment: counted across stripes; atomicity only.
-                Interlocked.Increment(ref _count);
-                bool grow = Interlocked.Increment(ref table.Used) > table.Capacity / 2;
-                GC.KeepAlive(table);
-                return grow;
+                Interlocked.Increment(ref table.Used);
+                return new SlotClaim(this, table, slot);
             }
         }
     }
@@ -224,6 +249,11 @@ internal sealed unsafe class ValueIndex<TKey, TValue>
                 return;
             }
 
+            if (_growthOutOfMemory)
+            {
+                throw new OutOfMemoryException("Simulated (DurabilityFaults.IndexGrowthOutOfMemory): no memory to grow the map's index.");
+            }
+
             // Sized for the live keys at a quarter full: a table of tombstones is rehashed at its size.
             var grown = new Table(SlotsFor(Volatile.Read(ref _count) * 2));
             long copied = 0;
@@ -237,11 +267,15 @@ internal sealed unsafe class ValueIndex<TKey, TValue>
 
                 // The slot lock waits out an update in progress and keeps later ones off this slot (they see it moved).
                 // The broken control copies without it, and leaves the slot live: an update after the copy is lost.
-                int sequence = _growWithoutSlotLocks ? 0 : Acquire(slot);
+                if (!_growWithoutSlotLocks)
+                {
+                    Acquire(slot);
+                }
+
                 if (!_growWithoutSlotLocks && !_growWithoutRecheck && *(int*)(slot + StateOffset) != Live)
                 {
                     // Removed while this growth waited for the slot: a tombstone, not copied.
-                    Release(slot, sequence);
+                    Release(slot);
                     continue;
                 }
 
@@ -252,7 +286,7 @@ internal sealed unsafe class ValueIndex<TKey, TValue>
                     // The broken control (clearOldSlotsOnGrow) empties the slot instead: a reader still probing the old
                     // table stops there and misses a present key.
                     *(int*)(slot + StateOffset) = _clearOldSlotsOnGrow ? Empty : Moved;
-                    Release(slot, sequence);
+                    Release(slot);
                 }
             }
 
@@ -302,7 +336,8 @@ internal sealed unsafe class ValueIndex<TKey, TValue>
     [MethodImpl(MethodImplOptions.AggressiveInlining)]
     private static byte* FindReadable(Table table, TKey key, uint hash)
     {
-        for (uint i = table.Home(hash); ; i = (i + 1) & table.Mask)
+        // At most one lap: a table with no empty slot is possible only if growth failed for lack of memory.
+        for (uint i = table.Home(hash), probes = 0; probes <= table.Mask; i = (i + 1) & table.Mask, probes++)
         {
             byte* slot = table.Slot(i);
 
@@ -319,6 +354,8 @@ internal sealed unsafe class ValueIndex<TKey, TValue>
                 return slot;
             }
         }
+
+        return null;
     }
 
     /// <summary>The value, never torn: retries while a write is in progress or one completed during the read.</summary>
@@ -335,8 +372,9 @@ internal sealed unsafe class ValueIndex<TKey, TValue>
         // odd store followed by its store-store barrier.
         LoadLoadBarrier();
 
-        // Volatile.Read: the second sequence load; equal to the first and even means no write overlapped the copy.
-        if ((before & 1) == 0 && Volatile.Read(ref sequence) == before)
+        // Volatile.Read: the second sequence load; the same step and no store in progress at the first means no value
+        // store overlapped the copy (the lock bit may have changed: locking alone does not touch the value).
+        if ((before & Storing) == 0 && ((Volatile.Read(ref sequence) ^ before) & ~Locked) == 0)
         {
             return value;
         }
@@ -357,31 +395,29 @@ internal sealed unsafe class ValueIndex<TKey, TValue>
             int before = Volatile.Read(ref sequence);
             TValue value = Unsafe.Read<TValue>(slot + ValueOffset);
             LoadLoadBarrier();
-            if ((before & 1) == 0 && Volatile.Read(ref sequence) == before)
+            if ((before & Storing) == 0 && ((Volatile.Read(ref sequence) ^ before) & ~Locked) == 0)
             {
                 return value;
             }
         }
     }
 
-    /// <summary>Takes the slot's lock: its sequence from even to odd. Returns the (even) sequence it found.</summary>
+    /// <summary>Takes the slot's writer lock (sets <see cref="Locked"/> by compare-and-swap).</summary>
     [MethodImpl(MethodImplOptions.AggressiveInlining)]
-    private static int Acquire(byte* slot)
+    private static void Acquire(byte* slot)
     {
         ref int word = ref *(int*)(slot + SequenceOffset);
         int sequence = Volatile.Read(ref word);
 
         // Interlocked.CompareExchange: full fence; the lock is taken before any load or store of the slot below it.
-        if ((sequence & 1) == 0 && Interlocked.CompareExchange(ref word, sequence + 1, sequence) == sequence)
+        if ((sequence & Locked) != 0 || Interlocked.CompareExchange(ref word, sequence | Locked, sequence) != sequence)
         {
-            return sequence;
+            AcquireContended(slot);
         }
-
-        return AcquireContended(slot);
     }
 
     [MethodImpl(MethodImplOptions.NoInlining)]
-    private static int AcquireContended(byte* slot)
+    private static void AcquireContended(byte* slot)
     {
         ref int word = ref *(int*)(slot + SequenceOffset);
         var spinner = new SpinWait();
@@ -391,20 +427,22 @@ internal sealed unsafe class ValueIndex<TKey, TValue>
 
             // Volatile.Read / Interlocked.CompareExchange: as in Acquire.
             int sequence = Volatile.Read(ref word);
-            if ((sequence & 1) == 0 && Interlocked.CompareExchange(ref word, sequence + 1, sequence) == sequence)
+            if ((sequence & Locked) == 0 && Interlocked.CompareExchange(ref word, sequence | Locked, sequence) == sequence)
             {
-                return sequence;
+                return;
             }
         }
     }
 
-    /// <summary>Releases the slot's lock taken at <paramref name="sequence"/>: the next even sequence.</summary>
+    /// <summary>Releases the slot's writer lock. The caller holds it (only it changes the word meanwhile).</summary>
     [MethodImpl(MethodImplOptions.AggressiveInlining)]
-    private static void Release(byte* slot, int sequence)
+    private static void Release(byte* slot)
     {
-        // Volatile.Write: release; the slot's stores are visible before the even sequence, pairing with the reader's
-        // first (acquire) sequence load and with the next writer's compare-and-swap.
-        Volatile.Write(ref *(int*)(slot + SequenceOffset), sequence + 2);
+        ref int word = ref *(int*)(slot + SequenceOffset);
+
+        // Volatile.Write: release; the slot's stores are visible before the lock is seen free, pairing with the next
+        // writer's compare-and-swap.
+        Volatile.Write(ref word, word & ~Locked);
     }
 
     /// <summary>Copies a live slot into a table nobody else sees yet.</summary>
@@ -423,8 +461,8 @@ internal sealed unsafe class ValueIndex<TKey, TValue>
         }
     }
 
-    /// <summary>A power of two with room for <paramref name="keys"/> at half full, at least 64 slots.</summary>
-    private static long SlotsFor(long keys) => (long)BitOperations.RoundUpToPowerOf2((ulong)Math.Clamp(keys * 2, 64, 1L << 31));
+    /// <summary>A power of two with room for <paramref name="keys"/> at half full, at least <see cref="MinimumSlots"/>.</summary>
+    private static long SlotsFor(long keys) => (long)BitOperations.RoundUpToPowerOf2((ulong)Math.Clamp(keys * 2, MinimumSlots, 1L << 31));
 
     /// <summary>
     /// Loads before it complete before loads after it. On .NET 10 <c>Volatile.ReadBarrier</c>: free on x64 (the JIT
@@ -442,22 +480,20 @@ internal sealed unsafe class ValueIndex<TKey, TValue>
     }
 
     /// <summary>
-    /// A locked live slot: what an update needs of the payload header, and the write of a new payload and value. The
-    /// value's readers retry while it is held (the sequence is odd). Dispose releases it, on every path.
+    /// A locked live slot: what an update needs of the payload header, and the write of a new payload and value. Only
+    /// the store of the value makes readers wait. Dispose releases it, on every path.
     /// </summary>
     internal readonly ref struct SlotLock
     {
         private readonly ValueIndex<TKey, TValue>? _index;
         private readonly Table? _table;
         private readonly byte* _slot;
-        private readonly int _sequence;
 
-        internal SlotLock(ValueIndex<TKey, TValue> index, Table table, byte* slot, int sequence)
+        internal SlotLock(ValueIndex<TKey, TValue> index, Table table, byte* slot)
         {
             _index = index;
             _table = table;
             _slot = slot;
-            _sequence = sequence;
         }
 
         /// <summary>Whether a slot is held (the key was live).</summary>
@@ -472,16 +508,26 @@ internal sealed unsafe class ValueIndex<TKey, TValue>
         /// <summary>The payload header's epoch tag.</summary>
         internal long Tag => *(long*)(_slot + TagOffset);
 
-        /// <summary>Publishes a new payload and value (readers see it when the lock is released).</summary>
+        /// <summary>Publishes a new payload and value.</summary>
         internal void Write(long offset, long uid, long tag, TValue value)
         {
             *(long*)(_slot + PayloadOffset) = offset;
             *(long*)(_slot + UidOffset) = uid;
             *(long*)(_slot + TagOffset) = tag;
+            ref int word = ref *(int*)(_slot + SequenceOffset);
 
-            // No barrier: the sequence has been odd since the compare-and-swap (a full fence), so no value store below
-            // becomes visible before it, and readers retry until the release in Dispose.
+            // (Without the Storing bit: the broken control ReadersWaitForSlotLock sets it when it takes the lock.)
+            int sequence = word & ~Storing;
+
+            // Volatile.Write: release (a value store is in progress); the store-store barrier after it keeps the
+            // value's stores below from becoming visible before it, pairing with the reader's second sequence load.
+            Volatile.Write(ref word, sequence | Storing);
+            StoreStoreBarrier();
             Unsafe.Write(_slot + ValueOffset, value);
+
+            // Volatile.Write: release; the value's stores are visible before the next step, pairing with the reader's
+            // first (acquire) sequence load. Still locked.
+            Volatile.Write(ref word, sequence + Step);
         }
 
         /// <summary>Marks the key removed (a tombstone): lookups pass over it from now on.</summary>
@@ -491,7 +537,7 @@ internal sealed unsafe class ValueIndex<TKey, TValue>
             // current during their read.
             Volatile.Write(ref *(int*)(_slot + StateOffset), Deleted);
 
-            // Interlocked.Decrement: see Insert.
+            // Interlocked.Decrement: see SlotClaim.Publish.
             Interlocked.Decrement(ref _index!._count);
         }
 
@@ -500,10 +546,77 @@ internal sealed unsafe class ValueIndex<TKey, TValue>
         {
             if (_slot != null)
             {
-                Release(_slot, _sequence);
+                Release(_slot);
                 GC.KeepAlive(_table);
             }
         }
+    }
+
+    /// <summary>
+    /// A claimed empty slot (<see cref="Claim(uint)"/>): <see cref="Publish"/> fills it and makes it live; a claim that is
+    /// not published (the payload's allocation failed) becomes a tombstone when disposed. Invisible to lookups until then.
+    /// </summary>
+    internal ref struct SlotClaim
+    {
+        private readonly ValueIndex<TKey, TValue>? _index;
+        private readonly Table? _table;
+        private byte* _slot;
+
+        internal SlotClaim(ValueIndex<TKey, TValue> index, Table table, byte* slot)
+        {
+            _index = index;
+            _table = table;
+            _slot = slot;
+        }
+
+        /// <summary>Whether a slot was claimed (false: the table has no room; grow and try again).</summary>
+        internal readonly bool IsHeld => _slot != null;
+
+        /// <summary>Fills the slot and makes the key live.</summary>
+        /// <returns>Whether the table should grow (call <see cref="Grow"/> after releasing the stripe lock).</returns>
+        internal bool Publish(TKey key, long offset, long uid, long tag, TValue value)
+        {
+            byte* slot = _slot;
+            _slot = null;
+            Unsafe.Write(slot + KeyOffset, key);
+            Unsafe.Write(slot + ValueOffset, value);
+            *(long*)(slot + PayloadOffset) = offset;
+            *(long*)(slot + UidOffset) = uid;
+            *(long*)(slot + TagOffset) = tag;
+
+            // Interlocked.Increment: counted across stripes; atomicity only. Before the key is live, so a remove of it
+            // never takes the count below zero.
+            Interlocked.Increment(ref _index!._count);
+
+            // Volatile.Write: release; the key and value are visible before a reader sees the slot live.
+            Volatile.Write(ref *(int*)(slot + StateOffset), Live);
+            bool grow = Volatile.Read(ref _table!.Used) > _table.Capacity / 2;
+            GC.KeepAlive(_table);
+            return grow;
+        }
+
+        /// <summary>An unpublished claim becomes a tombstone (never empty again: later inserts may have probed past it).</summary>
+        public void Dispose()
+        {
+            if (_slot != null)
+            {
+                // Volatile.Write: an atomic store; lookups pass over a tombstone as over a claim.
+                Volatile.Write(ref *(int*)(_slot + StateOffset), Deleted);
+                _slot = null;
+                GC.KeepAlive(_table);
+            }
+        }
+    }
+
+    /// <summary>Stores before it become visible before stores after it.</summary>
+    [MethodImpl(MethodImplOptions.AggressiveInlining)]
+    private static void StoreStoreBarrier()
+    {
+#if NET10_0_OR_GREATER
+        Volatile.WriteBarrier();
+#else
+        Interlocked.MemoryBarrier();
+#endif
     }
 
     /// <summary>
@@ -517,6 +630,8 @@ internal sealed unsafe class ValueIndex<TKey, TValue>
         private readonly long _bytes;
         private readonly int _shift;
 
+        private const long HugePage = 2L << 20;
+
         /// <summary>Slots claimed (live, deleted or moved); the table grows past half full.</summary>
         internal long Used;
 
@@ -529,14 +644,26 @@ internal sealed unsafe class ValueIndex<TKey, TValue>
 
             // Zeroed by the allocator (calloc: fresh pages from the kernel for a large table, not written here).
             _allocation = NativeMemory.AllocZeroed((nuint)_bytes);
-            _base = (byte*)(((nuint)_allocation + 63) & ~(nuint)63);
             GC.AddMemoryPressure(_bytes);
+            _base = (byte*)(((nuint)_allocation + 63) & ~(nuint)63);
+            if (OperatingSystem.IsLinux() && _bytes >= 4 * HugePage)
+            {
+                // A lookup is one random access into the table: with 4 KiB pages nearly every one also misses the TLB
+                // (a page walk, expensive in a virtual machine). Transparent huge pages are a hint (ignored when the
+                // system disables them); the page-aligned interior of the allocation is ours to advise.
+                nuint start = ((nuint)_allocation + 4095) & ~(nuint)4095;
+                nuint end = ((nuint)_allocation + (nuint)_bytes) & ~(nuint)4095;
+                Interop.Libc.Madvise((void*)start, end - start, Interop.Libc.MadvHugePage);
+            }
         }
 
         ~Table()
         {
-            NativeMemory.Free(_allocation);
-            GC.RemoveMemoryPressure(_bytes);
+            if (_allocation != null)
+            {
+                NativeMemory.Free(_allocation);
+                GC.RemoveMemoryPressure(_bytes);
+            }
         }
 
         internal long Capacity { get; }

@@ -63,6 +63,7 @@ internal sealed unsafe class ValueMapCore<TKey, TValue>
                 {
                     if (slot.IsHeld)
                     {
+                        _heap.InsideSlotLockForTesting?.Invoke();
                         long offset = slot.Offset;
                         PayloadRef block = op.ReplaceWhole(new PayloadRef(offset), slot.Uid, slot.Tag, PayloadSize, _typeId, out long uid);
 
@@ -83,18 +84,35 @@ internal sealed unsafe class ValueMapCore<TKey, TValue>
                         continue;
                     }
 
-                    PayloadRef added = op.Allocate(PayloadSize, _typeId);
-                    WritePayload(added, key, value);
-                    grow = _index.Insert(key, hash, added.Offset, _heap.HeaderWords(added.Offset).Uid, op.Version, value);
-                    break;
+                    // The slot first: a full index is found before anything is written to the heap. If the allocation
+                    // throws (the heap is full), the claim becomes a tombstone and the heap is unchanged.
+                    using ValueIndex<TKey, TValue>.SlotClaim claim = _index.Claim(hash);
+                    if (claim.IsHeld)
+                    {
+                        PayloadRef added = op.Allocate(PayloadSize, _typeId);
+                        WritePayload(added, key, value);
+                        grow = claim.Publish(key, added.Offset, _heap.HeaderWords(added.Offset).Uid, op.Version, value);
+                        break;
+                    }
                 }
+
+                // No room: an earlier growth failed (or lags behind many inserts). Grow now, outside the stripe lock;
+                // if there is no memory for it, the OutOfMemoryException leaves the map and the heap unchanged.
+                _index.Grow();
             }
         }
 
         if (grow)
         {
-            // Outside the operation and the lock: growing takes every lock of the index.
-            _index.Grow();
+            // Outside the operation and the lock: growing takes every lock of the index. The insert is done: if there
+            // is no memory to grow, the next insert that finds no room grows (or fails) before writing anything.
+            try
+            {
+                _index.Grow();
+            }
+            catch (OutOfMemoryException)
+            {
+            }
         }
 
         return true;
@@ -144,8 +162,14 @@ internal sealed unsafe class ValueMapCore<TKey, TValue>
                     throw new InvalidDataException($"Recovery found two live payloads for one key of the map with type id {UserTypeId} ({payload.Header} and the payload at 0x{other:X}): the heap is inconsistent.");
                 }
 
-                // Presized for the payloads: no growth during the rebuild.
-                _index.Insert(key, hash, payload.Block.Offset, payload.Header.Uid, payload.Header.EpochTag, Unsafe.ReadUnaligned<TValue>(bytes + sizeof(TKey)));
+                // Presized for the payloads: no growth during the rebuild, always room.
+                using ValueIndex<TKey, TValue>.SlotClaim claim = _index.Claim(hash);
+                if (!claim.IsHeld)
+                {
+                    ThrowHelper.ThrowInvalidOperation("Internal error: the map's index, sized for the recovered payloads, has no room.");
+                }
+
+                claim.Publish(key, payload.Block.Offset, payload.Header.Uid, payload.Header.EpochTag, Unsafe.ReadUnaligned<TValue>(bytes + sizeof(TKey)));
             }
         });
     }
