@@ -216,6 +216,48 @@ public sealed class MappedFileWriteBackTests : IDisposable
         Assert.Throws<ObjectDisposedException>(() => domain.WriteBack(offset, 100));
     }
 
+    /// <summary>
+    /// Growing extends the file with posix_fallocate on the domain's descriptor: a quarantine while one is in flight must
+    /// wait for it before it releases the descriptor (which could otherwise be closed and reused by another file, which
+    /// the straggler would then extend). Control: a quarantine that does not wait finishes first.
+    /// </summary>
+    [SkippableTheory]
+    [InlineData(false)]
+    [InlineData(true)]
+    public void QuarantineWhileTheFileGrows_WaitsForTheExtension(bool control)
+    {
+        Skip.IfNot(OperatingSystem.IsLinux(), "posix_fallocate is the growth path on Linux");
+        using var stream = new FileStream(_directory.File($"grow-quarantine-{control}.heap"), FileMode.CreateNew, FileAccess.ReadWrite, FileShare.None);
+        stream.SetLength(1L << 20);
+        MappedFilePersistenceDomain domain = MappedFilePersistenceDomain.Map(stream, 1L << 20, 4L << 20, privateMapping: true);
+        using var held = new HeldCall();
+        domain.InsideFileCallForTesting = held.Hold;
+        domain.SkipFileCallWaitForTesting = control;
+
+        // A growth is inside its posix_fallocate (counted in, about to extend the file) when the heap is quarantined.
+        bool grew = false;
+        var straggler = new Thread(() => grew = domain.TryGrow(2L << 20));
+        straggler.Start();
+        held.WaitUntilHeld();
+        var quarantine = new Thread(domain.Quarantine);
+        quarantine.Start();
+        bool quarantinedFirst = quarantine.Join(TimeSpan.FromSeconds(1));
+        held.Release();
+        Assert.True(straggler.Join(TimeSpan.FromSeconds(30)) && quarantine.Join(TimeSpan.FromSeconds(30)), "a thread did not finish");
+        if (control)
+        {
+            Skip.IfNot(quarantinedFirst, "inconclusive: the control's quarantine did not finish within 1 s");
+            return;
+        }
+
+        Assert.False(quarantinedFirst, "the quarantine released the descriptor while a posix_fallocate on it was in flight");
+        Assert.True(grew);
+        Assert.Equal(2L << 20, new FileInfo(stream.Name).Length);
+
+        // After the quarantine, a growth throws instead of reaching the descriptor.
+        Assert.Throws<ObjectDisposedException>(() => domain.TryGrow(3L << 20));
+    }
+
     [SkippableFact]
     public void PrivateMapping_AQuarantineThatGivesUpWaiting_LeavesTheMappingToTheStuckCopy()
     {

@@ -62,7 +62,7 @@ internal sealed unsafe class MappedFilePersistenceDomain : PersistenceDomain
     /// <summary>Test hook: runs in each pwrite call of this domain before it is counted in (after the range check).</summary>
     internal Action? BeforeFileCallForTesting;
 
-    /// <summary>Test hook: runs inside each pwrite call of this domain, after it was counted in, before it copies.</summary>
+    /// <summary>Test hook: runs inside each pwrite and posix_fallocate call of this domain, after it was counted in, before the system call.</summary>
     internal Action? InsideFileCallForTesting;
 
     /// <summary>Broken control for tests: quarantine and dispose do not wait for pwrite calls in flight.</summary>
@@ -417,6 +417,7 @@ internal sealed unsafe class MappedFilePersistenceDomain : PersistenceDomain
         BeginFileCall();
         try
         {
+            InsideFileCallForTesting?.Invoke();
             int error = Interop.Libc.PosixFallocate((int)_file.DangerousGetHandle(), Length, newLength - Length);
             return error == 0;
         }
