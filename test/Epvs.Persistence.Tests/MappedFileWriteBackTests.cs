@@ -190,17 +190,9 @@ public sealed class MappedFileWriteBackTests : IDisposable
         domain.InsideFileCallForTesting = held.Hold;
         domain.SkipFileCallWaitForTesting = control;
 
-        // A straggler is inside its write-back (counted in, about to copy) when the heap is quarantined.
-        var straggler = new Thread(() => domain.WriteBack(offset, 100));
-        straggler.Start();
-        held.WaitUntilHeld();
-        var quarantine = new Thread(domain.Quarantine);
-        quarantine.Start();
-
-        // The real quarantine waits for the straggler; the control replaces the mapping with zeros under it at once.
-        bool quarantinedFirst = quarantine.Join(TimeSpan.FromSeconds(1));
-        held.Release();
-        Assert.True(straggler.Join(TimeSpan.FromSeconds(30)) && quarantine.Join(TimeSpan.FromSeconds(30)), "a thread did not finish");
+        // A straggler is inside its write-back (counted in, about to copy) when the heap is quarantined. The real
+        // quarantine waits for it; the control replaces the mapping with zeros under it at once.
+        bool quarantinedFirst = QuarantineDuringHeldCall(domain, held, () => domain.WriteBack(offset, 100));
         byte[] inFile = FileBytes(stream, offset, 100);
         if (control)
         {
@@ -236,14 +228,7 @@ public sealed class MappedFileWriteBackTests : IDisposable
 
         // A growth is inside its posix_fallocate (counted in, about to extend the file) when the heap is quarantined.
         bool grew = false;
-        var straggler = new Thread(() => grew = domain.TryGrow(2L << 20));
-        straggler.Start();
-        held.WaitUntilHeld();
-        var quarantine = new Thread(domain.Quarantine);
-        quarantine.Start();
-        bool quarantinedFirst = quarantine.Join(TimeSpan.FromSeconds(1));
-        held.Release();
-        Assert.True(straggler.Join(TimeSpan.FromSeconds(30)) && quarantine.Join(TimeSpan.FromSeconds(30)), "a thread did not finish");
+        bool quarantinedFirst = QuarantineDuringHeldCall(domain, held, () => grew = domain.TryGrow(2L << 20));
         if (control)
         {
             Skip.IfNot(quarantinedFirst, "inconclusive: the control's quarantine did not finish within 1 s");
@@ -586,6 +571,24 @@ public sealed class MappedFileWriteBackTests : IDisposable
         byte[] bytes = new byte[length];
         Assert.Equal(length, RandomAccess.Read(stream.SafeFileHandle, bytes, offset));
         return bytes;
+    }
+
+    /// <summary>
+    /// Runs <paramref name="straggle"/> on a thread until it is held inside its file call, quarantines the domain on
+    /// another, lets the call go on after the quarantine finished or after 1 s, and waits for both (bounded).
+    /// </summary>
+    /// <returns>Whether the quarantine finished while the call was still held.</returns>
+    private static bool QuarantineDuringHeldCall(MappedFilePersistenceDomain domain, HeldCall held, Action straggle)
+    {
+        var straggler = new Thread(() => straggle());
+        straggler.Start();
+        held.WaitUntilHeld();
+        var quarantine = new Thread(domain.Quarantine);
+        quarantine.Start();
+        bool quarantinedFirst = quarantine.Join(TimeSpan.FromSeconds(1));
+        held.Release();
+        Assert.True(straggler.Join(TimeSpan.FromSeconds(30)) && quarantine.Join(TimeSpan.FromSeconds(30)), "a thread did not finish");
+        return quarantinedFirst;
     }
 
     /// <summary>Holds the thread that runs <see cref="Hold"/> (a domain's test hook) until <see cref="Release"/>; waits are bounded.</summary>

@@ -360,57 +360,45 @@ internal sealed unsafe class ValueIndex<TKey, TValue>
 
     /// <summary>The value, never torn: retries while a write is in progress or one completed during the read.</summary>
     [MethodImpl(MethodImplOptions.AggressiveInlining)]
-    private static TValue ReadValue(byte* slot)
+    private static TValue ReadValue(byte* slot) => TryReadValue(slot, out TValue value) ? value : ReadValueContended(slot);
+
+    [MethodImpl(MethodImplOptions.NoInlining)]
+    private static TValue ReadValueContended(byte* slot)
+    {
+        var spinner = new SpinWait();
+        TValue value;
+        do
+        {
+            spinner.SpinOnce();
+        }
+        while (!TryReadValue(slot, out value));
+        return value;
+    }
+
+    /// <summary>One attempt of the sequence-lock read: false if a value store overlapped it.</summary>
+    [MethodImpl(MethodImplOptions.AggressiveInlining)]
+    private static bool TryReadValue(byte* slot, out TValue value)
     {
         ref int sequence = ref *(int*)(slot + SequenceOffset);
 
         // Volatile.Read: acquire; pairs with the writer's final release, so the value loads below see that write.
         int before = Volatile.Read(ref sequence);
-        TValue value = Unsafe.Read<TValue>(slot + ValueOffset);
+        value = Unsafe.Read<TValue>(slot + ValueOffset);
 
         // LoadLoadBarrier: the value's loads complete before the sequence is loaded again, pairing with the writer's
-        // odd store followed by its store-store barrier.
+        // Storing store followed by its store-store barrier.
         LoadLoadBarrier();
 
         // Volatile.Read: the second sequence load; the same step and no store in progress at the first means no value
         // store overlapped the copy (the lock bit may have changed: locking alone does not touch the value).
-        if ((before & Storing) == 0 && ((Volatile.Read(ref sequence) ^ before) & ~Locked) == 0)
-        {
-            return value;
-        }
-
-        return ReadValueContended(slot);
-    }
-
-    [MethodImpl(MethodImplOptions.NoInlining)]
-    private static TValue ReadValueContended(byte* slot)
-    {
-        ref int sequence = ref *(int*)(slot + SequenceOffset);
-        var spinner = new SpinWait();
-        while (true)
-        {
-            spinner.SpinOnce();
-
-            // Volatile.Read / LoadLoadBarrier: as in ReadValue.
-            int before = Volatile.Read(ref sequence);
-            TValue value = Unsafe.Read<TValue>(slot + ValueOffset);
-            LoadLoadBarrier();
-            if ((before & Storing) == 0 && ((Volatile.Read(ref sequence) ^ before) & ~Locked) == 0)
-            {
-                return value;
-            }
-        }
+        return (before & Storing) == 0 && ((Volatile.Read(ref sequence) ^ before) & ~Locked) == 0;
     }
 
     /// <summary>Takes the slot's writer lock (sets <see cref="Locked"/> by compare-and-swap).</summary>
     [MethodImpl(MethodImplOptions.AggressiveInlining)]
     private static void Acquire(byte* slot)
     {
-        ref int word = ref *(int*)(slot + SequenceOffset);
-        int sequence = Volatile.Read(ref word);
-
-        // Interlocked.CompareExchange: full fence; the lock is taken before any load or store of the slot below it.
-        if ((sequence & Locked) != 0 || Interlocked.CompareExchange(ref word, sequence | Locked, sequence) != sequence)
+        if (!TryAcquire(slot))
         {
             AcquireContended(slot);
         }
@@ -419,19 +407,22 @@ internal sealed unsafe class ValueIndex<TKey, TValue>
     [MethodImpl(MethodImplOptions.NoInlining)]
     private static void AcquireContended(byte* slot)
     {
-        ref int word = ref *(int*)(slot + SequenceOffset);
         var spinner = new SpinWait();
-        while (true)
+        do
         {
             spinner.SpinOnce();
-
-            // Volatile.Read / Interlocked.CompareExchange: as in Acquire.
-            int sequence = Volatile.Read(ref word);
-            if ((sequence & Locked) == 0 && Interlocked.CompareExchange(ref word, sequence | Locked, sequence) == sequence)
-            {
-                return;
-            }
         }
+        while (!TryAcquire(slot));
+    }
+
+    [MethodImpl(MethodImplOptions.AggressiveInlining)]
+    private static bool TryAcquire(byte* slot)
+    {
+        ref int word = ref *(int*)(slot + SequenceOffset);
+        int sequence = Volatile.Read(ref word);
+
+        // Interlocked.CompareExchange: full fence; the lock is taken before any load or store of the slot below it.
+        return (sequence & Locked) == 0 && Interlocked.CompareExchange(ref word, sequence | Locked, sequence) == sequence;
     }
 
     /// <summary>Releases the slot's writer lock. The caller holds it (only it changes the word meanwhile).</summary>

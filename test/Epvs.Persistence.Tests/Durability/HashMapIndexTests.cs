@@ -164,17 +164,8 @@ public sealed class HashMapIndexTests
     /// under the stripe lock must be caught.
     /// </summary>
     [SkippableFact]
-    public void Map_RacingInsertsOfOneAbsentKey_LeaveOneEntry()
-    {
-        (long inserts, string? violation) = RaceInserts(DurabilityFaults.None);
-        _output.WriteLine($"as built: {inserts:N0} inserts, {violation ?? "no violation"}");
-        Assert.True(inserts > 1000, $"too few inserts to judge ({inserts})");
-        Assert.Null(violation);
-
-        (long controlInserts, string? controlViolation) = RaceInserts(DurabilityFaults.InsertWithoutRecheck);
-        _output.WriteLine($"control: {controlInserts:N0} inserts, {controlViolation ?? "no violation"}");
-        Skip.If(controlViolation is null, "inconclusive: the control's inserts never raced this run");
-    }
+    public void Map_RacingInsertsOfOneAbsentKey_LeaveOneEntry() =>
+        CheckWithControl(RaceInserts, DurabilityFaults.InsertWithoutRecheck, "the control's inserts never raced this run");
 
     /// <summary>
     /// Two threads set and remove the same few keys at random: tombstones pile up, so the table is rehashed often while
@@ -182,16 +173,20 @@ public sealed class HashMapIndexTests
     /// and so does the reopened heap). Control: a rehash that copies a slot without looking at it again once it holds it.
     /// </summary>
     [SkippableFact]
-    public void Map_RemovesRacingARehash_NeverBringAKeyBack()
+    public void Map_RemovesRacingARehash_NeverBringAKeyBack() =>
+        CheckWithControl(RaceSetsAndRemoves, DurabilityFaults.GrowWithoutRecheck, "no remove raced a rehash in the control this run");
+
+    /// <summary>Runs <paramref name="race"/> as built (enough inserts, no violation), then with <paramref name="control"/>, whose violation must show; none makes the run inconclusive (skipped), never passed.</summary>
+    private void CheckWithControl(Func<DurabilityFaults, (long Inserts, string? Violation)> race, DurabilityFaults control, string inconclusive)
     {
-        (long inserts, string? violation) = RaceSetsAndRemoves(DurabilityFaults.None);
+        (long inserts, string? violation) = race(DurabilityFaults.None);
         _output.WriteLine($"as built: {inserts:N0} inserts, {violation ?? "no violation"}");
         Assert.True(inserts > 1000, $"too few inserts to judge ({inserts})");
         Assert.Null(violation);
 
-        (long controlInserts, string? controlViolation) = RaceSetsAndRemoves(DurabilityFaults.GrowWithoutRecheck);
+        (long controlInserts, string? controlViolation) = race(control);
         _output.WriteLine($"control: {controlInserts:N0} inserts, {controlViolation ?? "no violation"}");
-        Skip.If(controlViolation is null, "inconclusive: no remove raced a rehash in the control this run");
+        Skip.If(controlViolation is null, $"inconclusive: {inconclusive}");
     }
 
     private static (long Inserts, string? Violation) RaceSetsAndRemoves(DurabilityFaults faults) =>
