@@ -53,7 +53,7 @@ internal enum DurabilityFaults
     /// <summary>The hash map inserts a key it found absent without looking again under the key's stripe lock (two racing inserts of one key both add it).</summary>
     InsertWithoutRecheck = 8192,
 
-    /// <summary>The hash map's index growth copies a slot it saw live without looking again once it holds the slot's lock (a key removed meanwhile comes back).</summary>
+    /// <summary>The hash map's index growth copies a slot it saw live without looking again once it holds the slot's lock, and lets new updates and removes run during the growth (a key removed meanwhile comes back).</summary>
     GrowWithoutRecheck = 16384,
 
     /// <summary>The hash map's slot lock makes readers of the key wait for the whole update (allocation included), not just for the store of the value.</summary>

@@ -78,6 +78,9 @@ internal sealed unsafe class ValueIndex<TKey, TValue>
     private Table _table;
     private long _count;
 
+    /// <summary>1 while a growth holds every stripe lock (written under them).</summary>
+    private int _growing;
+
     internal ValueIndex(int lockCount, int capacity, DurabilityFaults faults = DurabilityFaults.None)
     {
         _clearOldSlotsOnGrow = (faults & DurabilityFaults.ClearOldSlotsOnGrow) != 0;
@@ -145,6 +148,14 @@ internal sealed unsafe class ValueIndex<TKey, TValue>
 
             // Volatile.Read: acquire; a moved slot is never locked (its old table's readers would retry for nothing).
             int state = Volatile.Read(ref *(int*)(slot + StateOffset));
+
+            // Volatile.Read: a growth in progress is not made to compete for the slots it is copying (a hot key's
+            // writers could starve it while it holds every stripe lock): wait for it below, as for a moved slot.
+            if (state == Live && Volatile.Read(ref _growing) != 0)
+            {
+                state = Moved;
+            }
+
             if (state == Live)
             {
                 Acquire(slot);
@@ -234,6 +245,7 @@ internal sealed unsafe class ValueIndex<TKey, TValue>
         }
 
         int taken = 0;
+        bool marked = false;
         try
         {
             for (; taken < _locks.Length; taken++)
@@ -247,6 +259,15 @@ internal sealed unsafe class ValueIndex<TKey, TValue>
             if (Volatile.Read(ref old.Used) <= old.Capacity / 2)
             {
                 return;
+            }
+
+            // Volatile.Write: new updates wait for this growth on a stripe lock instead of competing for its slots.
+            // (The broken controls exclude no new writer: GrowWithoutSlotLocks none at all; GrowWithoutRecheck leaves
+            // only its missing re-check between a remove and the copy, which this flag would otherwise mostly hide.)
+            if (!_growWithoutSlotLocks && !_growWithoutRecheck)
+            {
+                Volatile.Write(ref _growing, 1);
+                marked = true;
             }
 
             if (_growthOutOfMemory)
@@ -299,6 +320,12 @@ internal sealed unsafe class ValueIndex<TKey, TValue>
         }
         finally
         {
+            if (marked)
+            {
+                // Volatile.Write: before the stripe locks are released, so a writer that waited on one finds it clear.
+                Volatile.Write(ref _growing, 0);
+            }
+
             for (int i = taken - 1; i >= 0; i--)
             {
                 Monitor.Exit(_locks[i]);
