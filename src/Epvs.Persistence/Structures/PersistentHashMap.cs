@@ -47,6 +47,7 @@ public sealed class PersistentHashMap<TKey, TValue>
     /// <param name="value">The value.</param>
     /// <returns><see langword="true"/> if the key was added, <see langword="false"/> if its value was replaced.</returns>
     /// <exception cref="InsufficientMemoryException">The heap is full.</exception>
+    /// <exception cref="OutOfMemoryException">A new key needs a larger index and there is no memory for it; nothing was written.</exception>
     public bool Set(TKey key, TValue value) => _core.Upsert(key, value);
 
     /// <summary>Reads the value of <paramref name="key"/>.</summary>

@@ -146,7 +146,7 @@ internal sealed unsafe class ValueIndex<TKey, TValue>
                 return default;
             }
 
-            // Volatile.Read: acquire; a moved slot is never locked (its old table's readers would retry for nothing).
+            // Volatile.Read: acquire; a moved or deleted slot is not locked (a compare-and-swap for nothing).
             int state = Volatile.Read(ref *(int*)(slot + StateOffset));
 
             // Volatile.Read: a growth in progress is not made to compete for the slots it is copying (a hot key's
@@ -201,13 +201,15 @@ internal sealed unsafe class ValueIndex<TKey, TValue>
         // Plain read: the caller holds a stripe lock, and Grow replaces the table only while holding all of them.
         Table table = _table;
 
-        // Room for this claim and the others in flight (at most one per stripe lock); growth is due at half full.
+        // Room for this claim and the others in flight; growth is due at half full.
         if (Volatile.Read(ref table.Used) >= table.Capacity - (table.Capacity / 4))
         {
             return default;
         }
 
-        for (uint i = table.Home(hash); ; i = (i + 1) & table.Mask)
+        // At most one lap: more inserts in flight than the room check allows for (one per stripe lock) can take the
+        // last empty slots; then this one finds none and the caller grows.
+        for (uint i = table.Home(hash), probes = 0; probes <= table.Mask; i = (i + 1) & table.Mask, probes++)
         {
             byte* slot = table.Slot(i);
 
@@ -219,6 +221,8 @@ internal sealed unsafe class ValueIndex<TKey, TValue>
                 return new SlotClaim(this, table, slot);
             }
         }
+
+        return default;
     }
 
     /// <summary>Whether <paramref name="key"/> is live, with its payload offset. Lock-free.</summary>
@@ -459,8 +463,9 @@ internal sealed unsafe class ValueIndex<TKey, TValue>
         ref int word = ref *(int*)(slot + SequenceOffset);
 
         // Volatile.Write: release; the slot's stores are visible before the lock is seen free, pairing with the next
-        // writer's compare-and-swap.
-        Volatile.Write(ref word, word & ~Locked);
+        // writer's compare-and-swap. (Storing is clear here as built; the broken control ReadersWaitForSlotLock sets it
+        // for the whole update, and a remove or a failed update would otherwise leave it set.)
+        Volatile.Write(ref word, word & ~(Locked | Storing));
     }
 
     /// <summary>Copies a live slot into a table nobody else sees yet.</summary>
@@ -671,7 +676,14 @@ internal sealed unsafe class ValueIndex<TKey, TValue>
                 // system disables them); the page-aligned interior of the allocation is ours to advise.
                 nuint start = ((nuint)_allocation + 4095) & ~(nuint)4095;
                 nuint end = ((nuint)_allocation + (nuint)_bytes) & ~(nuint)4095;
-                Interop.Libc.Madvise((void*)start, end - start, Interop.Libc.MadvHugePage);
+                try
+                {
+                    Interop.Libc.Madvise((void*)start, end - start, Interop.Libc.MadvHugePage);
+                }
+                catch (Exception e) when (e is DllNotFoundException or EntryPointNotFoundException)
+                {
+                    // Only a hint.
+                }
             }
         }
 

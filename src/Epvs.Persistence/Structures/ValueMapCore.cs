@@ -52,70 +52,87 @@ internal sealed unsafe class ValueMapCore<TKey, TValue>
     internal bool Upsert(TKey key, TValue value)
     {
         uint hash = ValueIndex<TKey, TValue>.Hash(key);
-        bool grow;
-        using (DurableOperation op = _heap.BeginOperation())
+        while (true)
         {
-            while (true)
+            Outcome outcome;
+            using (DurableOperation op = _heap.BeginOperation())
             {
-                // An existing key: its slot is locked (the one writer of the key) and updated in place: no allocation
-                // in the index.
-                using (ValueIndex<TKey, TValue>.SlotLock slot = _index.LockLive(key, hash))
-                {
-                    if (slot.IsHeld)
-                    {
-                        _heap.InsideSlotLockForTesting?.Invoke();
-                        long offset = slot.Offset;
-                        PayloadRef block = op.ReplaceWhole(new PayloadRef(offset), slot.Uid, slot.Tag, PayloadSize, _typeId, out long uid);
+                outcome = Upsert(in op, key, hash, value);
+            }
 
-                        // Updated in place (same block): the header (uid, tag) is unchanged.
-                        long tag = block.Offset == offset ? slot.Tag : op.Version;
-                        WritePayload(block, key, value);
-                        slot.Write(block.Offset, uid, tag, value);
-                        return false;
+            // Growing takes every lock of the index: outside the operation (it would hold back version transitions) and
+            // outside the locks.
+            switch (outcome)
+            {
+                case Outcome.Updated:
+                    return false;
+                case Outcome.InsertedAndGrow:
+                    // The insert is done: if there is no memory to grow, the next insert that finds no room grows (or
+                    // fails) before writing anything.
+                    try
+                    {
+                        _index.Grow();
                     }
-                }
-
-                // A new key: inserts of it are serialized by its stripe lock.
-                lock (_index.LockFor(hash))
-                {
-                    if (!_insertWithoutRecheck && _index.Contains(key, hash, out _))
+                    catch (OutOfMemoryException)
                     {
-                        // Inserted since the lookup: update it instead.
-                        continue;
                     }
 
-                    // The slot first: a full index is found before anything is written to the heap. If the allocation
-                    // throws (the heap is full), the claim becomes a tombstone and the heap is unchanged.
-                    using ValueIndex<TKey, TValue>.SlotClaim claim = _index.Claim(hash);
-                    if (claim.IsHeld)
-                    {
-                        PayloadRef added = op.Allocate(PayloadSize, _typeId);
-                        WritePayload(added, key, value);
-                        grow = claim.Publish(key, added.Offset, _heap.HeaderWords(added.Offset).Uid, op.Version, value);
-                        break;
-                    }
-                }
-
-                // No room: an earlier growth failed (or lags behind many inserts). Grow now, outside the stripe lock;
-                // if there is no memory for it, the OutOfMemoryException leaves the map and the heap unchanged.
-                _index.Grow();
+                    return true;
+                case Outcome.NoRoom:
+                    // An earlier growth failed (or lags behind many inserts). Nothing was written; if there is no memory
+                    // to grow, the OutOfMemoryException leaves the map and the heap unchanged.
+                    _index.Grow();
+                    continue;
+                default:
+                    return true;
             }
         }
+    }
 
-        if (grow)
+    private Outcome Upsert(scoped in DurableOperation op, TKey key, uint hash, TValue value)
+    {
+        while (true)
         {
-            // Outside the operation and the lock: growing takes every lock of the index. The insert is done: if there
-            // is no memory to grow, the next insert that finds no room grows (or fails) before writing anything.
-            try
+            // An existing key: its slot is locked (the one writer of the key) and updated in place: no allocation in
+            // the index.
+            using (ValueIndex<TKey, TValue>.SlotLock slot = _index.LockLive(key, hash))
             {
-                _index.Grow();
+                if (slot.IsHeld)
+                {
+                    _heap.InsideSlotLockForTesting?.Invoke();
+                    long offset = slot.Offset;
+                    PayloadRef block = op.ReplaceWhole(new PayloadRef(offset), slot.Uid, slot.Tag, PayloadSize, _typeId, out long uid);
+
+                    // Updated in place (same block): the header (uid, tag) is unchanged.
+                    long tag = block.Offset == offset ? slot.Tag : op.Version;
+                    WritePayload(block, key, value);
+                    slot.Write(block.Offset, uid, tag, value);
+                    return Outcome.Updated;
+                }
             }
-            catch (OutOfMemoryException)
+
+            // A new key: inserts of it are serialized by its stripe lock.
+            lock (_index.LockFor(hash))
             {
+                if (!_insertWithoutRecheck && _index.Contains(key, hash, out _))
+                {
+                    // Inserted since the lookup: update it instead.
+                    continue;
+                }
+
+                // The slot first: a full index is found before anything is written to the heap. If the allocation throws
+                // (the heap is full), the claim becomes a tombstone and the heap is unchanged.
+                using ValueIndex<TKey, TValue>.SlotClaim claim = _index.Claim(hash);
+                if (!claim.IsHeld)
+                {
+                    return Outcome.NoRoom;
+                }
+
+                PayloadRef added = op.Allocate(PayloadSize, _typeId);
+                WritePayload(added, key, value);
+                return claim.Publish(key, added.Offset, _heap.HeaderWords(added.Offset).Uid, op.Version, value) ? Outcome.InsertedAndGrow : Outcome.Inserted;
             }
         }
-
-        return true;
     }
 
     [MethodImpl(MethodImplOptions.AggressiveInlining)]
@@ -172,5 +189,13 @@ internal sealed unsafe class ValueMapCore<TKey, TValue>
                 claim.Publish(key, payload.Block.Offset, payload.Header.Uid, payload.Header.EpochTag, Unsafe.ReadUnaligned<TValue>(bytes + sizeof(TKey)));
             }
         });
+    }
+
+    private enum Outcome
+    {
+        Updated,
+        Inserted,
+        InsertedAndGrow,
+        NoRoom,
     }
 }

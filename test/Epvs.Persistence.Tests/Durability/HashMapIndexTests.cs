@@ -153,7 +153,7 @@ public sealed class HashMapIndexTests
         Assert.False(recovered.TryGetValue(failedKey, out _));
         Assert.True(recovered.TryGetValue(0, out long zero) && zero == 100);
 
-        // Without the simulated failure the index grows again.
+        // Without the simulated failure, inserts succeed again.
         Assert.True(recovered.Set(failedKey, failedKey));
     }
 

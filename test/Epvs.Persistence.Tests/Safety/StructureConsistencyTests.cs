@@ -1,4 +1,5 @@
 using System;
+using System.Collections.Generic;
 using System.IO;
 using System.Threading;
 using Xunit;
@@ -34,6 +35,37 @@ public sealed class StructureConsistencyTests
         {
             var map = new PersistentHashMap<long, long>(heap, typeId: 1);
             Assert.True(map.TryGetValue(1, out long value) && value == 10);
+        }
+    }
+
+    /// <summary>
+    /// A new key on a full heap: its index slot is claimed before the payload's allocation throws, and the claim must
+    /// leave nothing behind (a tombstone, not a live key): absent, not counted, and the key can be set once there is room.
+    /// </summary>
+    [Fact]
+    public void SetOfANewKey_OnAFullHeap_ThrowsAndLeavesNoEntry()
+    {
+        using var dir = new TempDirectory();
+        string path = dir.File("full.heap");
+        using (BufferedDurableHeap heap = Create(path))
+        {
+            var map = new PersistentHashMap<long, long>(heap, typeId: 1);
+            map.Set(1, 10);
+            FillHeap(heap);
+
+            Assert.Throws<InsufficientMemoryException>(() => map.Set(2, 20));
+            Assert.Throws<InsufficientMemoryException>(() => map.Set(2, 21));
+            Assert.False(map.TryGetValue(2, out _), "the failed insert left a live entry");
+            Assert.Equal(1, map.Count);
+            Assert.Equal(new Dictionary<long, long> { [1] = 10 }, map.ToDictionary());
+            heap.Sync();
+        }
+
+        using (BufferedDurableHeap heap = BufferedDurableHeap.Open(path, null, NoAdvancer))
+        {
+            var map = new PersistentHashMap<long, long>(heap, typeId: 1);
+            Assert.False(map.TryGetValue(2, out _));
+            Assert.Equal(1, map.Count);
         }
     }
 
