@@ -176,7 +176,7 @@ public sealed class HashMapIndexTests
     public void Map_RemovesRacingARehash_NeverBringAKeyBack() =>
         CheckWithControl(RaceSetsAndRemoves, DurabilityFaults.GrowWithoutRecheck, "no remove raced a rehash in the control this run");
 
-    /// <summary>Runs <paramref name="race"/> as built (enough inserts, no violation), then with <paramref name="control"/>, whose violation must show; none makes the run inconclusive (skipped), never passed.</summary>
+    /// <summary>Runs <paramref name="race"/> as built (enough inserts, no violation), then with <paramref name="control"/> (up to three times), whose violation must show; none makes the run inconclusive (skipped), never passed.</summary>
     private void CheckWithControl(Func<DurabilityFaults, (long Inserts, string? Violation)> race, DurabilityFaults control, string inconclusive)
     {
         (long inserts, string? violation) = race(DurabilityFaults.None);
@@ -184,8 +184,14 @@ public sealed class HashMapIndexTests
         Assert.True(inserts > 1000, $"too few inserts to judge ({inserts})");
         Assert.Null(violation);
 
-        (long controlInserts, string? controlViolation) = race(control);
-        _output.WriteLine($"control: {controlInserts:N0} inserts, {controlViolation ?? "no violation"}");
+        // The control's race is a narrow window: up to three runs for it to show.
+        string? controlViolation = null;
+        for (int attempt = 1; attempt <= 3 && controlViolation is null; attempt++)
+        {
+            (long controlInserts, controlViolation) = race(control);
+            _output.WriteLine($"control, run {attempt}: {controlInserts:N0} inserts, {controlViolation ?? "no violation"}");
+        }
+
         Skip.If(controlViolation is null, $"inconclusive: {inconclusive}");
     }
 
