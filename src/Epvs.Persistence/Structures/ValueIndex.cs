@@ -28,11 +28,11 @@ namespace Epvs.Persistence;
 /// <para>Inserts hold <see cref="LockFor(uint)"/> of the key's hash (so two inserts of one key are serialized) and claim
 /// an empty slot by compare-and-swap (inserts of other stripes may race for it) before the payload is allocated, so a
 /// full table is found before anything is written to the heap; an insert that fails after its claim leaves a tombstone.
-/// Growing takes every stripe lock (no
-/// insert), then locks each live slot in turn, copies it and marks it moved, and publishes the new table: an update
-/// that locked the slot first is copied; one that locks it after sees it moved and retries on the new table. Readers on
-/// the old table still read moved slots, whose values are those of the moment the table was replaced, which is during
-/// their read: linearizable.</para>
+/// Growing takes every stripe lock (no insert), marks itself (new updates and removes wait for it on a stripe lock
+/// instead of competing for the slots it copies), then locks each live slot in turn, copies it and marks it moved, and
+/// publishes the new table: an update that locked the slot first is copied; one that locks it after sees it moved and
+/// retries on the new table. Readers on the old table still read moved slots, whose values are those of the moment the
+/// table was replaced, which is during their read: linearizable.</para>
 /// </remarks>
 internal sealed unsafe class ValueIndex<TKey, TValue>
     where TKey : unmanaged, IEquatable<TKey>
@@ -53,7 +53,7 @@ internal sealed unsafe class ValueIndex<TKey, TValue>
     /// <summary>What a value store adds to the sequence (above the two flag bits).</summary>
     private const int Step = 4;
 
-    /// <summary>The smallest table: room for the inserts in flight between a claim's room check and growth.</summary>
+    /// <summary>The smallest table (64 KiB for a <c>long</c> key and value).</summary>
     private const long MinimumSlots = 1024;
 
     private const int SequenceOffset = 0;
