@@ -42,6 +42,9 @@ public sealed class PersistentHashMap<TKey, TValue>
     /// <summary>The number of entries.</summary>
     public long Count => _core.Count;
 
+    /// <summary>How many times the index allocated (or tried to allocate) a larger table (tests).</summary>
+    internal long IndexGrowthAttempts => _core.IndexGrowthAttempts;
+
     /// <summary>Inserts or replaces the value of <paramref name="key"/>.</summary>
     /// <param name="key">The key.</param>
     /// <param name="value">The value.</param>

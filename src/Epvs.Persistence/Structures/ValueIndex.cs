@@ -81,6 +81,8 @@ internal sealed unsafe class ValueIndex<TKey, TValue>
     /// <summary>1 while a growth holds every stripe lock (written under them).</summary>
     private int _growing;
 
+    private long _growthAttempts;
+
     internal ValueIndex(int lockCount, int capacity, DurabilityFaults faults = DurabilityFaults.None)
     {
         _clearOldSlotsOnGrow = (faults & DurabilityFaults.ClearOldSlotsOnGrow) != 0;
@@ -96,6 +98,21 @@ internal sealed unsafe class ValueIndex<TKey, TValue>
 
         _lockShift = 32 - BitOperations.Log2((uint)lockCount);
         _table = new Table(SlotsFor(Math.Max(1, capacity)));
+    }
+
+    /// <summary>How many times a growth allocated (or tried to allocate) a new table (diagnostics and tests).</summary>
+    // Volatile.Read: atomicity only.
+    internal long GrowthAttempts => Volatile.Read(ref _growthAttempts);
+
+    /// <summary>
+    /// After a growth that an insert asked for failed for lack of memory: inserts stop asking for one at half full, so
+    /// they do not each take every stripe lock to try again; the one that finds no room (three quarters full) still
+    /// grows, or fails before writing anything.
+    /// </summary>
+    internal void DeferGrowth()
+    {
+        // Volatile.Write: a hint read by Publish; a stale read costs one more attempt at most.
+        Volatile.Write(ref Volatile.Read(ref _table).GrowthDeferred, true);
     }
 
     /// <summary>How many keys the index holds (exact when no insert or remove is in flight).</summary>
@@ -274,6 +291,7 @@ internal sealed unsafe class ValueIndex<TKey, TValue>
                 marked = true;
             }
 
+            Interlocked.Increment(ref _growthAttempts);
             if (_growthOutOfMemory)
             {
                 throw new OutOfMemoryException("Simulated (DurabilityFaults.IndexGrowthOutOfMemory): no memory to grow the map's index.");
@@ -613,7 +631,7 @@ internal sealed unsafe class ValueIndex<TKey, TValue>
 
             // Volatile.Write: release; the key and value are visible before a reader sees the slot live.
             Volatile.Write(ref *(int*)(slot + StateOffset), Live);
-            bool grow = Volatile.Read(ref _table!.Used) > _table.Capacity / 2;
+            bool grow = Volatile.Read(ref _table!.Used) > _table.Capacity / 2 && !Volatile.Read(ref _table.GrowthDeferred);
             GC.KeepAlive(_table);
             return grow;
         }
@@ -657,6 +675,9 @@ internal sealed unsafe class ValueIndex<TKey, TValue>
 
         /// <summary>Slots claimed (live, deleted or moved); the table grows past half full.</summary>
         internal long Used;
+
+        /// <summary>A growth of this table failed for lack of memory (see <see cref="DeferGrowth"/>).</summary>
+        internal bool GrowthDeferred;
 
         internal Table(long slots)
         {

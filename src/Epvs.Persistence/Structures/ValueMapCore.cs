@@ -49,6 +49,9 @@ internal sealed unsafe class ValueMapCore<TKey, TValue>
 
     internal long Count => _index.Count;
 
+    /// <summary>See <see cref="ValueIndex{TKey, TValue}.GrowthAttempts"/>.</summary>
+    internal long IndexGrowthAttempts => _index.GrowthAttempts;
+
     internal bool Upsert(TKey key, TValue value)
     {
         uint hash = ValueIndex<TKey, TValue>.Hash(key);
@@ -75,6 +78,7 @@ internal sealed unsafe class ValueMapCore<TKey, TValue>
                     }
                     catch (OutOfMemoryException)
                     {
+                        _index.DeferGrowth();
                     }
 
                     return true;
