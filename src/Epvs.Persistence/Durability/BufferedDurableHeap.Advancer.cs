@@ -16,6 +16,9 @@ namespace Epvs.Persistence;
 /// </summary>
 public sealed unsafe partial class BufferedDurableHeap
 {
+    /// <summary>Blocks kept ready beyond two cycles' demand, for each size class in use (see <see cref="Reclaim"/>).</summary>
+    private const long StockReserve = 1024;
+
     private readonly object _cycleGate = new();
     private readonly object _waitersGate = new();
     private readonly List<(long Target, TaskCompletionSource Completion)> _waiters = new();
@@ -419,10 +422,10 @@ public sealed unsafe partial class BufferedDurableHeap
     /// durable. Replaced and deleted payloads are deferred (<see cref="PersistentHeap.DeferFrees"/>: parked untouched,
     /// marked free and written back by the heap's sweep before they are handed out again). An anti-payload is freed only
     /// once every older copy of its uid is durably free, so when the version deleted anything, every deferred free is
-    /// made durable first. Then the sweep stocks the heap's pools for the next versions.
+    /// made durable first. Then the heap's pools are stocked for the next versions (free segments first, then sweeps).
     /// </summary>
     /// <param name="version">The version whose retired blocks become free.</param>
-    /// <param name="allocated">How many blocks the cycle's version allocated: the sweep keeps about two cycles' worth ready.</param>
+    /// <param name="allocated">How many blocks the cycle's version allocated (bounds the sweep of an excess of parked frees).</param>
     private void Reclaim(long version, int allocated)
     {
         int slot = ThreadBuffers.Slot(version);
@@ -469,20 +472,16 @@ public sealed unsafe partial class BufferedDurableHeap
             FreeAll(registry, b => b.AntiPayloads[slot], durable: true);
         }
 
-        // Keep about two cycles' allocations ready, so allocating threads neither sweep nor format segments themselves.
-        long ready = _heap.ReadyFreeBlocks;
-        long wanted = (2L * allocated) + 1024;
-        if (ready < wanted)
-        {
-            _heap.SweepPendingFrees(wanted - ready);
-        }
+        // Keep about two cycles' allocations of each class ready, so allocating threads neither sweep nor format
+        // segments themselves: free segments first, then the class's densest parked frees (see PersistentHeap.StockPools).
+        _heap.StockPools(StockReserve);
 
         // Bounded: at most three quarters of the file parked, so old copies do not stay on the file (and recoverable)
         // for ever. Past the bound, each cycle sweeps a few cycles' worth more, not everything at once (one long pause).
         long excess = _heap.PendingFreeBytes - (_heap.File.Size / 4 * 3);
         if (excess > 0)
         {
-            _heap.SweepPendingFrees(Math.Min(excess / HeapLayout.HeaderSize, 4 * wanted));
+            _heap.SweepPendingFrees(Math.Min(excess / HeapLayout.HeaderSize, 4 * ((2L * allocated) + StockReserve)));
         }
     }
 

@@ -31,4 +31,7 @@ internal enum HeapFaults
 
     /// <summary>A sweep of deferred frees hands the blocks out before their frees are written back and fenced (a reuse can reach the file over an old seal).</summary>
     HandOutSweptFreesEarly = 64,
+
+    /// <summary>Stocking a pool formats free segments without making their zeroing durable before their descriptors (a reused segment's old headers survive under the new generation).</summary>
+    StockWithoutDurableZeroing = 128,
 }

@@ -45,7 +45,7 @@ public sealed unsafe partial class PersistentHeap
     internal long PendingFreeBytes => System.Threading.Volatile.Read(ref _pendingBytes);
 
     /// <summary>
-    /// Frees the blocks at <paramref name="offsets"/>: a small block is parked for the sweep (<see cref="SweepPendingFrees"/>),
+    /// Frees the blocks at <paramref name="offsets"/>: a small block is parked for the sweep (<see cref="SweepPendingFrees(long)"/>),
     /// which marks it free, makes the free durable and hands it out again; a large block is left to the caller.
     /// </summary>
     /// <param name="offsets">Allocated blocks, none freed yet.</param>
@@ -96,14 +96,17 @@ public sealed unsafe partial class PersistentHeap
     /// least <paramref name="minimumBlocks"/> blocks were handed out (<see cref="long.MaxValue"/>: every pending free).
     /// </summary>
     /// <returns>How many blocks were handed out.</returns>
-    internal long SweepPendingFrees(long minimumBlocks)
+    internal long SweepPendingFrees(long minimumBlocks) => SweepPendingFrees(minimumBlocks, -1);
+
+    /// <summary>Like <see cref="SweepPendingFrees(long)"/>, for the segments of class <paramref name="onlyClass"/> only (-1: every class).</summary>
+    internal long SweepPendingFrees(long minimumBlocks, int onlyClass)
     {
         _file.EnterOperation();
         try
         {
             lock (_pendingGate)
             {
-                return SweepLocked(minimumBlocks, -1);
+                return SweepLocked(minimumBlocks, onlyClass);
             }
         }
         finally
@@ -143,24 +146,6 @@ public sealed unsafe partial class PersistentHeap
         }
 
         return TryTakeBatch(cache, cls);
-    }
-
-    /// <summary>Free blocks in the shared pools, ready to be handed out (approximate while other threads allocate).</summary>
-    internal long ReadyFreeBlocks
-    {
-        get
-        {
-            long ready = 0;
-            foreach (ClassPool pool in _pools)
-            {
-                lock (pool)
-                {
-                    ready += pool.BlockCount;
-                }
-            }
-
-            return ready;
-        }
     }
 
     /// <summary>Makes every pending free durable and hands the blocks out (before an anti-payload is freed, and at a clean shutdown).</summary>

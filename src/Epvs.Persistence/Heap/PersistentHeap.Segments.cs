@@ -61,6 +61,7 @@ public sealed unsafe partial class PersistentHeap
             PushFree(cls, start, blockSize, toCache, blocks);
         }
 
+        CountTaken(cls, toCache);
         return true;
     }
 

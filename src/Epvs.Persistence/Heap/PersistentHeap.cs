@@ -730,6 +730,7 @@ public sealed unsafe partial class PersistentHeap : IDisposable
 
             batch.CopyTo(cache.Blocks[cls], 0);
             cache.Counts[cls] = batch.Length;
+            CountTaken(cls, batch.Length);
             return true;
         }
     }

@@ -1,0 +1,201 @@
+using System;
+using System.Collections.Generic;
+using System.Runtime.InteropServices;
+using System.Threading;
+
+namespace Epvs.Persistence;
+
+/// <summary>
+/// Stocking the class pools for a <see cref="BufferedDurableHeap"/>'s allocating threads: once per advance cycle,
+/// each class gets about two cycles' worth of its own demand ready, from free segments first (formatted in a batch),
+/// and only then from the densest parked frees of that class.
+/// </summary>
+/// <remarks>
+/// <para>Why free segments first. A sweep hands out the parked blocks of segments whose live blocks sit between them,
+/// so a version's new payloads share their pages with blocks nobody touched, and through the page cache every such page
+/// is copied to the file whole: for the payloads, again for their seals, and again when they are freed. Swept every cycle
+/// while the heap still had free segments, even the densest segments were mostly live blocks. Formatted segments are
+/// handed out whole; meanwhile the parked frees accumulate, so that when the free segments run out the sweep's densest
+/// segments are mostly parked blocks.</para>
+/// <para>Why per class. A pool is stocked for the demand of its own class, so a workload of one size does not leave
+/// blocks of every other class formatted or swept for nothing.</para>
+/// <para>Durability: as for a segment an allocating thread formats (<see cref="TryFormatSmallSegment"/>), the zeroing is
+/// durable before the descriptors are, and the descriptors before any block is handed out; here one write-back pass and
+/// one fence cover the whole batch, twice.</para>
+/// </remarks>
+public sealed unsafe partial class PersistentHeap
+{
+    /// <summary>Blocks of each class that allocating threads took from the pools or formatted themselves, since the heap opened.</summary>
+    private readonly long[] _takenByClass = new long[SizeClasses.Count];
+
+    /// <summary><see cref="_takenByClass"/> at the last <see cref="StockPools"/> (its caller serializes the calls).</summary>
+    private readonly long[] _takenAtLastStock = new long[SizeClasses.Count];
+
+    private long _stockFormattedSegments;
+    private long _stockSweptBlocks;
+
+    /// <summary>Segments <see cref="StockPools"/> formatted so far (diagnostic, tests).</summary>
+    internal long StockFormattedSegments => Volatile.Read(ref _stockFormattedSegments);
+
+    /// <summary>Parked blocks <see cref="StockPools"/> swept so far (diagnostic, tests).</summary>
+    internal long StockSweptBlocks => Volatile.Read(ref _stockSweptBlocks);
+
+    /// <summary>Free blocks of class <paramref name="cls"/> in its shared pool (approximate while other threads allocate).</summary>
+    internal long ReadyBlocks(int cls)
+    {
+        ClassPool pool = _pools[cls];
+        lock (pool)
+        {
+            return pool.BlockCount;
+        }
+    }
+
+    /// <summary>
+    /// Stocks each class's pool with about two intervals' worth of the blocks its allocating threads took since the
+    /// previous call (plus <paramref name="reserve"/>): free segments first, without growing the file, then the densest
+    /// parked frees of the class. Called by one thread at a time (the advancer, under its cycle gate).
+    /// </summary>
+    /// <param name="reserve">Blocks to keep ready beyond the demand, for each class that had any.</param>
+    internal void StockPools(long reserve)
+    {
+        for (int cls = 0; cls < SizeClasses.Count; cls++)
+        {
+            // Volatile.Read: atomicity only; allocating threads add to it under the pool lock or the segment gate.
+            long taken = Volatile.Read(ref _takenByClass[cls]);
+            long demand = taken - _takenAtLastStock[cls];
+            _takenAtLastStock[cls] = taken;
+            if (demand == 0)
+            {
+                continue;
+            }
+
+            long missing = (2 * demand) + reserve - ReadyBlocks(cls);
+            if (missing <= 0)
+            {
+                continue;
+            }
+
+            missing -= FormatIntoPool(cls, missing);
+            if (missing > 0 && Volatile.Read(ref _pendingByClass[cls]) != 0)
+            {
+                long swept = SweepPendingFrees(missing, cls);
+                Volatile.Write(ref _stockSweptBlocks, _stockSweptBlocks + swept);
+            }
+        }
+    }
+
+    /// <summary>Counts blocks an allocating thread took for class <paramref name="cls"/> (the demand <see cref="StockPools"/> stocks for).</summary>
+    private void CountTaken(int cls, long blocks) => Interlocked.Add(ref _takenByClass[cls], blocks);
+
+    /// <summary>
+    /// Formats free segments (never growing the file) for class <paramref name="cls"/> until they hold at least
+    /// <paramref name="blocks"/> blocks, or no free segment is left, and puts their blocks in the class's pool.
+    /// </summary>
+    /// <returns>How many blocks it put in the pool.</returns>
+    private long FormatIntoPool(int cls, long blocks)
+    {
+        int perSegment = SizeClasses.BlocksPerSegment[cls];
+        long wanted = (blocks + perSegment - 1) / perSegment;
+        var segments = new List<long>();
+        _file.EnterOperation();
+        try
+        {
+            lock (_segmentGate)
+            {
+                TakeFreeSegmentsLocked(wanted, segments);
+            }
+
+            if (segments.Count == 0)
+            {
+                return 0;
+            }
+
+            try
+            {
+                // Zeroed durably first (see TryFormatSmallSegment): no header of an earlier use survives into this one.
+                // (The broken control leaves the zeroing in the working image only.)
+                bool durable = (_faults & HeapFaults.StockWithoutDurableZeroing) == 0;
+                var zeroed = new WriteBackRuns(_file.Domain);
+                foreach (long segment in segments)
+                {
+                    NativeMemory.Clear(_base + SegmentStart(segment), HeapLayout.SegmentSize);
+                    if (durable)
+                    {
+                        zeroed.Add(SegmentStart(segment), HeapLayout.SegmentSize);
+                    }
+                }
+
+                zeroed.Flush();
+                if (durable)
+                {
+                    _file.Domain.Fence();
+                }
+            }
+            catch
+            {
+                // Nothing of the segments changed on the file but their bytes (their descriptors still say free).
+                lock (_segmentGate)
+                {
+                    foreach (long segment in segments)
+                    {
+                        _segmentFree[segment] = true;
+                    }
+
+                    _freeSegmentCount += segments.Count;
+                }
+
+                throw;
+            }
+
+            // Then the descriptors, each with a new generation (which invalidates every header of an earlier use), durable
+            // before any block is handed out.
+            var table = new WriteBackRuns(_file.Domain);
+            lock (_segmentGate)
+            {
+                foreach (long segment in segments)
+                {
+                    // Volatile.Write: release; the blocks are published to other threads by the class pool's lock.
+                    Volatile.Write(ref _table[segment], HeapLayout.Descriptor(HeapLayout.DescriptorGeneration(_table[segment]) + 1, HeapLayout.RoleSmall, (ulong)cls));
+                    _overheadBytes += HeapLayout.SegmentSize - ((long)perSegment * SizeClasses.BlockSizes[cls]);
+                }
+            }
+
+            foreach (long segment in segments)
+            {
+                table.Add(TableOffset(segment), sizeof(ulong));
+            }
+
+            table.Flush();
+            _file.Domain.Fence();
+            Volatile.Write(ref _stockFormattedSegments, _stockFormattedSegments + segments.Count);
+
+            // Highest segment first: the pool pops the lowest addresses first.
+            int blockSize = SizeClasses.BlockSizes[cls];
+            for (int i = segments.Count - 1; i >= 0; i--)
+            {
+                PushFree(cls, SegmentStart(segments[i]), blockSize, 0, perSegment);
+            }
+
+            return (long)segments.Count * perSegment;
+        }
+        finally
+        {
+            _file.ExitOperation();
+        }
+    }
+
+    /// <summary>Takes up to <paramref name="count"/> free segments (without growing the file), lowest first, into <paramref name="taken"/>.</summary>
+    private void TakeFreeSegmentsLocked(long count, List<long> taken)
+    {
+        for (long s = 0; s < _segmentFree.Length && taken.Count < count; s++)
+        {
+            if (_segmentFree[s])
+            {
+                _segmentFree[s] = false;
+                taken.Add(s);
+            }
+        }
+
+        _freeSegmentCount -= taken.Count;
+    }
+}
