@@ -35,6 +35,62 @@ public sealed class PersistentHeapConcurrencyTests
     }
 
     [Fact]
+    public void Allocate_WhileAnotherThreadSweepsEveryParkedFree_WaitsForItsBlocksInsteadOfReportingTheHeapFull()
+    {
+        (bool allocated, bool doneDuringSweep) = AllocateDuringASweep(HeapFaults.None);
+        Assert.False(doneDuringSweep, "the allocation returned while the sweep still held every parked block");
+        Assert.True(allocated, "the allocation reported the heap full although the sweep in flight was about to hand blocks out");
+    }
+
+    [Fact]
+    public void Allocate_ReportingTheHeapFullDuringASweep_IsCaught()
+    {
+        (bool allocated, _) = AllocateDuringASweep(HeapFaults.ReportFullDuringSweep);
+        Assert.False(allocated, "INCONCLUSIVE: the broken control (no wait for a sweep in flight) allocated anyway; the check proves nothing on this run.");
+    }
+
+    /// <summary>
+    /// A heap that cannot grow, filled with 16-byte blocks on this thread; 64 of them are parked for the sweep (deferred
+    /// frees), and the sweep that takes them all runs on this thread. Inside it, once the blocks are off the parked
+    /// lists and not yet handed out, another thread allocates; the sweep waits for that allocation (at most half a
+    /// second) before it goes on. Returns whether the allocation succeeded, and whether it returned during the sweep.
+    /// </summary>
+    private static (bool Allocated, bool DoneDuringSweep) AllocateDuringASweep(HeapFaults faults)
+    {
+        using var domain = new SimulatedPersistenceDomain(1 << 20);
+        using HeapFile file = HeapFile.Create(domain);
+        using var heap = new PersistentHeap(file, new PersistentHeapOptions { Faults = faults });
+        var blocks = new List<long>();
+        while (heap.TryAllocate(16, 1, out PayloadRef block))
+        {
+            blocks.Add(block.Offset);
+        }
+
+        heap.DeferFrees(blocks.ToArray(), 64, new List<long>());
+        Assert.Equal(64, heap.PendingFreeBlocks);
+        bool allocated = false;
+        using var done = new System.Threading.ManualResetEventSlim();
+        System.Threading.Thread? other = null;
+        bool doneDuringSweep = false;
+        heap.AfterSweepMarkedForTesting = () =>
+        {
+            heap.AfterSweepMarkedForTesting = null;
+            other = new System.Threading.Thread(() =>
+            {
+                allocated = heap.TryAllocate(16, 1, out _);
+                done.Set();
+            });
+            other.Start();
+            // Bounded: a correct allocation waits for this sweep, so the wait runs out; a broken one returns at once.
+            doneDuringSweep = done.Wait(TimeSpan.FromMilliseconds(500));
+        };
+
+        Assert.Equal(64, heap.SweepPendingFrees(long.MaxValue));
+        Assert.True(other!.Join(TimeSpan.FromSeconds(30)), "the allocating thread did not finish");
+        return (allocated, doneDuringSweep);
+    }
+
+    [Fact]
     public void Allocate_BrokenRefillHandingOutBatchesTwice_IsCaughtByTheOverlapCheck()
     {
         _output.WriteLine($"seed={Seed} (control: HeapFaults.ShareRefillBatch)");

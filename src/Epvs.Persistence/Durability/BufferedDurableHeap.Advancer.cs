@@ -19,6 +19,12 @@ public sealed unsafe partial class BufferedDurableHeap
     /// <summary>Blocks kept ready beyond two cycles' demand, for each size class in use (see <see cref="Reclaim"/>).</summary>
     private const long StockReserve = 1024;
 
+    /// <summary>How many advance periods a version may run before threads beginning an operation end it themselves (see <see cref="HelpOldVersion"/>).</summary>
+    internal const double LagBoundPeriods = 1.25;
+
+    /// <summary>How many operations a thread begins between two looks at the current version's age.</summary>
+    internal const int LagCheckInterval = 256;
+
     private readonly object _cycleGate = new();
     private readonly object _waitersGate = new();
     private readonly List<(long Target, TaskCompletionSource Completion)> _waiters = new();
@@ -27,6 +33,15 @@ public sealed unsafe partial class BufferedDurableHeap
     private long _frontier;
     private Thread? _advancer;
     private TimeSpan _period;
+
+    /// <summary>When the current version began (a <see cref="Now"/> timestamp, written in the transition's critical section).</summary>
+    private long _versionStartedAt;
+
+    /// <summary><see cref="LagBoundPeriods"/> periods in timestamp ticks; 0 when versions have no age bound (no background advancer, or not <see cref="DurabilityMode.Buffered"/>).</summary>
+    private long _lagBound;
+
+    /// <summary>1 while a thread runs <see cref="HelpOldVersion"/>'s advance.</summary>
+    private int _lagHelper;
     private volatile bool _stopping;
     private Exception? _advancerFault;
     private long[] _scratch = new long[1024];
@@ -163,14 +178,68 @@ public sealed unsafe partial class BufferedDurableHeap
         return DurableFrontier;
     }
 
-    /// <summary>Called by <see cref="AdvanceStateMachine"/> in the critical section: persists the clock (one word).</summary>
+    /// <summary>Test hook: replaces <see cref="Stopwatch.GetTimestamp"/> as the clock that dates versions for the lag bound.</summary>
+    internal Func<long>? ClockForTesting { get; set; }
+
+    /// <summary>Called by <see cref="AdvanceStateMachine"/> in the critical section: persists the clock (one word) and dates the new version.</summary>
     internal void PersistClockInCriticalSection(long schemeVersion)
     {
+        // Volatile.Write: atomic 64-bit store; read without the cycle gate by HelpOldVersion.
+        Volatile.Write(ref _versionStartedAt, Now());
         if (_mode != DurabilityMode.Transient)
         {
             _heap.File.EpochClock = _versionBase + schemeVersion;
         }
     }
+
+    /// <summary>
+    /// Back-pressure on the durability lag: when the current version has run for more than <see cref="LagBoundPeriods"/>
+    /// advance periods, the advancer has fallen behind (its cycles take longer than a period, so each version grows and
+    /// takes longer to write back). The calling thread then runs the advance that ends the version — after the one in
+    /// progress, unless that one already covered it — instead of adding to it, so writers faster than the advancer
+    /// slow down towards its pace and the lag stays bounded. Costs nothing while cycles keep to the period.
+    /// </summary>
+    private void HelpOldVersion()
+    {
+        long bound = _lagBound;
+        if (bound == 0)
+        {
+            return;
+        }
+
+        // The version first: a transition between the two reads then makes the version look young (no help), never an
+        // old one look older.
+        long version = CurrentVersion;
+        // Volatile.Read: atomic 64-bit load; pairs with the Volatile.Write in PersistClockInCriticalSection.
+        if (Now() - Volatile.Read(ref _versionStartedAt) <= bound)
+        {
+            return;
+        }
+
+        // One helper at a time: the others carry on writing (all of them waiting for one cycle would leave cores idle;
+        // one is enough to slow the version's growth to the advancer's pace).
+        if (Interlocked.CompareExchange(ref _lagHelper, 1, 0) != 0)
+        {
+            return;
+        }
+
+        try
+        {
+            ThrowIfDisposed();
+            RunCycle(version, Deadline(_syncTimeout), _syncTimeout);
+        }
+        catch (TimeoutException)
+        {
+            // Another thread stays inside an operation: the version cannot end now; carry on.
+        }
+        finally
+        {
+            // Volatile.Write: release; the next helper's compare-exchange sees it.
+            Volatile.Write(ref _lagHelper, 0);
+        }
+    }
+
+    private long Now() => ClockForTesting is { } clock ? clock() : Stopwatch.GetTimestamp();
 
     private long SyncTarget()
     {
@@ -594,6 +663,9 @@ public sealed unsafe partial class BufferedDurableHeap
         {
             return;
         }
+
+        Volatile.Write(ref _versionStartedAt, Now());
+        _lagBound = _mode == DurabilityMode.Buffered ? (long)(period.TotalSeconds * LagBoundPeriods * Stopwatch.Frequency) : 0;
 
         _advancer = new Thread(AdvancerLoop) { IsBackground = true, Name = "epvs-advancer" };
         _advancer.Start();

@@ -161,7 +161,7 @@ public sealed unsafe partial class BufferedDurableHeap : IDisposable
     public DurableOperation BeginOperation()
     {
         ThreadBuffers buffers = _local.Value!;
-        if (buffers.RetiredBytes >= buffers.NextBacklogCheck)
+        if (buffers.RetiredBytes >= buffers.NextBacklogCheck || --buffers.OperationsUntilCheck < 0)
         {
             ApplyBackPressure(buffers);
         }
@@ -372,17 +372,26 @@ public sealed unsafe partial class BufferedDurableHeap : IDisposable
     internal long BacklogLimit => _backlogLimit != 0 ? _backlogLimit : Math.Max(64L * 1024, _heap.File.Size / 8);
 
     /// <summary>
-    /// The slow path of <see cref="BeginOperation"/>, every BacklogLimit / 16 retired bytes of this thread: if the
-    /// backlog over all threads exceeds the limit, help the advancer (up to a few advances) before entering.
+    /// The slow path of <see cref="BeginOperation"/>, every BacklogLimit / 16 retired bytes and every
+    /// <see cref="LagCheckInterval"/> operations of this thread: if the backlog over all threads exceeds the limit, help
+    /// the advancer (up to a few advances) before entering; if the current version has run for more than
+    /// <see cref="LagBoundPeriods"/> advance periods (the advancer fell behind), run the advance that ends it.
     /// </summary>
     [MethodImpl(MethodImplOptions.NoInlining)]
     private void ApplyBackPressure(ThreadBuffers buffers)
     {
         long limit = BacklogLimit;
         buffers.NextBacklogCheck = buffers.RetiredBytes + Math.Max(4 * 1024, limit / 16);
-        if ((_faults & DurabilityFaults.NoBackPressure) != 0 || ReclaimBacklog <= limit || _scheme.Epoch.ThisInstanceProtected())
+        buffers.OperationsUntilCheck = LagCheckInterval;
+        if ((_faults & DurabilityFaults.NoBackPressure) != 0 || _scheme.Epoch.ThisInstanceProtected())
         {
             // (Nested operations cannot help: the advance would wait for the enclosing one.)
+            return;
+        }
+
+        if (ReclaimBacklog <= limit)
+        {
+            HelpOldVersion();
             return;
         }
 

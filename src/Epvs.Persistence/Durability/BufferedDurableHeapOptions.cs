@@ -15,6 +15,12 @@ public sealed class BufferedDurableHeapOptions
     /// background advancer: versions then move only in <see cref="BufferedDurableHeap.Sync(TimeSpan)"/> and
     /// <see cref="BufferedDurableHeap.AdvanceVersion(TimeSpan)"/>.
     /// </summary>
+    /// <remarks>
+    /// The period is also a bound (in <see cref="DurabilityMode.Buffered"/>): when writers produce faster than the
+    /// advancer writes back, so that a version runs for more than 1.25 periods, a thread beginning an operation first
+    /// runs the advance that ends it (one thread at a time). Writers then slow down to what the medium takes instead
+    /// of letting versions, and the time until an operation is durable, grow without bound.
+    /// </remarks>
     public TimeSpan AdvancePeriod { get; set; } = TimeSpan.FromMilliseconds(20);
 
     /// <summary>How long <see cref="BufferedDurableHeap.Sync()"/> waits before it throws <see cref="TimeoutException"/>. Default 30 s.</summary>

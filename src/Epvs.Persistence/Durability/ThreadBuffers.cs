@@ -45,6 +45,9 @@ internal sealed class ThreadBuffers
     /// <summary>The owner's next look at the global backlog (in <see cref="RetiredBytes"/>). Written by the owner only.</summary>
     internal long NextBacklogCheck;
 
+    /// <summary>Operations this thread begins before its next look at the current version's age (see <see cref="BufferedDurableHeap"/>'s back-pressure). Written by the owner only.</summary>
+    internal int OperationsUntilCheck;
+
     /// <summary>Strict mode: the payloads of the operation in progress, written back and fenced when it ends.</summary>
     internal OffsetList StrictPending { get; } = new();
 

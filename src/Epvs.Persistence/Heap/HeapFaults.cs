@@ -34,4 +34,7 @@ internal enum HeapFaults
 
     /// <summary>Stocking a pool formats free segments without making their zeroing durable before their descriptors (a reused segment's old headers survive under the new generation).</summary>
     StockWithoutDurableZeroing = 128,
+
+    /// <summary>An allocation that finds no block ready, no free segment and nothing parked reports the heap full at once, without waiting for a sweep in flight on another thread (whose blocks are neither parked nor in a pool yet).</summary>
+    ReportFullDuringSweep = 256,
 }

@@ -100,88 +100,81 @@ public sealed unsafe partial class PersistentHeap
         _file.EnterOperation();
         try
         {
+            // The whole format under the gate, as an allocating thread formats a segment: a thread that finds no
+            // segment free waits for these to reach the pool rather than report the heap full while they are formatted.
             lock (_segmentGate)
             {
                 TakeFreeSegmentsLocked(wanted, segments);
+                return segments.Count == 0 ? 0 : FormatLocked(cls, segments);
             }
-
-            if (segments.Count == 0)
-            {
-                return 0;
-            }
-
-            try
-            {
-                // Zeroed durably first (see TryFormatSmallSegment): no header of an earlier use survives into this one.
-                // (The broken control leaves the zeroing in the working image only.)
-                bool durable = (_faults & HeapFaults.StockWithoutDurableZeroing) == 0;
-                var zeroed = new WriteBackRuns(_file.Domain);
-                foreach (long segment in segments)
-                {
-                    NativeMemory.Clear(_base + SegmentStart(segment), HeapLayout.SegmentSize);
-                    if (durable)
-                    {
-                        zeroed.Add(SegmentStart(segment), HeapLayout.SegmentSize);
-                    }
-                }
-
-                zeroed.Flush();
-                if (durable)
-                {
-                    _file.Domain.Fence();
-                }
-            }
-            catch
-            {
-                // Nothing of the segments changed on the file but their bytes (their descriptors still say free).
-                lock (_segmentGate)
-                {
-                    foreach (long segment in segments)
-                    {
-                        _segmentFree[segment] = true;
-                    }
-
-                    _freeSegmentCount += segments.Count;
-                }
-
-                throw;
-            }
-
-            // Then the descriptors, each with a new generation (which invalidates every header of an earlier use), durable
-            // before any block is handed out.
-            var table = new WriteBackRuns(_file.Domain);
-            lock (_segmentGate)
-            {
-                foreach (long segment in segments)
-                {
-                    // Volatile.Write: release; the blocks are published to other threads by the class pool's lock.
-                    Volatile.Write(ref _table[segment], HeapLayout.Descriptor(HeapLayout.DescriptorGeneration(_table[segment]) + 1, HeapLayout.RoleSmall, (ulong)cls));
-                    _overheadBytes += HeapLayout.SegmentSize - ((long)perSegment * SizeClasses.BlockSizes[cls]);
-                }
-            }
-
-            foreach (long segment in segments)
-            {
-                table.Add(TableOffset(segment), sizeof(ulong));
-            }
-
-            table.Flush();
-            _file.Domain.Fence();
-            Volatile.Write(ref _stockFormattedSegments, _stockFormattedSegments + segments.Count);
-
-            // Highest segment first: the pool pops the lowest addresses first.
-            int blockSize = SizeClasses.BlockSizes[cls];
-            for (int i = segments.Count - 1; i >= 0; i--)
-            {
-                PushFree(cls, SegmentStart(segments[i]), blockSize, 0, perSegment);
-            }
-
-            return (long)segments.Count * perSegment;
         }
         finally
         {
             _file.ExitOperation();
         }
+    }
+
+    /// <summary>Formats <paramref name="segments"/> (taken off the free list) for class <paramref name="cls"/> and puts their blocks in its pool.</summary>
+    private long FormatLocked(int cls, List<long> segments)
+    {
+        int perSegment = SizeClasses.BlocksPerSegment[cls];
+
+        try
+        {
+            // Zeroed durably first (see TryFormatSmallSegment): no header of an earlier use survives into this one.
+            // (The broken control leaves the zeroing in the working image only.)
+            bool durable = (_faults & HeapFaults.StockWithoutDurableZeroing) == 0;
+            var zeroed = new WriteBackRuns(_file.Domain);
+            foreach (long segment in segments)
+            {
+                NativeMemory.Clear(_base + SegmentStart(segment), HeapLayout.SegmentSize);
+                if (durable)
+                {
+                    zeroed.Add(SegmentStart(segment), HeapLayout.SegmentSize);
+                }
+            }
+
+            zeroed.Flush();
+            if (durable)
+            {
+                _file.Domain.Fence();
+            }
+        }
+        catch
+        {
+            // Nothing of the segments changed on the file but their bytes (their descriptors still say free).
+            foreach (long segment in segments)
+            {
+                _segmentFree[segment] = true;
+            }
+
+            _freeSegmentCount += segments.Count;
+            throw;
+        }
+
+        // Then the descriptors, each with a new generation (which invalidates every header of an earlier use), durable
+        // before any block is handed out.
+        var table = new WriteBackRuns(_file.Domain);
+        foreach (long segment in segments)
+        {
+            // Volatile.Write: release; the blocks are published to other threads by the class pool's lock.
+            Volatile.Write(ref _table[segment], HeapLayout.Descriptor(HeapLayout.DescriptorGeneration(_table[segment]) + 1, HeapLayout.RoleSmall, (ulong)cls));
+            _overheadBytes += HeapLayout.SegmentSize - ((long)perSegment * SizeClasses.BlockSizes[cls]);
+            table.Add(TableOffset(segment), sizeof(ulong));
+        }
+
+        table.Flush();
+        _file.Domain.Fence();
+        Volatile.Write(ref _stockFormattedSegments, _stockFormattedSegments + segments.Count);
+
+        // Highest segment first: the pool pops the lowest addresses first.
+        int blockSize = SizeClasses.BlockSizes[cls];
+        for (int i = segments.Count - 1; i >= 0; i--)
+        {
+            PushFree(cls, SegmentStart(segments[i]), blockSize, 0, perSegment);
+        }
+
+        return (long)segments.Count * perSegment;
     }
 
     /// <summary>Takes up to <paramref name="count"/> free segments (without growing the file), lowest first, into <paramref name="taken"/>.</summary>

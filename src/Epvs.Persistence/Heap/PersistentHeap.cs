@@ -702,8 +702,10 @@ public sealed unsafe partial class PersistentHeap : IDisposable
         }
 
         // No block ready and no segment left: make every deferred free durable and look once more (the advancer's
-        // sweep normally keeps the pools stocked, so this is the heap-almost-full path).
-        if (PendingFreeBlocks == 0)
+        // sweep normally keeps the pools stocked, so this is the heap-almost-full path). Even with nothing pending: the
+        // flush waits for a sweep in flight on another thread, whose blocks are neither pending nor in a pool until it
+        // hands them out (without the wait, this thread would report the heap full while they are; the broken control).
+        if ((_faults & HeapFaults.ReportFullDuringSweep) != 0 && PendingFreeBlocks == 0)
         {
             return false;
         }

@@ -45,6 +45,22 @@ public sealed class BackPressureTests
             "INCONCLUSIVE: the broken control (no back-pressure) was not caught; the check proves nothing on this run.");
     }
 
+    [Fact]
+    public void AVersionOlderThanTheLagBound_IsEndedByTheNextThreadToBeginAnOperation_AndOnlyOnce()
+    {
+        (long before, long after, long frontier, long versionAtJump) = AgeAVersion(DurabilityFaults.None);
+        Assert.Equal(0, before);
+        Assert.Equal(1, after);
+        Assert.True(frontier >= versionAtJump, $"the durable frontier {frontier} does not cover the old version {versionAtJump}");
+    }
+
+    [Fact]
+    public void AnOldVersion_WithoutBackPressure_IsCaughtNeverEnding()
+    {
+        (_, long after, _, _) = AgeAVersion(DurabilityFaults.NoBackPressure);
+        Assert.True(after == 0, "INCONCLUSIVE: the broken control (no back-pressure) ended the old version anyway; the check proves nothing on this run.");
+    }
+
     [Theory]
     [InlineData(DurabilityMode.Transient)]
     [InlineData(DurabilityMode.Buffered)]
@@ -176,5 +192,36 @@ public sealed class BackPressureTests
         }
 
         return violations;
+    }
+
+    /// <summary>
+    /// A heap whose background advancer has a one-hour period, dated by a test clock: ten checks' worth of operations
+    /// while the version is young, then the clock jumps past the lag bound and ten checks' worth more. Returns how many
+    /// versions the operations ended before and after the jump, the durable frontier, and the version at the jump.
+    /// </summary>
+    private static (long Before, long After, long Frontier, long VersionAtJump) AgeAVersion(DurabilityFaults faults)
+    {
+        using var domain = new SimulatedPersistenceDomain(Capacity);
+        using HeapFile file = HeapFile.Create(domain);
+        using BufferedDurableHeap heap = BufferedDurableHeap.Open(file, new BufferedDurableHeapOptions { AdvancePeriod = TimeSpan.FromHours(1), Faults = faults });
+        long jump = 0;
+        // Volatile.Read: the jump is made on this thread, but the advancer's transitions read the clock too.
+        heap.ClockForTesting = () => System.Diagnostics.Stopwatch.GetTimestamp() + Volatile.Read(ref jump);
+        var map = new PersistentHashMap<long, long>(heap, DurableWorkload.MapTypeId);
+        int operations = 10 * BufferedDurableHeap.LagCheckInterval;
+        long start = heap.CurrentVersion;
+        for (int i = 0; i < operations; i++)
+        {
+            map.Set(i % Keys, i);
+        }
+
+        long versionAtJump = heap.CurrentVersion;
+        Volatile.Write(ref jump, 2 * System.Diagnostics.Stopwatch.Frequency * 3600);
+        for (int i = 0; i < operations; i++)
+        {
+            map.Set(i % Keys, i);
+        }
+
+        return (versionAtJump - start, heap.CurrentVersion - versionAtJump, heap.DurableFrontier, versionAtJump);
     }
 }
