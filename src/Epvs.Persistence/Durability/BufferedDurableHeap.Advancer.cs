@@ -16,8 +16,8 @@ namespace Epvs.Persistence;
 /// </summary>
 public sealed unsafe partial class BufferedDurableHeap
 {
-    /// <summary>Blocks kept ready beyond two cycles' demand, for each size class in use (see <see cref="Reclaim"/>).</summary>
-    private const long StockReserve = 1024;
+    /// <summary>Bytes kept ready beyond two cycles' demand, for each size class in use (see <see cref="Reclaim"/>): one segment's worth.</summary>
+    private const long StockReserveBytes = HeapLayout.SegmentSize;
 
     /// <summary>How many advance periods a version may run before threads beginning an operation end it themselves (see <see cref="HelpOldVersion"/>).</summary>
     internal const double LagBoundPeriods = 1.25;
@@ -46,6 +46,7 @@ public sealed unsafe partial class BufferedDurableHeap
     private Exception? _advancerFault;
     private long[] _scratch = new long[1024];
     private long[] _sealScratch = new long[1024];
+    private long[] _sortScratch = new long[1024];
     private readonly List<long> _largeScratch = new();
     private long _statCycles;
     private long _statBlocks;
@@ -202,7 +203,10 @@ public sealed unsafe partial class BufferedDurableHeap
     private void HelpOldVersion()
     {
         long bound = _lagBound;
-        if (bound == 0)
+        // Volatile.Read: a fresh look (a stale one only costs a wait). A transition in flight waits for a
+        // thread still inside an operation of the old version, which no help can hurry; after a failed cycle nothing
+        // more becomes durable (Sync and the advancer report it).
+        if (bound == 0 || Volatile.Read(ref _inflight) is not null || _advancerFault is not null)
         {
             return;
         }
@@ -226,11 +230,19 @@ public sealed unsafe partial class BufferedDurableHeap
         try
         {
             ThrowIfDisposed();
-            RunCycle(version, Deadline(_syncTimeout), _syncTimeout);
+            // Bounded as the background advancer bounds its own cycles, not by the Sync timeout: a thread that stays
+            // inside an operation holds the transition, and this thread only offered help.
+            TimeSpan wait = HelpWait();
+            RunCycle(version, Deadline(wait), wait);
         }
         catch (TimeoutException)
         {
             // Another thread stays inside an operation: the version cannot end now; carry on.
+        }
+        catch (Exception e) when (e is InvalidOperationException or System.IO.IOException or ObjectDisposedException)
+        {
+            // The cycle failed (recorded for Sync and the advancer, which report it) or the heap is being disposed (the
+            // operation's own check reports that): the help was an offer, the operation goes on or fails on its own.
         }
         finally
         {
@@ -238,6 +250,9 @@ public sealed unsafe partial class BufferedDurableHeap
             Volatile.Write(ref _lagHelper, 0);
         }
     }
+
+    /// <summary>How long the background advancer, or a thread helping it, waits for a cycle: five periods, at least 100 ms.</summary>
+    private TimeSpan HelpWait() => TimeSpan.FromMilliseconds(Math.Max(100, _period.TotalMilliseconds * 5));
 
     private long Now() => ClockForTesting is { } clock ? clock() : Stopwatch.GetTimestamp();
 
@@ -433,8 +448,9 @@ public sealed unsafe partial class BufferedDurableHeap
         if (_pageWriteBack)
         {
             // Through the page cache every write-back is a system call: sorted, each run of touched pages is written
-            // back once (never the whole heap: its cost grows with the file).
-            Array.Sort(offsets, 0, n);
+            // back once (never the whole heap: its cost grows with the file). Each thread's list is a few ascending
+            // runs (blocks are handed out in address order), so merging them is about linear.
+            AscendingRuns.Sort(offsets, n, ref _sortScratch);
         }
 
         // (The broken control seals first, so a seal can reach the file before the payload it covers.)
@@ -543,14 +559,14 @@ public sealed unsafe partial class BufferedDurableHeap
 
         // Keep about two cycles' allocations of each class ready, so allocating threads neither sweep nor format
         // segments themselves: free segments first, then the class's densest parked frees (see PersistentHeap.StockPools).
-        _heap.StockPools(StockReserve);
+        _heap.StockPools(StockReserveBytes);
 
         // Bounded: at most three quarters of the file parked, so old copies do not stay on the file (and recoverable)
         // for ever. Past the bound, each cycle sweeps a few cycles' worth more, not everything at once (one long pause).
         long excess = _heap.PendingFreeBytes - (_heap.File.Size / 4 * 3);
         if (excess > 0)
         {
-            _heap.SweepPendingFrees(Math.Min(excess / HeapLayout.HeaderSize, 4 * ((2L * allocated) + StockReserve)));
+            _heap.SweepPendingFrees(Math.Min(excess / HeapLayout.HeaderSize, 4 * ((2L * allocated) + 1024)));
         }
     }
 
@@ -688,7 +704,7 @@ public sealed unsafe partial class BufferedDurableHeap
             try
             {
                 // Bounded, so that a stalled operation does not keep the advancer from noticing Dispose.
-                TimeSpan bound = TimeSpan.FromMilliseconds(Math.Max(100, _period.TotalMilliseconds * 5));
+                TimeSpan bound = HelpWait();
                 RunCycle(long.MaxValue, Deadline(bound), bound);
             }
             catch (TimeoutException)

@@ -43,25 +43,27 @@ public sealed unsafe partial class PersistentHeap
             Volatile.Write(ref _table[segment], descriptor);
             _file.Domain.Persist(TableOffset(segment), sizeof(ulong));
             _overheadBytes += HeapLayout.SegmentSize - ((long)SizeClasses.BlocksPerSegment[cls] * SizeClasses.BlockSizes[cls]);
+
+            long start = SegmentStart(segment);
+            int blockSize = SizeClasses.BlockSizes[cls];
+            int blocks = SizeClasses.BlocksPerSegment[cls];
+            int toCache = Math.Min(blocks, BatchSize);
+
+            // Lowest addresses are popped first (the cache pops from the end).
+            for (int i = toCache - 1; i >= 0; i--)
+            {
+                cache.Blocks[cls][cache.Counts[cls]++] = start + ((long)i * blockSize);
+            }
+
+            // Still under the gate: a thread that finds no segment free after waiting for it finds these in the pool.
+            if (toCache < blocks)
+            {
+                PushFree(cls, start, blockSize, toCache, blocks);
+            }
+
+            CountTaken(cls, toCache);
         }
 
-        long start = SegmentStart(segment);
-        int blockSize = SizeClasses.BlockSizes[cls];
-        int blocks = SizeClasses.BlocksPerSegment[cls];
-        int toCache = Math.Min(blocks, BatchSize);
-
-        // Lowest addresses are popped first (the cache pops from the end).
-        for (int i = toCache - 1; i >= 0; i--)
-        {
-            cache.Blocks[cls][cache.Counts[cls]++] = start + ((long)i * blockSize);
-        }
-
-        if (toCache < blocks)
-        {
-            PushFree(cls, start, blockSize, toCache, blocks);
-        }
-
-        CountTaken(cls, toCache);
         return true;
     }
 

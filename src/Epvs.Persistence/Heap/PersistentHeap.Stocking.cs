@@ -52,11 +52,12 @@ public sealed unsafe partial class PersistentHeap
 
     /// <summary>
     /// Stocks each class's pool with about two intervals' worth of the blocks its allocating threads took since the
-    /// previous call (plus <paramref name="reserve"/>): free segments first, without growing the file, then the densest
-    /// parked frees of the class. Called by one thread at a time (the advancer, under its cycle gate).
+    /// previous call (plus <paramref name="reserveBytes"/>): free segments first, without growing the file, then the
+    /// densest parked frees of the class. Called by one thread at a time (the advancer, under its cycle gate).
     /// </summary>
-    /// <param name="reserve">Blocks to keep ready beyond the demand, for each class that had any.</param>
-    internal void StockPools(long reserve)
+    /// <param name="reserveBytes">Bytes of blocks to keep ready beyond the demand, for each class that had any (in bytes,
+    /// so that a class of large blocks does not take a segment per reserved block).</param>
+    internal void StockPools(long reserveBytes)
     {
         for (int cls = 0; cls < SizeClasses.Count; cls++)
         {
@@ -69,7 +70,7 @@ public sealed unsafe partial class PersistentHeap
                 continue;
             }
 
-            long missing = (2 * demand) + reserve - ReadyBlocks(cls);
+            long missing = (2 * demand) + (reserveBytes / SizeClasses.BlockSizes[cls]) - ReadyBlocks(cls);
             if (missing <= 0)
             {
                 continue;

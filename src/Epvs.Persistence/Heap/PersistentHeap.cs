@@ -696,6 +696,13 @@ public sealed unsafe partial class PersistentHeap : IDisposable
             return true;
         }
 
+        // Once more before growing the file: the segment gate (just taken) may have waited for the advancer's stocking,
+        // which filled the pool meanwhile.
+        if (TryTakeBatch(cache, cls))
+        {
+            return true;
+        }
+
         if (TryFormatSmallSegment(cache, cls, allowGrowth: true))
         {
             return true;

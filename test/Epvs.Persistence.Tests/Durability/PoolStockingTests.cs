@@ -77,6 +77,24 @@ public sealed class PoolStockingTests
     }
 
     [Fact]
+    public void AClassOfLargeBlocks_IsStockedForItsDemand_NotWithASegmentPerReservedBlock()
+    {
+        // The reserve is in bytes: one 16 KB payload (four blocks to a segment) asks for a few segments, not for every
+        // free segment of the heap (a reserve of 1,024 blocks would be 256 segments).
+        using var domain = new SimulatedPersistenceDomain(2 << 20);
+        using HeapFile file = HeapFile.Create(domain);
+        using BufferedDurableHeap heap = BufferedDurableHeap.Open(file, new BufferedDurableHeapOptions { AdvancePeriod = Timeout.InfiniteTimeSpan });
+        long free = heap.Heap.GetStatistics().FreeSegments;
+        var map = new PersistentByteMap<long>(heap, TypeId);
+        map.Set(1, new byte[16_000]);
+        heap.AdvanceVersion(Wait);
+        heap.AdvanceVersion(Wait);
+        long taken = free - heap.Heap.GetStatistics().FreeSegments;
+        Assert.True(taken <= 4, $"one 16 KB payload took {taken} of the heap's {free} free segments");
+        Assert.True(heap.Heap.StockFormattedSegments > 0, "the advancer stocked nothing for the class");
+    }
+
+    [Fact]
     public void AReusedSegment_IsZeroedDurablyBeforeItsDescriptor_NoCrashImageReportsDamage()
     {
         List<string> violations = StockReusedSegments(HeapFaults.None, out int images, out long formatted);
@@ -94,9 +112,10 @@ public sealed class PoolStockingTests
 
     /// <summary>
     /// Fills eight segments with 16-byte entries and removes them all, so that at the next open those segments are
-    /// free but full of old headers; then writes 200-byte entries (another size class) and runs the advance whose
-    /// stocking formats the old segments for them, with a power failure armed at each of its crash points (2
-    /// adversarial seeds each), and the durable image after it. Returns what reopening each image reported.
+    /// free but full of old headers; then writes a hundred 2,000-byte entries (another size class) and runs the advance
+    /// whose stocking formats old segments for them, with a power failure armed at each of its crash points (2
+    /// adversarial seeds each; the stocking comes after the hundred blocks' write-backs and seals), and the durable
+    /// image after it. Returns what reopening each image reported, and how many segments the stocking formatted.
     /// </summary>
     private static List<string> StockReusedSegments(HeapFaults faults, out int images, out long formatted)
     {
@@ -129,8 +148,8 @@ public sealed class PoolStockingTests
         using (BufferedDurableHeap heap = BufferedDurableHeap.Open(file, new BufferedDurableHeapOptions { AdvancePeriod = Timeout.InfiniteTimeSpan, HeapFaults = faults }))
         {
             var bytes = new PersistentByteMap<long>(heap, TypeId + 1);
-            byte[] value = new byte[200];
-            for (long k = 0; k < 64; k++)
+            byte[] value = new byte[2000];
+            for (long k = 0; k < 100; k++)
             {
                 value[0] = (byte)k;
                 bytes.Set(k, value);
