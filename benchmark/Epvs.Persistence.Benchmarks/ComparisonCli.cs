@@ -3,6 +3,7 @@ using System.CommandLine;
 using System.CommandLine.Parsing;
 using System.IO;
 using System.Linq;
+using System.Threading;
 
 namespace Epvs.Persistence.Benchmarks;
 
@@ -24,13 +25,23 @@ internal static class ComparisonCli
         domain.AcceptOnlyFromAmong("mapped", "pmem");
         var writeBack = new Option<string>("--write-back") { Description = "How the mapped domain writes back: auto (private on Linux when the heap fits in a quarter of memory), private (pwrite), shared (msync).", DefaultValueFactory = _ => "auto" };
         writeBack.AcceptOnlyFromAmong("auto", "private", "shared");
+        var lagWriters = new Option<int?>("--lag-writers") { Description = "Writer threads while Sync latency and durability lag are sampled, 1 to 64 (default 1); more than the advancer keeps up with shows the lag bound at work.", HelpName = "N", CustomParser = r => ParseInt(r, "--lag-writers", 1, 64) };
+        var maxVersionAge = new Option<string>("--max-version-age") { Description = "BufferedDurableHeapOptions.MaxVersionAge of the map's heap: 'default' (1.25 advance periods), 'none' (no bound) or milliseconds, 1 to 600000.", HelpName = "MS|none|default", DefaultValueFactory = _ => "default" };
+        maxVersionAge.Validators.Add(r =>
+        {
+            string text = r.GetValueOrDefault<string>() ?? "default";
+            if (text is not ("default" or "none") && (!int.TryParse(text, System.Globalization.NumberStyles.Integer, System.Globalization.CultureInfo.InvariantCulture, out int ms) || ms < 1 || ms > 600_000))
+            {
+                r.AddError($"--max-version-age takes 'default', 'none' or milliseconds from 1 to 600000, not '{text}'");
+            }
+        });
         var dir = new Option<string?>("--dir") { Description = "Directory for the heap files (default: EPVS_BENCH_DIR or the temp directory).", HelpName = "DIR" };
         var root = new RootCommand(
             "EPVS persistence benchmarks. Without a subcommand: the issue #10 table, side by side in one run — " +
             "PersistentHashMap vs ConcurrentDictionary upsert/read throughput, Sync latency and durability lag under load, 1 GiB crash recovery. " +
             "'durability ...' runs the older per-mode harness; 'bdn ...' passes the rest to BenchmarkDotNet.")
         {
-            quick, threads, keys, duration, repetitions, syncs, recovery, domain, writeBack, dir,
+            quick, threads, keys, duration, repetitions, syncs, recovery, domain, writeBack, lagWriters, maxVersionAge, dir,
         };
         root.SetAction(parse =>
         {
@@ -52,7 +63,14 @@ internal static class ComparisonCli
                 parse.GetValue(domain) == "pmem" ? PersistenceDomainKind.Pmem : PersistenceDomainKind.MappedFile,
                 parse.GetValue(writeBack) switch { "private" => MappedFileWriteBack.PrivateMapping, "shared" => MappedFileWriteBack.SharedMapping, _ => MappedFileWriteBack.Auto },
                 directory,
-                q);
+                q,
+                parse.GetValue(lagWriters) ?? 1,
+                parse.GetValue(maxVersionAge) switch
+                {
+                    "none" => Timeout.InfiniteTimeSpan,
+                    "default" or null => null,
+                    string ms => TimeSpan.FromMilliseconds(int.Parse(ms, System.Globalization.CultureInfo.InvariantCulture)),
+                });
             return MapComparison.Run(settings, output);
         });
 

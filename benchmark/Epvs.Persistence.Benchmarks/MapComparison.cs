@@ -20,7 +20,9 @@ internal sealed record ComparisonSettings(
     PersistenceDomainKind Domain,
     MappedFileWriteBack WriteBack,
     string Directory,
-    bool Quick);
+    bool Quick,
+    int LagWriters = 1,
+    TimeSpan? MaxVersionAge = null);
 
 /// <summary>
 /// Issue #10's performance table, side by side in one run: <see cref="PersistentHashMap{TKey, TValue}"/> against
@@ -45,7 +47,7 @@ internal static class MapComparison
         try
         {
             long heapSize = Math.Max(64L << 20, (long)s.KeyRange * 256);
-            using (BufferedDurableHeap heap = BufferedDurableHeap.Create(path, new HeapFileOptions { Size = heapSize, Domain = s.Domain, MappedFileWriteBack = s.WriteBack }, new BufferedDurableHeapOptions { AdvancePeriod = Period }))
+            using (BufferedDurableHeap heap = BufferedDurableHeap.Create(path, new HeapFileOptions { Size = heapSize, Domain = s.Domain, MappedFileWriteBack = s.WriteBack }, new BufferedDurableHeapOptions { AdvancePeriod = Period, MaxVersionAge = s.MaxVersionAge }))
             using (BufferedDurableHeap transient = BufferedDurableHeap.Create(transientPath, new HeapFileOptions { Size = heapSize, Domain = s.Domain, MappedFileWriteBack = s.WriteBack }, new BufferedDurableHeapOptions { AdvancePeriod = Period, Mode = DurabilityMode.Transient }))
             {
                 var map = new PersistentHashMap<long, long>(heap, MapTypeId);
@@ -65,7 +67,7 @@ internal static class MapComparison
             }
 
             File.Delete(transientPath);
-            using (BufferedDurableHeap heap = BufferedDurableHeap.Open(path, new HeapFileOptions { Domain = s.Domain, MappedFileWriteBack = s.WriteBack }, new BufferedDurableHeapOptions { AdvancePeriod = Period }))
+            using (BufferedDurableHeap heap = BufferedDurableHeap.Open(path, new HeapFileOptions { Domain = s.Domain, MappedFileWriteBack = s.WriteBack }, new BufferedDurableHeapOptions { AdvancePeriod = Period, MaxVersionAge = s.MaxVersionAge }))
             {
                 SyncAndLag(s, heap, new PersistentHashMap<long, long>(heap, MapTypeId), output);
             }
@@ -208,20 +210,27 @@ internal static class MapComparison
 
     private static void SyncAndLag(ComparisonSettings s, BufferedDurableHeap heap, PersistentHashMap<long, long> map, TextWriter output)
     {
-        Progress(output, $"Sync latency and durability lag under one writer, {s.Syncs} samples each");
+        Progress(output, $"Sync latency and durability lag under {Writers(s.LagWriters)}, {s.Syncs} samples each");
         int stop = 0;
-        var writer = new Thread(() =>
+        var writers = new List<Thread>();
+        for (int w = 0; w < s.LagWriters; w++)
         {
-            var random = new Random(7);
-            // Volatile.Read: acquire; pairs with the Volatile.Write below.
-            while (Volatile.Read(ref stop) == 0)
+            int seed = 7 + w;
+            var writer = new Thread(() =>
             {
-                long key = random.Next(s.KeyRange);
-                map.Set(key, key);
-            }
-        })
-        { IsBackground = true };
-        writer.Start();
+                var random = new Random(seed);
+                // Volatile.Read: acquire; pairs with the Volatile.Write below.
+                while (Volatile.Read(ref stop) == 0)
+                {
+                    long key = random.Next(s.KeyRange);
+                    map.Set(key, key);
+                }
+            })
+            { IsBackground = true };
+            writer.Start();
+            writers.Add(writer);
+        }
+
         long firstVersion = heap.CurrentVersion;
         AdvancerStatistics before = heap.GetAdvancerStatistics();
         var phase = Stopwatch.StartNew();
@@ -255,7 +264,11 @@ internal static class MapComparison
 
         // Volatile.Write: release; pairs with the writer's Volatile.Read.
         Volatile.Write(ref stop, 1);
-        writer.Join();
+        foreach (Thread writer in writers)
+        {
+            writer.Join();
+        }
+
         double p = Period.TotalMilliseconds;
 
         // Versions advanced while the writer ran: the mean time of one advance cycle (transition, write-back of the
@@ -269,13 +282,16 @@ internal static class MapComparison
         AdvancerStatistics cycles = heap.GetAdvancerStatistics().Since(before);
         double n = Math.Max(1, cycles.Cycles);
         output.WriteLine(FormattableString.Invariant($"# per cycle ({cycles.Cycles} cycles): {cycles.BlocksWrittenBack / n:0} blocks written back; write-back {cycles.WriteBackTime.TotalMilliseconds / n:0.0} ms, seal {cycles.SealTime.TotalMilliseconds / n:0.0} ms, reclaim {cycles.ReclaimTime.TotalMilliseconds / n:0.0} ms"));
-        output.WriteLine(FormattableString.Invariant($"| under one writer, {p:0} ms advance period | p50 (ms) | p90 (ms) | p99 (ms) | max (ms) | p50 (periods) | p99 (periods) | target |"));
+        string age = s.MaxVersionAge is { } a ? (a == Timeout.InfiniteTimeSpan ? ", no MaxVersionAge" : FormattableString.Invariant($", MaxVersionAge {a.TotalMilliseconds:0} ms")) : string.Empty;
+        output.WriteLine(FormattableString.Invariant($"| under {Writers(s.LagWriters)}, {p:0} ms advance period{age} | p50 (ms) | p90 (ms) | p99 (ms) | max (ms) | p50 (periods) | p99 (periods) | target |"));
         output.WriteLine("|---|---:|---:|---:|---:|---:|---:|---|");
         output.WriteLine(Row("Sync latency", syncs, p, "p50 ≤ 2 periods", Percentile(syncs, 0.5) <= 2 * p));
         output.WriteLine(Row("durability lag", lags, p, "p99 ≤ 2 periods", Percentile(lags, 0.99) <= 2 * p));
         output.WriteLine();
         output.Flush();
     }
+
+    private static string Writers(int count) => count == 1 ? "one writer" : FormattableString.Invariant($"{count} writers");
 
     private static string Row(string name, List<double> samples, double period, string target, bool met) =>
         FormattableString.Invariant($"| {name} ({samples.Count} samples) | {Percentile(samples, 0.5):0.0} | {Percentile(samples, 0.9):0.0} | {Percentile(samples, 0.99):0.0} | {samples.Max():0.0} | {Percentile(samples, 0.5) / period:0.00} | {Percentile(samples, 0.99) / period:0.00} | {target} {(met ? "met" : "NOT met")} |");

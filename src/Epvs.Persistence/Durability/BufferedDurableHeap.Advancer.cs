@@ -19,7 +19,7 @@ public sealed unsafe partial class BufferedDurableHeap
     /// <summary>Bytes kept ready beyond two cycles' demand, for each size class in use (see <see cref="Reclaim"/>): one segment's worth.</summary>
     private const long StockReserveBytes = HeapLayout.SegmentSize;
 
-    /// <summary>How many advance periods a version may run before threads beginning an operation end it themselves (see <see cref="HelpOldVersion"/>).</summary>
+    /// <summary>How many advance periods a version may run, by default, before threads beginning an operation end it themselves (see <see cref="HelpOldVersion"/> and <see cref="BufferedDurableHeapOptions.MaxVersionAge"/>).</summary>
     internal const double LagBoundPeriods = 1.25;
 
     /// <summary>How many operations a thread begins between two looks at the current version's age.</summary>
@@ -37,7 +37,7 @@ public sealed unsafe partial class BufferedDurableHeap
     /// <summary>When the current version began (a <see cref="Now"/> timestamp, written in the transition's critical section).</summary>
     private long _versionStartedAt;
 
-    /// <summary><see cref="LagBoundPeriods"/> periods in timestamp ticks; 0 when versions have no age bound (no background advancer, or not <see cref="DurabilityMode.Buffered"/>).</summary>
+    /// <summary><see cref="BufferedDurableHeapOptions.MaxVersionAge"/> in timestamp ticks; 0 when versions have no age bound (no background advancer, not <see cref="DurabilityMode.Buffered"/>, or no bound asked for).</summary>
     private long _lagBound;
 
     /// <summary>1 while a thread runs <see cref="HelpOldVersion"/>'s advance.</summary>
@@ -194,8 +194,8 @@ public sealed unsafe partial class BufferedDurableHeap
     }
 
     /// <summary>
-    /// Back-pressure on the durability lag: when the current version has run for more than <see cref="LagBoundPeriods"/>
-    /// advance periods, the advancer has fallen behind (its cycles take longer than a period, so each version grows and
+    /// Back-pressure on the durability lag: when the current version has run for longer than
+    /// <see cref="BufferedDurableHeapOptions.MaxVersionAge"/>, the advancer has fallen behind (its cycles take longer than a period, so each version grows and
     /// takes longer to write back). The calling thread then runs the advance that ends the version — after the one in
     /// progress, unless that one already covered it — instead of adding to it, so writers faster than the advancer
     /// slow down towards its pace and the lag stays bounded. Costs nothing while cycles keep to the period.
@@ -672,7 +672,7 @@ public sealed unsafe partial class BufferedDurableHeap
     private Task WaitWithTimeout(Task task, long target, CancellationToken cancellationToken) =>
         SyncWaits.WaitAsync(task, _syncTimeout, cancellationToken, () => ThrowSyncTimeout(target, _syncTimeout));
 
-    private void StartAdvancer(TimeSpan period)
+    private void StartAdvancer(TimeSpan period, TimeSpan? maxVersionAge)
     {
         _period = period;
         if (period == Timeout.InfiniteTimeSpan)
@@ -681,7 +681,8 @@ public sealed unsafe partial class BufferedDurableHeap
         }
 
         Volatile.Write(ref _versionStartedAt, Now());
-        _lagBound = _mode == DurabilityMode.Buffered ? (long)(period.TotalSeconds * LagBoundPeriods * Stopwatch.Frequency) : 0;
+        TimeSpan age = maxVersionAge ?? period * LagBoundPeriods;
+        _lagBound = _mode == DurabilityMode.Buffered && age != Timeout.InfiniteTimeSpan ? Math.Max(1, (long)(age.TotalSeconds * Stopwatch.Frequency)) : 0;
 
         _advancer = new Thread(AdvancerLoop) { IsBackground = true, Name = "epvs-advancer" };
         _advancer.Start();

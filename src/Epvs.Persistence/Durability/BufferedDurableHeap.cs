@@ -75,7 +75,7 @@ public sealed unsafe partial class BufferedDurableHeap : IDisposable
             throw;
         }
 
-        StartAdvancer(options.AdvancePeriod);
+        StartAdvancer(options.AdvancePeriod, options.MaxVersionAge);
     }
 
     /// <summary>The allocator underneath (statistics, <see cref="PersistentHeap.File"/>). Allocate payloads through <see cref="BeginOperation"/>, not directly.</summary>
@@ -374,8 +374,8 @@ public sealed unsafe partial class BufferedDurableHeap : IDisposable
     /// <summary>
     /// The slow path of <see cref="BeginOperation"/>, every BacklogLimit / 16 retired bytes and every
     /// <see cref="LagCheckInterval"/> operations of this thread: if the backlog over all threads exceeds the limit, help
-    /// the advancer (up to a few advances) before entering; if the current version has run for more than
-    /// <see cref="LagBoundPeriods"/> advance periods (the advancer fell behind), run the advance that ends it.
+    /// the advancer (up to a few advances) before entering; if the current version has run for longer than
+    /// <see cref="BufferedDurableHeapOptions.MaxVersionAge"/> (the advancer fell behind), run the advance that ends it.
     /// </summary>
     [MethodImpl(MethodImplOptions.NoInlining)]
     private void ApplyBackPressure(ThreadBuffers buffers)

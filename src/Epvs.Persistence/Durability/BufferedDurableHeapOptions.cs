@@ -15,13 +15,18 @@ public sealed class BufferedDurableHeapOptions
     /// background advancer: versions then move only in <see cref="BufferedDurableHeap.Sync(TimeSpan)"/> and
     /// <see cref="BufferedDurableHeap.AdvanceVersion(TimeSpan)"/>.
     /// </summary>
-    /// <remarks>
-    /// The period is also a bound (in <see cref="DurabilityMode.Buffered"/>): when writers produce faster than the
-    /// advancer writes back, so that a version runs for more than 1.25 periods, a thread beginning an operation first
-    /// runs the advance that ends it (one thread at a time). Writers then slow down to what the medium takes instead
-    /// of letting versions, and the time until an operation is durable, grow without bound.
-    /// </remarks>
     public TimeSpan AdvancePeriod { get; set; } = TimeSpan.FromMilliseconds(20);
+
+    /// <summary>
+    /// Back-pressure on the durability lag (<see cref="DurabilityMode.Buffered"/> with a background advancer): when a
+    /// version has run longer than this — writers produce faster than the advancer writes back, so its cycles overrun
+    /// the period — a thread beginning an operation first runs the advance that ends it (one thread at a time). Writers
+    /// then slow down to what the medium takes, instead of letting versions, and the time until an operation is
+    /// durable, grow without bound. Null (the default): 1.25 × <see cref="AdvancePeriod"/>, which a background
+    /// advancer keeping to its period never reaches. <see cref="Timeout.InfiniteTimeSpan"/>: no bound (throughput
+    /// first; the lag then grows with the overload).
+    /// </summary>
+    public TimeSpan? MaxVersionAge { get; set; }
 
     /// <summary>How long <see cref="BufferedDurableHeap.Sync()"/> waits before it throws <see cref="TimeoutException"/>. Default 30 s.</summary>
     public TimeSpan SyncTimeout { get; set; } = TimeSpan.FromSeconds(30);
@@ -56,6 +61,11 @@ public sealed class BufferedDurableHeapOptions
         if (AdvancePeriod != Timeout.InfiniteTimeSpan && (AdvancePeriod <= TimeSpan.Zero || AdvancePeriod.TotalMilliseconds > int.MaxValue))
         {
             ThrowHelper.ThrowArgumentOutOfRange(nameof(AdvancePeriod), $"AdvancePeriod must be positive (or Timeout.InfiniteTimeSpan for no background advancer), not {AdvancePeriod}.");
+        }
+
+        if (MaxVersionAge is { } age && age != Timeout.InfiniteTimeSpan && (age <= TimeSpan.Zero || age.TotalMilliseconds > int.MaxValue))
+        {
+            ThrowHelper.ThrowArgumentOutOfRange(nameof(MaxVersionAge), $"MaxVersionAge must be positive, null (1.25 advance periods) or Timeout.InfiniteTimeSpan (no bound), not {age}.");
         }
 
         if (SyncTimeout != Timeout.InfiniteTimeSpan && SyncTimeout <= TimeSpan.Zero)

@@ -48,16 +48,33 @@ public sealed class BackPressureTests
     [Fact]
     public void AVersionOlderThanTheLagBound_IsEndedByTheNextThreadToBeginAnOperation_AndOnlyOnce()
     {
-        (long before, long after, long frontier, long versionAtJump) = AgeAVersion(DurabilityFaults.None);
+        (long before, long after, long frontier, long versionAtJump) = AgeAVersion(DurabilityFaults.None, null, hours: 2);
         Assert.Equal(0, before);
         Assert.Equal(1, after);
         Assert.True(frontier >= versionAtJump, $"the durable frontier {frontier} does not cover the old version {versionAtJump}");
     }
 
+    [Theory]
+    [InlineData(9, 0)]
+    [InlineData(11, 1)]
+    public void MaxVersionAge_IsTheBound(int hours, int ended)
+    {
+        // Ten one-hour periods instead of the default 1.25: a version nine hours old is left alone, one of eleven ended.
+        (_, long after, _, _) = AgeAVersion(DurabilityFaults.None, TimeSpan.FromHours(10), hours);
+        Assert.Equal(ended, after);
+    }
+
+    [Fact]
+    public void MaxVersionAge_Infinite_LeavesEvenAVeryOldVersionToTheAdvancer()
+    {
+        (_, long after, _, _) = AgeAVersion(DurabilityFaults.None, Timeout.InfiniteTimeSpan, hours: 1000);
+        Assert.Equal(0, after);
+    }
+
     [Fact]
     public void AnOldVersion_WithoutBackPressure_IsCaughtNeverEnding()
     {
-        (_, long after, _, _) = AgeAVersion(DurabilityFaults.NoBackPressure);
+        (_, long after, _, _) = AgeAVersion(DurabilityFaults.NoBackPressure, null, hours: 2);
         Assert.True(after == 0, "INCONCLUSIVE: the broken control (no back-pressure) ended the old version anyway; the check proves nothing on this run.");
     }
 
@@ -196,14 +213,14 @@ public sealed class BackPressureTests
 
     /// <summary>
     /// A heap whose background advancer has a one-hour period, dated by a test clock: ten checks' worth of operations
-    /// while the version is young, then the clock jumps past the lag bound and ten checks' worth more. Returns how many
+    /// while the version is young, then the clock jumps <paramref name="hours"/> ahead and ten checks' worth more. Returns how many
     /// versions the operations ended before and after the jump, the durable frontier, and the version at the jump.
     /// </summary>
-    private static (long Before, long After, long Frontier, long VersionAtJump) AgeAVersion(DurabilityFaults faults)
+    private static (long Before, long After, long Frontier, long VersionAtJump) AgeAVersion(DurabilityFaults faults, TimeSpan? maxVersionAge, int hours)
     {
         using var domain = new SimulatedPersistenceDomain(Capacity);
         using HeapFile file = HeapFile.Create(domain);
-        using BufferedDurableHeap heap = BufferedDurableHeap.Open(file, new BufferedDurableHeapOptions { AdvancePeriod = TimeSpan.FromHours(1), Faults = faults });
+        using BufferedDurableHeap heap = BufferedDurableHeap.Open(file, new BufferedDurableHeapOptions { AdvancePeriod = TimeSpan.FromHours(1), MaxVersionAge = maxVersionAge, Faults = faults });
         long jump = 0;
         // Volatile.Read: the jump is made on this thread, but the advancer's transitions read the clock too.
         heap.ClockForTesting = () => System.Diagnostics.Stopwatch.GetTimestamp() + Volatile.Read(ref jump);
@@ -216,7 +233,7 @@ public sealed class BackPressureTests
         }
 
         long versionAtJump = heap.CurrentVersion;
-        Volatile.Write(ref jump, 2 * System.Diagnostics.Stopwatch.Frequency * 3600);
+        Volatile.Write(ref jump, hours * System.Diagnostics.Stopwatch.Frequency * 3600);
         for (int i = 0; i < operations; i++)
         {
             map.Set(i % Keys, i);

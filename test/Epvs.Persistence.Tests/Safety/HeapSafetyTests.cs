@@ -223,6 +223,19 @@ public sealed class HeapSafetyTests
         Assert.Equal(before, File.ReadAllBytes(path));
     }
 
+    [Theory]
+    [InlineData(-5.0)]
+    [InlineData(0.0)]
+    public void Create_WithANonPositiveMaxVersionAge_IsRefusedAndLeavesNoFileBehind(double milliseconds)
+    {
+        using var dir = new TempDirectory();
+        string path = dir.File("bad-age.heap");
+        var bad = new BufferedDurableHeapOptions { MaxVersionAge = TimeSpan.FromMilliseconds(milliseconds) };
+        ArgumentOutOfRangeException e = Assert.Throws<ArgumentOutOfRangeException>(() => BufferedDurableHeap.Create(path, new HeapFileOptions { Size = 1L << 20 }, bad));
+        Assert.Equal(nameof(BufferedDurableHeapOptions.MaxVersionAge), e.ParamName);
+        Assert.False(File.Exists(path));
+    }
+
     [Fact]
     public void Create_WithInvalidDurabilityOptions_LeavesNoFileBehind()
     {
