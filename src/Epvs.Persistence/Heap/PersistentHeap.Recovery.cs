@@ -98,6 +98,7 @@ public sealed unsafe partial class PersistentHeap
         long freeBlockBytes = 0;
         bool acceptTorn = (_faults & HeapFaults.AcceptTornHeaders) != 0;
         bool loseInvalid = (_faults & HeapFaults.LoseInvalidBlocksAtRecovery) != 0;
+        bool leaveTorn = (_faults & HeapFaults.LeaveTornHeaders) != 0;
         Parallel.For(
             0,
             small.Count,
@@ -136,6 +137,15 @@ public sealed unsafe partial class PersistentHeap
                         if (blockState == BlockState.Damaged)
                         {
                             totals.Damaged.Add(offset);
+                            totals.FreeBlocks.Add(offset);
+                        }
+                        else if (blockState == BlockState.Torn && !leaveTorn)
+                        {
+                            // A crash interrupted this allocation: some of its header words are durable, and the check
+                            // over them fails. It is free, and made durably free before it is handed out again: left
+                            // as it is, a later allocation of the same uid and shape at this offset can supply the
+                            // missing words, and a crash then completes the old header — an old, durable-looking tag —
+                            // over the new payload's bytes.
                             totals.FreeBlocks.Add(offset);
                         }
                     }

@@ -133,6 +133,23 @@ public sealed class BufferedDurabilityCrashTests
     }
 
     [Fact]
+    public void Crash_ATornAllocationReusedForItsOwnUid_NeverRecoversTheNewBytesUnderTheOldTag()
+    {
+        // Seed 28, one recovery thread (a fixed allocation order): the crash of cycle 19 leaves an allocation of key 4's
+        // payload torn (its commit word durable, another header word not); cycle 20 gets that block for a new copy of
+        // the same uid and shape, and its crash lets only the missing word through. Unless the torn block was made
+        // durably free, the old header is then complete: the old tag, under the new version's bytes.
+        List<string> violations = Cycles(DurabilityFaults.None, 21, out _, out _, seed: 28, recoveryParallelism: 1);
+        Assert.Empty(violations);
+    }
+
+    [Fact]
+    public void Crash_ARecoveryThatLeavesTornHeadersAsTheyAre_IsCaught()
+    {
+        AssertControlCaught(Cycles(DurabilityFaults.None, 21, out _, out _, seed: 28, recoveryParallelism: 1, HeapFaults.LeaveTornHeaders), "not its state", "missing", "resurrected", "present but");
+    }
+
+    [Fact]
     public void Crash_CyclesWithARecoveryThatKeepsCancelledPayloads_AreCaughtByTheLeakCheck()
     {
         AssertControlCaught(Cycles(DurabilityFaults.KeepCancelledPayloads, 10, out _, out _), "leak", "uid", "inconsistent");
@@ -327,9 +344,9 @@ public sealed class BufferedDurabilityCrashTests
     private static bool SameContents(Dictionary<long, byte[]> a, Dictionary<long, byte[]> b) =>
         a.Count == b.Count && a.All(e => b.TryGetValue(e.Key, out byte[]? v) && v.AsSpan().SequenceEqual(e.Value));
 
-    private List<string> Cycles(DurabilityFaults recoveryFaults, int cycles, out HeapStatistics first, out HeapStatistics last)
+    private List<string> Cycles(DurabilityFaults recoveryFaults, int cycles, out HeapStatistics first, out HeapStatistics last, int seed = 9301, int? recoveryParallelism = null, HeapFaults heapFaults = HeapFaults.None)
     {
-        const int seed = 9301, operations = 30;
+        const int operations = 30;
         const long capacity = 2 << 20;
         _output.WriteLine($"seed={seed} cycles={cycles} operations/cycle={operations}");
         var random = new Random(seed);
@@ -354,7 +371,7 @@ public sealed class BufferedDurabilityCrashTests
 
             using var domain = SimulatedPersistenceDomain.FromImage(image, capacity);
             using (HeapFile file = HeapFile.Open(domain))
-            using (BufferedDurableHeap heap = BufferedDurableHeap.Open(file, new BufferedDurableHeapOptions { AdvancePeriod = Timeout.InfiniteTimeSpan, Faults = recoveryFaults }))
+            using (BufferedDurableHeap heap = BufferedDurableHeap.Open(file, new BufferedDurableHeapOptions { AdvancePeriod = Timeout.InfiniteTimeSpan, Faults = recoveryFaults, HeapFaults = heapFaults, RecoveryParallelism = recoveryParallelism ?? Environment.ProcessorCount }))
             {
                 PersistentByteMap<long> map;
                 try
