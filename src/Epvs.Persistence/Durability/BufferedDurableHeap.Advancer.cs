@@ -215,15 +215,23 @@ public sealed unsafe partial class BufferedDurableHeap
         // old one look older.
         long version = CurrentVersion;
         // Volatile.Read: atomic 64-bit load; pairs with the Volatile.Write in PersistClockInCriticalSection.
-        if (Now() - Volatile.Read(ref _versionStartedAt) <= bound)
+        long age = Now() - Volatile.Read(ref _versionStartedAt);
+        if (age <= bound)
         {
             return;
         }
 
-        // One helper at a time: the others carry on writing (all of them waiting for one cycle would leave cores idle;
-        // one is enough to slow the version's growth to the advancer's pace).
+        // One helper at a time: up to twice the bound the others carry on writing (all of them waiting for one cycle
+        // would leave cores idle while the advancer is only a little behind). Past it the advancer is far behind —
+        // more writers than it keeps up with — and the others wait for the advance in progress too, so that the lag
+        // stays bounded instead of growing with the overload.
         if (Interlocked.CompareExchange(ref _lagHelper, 1, 0) != 0)
         {
+            if (age > 2 * bound && (_faults & DurabilityFaults.OnlyTheHelperWaits) == 0)
+            {
+                WaitForCycle();
+            }
+
             return;
         }
 
@@ -250,6 +258,21 @@ public sealed unsafe partial class BufferedDurableHeap
             Volatile.Write(ref _lagHelper, 0);
         }
     }
+
+    /// <summary>Waits (at most <see cref="HelpWait"/>) for the advance cycle another thread runs or is about to run.</summary>
+    private void WaitForCycle()
+    {
+        if (Monitor.TryEnter(_cycleGate, HelpWait()))
+        {
+            Monitor.Exit(_cycleGate);
+        }
+    }
+
+    /// <summary>The gate advance cycles run under (tests hold it to stand for a long cycle).</summary>
+    internal object CycleGateForTesting => _cycleGate;
+
+    /// <summary>Test hook: marks a thread as helping (see <see cref="HelpOldVersion"/>), as if one were running a cycle.</summary>
+    internal void SetHelperForTesting(bool helping) => Volatile.Write(ref _lagHelper, helping ? 1 : 0);
 
     /// <summary>How long the background advancer, or a thread helping it, waits for a cycle: five periods, at least 100 ms.</summary>
     private TimeSpan HelpWait() => TimeSpan.FromMilliseconds(Math.Max(100, _period.TotalMilliseconds * 5));

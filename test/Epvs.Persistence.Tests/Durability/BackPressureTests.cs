@@ -71,6 +71,22 @@ public sealed class BackPressureTests
         Assert.Equal(0, after);
     }
 
+    [Theory]
+    [InlineData(3, true)]
+    [InlineData(2, false)]
+    public void WhileAnotherThreadEndsAnOldVersion_WritersWaitForIt_OnlyPastTwiceTheBound(int hours, bool held)
+    {
+        // The bound is 1.25 one-hour periods: at three hours every writer waits for the advance in progress, at two
+        // (between the bound and twice it) only the helper does.
+        Assert.Equal(held, !WriterFinishesWhileAnotherHelps(DurabilityFaults.None, hours));
+    }
+
+    [Fact]
+    public void AVeryOldVersion_SlowingOnlyItsHelper_IsCaught()
+    {
+        Assert.True(WriterFinishesWhileAnotherHelps(DurabilityFaults.OnlyTheHelperWaits, 3), "INCONCLUSIVE: the broken control (only the helper waits) held the writer back anyway; the check proves nothing on this run.");
+    }
+
     [Fact]
     public void AnOldVersion_WithoutBackPressure_IsCaughtNeverEnding()
     {
@@ -240,5 +256,49 @@ public sealed class BackPressureTests
         }
 
         return (versionAtJump - start, heap.CurrentVersion - versionAtJump, heap.DurableFrontier, versionAtJump);
+    }
+
+    /// <summary>
+    /// A heap whose one-hour periods are dated by a test clock; another thread stands for a helper running a long
+    /// advance (the helper mark set, the cycle gate held) while the clock jumps <paramref name="hours"/> ahead, and a
+    /// writer runs a check's worth of operations. Returns whether the writer finished within half a second, before the
+    /// advance ended (a writer held back waits for it; the bound only decides how long a broken one gets to show).
+    /// </summary>
+    private static bool WriterFinishesWhileAnotherHelps(DurabilityFaults faults, int hours)
+    {
+        using var domain = new SimulatedPersistenceDomain(Capacity);
+        using HeapFile file = HeapFile.Create(domain);
+        using BufferedDurableHeap heap = BufferedDurableHeap.Open(file, new BufferedDurableHeapOptions { AdvancePeriod = TimeSpan.FromHours(1), Faults = faults });
+        long jump = 0;
+        // Volatile.Read: the writer thread reads the jump made on this one.
+        heap.ClockForTesting = () => System.Diagnostics.Stopwatch.GetTimestamp() + Volatile.Read(ref jump);
+        var map = new PersistentHashMap<long, long>(heap, DurableWorkload.MapTypeId);
+        using var done = new ManualResetEventSlim();
+        Thread writer = new(() =>
+        {
+            for (int i = 0; i <= BufferedDurableHeap.LagCheckInterval; i++)
+            {
+                map.Set(i % Keys, i);
+            }
+
+            done.Set();
+        });
+        heap.SetHelperForTesting(true);
+        bool finished;
+        Monitor.Enter(heap.CycleGateForTesting);
+        try
+        {
+            Volatile.Write(ref jump, hours * System.Diagnostics.Stopwatch.Frequency * 3600);
+            writer.Start();
+            finished = done.Wait(TimeSpan.FromMilliseconds(500));
+        }
+        finally
+        {
+            Monitor.Exit(heap.CycleGateForTesting);
+        }
+
+        heap.SetHelperForTesting(false);
+        Assert.True(writer.Join(TimeSpan.FromSeconds(30)), "the writer did not finish once the advance ended");
+        return finished;
     }
 }
