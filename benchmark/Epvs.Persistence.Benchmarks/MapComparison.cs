@@ -27,8 +27,8 @@ internal sealed record ComparisonSettings(
 /// <summary>
 /// Issue #10's performance table, side by side in one run: <see cref="PersistentHashMap{TKey, TValue}"/> against
 /// <see cref="ConcurrentDictionary{TKey, TValue}"/> (upsert, read; 1 and 2 threads, interleaved per repetition so a
-/// shared machine's noise hits both alike; medians and ratios), Sync latency and durability lag under one writer
-/// (in advance periods), and crash recovery of a heap of <see cref="ComparisonSettings.RecoveryBytes"/>. A breakdown row
+/// shared machine's noise hits both alike; medians and ratios), Sync latency and durability lag under one writer, or
+/// <see cref="ComparisonSettings.LagWriters"/> (in advance periods), and crash recovery of a heap of <see cref="ComparisonSettings.RecoveryBytes"/>. A breakdown row
 /// runs the same upserts on a <see cref="DurabilityMode.Transient"/> heap: the operation's own cost, without the
 /// durability work.
 /// </summary>
