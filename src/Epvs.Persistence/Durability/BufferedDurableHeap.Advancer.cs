@@ -275,7 +275,8 @@ public sealed unsafe partial class BufferedDurableHeap
     internal void SetHelperForTesting(bool helping) => Volatile.Write(ref _lagHelper, helping ? 1 : 0);
 
     /// <summary>How long the background advancer, or a thread helping it, waits for a cycle: five periods, at least 100 ms.</summary>
-    private TimeSpan HelpWait() => TimeSpan.FromMilliseconds(Math.Max(100, _period.TotalMilliseconds * 5));
+    /// <remarks>Capped at what <see cref="Monitor.TryEnter(object, TimeSpan)"/> takes (about 24.8 days), since a valid period may be longer than a fifth of that.</remarks>
+    private TimeSpan HelpWait() => TimeSpan.FromMilliseconds(Math.Min(int.MaxValue, Math.Max(100, _period.TotalMilliseconds * 5)));
 
     private long Now() => ClockForTesting is { } clock ? clock() : Stopwatch.GetTimestamp();
 

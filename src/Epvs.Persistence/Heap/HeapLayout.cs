@@ -114,7 +114,12 @@ internal static class HeapLayout
     internal const long KindRaw = 1;
     internal const long KindBufferedDurable = 2;
 
-    internal const ulong SavedStateMagic = 0x5445_5453_4E45_504FUL;
+    /// <summary>
+    /// Marks a saved allocator state. Changed when the free blocks a saved state may describe changed meaning, so that
+    /// the first open by a newer build rescans instead of trusting an older build's state: "OPENSTT2" since torn
+    /// allocations are freed durably at recovery (a state saved by an older build may cover torn headers left as they were).
+    /// </summary>
+    internal const ulong SavedStateMagic = 0x3254_5453_4E45_504FUL;
     internal const int SavedStateHeaderWords = 7;
 
     internal const int HeaderSize = 32;

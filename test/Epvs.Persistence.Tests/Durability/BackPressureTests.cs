@@ -78,13 +78,32 @@ public sealed class BackPressureTests
     {
         // The bound is 1.25 one-hour periods: at three hours every writer waits for the advance in progress, at two
         // (between the bound and twice it) only the helper does.
-        Assert.Equal(held, !WriterFinishesWhileAnotherHelps(DurabilityFaults.None, hours));
+        Assert.Equal(held, !WriterFinishesWhileAnotherHelps(DurabilityFaults.None, hours, held ? TimeSpan.FromMilliseconds(500) : TimeSpan.FromSeconds(20)));
     }
 
     [Fact]
     public void AVeryOldVersion_SlowingOnlyItsHelper_IsCaught()
     {
-        Assert.True(WriterFinishesWhileAnotherHelps(DurabilityFaults.OnlyTheHelperWaits, 3), "INCONCLUSIVE: the broken control (only the helper waits) held the writer back anyway; the check proves nothing on this run.");
+        Assert.True(WriterFinishesWhileAnotherHelps(DurabilityFaults.OnlyTheHelperWaits, 3, TimeSpan.FromSeconds(20)), "INCONCLUSIVE: the broken control (only the helper waits) held the writer back anyway; the check proves nothing on this run.");
+    }
+
+    [Fact]
+    public void AVeryLongPeriod_StillLetsAWriterEndAnOldVersion()
+    {
+        // Ten days is a valid period; five of them (the helper's wait) is more than a monitor wait takes, and used to
+        // throw out of BeginOperation.
+        using var domain = new SimulatedPersistenceDomain(Capacity);
+        using HeapFile file = HeapFile.Create(domain);
+        using BufferedDurableHeap heap = BufferedDurableHeap.Open(file, new BufferedDurableHeapOptions { AdvancePeriod = TimeSpan.FromDays(10) });
+        heap.ClockForTesting = () => System.Diagnostics.Stopwatch.GetTimestamp() + (13L * 24 * 3600 * System.Diagnostics.Stopwatch.Frequency);
+        var map = new PersistentHashMap<long, long>(heap, DurableWorkload.MapTypeId);
+        long version = heap.CurrentVersion;
+        for (int i = 0; i <= BufferedDurableHeap.LagCheckInterval; i++)
+        {
+            map.Set(i % Keys, i);
+        }
+
+        Assert.True(heap.CurrentVersion > version, "the writer did not end the version older than the bound");
     }
 
     [Fact]
@@ -261,10 +280,11 @@ public sealed class BackPressureTests
     /// <summary>
     /// A heap whose one-hour periods are dated by a test clock; another thread stands for a helper running a long
     /// advance (the helper mark set, the cycle gate held) while the clock jumps <paramref name="hours"/> ahead, and a
-    /// writer runs a check's worth of operations. Returns whether the writer finished within half a second, before the
-    /// advance ended (a writer held back waits for it; the bound only decides how long a broken one gets to show).
+    /// writer runs a check's worth of operations. Returns whether the writer finished within <paramref name="wait"/>,
+    /// before the advance ended: a writer held back cannot (its own wait is five hours here), so a short wait suffices
+    /// where it is expected to be held, and a long one (which returns as soon as it finishes) where it is expected not to be.
     /// </summary>
-    private static bool WriterFinishesWhileAnotherHelps(DurabilityFaults faults, int hours)
+    private static bool WriterFinishesWhileAnotherHelps(DurabilityFaults faults, int hours, TimeSpan wait)
     {
         using var domain = new SimulatedPersistenceDomain(Capacity);
         using HeapFile file = HeapFile.Create(domain);
@@ -290,7 +310,7 @@ public sealed class BackPressureTests
         {
             Volatile.Write(ref jump, hours * System.Diagnostics.Stopwatch.Frequency * 3600);
             writer.Start();
-            finished = done.Wait(TimeSpan.FromMilliseconds(500));
+            finished = done.Wait(wait);
         }
         finally
         {
