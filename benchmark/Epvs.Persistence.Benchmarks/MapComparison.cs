@@ -157,7 +157,37 @@ internal static class MapComparison
         }
 
         output.WriteLine();
+        Floor(s, results, output);
         output.Flush();
+    }
+
+    /// <summary>
+    /// The one-thread upserts in nanoseconds per operation, next to what one dependent cache-line load costs on this
+    /// machine at a few footprints (<see cref="MemoryLatency"/>): an upsert of a random key pays at least one.
+    /// </summary>
+    private static void Floor(ComparisonSettings s, Dictionary<(string, int), List<double>> results, TextWriter output)
+    {
+        if (!s.Threads.Contains(1))
+        {
+            return;
+        }
+
+        Progress(output, "dependent-load latency");
+        output.WriteLine("| one thread | ns per operation or load |");
+        output.WriteLine("|---|---:|");
+        foreach (string cell in new[] { "ConcurrentDictionary upsert", "PersistentHashMap upsert", "PersistentHashMap upsert, transient heap" })
+        {
+            output.WriteLine(FormattableString.Invariant($"| {cell} (median) | {1000 / Median(results[(cell, 1)]):0} |"));
+        }
+
+        long loads = s.Quick ? 2_000_000 : 10_000_000;
+        foreach (int mib in new[] { 16, 64, 128 })
+        {
+            output.WriteLine(FormattableString.Invariant($"| one dependent load, random line of {mib} MiB | {MemoryLatency.DependentLoadNanoseconds((long)mib << 20, loads):0} |"));
+        }
+
+        output.WriteLine("(The map's index holds 2 to 4 slots of 64 bytes per key: 128 MiB for 1 M keys of long. ConcurrentDictionary's nodes and buckets take about 56 bytes per key.)");
+        output.WriteLine();
     }
 
     private static double Measure(int threads, TimeSpan duration, int keyRange, Action<long, long> body)

@@ -18,8 +18,9 @@ namespace Epvs.Persistence;
 /// update or remove) or its lock stripe (an insert); reads take no lock and read the DRAM index only, which holds the
 /// values too.</para>
 /// <para>Memory: the index is an open-addressing table in native memory, one 64-byte slot per key for keys and values
-/// of up to 32 bytes together (whole cache lines for wider ones), kept at most half full: 2 to 4 slots per key
-/// (128–256 bytes for a <c>long</c> key and value), in exchange for one cache miss per lookup.</para>
+/// of up to 32 bytes together (whole cache lines for wider ones), kept at most half full and doubled when it gets
+/// there: 2 to 4 slots per key (128–256 bytes for a <c>long</c> key and value), in exchange for one cache miss per
+/// lookup.</para>
 /// </remarks>
 public sealed class PersistentHashMap<TKey, TValue>
     where TKey : unmanaged, IEquatable<TKey>
@@ -44,6 +45,9 @@ public sealed class PersistentHashMap<TKey, TValue>
 
     /// <summary>How many times the index allocated (or tried to allocate) a larger table (tests).</summary>
     internal long IndexGrowthAttempts => _core.IndexGrowthAttempts;
+
+    /// <summary>The index's number of slots (tests).</summary>
+    internal long IndexCapacity => _core.IndexCapacity;
 
     /// <summary>Inserts or replaces the value of <paramref name="key"/>.</summary>
     /// <param name="key">The key.</param>

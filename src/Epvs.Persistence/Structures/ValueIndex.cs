@@ -119,6 +119,9 @@ internal sealed unsafe class ValueIndex<TKey, TValue>
     // Volatile.Read: atomicity only (64-bit on 32-bit runtimes); inserts and removes change it with Interlocked.
     internal long Count => Volatile.Read(ref _count);
 
+    /// <summary>The current table's number of slots (tests: the memory an index takes per key).</summary>
+    internal long Capacity => Volatile.Read(ref _table).Capacity;
+
     /// <summary>The key's hash: Fibonacci hashing of <see cref="object.GetHashCode"/>, whose top bits choose the lock and the home slot.</summary>
     [MethodImpl(MethodImplOptions.AggressiveInlining)]
     internal static uint Hash(TKey key) => (uint)key.GetHashCode() * 0x9E37_79B9u;
@@ -297,8 +300,11 @@ internal sealed unsafe class ValueIndex<TKey, TValue>
                 throw new OutOfMemoryException("Simulated (DurabilityFaults.IndexGrowthOutOfMemory): no memory to grow the map's index.");
             }
 
-            // Sized for the live keys at a quarter full: a table of tombstones is rehashed at its size.
-            var grown = new Table(SlotsFor(Volatile.Read(ref _count) * 2));
+            // Sized for the live keys at a sixth to a third full: a growth at half full doubles the table (room for
+            // three halves of the keys at half full; twice the keys would quadruple it, since the count is just past
+            // half), and a table of tombstones is rehashed at about its size.
+            long live = Volatile.Read(ref _count);
+            var grown = new Table(SlotsFor(live + (live / 2)));
             long copied = 0;
             for (uint i = 0; i < (uint)old.Capacity; i++)
             {

@@ -52,6 +52,9 @@ internal sealed unsafe class ValueMapCore<TKey, TValue>
     /// <summary>See <see cref="ValueIndex{TKey, TValue}.GrowthAttempts"/>.</summary>
     internal long IndexGrowthAttempts => _index.GrowthAttempts;
 
+    /// <summary>See <see cref="ValueIndex{TKey, TValue}.Capacity"/>.</summary>
+    internal long IndexCapacity => _index.Capacity;
+
     internal bool Upsert(TKey key, TValue value)
     {
         uint hash = ValueIndex<TKey, TValue>.Hash(key);

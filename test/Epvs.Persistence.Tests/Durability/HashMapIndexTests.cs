@@ -18,6 +18,40 @@ public sealed class HashMapIndexTests
     public HashMapIndexTests(ITestOutputHelper output) => _output = output;
 
     /// <summary>
+    /// Memory: a map grown from empty by inserts keeps 2 to 4 slots per key (a growth at half full doubles the table).
+    /// Growing for twice the count, which is just past half the table, quadrupled it: up to 8 slots (512 bytes) per key.
+    /// </summary>
+    [Fact]
+    public void Map_GrownByInserts_KeepsTwoToFourSlotsPerKey()
+    {
+        using var dir = new TempDirectory();
+        using BufferedDurableHeap heap = BufferedDurableHeap.Create(
+            dir.File("map.heap"),
+            new HeapFileOptions { Size = 64L << 20, Domain = PersistenceDomainKind.MappedFile },
+            new BufferedDurableHeapOptions { Mode = DurabilityMode.Transient, AdvancePeriod = Timeout.InfiniteTimeSpan });
+        var map = new PersistentHashMap<long, long>(heap, typeId: 1);
+        int growths = 0;
+        long capacity = map.IndexCapacity;
+        for (long key = 0; key < 100_000; key++)
+        {
+            map.Set(key, key);
+            long count = key + 1;
+            if (map.IndexCapacity != capacity)
+            {
+                growths++;
+                capacity = map.IndexCapacity;
+                _output.WriteLine($"{count} keys: {capacity} slots");
+            }
+
+            // (The smallest table holds 1024 slots.)
+            Assert.True(capacity >= 2 * count, $"{count} keys in {capacity} slots: more than half full");
+            Assert.True(capacity <= 1024 || capacity <= 4 * count, $"{count} keys in {capacity} slots: more than 4 slots per key");
+        }
+
+        Assert.True(growths >= 5, $"only {growths} growths");
+    }
+
+    /// <summary>
     /// A sliding window of live keys: every insert of a new key removes an old one, so tombstones pile up and the table
     /// is rehashed at its size again and again; every live key must still be found, with its last value.
     /// </summary>
