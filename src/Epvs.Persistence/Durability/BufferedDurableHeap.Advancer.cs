@@ -73,7 +73,7 @@ public sealed unsafe partial class BufferedDurableHeap
     /// <summary>Test hook: with <see cref="DurabilityFaults.PersistFrontierBeforeWriteBack"/>, runs once the broken order has persisted the frontier (the version) and before it writes the version back.</summary>
     internal Action<long>? AfterFrontierPersistedFirstForTesting { get; set; }
 
-    /// <summary>Test hook: runs in a hash map update once it holds the key's index slot, before it allocates the new payload.</summary>
+    /// <summary>Test hook: runs in a hash map update or remove once it holds the key's index slot, before it allocates the new payload (or the anti-payload).</summary>
     internal Action? InsideSlotLockForTesting { get; set; }
 
     /// <summary>Test hook: runs in <see cref="DurableOperation.Replace(PayloadRef, int)"/> when a same-version replace has allocated and filled its copy (with its offset), before it deletes the original.</summary>

@@ -46,6 +46,13 @@ public sealed class PersistentHashMap<TKey, TValue>
     /// <summary>How many times the index allocated (or tried to allocate) a larger table (tests).</summary>
     internal long IndexGrowthAttempts => _core.IndexGrowthAttempts;
 
+    /// <summary>Test hook: see <see cref="ValueIndex{TKey, TValue}.BeforeGrowLocksSlotForTesting"/>.</summary>
+    internal Action<TKey>? BeforeGrowLocksSlotForTesting
+    {
+        get => _core.IndexForTesting.BeforeGrowLocksSlotForTesting;
+        set => _core.IndexForTesting.BeforeGrowLocksSlotForTesting = value;
+    }
+
     /// <summary>The index's number of slots (tests).</summary>
     internal long IndexCapacity => _core.IndexCapacity;
 

@@ -119,6 +119,9 @@ internal sealed unsafe class ValueIndex<TKey, TValue>
     // Volatile.Read: atomicity only (64-bit on 32-bit runtimes); inserts and removes change it with Interlocked.
     internal long Count => Volatile.Read(ref _count);
 
+    /// <summary>Test hook: a growth is about to lock the live slot of this key to copy it (a test parks a remove of it there).</summary>
+    internal Action<TKey>? BeforeGrowLocksSlotForTesting { get; set; }
+
     /// <summary>The current table's number of slots (tests: the memory an index takes per key).</summary>
     internal long Capacity => Volatile.Read(ref _table).Capacity;
 
@@ -318,6 +321,7 @@ internal sealed unsafe class ValueIndex<TKey, TValue>
                 // The broken control copies without it, and leaves the slot live: an update after the copy is lost.
                 if (!_growWithoutSlotLocks)
                 {
+                    BeforeGrowLocksSlotForTesting?.Invoke(Unsafe.Read<TKey>(slot + KeyOffset));
                     Acquire(slot);
                 }
 

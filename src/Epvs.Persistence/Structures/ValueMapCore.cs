@@ -52,6 +52,9 @@ internal sealed unsafe class ValueMapCore<TKey, TValue>
     /// <summary>See <see cref="ValueIndex{TKey, TValue}.GrowthAttempts"/>.</summary>
     internal long IndexGrowthAttempts => _index.GrowthAttempts;
 
+    /// <summary>The index (tests: its hooks).</summary>
+    internal ValueIndex<TKey, TValue> IndexForTesting => _index;
+
     /// <summary>See <see cref="ValueIndex{TKey, TValue}.Capacity"/>.</summary>
     internal long IndexCapacity => _index.Capacity;
 
@@ -161,6 +164,8 @@ internal sealed unsafe class ValueMapCore<TKey, TValue>
         {
             return false;
         }
+
+        _heap.InsideSlotLockForTesting?.Invoke();
 
         // The anti-payload first: if the heap is full, Delete throws and the index still agrees with the heap.
         op.Delete(new PayloadRef(slot.Offset));
