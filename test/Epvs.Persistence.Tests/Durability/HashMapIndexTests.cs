@@ -25,10 +25,7 @@ public sealed class HashMapIndexTests
     public void Map_GrownByInserts_KeepsTwoToFourSlotsPerKey()
     {
         using var dir = new TempDirectory();
-        using BufferedDurableHeap heap = BufferedDurableHeap.Create(
-            dir.File("map.heap"),
-            new HeapFileOptions { Size = 64L << 20, Domain = PersistenceDomainKind.MappedFile },
-            new BufferedDurableHeapOptions { Mode = DurabilityMode.Transient, AdvancePeriod = Timeout.InfiniteTimeSpan });
+        using BufferedDurableHeap heap = TransientHeap(dir);
         var map = new PersistentHashMap<long, long>(heap, typeId: 1);
         int growths = 0;
         long capacity = map.IndexCapacity;
@@ -51,6 +48,12 @@ public sealed class HashMapIndexTests
         Assert.True(growths >= 5, $"only {growths} growths");
     }
 
+    /// <summary>A 64 MiB transient heap with no advancer: the index's own behaviour, without durability work.</summary>
+    private static BufferedDurableHeap TransientHeap(TempDirectory dir) => BufferedDurableHeap.Create(
+        dir.File("map.heap"),
+        new HeapFileOptions { Size = 64L << 20, Domain = PersistenceDomainKind.MappedFile },
+        new BufferedDurableHeapOptions { Mode = DurabilityMode.Transient, AdvancePeriod = Timeout.InfiniteTimeSpan });
+
     /// <summary>
     /// A sliding window of live keys: every insert of a new key removes an old one, so tombstones pile up and the table
     /// is rehashed at its size again and again; every live key must still be found, with its last value.
@@ -59,10 +62,7 @@ public sealed class HashMapIndexTests
     public void Map_KeysInsertedAndRemovedInAWindow_RehashTombstonesAndKeepEveryLiveKey()
     {
         using var dir = new TempDirectory();
-        using BufferedDurableHeap heap = BufferedDurableHeap.Create(
-            dir.File("map.heap"),
-            new HeapFileOptions { Size = 64L << 20, Domain = PersistenceDomainKind.MappedFile },
-            new BufferedDurableHeapOptions { Mode = DurabilityMode.Transient, AdvancePeriod = Timeout.InfiniteTimeSpan });
+        using BufferedDurableHeap heap = TransientHeap(dir);
         var map = new PersistentHashMap<long, long>(heap, typeId: 1);
         var expected = new Dictionary<long, long>();
         var random = new Random(5);
