@@ -62,6 +62,6 @@ internal enum DurabilityFaults
     /// <summary>Not a broken behaviour but a simulated environment: every growth of the hash map's index throws <see cref="OutOfMemoryException"/>.</summary>
     IndexGrowthOutOfMemory = 65536,
 
-    /// <summary>A version older than twice MaxVersionAge slows down only the thread helping to end it: the other writers carry on adding to it.</summary>
+    /// <summary>A version older than MaxVersionAge slows down only the thread helping to end it: the other writers carry on adding to it.</summary>
     OnlyTheHelperWaits = 131072,
 }
