@@ -99,13 +99,15 @@ public sealed unsafe partial class BufferedDurableHeap
     public void Sync() => Sync(_syncTimeout);
 
     /// <summary>Like <see cref="Sync()"/>, with an explicit bound on the wait.</summary>
-    /// <param name="timeout">How long to wait at most; <see cref="Timeout.InfiniteTimeSpan"/> to wait for ever.</param>
+    /// <param name="timeout">How long to wait at most (up to int.MaxValue milliseconds); <see cref="Timeout.InfiniteTimeSpan"/> to wait for ever.</param>
+    /// <exception cref="ArgumentOutOfRangeException"><paramref name="timeout"/> is negative (other than <see cref="Timeout.InfiniteTimeSpan"/>) or longer than int.MaxValue milliseconds.</exception>
     /// <exception cref="InvalidOperationException">See <see cref="Sync()"/>.</exception>
     /// <exception cref="TimeoutException">See <see cref="Sync()"/>.</exception>
     /// <exception cref="System.IO.IOException">See <see cref="Sync()"/>.</exception>
     /// <exception cref="ObjectDisposedException">The heap has been disposed.</exception>
     public void Sync(TimeSpan timeout)
     {
+        ValidateTimeout(timeout);
         ThrowIfDisposed();
         long target = SyncTarget();
         SyncCore(target, timeout);
@@ -167,17 +169,25 @@ public sealed unsafe partial class BufferedDurableHeap
     /// advancer does this; call it to drive versions by hand (with <see cref="BufferedDurableHeapOptions.AdvancePeriod"/>
     /// set to <see cref="Timeout.InfiniteTimeSpan"/>).
     /// </summary>
-    /// <param name="timeout">How long to wait for operations of v to end.</param>
+    /// <param name="timeout">How long to wait for operations of v to end (up to int.MaxValue milliseconds, or <see cref="Timeout.InfiniteTimeSpan"/>).</param>
     /// <returns>The new durable frontier.</returns>
+    /// <exception cref="ArgumentOutOfRangeException"><paramref name="timeout"/> is negative (other than <see cref="Timeout.InfiniteTimeSpan"/>) or longer than int.MaxValue milliseconds.</exception>
     /// <exception cref="InvalidOperationException">The calling thread is inside an operation.</exception>
     /// <exception cref="TimeoutException">Another thread stayed inside an operation for the whole timeout.</exception>
     public long AdvanceVersion(TimeSpan timeout)
     {
+        ValidateTimeout(timeout);
         ThrowIfDisposed();
         ThrowIfProtected(nameof(AdvanceVersion));
         RunCycle(long.MaxValue, Deadline(timeout), timeout);
         return DurableFrontier;
     }
+
+    /// <summary>Test hook: runs in a thread's backlog back-pressure after its disposed check, before it runs advance cycles.</summary>
+    internal Action? BeforeBackPressureCyclesForTesting { get; set; }
+
+    /// <summary>Test hook: runs in Dispose once its own last cycles are done, before it waits for operations and unmaps.</summary>
+    internal Action? AfterDisposeClosedCyclesForTesting { get; set; }
 
     /// <summary>Test hook: replaces <see cref="Stopwatch.GetTimestamp"/> as the clock that dates versions for the lag bound.</summary>
     internal Func<long>? ClockForTesting { get; set; }
@@ -320,6 +330,11 @@ public sealed unsafe partial class BufferedDurableHeap
 
         try
         {
+            if (_disposingThread != 0 && _disposingThread != Environment.CurrentManagedThreadId)
+            {
+                ThrowHelper.ThrowObjectDisposed(this);
+            }
+
             if (DurableFrontier >= target)
             {
                 return;
@@ -585,7 +600,11 @@ public sealed unsafe partial class BufferedDurableHeap
 
         // Keep about two cycles' allocations of each class ready, so allocating threads neither sweep nor format
         // segments themselves: free segments first, then the class's densest parked frees (see PersistentHeap.StockPools).
-        _heap.StockPools(StockReserveBytes);
+        // Not in Dispose's last cycles: nobody allocates any more, and a segment formatted for a class stays in it.
+        if (_disposingThread == 0)
+        {
+            _heap.StockPools(StockReserveBytes);
+        }
 
         // Bounded: at most three quarters of the file parked, so old copies do not stay on the file (and recoverable)
         // for ever. Past the bound, each cycle sweeps a few cycles' worth more, not everything at once (one long pause).
@@ -778,6 +797,15 @@ public sealed unsafe partial class BufferedDurableHeap
             $"Waited {timeout} for version {target} to become durable (durable frontier {DurableFrontier}, current version {CurrentVersion}); " +
             $"the version transition waits for every operation of the old version to end, and {who}. " +
             "A thread that stays inside an operation blocks durability: end its operation, or wait longer.");
+    }
+
+    /// <summary>What the waits underneath take (<see cref="Monitor.TryEnter(object, TimeSpan)"/>, <see cref="Task.Wait(TimeSpan)"/>): a clear error up front instead of theirs midway.</summary>
+    private static void ValidateTimeout(TimeSpan timeout)
+    {
+        if (timeout != Timeout.InfiniteTimeSpan && (timeout < TimeSpan.Zero || timeout.TotalMilliseconds > int.MaxValue))
+        {
+            ThrowHelper.ThrowArgumentOutOfRange(nameof(timeout), $"The timeout must be between zero and int.MaxValue milliseconds (about 24.8 days), or Timeout.InfiniteTimeSpan, not {timeout}.");
+        }
     }
 
     private static long Deadline(TimeSpan timeout) =>

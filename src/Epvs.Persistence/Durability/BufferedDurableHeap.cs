@@ -46,6 +46,9 @@ public sealed unsafe partial class BufferedDurableHeap : IDisposable
     private long _versionBase;
     private int _disposed;
 
+    /// <summary>The thread disposing the heap, the only one that may still run advance cycles (0: not disposing). Read and written under the cycle gate.</summary>
+    private int _disposingThread;
+
     private BufferedDurableHeap(HeapFile file, bool ownsFile, BufferedDurableHeapOptions? options)
     {
         options ??= new BufferedDurableHeapOptions();
@@ -235,6 +238,15 @@ public sealed unsafe partial class BufferedDurableHeap : IDisposable
         }
 
         Exception? failure = StopAdvancer();
+
+        // From here on only this thread runs advance cycles: a thread that passed its disposed check before the flag
+        // and waits for the cycle gate (back-pressure) would otherwise run one after this Dispose's last, while the heap
+        // is being unmapped. Under the gate, so a cycle already running finishes first.
+        lock (_cycleGate)
+        {
+            _disposingThread = Environment.CurrentManagedThreadId;
+        }
+
         bool machineInFlight = false;
         try
         {
@@ -254,6 +266,8 @@ public sealed unsafe partial class BufferedDurableHeap : IDisposable
             {
                 machineInFlight = _inflight is not null;
             }
+
+            AfterDisposeClosedCyclesForTesting?.Invoke();
 
             // No operation may still be inside the mapping when it is unmapped: wait (briefly if the sync already
             // waited its full timeout) until every thread that entered before the flag has left.
@@ -396,6 +410,7 @@ public sealed unsafe partial class BufferedDurableHeap : IDisposable
         }
 
         ThrowIfDisposed();
+        BeforeBackPressureCyclesForTesting?.Invoke();
         long deadline = Deadline(_syncTimeout);
         try
         {

@@ -68,9 +68,9 @@ public sealed class BufferedDurableHeapOptions
             ThrowHelper.ThrowArgumentOutOfRange(nameof(MaxVersionAge), $"MaxVersionAge must be positive, null (1.25 advance periods) or Timeout.InfiniteTimeSpan (no bound), not {age}.");
         }
 
-        if (SyncTimeout != Timeout.InfiniteTimeSpan && SyncTimeout <= TimeSpan.Zero)
+        if (SyncTimeout != Timeout.InfiniteTimeSpan && (SyncTimeout <= TimeSpan.Zero || SyncTimeout.TotalMilliseconds > int.MaxValue))
         {
-            ThrowHelper.ThrowArgumentOutOfRange(nameof(SyncTimeout), $"SyncTimeout must be positive (or Timeout.InfiniteTimeSpan), not {SyncTimeout}.");
+            ThrowHelper.ThrowArgumentOutOfRange(nameof(SyncTimeout), $"SyncTimeout must be positive and at most int.MaxValue milliseconds (about 24.8 days), or Timeout.InfiniteTimeSpan, not {SyncTimeout}.");
         }
 
         if (ReclaimBacklogLimit < 0)

@@ -104,17 +104,6 @@ internal sealed unsafe class ValueIndex<TKey, TValue>
     // Volatile.Read: atomicity only.
     internal long GrowthAttempts => Volatile.Read(ref _growthAttempts);
 
-    /// <summary>
-    /// After a growth that an insert asked for failed for lack of memory: inserts stop asking for one at half full, so
-    /// they do not each take every stripe lock to try again; the one that finds no room (three quarters full) still
-    /// grows, or fails before writing anything.
-    /// </summary>
-    internal void DeferGrowth()
-    {
-        // Volatile.Write: a hint read by Publish; a stale read costs one more attempt at most.
-        Volatile.Write(ref Volatile.Read(ref _table).GrowthDeferred, true);
-    }
-
     /// <summary>How many keys the index holds (exact when no insert or remove is in flight).</summary>
     // Volatile.Read: atomicity only (64-bit on 32-bit runtimes); inserts and removes change it with Interlocked.
     internal long Count => Volatile.Read(ref _count);
@@ -298,16 +287,30 @@ internal sealed unsafe class ValueIndex<TKey, TValue>
             }
 
             Interlocked.Increment(ref _growthAttempts);
-            if (_growthOutOfMemory)
+            Table grown;
+            try
             {
-                throw new OutOfMemoryException("Simulated (DurabilityFaults.IndexGrowthOutOfMemory): no memory to grow the map's index.");
+                if (_growthOutOfMemory)
+                {
+                    throw new OutOfMemoryException("Simulated (DurabilityFaults.IndexGrowthOutOfMemory): no memory to grow the map's index.");
+                }
+
+                // Sized for the live keys at a sixth to a third full: a growth at half full doubles the table (room for
+                // three halves of the keys at half full; twice the keys would quadruple it, since the count is just past
+                // half), and a table of tombstones is rehashed at about its size.
+                long live = Volatile.Read(ref _count);
+                grown = new Table(SlotsFor(live + (live / 2)));
+            }
+            catch (OutOfMemoryException)
+            {
+                // The inserts into this table stop asking for a growth at half full (the one that finds no room still
+                // grows, or fails before writing anything). Marked here, on the table that could not grow: a caller
+                // marking the current table afterwards could mark one another thread has grown into meanwhile.
+                // Volatile.Write: a hint read by Publish; a stale read costs one more attempt at most.
+                Volatile.Write(ref old.GrowthDeferred, true);
+                throw;
             }
 
-            // Sized for the live keys at a sixth to a third full: a growth at half full doubles the table (room for
-            // three halves of the keys at half full; twice the keys would quadruple it, since the count is just past
-            // half), and a table of tombstones is rehashed at about its size.
-            long live = Volatile.Read(ref _count);
-            var grown = new Table(SlotsFor(live + (live / 2)));
             long copied = 0;
             for (uint i = 0; i < (uint)old.Capacity; i++)
             {
@@ -686,7 +689,7 @@ internal sealed unsafe class ValueIndex<TKey, TValue>
         /// <summary>Slots claimed (live, deleted or moved); the table grows past half full.</summary>
         internal long Used;
 
-        /// <summary>A growth of this table failed for lack of memory (see <see cref="DeferGrowth"/>).</summary>
+        /// <summary>A growth of this table failed for lack of memory (see <see cref="Grow"/>): inserts into it no longer ask for one at half full.</summary>
         internal bool GrowthDeferred;
 
         internal Table(long slots)

@@ -77,14 +77,13 @@ internal sealed unsafe class ValueMapCore<TKey, TValue>
                     return false;
                 case Outcome.InsertedAndGrow:
                     // The insert is done: if there is no memory to grow, the next insert that finds no room grows (or
-                    // fails) before writing anything.
+                    // fails) before writing anything (Grow marks the table it could not grow).
                     try
                     {
                         _index.Grow();
                     }
                     catch (OutOfMemoryException)
                     {
-                        _index.DeferGrowth();
                     }
 
                     return true;

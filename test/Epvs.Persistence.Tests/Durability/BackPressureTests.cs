@@ -146,6 +146,122 @@ public sealed class BackPressureTests
         Assert.Equal(0, heap.ReclaimBacklog);
     }
 
+    /// <summary>
+    /// A thread that passed its disposed check and is about to help reclaim (backlog back-pressure) when Dispose runs
+    /// must not run an advance once Dispose has finished its own: that cycle would write back and seal while Dispose
+    /// unmaps the heap. Here Dispose's last advance times out (a straggler stays inside an operation), so a transition
+    /// is left in flight and the backlog is not reclaimed; hooks park the helper at the door and let it go once Dispose's
+    /// own cycles are done, and then the straggler leaves. The helper used to finish that transition — write-back, seal,
+    /// frontier — while Dispose went on closing the heap. The frontier must not move after Dispose's last cycle.
+    /// </summary>
+    [Fact]
+    public void AHelperWaitingAtTheDoorWhenDisposeRuns_RunsNoCycleAfterDisposesLast()
+    {
+        using var dir = new TempDirectory();
+        BufferedDurableHeap heap = BufferedDurableHeap.Create(
+            dir.File("door.heap"),
+            new HeapFileOptions { Size = 4L << 20 },
+            new BufferedDurableHeapOptions { AdvancePeriod = Timeout.InfiniteTimeSpan, ReclaimBacklogLimit = 64, SyncTimeout = TimeSpan.FromMilliseconds(500) });
+        var map = new PersistentHashMap<long, long>(heap, typeId: 1);
+        const int Entries = 400;
+        for (long k = 0; k < Entries; k++)
+        {
+            map.Set(k, k);
+        }
+
+        heap.AdvanceVersion(TimeSpan.FromSeconds(30));
+        using var inside = new ManualResetEventSlim();
+        using var leave = new ManualResetEventSlim();
+        var straggler = new Thread(() =>
+        {
+            using DurableOperation op = heap.BeginOperation();
+            inside.Set();
+            Assert.True(leave.Wait(TimeSpan.FromSeconds(60)), "never told to leave");
+        });
+        straggler.Start();
+        Assert.True(inside.Wait(TimeSpan.FromSeconds(30)), "the straggler never began its operation");
+
+        // (Begun before the backlog builds up, so it does not help reclaim it on its way in.)
+
+        using var atDoor = new ManualResetEventSlim();
+        using var go = new ManualResetEventSlim();
+        using var helperDone = new ManualResetEventSlim();
+        heap.BeforeBackPressureCyclesForTesting = () =>
+        {
+            atDoor.Set();
+            Assert.True(go.Wait(TimeSpan.FromSeconds(60)), "never let through");
+        };
+
+        Exception? helperFailure = null;
+        var helper = new Thread(() =>
+        {
+            try
+            {
+                // Every update copies (the entries are of the last version) and retires the old payload: past the
+                // 64-byte limit, the next operation begins by helping reclaim.
+                for (long k = 0; k < Entries; k++)
+                {
+                    map.Set(k, -k);
+                }
+            }
+            catch (Exception e)
+            {
+                helperFailure = e;
+            }
+            finally
+            {
+                helperDone.Set();
+            }
+        });
+        helper.Start();
+        Assert.True(atDoor.Wait(TimeSpan.FromSeconds(30)), "the writer never reached the back-pressure");
+        heap.BeforeBackPressureCyclesForTesting = null;
+
+        long frontierAtClose = -1;
+        heap.AfterDisposeClosedCyclesForTesting = () =>
+        {
+            frontierAtClose = heap.DurableFrontier;
+            go.Set();
+            leave.Set();
+            Assert.True(straggler.Join(TimeSpan.FromSeconds(30)), "the straggler never left");
+
+            // The helper's attempt, while the heap is still mapped (the broken order completed the transition here).
+            Assert.True(helperDone.Wait(TimeSpan.FromSeconds(60)), "the helper never finished");
+        };
+
+        // The last advance waits for the straggler and times out.
+        Assert.Throws<TimeoutException>(heap.Dispose);
+        Assert.True(helper.Join(TimeSpan.FromSeconds(30)));
+        _output.WriteLine($"frontier at Dispose's last cycle {frontierAtClose}, after {heap.DurableFrontier}; helper: {helperFailure?.GetType().Name}");
+        Assert.Equal(frontierAtClose, heap.DurableFrontier);
+        Assert.IsType<ObjectDisposedException>(helperFailure);
+    }
+
+    /// <summary>
+    /// Dispose's last advances do not stock the allocator's pools: nobody allocates any more, and a segment formatted
+    /// for a size class stays in it, so stocking at shutdown only took free segments from later large allocations.
+    /// </summary>
+    [Fact]
+    public void Dispose_FormatsNoSegmentForThePools()
+    {
+        using var dir = new TempDirectory();
+        BufferedDurableHeap heap = BufferedDurableHeap.Create(dir.File("stock.heap"), new HeapFileOptions { Size = 16L << 20 }, new BufferedDurableHeapOptions { AdvancePeriod = Timeout.InfiniteTimeSpan });
+        var map = new PersistentHashMap<long, long>(heap, typeId: 1);
+
+        // A version with a large demand and no advance yet: the next cycle would stock for twice as much.
+        for (long k = 0; k < 40_000; k++)
+        {
+            map.Set(k, k);
+        }
+
+        long before = heap.Heap.StockFormattedSegments;
+        long atClose = -1;
+        heap.AfterDisposeClosedCyclesForTesting = () => atClose = heap.Heap.StockFormattedSegments;
+        heap.Dispose();
+        _output.WriteLine($"segments formatted for the pools: {before} before Dispose, {atClose} after its cycles");
+        Assert.Equal(before, atClose);
+    }
+
     [Fact]
     public void TwoFastWritersOnASmallHeap_NeverRunItOutOfSpace()
     {

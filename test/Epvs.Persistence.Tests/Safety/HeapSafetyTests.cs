@@ -236,6 +236,44 @@ public sealed class HeapSafetyTests
         Assert.False(File.Exists(path));
     }
 
+    [Theory]
+    [InlineData(0.0)]
+    [InlineData(30.0)]
+    public void Create_WithASyncTimeoutNoWaitTakes_IsRefusedAndLeavesNoFileBehind(double days)
+    {
+        // Thirty days is more than a monitor or task wait takes: the timeout used to pass validation and then throw out
+        // of Sync, of BeginOperation's back-pressure and of Dispose, which left the file mapped and locked.
+        using var dir = new TempDirectory();
+        string path = dir.File("bad-timeout.heap");
+        var bad = new BufferedDurableHeapOptions { SyncTimeout = TimeSpan.FromDays(days) };
+        ArgumentOutOfRangeException e = Assert.Throws<ArgumentOutOfRangeException>(() => BufferedDurableHeap.Create(path, new HeapFileOptions { Size = 1L << 20 }, bad));
+        Assert.Equal(nameof(BufferedDurableHeapOptions.SyncTimeout), e.ParamName);
+        Assert.False(File.Exists(path));
+    }
+
+    [Theory]
+    [InlineData(-5.0)]
+    [InlineData(30.0 * 24 * 3600 * 1000)]
+    public void SyncAndAdvanceVersion_WithATimeoutNoWaitTakes_ThrowArgumentOutOfRange_AndTheHeapStillCloses(double milliseconds)
+    {
+        using var dir = new TempDirectory();
+        string path = dir.File("sync-timeout.heap");
+        using (BufferedDurableHeap heap = BufferedDurableHeap.Create(path, new HeapFileOptions { Size = 1L << 20 }, new BufferedDurableHeapOptions { AdvancePeriod = Timeout.InfiniteTimeSpan }))
+        {
+            var map = new PersistentHashMap<long, long>(heap, typeId: 1);
+            map.Set(1, 10);
+            TimeSpan timeout = TimeSpan.FromMilliseconds(milliseconds);
+            Assert.Equal("timeout", Assert.Throws<ArgumentOutOfRangeException>(() => heap.Sync(timeout)).ParamName);
+            Assert.Equal("timeout", Assert.Throws<ArgumentOutOfRangeException>(() => heap.AdvanceVersion(timeout)).ParamName);
+            heap.Sync(Timeout.InfiniteTimeSpan);
+        }
+
+        // Closed cleanly: the file opens again (its lock released) with the synced entry.
+        using BufferedDurableHeap reopened = BufferedDurableHeap.Open(path);
+        Assert.True(reopened.Recovery.WasCleanShutdown);
+        Assert.True(new PersistentHashMap<long, long>(reopened, typeId: 1).TryGetValue(1, out long value) && value == 10);
+    }
+
     [Fact]
     public void Create_WithInvalidDurabilityOptions_LeavesNoFileBehind()
     {
