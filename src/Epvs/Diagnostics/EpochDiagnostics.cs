@@ -28,18 +28,44 @@ internal static class EpochDiagnostics
     private static readonly Counter<long> s_stalls = s_meter.CreateCounter<long>("epvs.transition.stalls", description: "Steps that waited longer than the stall threshold for protected threads.");
     private static readonly Counter<long> s_actionFaults = s_meter.CreateCounter<long>("epvs.epoch.action_faults", description: "Deferred epoch actions that threw.");
 
+    // A MeterListener's measurement callback runs inside Add and Record, and its exceptions come through. These calls
+    // sit between a step's critical section and the publication of its new state (or between a fault and the release
+    // of the step): a throwing listener must not leave the scheme intermediate, or the step owned, for ever.
+
+    /// <summary>Test-only: lets a listener's exception through, as before, so the test can show that it catches that.</summary>
+    internal static bool LetListenerExceptionsThroughForTesting;
+
     public static void RecordTransition(double milliseconds)
     {
-        s_transitions.Add(1);
-        if (s_transitionDuration.Enabled)
-            s_transitionDuration.Record(milliseconds);
+        try
+        {
+            s_transitions.Add(1);
+            if (s_transitionDuration.Enabled)
+                s_transitionDuration.Record(milliseconds);
+        }
+        catch when (!LetListenerExceptionsThroughForTesting)
+        {
+            // Diagnostics never break the scheme.
+        }
     }
 
-    public static void RecordTransitionFault() => s_transitionFaults.Add(1);
+    public static void RecordTransitionFault() => Record(s_transitionFaults);
 
-    public static void RecordStall() => s_stalls.Add(1);
+    public static void RecordStall() => Record(s_stalls);
 
-    public static void RecordActionFault() => s_actionFaults.Add(1);
+    public static void RecordActionFault() => Record(s_actionFaults);
+
+    private static void Record(Counter<long> counter)
+    {
+        try
+        {
+            counter.Add(1);
+        }
+        catch when (!LetListenerExceptionsThroughForTesting)
+        {
+            // Diagnostics never break the scheme.
+        }
+    }
 #else
     public static void RecordTransition(double milliseconds) { }
 

@@ -407,11 +407,20 @@ public sealed unsafe partial class LightEpoch : IDisposable
     /// Registers <paramref name="action"/> to run once <paramref name="prior"/> is safe, then tries to run it.
     /// Never refreshes the caller's own announcement.
     /// </summary>
-    internal void Defer(long prior, Action action, TaskCompletionSource<bool>? completion)
+    internal void Defer(long prior, Action action, TaskCompletionSource<bool>? completion) => Defer(prior, action, completion, out _);
+
+    /// <summary>
+    /// <see cref="Defer(long, Action, TaskCompletionSource{bool})"/>, telling a caller that catches an exception from it
+    /// whether the action was registered before the exception (then it runs, or ran, once eligible: do not undo what it
+    /// stands for) or not (it never runs).
+    /// </summary>
+    internal void Defer(long prior, Action action, TaskCompletionSource<bool>? completion, out bool registered)
     {
+        registered = false;
         // Ends with a full fence, so the registration is visible before the scans below. `mine` stays pending until a
         // drainer claims the action.
         DrainList.Registration mine = drainList.Add(prior, action, completion, ref pendingActions.Value);
+        registered = true;
         // After publishing, before this registrar's own scan of the table (inside Drain): see LowerPendingHint.
         LowerPendingHint(prior);
         // Only Closed is final: while a Dispose is Closing it may still find a protected thread and revert, so the
@@ -484,7 +493,7 @@ public sealed unsafe partial class LightEpoch : IDisposable
     }
 
     /// <summary>
-    /// The second look that <see cref="Defer"/> owes for actions up to <paramref name="prior"/> registered while the
+    /// The second look that <see cref="Defer(long, Action, TaskCompletionSource{bool}, out bool)"/> owes for actions up to <paramref name="prior"/> registered while the
     /// caller held them back, taken once the caller no longer does (after its fence and drain in FenceAndDrain): the
     /// same reasoning as in Defer, with our registrations' counts published long before.
     /// </summary>

@@ -68,7 +68,7 @@ public sealed partial class EpochProtectedVersionScheme
         {
             stateMachine.UnmarkStarted(); // not started after all: the caller may retry with the same instance
             if (active == DisposedSentinel)
-                ThrowHelper.ThrowObjectDisposed(nameof(EpochProtectedVersionScheme));
+                return DisposingStatus();
             return StatusAgainst(active, target);
         }
 
@@ -89,6 +89,14 @@ public sealed partial class EpochProtectedVersionScheme
         stateMachine.SetActualToVersion(target == -1 ? current.Version + 1 : target);
         TryStepStateMachine(mustNotLose: true);
         return StateMachineExecutionStatus.Ok;
+    }
+
+    /// <summary>The machine slot holds the sentinel: disposed (throws), or a Dispose is in progress that may still fail
+    /// and give the slot back (<see cref="StateMachineExecutionStatus.Retry"/>, not a false ObjectDisposedException).</summary>
+    private StateMachineExecutionStatus DisposingStatus()
+    {
+        ThrowIfDisposed();
+        return StateMachineExecutionStatus.Retry;
     }
 
     private static StateMachineExecutionStatus StatusAgainst(VersionSchemeStateMachine active, long target)
@@ -163,7 +171,7 @@ public sealed partial class EpochProtectedVersionScheme
         if (Volatile.Read(ref currentMachine) is { } active)
         {
             if (active == DisposedSentinel)
-                ThrowHelper.ThrowObjectDisposed(nameof(EpochProtectedVersionScheme));
+                return DisposingStatus();
             return StatusAgainst(active, targetVersion);
         }
         return TryExecuteStateMachine(new CriticalSectionStateMachine(criticalSection, targetVersion));
@@ -290,9 +298,10 @@ public sealed partial class EpochProtectedVersionScheme
             Interlocked.Exchange(ref stepRequested, 0);
             Action? step;
             long prior;
+            StateMachineFaultedEventArgs? faulted;
             try
             {
-                step = PrepareStep(out prior);
+                step = PrepareStep(out prior, out faulted);
             }
             finally
             {
@@ -300,23 +309,31 @@ public sealed partial class EpochProtectedVersionScheme
                 Interlocked.Exchange(ref stepLock, 0);
             }
 
+            // Outside the lock: a handler may start and wait for another transition.
+            RaiseFaulted(faulted);
+
             // Outside the lock: the action may run right here (nobody protected) and step again.
             if (step is not null)
             {
+                bool registered = false;
                 try
                 {
-                    epoch.Defer(prior, step, null);
+                    epoch.Defer(prior, step, null, out registered);
                 }
-                catch (Exception ex)
+                catch (Exception ex) when (!registered)
                 {
                     // Registering failed (out of memory growing the list): the step never happened. Undo it so the
-                    // scheme is not left intermediate, and end the machine with the fault.
+                    // scheme is not left intermediate, and end the machine with the fault. (An exception after the
+                    // registration - a drain on this thread, an interrupted wait - passes through: the step runs, or
+                    // ran, when eligible and completes itself, and undoing it would move the version back or let
+                    // another step reuse its fields while it is still queued.)
                     VersionSchemeStateMachine machine = stepMachine!;
                     VersionSchemeState from = stepFrom;
                     stepMachine = null;
                     Volatile.Write(ref state, from.Word);
-                    FinishMachine(machine, ex);
+                    StateMachineFaultedEventArgs? notice = FinishMachine(machine, ex);
                     ReleaseStep();
+                    RaiseFaulted(notice);
                     return;
                 }
             }
@@ -328,9 +345,10 @@ public sealed partial class EpochProtectedVersionScheme
 
     /// <summary>Under <see cref="stepLock"/>: publishes the intermediate state of the next step and returns the
     /// critical section to defer, or null if no step can be taken now.</summary>
-    private Action? PrepareStep(out long prior)
+    private Action? PrepareStep(out long prior, out StateMachineFaultedEventArgs? faulted)
     {
         prior = 0;
+        faulted = null;
         if (Volatile.Read(ref stepOwned) != 0 && !DisableStepOwnershipForTesting)
             return null; // the step in flight (or its AfterEnteringState) still runs; its owner asks again when done
         VersionSchemeStateMachine? machine = Volatile.Read(ref currentMachine);
@@ -353,13 +371,13 @@ public sealed partial class EpochProtectedVersionScheme
         }
         catch (Exception ex)
         {
-            FinishMachine(machine, ex);
+            faulted = FinishMachine(machine, ex);
             return null;
         }
 
         if (to.IsIntermediate || to == from || to.Version < from.Version || to.Version > target)
         {
-            FinishMachine(machine, new InvalidOperationException(
+            faulted = FinishMachine(machine, new InvalidOperationException(
                 $"State machine {machine.GetType().Name} asked to move from {from} to {to}. A next state must differ from the " +
                 $"current one, have a phase below 128, and a version between the current version and the target {target}."));
             return null;
@@ -404,10 +422,13 @@ public sealed partial class EpochProtectedVersionScheme
         }
         catch (Exception ex)
         {
+            // Out of the critical section first: what follows (retiring the machine, the next step, the handlers) is not in it.
+            t_inCriticalSectionOf = outer;
             // The step did not happen: back to where it started (release, as below).
             Volatile.Write(ref state, from.Word);
-            FinishMachine(machine, ex); // retired while we still own the step: nobody can step it again
+            StateMachineFaultedEventArgs? notice = FinishMachine(machine, ex); // retired while we still own the step: nobody can step it again
             ReleaseStep();
+            RaiseFaulted(notice);
             return;
         }
         finally
@@ -428,8 +449,9 @@ public sealed partial class EpochProtectedVersionScheme
         }
         catch (Exception ex)
         {
-            FinishMachine(machine, ex);
+            StateMachineFaultedEventArgs? notice = FinishMachine(machine, ex);
             ReleaseStep();
+            RaiseFaulted(notice);
             return;
         }
 
@@ -446,20 +468,41 @@ public sealed partial class EpochProtectedVersionScheme
         TryStepStateMachine(mustNotLose: true);
     }
 
-    private void FinishMachine(VersionSchemeStateMachine machine, Exception? fault)
+    /// <summary>Retires <paramref name="machine"/>; for a fault, returns what to raise <see cref="StateMachineFaulted"/>
+    /// with once the step is released (<see cref="RaiseFaulted"/>), so that a handler may start and wait for another
+    /// transition.</summary>
+    private StateMachineFaultedEventArgs? FinishMachine(VersionSchemeStateMachine machine, Exception? fault)
     {
         Interlocked.CompareExchange(ref currentMachine, null, machine);
         machine.Complete(fault);
         if (fault is null)
-            return;
+            return null;
 
         EpochDiagnostics.RecordTransitionFault();
+        if (StateMachineFaulted is null)
+            return null;
+        var notice = new StateMachineFaultedEventArgs(machine, fault, CurrentState);
+        if (RaiseFaultedInsideStepForTesting)
+            RaiseFaultedNow(notice);
+        return notice;
+    }
+
+    /// <summary>Raises <see cref="StateMachineFaulted"/>; called with no step owned and no lock held.</summary>
+    private void RaiseFaulted(StateMachineFaultedEventArgs? notice)
+    {
+        if (notice is null || RaiseFaultedInsideStepForTesting)
+            return;
+        RaiseFaultedNow(notice);
+    }
+
+    private void RaiseFaultedNow(StateMachineFaultedEventArgs notice)
+    {
         EventHandler<StateMachineFaultedEventArgs>? handler = StateMachineFaulted;
         if (handler is null)
             return;
         try
         {
-            handler(this, new StateMachineFaultedEventArgs(machine, fault, CurrentState));
+            handler(this, notice);
         }
         catch
         {

@@ -15,4 +15,10 @@ public sealed partial class EpochProtectedVersionScheme
     /// Read only on the cold stepping path.
     /// </summary>
     internal static bool DisableStepOwnershipForTesting;
+
+    /// <summary>
+    /// Test-only: raises <see cref="StateMachineFaulted"/> while the faulted step is still owned (or the step lock held),
+    /// as before, so the test of a handler that starts and waits for another transition can show that it catches that.
+    /// </summary>
+    internal bool RaiseFaultedInsideStepForTesting { get; set; }
 }

@@ -50,6 +50,9 @@ public sealed partial class EpochProtectedVersionScheme : IDisposable
     private readonly LightEpoch epoch;
     private readonly bool ownsEpoch;
 
+    /// <summary>Serializes <see cref="Dispose"/> calls.</summary>
+    private readonly object disposeGate = new();
+
     /// <summary>The <see cref="VersionSchemeState"/> word. Written by CAS (start of a step) or release store
     /// (end of a step); read with acquire.</summary>
     private long state;
@@ -270,9 +273,23 @@ public sealed partial class EpochProtectedVersionScheme : IDisposable
     {
         if (Volatile.Read(ref disposed) != 0)
             return;
+        // One Dispose at a time: a second one waits for the first's outcome (it used to carry on when it saw the first's
+        // sentinel, and could dispose the scheme after the first had failed and a machine had started meanwhile).
+        lock (disposeGate)
+        {
+            DisposeCore();
+        }
+    }
+
+    private void DisposeCore()
+    {
+        if (Volatile.Read(ref disposed) != 0)
+            return;
         // Claim the machine slot so no machine can start from now on (TryExecuteStateMachine sees the sentinel).
         VersionSchemeStateMachine? active = Interlocked.CompareExchange(ref currentMachine, DisposedSentinel, null);
-        if (active is not null && active != DisposedSentinel)
+        if (active == DisposedSentinel)
+            return; // called again from inside this thread's own Dispose (a deferred action the epoch's Dispose runs)
+        if (active is not null)
             ThrowHelper.ThrowInvalidOperation($"Dispose was called while state machine {active.GetType().Name} is still running; wait for its Completion first.");
         if (ownsEpoch)
         {

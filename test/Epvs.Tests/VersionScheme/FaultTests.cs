@@ -35,6 +35,137 @@ public class FaultTests
     }
 
     [Fact]
+    public void AThrowingMetricsListener_DoesNotWedgeTheScheme()
+    {
+        Assert.Null(AdvanceUnderAThrowingListener());
+    }
+
+    [Fact]
+    public void AThrowingMetricsListener_LetThrough_BreaksTheAdvance_Control()
+    {
+        EpochDiagnostics.LetListenerExceptionsThroughForTesting = true;
+        try
+        {
+            string? broken = AdvanceUnderAThrowingListener();
+            Assert.True(broken is not null, "INCONCLUSIVE: the control (listener exceptions let through) advanced anyway; the check proves nothing on this run.");
+        }
+        finally
+        {
+            EpochDiagnostics.LetListenerExceptionsThroughForTesting = false;
+        }
+    }
+
+    /// <summary>
+    /// A <see cref="System.Diagnostics.Metrics.MeterListener"/> whose callback throws (on this test's thread only, so no
+    /// other test is disturbed) while a transition runs on this thread. Returns what went wrong (the version did not
+    /// advance, or the scheme was left intermediate), or null.
+    /// </summary>
+    private static string? AdvanceUnderAThrowingListener()
+    {
+        int testThread = Environment.CurrentManagedThreadId;
+        bool armed = false;
+        using var listener = new System.Diagnostics.Metrics.MeterListener();
+        listener.InstrumentPublished = (instrument, l) =>
+        {
+            if (instrument.Meter.Name == EpochDiagnostics.MeterName)
+                l.EnableMeasurementEvents(instrument);
+        };
+        listener.SetMeasurementEventCallback<long>((_, _, _, _) =>
+        {
+            if (armed && Environment.CurrentManagedThreadId == testThread)
+                throw new Boom("a metrics listener failed");
+        });
+        listener.Start();
+
+        var scheme = new EpochProtectedVersionScheme();
+        armed = true;
+        StateMachineExecutionStatus status;
+        try
+        {
+            // No thread is protected: the step runs here, inside this call.
+            status = scheme.TryAdvanceVersionWithCriticalSection((_, _) => { }, targetVersion: 2);
+        }
+        catch (Exception e)
+        {
+            return $"the advance threw {e.GetType().Name}: {e.Message}";
+        }
+        finally
+        {
+            armed = false;
+        }
+
+        var clock = System.Diagnostics.Stopwatch.StartNew();
+        while ((scheme.CurrentState.Version != 2 || scheme.CurrentState.IsIntermediate) && clock.Elapsed < TimeSpan.FromSeconds(5))
+            Thread.Yield();
+        VersionSchemeState state = scheme.CurrentState;
+        if (status != StateMachineExecutionStatus.Ok || state != VersionSchemeState.Make(VersionSchemeState.Rest, 2))
+            return $"started {status}, then the state stayed {state}";
+        scheme.Dispose();
+        return null;
+    }
+
+    [Fact]
+    public void FaultHandler_ThatStartsAndWaitsForAnotherTransition_SeesItComplete()
+    {
+        Assert.Null(RetryFromTheFaultHandler(raiseInsideStep: false, TimeSpan.FromSeconds(30)));
+    }
+
+    [Fact]
+    public void FaultHandler_RaisedWhileTheStepIsStillOwned_CannotSeeItsRetryComplete_Control()
+    {
+        // The control: raised before the faulted step is released, the handler's transition cannot step until it returns.
+        string? stuck = RetryFromTheFaultHandler(raiseInsideStep: true, TimeSpan.FromMilliseconds(500));
+        Assert.True(stuck is not null, "INCONCLUSIVE: the control (event raised while the step is owned) let the retry complete; the check proves nothing on this run.");
+    }
+
+    /// <summary>
+    /// A critical section throws; the <see cref="EpochProtectedVersionScheme.StateMachineFaulted"/> handler starts the
+    /// same advance again and waits (at most <paramref name="wait"/>) for the version to reach it. Returns why the retry
+    /// did not complete inside the handler, or null.
+    /// </summary>
+    private static string? RetryFromTheFaultHandler(bool raiseInsideStep, TimeSpan wait)
+    {
+        using var scheme = new EpochProtectedVersionScheme { RaiseFaultedInsideStepForTesting = raiseInsideStep };
+        string? stuck = "the handler never ran";
+        scheme.StateMachineFaulted += (_, e) =>
+        {
+            StateMachineExecutionStatus status = scheme.TryAdvanceVersionWithCriticalSection((_, _) => { }, targetVersion: 2);
+            if (status != StateMachineExecutionStatus.Ok)
+            {
+                stuck = $"the retry did not start: {status}";
+                return;
+            }
+
+            var clock = System.Diagnostics.Stopwatch.StartNew();
+            var spinner = new SpinWait();
+            while (scheme.CurrentState.Version != 2 || scheme.CurrentState.IsIntermediate)
+            {
+                if (clock.Elapsed > wait)
+                {
+                    stuck = $"the retry did not complete within {wait.TotalMilliseconds} ms (state {scheme.CurrentState})";
+                    return;
+                }
+
+                spinner.SpinOnce();
+            }
+
+            stuck = null;
+        };
+
+        Assert.Throws<Boom>(() => scheme.AdvanceVersionWithCriticalSection((_, _) => throw new Boom("first try"), spin: true));
+
+        // Either way the retry completes once the handler has returned.
+        var after = System.Diagnostics.Stopwatch.StartNew();
+        while (scheme.CurrentState.Version != 2 && after.Elapsed < TimeSpan.FromSeconds(30))
+        {
+            Thread.Yield();
+        }
+
+        Assert.Equal(VersionSchemeState.Make(VersionSchemeState.Rest, 2), scheme.CurrentState);
+        return stuck;
+    }
+
+    [Fact]
     public void CriticalSection_ThrowsWhileOthersWait_WaitersReturnAndTheSchemeMovesOn()
     {
         using var scheme = new EpochProtectedVersionScheme();
