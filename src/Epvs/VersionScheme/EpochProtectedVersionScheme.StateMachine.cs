@@ -120,6 +120,13 @@ public sealed partial class EpochProtectedVersionScheme
     public bool ExecuteStateMachine(VersionSchemeStateMachine stateMachine, bool spin = false)
     {
         ThrowIfProtected();
+        if (t_inCallbackOf == this)
+        {
+            ThrowHelper.ThrowInvalidOperation(
+                "ExecuteStateMachine (or AdvanceVersionWithCriticalSection) was called from inside a callback of this scheme's running " +
+                "state machine (OnEnteringState, AfterEnteringState or GetNextStep): the running machine ends only after the callback " +
+                "returns, so waiting for it here would never end. Start the new machine with TryExecuteStateMachine instead.");
+        }
 
         var spinner = new SpinWait();
         StateMachineExecutionStatus status;
@@ -364,6 +371,8 @@ public sealed partial class EpochProtectedVersionScheme
             return null; // finished: its last step is running AfterEnteringState and will clear it (never ask again)
 
         VersionSchemeState to;
+        EpochProtectedVersionScheme? outerCallback = t_inCallbackOf;
+        t_inCallbackOf = this;
         try
         {
             if (!machine.GetNextStep(from, out to))
@@ -371,8 +380,13 @@ public sealed partial class EpochProtectedVersionScheme
         }
         catch (Exception ex)
         {
+            t_inCallbackOf = outerCallback;
             faulted = FinishMachine(machine, ex);
             return null;
+        }
+        finally
+        {
+            t_inCallbackOf = outerCallback;
         }
 
         if (to.IsIntermediate || to == from || to.Version < from.Version || to.Version > target)
@@ -415,7 +429,9 @@ public sealed partial class EpochProtectedVersionScheme
         stepMachine = null;
 
         EpochProtectedVersionScheme? outer = t_inCriticalSectionOf;
+        EpochProtectedVersionScheme? outerCallback = t_inCallbackOf;
         t_inCriticalSectionOf = this;
+        t_inCallbackOf = this;
         try
         {
             machine.OnEnteringState(from, to);
@@ -424,6 +440,7 @@ public sealed partial class EpochProtectedVersionScheme
         {
             // Out of the critical section first: what follows (retiring the machine, the next step, the handlers) is not in it.
             t_inCriticalSectionOf = outer;
+            t_inCallbackOf = outerCallback;
             // The step did not happen: back to where it started (release, as below).
             Volatile.Write(ref state, from.Word);
             StateMachineFaultedEventArgs? notice = FinishMachine(machine, ex); // retired while we still own the step: nobody can step it again
@@ -434,6 +451,7 @@ public sealed partial class EpochProtectedVersionScheme
         finally
         {
             t_inCriticalSectionOf = outer;
+            t_inCallbackOf = outerCallback;
         }
 
         EpochDiagnostics.RecordTransition(ElapsedSince(Volatile.Read(ref stepStartTimestamp)).TotalMilliseconds);
@@ -443,16 +461,22 @@ public sealed partial class EpochProtectedVersionScheme
 
         // Still owned: AfterEnteringState finishes before the next step is prepared (documented), and a fault is
         // retired before anyone else can ask the machine for another step.
+        t_inCallbackOf = this;
         try
         {
             machine.AfterEnteringState(to);
         }
         catch (Exception ex)
         {
+            t_inCallbackOf = outerCallback;
             StateMachineFaultedEventArgs? notice = FinishMachine(machine, ex);
             ReleaseStep();
             RaiseFaulted(notice);
             return;
+        }
+        finally
+        {
+            t_inCallbackOf = outerCallback;
         }
 
         if (to.Phase == VersionSchemeState.Rest && to.Version == machine.ActualToVersion)

@@ -319,4 +319,8 @@ public sealed partial class EpochProtectedVersionScheme : IDisposable
 
     /// <summary>The scheme whose OnEnteringState this thread is running, to make re-entering it loud.</summary>
     [ThreadStatic] private static EpochProtectedVersionScheme? t_inCriticalSectionOf;
+
+    /// <summary>The scheme whose running machine's callback (OnEnteringState, AfterEnteringState, GetNextStep) this thread
+    /// is inside, if any: a blocking start of another machine there would wait for ever.</summary>
+    [ThreadStatic] private static EpochProtectedVersionScheme? t_inCallbackOf;
 }

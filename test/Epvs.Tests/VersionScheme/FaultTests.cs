@@ -35,6 +35,36 @@ public class FaultTests
     }
 
     [Fact]
+    public void CriticalSection_StartingAndWaitingForAnotherTransition_IsRefusedInsteadOfWaitingForEver()
+    {
+        // The running machine ends only after its critical section returns: a blocking start of another machine from
+        // inside it used to retry for ever. It is refused now; the refusal is the critical section's fault.
+        using var scheme = new EpochProtectedVersionScheme();
+        Exception? thrown = null;
+        var worker = new Thread(() =>
+        {
+            try
+            {
+                scheme.AdvanceVersionWithCriticalSection((_, _) => scheme.AdvanceVersionWithCriticalSection((_, _) => { }, spin: true), spin: true);
+            }
+            catch (Exception e)
+            {
+                thrown = e;
+            }
+        })
+        { IsBackground = true };
+        worker.Start();
+        Assert.True(worker.Join(TimeSpan.FromSeconds(30)), "the nested blocking start waited for ever");
+        Assert.IsType<InvalidOperationException>(thrown);
+        Assert.Contains("callback of this scheme's running state machine", thrown!.Message, StringComparison.Ordinal);
+
+        // Still usable, the version unchanged by the failed transition.
+        Assert.Equal(VersionSchemeState.Make(VersionSchemeState.Rest, 1), scheme.CurrentState);
+        Assert.True(scheme.AdvanceVersionWithCriticalSection((_, _) => { }, spin: true));
+        Assert.Equal(2, scheme.CurrentState.Version);
+    }
+
+    [Fact]
     public void AThrowingMetricsListener_DoesNotWedgeTheScheme()
     {
         Assert.Null(AdvanceUnderAThrowingListener());
