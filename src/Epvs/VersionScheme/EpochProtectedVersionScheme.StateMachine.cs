@@ -115,7 +115,9 @@ public sealed partial class EpochProtectedVersionScheme
     /// <returns>False if the target version had already been reached or claimed (<see cref="StateMachineExecutionStatus.Fail"/>).</returns>
     /// <exception cref="InvalidOperationException">The calling thread is protected by the underlying epoch: waiting
     /// for a machine that waits for this thread would never end. Leave first, or use
-    /// <see cref="TryExecuteStateMachine"/> and <see cref="Refresh"/> between attempts.</exception>
+    /// <see cref="TryExecuteStateMachine"/> and <see cref="Refresh"/> between attempts. Likewise from inside a callback
+    /// of this scheme's running machine (OnEnteringState, AfterEnteringState, GetNextStep), which ends only after the
+    /// callback returns.</exception>
     /// <exception cref="ObjectDisposedException">The scheme has been disposed.</exception>
     public bool ExecuteStateMachine(VersionSchemeStateMachine stateMachine, bool spin = false)
     {
