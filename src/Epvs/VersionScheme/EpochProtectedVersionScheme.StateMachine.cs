@@ -33,8 +33,10 @@ public sealed partial class EpochProtectedVersionScheme
     private readonly Action completeStep;
 
     /// <summary>
-    /// Raised when a state machine ends because one of its callbacks threw (after the scheme is usable again).
-    /// Runs on the thread that ran the callback; exceptions from handlers are ignored.
+    /// Raised when a state machine ends because one of its callbacks threw, once the faulted step is released (the
+    /// scheme is usable again: a handler may start another machine). Runs on the thread that ran the callback, which
+    /// may be inside a protected region (then a blocking start from the handler throws); exceptions from handlers are
+    /// ignored.
     /// </summary>
     public event EventHandler<StateMachineFaultedEventArgs>? StateMachineFaulted;
 
@@ -96,6 +98,10 @@ public sealed partial class EpochProtectedVersionScheme
     private StateMachineExecutionStatus DisposingStatus()
     {
         ThrowIfDisposed();
+        // On the disposing thread itself (a deferred action the epoch's Dispose runs): that Dispose is past the point
+        // where it could fail, and nobody else can finish it while this thread waits.
+        if (Volatile.Read(ref disposingThread) == Environment.CurrentManagedThreadId)
+            ThrowHelper.ThrowObjectDisposed(nameof(EpochProtectedVersionScheme));
         return StateMachineExecutionStatus.Retry;
     }
 
@@ -329,20 +335,31 @@ public sealed partial class EpochProtectedVersionScheme
                 {
                     epoch.Defer(prior, step, null, out registered);
                 }
+                catch (Exception) when (registered)
+                {
+                    // Registered, then something failed (a drain on this thread, an allocation in the wait for
+                    // stragglers): the step runs, or ran, when eligible and completes itself. Not undone (that could move
+                    // the version back, or let another step reuse its fields while it is still queued), and not passed
+                    // to the starter, which would take the machine for not started and could advance twice.
+                }
                 catch (Exception ex) when (!registered)
                 {
                     // Registering failed (out of memory growing the list): the step never happened. Undo it so the
-                    // scheme is not left intermediate, and end the machine with the fault. (An exception after the
-                    // registration - a drain on this thread, an interrupted wait - passes through: the step runs, or
-                    // ran, when eligible and completes itself, and undoing it would move the version back or let
-                    // another step reuse its fields while it is still queued.)
+                    // scheme is not left intermediate, and end the machine with the fault.
                     VersionSchemeStateMachine machine = stepMachine!;
                     VersionSchemeState from = stepFrom;
                     stepMachine = null;
                     Volatile.Write(ref state, from.Word);
                     StateMachineFaultedEventArgs? notice = FinishMachine(machine, ex);
-                    ReleaseStep();
-                    RaiseFaulted(notice);
+                    try
+                    {
+                        ReleaseStep();
+                    }
+                    finally
+                    {
+                        RaiseFaulted(notice);
+                    }
+
                     return;
                 }
             }
@@ -446,8 +463,15 @@ public sealed partial class EpochProtectedVersionScheme
             // The step did not happen: back to where it started (release, as below).
             Volatile.Write(ref state, from.Word);
             StateMachineFaultedEventArgs? notice = FinishMachine(machine, ex); // retired while we still own the step: nobody can step it again
-            ReleaseStep();
-            RaiseFaulted(notice);
+            try
+            {
+                ReleaseStep();
+            }
+            finally
+            {
+                RaiseFaulted(notice);
+            }
+
             return;
         }
         finally
@@ -472,8 +496,15 @@ public sealed partial class EpochProtectedVersionScheme
         {
             t_inCallbackOf = outerCallback;
             StateMachineFaultedEventArgs? notice = FinishMachine(machine, ex);
-            ReleaseStep();
-            RaiseFaulted(notice);
+            try
+            {
+                ReleaseStep();
+            }
+            finally
+            {
+                RaiseFaulted(notice);
+            }
+
             return;
         }
         finally

@@ -50,8 +50,8 @@ public sealed partial class EpochProtectedVersionScheme : IDisposable
     private readonly LightEpoch epoch;
     private readonly bool ownsEpoch;
 
-    /// <summary>Serializes <see cref="Dispose"/> calls.</summary>
-    private readonly object disposeGate = new();
+    /// <summary>The thread running <see cref="Dispose"/> (0: none): one at a time.</summary>
+    private int disposingThread;
 
     /// <summary>The <see cref="VersionSchemeState"/> word. Written by CAS (start of a step) or release store
     /// (end of a step); read with acquire.</summary>
@@ -264,7 +264,8 @@ public sealed partial class EpochProtectedVersionScheme : IDisposable
 
     /// <summary>
     /// Retires the scheme: later calls throw <see cref="ObjectDisposedException"/>. Disposes the epoch if the scheme
-    /// created it. Calling it again does nothing.
+    /// created it. Calling it again does nothing; a call while another Dispose is running returns at once, and that
+    /// one's outcome stands.
     /// </summary>
     /// <exception cref="InvalidOperationException">A state machine is still running (wait for its
     /// <see cref="VersionSchemeStateMachine.Completion"/> first), or a thread is still protected by the scheme's own
@@ -273,11 +274,19 @@ public sealed partial class EpochProtectedVersionScheme : IDisposable
     {
         if (Volatile.Read(ref disposed) != 0)
             return;
-        // One Dispose at a time: a second one waits for the first's outcome (it used to carry on when it saw the first's
-        // sentinel, and could dispose the scheme after the first had failed and a machine had started meanwhile).
-        lock (disposeGate)
+        // One Dispose at a time. Another one that is running (on another thread, or further up this thread's stack: a
+        // deferred action the epoch's Dispose runs) decides: this call returns at once, and that one's outcome stands.
+        // (A second call used to carry on past the first's sentinel, and could dispose the scheme after the first had
+        // failed and a machine had started meanwhile. No lock is held while the epoch runs actions: user code.)
+        if (Interlocked.CompareExchange(ref disposingThread, Environment.CurrentManagedThreadId, 0) != 0)
+            return;
+        try
         {
             DisposeCore();
+        }
+        finally
+        {
+            Volatile.Write(ref disposingThread, 0);
         }
     }
 
@@ -287,8 +296,6 @@ public sealed partial class EpochProtectedVersionScheme : IDisposable
             return;
         // Claim the machine slot so no machine can start from now on (TryExecuteStateMachine sees the sentinel).
         VersionSchemeStateMachine? active = Interlocked.CompareExchange(ref currentMachine, DisposedSentinel, null);
-        if (active == DisposedSentinel)
-            return; // called again from inside this thread's own Dispose (a deferred action the epoch's Dispose runs)
         if (active is not null)
             ThrowHelper.ThrowInvalidOperation($"Dispose was called while state machine {active.GetType().Name} is still running; wait for its Completion first.");
         if (ownsEpoch)
