@@ -128,7 +128,7 @@ public sealed partial class EpochProtectedVersionScheme
     public bool ExecuteStateMachine(VersionSchemeStateMachine stateMachine, bool spin = false)
     {
         ThrowIfProtected();
-        if (t_inCallbackOf == this)
+        if (InCallback())
         {
             ThrowHelper.ThrowInvalidOperation(
                 "ExecuteStateMachine (or AdvanceVersionWithCriticalSection) was called from inside a callback of this scheme's running " +
@@ -390,8 +390,7 @@ public sealed partial class EpochProtectedVersionScheme
             return null; // finished: its last step is running AfterEnteringState and will clear it (never ask again)
 
         VersionSchemeState to;
-        EpochProtectedVersionScheme? outerCallback = t_inCallbackOf;
-        t_inCallbackOf = this;
+        int outerCallback = EnterCallback();
         try
         {
             if (!machine.GetNextStep(from, out to))
@@ -399,13 +398,13 @@ public sealed partial class EpochProtectedVersionScheme
         }
         catch (Exception ex)
         {
-            t_inCallbackOf = outerCallback;
+            LeaveCallbacks(outerCallback);
             faulted = FinishMachine(machine, ex);
             return null;
         }
         finally
         {
-            t_inCallbackOf = outerCallback;
+            LeaveCallbacks(outerCallback);
         }
 
         if (to.IsIntermediate || to == from || to.Version < from.Version || to.Version > target)
@@ -448,9 +447,8 @@ public sealed partial class EpochProtectedVersionScheme
         stepMachine = null;
 
         EpochProtectedVersionScheme? outer = t_inCriticalSectionOf;
-        EpochProtectedVersionScheme? outerCallback = t_inCallbackOf;
         t_inCriticalSectionOf = this;
-        t_inCallbackOf = this;
+        int outerCallback = EnterCallback();
         try
         {
             machine.OnEnteringState(from, to);
@@ -459,7 +457,7 @@ public sealed partial class EpochProtectedVersionScheme
         {
             // Out of the critical section first: what follows (retiring the machine, the next step, the handlers) is not in it.
             t_inCriticalSectionOf = outer;
-            t_inCallbackOf = outerCallback;
+            LeaveCallbacks(outerCallback);
             // The step did not happen: back to where it started (release, as below).
             Volatile.Write(ref state, from.Word);
             StateMachineFaultedEventArgs? notice = FinishMachine(machine, ex); // retired while we still own the step: nobody can step it again
@@ -477,7 +475,7 @@ public sealed partial class EpochProtectedVersionScheme
         finally
         {
             t_inCriticalSectionOf = outer;
-            t_inCallbackOf = outerCallback;
+            LeaveCallbacks(outerCallback);
         }
 
         EpochDiagnostics.RecordTransition(ElapsedSince(Volatile.Read(ref stepStartTimestamp)).TotalMilliseconds);
@@ -487,14 +485,14 @@ public sealed partial class EpochProtectedVersionScheme
 
         // Still owned: AfterEnteringState finishes before the next step is prepared (documented), and a fault is
         // retired before anyone else can ask the machine for another step.
-        t_inCallbackOf = this;
+        outerCallback = EnterCallback();
         try
         {
             machine.AfterEnteringState(to);
         }
         catch (Exception ex)
         {
-            t_inCallbackOf = outerCallback;
+            LeaveCallbacks(outerCallback);
             StateMachineFaultedEventArgs? notice = FinishMachine(machine, ex);
             try
             {
@@ -509,7 +507,7 @@ public sealed partial class EpochProtectedVersionScheme
         }
         finally
         {
-            t_inCallbackOf = outerCallback;
+            LeaveCallbacks(outerCallback);
         }
 
         if (to.Phase == VersionSchemeState.Rest && to.Version == machine.ActualToVersion)

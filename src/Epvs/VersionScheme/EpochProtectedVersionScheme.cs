@@ -1,4 +1,5 @@
 using System;
+using System.Collections.Generic;
 using System.Runtime.CompilerServices;
 using System.Threading;
 
@@ -327,7 +328,26 @@ public sealed partial class EpochProtectedVersionScheme : IDisposable
     /// <summary>The scheme whose OnEnteringState this thread is running, to make re-entering it loud.</summary>
     [ThreadStatic] private static EpochProtectedVersionScheme? t_inCriticalSectionOf;
 
-    /// <summary>The scheme whose running machine's callback (OnEnteringState, AfterEnteringState, GetNextStep) this thread
-    /// is inside, if any: a blocking start of another machine there would wait for ever.</summary>
-    [ThreadStatic] private static EpochProtectedVersionScheme? t_inCallbackOf;
+    /// <summary>The schemes whose running machine's callbacks (OnEnteringState, AfterEnteringState, GetNextStep) this
+    /// thread is inside, innermost last: a blocking start of another machine of any of them would wait for ever (a
+    /// callback of one scheme can run another's step inline, through a drain of an epoch they share).</summary>
+    [ThreadStatic] private static List<EpochProtectedVersionScheme>? t_callbacks;
+
+    /// <summary>Marks this thread as inside a callback of this scheme's running machine; returns the depth to go back to
+    /// with <see cref="LeaveCallbacks"/> (idempotent, so a catch and its finally may both call it).</summary>
+    private int EnterCallback()
+    {
+        List<EpochProtectedVersionScheme> callbacks = t_callbacks ??= new List<EpochProtectedVersionScheme>();
+        callbacks.Add(this);
+        return callbacks.Count - 1;
+    }
+
+    private static void LeaveCallbacks(int depth)
+    {
+        List<EpochProtectedVersionScheme>? callbacks = t_callbacks;
+        if (callbacks is not null && callbacks.Count > depth)
+            callbacks.RemoveRange(depth, callbacks.Count - depth);
+    }
+
+    private bool InCallback() => t_callbacks is { Count: > 0 } callbacks && callbacks.Contains(this);
 }
