@@ -257,6 +257,9 @@ public sealed unsafe partial class LightEpoch : IDisposable
     /// are pending, runs those that have become safe (so the last thread to leave runs what is pending).
     /// </summary>
     /// <exception cref="InvalidOperationException">The calling thread is not protected by this instance.</exception>
+    /// <exception cref="ObjectDisposedException">The calling thread is not protected, and the epoch has been disposed
+    /// (for example while the thread stepped aside inside a refresh, whose <see cref="ObjectDisposedException"/> ended
+    /// its protection).</exception>
     [MethodImpl(MethodImplOptions.AggressiveInlining)]
     public void Suspend()
     {
@@ -265,7 +268,7 @@ public sealed unsafe partial class LightEpoch : IDisposable
         if (depth != 1)
         {
             if (depth == 0)
-                ThrowHelper.ThrowNotProtected(nameof(Suspend));
+                ThrowNotProtectedOrDisposed();
             r->Depth = depth - 1;
             return;
         }
@@ -757,6 +760,13 @@ public sealed unsafe partial class LightEpoch : IDisposable
 
     /// <summary>Whether any protected thread announced <paramref name="epoch"/> or older.</summary>
     internal bool IsHeldBack(long epoch) => table.AnyOtherAtOrBelow(epoch, null);
+
+    [MethodImpl(MethodImplOptions.NoInlining)]
+    private void ThrowNotProtectedOrDisposed()
+    {
+        ThrowIfDisposed();
+        ThrowHelper.ThrowNotProtected(nameof(Suspend));
+    }
 
     private void ThrowIfDisposed()
     {

@@ -20,6 +20,18 @@ public class MisuseTests
     }
 
     [Fact]
+    public void Leave_Unprotected_AfterTheSchemeAndItsEpochWereDisposed_ThrowsObjectDisposed()
+    {
+        // A thread whose Refresh stepped aside when the scheme was disposed gets ObjectDisposedException from the Refresh,
+        // which ends its protection; its Leave (a using, a finally) then says so again, rather than "not protected",
+        // which would hide the first error.
+        var scheme = new EpochProtectedVersionScheme();
+        scheme.Dispose();
+        Assert.Throws<ObjectDisposedException>(scheme.Leave);
+        Assert.Throws<ObjectDisposedException>(scheme.Epoch.Suspend);
+    }
+
+    [Fact]
     public void Leave_OnAnotherThreadThanEnter_Throws()
     {
         using var scheme = new EpochProtectedVersionScheme();
