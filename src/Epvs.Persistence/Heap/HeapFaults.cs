@@ -32,7 +32,7 @@ internal enum HeapFaults
     /// <summary>A sweep of deferred frees hands the blocks out before their frees are written back and fenced (a reuse can reach the file over an old seal).</summary>
     HandOutSweptFreesEarly = 64,
 
-    /// <summary>Stocking a pool formats free segments without making their zeroing durable before their descriptors (a reused segment's old headers survive under the new generation).</summary>
+    /// <summary>Formatting a segment (the advancer stocking a pool, or an allocating thread) does not make its zeroing durable before its descriptor (a reused segment's old headers survive under the new generation).</summary>
     StockWithoutDurableZeroing = 128,
 
     /// <summary>An allocation that finds no block ready, no free segment and nothing parked reports the heap full at once, without waiting for a sweep in flight on another thread (whose blocks are neither parked nor in a pool yet).</summary>

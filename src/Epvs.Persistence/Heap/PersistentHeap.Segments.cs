@@ -31,18 +31,8 @@ public sealed unsafe partial class PersistentHeap
                 return false;
             }
 
-            // The segment is zeroed durably first, so no header of an earlier use (another size class's boundaries,
-            // an old seal) survives into this one: after a crash every commit word of a segment in use is 0 or a
-            // whole commit of this generation, and anything else can be reported as damage.
-            ZeroDurably(SegmentStart(segment), HeapLayout.SegmentSize);
-
-            // The descriptor (with a new generation, which invalidates every header left from an earlier use of the
-            // segment) is durable before any block of the segment is handed out.
-            ulong descriptor = HeapLayout.Descriptor(HeapLayout.DescriptorGeneration(_table[segment]) + 1, HeapLayout.RoleSmall, (ulong)cls);
-            // Volatile.Write: release; the descriptor is also published to other threads by the class pool's lock.
-            Volatile.Write(ref _table[segment], descriptor);
-            _file.Domain.Persist(TableOffset(segment), sizeof(ulong));
-            _overheadBytes += HeapLayout.SegmentSize - ((long)SizeClasses.BlocksPerSegment[cls] * SizeClasses.BlockSizes[cls]);
+            // The same durable format as the advancer's stocking (zeroed, then a new generation).
+            FormatSegmentsLocked(cls, new List<long>(1) { segment });
 
             long start = SegmentStart(segment);
             int blockSize = SizeClasses.BlockSizes[cls];

@@ -118,11 +118,34 @@ public sealed unsafe partial class PersistentHeap
     /// <summary>Formats <paramref name="segments"/> (taken off the free list) for class <paramref name="cls"/> and puts their blocks in its pool.</summary>
     private long FormatLocked(int cls, List<long> segments)
     {
-        int perSegment = SizeClasses.BlocksPerSegment[cls];
+        FormatSegmentsLocked(cls, segments);
+        Volatile.Write(ref _stockFormattedSegments, _stockFormattedSegments + segments.Count);
 
+        // Highest segment first: the pool pops the lowest addresses first.
+        int perSegment = SizeClasses.BlocksPerSegment[cls];
+        int blockSize = SizeClasses.BlockSizes[cls];
+        for (int i = segments.Count - 1; i >= 0; i--)
+        {
+            PushFree(cls, SegmentStart(segments[i]), blockSize, 0, perSegment);
+        }
+
+        return (long)segments.Count * perSegment;
+    }
+
+    /// <summary>
+    /// Under the segment gate: formats <paramref name="segments"/> (taken off the free list) for class
+    /// <paramref name="cls"/>, durably, in two batches: every segment zeroed (so no header of an earlier use — another
+    /// size class's boundaries, an old seal — survives into this one: after a crash every commit word of a segment in
+    /// use is 0 or a whole commit of this generation, and anything else can be reported as damage), then every
+    /// descriptor with a new generation (which invalidates every header of an earlier use). Both are durable before any
+    /// block is handed out. If the zeroing fails, the segments go back to the free list (nothing of them changed on the
+    /// file but their bytes).
+    /// </summary>
+    private void FormatSegmentsLocked(int cls, List<long> segments)
+    {
+        int perSegment = SizeClasses.BlocksPerSegment[cls];
         try
         {
-            // Zeroed durably first (see TryFormatSmallSegment): no header of an earlier use survives into this one.
             // (The broken control leaves the zeroing in the working image only.)
             bool durable = (_faults & HeapFaults.StockWithoutDurableZeroing) == 0;
             var zeroed = new WriteBackRuns(_file.Domain);
@@ -143,7 +166,6 @@ public sealed unsafe partial class PersistentHeap
         }
         catch
         {
-            // Nothing of the segments changed on the file but their bytes (their descriptors still say free).
             foreach (long segment in segments)
             {
                 _segmentFree[segment] = true;
@@ -153,12 +175,11 @@ public sealed unsafe partial class PersistentHeap
             throw;
         }
 
-        // Then the descriptors, each with a new generation (which invalidates every header of an earlier use), durable
-        // before any block is handed out.
         var table = new WriteBackRuns(_file.Domain);
         foreach (long segment in segments)
         {
-            // Volatile.Write: release; the blocks are published to other threads by the class pool's lock.
+            // Volatile.Write: release; the blocks are published to other threads by the class pool's lock (or kept in
+            // the formatting thread's cache).
             Volatile.Write(ref _table[segment], HeapLayout.Descriptor(HeapLayout.DescriptorGeneration(_table[segment]) + 1, HeapLayout.RoleSmall, (ulong)cls));
             _overheadBytes += HeapLayout.SegmentSize - ((long)perSegment * SizeClasses.BlockSizes[cls]);
             table.Add(TableOffset(segment), sizeof(ulong));
@@ -166,16 +187,6 @@ public sealed unsafe partial class PersistentHeap
 
         table.Flush();
         _file.Domain.Fence();
-        Volatile.Write(ref _stockFormattedSegments, _stockFormattedSegments + segments.Count);
-
-        // Highest segment first: the pool pops the lowest addresses first.
-        int blockSize = SizeClasses.BlockSizes[cls];
-        for (int i = segments.Count - 1; i >= 0; i--)
-        {
-            PushFree(cls, SegmentStart(segments[i]), blockSize, 0, perSegment);
-        }
-
-        return (long)segments.Count * perSegment;
     }
 
     /// <summary>Takes up to <paramref name="count"/> free segments (without growing the file), lowest first, into <paramref name="taken"/>.</summary>
