@@ -48,6 +48,12 @@ public sealed class HashMapIndexTests
         Assert.True(growths >= 5, $"only {growths} growths");
     }
 
+    /// <summary>A 16 MiB buffered heap whose versions move only by hand (no background advancer), with <paramref name="faults"/>.</summary>
+    private static BufferedDurableHeap HandDrivenHeap(TempDirectory dir, string name, DurabilityFaults faults) => BufferedDurableHeap.Create(
+        dir.File(name),
+        new HeapFileOptions { Size = 16L << 20, Domain = PersistenceDomainKind.MappedFile },
+        new BufferedDurableHeapOptions { AdvancePeriod = Timeout.InfiniteTimeSpan, Faults = faults });
+
     /// <summary>A 64 MiB transient heap with no advancer: the index's own behaviour, without durability work.</summary>
     private static BufferedDurableHeap TransientHeap(TempDirectory dir) => BufferedDurableHeap.Create(
         dir.File("map.heap"),
@@ -110,10 +116,7 @@ public sealed class HashMapIndexTests
     private static bool ReadDuringParkedUpdate(DurabilityFaults faults, TimeSpan wait)
     {
         using var dir = new TempDirectory();
-        using BufferedDurableHeap heap = BufferedDurableHeap.Create(
-            dir.File("parked.heap"),
-            new HeapFileOptions { Size = 16L << 20, Domain = PersistenceDomainKind.MappedFile },
-            new BufferedDurableHeapOptions { AdvancePeriod = Timeout.InfiniteTimeSpan, Faults = faults });
+        using BufferedDurableHeap heap = HandDrivenHeap(dir, "parked.heap", faults);
         var map = new PersistentHashMap<long, long>(heap, typeId: 1);
         map.Set(7, 70);
         using var parked = new ManualResetEventSlim();
@@ -241,10 +244,7 @@ public sealed class HashMapIndexTests
     private static string? RemoveParkedWhileARehashReachesItsSlot(DurabilityFaults faults)
     {
         using var dir = new TempDirectory();
-        using BufferedDurableHeap heap = BufferedDurableHeap.Create(
-            dir.File("rehash.heap"),
-            new HeapFileOptions { Size = 16L << 20, Domain = PersistenceDomainKind.MappedFile },
-            new BufferedDurableHeapOptions { AdvancePeriod = Timeout.InfiniteTimeSpan, Faults = faults });
+        using BufferedDurableHeap heap = HandDrivenHeap(dir, "rehash.heap", faults);
         var map = new PersistentHashMap<long, long>(heap, typeId: 1);
 
         // The smallest table has 1024 slots and grows once more than half of them are used.
