@@ -180,6 +180,7 @@ public sealed partial class EpochProtectedVersionScheme
     {
         if (criticalSection is null)
             ThrowHelper.ThrowArgumentNull(nameof(criticalSection));
+        ThrowIfDisposed();
         // Answer the common losing cases without allocating a machine (many threads asking for the same version).
         if (targetVersion != -1 && targetVersion <= CurrentState.Version)
             return StateMachineExecutionStatus.Fail;

@@ -32,6 +32,16 @@ public class MisuseTests
     }
 
     [Fact]
+    public void TryAdvance_ToAnOldVersion_OnADisposedScheme_ThrowsObjectDisposed()
+    {
+        // It used to answer Fail (the target already reached) before looking at the flag.
+        var scheme = new EpochProtectedVersionScheme();
+        scheme.AdvanceVersionWithCriticalSection((_, _) => { }, spin: true);
+        scheme.Dispose();
+        Assert.Throws<ObjectDisposedException>(() => scheme.TryAdvanceVersionWithCriticalSection((_, _) => { }, targetVersion: 1));
+    }
+
+    [Fact]
     public void Leave_OnAnotherThreadThanEnter_Throws()
     {
         using var scheme = new EpochProtectedVersionScheme();
