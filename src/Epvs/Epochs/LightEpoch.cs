@@ -778,7 +778,8 @@ public sealed unsafe partial class LightEpoch : IDisposable
 
     /// <summary>
     /// Runs every pending action (none can be unsafe once no thread is protected) and retires the instance.
-    /// Calling it again, or concurrently, does nothing more.
+    /// Calling it again, or concurrently, does nothing more: a concurrent call returns once the epoch is closed, possibly
+    /// while the first call (or a drain that claimed actions earlier on another thread) is still running actions.
     /// </summary>
     /// <remarks>
     /// Disposing while a thread is protected is the one unsafe case (running the pending actions then could overlap a
