@@ -330,7 +330,9 @@ public sealed unsafe partial class BufferedDurableHeap
 
         try
         {
-            if (_disposingThread != 0 && _disposingThread != Environment.CurrentManagedThreadId)
+            // Volatile.Read: pairs with the Volatile.Write in Dispose.
+            int disposing = Volatile.Read(ref _disposingThread);
+            if (disposing != 0 && disposing != Environment.CurrentManagedThreadId)
             {
                 ThrowHelper.ThrowObjectDisposed(this);
             }
@@ -601,7 +603,8 @@ public sealed unsafe partial class BufferedDurableHeap
         // Keep about two cycles' allocations of each class ready, so allocating threads neither sweep nor format
         // segments themselves: free segments first, then the class's densest parked frees (see PersistentHeap.StockPools).
         // Not in Dispose's last cycles: nobody allocates any more, and a segment formatted for a class stays in it.
-        if (_disposingThread == 0)
+        // Volatile.Read: as in RunCycle.
+        if (Volatile.Read(ref _disposingThread) == 0)
         {
             _heap.StockPools(StockReserveBytes);
         }

@@ -46,7 +46,7 @@ public sealed unsafe partial class BufferedDurableHeap : IDisposable
     private long _versionBase;
     private int _disposed;
 
-    /// <summary>The thread disposing the heap, the only one that may still run advance cycles (0: not disposing). Read and written under the cycle gate.</summary>
+    /// <summary>The thread disposing the heap, the only one that may still run advance cycles (0: not disposing).</summary>
     private int _disposingThread;
 
     private BufferedDurableHeap(HeapFile file, bool ownsFile, BufferedDurableHeapOptions? options)
@@ -241,10 +241,14 @@ public sealed unsafe partial class BufferedDurableHeap : IDisposable
 
         // From here on only this thread runs advance cycles: a thread that passed its disposed check before the flag
         // and waits for the cycle gate (back-pressure) would otherwise run one after this Dispose's last, while the heap
-        // is being unmapped. Under the gate, so a cycle already running finishes first.
-        lock (_cycleGate)
+        // is being unmapped. Set under the gate when it comes within the timeout, so a cycle already running finishes
+        // first (one stuck behind a straggler keeps the gate; the last advance below then times out and says so).
+        bool gated = Monitor.TryEnter(_cycleGate, _syncTimeout);
+        // Volatile.Write: read under the gate by RunCycle (Volatile.Read there, as this write may come without it).
+        Volatile.Write(ref _disposingThread, Environment.CurrentManagedThreadId);
+        if (gated)
         {
-            _disposingThread = Environment.CurrentManagedThreadId;
+            Monitor.Exit(_cycleGate);
         }
 
         bool machineInFlight = false;
