@@ -761,6 +761,11 @@ public sealed unsafe partial class BufferedDurableHeap
                 // A thread is still inside an operation of the old version; the transition stays in flight and
                 // completes when it leaves. Try again next period.
             }
+            catch (ObjectDisposedException)
+            {
+                // Dispose took over the cycles (it stopped waiting for this thread): a stop, not a fault.
+                return;
+            }
             catch (Exception e)
             {
                 _advancerFault = e;

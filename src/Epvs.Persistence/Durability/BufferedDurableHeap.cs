@@ -243,7 +243,9 @@ public sealed unsafe partial class BufferedDurableHeap : IDisposable
         // and waits for the cycle gate (back-pressure) would otherwise run one after this Dispose's last, while the heap
         // is being unmapped. Set under the gate when it comes within the timeout, so a cycle already running finishes
         // first (one stuck behind a straggler keeps the gate; the last advance below then times out and says so).
-        bool gated = Monitor.TryEnter(_cycleGate, _syncTimeout);
+        // One deadline for this and the last advance below, so that Dispose waits at most SyncTimeout for both.
+        long deadline = Deadline(_syncTimeout);
+        bool gated = Monitor.TryEnter(_cycleGate, Remaining(deadline));
         // Volatile.Write: read under the gate by RunCycle (Volatile.Read there, as this write may come without it).
         Volatile.Write(ref _disposingThread, Environment.CurrentManagedThreadId);
         if (gated)
@@ -256,7 +258,7 @@ public sealed unsafe partial class BufferedDurableHeap : IDisposable
         {
             if (_mode != DurabilityMode.Transient && failure is null)
             {
-                SyncCore(CurrentVersion, _syncTimeout);
+                SyncCore(CurrentVersion, Remaining(deadline));
                 SavedStateFailure = SaveStateForReopen();
             }
         }
@@ -272,6 +274,10 @@ public sealed unsafe partial class BufferedDurableHeap : IDisposable
             }
 
             AfterDisposeClosedCyclesForTesting?.Invoke();
+
+            // SyncAsync waiters the last advance did not complete (it failed, or did not run) would otherwise wait for
+            // ever (an infinite SyncTimeout) or time out against a disposed heap.
+            FailWaiters(new ObjectDisposedException(nameof(BufferedDurableHeap), "The heap was disposed before this SyncAsync's operations became durable."));
 
             // No operation may still be inside the mapping when it is unmapped: wait (briefly if the sync already
             // waited its full timeout) until every thread that entered before the flag has left.

@@ -2,6 +2,7 @@ using System;
 using System.Collections.Generic;
 using System.Linq;
 using System.Threading;
+using System.Threading.Tasks;
 using Xunit;
 using Xunit.Abstractions;
 
@@ -235,6 +236,30 @@ public sealed class BackPressureTests
         _output.WriteLine($"frontier at Dispose's last cycle {frontierAtClose}, after {heap.DurableFrontier}; helper: {helperFailure?.GetType().Name}");
         Assert.Equal(frontierAtClose, heap.DurableFrontier);
         Assert.IsType<ObjectDisposedException>(helperFailure);
+    }
+
+    /// <summary>
+    /// A SyncAsync whose operations Dispose could not make durable (here Dispose is called from inside an operation, so
+    /// its last advance cannot run) faults with <see cref="ObjectDisposedException"/> at Dispose; with an infinite
+    /// SyncTimeout it used to wait for ever.
+    /// </summary>
+    [Fact]
+    public async Task Dispose_FailsTheSyncAsyncWaitersItCouldNotComplete()
+    {
+        using var dir = new TempDirectory();
+        BufferedDurableHeap heap = BufferedDurableHeap.Create(dir.File("waiters.heap"), new HeapFileOptions { Size = 4L << 20 }, new BufferedDurableHeapOptions { AdvancePeriod = TimeSpan.FromMilliseconds(5), SyncTimeout = Timeout.InfiniteTimeSpan });
+        var map = new PersistentHashMap<long, long>(heap, typeId: 1);
+        map.Set(1, 1);
+        Task waiter;
+        using (heap.BeginOperation())
+        {
+            waiter = heap.SyncAsync();
+            heap.Dispose();
+        }
+
+        Task first = await Task.WhenAny(waiter, Task.Delay(TimeSpan.FromSeconds(30)));
+        Assert.True(first == waiter, "the SyncAsync never completed");
+        await Assert.ThrowsAsync<ObjectDisposedException>(() => waiter);
     }
 
     /// <summary>
