@@ -369,7 +369,9 @@ public sealed unsafe partial class LightEpoch : IDisposable
     /// <remarks>
     /// Unlike FASTER, this never refreshes the caller's own protection: if the caller is protected, the action
     /// waits until the caller leaves or refreshes. Any number of actions may be pending. If the action throws,
-    /// <see cref="DeferredActionFailed"/> is raised.
+    /// <see cref="DeferredActionFailed"/> is raised. If this method itself throws once the action is registered (the
+    /// calling thread was interrupted while it waited, or ran out of memory), the action still runs when safe: do not
+    /// register it again.
     /// </remarks>
     /// <param name="onDrain">The action to run once the old epoch is safe.</param>
     /// <returns>The epoch after which <paramref name="onDrain"/> may run (the epoch before the increment).</returns>
