@@ -352,15 +352,7 @@ public sealed partial class EpochProtectedVersionScheme
                     stepMachine = null;
                     Volatile.Write(ref state, from.Word);
                     StateMachineFaultedEventArgs? notice = FinishMachine(machine, ex);
-                    try
-                    {
-                        ReleaseStep();
-                    }
-                    finally
-                    {
-                        RaiseFaulted(notice);
-                    }
-
+                    ReleaseStepThenRaise(notice);
                     return;
                 }
             }
@@ -462,15 +454,7 @@ public sealed partial class EpochProtectedVersionScheme
             // The step did not happen: back to where it started (release, as below).
             Volatile.Write(ref state, from.Word);
             StateMachineFaultedEventArgs? notice = FinishMachine(machine, ex); // retired while we still own the step: nobody can step it again
-            try
-            {
-                ReleaseStep();
-            }
-            finally
-            {
-                RaiseFaulted(notice);
-            }
-
+            ReleaseStepThenRaise(notice);
             return;
         }
         finally
@@ -495,15 +479,7 @@ public sealed partial class EpochProtectedVersionScheme
         {
             LeaveCallbacks(outerCallback);
             StateMachineFaultedEventArgs? notice = FinishMachine(machine, ex);
-            try
-            {
-                ReleaseStep();
-            }
-            finally
-            {
-                RaiseFaulted(notice);
-            }
-
+            ReleaseStepThenRaise(notice);
             return;
         }
         finally
@@ -541,6 +517,20 @@ public sealed partial class EpochProtectedVersionScheme
         if (RaiseFaultedInsideStepForTesting)
             RaiseFaultedNow(notice);
         return notice;
+    }
+
+    /// <summary>Retired a faulted machine while owning its step: releases the step, then raises the event (even if the
+    /// release throws), so that a handler never runs while the step is owned.</summary>
+    private void ReleaseStepThenRaise(StateMachineFaultedEventArgs? notice)
+    {
+        try
+        {
+            ReleaseStep();
+        }
+        finally
+        {
+            RaiseFaulted(notice);
+        }
     }
 
     /// <summary>Raises <see cref="StateMachineFaulted"/>; called with no step owned and no lock held.</summary>

@@ -228,12 +228,7 @@ public sealed class HeapSafetyTests
     [InlineData(0.0)]
     public void Create_WithANonPositiveMaxVersionAge_IsRefusedAndLeavesNoFileBehind(double milliseconds)
     {
-        using var dir = new TempDirectory();
-        string path = dir.File("bad-age.heap");
-        var bad = new BufferedDurableHeapOptions { MaxVersionAge = TimeSpan.FromMilliseconds(milliseconds) };
-        ArgumentOutOfRangeException e = Assert.Throws<ArgumentOutOfRangeException>(() => BufferedDurableHeap.Create(path, new HeapFileOptions { Size = 1L << 20 }, bad));
-        Assert.Equal(nameof(BufferedDurableHeapOptions.MaxVersionAge), e.ParamName);
-        Assert.False(File.Exists(path));
+        AssertRefusedLeavingNoFile(new BufferedDurableHeapOptions { MaxVersionAge = TimeSpan.FromMilliseconds(milliseconds) }, nameof(BufferedDurableHeapOptions.MaxVersionAge));
     }
 
     [Theory]
@@ -243,11 +238,16 @@ public sealed class HeapSafetyTests
     {
         // Thirty days is more than a monitor or task wait takes: the timeout used to pass validation and then throw out
         // of Sync, of BeginOperation's back-pressure and of Dispose, which left the file mapped and locked.
+        AssertRefusedLeavingNoFile(new BufferedDurableHeapOptions { SyncTimeout = TimeSpan.FromDays(days) }, nameof(BufferedDurableHeapOptions.SyncTimeout));
+    }
+
+    /// <summary>Creating a heap with <paramref name="bad"/> throws for <paramref name="option"/> and leaves no file behind.</summary>
+    private static void AssertRefusedLeavingNoFile(BufferedDurableHeapOptions bad, string option)
+    {
         using var dir = new TempDirectory();
-        string path = dir.File("bad-timeout.heap");
-        var bad = new BufferedDurableHeapOptions { SyncTimeout = TimeSpan.FromDays(days) };
+        string path = dir.File("bad-option.heap");
         ArgumentOutOfRangeException e = Assert.Throws<ArgumentOutOfRangeException>(() => BufferedDurableHeap.Create(path, new HeapFileOptions { Size = 1L << 20 }, bad));
-        Assert.Equal(nameof(BufferedDurableHeapOptions.SyncTimeout), e.ParamName);
+        Assert.Equal(option, e.ParamName);
         Assert.False(File.Exists(path));
     }
 
