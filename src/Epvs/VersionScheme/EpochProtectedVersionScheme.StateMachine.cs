@@ -98,8 +98,8 @@ public sealed partial class EpochProtectedVersionScheme
     private StateMachineExecutionStatus DisposingStatus()
     {
         ThrowIfDisposed();
-        // On the disposing thread itself (a deferred action the epoch's Dispose runs): that Dispose is past the point
-        // where it could fail, and nobody else can finish it while this thread waits.
+        // On the disposing thread itself: a deferred action the epoch's Dispose runs once the epoch is closed, so that
+        // Dispose can no longer fail, and nobody else can finish it while this thread waits.
         if (Volatile.Read(ref disposingThread) == Environment.CurrentManagedThreadId)
             ThrowHelper.ThrowObjectDisposed(nameof(EpochProtectedVersionScheme));
         return StateMachineExecutionStatus.Retry;
