@@ -341,7 +341,16 @@ public sealed partial class EpochProtectedVersionScheme
                     // Registered, then something failed (a drain on this thread, an allocation in the wait for
                     // stragglers): the step runs, or ran, when eligible and completes itself. Not undone (that could move
                     // the version back, or let another step reuse its fields while it is still queued), and not passed
-                    // to the starter, which would take the machine for not started and could advance twice.
+                    // to the starter, which would take the machine for not started and could advance twice. Defer's own
+                    // drain may not have run: run what is eligible now, so the step does not wait for another thread's.
+                    try
+                    {
+                        epoch.DrainWithoutRefresh();
+                    }
+                    catch (Exception)
+                    {
+                        // Still pending: the next drain on any thread runs it.
+                    }
                 }
                 catch (Exception ex) when (!registered)
                 {

@@ -65,6 +65,34 @@ public class FaultTests
     }
 
     [Fact]
+    public void ADeferralThatThrowsAfterRegisteringTheStep_NeitherUndoesItNorReportsIt()
+    {
+        // The epoch's hook throws inside Defer after the step is registered (as an interrupted wait or an allocation
+        // failure there would). The step used to be undone although it was still queued: its critical section never
+        // ran, and the queued completion later ran against a retired machine.
+        using var scheme = new EpochProtectedVersionScheme();
+        bool thrown = false;
+        int ran = 0;
+        scheme.Epoch.LoweredPendingHintHookForTesting = () =>
+        {
+            if (!thrown)
+            {
+                thrown = true;
+                throw new Boom("after registering");
+            }
+        };
+        StateMachineExecutionStatus status = scheme.TryAdvanceVersionWithCriticalSection((_, _) => ran++, targetVersion: 2);
+        scheme.Epoch.LoweredPendingHintHookForTesting = null;
+        Assert.True(thrown);
+        Assert.Equal(StateMachineExecutionStatus.Ok, status);
+
+        // The queued step runs at the next drain; the scheme moves on past it.
+        Assert.True(scheme.AdvanceVersionWithCriticalSection((_, _) => { }, targetVersion: 3, spin: true));
+        Assert.Equal(1, ran);
+        Assert.Equal(VersionSchemeState.Make(VersionSchemeState.Rest, 3), scheme.CurrentState);
+    }
+
+    [Fact]
     public void AThrowingMetricsListener_DoesNotWedgeTheScheme()
     {
         Assert.Null(AdvanceUnderAThrowingListener());
