@@ -49,7 +49,9 @@ public sealed partial class EpochProtectedVersionScheme
     /// <see cref="StateMachineExecutionStatus.Fail"/> if its target version has been reached or is the target of the
     /// active machine.</returns>
     /// <exception cref="ArgumentNullException"><paramref name="stateMachine"/> is null.</exception>
-    /// <exception cref="InvalidOperationException"><paramref name="stateMachine"/> has already been started.</exception>
+    /// <exception cref="InvalidOperationException"><paramref name="stateMachine"/> has already been started; or it
+    /// targets the next version and the version is at <see cref="VersionSchemeState.MaxVersion"/> (the machine is then
+    /// completed with this exception as its <see cref="VersionSchemeStateMachine.Fault"/>).</exception>
     /// <exception cref="ObjectDisposedException">The scheme has been disposed.</exception>
     public StateMachineExecutionStatus TryExecuteStateMachine(VersionSchemeStateMachine stateMachine)
     {
@@ -85,7 +87,10 @@ public sealed partial class EpochProtectedVersionScheme
         if (target == -1 && current.Version == VersionSchemeState.MaxVersion)
         {
             Volatile.Write(ref currentMachine, null);
-            ThrowHelper.ThrowInvalidOperation("The version is at its maximum and cannot advance.");
+            // Completed with the refusal, so that nobody awaiting its Completion waits for ever: it can never run.
+            var atMaximum = new InvalidOperationException("The version is at its maximum and cannot advance.");
+            stateMachine.Complete(atMaximum);
+            throw atMaximum;
         }
 
         stateMachine.SetActualToVersion(target == -1 ? current.Version + 1 : target);

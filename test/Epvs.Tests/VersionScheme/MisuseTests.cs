@@ -200,6 +200,25 @@ public class MisuseTests
     }
 
     [Fact]
+    public void AdvancePastMaxVersion_Throws_AndCompletesTheMachine()
+    {
+        using var scheme = new EpochProtectedVersionScheme(null, VersionSchemeState.MaxVersion);
+        var machine = new PhaseMachine(2);
+        Assert.Throws<InvalidOperationException>(() => scheme.TryExecuteStateMachine(machine));
+
+        // Whoever awaits the machine learns that it will never run (it used to stay started and never complete).
+        Assert.True(machine.IsCompleted);
+        Assert.IsType<InvalidOperationException>(machine.Fault);
+        Assert.True(machine.Completion.IsFaulted);
+
+        // The slot was given back: the scheme stays usable.
+        Assert.Throws<InvalidOperationException>(() => scheme.AdvanceVersionWithCriticalSection((_, _) => { }));
+        Assert.Equal(VersionSchemeState.MaxVersion, scheme.CurrentState.Version);
+        scheme.Enter();
+        scheme.Leave();
+    }
+
+    [Fact]
     public void Scope_DisposedTwiceOrDefault_LeavesOnlyOnce()
     {
         using var scheme = new EpochProtectedVersionScheme();
