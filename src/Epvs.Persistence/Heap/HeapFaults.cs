@@ -40,4 +40,7 @@ internal enum HeapFaults
 
     /// <summary>Recovery takes a torn allocation (a header whose check fails) as free without making the free durable, so a later allocation at that offset can complete the old header.</summary>
     LeaveTornHeaders = 512,
+
+    /// <summary>A heap that cannot grow gives back the segments whose blocks all sit in a class pool, but leaves their blocks in the pool (a block can then be handed out inside a segment reused for something else).</summary>
+    ReleaseSegmentsLeavingBlocksPooled = 1024,
 }

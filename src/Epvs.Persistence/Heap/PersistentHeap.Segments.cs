@@ -15,6 +15,10 @@ public sealed unsafe partial class PersistentHeap
     private long _segmentCount;
     private long _recoveredLiveBlocks;
     private long _recoveredLiveBytes;
+    private long _releasedSegments;
+
+    /// <summary>Formatted segments given back to the free list because all their blocks sat unused in a pool (diagnostic, tests).</summary>
+    internal long ReleasedSegments => Volatile.Read(ref _releasedSegments);
 
     private long SegmentStart(long segment) => _dataStart + (segment * HeapLayout.SegmentSize);
 
@@ -170,35 +174,159 @@ public sealed unsafe partial class PersistentHeap
         _freeSegmentCount += span;
     }
 
-    /// <summary>Takes <paramref name="span"/> contiguous free segments (growing the heap if needed); -1 if impossible.</summary>
+    /// <summary>
+    /// Takes <paramref name="span"/> contiguous free segments; -1 if impossible. With <paramref name="allowGrowth"/>, a
+    /// heap that has none grows, and one that cannot grow gives back the segments formatted for a size class whose
+    /// blocks all sit unused in that class's pool (<see cref="ReleasePooledSegmentsLocked"/>) before it gives up.
+    /// </summary>
     private long TakeRunLocked(long span, bool allowGrowth = true)
     {
-        for (int attempt = 0; attempt < 2; attempt++)
+        long start = FindRunLocked(span);
+        if (start >= 0 || !allowGrowth)
         {
-            long run = 0;
-            for (long s = 0; s < _segmentFree.Length; s++)
+            return start;
+        }
+
+        if (TryGrowLocked(span))
+        {
+            start = FindRunLocked(span);
+        }
+
+        if (start < 0 && ReleasePooledSegmentsLocked() != 0)
+        {
+            start = FindRunLocked(span);
+        }
+
+        return start;
+    }
+
+    private long FindRunLocked(long span)
+    {
+        long run = 0;
+        for (long s = 0; s < _segmentFree.Length; s++)
+        {
+            run = _segmentFree[s] ? run + 1 : 0;
+            if (run == span)
             {
-                run = _segmentFree[s] ? run + 1 : 0;
-                if (run == span)
+                long start = s - span + 1;
+                for (long t = start; t <= s; t++)
                 {
-                    long start = s - span + 1;
-                    for (long t = start; t <= s; t++)
-                    {
-                        _segmentFree[t] = false;
-                    }
-
-                    _freeSegmentCount -= span;
-                    return start;
+                    _segmentFree[t] = false;
                 }
-            }
 
-            if (attempt == 0 && (!allowGrowth || !TryGrowLocked(span)))
-            {
-                return -1;
+                _freeSegmentCount -= span;
+                return start;
             }
         }
 
         return -1;
+    }
+
+    /// <summary>
+    /// Under the segment gate, when no free segment is left and the heap cannot grow: a small-block segment keeps the
+    /// size class it was formatted for, so a workload whose sizes changed would find the heap full while whole segments
+    /// sit unused in other classes' pools. Every parked free is made durable first; then every segment whose blocks are
+    /// all in its class's pool (none in a thread's cache, none allocated) leaves the pool and becomes free again: its descriptor, with a new generation,
+    /// is written back and fenced before the segment can be taken, so after a crash recovery finds it free or finds it
+    /// formatted with every block free, never a block of both uses.
+    /// </summary>
+    /// <returns>How many segments became free.</returns>
+    private long ReleasePooledSegmentsLocked()
+    {
+        // Parked frees first (a buffered heap parks its frees for the sweep): made durable, their blocks join the pools.
+        // (Lock order: the segment gate, then the sweep's; nothing takes them the other way round.)
+        FlushPendingFrees();
+        var released = new List<long>();
+        for (int cls = 0; cls < SizeClasses.Count; cls++)
+        {
+            int perSegment = SizeClasses.BlocksPerSegment[cls];
+            ClassPool pool = _pools[cls];
+            lock (pool)
+            {
+                if (pool.BlockCount < perSegment)
+                {
+                    continue;
+                }
+
+                var pooled = new Dictionary<long, int>();
+                foreach (long[] batch in pool.Batches)
+                {
+                    foreach (long offset in batch)
+                    {
+                        long segment = (offset - _dataStart) / HeapLayout.SegmentSize;
+                        pooled[segment] = pooled.GetValueOrDefault(segment) + 1;
+                    }
+                }
+
+                var whole = new HashSet<long>();
+                foreach ((long segment, int count) in pooled)
+                {
+                    if (count == perSegment)
+                    {
+                        whole.Add(segment);
+                    }
+                }
+
+                if (whole.Count == 0)
+                {
+                    continue;
+                }
+
+                // The pool without those segments' blocks, in the same order (Stack enumerates from the top).
+                long[][] batches = pool.Batches.ToArray();
+                var kept = new List<long>((int)pool.BlockCount);
+                for (int b = batches.Length - 1; b >= 0; b--)
+                {
+                    foreach (long offset in batches[b])
+                    {
+                        if (!whole.Contains((offset - _dataStart) / HeapLayout.SegmentSize))
+                        {
+                            kept.Add(offset);
+                        }
+                    }
+                }
+
+                // (The broken control keeps the pool as it was.)
+                if ((_faults & HeapFaults.ReleaseSegmentsLeavingBlocksPooled) == 0)
+                {
+                    pool.Batches.Clear();
+                    pool.BlockCount = 0;
+                    PushFree(cls, kept);
+                }
+
+                released.AddRange(whole);
+            }
+        }
+
+        if (released.Count == 0)
+        {
+            return 0;
+        }
+
+        // In address order: through the page cache the descriptors merge into one run.
+        released.Sort();
+        var table = new WriteBackRuns(_file.Domain);
+        foreach (long segment in released)
+        {
+            ulong descriptor = _table[segment];
+            int cls = (int)HeapLayout.DescriptorPayload(descriptor);
+            _overheadBytes -= HeapLayout.SegmentSize - ((long)SizeClasses.BlocksPerSegment[cls] * SizeClasses.BlockSizes[cls]);
+
+            // Volatile.Write: release; no block of the segment is reachable any more (it left the pool under its lock).
+            Volatile.Write(ref _table[segment], HeapLayout.Descriptor(HeapLayout.DescriptorGeneration(descriptor) + 1, HeapLayout.RoleFree, 0));
+            table.Add(TableOffset(segment), sizeof(ulong));
+        }
+
+        table.Flush();
+        _file.Domain.Fence();
+        foreach (long segment in released)
+        {
+            _segmentFree[segment] = true;
+        }
+
+        _freeSegmentCount += released.Count;
+        Volatile.Write(ref _releasedSegments, _releasedSegments + released.Count);
+        return released.Count;
     }
 
     private bool TryGrowLocked(long span)
