@@ -27,7 +27,7 @@ internal struct EpochSlot
 /// </summary>
 internal sealed unsafe class EpochSlotTable
 {
-    /// <summary>Written into every free slot by <see cref="LightEpoch.Dispose"/> so no claim can succeed.</summary>
+    /// <summary>Written into every free slot by <see cref="LightEpoch.Dispose()"/> so no claim can succeed.</summary>
     public const long DisposedMarker = long.MaxValue;
 
     private readonly Segment<EpochSlot> first;

@@ -791,11 +791,19 @@ public sealed unsafe partial class LightEpoch : IDisposable
     /// </remarks>
     /// <exception cref="InvalidOperationException">A thread is still protected by this instance; nothing is
     /// disposed, so the caller can make the threads leave and try again.</exception>
-    public void Dispose()
+    public void Dispose() => Dispose(alsoProtected: null);
+
+    /// <summary>
+    /// <see cref="Dispose()"/> for an owner that has threads of its own which count as protected while their slots
+    /// are free: <paramref name="alsoProtected"/> is asked after the marking pass, and a nonzero answer makes Dispose
+    /// revert and throw. A thread must raise what it answers (with a full fence) before it frees its slot; then either
+    /// the pass saw the slot taken, or it read the slot's release after the raise, and the answer counts it.
+    /// </summary>
+    internal void Dispose(Func<int>? alsoProtected)
     {
         if (ThisInstanceProtected())
             ThrowHelper.ThrowInvalidOperation("Dispose was called by a thread that is still protected by this epoch; call Suspend()/Leave() first.");
-        int stillProtected = CloseIfUnprotected();
+        int stillProtected = CloseIfUnprotected(alsoProtected);
         if (stillProtected != 0)
             ThrowHelper.ThrowInvalidOperation(
                 $"Dispose was called while {stillProtected} thread(s) are still protected by this epoch; " +
@@ -807,11 +815,11 @@ public sealed unsafe partial class LightEpoch : IDisposable
     /// returns false. Never throws.
     /// </summary>
     /// <returns>True if the epoch is disposed (by this call or an earlier one).</returns>
-    public bool TryDispose() => !ThisInstanceProtected() && CloseIfUnprotected() == 0;
+    public bool TryDispose() => !ThisInstanceProtected() && CloseIfUnprotected(alsoProtected: null) == 0;
 
     /// <summary>Live → Closing → Closed, or back to Live; returns the number of protected threads found (0: Closed).
     /// The only place that leaves Live.</summary>
-    private int CloseIfUnprotected()
+    private int CloseIfUnprotected(Func<int>? alsoProtected)
     {
         var spinner = new SpinWait();
         while (true)
@@ -838,6 +846,8 @@ public sealed unsafe partial class LightEpoch : IDisposable
             }
         }
         ClosingHookForTesting?.Invoke();
+        if (stillProtected == 0 && alsoProtected is not null)
+            stillProtected = alsoProtected();
 
         if (stillProtected != 0)
         {

@@ -21,4 +21,12 @@ public sealed partial class EpochProtectedVersionScheme
     /// as before, so the test of a handler that starts and waits for another transition can show that it catches that.
     /// </summary>
     internal bool RaiseFaultedInsideStepForTesting { get; set; }
+
+    /// <summary>Test hook: runs on a thread stepped aside inside Enter or Refresh, once the transition it waited for has
+    /// moved on and before it takes its protection back.</summary>
+    internal System.Action? SteppedAsideHookForTesting { get; set; }
+
+    /// <summary>Test-only: a Refresh that steps aside is not counted, so Dispose can close the epoch under it (the
+    /// behaviour before; the broken control).</summary>
+    internal bool UncountedRefreshAsideForTesting { get; set; }
 }

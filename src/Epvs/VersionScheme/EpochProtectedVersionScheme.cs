@@ -65,6 +65,9 @@ public sealed partial class EpochProtectedVersionScheme : IDisposable
 
     private int disposed;
 
+    /// <summary>Threads stepped aside inside <see cref="Refresh"/> (their epoch slot free, their region still open).</summary>
+    private int refreshingAside;
+
     /// <summary>Creates a scheme with its own <see cref="LightEpoch"/>, disposed with the scheme. Starts at rest,
     /// version 1.</summary>
     public EpochProtectedVersionScheme()
@@ -246,14 +249,29 @@ public sealed partial class EpochProtectedVersionScheme : IDisposable
                 continue;
             }
 
-            // Outermost: step aside so the transition can complete, then come back.
-            epoch.Suspend();
-            while (Volatile.Read(ref state) == s)
+            // Outermost: step aside so the transition can complete, then come back. A Refresh stays inside its region
+            // meanwhile: it is counted (full fence, before the Suspend frees its slot) so that Dispose, which finds
+            // the slot free, refuses instead of closing the epoch under the region (G7; the Refresh used to get
+            // ObjectDisposedException from a Dispose that should have failed).
+            bool counted = !addedLevel && !UncountedRefreshAsideForTesting;
+            if (counted)
+                Interlocked.Increment(ref refreshingAside);
+            try
             {
-                ReportStallIfDue();
-                spinner.SpinOnce();
+                epoch.Suspend();
+                while (Volatile.Read(ref state) == s)
+                {
+                    ReportStallIfDue();
+                    spinner.SpinOnce();
+                }
+                SteppedAsideHookForTesting?.Invoke();
+                epoch.Resume();
             }
-            epoch.Resume();
+            finally
+            {
+                if (counted)
+                    Interlocked.Decrement(ref refreshingAside);
+            }
         }
     }
 
@@ -270,7 +288,8 @@ public sealed partial class EpochProtectedVersionScheme : IDisposable
     /// </summary>
     /// <exception cref="InvalidOperationException">A state machine is still running (wait for its
     /// <see cref="VersionSchemeStateMachine.Completion"/> first), or a thread is still protected by the scheme's own
-    /// epoch. Nothing is disposed.</exception>
+    /// epoch (a thread inside <see cref="Refresh"/>, stepped aside while a transition completes, counts as protected).
+    /// Nothing is disposed.</exception>
     public void Dispose()
     {
         if (Volatile.Read(ref disposed) != 0)
@@ -303,7 +322,8 @@ public sealed partial class EpochProtectedVersionScheme : IDisposable
         {
             try
             {
-                epoch.Dispose();
+                // Threads stepped aside inside Refresh count as protected (see WaitForStableState).
+                epoch.Dispose(() => Volatile.Read(ref refreshingAside));
             }
             catch
             {

@@ -1,4 +1,5 @@
 using System;
+using System.Threading;
 using Xunit;
 
 namespace Epvs.Tests;
@@ -41,5 +42,71 @@ public class SchemeDisposeTests
         Assert.Equal(2, scheme.CurrentState.Version);
         scheme.Dispose();
         Assert.Throws<ObjectDisposedException>(() => scheme.Enter());
+    }
+
+    [Fact]
+    public void DisposeWhileARefreshStepsAside_Refuses_AndTheRefreshCarriesOn()
+    {
+        (Exception? dispose, Exception? refresh) = DisposeWhileARefreshStepsAside(uncounted: false);
+        Assert.IsType<InvalidOperationException>(dispose);
+        Assert.Null(refresh);
+    }
+
+    [Fact]
+    public void Control_RefreshAsideUncounted_IsCaught()
+    {
+        // The behaviour before: the epoch found the slot free and closed under the region, whose Refresh then threw.
+        (Exception? dispose, Exception? refresh) = DisposeWhileARefreshStepsAside(uncounted: true);
+        Assert.Null(dispose);
+        Assert.IsType<ObjectDisposedException>(refresh);
+    }
+
+    /// <summary>
+    /// A thread inside a region calls Refresh while a transition waits for it: it steps aside (its epoch slot free),
+    /// the transition completes, and — through the scheme's hook, before the thread takes its protection back —
+    /// another thread disposes the scheme. Returns what Dispose threw and what the Refresh threw.
+    /// </summary>
+    private static (Exception? Dispose, Exception? Refresh) DisposeWhileARefreshStepsAside(bool uncounted)
+    {
+        var scheme = new EpochProtectedVersionScheme { UncountedRefreshAsideForTesting = uncounted };
+        using var entered = new ManualResetEventSlim();
+        using var started = new ManualResetEventSlim();
+        using var aside = new ManualResetEventSlim();
+        using var disposeTried = new ManualResetEventSlim();
+        Exception? refresh = null;
+        var machine = new PhaseMachine(2);
+        scheme.SteppedAsideHookForTesting = () =>
+        {
+            aside.Set();
+            Assert.True(disposeTried.Wait(GuardedThread.DefaultTimeout));
+        };
+        var region = GuardedThread.Start(() =>
+        {
+            scheme.Enter();
+            entered.Set();
+            Assert.True(started.Wait(GuardedThread.DefaultTimeout));
+            refresh = Record.Exception(() => scheme.Refresh());
+            if (refresh is null)
+                scheme.Leave();
+        });
+
+        Assert.True(entered.Wait(GuardedThread.DefaultTimeout));
+        Assert.Equal(StateMachineExecutionStatus.Ok, scheme.TryExecuteStateMachine(machine));
+        started.Set();
+        Assert.True(aside.Wait(GuardedThread.DefaultTimeout));
+        scheme.SteppedAsideHookForTesting = null;
+        // The transition the Refresh waited for has completed (its own drain ran it): no machine holds Dispose back.
+        Assert.True(machine.Completion.Wait(GuardedThread.DefaultTimeout));
+        Exception? dispose = Record.Exception(scheme.Dispose);
+        disposeTried.Set();
+        region.Join();
+        if (dispose is not null)
+        {
+            Assert.Equal(2, scheme.CurrentState.Version);
+            scheme.Dispose(); // the region has left
+        }
+
+        Assert.Throws<ObjectDisposedException>(() => scheme.Enter());
+        return (dispose, refresh);
     }
 }
