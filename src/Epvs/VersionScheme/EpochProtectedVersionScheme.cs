@@ -109,8 +109,18 @@ public sealed partial class EpochProtectedVersionScheme : IDisposable
     /// <summary>The epoch under this scheme. For advanced uses only, such as sharing it with another scheme.</summary>
     public LightEpoch Epoch => epoch;
 
-    /// <summary>The current state, possibly intermediate. Outside a protected region it may change at any time.</summary>
-    public VersionSchemeState CurrentState => new(Volatile.Read(ref state));
+    /// <summary>The current state, possibly intermediate. Outside a protected region it may change at any time. After
+    /// <see cref="Dispose"/>, the last state, at rest.</summary>
+    public VersionSchemeState CurrentState
+    {
+        get
+        {
+            // Acquire: if the intermediate bit is Dispose's, the disposed flag (set before it) is seen below.
+            var current = new VersionSchemeState(Volatile.Read(ref state));
+            // Dispose sets the bit only to send every Enter to its slow path (where it throws): not a transition.
+            return Volatile.Read(ref disposed) != 0 ? current.WithoutIntermediate() : current;
+        }
+    }
 
     /// <summary>
     /// The state machine currently running, or null. A snapshot: it may finish (or another may start) at any time.

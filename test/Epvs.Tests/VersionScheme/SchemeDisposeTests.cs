@@ -42,6 +42,10 @@ public class SchemeDisposeTests
         Assert.Equal(2, scheme.CurrentState.Version);
         scheme.Dispose();
         Assert.Throws<ObjectDisposedException>(() => scheme.Enter());
+
+        // The last state, at rest (Dispose's own mark, which sends every Enter to its slow path, is not a transition).
+        Assert.False(scheme.CurrentState.IsIntermediate);
+        Assert.Equal(2, scheme.CurrentState.Version);
     }
 
     [Fact]
