@@ -1,5 +1,6 @@
 using System;
 using System.Collections.Generic;
+using System.Threading;
 using Xunit;
 using Xunit.Abstractions;
 
@@ -19,11 +20,15 @@ public sealed class SegmentReuseTests
 
     public SegmentReuseTests(ITestOutputHelper output) => _output = output;
 
-    [Fact]
-    public void HeapFullOfFreedBlocksOfOneClass_TakesTheirSegmentsForOtherSizes()
+    [Theory]
+    [InlineData(SmallSize)]
+    [InlineData(3000)] // the 3 KiB class: 1 KiB of each segment is overhead, which a released segment gives back
+    [InlineData(9000)]
+    [InlineData(16_000)] // every block fits in the thread's own cache: none reaches the shared pool on its own
+    public void HeapFullOfFreedBlocksOfOneClass_TakesTheirSegmentsForOtherSizes(int smallSize)
     {
-        List<string> violations = FillFreeAndReuse(HeapFaults.None, out long released);
-        _output.WriteLine($"{released} segments released");
+        List<string> violations = FillFreeAndReuse(HeapFaults.None, smallSize, out long released);
+        _output.WriteLine($"{smallSize}-byte blocks: {released} segments released");
         Assert.True(released >= 5, $"{released} segments released");
         Assert.Empty(violations);
     }
@@ -31,7 +36,7 @@ public sealed class SegmentReuseTests
     [Fact]
     public void Control_ReleaseLeavingTheBlocksPooled_IsCaught()
     {
-        List<string> violations = FillFreeAndReuse(HeapFaults.ReleaseSegmentsLeavingBlocksPooled, out _);
+        List<string> violations = FillFreeAndReuse(HeapFaults.ReleaseSegmentsLeavingBlocksPooled, SmallSize, out _);
         _output.WriteLine($"control caught {violations.Count} violations, e.g. {(violations.Count > 0 ? violations[0] : "none")}");
         Assert.NotEmpty(violations);
     }
@@ -108,6 +113,7 @@ public sealed class SegmentReuseTests
             Assert.True(map.Set(-1, large));
             heap.Sync();
             Assert.True(heap.Heap.ReleasedSegments >= 5, $"{heap.Heap.ReleasedSegments} segments released");
+            Assert.True(heap.Heap.GetStatistics().AddsUp, heap.Heap.GetStatistics().ToString());
         }
 
         using BufferedDurableHeap reopened = BufferedDurableHeap.Open(path, new HeapFileOptions { Domain = PersistenceDomainKind.MappedFile }, noAdvancer);
@@ -115,6 +121,85 @@ public sealed class SegmentReuseTests
         Assert.Equal(keys + 1, recovered.Count);
         Assert.Equal(large, recovered.Get(-1));
         Assert.Equal(100, recovered.Get(7)!.Length);
+    }
+
+    [Fact]
+    public void Concurrent_MixedSizesOnAHeapThatCannotGrow_NeverHandOutABlockTwice()
+    {
+        // Four threads allocate, stamp, check and free blocks of sizes that change in phases, on a heap that cannot
+        // grow, so segments keep changing class. Bounded: a few seconds.
+        const int threads = 4, operations = 40_000, seed = 11;
+        using var domain = new SimulatedPersistenceDomain(2 << 20);
+        using HeapFile file = HeapFile.Create(domain);
+        using var heap = new PersistentHeap(file);
+        int[] sizes = [100, SmallSize, 9000, 70_000, LargeSize];
+        var violations = new System.Collections.Concurrent.ConcurrentQueue<string>();
+        long failures = 0;
+        var workers = new Thread[threads];
+        for (int w = 0; w < threads; w++)
+        {
+            int worker = w;
+            workers[w] = new Thread(() =>
+            {
+                var random = new Random(seed + worker);
+                var mine = new List<(PayloadRef Block, long Uid)>();
+                try
+                {
+                    for (int op = 0; op < operations && violations.IsEmpty; op++)
+                    {
+                        int size = sizes[((op / 2000) + worker) % sizes.Length];
+                        if (mine.Count > 0 && (mine.Count > 60 || random.Next(2) == 0))
+                        {
+                            int i = random.Next(mine.Count);
+                            (PayloadRef block, long uid) = mine[i];
+                            mine[i] = mine[^1];
+                            mine.RemoveAt(mine.Count - 1);
+                            if (!Stamp.Matches(heap.GetPayload(block), uid))
+                            {
+                                violations.Enqueue($"the block at 0x{block.Offset:X} was overwritten");
+                            }
+
+                            heap.Free(block);
+                        }
+                        else if (heap.TryAllocate(size, 1, out PayloadRef block))
+                        {
+                            long uid = heap.GetHeader(block).Uid;
+                            Stamp.Write(heap.GetPayload(block), uid);
+                            mine.Add((block, uid));
+                        }
+                        else
+                        {
+                            Interlocked.Increment(ref failures);
+                        }
+                    }
+
+                    foreach ((PayloadRef block, long uid) in mine)
+                    {
+                        if (!Stamp.Matches(heap.GetPayload(block), uid))
+                        {
+                            violations.Enqueue($"the block at 0x{block.Offset:X} was overwritten (at the end)");
+                        }
+
+                        heap.Free(block);
+                    }
+                }
+                catch (Exception e)
+                {
+                    violations.Enqueue($"worker {worker}: {e.GetType().Name}: {e.Message}");
+                }
+            });
+            workers[w].Start();
+        }
+
+        foreach (Thread worker in workers)
+        {
+            Assert.True(worker.Join(TimeSpan.FromMinutes(2)), "a worker did not finish");
+        }
+
+        _output.WriteLine($"seed={seed} failures={failures} released={heap.ReleasedSegments} {heap.GetStatistics()}");
+        Assert.Empty(violations);
+        Assert.True(heap.GetStatistics().AddsUp, heap.GetStatistics().ToString());
+        Assert.True(heap.ReleasedSegments > 0, "no segment changed class");
     }
 
     /// <summary>Fills a fixed-size heap with 4 KiB blocks, frees them all, then allocates a large block and stamps it.</summary>
@@ -146,7 +231,7 @@ public sealed class SegmentReuseTests
         return domain;
     }
 
-    private static List<string> FillFreeAndReuse(HeapFaults faults, out long released)
+    private static List<string> FillFreeAndReuse(HeapFaults faults, int smallSize, out long released)
     {
         var violations = new List<string>();
         using var domain = new SimulatedPersistenceDomain(1 << 20);
@@ -154,7 +239,7 @@ public sealed class SegmentReuseTests
         using (var heap = new PersistentHeap(file, new PersistentHeapOptions { Faults = faults }))
         {
             var blocks = new List<PayloadRef>();
-            while (heap.TryAllocate(SmallSize, 1, out PayloadRef block))
+            while (heap.TryAllocate(smallSize, 1, out PayloadRef block))
             {
                 blocks.Add(block);
             }
@@ -177,7 +262,7 @@ public sealed class SegmentReuseTests
             heap.Persist(large);
 
             // Everything else the heap still has, in both sizes, stamped: none may overlap the large block.
-            foreach (int size in new[] { SmallSize, 100 })
+            foreach (int size in new[] { smallSize, 100 })
             {
                 while (heap.TryAllocate(size, 3, out PayloadRef block))
                 {

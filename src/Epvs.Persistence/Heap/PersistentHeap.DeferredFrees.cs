@@ -22,7 +22,8 @@ namespace Epvs.Persistence;
 /// <see cref="FlushPendingFrees"/> (all of them) comes first.</para>
 /// <para>Threads. Guarded by <see cref="_pendingGate"/>; the write-back and fence run under it (slow path only: the
 /// advancer each cycle, an allocating thread only when no block is ready and no free segment is left, before it
-/// grows the file).</para>
+/// grows the file, and under the segment gate when the heap cannot grow and gives segments back to the free list;
+/// lock order: the segment gate, then this one).</para>
 /// </remarks>
 public sealed unsafe partial class PersistentHeap
 {
@@ -35,7 +36,7 @@ public sealed unsafe partial class PersistentHeap
     /// <summary>Why a sweep failed after it had taken blocks off the pending lists; every later sweep then throws (fail-stop).</summary>
     private Exception? _sweepFailure;
 
-    /// <summary>Test hook: runs inside a sweep after its frees are marked and before they are written back (the window in which an early reuse would race the free to the file). May allocate from the pools; must not sweep or flush (it runs under the sweep's lock).</summary>
+    /// <summary>Test hook: runs inside a sweep after its frees are marked and before they are written back (the window in which an early reuse would race the free to the file). May allocate from the pools only when they have blocks (an allocation that needs a segment takes the segment gate, which a releasing thread holds while it waits for this sweep); must not sweep or flush (it runs under the sweep's lock).</summary>
     internal Action? AfterSweepMarkedForTesting { get; set; }
 
     /// <summary>Small blocks freed but parked for the sweep: not marked free yet, not handed out (approximate while the advancer runs).</summary>

@@ -234,8 +234,30 @@ public sealed unsafe partial class PersistentHeap
     private long ReleasePooledSegmentsLocked()
     {
         // Parked frees first (a buffered heap parks its frees for the sweep): made durable, their blocks join the pools.
-        // (Lock order: the segment gate, then the sweep's; nothing takes them the other way round.)
-        FlushPendingFrees();
+        // (Lock order: the segment gate, then the sweep's. No code of the heap takes them the other way round; the test
+        // hook AfterSweepMarkedForTesting runs under the sweep's and must not take the segment gate.)
+        try
+        {
+            FlushPendingFrees();
+        }
+        catch (System.IO.IOException)
+        {
+            // An earlier sweep failed: nothing can be made durable any more (fail-stop). The allocation fails as before.
+            return 0;
+        }
+
+        // This thread's own cache too (up to 64 blocks per class): a workload of large small blocks keeps a whole
+        // segment's worth there. Other threads' caches are theirs; their segments stay.
+        ThreadCache own = _caches.Value!;
+        for (int cls = 0; cls < SizeClasses.Count; cls++)
+        {
+            if (own.Counts[cls] != 0)
+            {
+                PushFree(cls, own.Blocks[cls], own.Counts[cls]);
+                own.Counts[cls] = 0;
+            }
+        }
+
         var released = new List<long>();
         for (int cls = 0; cls < SizeClasses.Count; cls++)
         {
@@ -317,15 +339,25 @@ public sealed unsafe partial class PersistentHeap
             table.Add(TableOffset(segment), sizeof(ulong));
         }
 
-        table.Flush();
-        _file.Domain.Fence();
-        foreach (long segment in released)
+        try
         {
-            _segmentFree[segment] = true;
+            table.Flush();
+            _file.Domain.Fence();
+        }
+        finally
+        {
+            // Free in memory whatever the write-back did: the blocks left the pools. If it failed, the domain is
+            // fail-stop (no later write-back reaches the file), and the file keeps the segments formatted and their
+            // blocks free, which recovery reads back as such.
+            foreach (long segment in released)
+            {
+                _segmentFree[segment] = true;
+            }
+
+            _freeSegmentCount += released.Count;
+            Volatile.Write(ref _releasedSegments, _releasedSegments + released.Count);
         }
 
-        _freeSegmentCount += released.Count;
-        Volatile.Write(ref _releasedSegments, _releasedSegments + released.Count);
         return released.Count;
     }
 

@@ -22,9 +22,10 @@ namespace Epvs.Persistence;
 /// <see cref="WriteBackHeader(PayloadRef)"/> and <see cref="Fence"/> return. After a crash, a block is either a
 /// complete allocation (all four header words of one <c>Allocate</c>) or free; payload bytes of a block whose
 /// persist had not completed may be partial — part 2's epoch tags decide which of those recovery keeps.</para>
-/// <para>Limits of this version: a small-block segment keeps its size class while the heap is open (segments whose
-/// blocks are all free return to the shared pool at the next open), and blocks left in the cache of a thread that
-/// exits stay there until the heap is reopened.</para>
+/// <para>Limits of this version: a small-block segment keeps its size class while any of its blocks is allocated or
+/// sits in another thread's cache; once the heap has no free segment left and cannot grow, segments whose blocks are
+/// all free in the shared pool become free segments again (durably) for other sizes. Blocks left in the cache of a
+/// thread that exits stay there until the heap is reopened.</para>
 /// </remarks>
 public sealed unsafe partial class PersistentHeap : IDisposable
 {
