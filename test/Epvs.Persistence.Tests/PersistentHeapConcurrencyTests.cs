@@ -143,8 +143,19 @@ public sealed class PersistentHeapConcurrencyTests
                 }
 
                 localReused += everFreed.Contains(allocated.Offset) ? 1 : 0;
-                long allocatedUid = heap.GetHeader(allocated).Uid;
-                Stamp.Write(heap.GetPayload(allocated), allocatedUid, salt: thread);
+                long allocatedUid;
+                try
+                {
+                    allocatedUid = heap.GetHeader(allocated).Uid;
+                    Stamp.Write(heap.GetPayload(allocated), allocatedUid, salt: thread);
+                }
+                catch (InvalidOperationException e)
+                {
+                    // Freed by another thread right after this one got it: both were handed the block (the broken control).
+                    violations.Enqueue($"thread {thread}: its new block {allocated} was freed meanwhile: {e.Message}");
+                    continue;
+                }
+
                 localBytes += payload;
                 mine.Add((allocated, allocatedUid, payload));
 
