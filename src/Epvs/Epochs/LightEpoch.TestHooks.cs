@@ -95,4 +95,8 @@ public sealed unsafe partial class LightEpoch
 
     /// <summary>Test-only: the instance id used to index per-thread records.</summary>
     internal int DebugId => id;
+
+    /// <summary>Test-only: Dispose does not count threads stepped aside inside a region (the behaviour before; the
+    /// broken control).</summary>
+    internal bool UncountedStepAsideForTesting { get; set; }
 }

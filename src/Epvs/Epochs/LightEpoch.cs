@@ -789,21 +789,14 @@ public sealed unsafe partial class LightEpoch : IDisposable
     /// action runs early, and <see cref="Resume"/>/<see cref="BumpCurrentEpoch()"/> on other threads never see the
     /// epoch as disposed. <see cref="TryDispose"/> answers the same question without an exception.
     /// </remarks>
-    /// <exception cref="InvalidOperationException">A thread is still protected by this instance; nothing is
-    /// disposed, so the caller can make the threads leave and try again.</exception>
-    public void Dispose() => Dispose(alsoProtected: null);
-
-    /// <summary>
-    /// <see cref="Dispose()"/> for an owner that has threads of its own which count as protected while their slots
-    /// are free: <paramref name="alsoProtected"/> is asked after the marking pass, and a nonzero answer makes Dispose
-    /// revert and throw. A thread must raise what it answers (with a full fence) before it frees its slot; then either
-    /// the pass saw the slot taken, or it read the slot's release after the raise, and the answer counts it.
-    /// </summary>
-    internal void Dispose(Func<int>? alsoProtected)
+    /// <exception cref="InvalidOperationException">A thread is still protected by this instance (a thread inside an
+    /// <see cref="EpochProtectedVersionScheme.Refresh"/> on it counts, also while it has stepped aside for a transition);
+    /// nothing is disposed, so the caller can make the threads leave and try again.</exception>
+    public void Dispose()
     {
         if (ThisInstanceProtected())
             ThrowHelper.ThrowInvalidOperation("Dispose was called by a thread that is still protected by this epoch; call Suspend()/Leave() first.");
-        int stillProtected = CloseIfUnprotected(alsoProtected);
+        int stillProtected = CloseIfUnprotected();
         if (stillProtected != 0)
             ThrowHelper.ThrowInvalidOperation(
                 $"Dispose was called while {stillProtected} thread(s) are still protected by this epoch; " +
@@ -815,11 +808,25 @@ public sealed unsafe partial class LightEpoch : IDisposable
     /// returns false. Never throws.
     /// </summary>
     /// <returns>True if the epoch is disposed (by this call or an earlier one).</returns>
-    public bool TryDispose() => !ThisInstanceProtected() && CloseIfUnprotected(alsoProtected: null) == 0;
+    public bool TryDispose() => !ThisInstanceProtected() && CloseIfUnprotected() == 0;
+
+    /// <summary>Threads inside a protected region that freed their slot for a moment (<see cref="BeginStepAside"/>).</summary>
+    private int steppedAside;
+
+    /// <summary>
+    /// Before the outermost level of a region that stays open frees its slot for a moment (a version scheme's Refresh
+    /// steps aside so that a transition waiting for it can complete): until <see cref="EndStepAside"/>, Dispose counts
+    /// the thread as protected and refuses, instead of closing the epoch under the region. Call before the
+    /// <see cref="Suspend"/>; full fence.
+    /// </summary>
+    internal void BeginStepAside() => Interlocked.Increment(ref steppedAside);
+
+    /// <summary>After the <see cref="Resume"/> (or its failure) that ends a <see cref="BeginStepAside"/>.</summary>
+    internal void EndStepAside() => Interlocked.Decrement(ref steppedAside);
 
     /// <summary>Live → Closing → Closed, or back to Live; returns the number of protected threads found (0: Closed).
     /// The only place that leaves Live.</summary>
-    private int CloseIfUnprotected(Func<int>? alsoProtected)
+    private int CloseIfUnprotected()
     {
         var spinner = new SpinWait();
         while (true)
@@ -846,8 +853,11 @@ public sealed unsafe partial class LightEpoch : IDisposable
             }
         }
         ClosingHookForTesting?.Invoke();
-        if (stillProtected == 0 && alsoProtected is not null)
-            stillProtected = alsoProtected();
+        // Threads stepped aside inside a region (their slot free meanwhile) count as protected: each raised the count
+        // with a full fence before it freed its slot, so either the pass above found the slot taken, or its
+        // compare-and-swap read the release that freed it, after the raise, which this read then sees.
+        if (stillProtected == 0 && !UncountedStepAsideForTesting)
+            stillProtected = Volatile.Read(ref steppedAside);
 
         if (stillProtected != 0)
         {

@@ -26,7 +26,7 @@ public sealed partial class EpochProtectedVersionScheme
     /// moved on and before it takes its protection back.</summary>
     internal System.Action? SteppedAsideHookForTesting { get; set; }
 
-    /// <summary>Test-only: a Refresh that steps aside is not counted, so Dispose can close the epoch under it (the
-    /// behaviour before; the broken control).</summary>
-    internal bool UncountedRefreshAsideForTesting { get; set; }
+    /// <summary>Test hook: runs on a thread that has just stepped aside inside Enter or Refresh (its slot free), before
+    /// it first looks whether the transition it waits for has moved on.</summary>
+    internal System.Action? SteppingAsideHookForTesting { get; set; }
 }

@@ -65,9 +65,6 @@ public sealed partial class EpochProtectedVersionScheme : IDisposable
 
     private int disposed;
 
-    /// <summary>Threads stepped aside inside <see cref="Refresh"/> (their epoch slot free, their region still open).</summary>
-    private int refreshingAside;
-
     /// <summary>Creates a scheme with its own <see cref="LightEpoch"/>, disposed with the scheme. Starts at rest,
     /// version 1.</summary>
     public EpochProtectedVersionScheme()
@@ -260,16 +257,19 @@ public sealed partial class EpochProtectedVersionScheme : IDisposable
             }
 
             // Outermost: step aside so the transition can complete, then come back. A Refresh stays inside its region
-            // meanwhile: it is counted (full fence, before the Suspend frees its slot) so that Dispose, which finds
-            // the slot free, refuses instead of closing the epoch under the region (G7; the Refresh used to get
-            // ObjectDisposedException from a Dispose that should have failed).
-            bool counted = !addedLevel && !UncountedRefreshAsideForTesting;
-            if (counted)
-                Interlocked.Increment(ref refreshingAside);
+            // meanwhile: the epoch counts it (before the Suspend frees its slot), so that an epoch's Dispose, which
+            // finds the slot free, refuses instead of closing under the region (G7; the Refresh used to get
+            // ObjectDisposedException from a Dispose that should have failed). An Enter has no region yet.
+            if (!addedLevel)
+                epoch.BeginStepAside();
             try
             {
                 epoch.Suspend();
-                while (Volatile.Read(ref state) == s)
+                SteppingAsideHookForTesting?.Invoke();
+                // Until the state moves on, or the scheme is disposed: Dispose's mark (the intermediate bit on the last
+                // state) can equal the state read here, if that transition's critical section failed and restored it.
+                // The flag is set before the mark, so a read that sees the mark sees the flag.
+                while (Volatile.Read(ref state) == s && Volatile.Read(ref disposed) == 0)
                 {
                     ReportStallIfDue();
                     spinner.SpinOnce();
@@ -279,8 +279,8 @@ public sealed partial class EpochProtectedVersionScheme : IDisposable
             }
             finally
             {
-                if (counted)
-                    Interlocked.Decrement(ref refreshingAside);
+                if (!addedLevel)
+                    epoch.EndStepAside();
             }
         }
     }
@@ -332,8 +332,8 @@ public sealed partial class EpochProtectedVersionScheme : IDisposable
         {
             try
             {
-                // Threads stepped aside inside Refresh count as protected (see WaitForStableState).
-                epoch.Dispose(() => Volatile.Read(ref refreshingAside));
+                // (Threads stepped aside inside Refresh count as protected: see WaitForStableState.)
+                epoch.Dispose();
             }
             catch
             {

@@ -48,10 +48,12 @@ public class SchemeDisposeTests
         Assert.Equal(2, scheme.CurrentState.Version);
     }
 
-    [Fact]
-    public void DisposeWhileARefreshStepsAside_Refuses_AndTheRefreshCarriesOn()
+    [Theory]
+    [InlineData(false)]
+    [InlineData(true)] // a second scheme on the owner's epoch: the owner's Dispose must count its Refresh too
+    public void DisposeWhileARefreshStepsAside_Refuses_AndTheRefreshCarriesOn(bool onASharingScheme)
     {
-        (Exception? dispose, Exception? refresh) = DisposeWhileARefreshStepsAside(uncounted: false);
+        (Exception? dispose, Exception? refresh) = DisposeWhileARefreshStepsAside(uncounted: false, onASharingScheme);
         Assert.IsType<InvalidOperationException>(dispose);
         Assert.Null(refresh);
     }
@@ -60,19 +62,47 @@ public class SchemeDisposeTests
     public void Control_RefreshAsideUncounted_IsCaught()
     {
         // The behaviour before: the epoch found the slot free and closed under the region, whose Refresh then threw.
-        (Exception? dispose, Exception? refresh) = DisposeWhileARefreshStepsAside(uncounted: true);
+        (Exception? dispose, Exception? refresh) = DisposeWhileARefreshStepsAside(uncounted: true, onASharingScheme: false);
         Assert.Null(dispose);
         Assert.IsType<ObjectDisposedException>(refresh);
+    }
+
+    [Fact]
+    public void AnEnterSteppedAside_WhenTheTransitionFailsAndTheSchemeIsDisposed_ThrowsInsteadOfWaitingForEver()
+    {
+        // An Enter steps aside on I(v); the critical section throws, so the state goes back to v; a handler of the fault
+        // disposes the scheme, whose mark is I(v) again: the state the Enter waits to see change. It used to spin for
+        // ever, unprotected. The order is fixed by the hook: all of it happens once the Enter has stepped aside.
+        var scheme = new EpochProtectedVersionScheme();
+        using var parked = new ParkedThread(() => scheme.Enter(), scheme.Leave);
+        Exception? disposeInHandler = null;
+        scheme.StateMachineFaulted += (_, _) => disposeInHandler = Record.Exception(scheme.Dispose);
+        var machine = new PhaseMachine(2) { OnEntering = (_, _) => throw new InvalidOperationException("critical section failed") };
+        Assert.Equal(StateMachineExecutionStatus.Ok, scheme.TryExecuteStateMachine(machine));
+        scheme.SteppingAsideHookForTesting = () =>
+        {
+            scheme.SteppingAsideHookForTesting = null;
+            parked.Release(); // its Leave runs the critical section, which fails; the handler disposes the scheme
+        };
+
+        Exception? enter = null;
+        var entering = GuardedThread.Start(() => enter = Record.Exception(() => scheme.Enter()));
+        entering.Join();
+        Assert.Null(disposeInHandler);
+        Assert.IsType<ObjectDisposedException>(enter);
+        Assert.True(machine.Completion.IsFaulted);
     }
 
     /// <summary>
     /// A thread inside a region calls Refresh while a transition waits for it: it steps aside (its epoch slot free),
     /// the transition completes, and — through the scheme's hook, before the thread takes its protection back —
-    /// another thread disposes the scheme. Returns what Dispose threw and what the Refresh threw.
+    /// another thread disposes the epoch's owner. Returns what Dispose threw and what the Refresh threw.
     /// </summary>
-    private static (Exception? Dispose, Exception? Refresh) DisposeWhileARefreshStepsAside(bool uncounted)
+    private static (Exception? Dispose, Exception? Refresh) DisposeWhileARefreshStepsAside(bool uncounted, bool onASharingScheme)
     {
-        var scheme = new EpochProtectedVersionScheme { UncountedRefreshAsideForTesting = uncounted };
+        var owner = new EpochProtectedVersionScheme();
+        owner.Epoch.UncountedStepAsideForTesting = uncounted;
+        EpochProtectedVersionScheme scheme = onASharingScheme ? new EpochProtectedVersionScheme(owner.Epoch) : owner;
         using var entered = new ManualResetEventSlim();
         using var started = new ManualResetEventSlim();
         using var aside = new ManualResetEventSlim();
@@ -101,16 +131,17 @@ public class SchemeDisposeTests
         scheme.SteppedAsideHookForTesting = null;
         // The transition the Refresh waited for has completed (its own drain ran it): no machine holds Dispose back.
         Assert.True(machine.Completion.Wait(GuardedThread.DefaultTimeout));
-        Exception? dispose = Record.Exception(scheme.Dispose);
+        Exception? dispose = Record.Exception(owner.Dispose);
         disposeTried.Set();
         region.Join();
         if (dispose is not null)
         {
             Assert.Equal(2, scheme.CurrentState.Version);
-            scheme.Dispose(); // the region has left
+            owner.Dispose(); // the region has left
         }
 
-        Assert.Throws<ObjectDisposedException>(() => scheme.Enter());
+        Assert.Throws<ObjectDisposedException>(() => owner.Enter());
+        Assert.Throws<ObjectDisposedException>(() => owner.Epoch.Resume());
         return (dispose, refresh);
     }
 }
