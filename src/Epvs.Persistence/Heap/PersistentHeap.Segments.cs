@@ -17,6 +17,12 @@ public sealed unsafe partial class PersistentHeap
     private long _recoveredLiveBytes;
     private long _releasedSegments;
 
+    /// <summary>Pushes of free blocks into the class pools so far (atomic increments under the pool locks).</summary>
+    private long _poolPushes;
+
+    /// <summary><see cref="_poolPushes"/> when a release last found no segment to give back (under the segment gate).</summary>
+    private long _poolPushesAtFruitlessRelease = -1;
+
     /// <summary>Formatted segments given back to the free list because all their blocks sat unused in a pool (diagnostic, tests).</summary>
     internal long ReleasedSegments => Volatile.Read(ref _releasedSegments);
 
@@ -84,6 +90,8 @@ public sealed unsafe partial class PersistentHeap
                 pool.Batches.Push(batch);
                 pool.BlockCount += count;
             }
+
+            Interlocked.Increment(ref _poolPushes);
         }
     }
 
@@ -101,6 +109,8 @@ public sealed unsafe partial class PersistentHeap
                 pool.Batches.Push(offsets.Slice(i, Math.Min(BatchSize, offsets.Length - i)).ToArray());
                 pool.BlockCount += Math.Min(BatchSize, offsets.Length - i);
             }
+
+            Interlocked.Increment(ref _poolPushes);
         }
     }
 
@@ -236,15 +246,14 @@ public sealed unsafe partial class PersistentHeap
         // Parked frees first (a buffered heap parks its frees for the sweep): made durable, their blocks join the pools.
         // (Lock order: the segment gate, then the sweep's. No code of the heap takes them the other way round; the test
         // hook AfterSweepMarkedForTesting runs under the sweep's and must not take the segment gate.)
-        try
+        if (_sweepFailure is not null)
         {
-            FlushPendingFrees();
-        }
-        catch (System.IO.IOException)
-        {
-            // An earlier sweep failed: nothing can be made durable any more (fail-stop). The allocation fails as before.
+            // An earlier sweep failed: no free can be made durable any more (fail-stop); the allocation fails as before.
+            // (A sweep that fails in the flush below throws: an I/O fault the caller must see.)
             return 0;
         }
+
+        FlushPendingFrees();
 
         // This thread's own cache too (up to 64 blocks per class): a workload of large small blocks keeps a whole
         // segment's worth there. Other threads' caches are theirs; their segments stay.
@@ -256,6 +265,13 @@ public sealed unsafe partial class PersistentHeap
                 PushFree(cls, own.Blocks[cls], own.Counts[cls]);
                 own.Counts[cls] = 0;
             }
+        }
+
+        // A heap full of live data fails every allocation here: scan the pools again only once something joined them.
+        long pushes = Volatile.Read(ref _poolPushes);
+        if (pushes == _poolPushesAtFruitlessRelease)
+        {
+            return 0;
         }
 
         var released = new List<long>();
@@ -322,6 +338,7 @@ public sealed unsafe partial class PersistentHeap
 
         if (released.Count == 0)
         {
+            _poolPushesAtFruitlessRelease = pushes;
             return 0;
         }
 

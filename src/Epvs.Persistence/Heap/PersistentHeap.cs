@@ -756,6 +756,7 @@ public sealed unsafe partial class PersistentHeap : IDisposable
         {
             pool.Batches.Push(batch);
             pool.BlockCount += BatchSize;
+            Interlocked.Increment(ref _poolPushes);
         }
     }
 

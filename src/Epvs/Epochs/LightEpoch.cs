@@ -811,7 +811,7 @@ public sealed unsafe partial class LightEpoch : IDisposable
     public bool TryDispose() => !ThisInstanceProtected() && CloseIfUnprotected() == 0;
 
     /// <summary>Threads inside a protected region that freed their slot for a moment (<see cref="BeginStepAside"/>).</summary>
-    private int steppedAside;
+    private PaddedInt64 steppedAside; // its own line: Resume and Suspend read the fields around it
 
     /// <summary>
     /// Before the outermost level of a region that stays open frees its slot for a moment (a version scheme's Refresh
@@ -819,10 +819,10 @@ public sealed unsafe partial class LightEpoch : IDisposable
     /// the thread as protected and refuses, instead of closing the epoch under the region. Call before the
     /// <see cref="Suspend"/>; full fence.
     /// </summary>
-    internal void BeginStepAside() => Interlocked.Increment(ref steppedAside);
+    internal void BeginStepAside() => Interlocked.Increment(ref steppedAside.Value);
 
     /// <summary>After the <see cref="Resume"/> (or its failure) that ends a <see cref="BeginStepAside"/>.</summary>
-    internal void EndStepAside() => Interlocked.Decrement(ref steppedAside);
+    internal void EndStepAside() => Interlocked.Decrement(ref steppedAside.Value);
 
     /// <summary>Live → Closing → Closed, or back to Live; returns the number of protected threads found (0: Closed).
     /// The only place that leaves Live.</summary>
@@ -857,7 +857,7 @@ public sealed unsafe partial class LightEpoch : IDisposable
         // with a full fence before it freed its slot, so either the pass above found the slot taken, or its
         // compare-and-swap read the release that freed it, after the raise, which this read then sees.
         if (stillProtected == 0 && !UncountedStepAsideForTesting)
-            stillProtected = Volatile.Read(ref steppedAside);
+            stillProtected = (int)Volatile.Read(ref steppedAside.Value);
 
         if (stillProtected != 0)
         {

@@ -128,7 +128,8 @@ public sealed partial class EpochProtectedVersionScheme
     /// for a machine that waits for this thread would never end. Leave first, or use
     /// <see cref="TryExecuteStateMachine"/> and <see cref="Refresh"/> between attempts. Likewise from inside a callback
     /// of this scheme's running machine (OnEnteringState, AfterEnteringState, GetNextStep), which ends only after the
-    /// callback returns.</exception>
+    /// callback returns. Also when the machine targets the next version and the version is at
+    /// <see cref="VersionSchemeState.MaxVersion"/>.</exception>
     /// <exception cref="ObjectDisposedException">The scheme has been disposed.</exception>
     public bool ExecuteStateMachine(VersionSchemeStateMachine stateMachine, bool spin = false)
     {
@@ -180,6 +181,8 @@ public sealed partial class EpochProtectedVersionScheme
     /// <see cref="StateMachineFaulted"/> and leaves the version unchanged.</returns>
     /// <exception cref="ArgumentNullException"><paramref name="criticalSection"/> is null.</exception>
     /// <exception cref="ArgumentOutOfRangeException"><paramref name="targetVersion"/> is below -1 or too large.</exception>
+    /// <exception cref="InvalidOperationException"><paramref name="targetVersion"/> is -1 (next) and the version is at
+    /// <see cref="VersionSchemeState.MaxVersion"/>.</exception>
     /// <exception cref="ObjectDisposedException">The scheme has been disposed.</exception>
     public StateMachineExecutionStatus TryAdvanceVersionWithCriticalSection(Action<long, long> criticalSection, long targetVersion = -1)
     {
@@ -207,7 +210,8 @@ public sealed partial class EpochProtectedVersionScheme
     /// <param name="spin">Whether to wait until the transition has completed.</param>
     /// <returns>False if the target version had already been reached or claimed.</returns>
     /// <exception cref="ArgumentNullException"><paramref name="criticalSection"/> is null.</exception>
-    /// <exception cref="InvalidOperationException">The calling thread is protected (see <see cref="ExecuteStateMachine"/>).</exception>
+    /// <exception cref="InvalidOperationException">The calling thread is protected, or the version is at
+    /// <see cref="VersionSchemeState.MaxVersion"/> (see <see cref="ExecuteStateMachine"/>).</exception>
     /// <exception cref="ObjectDisposedException">The scheme has been disposed.</exception>
     public bool AdvanceVersionWithCriticalSection(Action<long, long> criticalSection, long targetVersion = -1, bool spin = false)
     {
@@ -233,7 +237,8 @@ public sealed partial class EpochProtectedVersionScheme
     /// <param name="cancellationToken">Cancels waiting for another machine before this transition starts.</param>
     /// <returns>True once the transition has completed; false if its target was already reached or claimed.</returns>
     /// <exception cref="ArgumentNullException"><paramref name="criticalSection"/> is null.</exception>
-    /// <exception cref="InvalidOperationException">The calling thread is protected (see <see cref="ExecuteStateMachine"/>).</exception>
+    /// <exception cref="InvalidOperationException">The calling thread is protected, or the version is at
+    /// <see cref="VersionSchemeState.MaxVersion"/> (see <see cref="ExecuteStateMachine"/>).</exception>
     /// <exception cref="ObjectDisposedException">The scheme has been disposed.</exception>
     public Task<bool> AdvanceVersionAsync(Action<long, long> criticalSection, long targetVersion = -1, CancellationToken cancellationToken = default)
     {

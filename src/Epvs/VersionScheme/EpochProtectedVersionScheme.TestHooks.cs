@@ -24,9 +24,9 @@ public sealed partial class EpochProtectedVersionScheme
 
     /// <summary>Test hook: runs on a thread stepped aside inside Enter or Refresh, once the transition it waited for has
     /// moved on and before it takes its protection back.</summary>
-    internal System.Action? SteppedAsideHookForTesting { get; set; }
+    internal System.Action? BeforeComingBackHookForTesting { get; set; }
 
     /// <summary>Test hook: runs on a thread that has just stepped aside inside Enter or Refresh (its slot free), before
     /// it first looks whether the transition it waits for has moved on.</summary>
-    internal System.Action? SteppingAsideHookForTesting { get; set; }
+    internal System.Action? AfterStepAsideHookForTesting { get; set; }
 }

@@ -169,6 +169,8 @@ public sealed partial class EpochProtectedVersionScheme : IDisposable
     /// </summary>
     /// <returns>The stable state this region now observes.</returns>
     /// <exception cref="InvalidOperationException">The calling thread is not in a protected region.</exception>
+    /// <exception cref="ObjectDisposedException">The scheme was disposed while the call waited for a transition (on a
+    /// shared epoch; an owned epoch refuses to be disposed meanwhile). The region stays entered: leave it.</exception>
     [MethodImpl(MethodImplOptions.AggressiveInlining)]
     public VersionSchemeState Refresh()
     {
@@ -265,7 +267,7 @@ public sealed partial class EpochProtectedVersionScheme : IDisposable
             try
             {
                 epoch.Suspend();
-                SteppingAsideHookForTesting?.Invoke();
+                AfterStepAsideHookForTesting?.Invoke();
                 // Until the state moves on, or the scheme is disposed: Dispose's mark (the intermediate bit on the last
                 // state) can equal the state read here, if that transition's critical section failed and restored it.
                 // The flag is set before the mark, so a read that sees the mark sees the flag.
@@ -274,7 +276,7 @@ public sealed partial class EpochProtectedVersionScheme : IDisposable
                     ReportStallIfDue();
                     spinner.SpinOnce();
                 }
-                SteppedAsideHookForTesting?.Invoke();
+                BeforeComingBackHookForTesting?.Invoke();
                 epoch.Resume();
             }
             finally

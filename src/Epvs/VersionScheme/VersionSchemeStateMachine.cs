@@ -45,10 +45,12 @@ public abstract class VersionSchemeStateMachine
     /// <summary>Whether the machine has finished, successfully or not.</summary>
     public bool IsCompleted => Volatile.Read(ref completed) != 0; // acquire: pairs with Complete, publishes fault
 
-    /// <summary>The exception a callback threw, if the machine stopped because of one.</summary>
+    /// <summary>The exception a callback threw, if the machine stopped because of one; or the
+    /// <see cref="InvalidOperationException"/> that refused it when the version was already at
+    /// <see cref="VersionSchemeState.MaxVersion"/>.</summary>
     public Exception? Fault => IsCompleted ? fault : null;
 
-    /// <summary>Completes when the machine ends; faults with the exception if a callback threw.</summary>
+    /// <summary>Completes when the machine ends; faults with <see cref="Fault"/> if it has one.</summary>
     public Task Completion
     {
         get

@@ -211,8 +211,8 @@ public class MisuseTests
         Assert.IsType<InvalidOperationException>(machine.Fault);
         Assert.True(machine.Completion.IsFaulted);
 
-        // The slot was given back: the scheme stays usable.
-        Assert.Throws<InvalidOperationException>(() => scheme.AdvanceVersionWithCriticalSection((_, _) => { }));
+        // The slot was given back (a start would get Retry otherwise): the scheme stays usable.
+        Assert.Throws<InvalidOperationException>(() => scheme.TryAdvanceVersionWithCriticalSection((_, _) => { }));
         Assert.Equal(VersionSchemeState.MaxVersion, scheme.CurrentState.Version);
         scheme.Enter();
         scheme.Leave();

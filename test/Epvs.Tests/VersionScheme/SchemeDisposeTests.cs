@@ -79,9 +79,9 @@ public class SchemeDisposeTests
         scheme.StateMachineFaulted += (_, _) => disposeInHandler = Record.Exception(scheme.Dispose);
         var machine = new PhaseMachine(2) { OnEntering = (_, _) => throw new InvalidOperationException("critical section failed") };
         Assert.Equal(StateMachineExecutionStatus.Ok, scheme.TryExecuteStateMachine(machine));
-        scheme.SteppingAsideHookForTesting = () =>
+        scheme.AfterStepAsideHookForTesting = () =>
         {
-            scheme.SteppingAsideHookForTesting = null;
+            scheme.AfterStepAsideHookForTesting = null;
             parked.Release(); // its Leave runs the critical section, which fails; the handler disposes the scheme
         };
 
@@ -109,7 +109,7 @@ public class SchemeDisposeTests
         using var disposeTried = new ManualResetEventSlim();
         Exception? refresh = null;
         var machine = new PhaseMachine(2);
-        scheme.SteppedAsideHookForTesting = () =>
+        scheme.BeforeComingBackHookForTesting = () =>
         {
             aside.Set();
             Assert.True(disposeTried.Wait(GuardedThread.DefaultTimeout));
@@ -128,7 +128,7 @@ public class SchemeDisposeTests
         Assert.Equal(StateMachineExecutionStatus.Ok, scheme.TryExecuteStateMachine(machine));
         started.Set();
         Assert.True(aside.Wait(GuardedThread.DefaultTimeout));
-        scheme.SteppedAsideHookForTesting = null;
+        scheme.BeforeComingBackHookForTesting = null;
         // The transition the Refresh waited for has completed (its own drain ran it): no machine holds Dispose back.
         Assert.True(machine.Completion.Wait(GuardedThread.DefaultTimeout));
         Exception? dispose = Record.Exception(owner.Dispose);
