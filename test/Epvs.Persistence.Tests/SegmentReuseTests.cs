@@ -227,26 +227,43 @@ public sealed class SegmentReuseTests
         return (found, heap.ReleasedSegments);
     }
 
-    /// <summary>Fills a fixed-size heap with 4 KiB blocks, frees them all, then allocates a large block and stamps it.</summary>
-    private static SimulatedPersistenceDomain Run(HeapFaults faults, Action<SimulatedPersistenceDomain> arm, out long firstPoint, out long lastPoint)
+    /// <summary>Allocates blocks of <paramref name="size"/> bytes until the heap is full, then frees them all (with
+    /// <paramref name="durably"/>, each allocation persisted and each free written back, then one fence).</summary>
+    private static void FillThenFree(PersistentHeap heap, int size, bool durably)
     {
-        var domain = new SimulatedPersistenceDomain(1 << 20);
-        using HeapFile file = HeapFile.Create(domain);
-        using var heap = new PersistentHeap(file, new PersistentHeapOptions { Faults = faults });
         var blocks = new List<PayloadRef>();
-        while (heap.TryAllocate(SmallSize, 1, out PayloadRef block))
+        while (heap.TryAllocate(size, 1, out PayloadRef block))
         {
-            heap.Persist(block);
+            if (durably)
+            {
+                heap.Persist(block);
+            }
+
             blocks.Add(block);
         }
 
         foreach (PayloadRef block in blocks)
         {
             heap.Free(block);
-            heap.WriteBackHeader(block);
+            if (durably)
+            {
+                heap.WriteBackHeader(block);
+            }
         }
 
-        heap.Fence();
+        if (durably)
+        {
+            heap.Fence();
+        }
+    }
+
+    /// <summary>Fills a fixed-size heap with 4 KiB blocks, frees them all, then allocates a large block and stamps it.</summary>
+    private static SimulatedPersistenceDomain Run(HeapFaults faults, Action<SimulatedPersistenceDomain> arm, out long firstPoint, out long lastPoint)
+    {
+        var domain = new SimulatedPersistenceDomain(1 << 20);
+        using HeapFile file = HeapFile.Create(domain);
+        using var heap = new PersistentHeap(file, new PersistentHeapOptions { Faults = faults });
+        FillThenFree(heap, SmallSize, durably: true);
         firstPoint = domain.CrashPointCount;
         arm(domain);
         PayloadRef large = heap.Allocate(LargeSize, 2);
@@ -263,16 +280,7 @@ public sealed class SegmentReuseTests
         using (HeapFile file = HeapFile.Create(domain))
         using (var heap = new PersistentHeap(file, new PersistentHeapOptions { Faults = faults }))
         {
-            var blocks = new List<PayloadRef>();
-            while (heap.TryAllocate(smallSize, 1, out PayloadRef block))
-            {
-                blocks.Add(block);
-            }
-
-            foreach (PayloadRef block in blocks)
-            {
-                heap.Free(block);
-            }
+            FillThenFree(heap, smallSize, durably: false);
 
             // Before, every segment stayed in the 4 KiB class: this threw InsufficientMemoryException.
             if (!heap.TryAllocate(LargeSize, 2, out PayloadRef large))

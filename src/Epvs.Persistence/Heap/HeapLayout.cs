@@ -191,6 +191,9 @@ internal static class HeapLayout
     internal const uint GenerationMask = 0xFF_FFFF;
     private const ulong DescriptorCheckMask = (0xFFUL << 24) | (0xFUL << 36);
 
+    /// <summary>The descriptor of a segment given back as free: a new generation, which invalidates every header of its last use.</summary>
+    internal static ulong FreedDescriptor(ulong previous) => Descriptor(DescriptorGeneration(previous) + 1, RoleFree, 0);
+
     internal static ulong Descriptor(uint generation, ulong role, ulong payload)
     {
         ulong content = (generation & GenerationMask) | (role << 32) | (payload << 40);

@@ -198,7 +198,7 @@ public sealed unsafe partial class PersistentHeap
                 totals.LiveBlocks += live;
                 totals.LiveBytes += (long)live * blockSize;
                 totals.FreeBytes += (long)freeCount * blockSize;
-                totals.Overhead += HeapLayout.SegmentSize - ((long)blocks * blockSize);
+                totals.Overhead += SizeClasses.SegmentOverhead(cls);
                 PushFree(cls, free, freeCount);
                 return totals;
             },
@@ -270,7 +270,7 @@ public sealed unsafe partial class PersistentHeap
         foreach (long offset in freeBlocks)
         {
             ulong* commit = (ulong*)(_base + offset + HeapLayout.CommitOffset);
-            uint generation = HeapLayout.DescriptorGeneration(_table[(offset - _dataStart) / HeapLayout.SegmentSize]);
+            uint generation = HeapLayout.DescriptorGeneration(_table[SegmentOf(offset)]);
             // Volatile.Write: one aligned 8-byte store (failure-atomic); written back below.
             Volatile.Write(ref *commit, HeapLayout.FreeWord(generation));
             if (perBlockWriteBack)
@@ -292,7 +292,7 @@ public sealed unsafe partial class PersistentHeap
             for (long t = segment; t < segment + span; t++)
             {
                 // Volatile.Write: release; the segments were already counted free by the scan (no other thread yet).
-                Volatile.Write(ref _table[t], HeapLayout.Descriptor(HeapLayout.DescriptorGeneration(_table[t]) + 1, HeapLayout.RoleFree, 0));
+                Volatile.Write(ref _table[t], HeapLayout.FreedDescriptor(_table[t]));
             }
 
             _file.Domain.Persist(TableOffset(segment), span * sizeof(ulong));

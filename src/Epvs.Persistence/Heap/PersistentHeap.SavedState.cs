@@ -80,7 +80,7 @@ public sealed unsafe partial class PersistentHeap
 
         bool ClearFree(long offset)
         {
-            long segment = (offset - _dataStart) / HeapLayout.SegmentSize;
+            long segment = SegmentOf(offset);
             if (segment < 0 || segment >= segments || wordIndex[segment] < 0)
             {
                 return false;

@@ -28,6 +28,9 @@ public sealed unsafe partial class PersistentHeap
 
     private long SegmentStart(long segment) => _dataStart + (segment * HeapLayout.SegmentSize);
 
+    /// <summary>The segment that holds <paramref name="offset"/> (an offset inside the data area).</summary>
+    private long SegmentOf(long offset) => (offset - _dataStart) / HeapLayout.SegmentSize;
+
     private long TableOffset(long segment) => HeapLayout.SuperblockSize + (segment * sizeof(ulong));
 
     private bool TryFormatSmallSegment(ThreadCache cache, int cls, bool allowGrowth = true)
@@ -172,7 +175,7 @@ public sealed unsafe partial class PersistentHeap
         for (long s = segment; s < segment + span; s++)
         {
             // Volatile.Write: release; ordered after the block's free commit store by the caller.
-            Volatile.Write(ref _table[s], HeapLayout.Descriptor(HeapLayout.DescriptorGeneration(_table[s]) + 1, HeapLayout.RoleFree, 0));
+            Volatile.Write(ref _table[s], HeapLayout.FreedDescriptor(_table[s]));
         }
 
         _file.Domain.Persist(TableOffset(segment), span * sizeof(ulong));
@@ -291,7 +294,7 @@ public sealed unsafe partial class PersistentHeap
                 {
                     foreach (long offset in batch)
                     {
-                        long segment = (offset - _dataStart) / HeapLayout.SegmentSize;
+                        long segment = SegmentOf(offset);
                         pooled[segment] = pooled.GetValueOrDefault(segment) + 1;
                     }
                 }
@@ -317,7 +320,7 @@ public sealed unsafe partial class PersistentHeap
                 {
                     foreach (long offset in batches[b])
                     {
-                        if (!whole.Contains((offset - _dataStart) / HeapLayout.SegmentSize))
+                        if (!whole.Contains(SegmentOf(offset)))
                         {
                             kept.Add(offset);
                         }
@@ -349,10 +352,10 @@ public sealed unsafe partial class PersistentHeap
         {
             ulong descriptor = _table[segment];
             int cls = (int)HeapLayout.DescriptorPayload(descriptor);
-            _overheadBytes -= HeapLayout.SegmentSize - ((long)SizeClasses.BlocksPerSegment[cls] * SizeClasses.BlockSizes[cls]);
+            _overheadBytes -= SizeClasses.SegmentOverhead(cls);
 
             // Volatile.Write: release; no block of the segment is reachable any more (it left the pool under its lock).
-            Volatile.Write(ref _table[segment], HeapLayout.Descriptor(HeapLayout.DescriptorGeneration(descriptor) + 1, HeapLayout.RoleFree, 0));
+            Volatile.Write(ref _table[segment], HeapLayout.FreedDescriptor(descriptor));
             table.Add(TableOffset(segment), sizeof(ulong));
         }
 

@@ -143,7 +143,6 @@ public sealed unsafe partial class PersistentHeap
     /// </summary>
     private void FormatSegmentsLocked(int cls, List<long> segments)
     {
-        int perSegment = SizeClasses.BlocksPerSegment[cls];
         try
         {
             // (The broken control leaves the zeroing in the working image only.)
@@ -181,7 +180,7 @@ public sealed unsafe partial class PersistentHeap
             // Volatile.Write: release; the blocks are published to other threads by the class pool's lock (or kept in
             // the formatting thread's cache).
             Volatile.Write(ref _table[segment], HeapLayout.Descriptor(HeapLayout.DescriptorGeneration(_table[segment]) + 1, HeapLayout.RoleSmall, (ulong)cls));
-            _overheadBytes += HeapLayout.SegmentSize - ((long)perSegment * SizeClasses.BlockSizes[cls]);
+            _overheadBytes += SizeClasses.SegmentOverhead(cls);
             table.Add(TableOffset(segment), sizeof(ulong));
         }
 

@@ -365,7 +365,7 @@ public sealed unsafe partial class PersistentHeap : IDisposable
             return 0;
         }
 
-        uint generation = HeapLayout.DescriptorGeneration(_table[(offset - _dataStart) / HeapLayout.SegmentSize]);
+        uint generation = HeapLayout.DescriptorGeneration(_table[SegmentOf(offset)]);
         var payload = new ReadOnlySpan<byte>(h + 4, HeapLayout.ShapeSize(h[2]));
         return HeapLayout.SealedCommit(h[0], h[1], h[2], offset, generation, HeapLayout.CommitKind(commit), payload);
     }
@@ -610,7 +610,7 @@ public sealed unsafe partial class PersistentHeap : IDisposable
     private void WriteHeader(long offset, long uid, long epochTag, ulong shape, PayloadKind kind)
     {
         ulong* h = (ulong*)(_base + offset);
-        uint generation = HeapLayout.DescriptorGeneration(_table[(offset - _dataStart) / HeapLayout.SegmentSize]);
+        uint generation = HeapLayout.DescriptorGeneration(_table[SegmentOf(offset)]);
         if ((_faults & HeapFaults.SkipUidStore) == 0)
         {
             h[0] = (ulong)uid;

@@ -20,6 +20,9 @@ internal static class SizeClasses
 
     internal static int Count => BlockSizes.Length;
 
+    /// <summary>The bytes of a segment of class <paramref name="cls"/> that no block covers (its tail).</summary>
+    internal static long SegmentOverhead(int cls) => HeapLayout.SegmentSize - ((long)BlocksPerSegment[cls] * BlockSizes[cls]);
+
     private static readonly byte[] s_classByUnits = BuildLookup();
 
     /// <summary>The class of a payload of <paramref name="size"/> bytes (0 ≤ size ≤ <see cref="MaxSmallPayload"/>).</summary>
