@@ -20,10 +20,10 @@ public sealed class MappedFileWriteBackTests : IDisposable
 
     public void Dispose() => _directory.Dispose();
 
-    [SkippableFact]
+    [Fact]
     public void PrivateMapping_AWrittenBackRangeReachesTheFile_AStoreNotWrittenBackDoesNot()
     {
-        Skip.IfNot(OperatingSystem.IsLinux(), "private mappings are Linux only");
+        Assert.SkipUnless(OperatingSystem.IsLinux(), "private mappings are Linux only");
         using HeapFile file = HeapFile.Create(_directory.File("private.heap"), Options(MappedFileWriteBack.PrivateMapping));
         var domain = (MappedFilePersistenceDomain)file.Domain;
         Assert.True(domain.IsPrivateMapping);
@@ -58,12 +58,12 @@ public sealed class MappedFileWriteBackTests : IDisposable
         Assert.Equal(Pattern(notWritten, 100), FileBytes(domain, notWritten, 100));
     }
 
-    [SkippableTheory]
+    [Theory]
     [InlineData(MappedFileWriteBack.PrivateMapping)]
     [InlineData(MappedFileWriteBack.SharedMapping)]
     public void BufferedHeap_EveryWriteSurvivesACleanReopen(MappedFileWriteBack writeBack)
     {
-        Skip.If(writeBack == MappedFileWriteBack.PrivateMapping && !OperatingSystem.IsLinux(), "private mappings are Linux only");
+        Assert.SkipWhen(writeBack == MappedFileWriteBack.PrivateMapping && !OperatingSystem.IsLinux(), "private mappings are Linux only");
         string path = _directory.File("map.heap");
         HeapFileOptions options = Options(writeBack);
         System.Collections.Generic.Dictionary<long, long> expected;
@@ -79,12 +79,12 @@ public sealed class MappedFileWriteBackTests : IDisposable
         Assert.Equal(expected.OrderBy(e => e.Key), recovered.ToDictionary().OrderBy(e => e.Key));
     }
 
-    [SkippableTheory]
+    [Theory]
     [InlineData(MappedFileWriteBack.PrivateMapping)]
     [InlineData(MappedFileWriteBack.SharedMapping)]
     public void BufferedHeap_AfterSync_TheFileAloneRecoversEverySyncedWrite(MappedFileWriteBack writeBack)
     {
-        Skip.If(writeBack == MappedFileWriteBack.PrivateMapping && !OperatingSystem.IsLinux(), "private mappings are Linux only");
+        Assert.SkipWhen(writeBack == MappedFileWriteBack.PrivateMapping && !OperatingSystem.IsLinux(), "private mappings are Linux only");
         // No background advancer: Sync runs the cycles, and nothing runs while the file is read below. (With one, a later
         // cycle could reclaim between the reads of two pages — an old copy read before its free, the anti-payload that
         // cancels it after its own — and the image would be no state the file ever crashed in.)
@@ -103,10 +103,10 @@ public sealed class MappedFileWriteBackTests : IDisposable
         Assert.Equal(expected.OrderBy(e => e.Key), new PersistentHashMap<long, long>(recovered, 1).ToDictionary().OrderBy(e => e.Key));
     }
 
-    [SkippableFact]
+    [Fact]
     public void PrivateMapping_RangesOnOnePageAreOneWriteBack_RangesOnOtherPagesAreNotBridged()
     {
-        Skip.IfNot(OperatingSystem.IsLinux(), "private mappings are Linux only");
+        Assert.SkipUnless(OperatingSystem.IsLinux(), "private mappings are Linux only");
         using HeapFile file = HeapFile.Create(_directory.File("runs.heap"), Options(MappedFileWriteBack.PrivateMapping));
         var domain = (MappedFilePersistenceDomain)file.Domain;
         (long start, _) = Fill(domain);
@@ -143,10 +143,10 @@ public sealed class MappedFileWriteBackTests : IDisposable
         Assert.Equal(calls + 1, domain.WriteBackCalls);
     }
 
-    [SkippableFact]
+    [Fact]
     public void Auto_PrivateForAHeapThatFitsInAQuarterOfMemory_SharedForOneThatDoesNot()
     {
-        Skip.IfNot(OperatingSystem.IsLinux(), "private mappings are Linux only");
+        Assert.SkipUnless(OperatingSystem.IsLinux(), "private mappings are Linux only");
         long available = GC.GetGCMemoryInfo().TotalAvailableMemoryBytes;
         Assert.True(MappedFilePersistenceDomain.UsesPrivateMapping(MappedFileWriteBack.Auto, available / 4));
         Assert.False(MappedFilePersistenceDomain.UsesPrivateMapping(MappedFileWriteBack.Auto, (available / 4) + 1));
@@ -159,11 +159,11 @@ public sealed class MappedFileWriteBackTests : IDisposable
         Assert.Equal(MappedFileWriteBack.PrivateMapping, file.MappedFileWriteBack);
     }
 
-    [SkippableFact]
+    [Fact]
     public void AutoDomain_LibpmemOnAnOrdinaryFile_UsesTheMappedFileDomain()
     {
         // The test process does not force libpmem to treat files as pmem (TestProgram runs such cases in a child).
-        Skip.If(Environment.GetEnvironmentVariable("PMEM_IS_PMEM_FORCE") == "1", "libpmem is forced to treat every file as persistent memory");
+        Assert.SkipWhen(Environment.GetEnvironmentVariable("PMEM_IS_PMEM_FORCE") == "1", "libpmem is forced to treat every file as persistent memory");
         string path = _directory.File("auto-domain.heap");
         using (HeapFile created = HeapFile.Create(path, new HeapFileOptions { Size = 2L << 20 }))
         {
@@ -180,12 +180,12 @@ public sealed class MappedFileWriteBackTests : IDisposable
         Assert.Equal(PersistenceDomainKind.Pmem, pmem.Domain.Kind);
     }
 
-    [SkippableTheory]
+    [Theory]
     [InlineData(false)]
     [InlineData(true)]
     public void PrivateMapping_QuarantineWhileAWriteBackCopies_WaitsForIt(bool control)
     {
-        Skip.IfNot(OperatingSystem.IsLinux(), "private mappings are Linux only");
+        Assert.SkipUnless(OperatingSystem.IsLinux(), "private mappings are Linux only");
         using var stream = new FileStream(_directory.File(control ? "quarantine-control.heap" : "quarantine.heap"), FileMode.CreateNew, FileAccess.ReadWrite, FileShare.None);
         MappedFilePersistenceDomain domain = MapWithPattern(stream);
         const long offset = QuarantineOffset;
@@ -199,7 +199,7 @@ public sealed class MappedFileWriteBackTests : IDisposable
         byte[] inFile = FileBytes(stream, offset, 100);
         if (control)
         {
-            Skip.IfNot(quarantinedFirst, "inconclusive: the control's quarantine did not finish within 1 s, so the straggler copied before it");
+            Assert.SkipUnless(quarantinedFirst, "inconclusive: the control's quarantine did not finish within 1 s, so the straggler copied before it");
             Assert.Equal(new byte[100], inFile);
             return;
         }
@@ -216,12 +216,12 @@ public sealed class MappedFileWriteBackTests : IDisposable
     /// wait for it before it releases the descriptor (which could otherwise be closed and reused by another file, which
     /// the straggler would then extend). Control: a quarantine that does not wait finishes first.
     /// </summary>
-    [SkippableTheory]
+    [Theory]
     [InlineData(false)]
     [InlineData(true)]
     public void QuarantineWhileTheFileGrows_WaitsForTheExtension(bool control)
     {
-        Skip.IfNot(OperatingSystem.IsLinux(), "posix_fallocate is the growth path on Linux");
+        Assert.SkipUnless(OperatingSystem.IsLinux(), "posix_fallocate is the growth path on Linux");
         using var stream = new FileStream(_directory.File($"grow-quarantine-{control}.heap"), FileMode.CreateNew, FileAccess.ReadWrite, FileShare.None);
         stream.SetLength(1L << 20);
         MappedFilePersistenceDomain domain = MappedFilePersistenceDomain.Map(stream, 1L << 20, 4L << 20, privateMapping: true);
@@ -234,7 +234,7 @@ public sealed class MappedFileWriteBackTests : IDisposable
         bool quarantinedFirst = QuarantineDuringHeldCall(domain, held, () => grew = domain.TryGrow(2L << 20));
         if (control)
         {
-            Skip.IfNot(quarantinedFirst, "inconclusive: the control's quarantine did not finish within 1 s");
+            Assert.SkipUnless(quarantinedFirst, "inconclusive: the control's quarantine did not finish within 1 s");
             return;
         }
 
@@ -246,10 +246,10 @@ public sealed class MappedFileWriteBackTests : IDisposable
         Assert.Throws<ObjectDisposedException>(() => domain.TryGrow(3L << 20));
     }
 
-    [SkippableFact]
+    [Fact]
     public void PrivateMapping_AQuarantineThatGivesUpWaiting_LeavesTheMappingToTheStuckCopy()
     {
-        Skip.IfNot(OperatingSystem.IsLinux(), "private mappings are Linux only");
+        Assert.SkipUnless(OperatingSystem.IsLinux(), "private mappings are Linux only");
         using var stream = new FileStream(_directory.File("quarantine-stuck.heap"), FileMode.CreateNew, FileAccess.ReadWrite, FileShare.None);
         MappedFilePersistenceDomain domain = MapWithPattern(stream);
         const long offset = QuarantineOffset;
@@ -270,10 +270,10 @@ public sealed class MappedFileWriteBackTests : IDisposable
         Assert.Equal(Pattern(offset, 100), inFile);
     }
 
-    [SkippableFact]
+    [Fact]
     public void PrivateMapping_AWriteBackCheckedBeforeAQuarantine_ThrowsInsteadOfCopyingZeros()
     {
-        Skip.IfNot(OperatingSystem.IsLinux(), "private mappings are Linux only");
+        Assert.SkipUnless(OperatingSystem.IsLinux(), "private mappings are Linux only");
         using var stream = new FileStream(_directory.File("quarantine-before.heap"), FileMode.CreateNew, FileAccess.ReadWrite, FileShare.None);
         MappedFilePersistenceDomain domain = MapWithPattern(stream);
         const long offset = QuarantineOffset;
@@ -298,10 +298,10 @@ public sealed class MappedFileWriteBackTests : IDisposable
         Assert.Equal(Pattern(offset, 100), inFile);
     }
 
-    [SkippableFact]
+    [Fact]
     public void PrivateMapping_AReplaceUndoneOnAFullHeap_FreesItsCopyInTheFile()
     {
-        Skip.IfNot(OperatingSystem.IsLinux(), "private mappings are Linux only");
+        Assert.SkipUnless(OperatingSystem.IsLinux(), "private mappings are Linux only");
         string path = _directory.File("undo.heap");
         using BufferedDurableHeap heap = BufferedDurableHeap.Create(path, new HeapFileOptions { Size = 1L << 20, MaxSize = 1L << 20, Domain = PersistenceDomainKind.MappedFile, MappedFileWriteBack = MappedFileWriteBack.PrivateMapping }, new BufferedDurableHeapOptions { AdvancePeriod = Timeout.InfiniteTimeSpan });
         var domain = (MappedFilePersistenceDomain)heap.Heap.File.Domain;
@@ -369,13 +369,13 @@ public sealed class MappedFileWriteBackTests : IDisposable
     /// nothing more becomes durable, Dispose reports it and leaves the shutdown unclean, and a reopen recovers up to the
     /// frontier.
     /// </summary>
-    [SkippableTheory]
+    [Theory]
     [InlineData(false, false)]
     [InlineData(true, false)]
     [InlineData(false, true)]
     public void PrivateMapping_WriteBackFails_SyncThrowsAndNothingUnwrittenIsClaimedDurable(bool payloadsOnly, bool control)
     {
-        Skip.IfNot(OperatingSystem.IsLinux(), "private mappings are Linux only");
+        Assert.SkipUnless(OperatingSystem.IsLinux(), "private mappings are Linux only");
         const int Eio = 5;
         string path = _directory.File($"eio-{payloadsOnly}-{control}.heap");
         long frontier;
@@ -455,15 +455,15 @@ public sealed class MappedFileWriteBackTests : IDisposable
     /// the system call): the call whose pages failed must not return success. The broken control lets the calls overlap,
     /// and the second one takes the error while the first returns as if its pages were durable.
     /// </summary>
-    [SkippableTheory]
+    [Theory]
     [InlineData(false, false)]
     [InlineData(false, true)]
     [InlineData(true, false)]
     [InlineData(true, true)]
     public void ConcurrentSyncCalls_TheCallWhosePagesFailedNeverReturnsSuccess(bool privateMapping, bool control)
     {
-        Skip.If(privateMapping && !OperatingSystem.IsLinux(), "private mappings are Linux only");
-        Skip.IfNot(OperatingSystem.IsLinux() || OperatingSystem.IsMacOS(), "msync is the shared mapping's write-back on Unix only");
+        Assert.SkipWhen(privateMapping && !OperatingSystem.IsLinux(), "private mappings are Linux only");
+        Assert.SkipUnless(OperatingSystem.IsLinux() || OperatingSystem.IsMacOS(), "msync is the shared mapping's write-back on Unix only");
         const int Eio = 5;
         using var stream = new FileStream(_directory.File($"errseq-{privateMapping}-{control}.heap"), FileMode.CreateNew, FileAccess.ReadWrite);
         stream.SetLength(1L << 20);
@@ -536,7 +536,7 @@ public sealed class MappedFileWriteBackTests : IDisposable
 
         if (control)
         {
-            Skip.IfNot(secondChecked.IsSet, "inconclusive: the control's second call did not reach the kernel while the first was inside");
+            Assert.SkipUnless(secondChecked.IsSet, "inconclusive: the control's second call did not reach the kernel while the first was inside");
 
             // The control: the second call took the error, and the first returned as if its pages were durable.
             Assert.IsType<IOException>(second);

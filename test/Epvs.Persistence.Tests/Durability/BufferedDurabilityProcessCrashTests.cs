@@ -5,7 +5,6 @@ using System.Globalization;
 using System.Linq;
 using System.Threading;
 using Xunit;
-using Xunit.Abstractions;
 
 namespace Epvs.Persistence.Tests;
 
@@ -23,7 +22,7 @@ public sealed class BufferedDurabilityProcessCrashTests
 
     public BufferedDurabilityProcessCrashTests(ITestOutputHelper output) => _output = output;
 
-    [SkippableTheory]
+    [Theory]
     [InlineData(1, "pmem")]
     [InlineData(2, "pmem")]
     [InlineData(3, "pmem")]
@@ -31,7 +30,7 @@ public sealed class BufferedDurabilityProcessCrashTests
     [InlineData(5, "private")]
     public void Sigkill_DuringAConcurrentWriteLoad_RecoversTheFrontierPrefixOfTheOpLog(int seed, string domain)
     {
-        Skip.If(domain == "private" && !OperatingSystem.IsLinux(), "private mappings are Linux only");
+        Assert.SkipWhen(domain == "private" && !OperatingSystem.IsLinux(), "private mappings are Linux only");
         using var dir = new TempDirectory();
         string path = dir.File("kill.heap");
         int target = new Random(seed).Next(2_000, 12_000);
@@ -70,7 +69,7 @@ public sealed class BufferedDurabilityProcessCrashTests
         Assert.Empty(violations);
         Assert.False(heap.Recovery.WasCleanShutdown);
         Assert.True(heap.Recovery.RecoveredVersion > 1, "nothing became durable before the kill; the test exercised nothing");
-        Skip.IfNot(controlCaught, "inconclusive: the broken variant was not caught on this kill, so this run proves nothing");
+        Assert.SkipUnless(controlCaught, "inconclusive: the broken variant was not caught on this kill, so this run proves nothing");
     }
 
     /// <summary>Runs the child on <paramref name="path"/> until it logged <paramref name="target"/> operations (or printed <paramref name="killOnLine"/>), kills it, and parses its log.</summary>

@@ -4,7 +4,6 @@ using System.Linq;
 using System.Threading;
 using System.Threading.Tasks;
 using Xunit;
-using Xunit.Abstractions;
 
 namespace Epvs.Persistence.Tests;
 
@@ -88,7 +87,7 @@ public sealed class BufferedDurableHeapTests
         // A failure inside the cycle after its transition (the hook runs in reclamation: a stand-in for a failed
         // write-back) must stop every later cycle, whoever runs it.
         heap.AfterReclaimMarkedForTesting = () => throw new System.IO.IOException("simulated write-back failure");
-        Exception first = Record.Exception(() =>
+        Exception? first = Record.Exception(() =>
         {
             for (int i = 0; i < 3; i++)
             {
@@ -180,7 +179,7 @@ public sealed class BufferedDurableHeapTests
         using BufferedDurableHeap heap = HeapWithReplacedKeys(dir.File("sweep.heap"), keys: 64);
 
         heap.Heap.AfterSweepMarkedForTesting = () => throw new System.IO.IOException("simulated write-back failure");
-        Exception first = Record.Exception(() =>
+        Exception? first = Record.Exception(() =>
         {
             for (int i = 0; i < 3; i++)
             {

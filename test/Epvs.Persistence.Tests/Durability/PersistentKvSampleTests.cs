@@ -2,7 +2,6 @@ using System;
 using System.IO;
 using Epvs.Samples.PersistentKv;
 using Xunit;
-using Xunit.Abstractions;
 
 namespace Epvs.Persistence.Tests;
 

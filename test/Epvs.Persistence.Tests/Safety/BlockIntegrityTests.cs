@@ -57,7 +57,7 @@ public sealed unsafe class BlockIntegrityTests
         AssertNoDamage(violations, images);
     }
 
-    [SkippableFact]
+    [Fact]
     public void Reclaim_ReusingABlockBeforeItsFreeIsDurable_IsCaughtAsDamage()
     {
         // The control: a reused block's new bytes can reach the file under its old seal, which recovery must report.
@@ -134,7 +134,7 @@ public sealed unsafe class BlockIntegrityTests
         AssertNoDamage(violations, images);
     }
 
-    [SkippableFact]
+    [Fact]
     public void Reclaim_ReusingAnAntiPayloadBeforeItsFreeIsDurable_IsCaughtAsDamage()
     {
         // The control of the eager free path (anti-payloads are freed eagerly, not deferred): the broken variant hands
@@ -208,7 +208,7 @@ public sealed unsafe class BlockIntegrityTests
         AssertNoDamage(violations, images);
     }
 
-    [SkippableFact]
+    [Fact]
     public void Sweep_OnAWriterThreadHandingBlocksOutBeforeTheirFreesAreDurable_IsCaughtAsDamage()
     {
         // The control: a sweep that hands its blocks out before the fence lets the other writer's new payloads reach
@@ -335,7 +335,7 @@ public sealed unsafe class BlockIntegrityTests
     /// <summary>A crash enumeration of a broken control: some image refused as damaged, else the control is reported inconclusive (skipped).</summary>
     private static void AssertDamageCaught(List<string> violations, int images, string detail = "")
     {
-        Skip.If(violations.Count == 0, $"inconclusive: none of {images} crash images of the broken control{detail} showed damage");
+        Assert.SkipWhen(violations.Count == 0, $"inconclusive: none of {images} crash images of the broken control{detail} showed damage");
         Assert.Contains("damaged", violations[0], StringComparison.Ordinal);
     }
 

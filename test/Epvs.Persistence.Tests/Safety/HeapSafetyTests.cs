@@ -4,7 +4,6 @@ using System.Diagnostics;
 using System.IO;
 using System.Threading;
 using Xunit;
-using Xunit.Abstractions;
 
 namespace Epvs.Persistence.Tests;
 
@@ -30,7 +29,7 @@ public sealed class HeapSafetyTests
         Assert.True(code == SafetyChild.Survived, $"exit {code}: {output}");
     }
 
-    [SkippableFact]
+    [Fact]
     public void RawHeap_DisposeWhileThreadsAreCalling_NeverCrashes()
     {
         using var dir = new TempDirectory();
@@ -46,10 +45,10 @@ public sealed class HeapSafetyTests
             _output.WriteLine($"control (Dispose without waiting for calls in flight), try {attempt + 1}: exit {controlCode}");
         }
 
-        Skip.If(controlCode == SafetyChild.Survived, $"inconclusive: the control (unmapping under the callers) did not crash this run: {controlOutput}");
+        Assert.SkipWhen(controlCode == SafetyChild.Survived, $"inconclusive: the control (unmapping under the callers) did not crash this run: {controlOutput}");
     }
 
-    [SkippableFact]
+    [Fact]
     public void BufferedHeap_DisposeWhileAThreadIsInsideAnOperation_TimesOutWithoutCrashingAndReleasesTheLock()
     {
         using var dir = new TempDirectory();
@@ -58,11 +57,11 @@ public sealed class HeapSafetyTests
 
         (int controlCode, string controlOutput) = TestProgram.RunChild(NoEnvironment, SafetyChild.Role, "durable-dispose-during-operation", dir.File("b.heap"), "control");
         _output.WriteLine($"control (Dispose unmapping under the operation): exit {controlCode}");
-        Skip.If(controlCode == SafetyChild.Survived, $"inconclusive: the control did not crash this run: {controlOutput}");
+        Assert.SkipWhen(controlCode == SafetyChild.Survived, $"inconclusive: the control did not crash this run: {controlOutput}");
         Assert.NotEqual(SafetyChild.Survived, controlCode);
     }
 
-    [SkippableFact]
+    [Fact]
     public void BufferedHeap_AllocationsInsideAnOperationThatOutlivesDispose_DoNotCrash()
     {
         using var dir = new TempDirectory();
@@ -71,11 +70,11 @@ public sealed class HeapSafetyTests
 
         (int controlCode, string controlOutput) = TestProgram.RunChild(NoEnvironment, SafetyChild.Role, "durable-allocate-after-dispose", dir.File("b.heap"), "control");
         _output.WriteLine($"control (Dispose unmapping under the operation's allocations): exit {controlCode}");
-        Skip.If(controlCode == SafetyChild.Survived, $"inconclusive: the control did not crash this run: {controlOutput}");
+        Assert.SkipWhen(controlCode == SafetyChild.Survived, $"inconclusive: the control did not crash this run: {controlOutput}");
         Assert.NotEqual(SafetyChild.Survived, controlCode);
     }
 
-    [SkippableFact]
+    [Fact]
     public void Open_SparseCopyOnAFullFileSystem_ReportsInsufficientSpaceInsteadOfSigbus()
     {
         using var dir = new TempDirectory();
@@ -87,7 +86,7 @@ public sealed class HeapSafetyTests
 
         string mount = Path.Combine(dir.Path, "small");
         Directory.CreateDirectory(mount);
-        Skip.IfNot(Run("mount", "-t", "tmpfs", "-o", "size=1m", "tmpfs", mount), "needs root and mount(8) for a 1 MiB tmpfs (a full file system)");
+        Assert.SkipUnless(Run("mount", "-t", "tmpfs", "-o", "size=1m", "tmpfs", mount), "needs root and mount(8) for a 1 MiB tmpfs (a full file system)");
         try
         {
             foreach (string name in new[] { "a.heap", "b.heap" })
@@ -102,7 +101,7 @@ public sealed class HeapSafetyTests
 
             (int controlCode, string controlOutput) = TestProgram.RunChild(NoEnvironment, SafetyChild.Role, "open-sparse-on-full-disk", Path.Combine(mount, "b.heap"), "control");
             _output.WriteLine($"control (no preallocation at open): exit {controlCode}");
-            Skip.If(controlCode == SafetyChild.Survived, $"inconclusive: the control did not fail: {controlOutput}");
+            Assert.SkipWhen(controlCode == SafetyChild.Survived, $"inconclusive: the control did not fail: {controlOutput}");
             Assert.NotEqual(SafetyChild.Survived, controlCode);
         }
         finally
@@ -111,7 +110,7 @@ public sealed class HeapSafetyTests
         }
     }
 
-    [SkippableFact]
+    [Fact]
     public void Open_OnAReadOnlyMount_ReportsReadOnlyNotAlreadyOpen()
     {
         using var dir = new TempDirectory();
@@ -120,7 +119,7 @@ public sealed class HeapSafetyTests
         Directory.CreateDirectory(inner);
         Directory.CreateDirectory(view);
         PersistentHeap.Create(Path.Combine(inner, "a.heap"), new HeapFileOptions { Size = 1L << 20 }).Dispose();
-        Skip.IfNot(Run("mount", "--bind", "-o", "ro", inner, view), "needs root and mount(8) for a read-only bind mount");
+        Assert.SkipUnless(Run("mount", "--bind", "-o", "ro", inner, view), "needs root and mount(8) for a read-only bind mount");
         try
         {
             HeapFileException e = Assert.Throws<HeapFileException>(() => PersistentHeap.Open(Path.Combine(view, "a.heap")));
@@ -287,7 +286,7 @@ public sealed class HeapSafetyTests
         using BufferedDurableHeap heap = BufferedDurableHeap.Create(path, new HeapFileOptions { Size = 1L << 20 });
     }
 
-    [SkippableTheory]
+    [Theory]
     [InlineData("superblock")]
     [InlineData("descriptors")]
     [InlineData("blocks")]
@@ -302,7 +301,7 @@ public sealed class HeapSafetyTests
         using var controlDir = new TempDirectory();
         (int controlCode, string controlOutput) = TestProgram.RunChild(NoEnvironment, BitFlipSweep.Role, controlDir.Path, region, "control");
         _output.WriteLine($"control (seals ignored): exit {controlCode}: {controlOutput}");
-        Skip.If(controlCode == SafetyChild.Survived, "inconclusive: with the seals ignored no flip was silently wrong, so the sweep proves nothing");
+        Assert.SkipWhen(controlCode == SafetyChild.Survived, "inconclusive: with the seals ignored no flip was silently wrong, so the sweep proves nothing");
     }
 
     [Fact]

@@ -8,7 +8,6 @@ using System.Threading;
 using Epvs.Samples.CprCheckpoint;
 using Epvs.Samples.Tests.Infrastructure;
 using Xunit;
-using Xunit.Abstractions;
 
 namespace Epvs.Samples.Tests.CprCheckpoint;
 

@@ -1,7 +1,6 @@
 using System;
 using Epvs.Samples.OwnershipMap;
 using Xunit;
-using Xunit.Abstractions;
 
 namespace Epvs.Samples.Tests.OwnershipMap;
 

@@ -3,7 +3,6 @@ using System.Threading;
 using Epvs.Samples.ResizableArray;
 using Epvs.Samples.Tests.Infrastructure;
 using Xunit;
-using Xunit.Abstractions;
 
 namespace Epvs.Samples.Tests.ResizableArray;
 

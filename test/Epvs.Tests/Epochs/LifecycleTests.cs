@@ -3,7 +3,6 @@ using System.Collections.Generic;
 using System.Runtime.CompilerServices;
 using System.Threading;
 using Xunit;
-using Xunit.Abstractions;
 
 namespace Epvs.Tests;
 
@@ -37,7 +36,7 @@ public class LifecycleTests
         return ran;
     }
 
-    [SkippableFact]
+    [Fact]
     public void DeepNestingOnOneEpoch_NeverStrandsAnotherEpochsAction()
     {
         bool controlRan;
@@ -55,7 +54,7 @@ public class LifecycleTests
         output.WriteLine($"control (depth shared across instances): B's action ran inline = {controlRan}");
         for (int n = 12; n <= 20; n++)
             Assert.True(NestedOnA_ActionOnBRuns(n), $"nesting {n}: B's action stayed pending with nobody protected on B");
-        Skip.If(controlRan, "inconclusive: the control (shared drain depth) ran B's action anyway");
+        Assert.SkipWhen(controlRan, "inconclusive: the control (shared drain depth) ran B's action anyway");
     }
 
     /// <summary>While a Dispose is Closing (it found a protected thread, not yet reverted), a registration must not
@@ -100,7 +99,7 @@ public class LifecycleTests
         }
     }
 
-    [SkippableFact]
+    [Fact]
     public void DisposeThatCannotComplete_ChangesNothingObservable()
     {
         (bool RanEarly, bool Threw, bool DisposeRefused) control;
@@ -117,7 +116,7 @@ public class LifecycleTests
         Assert.True(real.DisposeRefused);
         Assert.False(real.RanEarly, "a held action ran while a protected thread held its epoch back");
         Assert.False(real.Threw, "Resume/Bump threw ObjectDisposedException on an epoch that stays live");
-        Skip.If(!control.RanEarly && !control.Threw, "inconclusive: the control (legacy Dispose) was not caught");
+        Assert.SkipWhen(!control.RanEarly && !control.Threw, "inconclusive: the control (legacy Dispose) was not caught");
     }
     [MethodImpl(MethodImplOptions.NoInlining)]
     private static void ConstructWithBadArgument() => Assert.Throws<ArgumentOutOfRangeException>(() => new LightEpoch(0));

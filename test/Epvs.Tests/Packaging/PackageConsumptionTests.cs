@@ -4,7 +4,6 @@ using System.IO;
 using System.IO.Compression;
 using System.Linq;
 using Xunit;
-using Xunit.Abstractions;
 
 namespace Epvs.Tests;
 

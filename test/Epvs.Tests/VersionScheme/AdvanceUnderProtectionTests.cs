@@ -1,6 +1,5 @@
 using System.Threading;
 using Xunit;
-using Xunit.Abstractions;
 
 namespace Epvs.Tests;
 
