@@ -22,6 +22,14 @@ public abstract unsafe class PersistenceDomain : IDisposable
 {
     private long _length;
     private int _disposed;
+    private readonly object _userGate = new();
+
+    /// <summary>The heap file using the domain (one at a time; see <see cref="Claim"/>), and its Dispose.</summary>
+    private object? _user;
+    private Action? _closeUser;
+
+    /// <summary>Set under the gate by the public Dispose: no file may claim the domain any more.</summary>
+    private bool _closing;
 
     /// <summary>Initializes the domain over mapped memory.</summary>
     /// <param name="baseAddress">Start of the mapping.</param>
@@ -158,9 +166,79 @@ public abstract unsafe class PersistenceDomain : IDisposable
     {
     }
 
-    /// <summary>Unmaps the memory. Stores not persisted before are durable only as the kind of domain allows.</summary>
+    /// <summary>
+    /// Claims the domain for the heap file <paramref name="user"/>: one heap file at a time. The public
+    /// <see cref="Dispose()"/> then closes the file first with <paramref name="closeUser"/> (which refuses while a heap
+    /// uses the file, and waits for the file's calls in flight), so the mapping is never unmapped under its calls.
+    /// </summary>
+    /// <exception cref="InvalidOperationException">Another heap file uses the domain.</exception>
+    /// <exception cref="ObjectDisposedException">The domain was disposed.</exception>
+    internal void Claim(object user, Action closeUser)
+    {
+        lock (_userGate)
+        {
+            if (_closing || IsDisposed)
+            {
+                ThrowHelper.ThrowObjectDisposed(this);
+            }
+
+            ThrowIfClaimed();
+            _user = user;
+            _closeUser = closeUser;
+        }
+    }
+
+    /// <summary>Gives up the claim of <paramref name="user"/> (the heap file closed, its calls drained).</summary>
+    internal void Release(object user)
+    {
+        lock (_userGate)
+        {
+            if (ReferenceEquals(_user, user))
+            {
+                _user = null;
+                _closeUser = null;
+            }
+        }
+    }
+
+    /// <summary>Throws if a heap file uses the domain (checked before formatting or validating a caller's domain).</summary>
+    /// <exception cref="InvalidOperationException">Another heap file uses the domain.</exception>
+    internal void ThrowIfClaimed()
+    {
+        // Volatile.Read: a fresh look outside the gate too (Claim checks again under it).
+        if (Volatile.Read(ref _user) is not null)
+        {
+            ThrowHelper.ThrowInvalidOperation("This persistence domain is already used by a HeapFile: one heap file at a time (two would format and allocate over each other). Dispose that HeapFile first.");
+        }
+    }
+
+    /// <summary>
+    /// Unmaps the memory. Stores not persisted before are durable only as the kind of domain allows. A
+    /// <see cref="HeapFile"/> on the domain is disposed first (it waits for its calls in flight).
+    /// </summary>
+    /// <exception cref="InvalidOperationException">A heap still uses the heap file on this domain (dispose the heap
+    /// first), or the file's calls did not drain; nothing is unmapped.</exception>
     public void Dispose()
     {
+        Action? closeUser;
+        lock (_userGate)
+        {
+            closeUser = IsDisposed ? null : _closeUser;
+        }
+
+        // Outside the gate: the file's Dispose releases its claim (under the gate) when its calls have drained, and
+        // throws, leaving everything as it was, while a heap uses it.
+        closeUser?.Invoke();
+        lock (_userGate)
+        {
+            if (_user is not null && !IsDisposed)
+            {
+                ThrowHelper.ThrowInvalidOperation("This persistence domain's heap file still has calls in flight on the mapping (they did not return within its Dispose's wait): the domain stays mapped under them.");
+            }
+
+            _closing = true;
+        }
+
         // Interlocked.Exchange: full fence; exactly one caller runs the release.
         if (Interlocked.Exchange(ref _disposed, 1) == 0)
         {

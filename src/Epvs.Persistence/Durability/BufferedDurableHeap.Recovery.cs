@@ -100,7 +100,8 @@ public sealed unsafe partial class BufferedDurableHeap
         }
         catch
         {
-            heap.Dispose();
+            // (The internal Dispose: the public one refuses for a buffered heap's allocator.)
+            heap.Dispose(operationsDrained: true);
             throw;
         }
 

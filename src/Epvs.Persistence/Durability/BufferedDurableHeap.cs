@@ -1,5 +1,6 @@
 using System;
 using System.Collections.Generic;
+using System.Diagnostics.CodeAnalysis;
 using System.Runtime.CompilerServices;
 using System.Threading;
 using Epvs;
@@ -160,6 +161,10 @@ public sealed unsafe partial class BufferedDurableHeap : IDisposable
     /// </summary>
     /// <returns>The operation.</returns>
     /// <exception cref="ObjectDisposedException">The heap has been disposed.</exception>
+    /// <exception cref="InvalidOperationException">An advance cycle failed earlier (a write-back error, a double
+    /// delete, the version scheme disposed under the heap): nothing more can become durable in this heap, so no
+    /// operation begins any more rather than complete without ever being durable. Dispose the heap and reopen the
+    /// file: recovery keeps every version up to <see cref="DurableFrontier"/>.</exception>
     [MethodImpl(MethodImplOptions.AggressiveInlining)]
     public DurableOperation BeginOperation()
     {
@@ -172,11 +177,13 @@ public sealed unsafe partial class BufferedDurableHeap : IDisposable
         VersionSchemeState state = _scheme.Enter();
 
         // Volatile.Read: acquire; pairs with the exchange in Dispose. Enter announced with a full fence first, so
-        // either this operation sees the flag and backs out, or Dispose's wait for operations sees this one.
-        if (Volatile.Read(ref _disposed) != 0)
+        // either this operation sees the flag and backs out, or Dispose's wait for operations sees this one. (A failed
+        // cycle is recorded under the cycle gate; an operation that began just before it is reported by Sync and
+        // Dispose, which fail from then on too.)
+        if (Volatile.Read(ref _disposed) != 0 || _advancerFault is not null)
         {
             _scheme.Leave();
-            ThrowHelper.ThrowObjectDisposed(this);
+            ThrowNotBegun();
         }
 
         // Volatile.Read: acquire; the base is written once in the constructor before any operation can begin.
@@ -227,8 +234,14 @@ public sealed unsafe partial class BufferedDurableHeap : IDisposable
     /// stays inside an operation past <see cref="BufferedDurableHeapOptions.SyncTimeout"/>, the heap is closed without
     /// a clean-shutdown mark and without unmapping under that thread: the mapping is replaced with private anonymous
     /// memory (Linux; elsewhere it is kept mapped), so the straggler can neither crash nor write to the file, and the
-    /// file lock is released; then <see cref="TimeoutException"/> is thrown.</remarks>
+    /// file lock is released; then <see cref="TimeoutException"/> is thrown. If the last advance fails, or an advance
+    /// cycle failed earlier, the heap and file are closed all the same, without a clean-shutdown mark, and
+    /// <see cref="InvalidOperationException"/> says what was not made durable. Either way the file lock is released.</remarks>
     /// <exception cref="TimeoutException">A thread is still inside an operation, so the last advance could not run within <see cref="BufferedDurableHeapOptions.SyncTimeout"/>; the heap is closed anyway and recovery keeps the frontier prefix.</exception>
+    /// <exception cref="InvalidOperationException">The last advance failed or could not run (an advance cycle failed
+    /// earlier, see <see cref="BeginOperation"/>; or Dispose was called inside an operation): operations after
+    /// <see cref="DurableFrontier"/> are not durable. The heap is closed anyway, without a clean-shutdown mark;
+    /// recovery keeps the frontier prefix.</exception>
     public void Dispose()
     {
         // Interlocked.Exchange: full fence; exactly one caller disposes.
@@ -287,26 +300,79 @@ public sealed unsafe partial class BufferedDurableHeap : IDisposable
                 failure ??= new TimeoutException($"BufferedDurableHeap.Dispose: a thread stayed inside an operation for {_syncTimeout.TotalSeconds:0.#} s; the heap was closed without unmapping under it (see the remarks of Dispose).");
             }
 
-            if (!machineInFlight && drained)
+            if (failure is not null)
             {
-                _scheme.Dispose();
+                // Whatever was not made durable is not there after the next open: that open must not be told the
+                // previous one shut down cleanly (nor may a caller-owned file say so when its owner disposes it).
+                _heap.File.ForgoCleanShutdown();
             }
 
-            if (drained)
+            try
             {
-                _local.Dispose();
-            }
+                if (!machineInFlight && drained)
+                {
+                    DisposeScheme();
+                }
 
-            _heap.Dispose(drained);
-            if (_ownsFile)
+                if (drained)
+                {
+                    _local.Dispose();
+                }
+            }
+            finally
             {
-                _heap.File.Dispose(drained);
+                // The file is closed and its lock released whatever happened above.
+                try
+                {
+                    _heap.Dispose(drained);
+                }
+                finally
+                {
+                    if (_ownsFile)
+                    {
+                        _heap.File.Dispose(drained);
+                    }
+                }
             }
         }
 
         if (failure is TimeoutException)
         {
             throw failure;
+        }
+
+        if (failure is not null)
+        {
+            throw new InvalidOperationException($"BufferedDurableHeap.Dispose: the heap is closed, but operations after version {DurableFrontier} were not made durable: {failure.Message} (The file has no clean-shutdown mark; a reopen recovers up to that version.)", failure);
+        }
+    }
+
+    /// <summary>
+    /// Disposes the version scheme once the operations have drained. A thread that begins an operation after the wait
+    /// for operations sees the disposed flag and leaves at once, without touching the mapping; while it is still
+    /// inside the scheme refuses to be disposed, so retry (briefly) instead of failing the whole Dispose. If the scheme
+    /// still refuses (a thread holds the public <see cref="VersionScheme"/> itself), it is left to the collector; the
+    /// file is closed regardless.
+    /// </summary>
+    private void DisposeScheme()
+    {
+        long deadline = Deadline(TimeSpan.FromSeconds(Math.Min(30, _syncTimeout == Timeout.InfiniteTimeSpan ? 30 : _syncTimeout.TotalSeconds)));
+        var spinner = new SpinWait();
+        while (true)
+        {
+            try
+            {
+                _scheme.Dispose();
+                return;
+            }
+            catch (InvalidOperationException) when (Remaining(deadline) > TimeSpan.Zero)
+            {
+                spinner.SpinOnce();
+            }
+            catch (InvalidOperationException)
+            {
+                return;
+            }
         }
     }
 
@@ -550,6 +616,15 @@ public sealed unsafe partial class BufferedDurableHeap : IDisposable
         }
 
         return buffers;
+    }
+
+    [DoesNotReturn]
+    [MethodImpl(MethodImplOptions.NoInlining)]
+    private void ThrowNotBegun()
+    {
+        ThrowIfDisposed();
+        Exception fault = _advancerFault!;
+        throw new InvalidOperationException($"No operation begins on this heap any more: an advance cycle failed, so nothing more can become durable (DurableFrontier stays at {DurableFrontier}; dispose the heap and reopen the file to recover up to it): {fault.Message}", fault);
     }
 
     private void ThrowIfDisposed()

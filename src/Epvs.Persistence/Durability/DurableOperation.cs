@@ -61,7 +61,7 @@ public ref struct DurableOperation
     /// <exception cref="InvalidOperationException">The operation has ended, or <paramref name="current"/> is not allocated.</exception>
     public readonly PayloadRef Replace(PayloadRef current, int newSize)
     {
-        BufferedDurableHeap heap = Heap;
+        BufferedDurableHeap heap = InsideHeap;
         PayloadHeader header = heap.Allocator.GetHeader(current);
         bool inPlaceFault = (heap.Faults & DurabilityFaults.UpdateOlderVersionInPlace) != 0;
         if (header.Size == newSize && (header.EpochTag == Version || heap.Mode == DurabilityMode.Transient || inPlaceFault))
@@ -161,7 +161,7 @@ public ref struct DurableOperation
     /// <exception cref="InvalidOperationException">The operation has ended, or <paramref name="current"/> is not allocated.</exception>
     public readonly void Delete(PayloadRef current)
     {
-        BufferedDurableHeap heap = Heap;
+        BufferedDurableHeap heap = InsideHeap;
         int slot = ThreadBuffers.Slot(Version);
         if (heap.Mode != DurabilityMode.Transient)
         {
@@ -178,7 +178,7 @@ public ref struct DurableOperation
     /// <param name="block">An allocated payload.</param>
     /// <returns>The payload bytes.</returns>
     /// <exception cref="InvalidOperationException">The operation has ended, or <paramref name="block"/> is not allocated.</exception>
-    public readonly Span<byte> GetPayload(PayloadRef block) => Heap.Allocator.GetPayload(block);
+    public readonly Span<byte> GetPayload(PayloadRef block) => InsideHeap.Allocator.GetPayload(block);
 
     /// <summary>
     /// Ends the operation: in <see cref="DurabilityMode.Strict"/> writes back and fences its payloads first, then
@@ -202,9 +202,10 @@ public ref struct DurableOperation
         _buffers!.AllocatorCache ??= heap.Allocator.CurrentThreadCache;
 
     /// <summary>
-    /// <see cref="Heap"/>, for the calls that write into the mapping without the heap file's own epoch (allocation):
-    /// they are safe only inside an operation, which Dispose waits for. A copy of this ref struct used after the
-    /// original was disposed is not inside one, and throws instead of writing into a heap that may be unmapped.
+    /// <see cref="Heap"/>, for the calls that touch the mapping without the heap file's own epoch (allocation, replace,
+    /// delete, payload spans): they are safe only inside an operation, which Dispose waits for. A copy of this ref
+    /// struct used after the original was disposed is not inside one, and throws instead of writing into a version
+    /// that may already be durable, or into a heap that may be unmapped.
     /// </summary>
     private readonly BufferedDurableHeap InsideHeap
     {

@@ -38,8 +38,24 @@ public sealed unsafe class HeapFile : IDisposable
     private readonly LightEpoch _operations = new();
     private int _disposed;
 
+    private readonly object _userGate = new();
+
+    /// <summary>The heap on this file (one at a time; see <see cref="AttachHeap"/>).</summary>
+    private object? _heap;
+
+    /// <summary>Set under the gate by the public Dispose: no heap may attach any more.</summary>
+    private bool _closing;
+
+    /// <summary>A heap detached with threads still inside its operations: never unmap (quarantine instead).</summary>
+    private bool _heapLeftOperations;
+
+    /// <summary>Set when an owner knows that what it wrote was not all made durable: Dispose leaves no clean-shutdown mark.</summary>
+    private volatile bool _forgoCleanShutdown;
+
     private HeapFile(PersistenceDomain domain, FileStream? lockedFile, bool ownsDomain, string? path, bool wasClean)
     {
+        // First: a domain is used by one heap file at a time, and refuses its public Dispose while this one uses it.
+        domain.Claim(this, Dispose);
         Domain = domain;
         _lockedFile = lockedFile;
         _ownsDomain = ownsDomain;
@@ -101,11 +117,13 @@ public sealed unsafe class HeapFile : IDisposable
     /// <param name="options">Size, maximum size and persistence domain; null for the defaults.</param>
     /// <returns>The open heap file, holding its exclusive lock.</returns>
     /// <exception cref="HeapFileException">The path exists, its directory is read-only, the disk lacks space, or the requested domain is unavailable.</exception>
-    /// <exception cref="ArgumentOutOfRangeException">The size is too small for one segment, or above the maximum size, or an option is not a value of its enum.</exception>
+    /// <exception cref="DirectoryNotFoundException">The file's directory does not exist.</exception>
+    /// <exception cref="ArgumentOutOfRangeException">The size is too small for one segment, or above the maximum size (a maximum size other than 0 below the size, or negative), or an option is not a value of its enum.</exception>
     public static HeapFile Create(string path, HeapFileOptions? options = null)
     {
         options ??= new HeapFileOptions();
         string fullPath = System.IO.Path.GetFullPath(path);
+        CheckMaxSize(options.MaxSize, options.Size);
         long maxSize = options.MaxSize != 0 ? options.MaxSize : options.Size > long.MaxValue / 16 ? long.MaxValue : options.Size * 16;
         (long maxSegments, long dataStart, long segments) = Geometry(options.Size, maxSize);
         long heapSize = dataStart + (segments * HeapLayout.SegmentSize);
@@ -116,6 +134,11 @@ public sealed unsafe class HeapFile : IDisposable
         }
 
         string directory = System.IO.Path.GetDirectoryName(fullPath)!;
+        if (!Directory.Exists(directory))
+        {
+            throw new DirectoryNotFoundException($"Cannot create heap file '{fullPath}': the directory '{directory}' does not exist.");
+        }
+
         long available = new DriveInfo(directory).AvailableFreeSpace;
         if (available < heapSize)
         {
@@ -223,10 +246,13 @@ public sealed unsafe class HeapFile : IDisposable
     /// <param name="domain">The domain; not disposed by the heap file.</param>
     /// <param name="maxSize">The largest size the heap may grow to; 0 means the domain's capacity.</param>
     /// <returns>The heap file.</returns>
-    /// <exception cref="ArgumentOutOfRangeException">The domain is too small for one segment.</exception>
+    /// <exception cref="ArgumentOutOfRangeException">The domain is too small for one segment, or <paramref name="maxSize"/> is negative or (other than 0) below the domain's length.</exception>
+    /// <exception cref="InvalidOperationException">Another heap file uses the domain.</exception>
     public static HeapFile Create(PersistenceDomain domain, long maxSize = 0)
     {
         ArgumentNullException.ThrowIfNull(domain);
+        domain.ThrowIfClaimed();
+        CheckMaxSize(maxSize, domain.Length);
         (long maxSegments, long dataStart, long segments) = Geometry(domain.Length, maxSize != 0 ? maxSize : domain.Capacity);
         Format(domain, dataStart + (segments * HeapLayout.SegmentSize), maxSegments, dataStart);
         return new HeapFile(domain, null, ownsDomain: false, null, wasClean: true);
@@ -236,9 +262,11 @@ public sealed unsafe class HeapFile : IDisposable
     /// <param name="domain">The domain; not disposed by the heap file.</param>
     /// <returns>The heap file.</returns>
     /// <exception cref="HeapFileException">The domain does not hold a valid heap; it is unchanged.</exception>
+    /// <exception cref="InvalidOperationException">Another heap file uses the domain.</exception>
     public static HeapFile Open(PersistenceDomain domain)
     {
         ArgumentNullException.ThrowIfNull(domain);
+        domain.ThrowIfClaimed();
         ReadOnlySpan<byte> superblock = domain.Length >= HeapLayout.SuperblockSize ? domain.GetSpan(0, HeapLayout.SuperblockSize) : default;
         Validate(superblock, domain.Length, $"<{domain.Kind} domain>", HeapLayout.KindUnclaimed);
         return Attach(domain, null, ownsDomain: false, null);
@@ -278,7 +306,66 @@ public sealed unsafe class HeapFile : IDisposable
     /// anonymous memory (Linux), so the stragglers neither crash nor write to the file, and releases the lock; the
     /// address range stays reserved. Spans and addresses obtained from the heap must not be used after Dispose.
     /// </remarks>
-    public void Dispose() => Dispose(operationsDrained: true);
+    /// <exception cref="InvalidOperationException">A heap (<see cref="PersistentHeap"/> or <see cref="BufferedDurableHeap"/>)
+    /// still uses the file: dispose the heap first (it knows the calls in flight on the mapping; the file does not).
+    /// Nothing is disposed.</exception>
+    public void Dispose()
+    {
+        bool drained;
+        lock (_userGate)
+        {
+            if (_heap is not null && Volatile.Read(ref _disposed) == 0)
+            {
+                ThrowHelper.ThrowInvalidOperation("This heap file is still used by a heap, whose operations may be in flight on the mapping: dispose the heap first (a heap that opened the file itself disposes it too).");
+            }
+
+            _closing = true;
+            drained = !_heapLeftOperations;
+        }
+
+        Dispose(operationsDrained: drained);
+    }
+
+    /// <summary>
+    /// Attaches <paramref name="heap"/>: a file holds one heap at a time (two would hand out the same blocks), and its
+    /// public <see cref="Dispose()"/> refuses until the heap detaches.
+    /// </summary>
+    /// <exception cref="InvalidOperationException">Another heap uses the file.</exception>
+    /// <exception cref="ObjectDisposedException">The file was disposed.</exception>
+    internal void AttachHeap(object heap)
+    {
+        lock (_userGate)
+        {
+            // Volatile.Read: the flag is set outside the gate by the internal Dispose.
+            if (_closing || Volatile.Read(ref _disposed) != 0)
+            {
+                ThrowHelper.ThrowObjectDisposed(this);
+            }
+
+            if (_heap is not null)
+            {
+                ThrowHelper.ThrowInvalidOperation("This heap file is already used by another heap: a file holds one heap at a time (two would hand out the same blocks and overwrite each other's payloads). Dispose that heap first.");
+            }
+
+            _heap = heap;
+        }
+    }
+
+    /// <summary>Detaches <paramref name="heap"/>; <paramref name="operationsDrained"/> false makes a later Dispose quarantine the mapping instead of unmapping it.</summary>
+    internal void DetachHeap(object heap, bool operationsDrained)
+    {
+        lock (_userGate)
+        {
+            if (ReferenceEquals(_heap, heap))
+            {
+                _heap = null;
+                _heapLeftOperations |= !operationsDrained;
+            }
+        }
+    }
+
+    /// <summary>Dispose will not mark the shutdown clean: the owner could not make everything it wrote durable.</summary>
+    internal void ForgoCleanShutdown() => _forgoCleanShutdown = true;
 
     /// <summary>The in-flight wait of <see cref="Dispose()"/>.</summary>
     internal static TimeSpan DisposeWait { get; set; } = TimeSpan.FromSeconds(30);
@@ -299,7 +386,7 @@ public sealed unsafe class HeapFile : IDisposable
         bool drained = operationsDrained && (HeapFileTestHooks.SkipOperationWait || (!_operations.ThisInstanceProtected() && WaitForOperations(DisposeWait)));
         try
         {
-            if (drained && !Domain.IsDisposed)
+            if (drained && !Domain.IsDisposed && !_forgoCleanShutdown)
             {
                 // Through a shared mapping (msync writes dirty pages only) or on pmem, also whatever a caller stored and
                 // never wrote back. A private mapping would copy every byte of the heap: there only what was written
@@ -314,6 +401,12 @@ public sealed unsafe class HeapFile : IDisposable
         }
         finally
         {
+            if (drained)
+            {
+                // A caller's domain stays claimed if calls may still be in flight, so its Dispose keeps refusing.
+                Domain.Release(this);
+            }
+
             if (_ownsDomain)
             {
                 if (drained)
@@ -486,6 +579,15 @@ public sealed unsafe class HeapFile : IDisposable
         Volatile.Write(ref *clean, HeapLayout.Seal(0, HeapLayout.CleanShutdownOffset));
         domain.Persist(HeapLayout.CleanShutdownOffset, sizeof(ulong));
         return new HeapFile(domain, stream, ownsDomain, path, wasClean);
+    }
+
+    /// <summary>A maximum size is 0 (the default) or at least the size: never clamped silently.</summary>
+    private static void CheckMaxSize(long maxSize, long size)
+    {
+        if (maxSize < 0 || (maxSize != 0 && maxSize < size))
+        {
+            ThrowHelper.ThrowArgumentOutOfRange(nameof(HeapFileOptions.MaxSize), $"The maximum size ({maxSize} bytes) must be 0 (the default) or at least the size ({size} bytes).");
+        }
     }
 
     private static (long MaxSegments, long DataStart, long Segments) Geometry(long size, long maxSize)

@@ -39,6 +39,9 @@ public sealed unsafe partial class PersistentHeap : IDisposable
     private readonly ulong* _table;
     private readonly long _dataStart;
     private readonly HeapFaults _faults;
+
+    /// <summary>Which heap kind uses this allocator: a <see cref="BufferedDurableHeap"/>'s refuses the public Dispose.</summary>
+    private readonly long _ownerKind;
     private readonly ClassPool[] _pools;
     private readonly ThreadLocal<ThreadCache> _caches;
     private long _nextUid;
@@ -62,6 +65,7 @@ public sealed unsafe partial class PersistentHeap : IDisposable
         _table = (ulong*)(_base + HeapLayout.SuperblockSize);
         _dataStart = file.DataStart;
         _faults = options.Faults;
+        _ownerKind = options.OwnerKind;
         _pools = new ClassPool[SizeClasses.Count];
         for (int i = 0; i < _pools.Length; i++)
         {
@@ -71,9 +75,20 @@ public sealed unsafe partial class PersistentHeap : IDisposable
         _caches = new ThreadLocal<ThreadCache>(() => new ThreadCache(), trackAllValues: true);
         _segmentFree = new bool[file.SegmentCount];
 
-        // Before recovery writes anything: a file of the other heap kind is refused, a new one is claimed.
-        file.ClaimKind(options.OwnerKind);
-        RecoveryStatistics = Recover(options);
+        // One heap per file (two would hand out the same blocks); the file's public Dispose refuses until this one's.
+        file.AttachHeap(this);
+        try
+        {
+            // Before recovery writes anything: a file of the other heap kind is refused, a new one is claimed.
+            file.ClaimKind(options.OwnerKind);
+            RecoveryStatistics = Recover(options);
+        }
+        catch
+        {
+            file.DetachHeap(this, operationsDrained: true);
+            _caches.Dispose();
+            throw;
+        }
     }
 
     /// <summary>The heap file underneath: superblock words (roots, epoch clock) and the persistence domain.</summary>
@@ -571,7 +586,19 @@ public sealed unsafe partial class PersistentHeap : IDisposable
     /// described on <see cref="HeapFile.Dispose()"/>). Later calls throw <see cref="ObjectDisposedException"/>; payload
     /// spans and addresses must not be used after it.
     /// </summary>
-    public void Dispose() => Dispose(operationsDrained: true);
+    /// <exception cref="InvalidOperationException">This is the allocator of a <see cref="BufferedDurableHeap"/>
+    /// (<see cref="BufferedDurableHeap.Heap"/>): dispose that heap instead, which disposes the allocator after its last
+    /// advance. Nothing is disposed.</exception>
+    public void Dispose()
+    {
+        // Volatile.Read: a fresh look (a second call after the owner disposed this one does nothing, as documented).
+        if (_ownerKind == HeapLayout.KindBufferedDurable && Volatile.Read(ref _disposed) == 0)
+        {
+            ThrowHelper.ThrowInvalidOperation("This PersistentHeap is the allocator of a BufferedDurableHeap, whose operations and advancer use it: dispose the BufferedDurableHeap instead (it disposes the allocator after its last advance).");
+        }
+
+        Dispose(operationsDrained: true);
+    }
 
     internal void Dispose(bool operationsDrained)
     {
@@ -581,7 +608,9 @@ public sealed unsafe partial class PersistentHeap : IDisposable
             return;
         }
 
-        // The file first: it waits for the calls in flight, which use the caches.
+        // The file first: it waits for the calls in flight, which use the caches. A caller's file may then be disposed
+        // (or host another heap); with operations still in flight, its Dispose only quarantines the mapping.
+        _file.DetachHeap(this, operationsDrained);
         if (_ownsFile)
         {
             _file.Dispose(operationsDrained);

@@ -26,7 +26,7 @@ internal sealed unsafe class DurableMapCore<TKey>
     {
         ArgumentNullException.ThrowIfNull(heap);
         _heap = heap;
-        _typeId = StructureKind.Claim(heap, StructureKind.ByteMap, typeId);
+        _typeId = StructureKind.Claim(heap, StructureKind.ByteMap, typeId, KeySize);
         int shards = StructureRecovery.StripeCount();
         _shards = new Shard[shards];
         _mask = shards - 1;

@@ -33,7 +33,7 @@ public sealed unsafe class PersistentQueue<T>
     {
         ArgumentNullException.ThrowIfNull(heap);
         _heap = heap;
-        _typeId = StructureKind.Claim(heap, StructureKind.Queue, typeId);
+        _typeId = StructureKind.Claim(heap, StructureKind.Queue, typeId, keySize: 0);
         Rebuild(heap.TakeRecoveredPayloads(_typeId));
     }
 

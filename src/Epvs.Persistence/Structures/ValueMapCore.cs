@@ -37,7 +37,7 @@ internal sealed unsafe class ValueMapCore<TKey, TValue>
     {
         ArgumentNullException.ThrowIfNull(heap);
         _heap = heap;
-        _typeId = StructureKind.Claim(heap, StructureKind.HashMap, typeId);
+        _typeId = StructureKind.Claim(heap, StructureKind.HashMap, typeId, sizeof(TKey));
         IReadOnlyList<RecoveredPayload> payloads = heap.TakeRecoveredPayloads(_typeId);
         _tornReads = (heap.Faults & DurabilityFaults.TornIndexReads) != 0;
         _insertWithoutRecheck = (heap.Faults & DurabilityFaults.InsertWithoutRecheck) != 0;

@@ -253,7 +253,10 @@ public sealed class BackPressureTests
         using (heap.BeginOperation())
         {
             waiter = heap.SyncAsync();
-            heap.Dispose();
+
+            // Its last advance cannot run: Dispose closes the heap and says so.
+            InvalidOperationException disposal = Assert.Throws<InvalidOperationException>(heap.Dispose);
+            Assert.Contains("not made durable", disposal.Message, StringComparison.Ordinal);
         }
 
         Task first = await Task.WhenAny(waiter, Task.Delay(TimeSpan.FromSeconds(30)));

@@ -82,7 +82,7 @@ public sealed class BufferedDurableHeapTests
     public void AdvanceVersion_AfterACycleFailedPastItsTransition_RefusesInsteadOfMovingTheFrontierOverIt()
     {
         using var dir = new TempDirectory();
-        using BufferedDurableHeap heap = HeapWithReplacedKeys(dir.File("fault.heap"), keys: 8);
+        BufferedDurableHeap heap = HeapWithReplacedKeys(dir.File("fault.heap"), keys: 8);
 
         // A failure inside the cycle after its transition (the hook runs in reclamation: a stand-in for a failed
         // write-back) must stop every later cycle, whoever runs it.
@@ -101,6 +101,27 @@ public sealed class BufferedDurableHeapTests
         Assert.Contains("simulated write-back failure", refused.Message, StringComparison.Ordinal);
         Assert.Throws<InvalidOperationException>(() => heap.Sync());
         Assert.Equal(frontier, heap.DurableFrontier);
+        AssertDisposeReportsTheLoss(heap, dir.File("fault.heap"), cycleFailed: true);
+        Assert.Equal(frontier, heap.DurableFrontier);
+    }
+
+    /// <summary>
+    /// After a failed cycle, no operation begins (it could never become durable); Dispose says what was not made durable
+    /// instead of returning normally, and the file carries no clean-shutdown mark; a reopen recovers the frontier.
+    /// </summary>
+    private static void AssertDisposeReportsTheLoss(BufferedDurableHeap heap, string path, bool cycleFailed)
+    {
+        if (cycleFailed)
+        {
+            InvalidOperationException refused = Assert.Throws<InvalidOperationException>(() => heap.BeginOperation());
+            Assert.Contains("advance cycle failed", refused.Message, StringComparison.Ordinal);
+        }
+
+        InvalidOperationException disposal = Assert.Throws<InvalidOperationException>(heap.Dispose);
+        Assert.Contains("not made durable", disposal.Message, StringComparison.Ordinal);
+        using BufferedDurableHeap reopened = BufferedDurableHeap.Open(path, new HeapFileOptions { Domain = PersistenceDomainKind.MappedFile }, Manual);
+        Assert.False(reopened.Recovery.WasCleanShutdown);
+        Assert.Equal(heap.DurableFrontier, reopened.Recovery.RecoveredVersion);
     }
 
     [Fact]
@@ -176,7 +197,7 @@ public sealed class BufferedDurableHeapTests
         // memory with frees that may not be durable: a later anti-payload free could then bring a deleted key back
         // after a crash. Every later sweep, and so every later anti-payload free, must refuse.
         using var dir = new TempDirectory();
-        using BufferedDurableHeap heap = HeapWithReplacedKeys(dir.File("sweep.heap"), keys: 64);
+        BufferedDurableHeap heap = HeapWithReplacedKeys(dir.File("sweep.heap"), keys: 64);
 
         heap.Heap.AfterSweepMarkedForTesting = () => throw new System.IO.IOException("simulated write-back failure");
         Exception? first = Record.Exception(() =>
@@ -193,6 +214,8 @@ public sealed class BufferedDurableHeapTests
         heap.Heap.AfterSweepMarkedForTesting = null;
         System.IO.IOException later = Assert.Throws<System.IO.IOException>(() => heap.Heap.FlushPendingFrees());
         Assert.Contains("earlier sweep", later.Message, StringComparison.Ordinal);
+        // (The failed sweep was this thread's own call, not a cycle's: operations still begin until a cycle fails.)
+        AssertDisposeReportsTheLoss(heap, dir.File("sweep.heap"), cycleFailed: false);
     }
 
     [Fact]

@@ -28,6 +28,8 @@ internal static class SafetyChild
                 "durable-allocate-after-dispose" => DurableAllocateAfterDispose(path, control),
                 "open-sparse-on-full-disk" => OpenSparseOnFullDisk(path, control),
                 "open-buffered" => OpenBuffered(path),
+                "buffered-file-disposed-first" => BufferedFileDisposedFirst(path),
+                "domain-disposed-under-file" => DomainDisposedUnderFile(path),
                 _ => throw new ArgumentException($"unknown scenario {scenario}"),
             };
         }
@@ -295,6 +297,83 @@ internal static class SafetyChild
         {
             Console.Error.WriteLine("the heap filled up without touching a hole");
             return WrongOutcome;
+        }
+    }
+
+    /// <summary>
+    /// A buffered heap on a caller-owned file: disposing the file, the allocator or the domain under the running heap
+    /// is refused (before the fix the file unmapped under the heap's allocations: SIGSEGV on the next Set), and the
+    /// heap then goes on, closes and reopens with every entry.
+    /// </summary>
+    private static int BufferedFileDisposedFirst(string path)
+    {
+        HeapFile file = HeapFile.Create(path, new HeapFileOptions { Size = 4L << 20, Domain = PersistenceDomainKind.MappedFile });
+        var heap = BufferedDurableHeap.Open(file, new BufferedDurableHeapOptions { AdvancePeriod = TimeSpan.FromMilliseconds(5) });
+        var map = new PersistentHashMap<long, long>(heap, typeId: 1);
+        map.Set(-1, -1);
+        int wrong = Refused(file.Dispose, "HeapFile.Dispose") + Refused(heap.Heap.File.Dispose, "Heap.File.Dispose")
+            + Refused(heap.Heap.Dispose, "Heap.Dispose") + Refused(file.Domain.Dispose, "Domain.Dispose");
+        for (long k = 0; k < 10_000; k++)
+        {
+            map.Set(k, k);
+        }
+
+        heap.Dispose();
+        file.Dispose();
+        using BufferedDurableHeap reopened = BufferedDurableHeap.Open(path, new HeapFileOptions { Domain = PersistenceDomainKind.MappedFile });
+        long count = new PersistentHashMap<long, long>(reopened, typeId: 1).Count;
+        if (count != 10_001)
+        {
+            Console.Error.WriteLine($"reopened with {count} entries, not 10001");
+            wrong++;
+        }
+
+        return wrong == 0 ? Survived : WrongOutcome;
+    }
+
+    /// <summary>
+    /// Disposing the persistence domain under a heap file: refused while a heap uses the file (before the fix it
+    /// unmapped, and the next root read was a SIGSEGV); with no heap it closes the file first, whose calls then throw
+    /// ObjectDisposedException.
+    /// </summary>
+    private static int DomainDisposedUnderFile(string path)
+    {
+        int wrong = 0;
+        using (PersistentHeap raw = PersistentHeap.Create(path, new HeapFileOptions { Size = 4L << 20, Domain = PersistenceDomainKind.MappedFile }))
+        {
+            wrong += Refused(raw.File.Domain.Dispose, "raw heap's Domain.Dispose");
+            raw.File.SetRoot(0, 42);
+            wrong += raw.File.GetRoot(0) == 42 ? 0 : 1;
+        }
+
+        var domain = new SimulatedPersistenceDomain(4L << 20);
+        HeapFile file = HeapFile.Create(domain);
+        domain.Dispose();
+        try
+        {
+            file.GetRoot(0);
+            Console.Error.WriteLine("GetRoot returned after the domain was disposed");
+            wrong++;
+        }
+        catch (ObjectDisposedException)
+        {
+        }
+
+        return wrong == 0 ? Survived : WrongOutcome;
+    }
+
+    /// <summary>0 if <paramref name="dispose"/> throws InvalidOperationException (refused), else 1 (and says so).</summary>
+    private static int Refused(Action dispose, string what)
+    {
+        try
+        {
+            dispose();
+            Console.Error.WriteLine($"{what}: not refused under a running heap");
+            return 1;
+        }
+        catch (InvalidOperationException)
+        {
+            return 0;
         }
     }
 }

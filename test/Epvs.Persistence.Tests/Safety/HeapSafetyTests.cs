@@ -49,6 +49,22 @@ public sealed class HeapSafetyTests
     }
 
     [Fact]
+    public void BufferedHeap_OnACallersFile_RefusesTheFileAllocatorAndDomainDisposeWhileItRuns()
+    {
+        using var dir = new TempDirectory();
+        (int code, string output) = TestProgram.RunChild(NoEnvironment, SafetyChild.Role, "buffered-file-disposed-first", dir.File("a.heap"));
+        Assert.True(code == SafetyChild.Survived, $"exit {code}: {output}");
+    }
+
+    [Fact]
+    public void Domain_DisposedUnderAHeapFile_IsRefusedOrClosesTheFileFirst()
+    {
+        using var dir = new TempDirectory();
+        (int code, string output) = TestProgram.RunChild(NoEnvironment, SafetyChild.Role, "domain-disposed-under-file", dir.File("a.heap"));
+        Assert.True(code == SafetyChild.Survived, $"exit {code}: {output}");
+    }
+
+    [Fact]
     public void BufferedHeap_DisposeWhileAThreadIsInsideAnOperation_TimesOutWithoutCrashingAndReleasesTheLock()
     {
         using var dir = new TempDirectory();

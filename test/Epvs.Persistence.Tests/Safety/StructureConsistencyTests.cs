@@ -132,6 +132,37 @@ public sealed class StructureConsistencyTests
         }
     }
 
+    /// <summary>
+    /// Keys and values of other sizes that add up to the same payload size: only the total used to be checked, so an
+    /// 8-byte key read back as a 4-byte one (and the rest as value) without a word of warning.
+    /// </summary>
+    [Fact]
+    public void Reopen_WithAnotherKeySizeOfTheSamePayloadSize_IsRefused()
+    {
+        using var dir = new TempDirectory();
+        string path = dir.File("maps.heap");
+        using (BufferedDurableHeap heap = Create(path))
+        {
+            new PersistentHashMap<long, long>(heap, typeId: 1).Set(0x1111_2222_3333_4444, 0x5555_6666_7777_0001);
+            new PersistentByteMap<long>(heap, typeId: 2).Set(0x0102_0304_0506_0708, new byte[] { 9, 9 });
+        }
+
+        using (BufferedDurableHeap heap = BufferedDurableHeap.Open(path, null, NoAdvancer))
+        {
+            InvalidDataException map = Assert.Throws<InvalidDataException>(() => new PersistentHashMap<int, TwelveBytes>(heap, typeId: 1));
+            Assert.Contains("keys of 8 bytes", map.Message, StringComparison.Ordinal);
+            Assert.Contains("4 bytes", map.Message, StringComparison.Ordinal);
+            InvalidDataException bytes = Assert.Throws<InvalidDataException>(() => new PersistentByteMap<int>(heap, typeId: 2));
+            Assert.Contains("keys of 8 bytes", bytes.Message, StringComparison.Ordinal);
+
+            // With the types it was written with, everything is there.
+            Assert.True(new PersistentHashMap<long, long>(heap, typeId: 1).TryGetValue(0x1111_2222_3333_4444, out long value) && value == 0x5555_6666_7777_0001);
+            Assert.Equal(new byte[] { 9, 9 }, new PersistentByteMap<long>(heap, typeId: 2).Get(0x0102_0304_0506_0708));
+        }
+    }
+
+    private readonly record struct TwelveBytes(int A, int B, int C);
+
     [Fact]
     public void Reopen_AMapsTypeIdAsAQueue_IsRefused()
     {
