@@ -32,6 +32,20 @@ public sealed unsafe partial class LightEpoch
     internal static bool SharedDrainDepthForTesting;
 
     /// <summary>
+    /// Test-only: drain nesting is keyed by the reusable instance id alone (as before), so a drain of an epoch created
+    /// inside an action of a disposed epoch that had its id counts that action's drain depth as its own, and the id-reuse
+    /// test can show that it catches the actions this strands. Read only on the drain path.
+    /// </summary>
+    internal static bool DrainNestingByIdForTesting;
+
+    /// <summary>
+    /// Test-only: a thread waiting in a loop for an action (<see cref="DrainWhileWaiting"/>) stops at the inline depth
+    /// limit like any other drain (as before), so the deep-nesting test of a blocking start can show that it catches the
+    /// wait that never ends. Read only on the drain path.
+    /// </summary>
+    internal static bool WaitingDrainHonoursDepthLimitForTesting;
+
+    /// <summary>
     /// Test-only: a Resume that claimed a slot and then found the epoch no longer Live keeps the slot as its record's
     /// hint (as before the fix), so the Dispose-versus-growth test can show that it catches a later fast-path Resume
     /// succeeding on a disposed epoch. Read only on that cold path.

@@ -629,15 +629,18 @@ public sealed unsafe partial class LightEpoch : IDisposable
     /// <summary>How many short spins a bumper waits for active holders before issuing a process-wide barrier.</summary>
     private const int HelpSpins = 8;
 
-    /// <summary>Per thread and per instance (indexed by <see cref="id"/>): drain nesting (actions that bump or step
-    /// run drains inside drains), and whether a drain too deep to run inline asked the outermost one to look again.
-    /// Per instance, so deep nesting on one epoch never stops another epoch's drain: that epoch has its own outermost
-    /// drain on this thread (or none, and runs inline). A managed array, indexed afresh on every access, because an
-    /// action may grow it.</summary>
+    /// <summary>Per thread and per instance: drain nesting (actions that bump or step run drains inside drains), and
+    /// whether a drain too deep to run inline asked the outermost one to look again. Per instance, so deep nesting on one
+    /// epoch never stops another epoch's drain: that epoch has its own outermost drain on this thread (or none, and runs
+    /// inline). Indexed by <see cref="id"/>, which a disposed instance gives back for reuse, so each entry also names its
+    /// instance (<see cref="DrainNesting.Token"/>): see <see cref="Drain(bool)"/>. A managed array, indexed afresh on
+    /// every access, because an action may grow it.</summary>
     [ThreadStatic] private static DrainNesting[]? t_drainNesting;
 
     private struct DrainNesting
     {
+        /// <summary>The <see cref="token"/> of the instance whose drains the entry counts; 0 before first use.</summary>
+        public long Token;
         public int Depth;
         public bool Again;
     }
@@ -666,15 +669,38 @@ public sealed unsafe partial class LightEpoch : IDisposable
     /// Computes the safe epoch from a scan of the table and runs the actions it allows. Returns false if it was too
     /// deep inside other drains on this thread to run now (the outermost drain will).
     /// </summary>
-    private bool Drain()
+    private bool Drain() => Drain(waiting: false);
+
+    /// <summary>
+    /// <see cref="Drain()"/>; with <paramref name="waiting"/>, also past the inline depth limit (one pass), for a thread
+    /// that waits in a loop for an action to run: the outermost drain it would leave the action to is further up its own
+    /// stack, stopped until the wait ends. Such a drain adds one level per waiting call on the stack, and the waiter's
+    /// loop calls again for whatever the drains it nests leave to it.
+    /// </summary>
+    private bool Drain(bool waiting)
     {
-        int depth = Nesting.Depth;
-        if (depth >= MaxInlineDrainDepth)
+        // The entry at our index may still count drains of a disposed instance that had our id: we may be running inside
+        // one of its actions (an action may dispose its epoch and create another, which takes the id back). Its depth is
+        // not ours: counted as ours, our first drain would not be outermost, would never look again, and would strand our
+        // actions past the depth limit until another thread drained (G4). Drains nest as calls on one thread, so a
+        // foreign entry that is in use is set aside here and put back when this outermost frame of ours returns; one
+        // that is not in use (depth 0) is simply taken over. Touched only on the drain path, never by Resume/Suspend.
+        DrainNesting displaced = default;
+        bool restore = false;
+        ref DrainNesting entry = ref Nesting;
+        if (entry.Token != token && !SharedDrainDepthForTesting && !DrainNestingByIdForTesting)
         {
-            Nesting.Again = true;
+            restore = entry.Depth != 0;
+            displaced = entry;
+            entry = new DrainNesting { Token = token };
+        }
+        int depth = entry.Depth;
+        if (depth >= MaxInlineDrainDepth && (!waiting || WaitingDrainHonoursDepthLimitForTesting))
+        {
+            entry.Again = true;
             return false;
         }
-        Nesting.Depth = ++depth;
+        entry.Depth = ++depth;
         try
         {
             do
@@ -700,7 +726,12 @@ public sealed unsafe partial class LightEpoch : IDisposable
         }
         finally
         {
-            Nesting.Depth--;
+            // Indexed afresh (an action may have grown the array). Every frame that nested inside ours has put back what
+            // it set aside, so this is our entry again.
+            ref DrainNesting mine = ref Nesting;
+            mine.Depth--;
+            if (restore)
+                mine = displaced;
         }
         return true;
     }
@@ -758,6 +789,18 @@ public sealed unsafe partial class LightEpoch : IDisposable
     {
         if (Volatile.Read(ref pendingActions.Value) != 0)
             Drain();
+    }
+
+    /// <summary>
+    /// <see cref="DrainWithoutRefresh"/> for a thread that waits in a loop for an action of this epoch to run (a blocking
+    /// state-machine start or wait): also runs when the thread is deeper inside drains than the inline limit, where
+    /// nothing else would run the action until the wait ends (see <see cref="Drain(bool)"/>).
+    /// </summary>
+    internal void DrainWhileWaiting()
+    {
+        // Acquire, as in DrainWithoutRefresh; the caller loops, so a registration this read misses is seen next time.
+        if (Volatile.Read(ref pendingActions.Value) != 0)
+            Drain(waiting: true);
     }
 
     /// <summary>Whether any protected thread announced <paramref name="epoch"/> or older.</summary>

@@ -124,6 +124,12 @@ public sealed partial class EpochProtectedVersionScheme
     /// <param name="stateMachine">A machine that has not run before.</param>
     /// <param name="spin">Whether to wait for the machine to complete (rethrowing its fault, if any).</param>
     /// <returns>False if the target version had already been reached or claimed (<see cref="StateMachineExecutionStatus.Fail"/>).</returns>
+    /// <remarks>
+    /// While it waits (for another machine to end, or with <paramref name="spin"/> for this one), the calling thread
+    /// takes the active machine's available steps and runs the epoch's deferred actions that have become safe, so the
+    /// call also returns when made from a deferred action, a <see cref="LightEpoch.DeferredActionFailed"/> handler or a
+    /// callback of another scheme on the same epoch, with the step it waits for queued behind it on its own thread.
+    /// </remarks>
     /// <exception cref="InvalidOperationException">The calling thread is protected by the underlying epoch: waiting
     /// for a machine that waits for this thread would never end. Leave first, or use
     /// <see cref="TryExecuteStateMachine"/> and <see cref="Refresh"/> between attempts. Likewise from inside a callback
@@ -146,6 +152,18 @@ public sealed partial class EpochProtectedVersionScheme
         StateMachineExecutionStatus status;
         while ((status = TryExecuteStateMachine(stateMachine)) == StateMachineExecutionStatus.Retry)
         {
+            if (!RetryWithoutProgressForTesting)
+            {
+                // Make the active machine progress ourselves, as the wait for completion below does: the one thing it
+                // waits for may be this thread. A deferred action (or a DeferredActionFailed handler, or a callback of
+                // another scheme on this epoch) runs inside a drain, and the machine's next step may be queued in that
+                // drain behind it, where no other thread need ever run it (G4). Safe inside a drain: the action we are in
+                // was claimed before it ran, so no drain runs it again; drains nest (DrainWhileWaiting even past the
+                // inline limit, whose outermost drain is stopped under us); and we are not protected (checked above), so
+                // we only run what is safe for everyone, as any thread that leaves would.
+                TryStepStateMachine(mustNotLose: false);
+                epoch.DrainWhileWaiting();
+            }
             ReportStallIfDue();
             spinner.SpinOnce();
         }
@@ -160,7 +178,7 @@ public sealed partial class EpochProtectedVersionScheme
                 // Polls GetNextStep, so a delayed step is taken as soon as it is available, and runs a critical
                 // section that has become safe rather than leave it to others.
                 TryStepStateMachine(mustNotLose: false);
-                epoch.DrainWithoutRefresh();
+                epoch.DrainWhileWaiting();
                 ReportStallIfDue();
                 spinner.SpinOnce();
             }

@@ -22,6 +22,13 @@ public sealed partial class EpochProtectedVersionScheme
     /// </summary>
     internal bool RaiseFaultedInsideStepForTesting { get; set; }
 
+    /// <summary>
+    /// Test-only: a blocking start (<see cref="ExecuteStateMachine"/>) that gets Retry only spins, without stepping the
+    /// active machine or draining (as before), so the test of a blocking start from inside a drain can show that it
+    /// catches the wait that never ends. Read only on that retry path.
+    /// </summary>
+    internal bool RetryWithoutProgressForTesting { get; set; }
+
     /// <summary>Test hook: runs on a thread stepped aside inside Enter or Refresh, once the transition it waited for has
     /// moved on and before it takes its protection back.</summary>
     internal System.Action? BeforeComingBackHookForTesting { get; set; }
