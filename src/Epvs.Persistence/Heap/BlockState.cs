@@ -3,10 +3,10 @@ namespace Epvs.Persistence;
 /// <summary>What recovery makes of a block position (see <see cref="HeapLayout.Classify"/>).</summary>
 internal enum BlockState
 {
-    /// <summary>Commit word 0: never used since the segment was formatted.</summary>
+    /// <summary>The checked unused commit word formatting wrote: never allocated since the segment was formatted.</summary>
     Unused,
 
-    /// <summary>Freed.</summary>
+    /// <summary>A checked free commit word: freed.</summary>
     Free,
 
     /// <summary>An allocation whose header check fails: a crash interrupted it (the block is free).</summary>
@@ -18,6 +18,6 @@ internal enum BlockState
     /// <summary>A sealed block whose check over header and payload holds.</summary>
     Sealed,
 
-    /// <summary>A commit word no crash can leave, or a sealed block whose check fails (a seal reaches the file only after what it covers): damage.</summary>
+    /// <summary>A commit word no crash can leave (zero included, or an unused or free word whose check fails), or a sealed block whose check fails (a seal reaches the file only after what it covers): damage.</summary>
     Damaged,
 }

@@ -486,6 +486,18 @@ public sealed unsafe class HeapFile : IDisposable
                 return false;
             }
 
+            // The new segments' descriptors (free, checked: a zero descriptor inside the heap is damage) are durable
+            // before the heap size covers them; a crash in between leaves them outside the heap, rewritten by the
+            // next growth.
+            long current = SegmentCount;
+            ulong* table = (ulong*)(Pointer + HeapLayout.SuperblockSize);
+            for (long s = current; s < segmentCount; s++)
+            {
+                table[s] = HeapLayout.InitialDescriptor;
+            }
+
+            Domain.Persist(HeapLayout.SuperblockSize + (current * sizeof(ulong)), (segmentCount - current) * sizeof(ulong));
+
             // The file is longer before the superblock says so: a crash in between leaves unused tail bytes, never
             // a superblock claiming bytes the file lacks.
             StoreAndPersist(HeapLayout.HeapSizeOffset, HeapLayout.Seal(newSize, HeapLayout.HeapSizeOffset));
@@ -610,6 +622,8 @@ public sealed unsafe class HeapFile : IDisposable
         byte* p = domain.Pointer;
         new Span<byte>(p, HeapLayout.SuperblockSize).Clear();
         new Span<byte>(p + HeapLayout.SuperblockSize, checked((int)HeapLayout.TableBytes(maxSegments))).Clear();
+        long segments = (heapSize - dataStart) / HeapLayout.SegmentSize;
+        new Span<ulong>(p + HeapLayout.SuperblockSize, checked((int)segments)).Fill(HeapLayout.InitialDescriptor);
         *(ulong*)(p + HeapLayout.FormatVersionOffset) = (ulong)HeapLayout.FormatVersion;
         *(ulong*)(p + HeapLayout.HeapSizeOffset) = HeapLayout.Seal(heapSize, HeapLayout.HeapSizeOffset);
         foreach (int sealedZero in new[] { HeapLayout.CleanShutdownOffset, HeapLayout.EpochClockOffset, HeapLayout.DurableFrontierOffset, HeapLayout.HeapKindOffset })
@@ -645,7 +659,7 @@ public sealed unsafe class HeapFile : IDisposable
         ulong version = Read(superblock, HeapLayout.FormatVersionOffset);
         if (version is > 0 and < (ulong)HeapLayout.FormatVersion)
         {
-            ThrowHelper.ThrowHeapFile(HeapFileError.OlderFormatVersion, $"Cannot open heap file '{name}': it has format version {version}, which this library no longer reads (it reads version {HeapLayout.FormatVersion}, which adds checksums to the superblock and to every block). Open it with the Epvs.Persistence that wrote it and copy the data out.");
+            ThrowHelper.ThrowHeapFile(HeapFileError.OlderFormatVersion, $"Cannot open heap file '{name}': it has format version {version}, which this library no longer reads (it reads version {HeapLayout.FormatVersion}, which checks the superblock, every segment descriptor and every block header word). Open it with the Epvs.Persistence that wrote it and copy the data out.");
         }
 
         if (version > (ulong)HeapLayout.FormatVersion)

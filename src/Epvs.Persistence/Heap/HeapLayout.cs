@@ -4,8 +4,9 @@ using System.Runtime.CompilerServices;
 namespace Epvs.Persistence;
 
 /// <summary>
-/// The persistent layout of an EPVS heap file, format version 3 (older files are refused: version 2 added the
-/// sealed superblock words and the heap kind, version 3 the sealed blocks, XxHash3 block checks and zeroed segments). Every persistent field is an 8-byte little-endian
+/// The persistent layout of an EPVS heap file, format version 4 (older files are refused: version 2 added the
+/// sealed superblock words and the heap kind, version 3 the sealed blocks, XxHash3 block checks and zeroed segments,
+/// version 4 a checked word in every state: no all-zero descriptor or commit word is valid). Every persistent field is an 8-byte little-endian
 /// word at an 8-byte aligned offset, written with a single aligned store, so it is failure-atomic: after a crash it
 /// holds an old or a new value, never a mix. Persistent data holds offsets from the start of the file, never pointers.
 /// </summary>
@@ -20,7 +21,7 @@ namespace Epvs.Persistence;
 ///
 /// Superblock (offset: word)
 ///     0  Magic            0x5041_4548_5356_5045, "EPVSHEAP" in ASCII; written last at creation
-///     8  FormatVersion    3
+///     8  FormatVersion    4
 ///    16  HeapSize         bytes in use: DataStart + SegmentCount*65536; grows (store + persist) after the file grew (sealed)
 ///    24  SegmentSize      65536
 ///    32  MaxSegments      capacity of the segment table
@@ -36,9 +37,11 @@ namespace Epvs.Persistence;
 ///                         set by the first open, and opening the file as the other kind fails
 ///   128  Root[0..15]      16 root words for the structures built on the heap (PayloadRef offsets or anything)
 ///
-/// Segment descriptor (table word i)
-///   bits  0..23  Generation   incremented (mod 2^24) every time the descriptor is rewritten
-///   bits 24..31  Check        with bits 36..39: 12 bits of CRC-32 of the other bits (IsValidDescriptor)
+/// Segment descriptor (table word i; every i &lt; SegmentCount holds one, written when the heap is created or grows)
+///   bits  0..23  Generation   incremented (mod 2^24) every time the descriptor is rewritten; 0 when created
+///   bits 24..31  Check        with bits 36..39: the low 12 bits of CRC-32 of the other bits (bits 24..31 and 36..39
+///                             zero) as 8 little-endian bytes; CRC-32 of zero content is 0x6522DF69, so the free
+///                             descriptor of generation 0 is 0x0000_00F0_6900_0000 and the all-zero word is damage
 ///   bits 32..35  Role         0 free, 1 small (one size class), 2 large start, 3 large continuation
 ///   bits 40..63  Class index (small) or span in segments (large start)
 ///
@@ -47,30 +50,42 @@ namespace Epvs.Persistence;
 ///   +8   Epoch   word 1: the EPVS version the payload was written in (part 2); 0 when unused
 ///   +16  Shape   word 2: bits 0..31 payload size in bytes, bits 32..63 type id
 ///   +24  Commit  word 3: bits 0..31 check, 32..47 generation (low 16 bits), 48..51 kind (1 alloc, 2 update,
-///                3 delete), 52..55 state (1 allocated, 2 free, 4 sealed: pairwise two bits apart), 56..63 tag 0xB7
+///                3 delete; 0 when unused or free), 52..55 state (1 allocated, 2 free, 4 sealed, 8 unused: pairwise
+///                two bits apart), 56..63 tag 0xB7
 ///   +32  payload (size bytes)
 /// </code>
 /// <para>Checks (XxHash3 of System.IO.Hashing, low 32 bits). Allocated: of Uid, Epoch, Shape, the block's offset, the
 /// segment's full generation and the commit's other bits. Sealed: of the payload bytes, seeded with that header hash,
-/// so it covers header and payload. A <see cref="BufferedDurableHeap"/> seals every block of a version once the version
+/// so it covers header and payload. Unused and free: of two words, the block's offset XOR (full generation &lt;&lt; 40)
+/// and the commit's other bits (tag, state, generation; kind 0), so they bind the word to its block and segment use
+/// but not to Uid, Epoch or Shape, which an interrupted allocation may have overwritten. A
+/// <see cref="BufferedDurableHeap"/> seals every block of a version once the version
 /// is written back and fenced (right after its frontier is persisted), and makes the seals durable in a second
 /// write-back: a seal never reaches the file before what it covers.</para>
-/// <para>Segments are zeroed durably when they are formatted (before their descriptor), and a large block's header
-/// before its descriptors, so after a crash a commit word of a segment in use is 0 (never used since formatting) or
-/// one whole commit of this segment's generation: anything else — another tag, an unknown state, another
-/// generation — is damage, and so is a sealed block whose check fails.</para>
+/// <para>Every state is checked, so no zero or stale word stands for "nothing here". Formatting a segment zeroes it
+/// and writes an unused commit word of the new generation into every block, durably, before its descriptor; a large
+/// block writes its header as unused of the new generation, durably, before its descriptors. So after a crash every
+/// commit word of a segment in use is one whole checked word of this segment's generation — unused, allocated, sealed
+/// or free — and anything else (zero, another tag, an unknown state, another generation, an unused or free word whose
+/// check fails) is damage, and so is a sealed block whose check fails. Likewise every descriptor below SegmentCount is
+/// a checked word (creation and growth write free descriptors of generation 0 before the heap size covers them), so
+/// an all-zero descriptor is damage, never "free". A segment recovery found empty (or an orphan continuation) keeps its
+/// durable descriptor until it is reused; before anything is written into it for the new use, that descriptor is
+/// rewritten as free, durably, so the new use's words never lie under a descriptor that still claims the segment.</para>
 /// <para>Store order. Allocation writes Uid, Epoch, Shape with plain stores and then Commit with a release store;
 /// Free replaces Commit with a single store of the free word. Neither writes back nor fences (as in Ralloc): the
 /// caller persists the block when its protocol says so (<see cref="PersistentHeap.Persist(PayloadRef)"/>, or part 2's
 /// per-version write-back). Because a cache may write back any subset of dirty words, a header is accepted at
 /// recovery only if Commit's check equals the hash of Uid, Epoch, Shape, the block's offset, the segment's full
 /// generation, kind and state; a torn header (any subset of the four stores durable) fails the check (up to a
-/// 2^-32 collision) and the block is free.</para>
+/// 2^-32 collision) if its Commit store is durable, and leaves the earlier unused or free word, which passes its own
+/// check, if not: either way the block is free.</para>
 /// <para>Segment descriptors are rewritten only on slow paths and always persisted (written back and fenced) before a
 /// block of the segment is handed out, so a durable block header never refers to a descriptor that is not durable.
 /// A new generation invalidates every header left in the segment from an earlier use. A large block writes its
 /// continuation descriptors before its start descriptor and persists them with one fence; a continuation not covered
-/// by a valid start is free. Freeing a large block rewrites its descriptors as free and persists them.</para>
+/// by a valid start is free. Freeing a large block rewrites its descriptors as free and persists them. A checked
+/// descriptor no store of this format writes (a small class or a span out of range, an unknown role) is damage.</para>
 /// <para>Saved state (fast reopen). At a clean shutdown of a <see cref="BufferedDurableHeap"/> whose garbage has all
 /// been reclaimed, the allocator writes, into a run of free segments (descriptor role free, so a full scan never looks
 /// at them), the words [StateMagic, SegmentCount, NextUid, EpochClock, DurableFrontier, TableHash, BitmapWords,
@@ -80,11 +95,18 @@ namespace Epvs.Persistence;
 /// any other write it clears word 80 durably, so a crash after a fast reopen always rescans.</para>
 /// <para>Creation writes and persists every superblock word except Magic, then writes and persists Magic: a file
 /// whose creation was interrupted is rejected as "not a heap file" and is never silently reformatted.</para>
+/// <para>Limits. The checks detect a word or block that no sequence of failure-atomic stores of this format leaves:
+/// zeroed or truncated ranges, flipped bits, words from another offset or another use of the segment. They cannot
+/// detect a lost write — a stale but internally valid older copy of a page or of the whole file (a disk or a cache
+/// that dropped a write, a restored backup): an old descriptor, commit word or sealed block is exactly what the file
+/// held earlier and passes every check. Detecting that needs a log or a version counter stored apart from the data.
+/// Nor do they cover the payload of a block that is allocated but not sealed (a crash may leave it partial; part 2's
+/// epoch tags decide), the bytes of a free segment, or deliberate forgery (they are non-cryptographic).</para>
 /// </remarks>
 internal static class HeapLayout
 {
     internal const ulong Magic = 0x5041_4548_5356_5045UL;
-    internal const long FormatVersion = 3;
+    internal const long FormatVersion = 4;
     internal const int SuperblockSize = 4096;
     internal const int SegmentSize = 64 * 1024;
     internal const int RootSlotCount = 16;
@@ -132,6 +154,7 @@ internal static class HeapLayout
     internal const ulong StateAllocated = 1;
     internal const ulong StateFree = 2;
     internal const ulong StateSealed = 4;
+    internal const ulong StateUnused = 8;
 
     internal const ulong RoleFree = 0;
     internal const ulong RoleSmall = 1;
@@ -192,7 +215,13 @@ internal static class HeapLayout
     private const ulong DescriptorCheckMask = (0xFFUL << 24) | (0xFUL << 36);
 
     /// <summary>The descriptor of a segment given back as free: a new generation, which invalidates every header of its last use.</summary>
-    internal static ulong FreedDescriptor(ulong previous) => Descriptor(DescriptorGeneration(previous) + 1, RoleFree, 0);
+    internal static ulong FreedDescriptor(ulong previous) => Descriptor(NextGeneration(previous), RoleFree, 0);
+
+    /// <summary>The descriptor written for every segment when the heap is created or grows: free, generation 0 (never 0 itself).</summary>
+    internal static ulong InitialDescriptor => Descriptor(0, RoleFree, 0);
+
+    /// <summary>The generation the next rewrite of <paramref name="descriptor"/> gets (mod 2^24): what formatting writes into the segment's commit words before the descriptor.</summary>
+    internal static uint NextGeneration(ulong descriptor) => (DescriptorGeneration(descriptor) + 1) & GenerationMask;
 
     internal static ulong Descriptor(uint generation, ulong role, ulong payload)
     {
@@ -202,16 +231,20 @@ internal static class HeapLayout
 
     /// <summary>
     /// Whether a segment descriptor's 12 check bits match its content. A descriptor is one failure-atomic word, so
-    /// after a crash it is an old or a new valid word: a mismatch is damage, never a torn write. The all-zero word
-    /// (free, generation 0, as formatted) is valid.
+    /// after a crash it is an old or a new valid word: a mismatch is damage, never a torn write. The all-zero word is
+    /// not valid (the check of zero content is 0xF69, not 0): a zeroed descriptor is damage, never a free segment.
     /// </summary>
     internal static bool IsValidDescriptor(ulong descriptor) =>
         (descriptor & DescriptorCheckMask) == DescriptorCheck(descriptor & ~DescriptorCheckMask) || HeapFileTestHooks.IgnoreSeals;
 
-    /// <summary>12 bits of CRC-32 (System.IO.Hashing) of the content, made linear (check(0) = 0), in bits 24..31 and 36..39.</summary>
+    /// <summary>
+    /// The low 12 bits of CRC-32 (System.IO.Hashing) of the content, in bits 24..31 and 36..39. Affine, not linear
+    /// (format 3 removed CRC-32 of zero, so that zero content had check 0): a single flipped bit still changes the
+    /// check by a fixed non-zero pattern, and the all-zero word fails.
+    /// </summary>
     private static ulong DescriptorCheck(ulong content)
     {
-        uint crc = Crc32Of(content) ^ Crc32Of(0);
+        uint crc = Crc32Of(content);
         return ((ulong)(crc & 0xFF) << 24) | ((ulong)((crc >> 8) & 0xF) << 36);
     }
 
@@ -250,10 +283,12 @@ internal static class HeapLayout
         return meta | SealCheck(uid, epoch, shape, offset, generation, meta, payload);
     }
 
-    /// <summary>A free commit of a block in a segment of <paramref name="generation"/>.</summary>
-    internal static ulong FreeWord(uint generation) => Meta(StateFree, 0, generation);
+    /// <summary>The free commit word of the block at <paramref name="offset"/> in a segment of <paramref name="generation"/> (checked: kind 0, check of offset, generation and state).</summary>
+    [MethodImpl(MethodImplOptions.AggressiveInlining)]
+    internal static ulong FreeWord(long offset, uint generation) => EmptyWord(StateFree, offset, generation);
 
-    internal static ulong FreeCommit(ulong commit) => CommitTag | (StateFree << 52) | (commit & (0xFFFFUL << 32 | 0xFUL << 48));
+    /// <summary>The commit word formatting writes into the block at <paramref name="offset"/> of a segment of <paramref name="generation"/>: never allocated since.</summary>
+    internal static ulong UnusedWord(long offset, uint generation) => EmptyWord(StateUnused, offset, generation);
 
     /// <summary>Whether a commit word names the segment's generation (low 16 bits).</summary>
     internal static bool SameGeneration(ulong commit, uint generation) => (ushort)(commit >> 32) == (ushort)generation;
@@ -288,22 +323,26 @@ internal static class HeapLayout
         ulong* h = (ulong*)block;
         ulong uid = h[0], epoch = h[1], shape = h[2], commit = h[3];
         header = default;
-        if (commit == 0)
-        {
-            return BlockState.Unused;
-        }
-
         ulong state = CommitState(commit);
         if ((commit & (0xFFUL << 56)) != CommitTag || !SameGeneration(commit, generation)
-            || (state != StateAllocated && state != StateFree && state != StateSealed))
+            || (state != StateAllocated && state != StateFree && state != StateSealed && state != StateUnused))
         {
-            // Commit words are written whole and segments are zeroed at formatting: no crash leaves this.
+            // Commit words are written whole, and formatting writes a checked one into every block before the
+            // descriptor: no crash leaves this (a zeroed word included).
             return HeapFileTestHooks.IgnoreSeals ? BlockState.Free : BlockState.Damaged;
         }
 
-        if (state == StateFree)
+        if (state is StateFree or StateUnused)
         {
-            return BlockState.Free;
+            // Written whole (formatting, a free, recovery): the check covers offset, generation and state, so a zeroed,
+            // moved or state-flipped word fails. An allocation overwrites Uid, Epoch and Shape before the commit word,
+            // which this check does not cover: an interrupted allocation leaves a valid free or unused word.
+            if (CommitKind(commit) != 0 || commit != EmptyWord(state, offset, generation))
+            {
+                return HeapFileTestHooks.IgnoreSeals ? BlockState.Free : BlockState.Damaged;
+            }
+
+            return state == StateFree ? BlockState.Free : BlockState.Unused;
         }
 
         PayloadKind kind = CommitKind(commit);
@@ -344,6 +383,17 @@ internal static class HeapLayout
     [MethodImpl(MethodImplOptions.AggressiveInlining)]
     private static ulong Meta(ulong state, PayloadKind kind, uint generation) =>
         CommitTag | (state << 52) | ((ulong)kind << 48) | ((ulong)(ushort)generation << 32);
+
+    /// <summary>An unused or free commit word: tag, state, generation (low 16 bits), kind 0, and the low 32 bits of XxHash3 of the block's offset with the full generation and those bits.</summary>
+    [MethodImpl(MethodImplOptions.AggressiveInlining)]
+    private static ulong EmptyWord(ulong state, long offset, uint generation)
+    {
+        ulong meta = Meta(state, 0, generation);
+        Span<ulong> words = stackalloc ulong[2];
+        words[0] = (ulong)offset ^ ((ulong)generation << 40);
+        words[1] = meta;
+        return meta | (uint)System.IO.Hashing.XxHash3.HashToUInt64(System.Runtime.InteropServices.MemoryMarshal.AsBytes(words));
+    }
 
     /// <summary>XxHash3 (System.IO.Hashing) of the header words, the block's offset and the segment's full generation.</summary>
     [MethodImpl(MethodImplOptions.AggressiveInlining)]

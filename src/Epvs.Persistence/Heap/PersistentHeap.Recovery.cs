@@ -18,13 +18,19 @@ public sealed unsafe partial class PersistentHeap
         long liveBlocks = 0, liveBytes = 0, maxUid = 0;
         Func<PayloadRef, PayloadHeader, bool>? filter = options.RecoveryFilter;
 
-        // Every descriptor in use is checked before anything is written: a damaged one is reported, never trusted
-        // (a flipped role or class would silently drop or misread a whole segment of blocks).
+        // Every descriptor of the heap is checked before anything is written: a damaged one is reported, never trusted
+        // (a flipped role or class would silently drop or misread a whole segment of blocks, and a zeroed one — which
+        // fails its check — would read as a free segment).
         for (long s = 0; s < segments; s++)
         {
             if (!HeapLayout.IsValidDescriptor(_table[s]))
             {
                 ThrowHelper.ThrowHeapFile(HeapFileError.Corrupt, $"Cannot open heap file '{_file.Path}': the descriptor of segment {s} (0x{_table[s]:X16}) fails its check; the segment's blocks cannot be trusted. Restore the file from a copy.");
+            }
+
+            if (!DescribesASegment(_table[s], s, segments) && !HeapFileTestHooks.IgnoreSeals)
+            {
+                ThrowHelper.ThrowHeapFile(HeapFileError.Corrupt, $"Cannot open heap file '{_file.Path}': the descriptor of segment {s} (0x{_table[s]:X16}) passes its check but describes no segment this format writes (role {HeapLayout.DescriptorRole(_table[s])}, {HeapLayout.DescriptorPayload(_table[s])}); the segment's blocks cannot be trusted. Restore the file from a copy.");
             }
         }
 
@@ -182,11 +188,11 @@ public sealed unsafe partial class PersistentHeap
 
                 if (loseInvalid && invalid > 0)
                 {
-                    // The broken control: only never-used blocks (commit word 0) go back to the free lists.
+                    // The broken control: only never-used blocks (an unused commit word) go back to the free lists.
                     int keep = 0;
                     for (int k = 0; k < freeCount; k++)
                     {
-                        if (*(ulong*)(_base + free[k] + HeapLayout.CommitOffset) == 0)
+                        if (HeapLayout.CommitState(*(ulong*)(_base + free[k] + HeapLayout.CommitOffset)) == HeapLayout.StateUnused)
                         {
                             free[keep++] = free[k];
                         }
@@ -259,6 +265,22 @@ public sealed unsafe partial class PersistentHeap
     }
 
     /// <summary>
+    /// Whether a checked descriptor of segment <paramref name="s"/> is one this format writes: free or a continuation
+    /// (payload 0), a small segment of a size class, or a large start whose span fits the heap.
+    /// </summary>
+    private static bool DescribesASegment(ulong descriptor, long s, long segments)
+    {
+        long payload = HeapLayout.DescriptorPayload(descriptor);
+        return HeapLayout.DescriptorRole(descriptor) switch
+        {
+            HeapLayout.RoleFree or HeapLayout.RoleLargeContinuation => payload == 0,
+            HeapLayout.RoleSmall => payload < SizeClasses.Count,
+            HeapLayout.RoleLargeStart => payload >= 1 && payload <= segments - s,
+            _ => false,
+        };
+    }
+
+    /// <summary>
     /// The frees recovery decided on, written after every block was classified: rejected and damaged blocks get a free
     /// commit, torn or rejected large blocks their span's descriptors; all of it durable before the constructor returns.
     /// </summary>
@@ -272,7 +294,7 @@ public sealed unsafe partial class PersistentHeap
             ulong* commit = (ulong*)(_base + offset + HeapLayout.CommitOffset);
             uint generation = HeapLayout.DescriptorGeneration(_table[SegmentOf(offset)]);
             // Volatile.Write: one aligned 8-byte store (failure-atomic); written back below.
-            Volatile.Write(ref *commit, HeapLayout.FreeWord(generation));
+            Volatile.Write(ref *commit, HeapLayout.FreeWord(offset, generation));
             if (perBlockWriteBack)
             {
                 _file.Domain.WriteBack(offset, HeapLayout.HeaderSize);
@@ -285,7 +307,7 @@ public sealed unsafe partial class PersistentHeap
             {
                 ulong* commit = (ulong*)(_base + freeOffset + HeapLayout.CommitOffset);
                 // Volatile.Write: one aligned 8-byte store (failure-atomic), persisted before the descriptors below.
-                Volatile.Write(ref *commit, HeapLayout.FreeWord(HeapLayout.DescriptorGeneration(_table[segment])));
+                Volatile.Write(ref *commit, HeapLayout.FreeWord(freeOffset, HeapLayout.DescriptorGeneration(_table[segment])));
                 _file.Domain.Persist(freeOffset, HeapLayout.HeaderSize);
             }
 

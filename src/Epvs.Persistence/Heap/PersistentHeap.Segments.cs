@@ -44,7 +44,7 @@ public sealed unsafe partial class PersistentHeap
                 return false;
             }
 
-            // The same durable format as the advancer's stocking (zeroed, then a new generation).
+            // The same durable format as the advancer's stocking (zeroed with unused commit words, then a new generation).
             FormatSegmentsLocked(cls, new List<long>(1) { segment });
 
             long start = SegmentStart(segment);
@@ -70,10 +70,44 @@ public sealed unsafe partial class PersistentHeap
         return true;
     }
 
-    private void ZeroDurably(long offset, long length)
+    /// <summary>
+    /// Under the segment gate, before anything is written into <paramref name="segments"/> (free in memory, in ascending
+    /// order) for a new use: each whose durable descriptor still claims it — a small segment recovery found without a
+    /// live block, an orphan continuation — gets a free descriptor of a new generation, durably (one fence for all).
+    /// Otherwise a crash before the new descriptor would leave the new use's commit words under the old descriptor,
+    /// which recovery reports as damage. Free descriptors (the common case) cost nothing.
+    /// </summary>
+    private void FreeClaimingDescriptorsLocked(List<long> segments)
     {
-        System.Runtime.InteropServices.NativeMemory.Clear(_base + offset, (nuint)length);
-        _file.Domain.Persist(offset, length);
+        var table = new WriteBackRuns(_file.Domain);
+        bool any = false;
+        foreach (long segment in segments)
+        {
+            if (HeapLayout.DescriptorRole(_table[segment]) != HeapLayout.RoleFree)
+            {
+                // Volatile.Write: release; no block of the segment is reachable (it is free in memory).
+                Volatile.Write(ref _table[segment], HeapLayout.FreedDescriptor(_table[segment]));
+                table.Add(TableOffset(segment), sizeof(ulong));
+                any = true;
+            }
+        }
+
+        if (any)
+        {
+            table.Flush();
+            _file.Domain.Fence();
+        }
+    }
+
+    /// <summary>Writes the header of a large block at <paramref name="offset"/> as unused of <paramref name="generation"/> and persists it.</summary>
+    private void WriteUnusedHeaderDurably(long offset, uint generation)
+    {
+        ulong* h = (ulong*)(_base + offset);
+        h[0] = 0;
+        h[1] = 0;
+        h[2] = 0;
+        h[3] = HeapLayout.UnusedWord(offset, generation);
+        _file.Domain.Persist(offset, HeapLayout.HeaderSize);
     }
 
     private void PushFree(int cls, long start, int blockSize, int from, int to)
@@ -135,17 +169,20 @@ public sealed unsafe partial class PersistentHeap
                 return false;
             }
 
-            // The header position is zeroed durably first (see TryFormatSmallSegment). Continuations next, start last,
-            // one fence for all: if the start is not durable the continuations
-            // are orphans, which recovery treats as free; if it is, recovery skips the whole span.
-            ZeroDurably(SegmentStart(segment), HeapLayout.HeaderSize);
+            // The header is written durably first as unused of the new generation (see TryFormatSmallSegment; the
+            // segment's durable descriptor says free meanwhile). Continuations next, start last, one fence for all: if
+            // the start is not durable the continuations are orphans, which recovery treats as free; if it is,
+            // recovery skips the whole span.
+            FreeClaimingDescriptorsLocked([segment]);
+            uint generation = HeapLayout.NextGeneration(_table[segment]);
+            WriteUnusedHeaderDurably(SegmentStart(segment), generation);
             for (long s = segment + 1; s < segment + span; s++)
             {
-                _table[s] = HeapLayout.Descriptor(HeapLayout.DescriptorGeneration(_table[s]) + 1, HeapLayout.RoleLargeContinuation, 0);
+                _table[s] = HeapLayout.Descriptor(HeapLayout.NextGeneration(_table[s]), HeapLayout.RoleLargeContinuation, 0);
             }
 
             // Volatile.Write: release; the continuation descriptors are stored before the start descriptor.
-            Volatile.Write(ref _table[segment], HeapLayout.Descriptor(HeapLayout.DescriptorGeneration(_table[segment]) + 1, HeapLayout.RoleLargeStart, (ulong)span));
+            Volatile.Write(ref _table[segment], HeapLayout.Descriptor(generation, HeapLayout.RoleLargeStart, (ulong)span));
             _file.Domain.Persist(TableOffset(segment), span * sizeof(ulong));
         }
 

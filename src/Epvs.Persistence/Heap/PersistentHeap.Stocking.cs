@@ -19,9 +19,9 @@ namespace Epvs.Persistence;
 /// segments are mostly parked blocks.</para>
 /// <para>Why per class. A pool is stocked for the demand of its own class, so a workload of one size does not leave
 /// blocks of every other class formatted or swept for nothing.</para>
-/// <para>Durability: as for a segment an allocating thread formats (<see cref="TryFormatSmallSegment"/>), the zeroing is
-/// durable before the descriptors are, and the descriptors before any block is handed out; here one write-back pass and
-/// one fence cover the whole batch, twice.</para>
+/// <para>Durability: as for a segment an allocating thread formats (<see cref="TryFormatSmallSegment"/>), the zeroing
+/// and the unused commit words are durable before the descriptors are, and the descriptors before any block is handed
+/// out; here one write-back pass and one fence cover the whole batch, twice.</para>
 /// </remarks>
 public sealed unsafe partial class PersistentHeap
 {
@@ -133,13 +133,14 @@ public sealed unsafe partial class PersistentHeap
     }
 
     /// <summary>
-    /// Under the segment gate: formats <paramref name="segments"/> (taken off the free list) for class
-    /// <paramref name="cls"/>, durably, in two batches: every segment zeroed (so no header of an earlier use — another
-    /// size class's boundaries, an old seal — survives into this one: after a crash every commit word of a segment in
-    /// use is 0 or a whole commit of this generation, and anything else can be reported as damage), then every
-    /// descriptor with a new generation (which invalidates every header of an earlier use). Both are durable before any
-    /// block is handed out. If the zeroing fails, the segments go back to the free list (nothing of them changed on the
-    /// file but their bytes).
+    /// Under the segment gate: formats <paramref name="segments"/> (taken off the free list; a durable descriptor that
+    /// still claims one is freed first) for class <paramref name="cls"/>, durably, in two batches: every segment zeroed and every
+    /// block given the checked unused commit word of the segment's next generation (so no header of an earlier use —
+    /// another size class's boundaries, an old seal — survives into this one: after a crash every commit word of a
+    /// segment in use is a whole checked word of this generation, and anything else, zero included, can be reported as
+    /// damage), then every descriptor with that generation (which invalidates every header of an earlier use). Both are
+    /// durable before any block is handed out. If the zeroing fails, the segments go back to the free list (nothing of
+    /// them changed on the file but their bytes).
     /// </summary>
     private void FormatSegmentsLocked(int cls, List<long> segments)
     {
@@ -147,10 +148,21 @@ public sealed unsafe partial class PersistentHeap
         {
             // (The broken control leaves the zeroing in the working image only.)
             bool durable = (_faults & HeapFaults.StockWithoutDurableZeroing) == 0;
+            FreeClaimingDescriptorsLocked(segments);
             var zeroed = new WriteBackRuns(_file.Domain);
+            int blockSize = SizeClasses.BlockSizes[cls];
+            int blocks = SizeClasses.BlocksPerSegment[cls];
             foreach (long segment in segments)
             {
-                NativeMemory.Clear(_base + SegmentStart(segment), HeapLayout.SegmentSize);
+                long start = SegmentStart(segment);
+                uint generation = HeapLayout.NextGeneration(_table[segment]);
+                NativeMemory.Clear(_base + start, HeapLayout.SegmentSize);
+                for (int k = 0; k < blocks; k++)
+                {
+                    long offset = start + ((long)k * blockSize);
+                    *(ulong*)(_base + offset + HeapLayout.CommitOffset) = HeapLayout.UnusedWord(offset, generation);
+                }
+
                 if (durable)
                 {
                     zeroed.Add(SegmentStart(segment), HeapLayout.SegmentSize);
@@ -179,7 +191,7 @@ public sealed unsafe partial class PersistentHeap
         {
             // Volatile.Write: release; the blocks are published to other threads by the class pool's lock (or kept in
             // the formatting thread's cache).
-            Volatile.Write(ref _table[segment], HeapLayout.Descriptor(HeapLayout.DescriptorGeneration(_table[segment]) + 1, HeapLayout.RoleSmall, (ulong)cls));
+            Volatile.Write(ref _table[segment], HeapLayout.Descriptor(HeapLayout.NextGeneration(_table[segment]), HeapLayout.RoleSmall, (ulong)cls));
             _overheadBytes += SizeClasses.SegmentOverhead(cls);
             table.Add(TableOffset(segment), sizeof(ulong));
         }

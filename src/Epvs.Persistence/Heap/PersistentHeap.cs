@@ -291,9 +291,10 @@ public sealed unsafe partial class PersistentHeap : IDisposable
             ThrowHelper.ThrowInvalidPayloadRef(block, "it is already free (double free?)");
         }
 
+        // The free word is checked too (offset and generation, the same kind of hash as an allocation's).
         // Interlocked.CompareExchange: full fence; of two threads freeing the same block exactly one succeeds, so a
         // double free is reported instead of putting the block on two free lists.
-        if (Interlocked.CompareExchange(ref *commitWord, HeapLayout.FreeCommit(commit), commit) != commit)
+        if (Interlocked.CompareExchange(ref *commitWord, HeapLayout.FreeWord(block.Offset, HeapLayout.DescriptorGeneration(descriptor)), commit) != commit)
         {
             ThrowHelper.ThrowInvalidPayloadRef(block, "another thread freed it concurrently (double free)");
         }

@@ -51,6 +51,105 @@ public sealed unsafe class BlockIntegrityTests
     }
 
     [Fact]
+    public void UnusedAndFreeWords_AreChecked_ZeroEverySingleBitFlipAndAMovedWordAreDamage()
+    {
+        var random = new Random(20261124);
+        byte[] block = new byte[HeapLayout.HeaderSize];
+        fixed (byte* p = block)
+        {
+            ulong* h = (ulong*)p;
+            for (int sample = 0; sample < 50; sample++)
+            {
+                long offset = 4096 * 3 + (64L * random.Next(1000));
+                uint generation = (uint)random.Next(0, 1 << 24);
+                random.NextBytes(block);
+                foreach ((ulong word, BlockState state) in new[] { (HeapLayout.UnusedWord(offset, generation), BlockState.Unused), (HeapLayout.FreeWord(offset, generation), BlockState.Free) })
+                {
+                    // Uid, Epoch and Shape are not covered (an interrupted allocation may have overwritten them).
+                    h[3] = word;
+                    Assert.Equal(state, HeapLayout.Classify(p, offset, generation, 1024, out _));
+                    Assert.Equal(BlockState.Damaged, HeapLayout.Classify(p, offset + 64, generation, 1024, out _));
+                    Assert.Equal(BlockState.Damaged, HeapLayout.Classify(p, offset, (generation + 1) & HeapLayout.GenerationMask, 1024, out _));
+                    for (int bit = 0; bit < 64; bit++)
+                    {
+                        h[3] = word ^ (1UL << bit);
+                        BlockState flipped = HeapLayout.Classify(p, offset, generation, 1024, out _);
+                        Assert.True(flipped == BlockState.Damaged, $"sample {sample}: flipping bit {bit} of 0x{word:X16} ({state}) gave {flipped}");
+                    }
+                }
+
+                h[3] = 0;
+                Assert.Equal(BlockState.Damaged, HeapLayout.Classify(p, offset, generation, 1024, out _));
+            }
+        }
+    }
+
+    [Fact]
+    public void AllocatedOrSealedCommit_WithItsStateSetToFree_IsDamage()
+    {
+        byte[] block = new byte[HeapLayout.HeaderSize + 16];
+        const long Offset = 4096 * 5;
+        const uint Generation = 77;
+        ulong uid = 9, epoch = 3, shape = HeapLayout.Shape(16, 5);
+        fixed (byte* p = block)
+        {
+            ulong* h = (ulong*)p;
+            h[0] = uid;
+            h[1] = epoch;
+            h[2] = shape;
+            ulong[] commits =
+            {
+                HeapLayout.AllocatedCommit(uid, epoch, shape, Offset, Generation, PayloadKind.Alloc),
+                HeapLayout.SealedCommit(uid, epoch, shape, Offset, Generation, PayloadKind.Update, block.AsSpan(HeapLayout.HeaderSize)),
+            };
+            foreach (ulong commit in commits)
+            {
+                foreach (ulong state in new[] { HeapLayout.StateFree, HeapLayout.StateUnused })
+                {
+                    // The adversary's one-byte edit: the state nibble replaced, kind and check left.
+                    h[3] = (commit & ~(0xFUL << 52)) | (state << 52);
+                    Assert.Equal(BlockState.Damaged, HeapLayout.Classify(p, Offset, Generation, 1024, out _));
+                }
+            }
+        }
+    }
+
+    [Fact]
+    public void TornAllocation_AnySubsetOfTheFourStoresDurableOverAnUnusedOrFreeWord_IsFreeNeverDamage()
+    {
+        var random = new Random(20261125);
+        byte[] block = new byte[HeapLayout.HeaderSize];
+        fixed (byte* p = block)
+        {
+            ulong* h = (ulong*)p;
+            for (int sample = 0; sample < 200; sample++)
+            {
+                long offset = 4096 * 3 + (64L * random.Next(1000));
+                uint generation = (uint)random.Next(0, 1 << 24);
+                bool wasFree = sample % 2 == 1;
+                // The words the allocation replaces (a free block keeps its last header) and the allocation's, every
+                // one different from the one it replaces (an equal word would make that store's durability moot).
+                ulong[] before = wasFree
+                    ? [(ulong)random.NextInt64(1L << 40), (ulong)random.Next(1, 100), HeapLayout.Shape(random.Next(0, 32), 4), HeapLayout.FreeWord(offset, generation)]
+                    : [0, 0, 0, HeapLayout.UnusedWord(offset, generation)];
+                ulong uid = (ulong)random.NextInt64(1, long.MaxValue) | (1UL << 62), epoch = (ulong)random.Next(100, 200), shape = HeapLayout.Shape(random.Next(0, 32), 6);
+                ulong[] after = { uid, epoch, shape, HeapLayout.AllocatedCommit(uid, epoch, shape, offset, generation, PayloadKind.Alloc) };
+                for (int durable = 0; durable < 16; durable++)
+                {
+                    for (int w = 0; w < 4; w++)
+                    {
+                        h[w] = (durable & (1 << w)) != 0 ? after[w] : before[w];
+                    }
+
+                    BlockState state = HeapLayout.Classify(p, offset, generation, 32, out _);
+                    BlockState expected = durable == 15 ? BlockState.Allocated : (durable & 8) != 0 ? BlockState.Torn : wasFree ? BlockState.Free : BlockState.Unused;
+                    Assert.True(state == expected, $"sample {sample}: stores {Convert.ToString(durable, 2)} durable gave {state}, expected {expected}");
+                }
+            }
+        }
+    }
+
+    [Fact]
     public void Reclaim_HandsABlockOutAgainOnlyAfterItsFreeIsDurable_NoCrashImageReportsDamage()
     {
         List<string> violations = ReuseDuringReclamation(DurabilityFaults.None, out int images);
@@ -149,7 +248,7 @@ public sealed unsafe class BlockIntegrityTests
     /// (the eager path's test hook), the other sixteen keys are removed (new anti-payloads of the same size class), with
     /// a power failure armed at every later crash point (4 adversarial seeds each) through two more advances. Returns
     /// what reopening each image reported. (Large blocks, the eager path's other user, are safe by another mechanism: a
-    /// reused segment's header is zeroed durably before anything is written into it, and its generation changes.)
+    /// reused segment's header is written durably as unused of a new generation before anything is written into it.)
     /// </summary>
     private static List<string> AntiPayloadReuseDuringReclamation(DurabilityFaults faults, out int images)
     {

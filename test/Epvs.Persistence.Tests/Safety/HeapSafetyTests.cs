@@ -221,15 +221,17 @@ public sealed class HeapSafetyTests
         Assert.Equal(before, File.ReadAllBytes(path));
     }
 
-    [Fact]
-    public void Open_FormatVersion1_IsRefusedAsOlderAndUnchanged()
+    [Theory]
+    [InlineData(1L)]
+    [InlineData(3L)]
+    public void Open_AnOlderFormatVersion_IsRefusedAsOlderAndUnchanged(long version)
     {
         using var dir = new TempDirectory();
-        string path = dir.File("v1.heap");
+        string path = dir.File($"v{version}.heap");
         PersistentHeap.Create(path, new HeapFileOptions { Size = 1L << 20 }).Dispose();
         using (FileStream f = File.OpenWrite(path))
         {
-            RandomAccess.Write(f.SafeFileHandle, BitConverter.GetBytes(1L), HeapLayout.FormatVersionOffset);
+            RandomAccess.Write(f.SafeFileHandle, BitConverter.GetBytes(version), HeapLayout.FormatVersionOffset);
         }
 
         byte[] before = File.ReadAllBytes(path);
@@ -346,7 +348,9 @@ public sealed class HeapSafetyTests
     public void Descriptor_EverySingleBitFlip_FailsItsCheck()
     {
         var random = new Random(20261123);
-        Assert.True(HeapLayout.IsValidDescriptor(0), "a formatted (all-zero) descriptor must be valid");
+        Assert.False(HeapLayout.IsValidDescriptor(0), "a zeroed descriptor must be damage, not a free segment");
+        Assert.True(HeapLayout.IsValidDescriptor(HeapLayout.InitialDescriptor));
+        Assert.Equal(0x0000_00F0_6900_0000UL, HeapLayout.InitialDescriptor);
         for (int sample = 0; sample < 2000; sample++)
         {
             ulong role = (ulong)random.Next(4);
