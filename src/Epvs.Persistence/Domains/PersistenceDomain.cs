@@ -173,7 +173,7 @@ public abstract unsafe class PersistenceDomain : IDisposable
     /// </summary>
     /// <exception cref="InvalidOperationException">Another heap file uses the domain.</exception>
     /// <exception cref="ObjectDisposedException">The domain was disposed.</exception>
-    internal void Claim(object user, Action closeUser)
+    internal void Claim(object user, Action? closeUser)
     {
         lock (_userGate)
         {
@@ -183,6 +183,21 @@ public abstract unsafe class PersistenceDomain : IDisposable
             }
 
             ThrowIfClaimed();
+            _user = user;
+            _closeUser = closeUser;
+        }
+    }
+
+    /// <summary>Passes the claim of <paramref name="claim"/> (taken before formatting or validating) to the heap file <paramref name="user"/>.</summary>
+    internal void TransferClaim(object claim, object user, Action closeUser)
+    {
+        lock (_userGate)
+        {
+            if (!ReferenceEquals(_user, claim))
+            {
+                ThrowHelper.ThrowInvalidOperation("Internal error: the domain's claim changed hands while a heap file was opening on it.");
+            }
+
             _user = user;
             _closeUser = closeUser;
         }
@@ -233,7 +248,7 @@ public abstract unsafe class PersistenceDomain : IDisposable
         {
             if (_user is not null && !IsDisposed)
             {
-                ThrowHelper.ThrowInvalidOperation("This persistence domain's heap file still has calls in flight on the mapping (they did not return within its Dispose's wait): the domain stays mapped under them.");
+                ThrowHelper.ThrowInvalidOperation("This persistence domain is still in use: its heap file's calls did not return within its Dispose's wait (or a heap file is being created on it), so the domain stays mapped under them.");
             }
 
             _closing = true;

@@ -15,6 +15,9 @@ public sealed unsafe partial class BufferedDurableHeap
 {
     private readonly object _recoveredGate = new();
     private readonly HashSet<int> _claimedTypes = new();
+
+    /// <summary>The user type ids of the structures opened on this heap (see <see cref="ReserveStructureTypeId"/>).</summary>
+    private readonly HashSet<int> _structureTypeIds = new();
     private Dictionary<int, List<RecoveredPayload>> _recovered = new();
 
     private (PersistentHeap Heap, DurableRecoveryReport Report) Recover(HeapFile file, BufferedDurableHeapOptions options)

@@ -166,7 +166,16 @@ public sealed unsafe partial class BufferedDurableHeap : IDisposable
     /// operation begins any more rather than complete without ever being durable. Dispose the heap and reopen the
     /// file: recovery keeps every version up to <see cref="DurableFrontier"/>.</exception>
     [MethodImpl(MethodImplOptions.AggressiveInlining)]
-    public DurableOperation BeginOperation()
+    public DurableOperation BeginOperation() => Begin(refuseAfterFault: true);
+
+    /// <summary>
+    /// <see cref="BeginOperation"/> for the structures' reads, which write nothing: still allowed after an advance cycle
+    /// failed, so that a caller can get its data out before it disposes the heap.
+    /// </summary>
+    internal DurableOperation BeginReadOperation() => Begin(refuseAfterFault: false);
+
+    [MethodImpl(MethodImplOptions.AggressiveInlining)]
+    private DurableOperation Begin(bool refuseAfterFault)
     {
         ThreadBuffers buffers = _local.Value!;
         if (buffers.RetiredBytes >= buffers.NextBacklogCheck || --buffers.OperationsUntilCheck < 0)
@@ -180,14 +189,31 @@ public sealed unsafe partial class BufferedDurableHeap : IDisposable
         // either this operation sees the flag and backs out, or Dispose's wait for operations sees this one. (A failed
         // cycle is recorded under the cycle gate; an operation that began just before it is reported by Sync and
         // Dispose, which fail from then on too.)
-        if (Volatile.Read(ref _disposed) != 0 || _advancerFault is not null)
+        if (Volatile.Read(ref _disposed) != 0 || (refuseAfterFault && _advancerFault is not null))
         {
             _scheme.Leave();
             ThrowNotBegun();
         }
 
         // Volatile.Read: acquire; the base is written once in the constructor before any operation can begin.
-        return new DurableOperation(this, buffers, Volatile.Read(ref _versionBase) + state.Version);
+        long serial = buffers.OpenOperation(out int depth);
+        return new DurableOperation(this, buffers, Volatile.Read(ref _versionBase) + state.Version, serial, depth);
+    }
+
+    /// <summary>
+    /// Reserves a structure's (user) type id for this heap's lifetime, whatever its kind or key size: two structures with
+    /// one type id would each write payloads the other is refused over at the next open.
+    /// </summary>
+    /// <exception cref="InvalidOperationException">A structure with this type id was already opened on the heap.</exception>
+    internal void ReserveStructureTypeId(int typeId)
+    {
+        lock (_recoveredGate)
+        {
+            if (!_structureTypeIds.Add(typeId))
+            {
+                ThrowHelper.ThrowInvalidOperation($"A structure with type id {typeId} was already opened on this heap: open each structure once per heap, each with its own type id.");
+            }
+        }
     }
 
     /// <summary>Whether recovery kept payloads of <paramref name="typeId"/> that nobody has taken yet.</summary>
@@ -235,13 +261,17 @@ public sealed unsafe partial class BufferedDurableHeap : IDisposable
     /// a clean-shutdown mark and without unmapping under that thread: the mapping is replaced with private anonymous
     /// memory (Linux; elsewhere it is kept mapped), so the straggler can neither crash nor write to the file, and the
     /// file lock is released; then <see cref="TimeoutException"/> is thrown. If the last advance fails, or an advance
-    /// cycle failed earlier, the heap and file are closed all the same, without a clean-shutdown mark, and
-    /// <see cref="InvalidOperationException"/> says what was not made durable. Either way the file lock is released.</remarks>
+    /// cycle failed earlier, the heap (and the file, when the heap opened it) is closed all the same, the file gets no
+    /// clean-shutdown mark, and <see cref="InvalidOperationException"/> says what was not made durable. Either way the
+    /// file lock is released. A thread that begins an operation while Dispose runs is waited for briefly (at most
+    /// <see cref="BufferedDurableHeapOptions.SyncTimeout"/>, or 30 s).</remarks>
     /// <exception cref="TimeoutException">A thread is still inside an operation, so the last advance could not run within <see cref="BufferedDurableHeapOptions.SyncTimeout"/>; the heap is closed anyway and recovery keeps the frontier prefix.</exception>
     /// <exception cref="InvalidOperationException">The last advance failed or could not run (an advance cycle failed
-    /// earlier, see <see cref="BeginOperation"/>; or Dispose was called inside an operation): operations after
+    /// earlier, see <see cref="BeginOperation"/>; or, in <see cref="DurabilityMode.Buffered"/> and
+    /// <see cref="DurabilityMode.Strict"/> mode, Dispose was called inside an operation): operations after
     /// <see cref="DurableFrontier"/> are not durable. The heap is closed anyway, without a clean-shutdown mark;
-    /// recovery keeps the frontier prefix.</exception>
+    /// recovery keeps the frontier prefix. The message also says when a thread was still inside an operation (the
+    /// mapping was then quarantined, as for <see cref="TimeoutException"/>).</exception>
     public void Dispose()
     {
         // Interlocked.Exchange: full fence; exactly one caller disposes.
@@ -267,6 +297,7 @@ public sealed unsafe partial class BufferedDurableHeap : IDisposable
         }
 
         bool machineInFlight = false;
+        bool drainedAtClose = false;
         try
         {
             if (_mode != DurabilityMode.Transient && failure is null)
@@ -294,7 +325,8 @@ public sealed unsafe partial class BufferedDurableHeap : IDisposable
 
             // No operation may still be inside the mapping when it is unmapped: wait (briefly if the sync already
             // waited its full timeout) until every thread that entered before the flag has left.
-            bool drained = WaitForOperations(failure is TimeoutException ? TimeSpan.FromMilliseconds(100) : _syncTimeout);
+            drainedAtClose = WaitForOperations(failure is TimeoutException ? TimeSpan.FromMilliseconds(100) : _syncTimeout);
+            bool drained = drainedAtClose;
             if (!drained)
             {
                 failure ??= new TimeoutException($"BufferedDurableHeap.Dispose: a thread stayed inside an operation for {_syncTimeout.TotalSeconds:0.#} s; the heap was closed without unmapping under it (see the remarks of Dispose).");
@@ -324,7 +356,7 @@ public sealed unsafe partial class BufferedDurableHeap : IDisposable
                 // The file is closed and its lock released whatever happened above.
                 try
                 {
-                    _heap.Dispose(drained);
+                    _heap.Dispose(drained, fileClosesNext: _ownsFile);
                 }
                 finally
                 {
@@ -343,7 +375,8 @@ public sealed unsafe partial class BufferedDurableHeap : IDisposable
 
         if (failure is not null)
         {
-            throw new InvalidOperationException($"BufferedDurableHeap.Dispose: the heap is closed, but operations after version {DurableFrontier} were not made durable: {failure.Message} (The file has no clean-shutdown mark; a reopen recovers up to that version.)", failure);
+            string straggler = drainedAtClose ? string.Empty : " A thread was still inside an operation: the mapping was quarantined, not unmapped under it.";
+            throw new InvalidOperationException($"BufferedDurableHeap.Dispose: the heap is closed, but operations after version {DurableFrontier} were not made durable: {failure.Message} (The file has no clean-shutdown mark; a reopen recovers up to that version.){straggler}", failure);
         }
     }
 
@@ -424,16 +457,6 @@ public sealed unsafe partial class BufferedDurableHeap : IDisposable
         if (_mode != DurabilityMode.Transient && !list.RemoveLast(block.Offset))
         {
             ThrowHelper.ThrowInvalidOperation($"Internal error: {block} was not the last block tracked by this operation.");
-        }
-    }
-
-    /// <summary>Throws unless the calling thread is inside an operation of this heap (a stale copy of an ended <see cref="DurableOperation"/>).</summary>
-    [MethodImpl(MethodImplOptions.AggressiveInlining)]
-    internal void ThrowIfNotInsideAnOperation()
-    {
-        if (!_scheme.Epoch.ThisInstanceProtected())
-        {
-            ThrowHelper.ThrowInvalidOperation("This DurableOperation has ended (a copy of it outlived its Dispose): allocate only through an operation that is still open on this thread.");
         }
     }
 

@@ -21,11 +21,17 @@ public ref struct DurableOperation
     private BufferedDurableHeap? _heap;
     private readonly ThreadBuffers? _buffers;
 
-    internal DurableOperation(BufferedDurableHeap heap, ThreadBuffers buffers, long version)
+    /// <summary>This operation's serial number and nesting depth on its thread (see <see cref="ThreadBuffers.OpenOperation"/>).</summary>
+    private readonly long _serial;
+    private readonly int _depth;
+
+    internal DurableOperation(BufferedDurableHeap heap, ThreadBuffers buffers, long version, long serial, int depth)
     {
         _heap = heap;
         _buffers = buffers;
         Version = version;
+        _serial = serial;
+        _depth = depth;
     }
 
     /// <summary>The version this operation observes; every payload it writes carries it as its epoch tag.</summary>
@@ -145,7 +151,7 @@ public ref struct DurableOperation
             return current;
         }
 
-        heap.ThrowIfNotInsideAnOperation();
+        ThrowIfEnded();
         PayloadRef copy = heap.Allocator.AllocateInOperation(AllocatorCache(heap), size, typeId, Version, PayloadKind.Update, uid);
         heap.Track(_buffers!, Version, copy);
         _buffers!.Retire(ThreadBuffers.Slot(Version), current.Offset, HeapLayout.HeaderSize + size);
@@ -184,13 +190,22 @@ public ref struct DurableOperation
     /// Ends the operation: in <see cref="DurabilityMode.Strict"/> writes back and fences its payloads first, then
     /// leaves the protected region. Disposing twice, or disposing <c>default</c>, does nothing.
     /// </summary>
+    /// <exception cref="InvalidOperationException">This is a copy of an operation that has ended (or operations of
+    /// this thread are ended out of order): nothing is ended, and the operation open on this thread stays open.</exception>
     public void Dispose()
     {
         BufferedDurableHeap? heap = _heap;
         if (heap is not null)
         {
+            // A stale copy would otherwise end (leave the protected region of) whatever operation this thread has open now.
+            if (!_buffers!.IsInnermost(_serial, _depth))
+            {
+                ThrowHelper.ThrowInvalidOperation("DurableOperation.Dispose: this is not the innermost operation open on this thread (a copy that outlived its Dispose, or operations ended out of order); nothing was ended.");
+            }
+
             _heap = null;
-            heap.EndOperation(_buffers!);
+            _buffers.CloseOperation();
+            heap.EndOperation(_buffers);
         }
     }
 
@@ -213,8 +228,21 @@ public ref struct DurableOperation
         get
         {
             BufferedDurableHeap heap = Heap;
-            heap.ThrowIfNotInsideAnOperation();
+            ThrowIfEnded();
             return heap;
+        }
+    }
+
+    /// <summary>
+    /// Throws unless this operation is still open on its thread: a copy that outlived its Dispose is refused even while
+    /// another operation is open on the thread (it would write payloads tagged with its own, older version).
+    /// </summary>
+    [MethodImpl(MethodImplOptions.AggressiveInlining)]
+    private readonly void ThrowIfEnded()
+    {
+        if (!_buffers!.IsOpen(_serial, _depth))
+        {
+            ThrowHelper.ThrowInvalidOperation("This DurableOperation has ended (a copy of it outlived its Dispose): use only the operation that is open on this thread.");
         }
     }
 

@@ -51,7 +51,44 @@ internal sealed class ThreadBuffers
     /// <summary>Strict mode: the payloads of the operation in progress, written back and fenced when it ends.</summary>
     internal OffsetList StrictPending { get; } = new();
 
+    /// <summary>
+    /// The serial numbers of the operations this thread has open on the heap, innermost last (operations nest); the first
+    /// <see cref="OpenOperations"/> are in use. A <see cref="DurableOperation"/> remembers its serial and depth, so a copy
+    /// that outlived its Dispose is told apart from the operation open now. Owner only.
+    /// </summary>
+    private long[] _openSerials = new long[4];
+    private long _lastSerial;
+
+    /// <summary>How many operations this thread has open on the heap. Owner only.</summary>
+    internal int OpenOperations;
+
     internal static int Slot(long version) => (int)(version & (Slots - 1));
+
+    /// <summary>Records a new operation as the innermost open one.</summary>
+    /// <param name="depth">Its depth (0 for the outermost).</param>
+    /// <returns>Its serial number, never reused on this thread.</returns>
+    internal long OpenOperation(out int depth)
+    {
+        depth = OpenOperations;
+        if (depth == _openSerials.Length)
+        {
+            System.Array.Resize(ref _openSerials, depth * 2);
+        }
+
+        long serial = ++_lastSerial;
+        _openSerials[depth] = serial;
+        OpenOperations = depth + 1;
+        return serial;
+    }
+
+    /// <summary>Whether the operation of <paramref name="serial"/> at <paramref name="depth"/> is still open.</summary>
+    internal bool IsOpen(long serial, int depth) => depth < OpenOperations && _openSerials[depth] == serial;
+
+    /// <summary>Whether the operation of <paramref name="serial"/> at <paramref name="depth"/> is the innermost open one.</summary>
+    internal bool IsInnermost(long serial, int depth) => depth == OpenOperations - 1 && _openSerials[depth] == serial;
+
+    /// <summary>Forgets the innermost open operation.</summary>
+    internal void CloseOperation() => OpenOperations--;
 
     /// <summary>Retires a replaced or deleted payload's block of <paramref name="bytes"/> (header included) in <paramref name="slot"/>.</summary>
     internal void Retire(int slot, long offset, long bytes)

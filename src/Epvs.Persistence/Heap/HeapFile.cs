@@ -52,10 +52,19 @@ public sealed unsafe class HeapFile : IDisposable
     /// <summary>Set when an owner knows that what it wrote was not all made durable: Dispose leaves no clean-shutdown mark.</summary>
     private volatile bool _forgoCleanShutdown;
 
-    private HeapFile(PersistenceDomain domain, FileStream? lockedFile, bool ownsDomain, string? path, bool wasClean)
+    private HeapFile(PersistenceDomain domain, FileStream? lockedFile, bool ownsDomain, string? path, bool wasClean, object? claim = null)
     {
-        // First: a domain is used by one heap file at a time, and refuses its public Dispose while this one uses it.
-        domain.Claim(this, Dispose);
+        // First: a domain is used by one heap file at a time, and refuses its public Dispose while this one uses it. A
+        // caller's domain was claimed before it was formatted or validated (claim), and the claim passes to this file.
+        if (claim is null)
+        {
+            domain.Claim(this, Dispose);
+        }
+        else
+        {
+            domain.TransferClaim(claim, this, Dispose);
+        }
+
         Domain = domain;
         _lockedFile = lockedFile;
         _ownsDomain = ownsDomain;
@@ -251,11 +260,29 @@ public sealed unsafe class HeapFile : IDisposable
     public static HeapFile Create(PersistenceDomain domain, long maxSize = 0)
     {
         ArgumentNullException.ThrowIfNull(domain);
-        domain.ThrowIfClaimed();
         CheckMaxSize(maxSize, domain.Length);
-        (long maxSegments, long dataStart, long segments) = Geometry(domain.Length, maxSize != 0 ? maxSize : domain.Capacity);
-        Format(domain, dataStart + (segments * HeapLayout.SegmentSize), maxSegments, dataStart);
-        return new HeapFile(domain, null, ownsDomain: false, null, wasClean: true);
+
+        // Claimed before the first store: a disposed domain, or one another heap file uses (or is being formatted by
+        // another call), is refused instead of written.
+        object claim = ClaimCallersDomain(domain);
+        try
+        {
+            (long maxSegments, long dataStart, long segments) = Geometry(domain.Length, maxSize != 0 ? maxSize : domain.Capacity);
+            Format(domain, dataStart + (segments * HeapLayout.SegmentSize), maxSegments, dataStart);
+            return new HeapFile(domain, null, ownsDomain: false, null, wasClean: true, claim);
+        }
+        catch
+        {
+            domain.Release(claim);
+            throw;
+        }
+    }
+
+    private static object ClaimCallersDomain(PersistenceDomain domain)
+    {
+        object claim = new();
+        domain.Claim(claim, closeUser: null);
+        return claim;
     }
 
     /// <summary>Opens the heap on a caller-supplied domain (for example one made from a crash image).</summary>
@@ -266,10 +293,18 @@ public sealed unsafe class HeapFile : IDisposable
     public static HeapFile Open(PersistenceDomain domain)
     {
         ArgumentNullException.ThrowIfNull(domain);
-        domain.ThrowIfClaimed();
-        ReadOnlySpan<byte> superblock = domain.Length >= HeapLayout.SuperblockSize ? domain.GetSpan(0, HeapLayout.SuperblockSize) : default;
-        Validate(superblock, domain.Length, $"<{domain.Kind} domain>", HeapLayout.KindUnclaimed);
-        return Attach(domain, null, ownsDomain: false, null);
+        object claim = ClaimCallersDomain(domain);
+        try
+        {
+            ReadOnlySpan<byte> superblock = domain.Length >= HeapLayout.SuperblockSize ? domain.GetSpan(0, HeapLayout.SuperblockSize) : default;
+            Validate(superblock, domain.Length, $"<{domain.Kind} domain>", HeapLayout.KindUnclaimed);
+            return Attach(domain, null, ownsDomain: false, null, claim);
+        }
+        catch
+        {
+            domain.Release(claim);
+            throw;
+        }
     }
 
     /// <summary>Reads root word <paramref name="slot"/>.</summary>
@@ -295,8 +330,8 @@ public sealed unsafe class HeapFile : IDisposable
 
     /// <summary>
     /// Persists the whole heap (through a private mapping, only what was written back reaches the file: see
-    /// <see cref="MappedFileWriteBack.PrivateMapping"/>), marks the shutdown clean, unmaps and releases the lock. Never
-    /// throws for a second call.
+    /// <see cref="MappedFileWriteBack.PrivateMapping"/>), marks the shutdown clean, unmaps and releases the lock. A
+    /// second call does nothing.
     /// </summary>
     /// <remarks>
     /// Calls that start after Dispose throw <see cref="ObjectDisposedException"/>. Dispose waits (up to 30 s) for calls
@@ -347,12 +382,21 @@ public sealed unsafe class HeapFile : IDisposable
                 ThrowHelper.ThrowInvalidOperation("This heap file is already used by another heap: a file holds one heap at a time (two would hand out the same blocks and overwrite each other's payloads). Dispose that heap first.");
             }
 
+            if (_heapLeftOperations)
+            {
+                ThrowHelper.ThrowInvalidOperation("The previous heap on this file was closed with threads still inside its operations, which may still allocate through it: dispose this file (its mapping is quarantined, not unmapped) and open it again.");
+            }
+
             _heap = heap;
         }
     }
 
-    /// <summary>Detaches <paramref name="heap"/>; <paramref name="operationsDrained"/> false makes a later Dispose quarantine the mapping instead of unmapping it.</summary>
-    internal void DetachHeap(object heap, bool operationsDrained)
+    /// <summary>
+    /// Detaches <paramref name="heap"/>; <paramref name="operationsDrained"/> false makes a later Dispose quarantine the
+    /// mapping instead of unmapping it (and refuses another heap). <paramref name="fileClosesNext"/>: the heap owns the
+    /// file and disposes it next, so no other heap may attach in between (it would be unmapped under).
+    /// </summary>
+    internal void DetachHeap(object heap, bool operationsDrained, bool fileClosesNext)
     {
         lock (_userGate)
         {
@@ -360,6 +404,7 @@ public sealed unsafe class HeapFile : IDisposable
             {
                 _heap = null;
                 _heapLeftOperations |= !operationsDrained;
+                _closing |= fileClosesNext;
             }
         }
     }
@@ -582,7 +627,7 @@ public sealed unsafe class HeapFile : IDisposable
         return HeapLayout.RootsOffset + (slot * sizeof(long));
     }
 
-    private static HeapFile Attach(PersistenceDomain domain, FileStream? stream, bool ownsDomain, string? path)
+    private static HeapFile Attach(PersistenceDomain domain, FileStream? stream, bool ownsDomain, string? path, object? claim = null)
     {
         ulong* clean = (ulong*)(domain.Pointer + HeapLayout.CleanShutdownOffset);
         bool wasClean = HeapLayout.TryUnseal(*clean, HeapLayout.CleanShutdownOffset, out long flag) && flag == 1;
@@ -590,7 +635,7 @@ public sealed unsafe class HeapFile : IDisposable
         // The first write of an open. Volatile.Write: release (plain data before it is not reordered after it).
         Volatile.Write(ref *clean, HeapLayout.Seal(0, HeapLayout.CleanShutdownOffset));
         domain.Persist(HeapLayout.CleanShutdownOffset, sizeof(ulong));
-        return new HeapFile(domain, stream, ownsDomain, path, wasClean);
+        return new HeapFile(domain, stream, ownsDomain, path, wasClean, claim);
     }
 
     /// <summary>A maximum size is 0 (the default) or at least the size: never clamped silently.</summary>

@@ -85,7 +85,7 @@ public sealed unsafe partial class PersistentHeap : IDisposable
         }
         catch
         {
-            file.DetachHeap(this, operationsDrained: true);
+            file.DetachHeap(this, operationsDrained: true, fileClosesNext: false);
             _caches.Dispose();
             throw;
         }
@@ -601,7 +601,10 @@ public sealed unsafe partial class PersistentHeap : IDisposable
         Dispose(operationsDrained: true);
     }
 
-    internal void Dispose(bool operationsDrained)
+    internal void Dispose(bool operationsDrained) => Dispose(operationsDrained, fileClosesNext: _ownsFile);
+
+    /// <summary>Disposes; <paramref name="fileClosesNext"/>: the caller (this heap, or its owner) disposes the file right after.</summary>
+    internal void Dispose(bool operationsDrained, bool fileClosesNext)
     {
         // Interlocked.Exchange: full fence; exactly one caller disposes.
         if (Interlocked.Exchange(ref _disposed, 1) != 0)
@@ -611,7 +614,7 @@ public sealed unsafe partial class PersistentHeap : IDisposable
 
         // The file first: it waits for the calls in flight, which use the caches. A caller's file may then be disposed
         // (or host another heap); with operations still in flight, its Dispose only quarantines the mapping.
-        _file.DetachHeap(this, operationsDrained);
+        _file.DetachHeap(this, operationsDrained, fileClosesNext);
         if (_ownsFile)
         {
             _file.Dispose(operationsDrained);

@@ -73,7 +73,7 @@ internal sealed unsafe class DurableMapCore<TKey>
 
     internal int TryCopy(TKey key, Span<byte> destination)
     {
-        using DurableOperation op = _heap.BeginOperation();
+        using DurableOperation op = _heap.BeginReadOperation();
         Shard shard = ShardOf(key);
         lock (shard)
         {
@@ -111,7 +111,7 @@ internal sealed unsafe class DurableMapCore<TKey>
     internal List<(TKey Key, byte[] Value)> Snapshot()
     {
         var result = new List<(TKey, byte[])>();
-        using DurableOperation op = _heap.BeginOperation();
+        using DurableOperation op = _heap.BeginReadOperation();
         foreach (Shard shard in _shards)
         {
             lock (shard)

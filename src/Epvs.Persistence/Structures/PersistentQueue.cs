@@ -95,7 +95,7 @@ public sealed unsafe class PersistentQueue<T>
     /// <returns>The elements.</returns>
     public T[] ToArray()
     {
-        using DurableOperation op = _heap.BeginOperation();
+        using DurableOperation op = _heap.BeginReadOperation();
         lock (_gate)
         {
             var result = new T[_items.Count];
@@ -112,7 +112,7 @@ public sealed unsafe class PersistentQueue<T>
     /// <summary>The elements' sequence numbers, oldest first (for tests: they must be contiguous).</summary>
     internal long[] Sequences()
     {
-        using DurableOperation op = _heap.BeginOperation();
+        using DurableOperation op = _heap.BeginReadOperation();
         lock (_gate)
         {
             var result = new long[_items.Count];

@@ -38,6 +38,7 @@ internal static class StructureKind
     /// another kind of structure or with another key size.
     /// </summary>
     /// <exception cref="InvalidDataException">The type id's payloads on the heap are another structure's, or were written with another key size.</exception>
+    /// <exception cref="InvalidOperationException">A structure with this type id was already opened on the heap (of any kind or key size).</exception>
     internal static int Claim(BufferedDurableHeap heap, int kind, int typeId, int keySize)
     {
         int stored = Encode(kind, typeId, keySize);
@@ -60,6 +61,7 @@ internal static class StructureKind
             }
         }
 
+        heap.ReserveStructureTypeId(typeId);
         return stored;
     }
 

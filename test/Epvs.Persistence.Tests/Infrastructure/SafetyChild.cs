@@ -346,6 +346,12 @@ internal static class SafetyChild
             wrong += raw.File.GetRoot(0) == 42 ? 0 : 1;
         }
 
+        // A disposed domain is refused before the first store (Format wrote through the unmapped pointer: SIGSEGV).
+        var gone = new SimulatedPersistenceDomain(4L << 20);
+        gone.Dispose();
+        wrong += Throws<ObjectDisposedException>(() => HeapFile.Create(gone), "HeapFile.Create on a disposed domain");
+        wrong += Throws<ObjectDisposedException>(() => HeapFile.Open(gone), "HeapFile.Open on a disposed domain");
+
         var domain = new SimulatedPersistenceDomain(4L << 20);
         HeapFile file = HeapFile.Create(domain);
         domain.Dispose();
@@ -362,18 +368,22 @@ internal static class SafetyChild
         return wrong == 0 ? Survived : WrongOutcome;
     }
 
-    /// <summary>0 if <paramref name="dispose"/> throws InvalidOperationException (refused), else 1 (and says so).</summary>
-    private static int Refused(Action dispose, string what)
+    /// <summary>0 if <paramref name="call"/> throws <typeparamref name="T"/>, else 1 (and says so).</summary>
+    private static int Throws<T>(Action call, string what)
+        where T : Exception
     {
         try
         {
-            dispose();
-            Console.Error.WriteLine($"{what}: not refused under a running heap");
+            call();
+            Console.Error.WriteLine($"{what}: returned");
             return 1;
         }
-        catch (InvalidOperationException)
+        catch (T)
         {
             return 0;
         }
     }
+
+    /// <summary>0 if <paramref name="dispose"/> throws InvalidOperationException (refused), else 1 (and says so).</summary>
+    private static int Refused(Action dispose, string what) => Throws<InvalidOperationException>(dispose, what + " under a running heap");
 }

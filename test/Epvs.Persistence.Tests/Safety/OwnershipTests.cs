@@ -56,7 +56,9 @@ public sealed class OwnershipTests
         string path = dir.File("double-delete.heap");
         var heap = BufferedDurableHeap.Create(path, Small, new BufferedDurableHeapOptions { AdvancePeriod = TimeSpan.FromMilliseconds(2) });
         var map = new PersistentHashMap<long, long>(heap, typeId: 1);
+        var bytes = new PersistentByteMap<long>(heap, typeId: 2);
         map.Set(1, 1);
+        bytes.Set(1, new byte[] { 1, 2, 3 });
         heap.Sync();
         long synced = heap.DurableFrontier;
         PayloadRef block;
@@ -90,6 +92,11 @@ public sealed class OwnershipTests
 
         Assert.NotNull(refused);
         Assert.Contains("advance cycle failed", refused.Message, StringComparison.Ordinal);
+
+        // Writes are refused; reads still work, so the data can be read out before the heap is disposed.
+        Assert.Throws<InvalidOperationException>(() => bytes.Set(2, new byte[] { 2 }));
+        Assert.Equal(new byte[] { 1, 2, 3 }, bytes.Get(1));
+        Assert.Single(bytes.ToList());
         Assert.Throws<InvalidOperationException>(() => heap.Sync());
         InvalidOperationException disposal = Assert.Throws<InvalidOperationException>(heap.Dispose);
         Assert.Contains("not made durable", disposal.Message, StringComparison.Ordinal);
@@ -121,6 +128,29 @@ public sealed class OwnershipTests
         DurableOperation copy = live;
         live.Dispose();
         heap.Sync();
+        AssertRefusesEverything(copy, block);
+
+        // Also while another operation is open on the thread (the first fix only asked whether one was): the copy would
+        // tag its payloads with its own version, already durable, and its Dispose would end the open operation.
+        heap.Sync();
+        using DurableOperation now = heap.BeginOperation();
+        Assert.True(copy.Version < now.Version);
+        AssertRefusesEverything(copy, block);
+        try
+        {
+            copy.Dispose();
+            Assert.Fail("a stale copy's Dispose was accepted");
+        }
+        catch (InvalidOperationException)
+        {
+        }
+
+        Assert.True(now.IsActive);
+        Assert.Equal(now.Version, heap.Heap.GetHeader(now.Allocate(8, typeId: 5)).EpochTag);
+    }
+
+    private static void AssertRefusesEverything(DurableOperation copy, PayloadRef block)
+    {
 
         // (A ref struct cannot be captured by Assert.Throws' lambda.)
         var accepted = new System.Collections.Generic.List<string>();
@@ -161,6 +191,52 @@ public sealed class OwnershipTests
         }
 
         Assert.Empty(accepted);
+    }
+
+    [Fact]
+    public void SecondStructureWithOneTypeId_IsRefusedWhateverItsKeySize()
+    {
+        using var dir = new TempDirectory();
+        using BufferedDurableHeap heap = BufferedDurableHeap.Create(dir.File("ids.heap"), Small, Manual);
+        new PersistentHashMap<long, long>(heap, typeId: 1).Set(1, 1);
+
+        // Once the key size was part of the stored id, these were accepted, and at the next open each refused the other.
+        Assert.Throws<InvalidOperationException>(() => new PersistentHashMap<int, long>(heap, typeId: 1));
+        Assert.Throws<InvalidOperationException>(() => new PersistentByteMap<long>(heap, typeId: 1));
+        Assert.Throws<InvalidOperationException>(() => new PersistentQueue<long>(heap, typeId: 1));
+    }
+
+    /// <summary>
+    /// A heap on a caller's file closed with a thread still inside an operation (Dispose times out): that thread may
+    /// still allocate through the old allocator, so the file takes no new heap (before, one opened and both allocators
+    /// handed out the same blocks); disposing the file quarantines the mapping and releases the lock.
+    /// </summary>
+    [Fact]
+    public void AHeapClosedWithAStraggler_LeavesTheFileToNoOtherHeap()
+    {
+        using var dir = new TempDirectory();
+        string path = dir.File("straggler.heap");
+        HeapFile file = HeapFile.Create(path, Small);
+        var heap = BufferedDurableHeap.Open(file, new BufferedDurableHeapOptions { AdvancePeriod = Timeout.InfiniteTimeSpan, SyncTimeout = TimeSpan.FromMilliseconds(200) });
+        using var inside = new ManualResetEventSlim();
+        using var release = new ManualResetEventSlim();
+        var straggler = new Thread(() =>
+        {
+            using DurableOperation op = heap.BeginOperation();
+            inside.Set();
+            release.Wait();
+        })
+        { IsBackground = true };
+        straggler.Start();
+        Assert.True(inside.Wait(TimeSpan.FromSeconds(30)));
+        Assert.Throws<TimeoutException>(heap.Dispose);
+        InvalidOperationException refused = Assert.Throws<InvalidOperationException>(() => BufferedDurableHeap.Open(file, Manual));
+        Assert.Contains("still inside its operations", refused.Message, StringComparison.Ordinal);
+        release.Set();
+        Assert.True(straggler.Join(TimeSpan.FromSeconds(30)));
+        file.Dispose();
+        using BufferedDurableHeap reopened = BufferedDurableHeap.Open(path, Small, Manual);
+        Assert.False(reopened.Recovery.WasCleanShutdown);
     }
 
     /// <summary>
