@@ -656,7 +656,7 @@ public sealed unsafe class HeapFile : IDisposable
         long segments = (size - dataStart) / HeapLayout.SegmentSize;
         if (segments < 1)
         {
-            ThrowHelper.ThrowArgumentOutOfRange(nameof(size), $"A heap of {size} bytes (maximum {maxSize}) has no room for a segment: it needs at least {dataStart + HeapLayout.SegmentSize} bytes.");
+            ThrowHelper.ThrowArgumentOutOfRange(nameof(size), $"A heap of {size} bytes (maximum {maxSize}) has no room for a segment: it needs at least {dataStart + HeapLayout.SegmentSize} bytes (the segment table for that maximum size alone takes {dataStart - HeapLayout.SuperblockSize} bytes). Choose a larger size or a smaller maximum size.");
         }
 
         return (maxSegments, dataStart, Math.Min(segments, maxSegments));
