@@ -51,16 +51,7 @@ public class IdReuseTests
     [InlineData(40)]
     public void EpochCreatedInsideAnActionOfTheDisposedEpochWhoseIdItTakes_RunsAChainOfActionsToTheEnd(int length)
     {
-        (bool SameId, bool ChainRan) control;
-        LightEpoch.DrainNestingByIdForTesting = true;
-        try
-        {
-            control = ChainOnAnEpochThatTookTheId(length);
-        }
-        finally
-        {
-            LightEpoch.DrainNestingByIdForTesting = false;
-        }
+        (bool SameId, bool ChainRan) control = WithDrainNestingById(() => ChainOnAnEpochThatTookTheId(length));
         (bool sameId, bool chainRan) = ChainOnAnEpochThatTookTheId(length);
         output.WriteLine($"same id {sameId}; chain ran: {chainRan}; control (drain depth keyed by id): {control.ChainRan}");
         Assert.SkipUnless(sameId, "inconclusive: B did not take A's id (another epoch was released in between)");
@@ -101,20 +92,25 @@ public class IdReuseTests
     {
         const int steps = 20; // beyond the inline drain limit (16)
         var done = VersionSchemeState.Make(VersionSchemeState.Rest, 2);
-        (bool SameId, VersionSchemeState State) control;
-        LightEpoch.DrainNestingByIdForTesting = true;
-        try
-        {
-            control = MachineOnASchemeWhoseEpochTookTheId(steps);
-        }
-        finally
-        {
-            LightEpoch.DrainNestingByIdForTesting = false;
-        }
+        (bool SameId, VersionSchemeState State) control = WithDrainNestingById(() => MachineOnASchemeWhoseEpochTookTheId(steps));
         (bool sameId, VersionSchemeState state) = MachineOnASchemeWhoseEpochTookTheId(steps);
         output.WriteLine($"same id {sameId}; state {state}; control (drain depth keyed by id): {control.State}");
         Assert.SkipUnless(sameId, "inconclusive: the scheme's epoch did not take A's id (another epoch was released in between)");
         Assert.Equal(done, state); // G4: no further Enter/Leave by anyone
         Assert.SkipWhen(control.State == done || !control.SameId, "inconclusive: the control (drain depth keyed by id) completed the machine anyway");
+    }
+
+    /// <summary>Runs <paramref name="run"/> as the control: per-thread drain depth keyed by the reusable id (the old behaviour).</summary>
+    private static T WithDrainNestingById<T>(Func<T> run)
+    {
+        LightEpoch.DrainNestingByIdForTesting = true;
+        try
+        {
+            return run();
+        }
+        finally
+        {
+            LightEpoch.DrainNestingByIdForTesting = false;
+        }
     }
 }
