@@ -196,8 +196,7 @@ public sealed unsafe partial class BufferedDurableHeap : IDisposable
         }
 
         // Volatile.Read: acquire; the base is written once in the constructor before any operation can begin.
-        long serial = buffers.OpenOperation(out int depth);
-        return new DurableOperation(this, buffers, Volatile.Read(ref _versionBase) + state.Version, serial, depth);
+        return new DurableOperation(this, buffers, Volatile.Read(ref _versionBase) + state.Version, buffers.OpenOperation());
     }
 
     /// <summary>
@@ -211,7 +210,7 @@ public sealed unsafe partial class BufferedDurableHeap : IDisposable
         {
             if (!_structureTypeIds.Add(typeId))
             {
-                ThrowHelper.ThrowInvalidOperation($"A structure with type id {typeId} was already opened on this heap: open each structure once per heap, each with its own type id.");
+                ThrowHelper.ThrowInvalidOperation($"A structure with type id {typeId} was already opened on this heap (or an earlier attempt failed after it had taken the recovered payloads): open each structure once per heap, each with its own type id; after a failed open, dispose and reopen the heap.");
             }
         }
     }
@@ -496,7 +495,10 @@ public sealed unsafe partial class BufferedDurableHeap : IDisposable
         long limit = BacklogLimit;
         buffers.NextBacklogCheck = buffers.RetiredBytes + Math.Max(4 * 1024, limit / 16);
         buffers.OperationsUntilCheck = LagCheckInterval;
-        if ((_faults & DurabilityFaults.NoBackPressure) != 0 || _scheme.Epoch.ThisInstanceProtected())
+
+        // After a failed cycle nothing is reclaimed any more, so the backlog never falls: helping would only run into
+        // the failure again (and make the reads that are still allowed throw it).
+        if ((_faults & DurabilityFaults.NoBackPressure) != 0 || _advancerFault is not null || _scheme.Epoch.ThisInstanceProtected())
         {
             // (Nested operations cannot help: the advance would wait for the enclosing one.)
             return;
@@ -576,20 +578,27 @@ public sealed unsafe partial class BufferedDurableHeap : IDisposable
 
     internal void EndOperation(ThreadBuffers buffers)
     {
-        if (_mode == DurabilityMode.Strict && buffers.StrictPending.Count != 0)
+        try
         {
-            OffsetList pending = buffers.StrictPending;
-            for (int i = 0; i < pending.Count; i++)
+            if (_mode == DurabilityMode.Strict && buffers.StrictPending.Count != 0)
             {
-                long offset = pending[i];
-                _domain.WriteBack(offset, HeapLayout.HeaderSize + (long)PayloadSize(offset));
+                OffsetList pending = buffers.StrictPending;
+                for (int i = 0; i < pending.Count; i++)
+                {
+                    long offset = pending[i];
+                    _domain.WriteBack(offset, HeapLayout.HeaderSize + (long)PayloadSize(offset));
+                }
+
+                _domain.Fence();
+                pending.Clear();
             }
-
-            _domain.Fence();
-            pending.Clear();
         }
-
-        _scheme.Leave();
+        finally
+        {
+            // Left even when the write-back failed (the medium's error goes to the caller): a thread left protected
+            // would hold back every version transition.
+            _scheme.Leave();
+        }
     }
 
     /// <summary>The payload size recorded in the header of an allocated block (no checks: internal callers hold a valid reference).</summary>

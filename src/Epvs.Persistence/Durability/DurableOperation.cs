@@ -21,17 +21,15 @@ public ref struct DurableOperation
     private BufferedDurableHeap? _heap;
     private readonly ThreadBuffers? _buffers;
 
-    /// <summary>This operation's serial number and nesting depth on its thread (see <see cref="ThreadBuffers.OpenOperation"/>).</summary>
+    /// <summary>This operation's serial number on its thread (see <see cref="ThreadBuffers.OpenOperation"/>).</summary>
     private readonly long _serial;
-    private readonly int _depth;
 
-    internal DurableOperation(BufferedDurableHeap heap, ThreadBuffers buffers, long version, long serial, int depth)
+    internal DurableOperation(BufferedDurableHeap heap, ThreadBuffers buffers, long version, long serial)
     {
         _heap = heap;
         _buffers = buffers;
         Version = version;
         _serial = serial;
-        _depth = depth;
     }
 
     /// <summary>The version this operation observes; every payload it writes carries it as its epoch tag.</summary>
@@ -190,21 +188,21 @@ public ref struct DurableOperation
     /// Ends the operation: in <see cref="DurabilityMode.Strict"/> writes back and fences its payloads first, then
     /// leaves the protected region. Disposing twice, or disposing <c>default</c>, does nothing.
     /// </summary>
-    /// <exception cref="InvalidOperationException">This is a copy of an operation that has ended (or operations of
-    /// this thread are ended out of order): nothing is ended, and the operation open on this thread stays open.</exception>
+    /// <exception cref="InvalidOperationException">This is a copy of an operation that has ended: nothing is ended,
+    /// and the operations open on this thread stay open.</exception>
     public void Dispose()
     {
         BufferedDurableHeap? heap = _heap;
         if (heap is not null)
         {
-            // A stale copy would otherwise end (leave the protected region of) whatever operation this thread has open now.
-            if (!_buffers!.IsInnermost(_serial, _depth))
+            // A stale copy would otherwise end (leave the protected region of) an operation this thread has open now.
+            // Nested operations may end in any order, as the version scheme's regions may.
+            if (!_buffers!.CloseOperation(_serial))
             {
-                ThrowHelper.ThrowInvalidOperation("DurableOperation.Dispose: this is not the innermost operation open on this thread (a copy that outlived its Dispose, or operations ended out of order); nothing was ended.");
+                ThrowHelper.ThrowInvalidOperation("DurableOperation.Dispose: this operation has already ended (a copy that outlived its Dispose); nothing was ended.");
             }
 
             _heap = null;
-            _buffers.CloseOperation();
             heap.EndOperation(_buffers);
         }
     }
@@ -240,7 +238,7 @@ public ref struct DurableOperation
     [MethodImpl(MethodImplOptions.AggressiveInlining)]
     private readonly void ThrowIfEnded()
     {
-        if (!_buffers!.IsOpen(_serial, _depth))
+        if (!_buffers!.IsOpen(_serial))
         {
             ThrowHelper.ThrowInvalidOperation("This DurableOperation has ended (a copy of it outlived its Dispose): use only the operation that is open on this thread.");
         }

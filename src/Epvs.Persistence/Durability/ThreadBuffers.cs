@@ -52,9 +52,9 @@ internal sealed class ThreadBuffers
     internal OffsetList StrictPending { get; } = new();
 
     /// <summary>
-    /// The serial numbers of the operations this thread has open on the heap, innermost last (operations nest); the first
-    /// <see cref="OpenOperations"/> are in use. A <see cref="DurableOperation"/> remembers its serial and depth, so a copy
-    /// that outlived its Dispose is told apart from the operation open now. Owner only.
+    /// The serial numbers of the operations this thread has open on the heap (operations nest); the first
+    /// <see cref="OpenOperations"/> are in use. A <see cref="DurableOperation"/> remembers its serial, so a copy that
+    /// outlived its Dispose is told apart from the operations open now. Owner only.
     /// </summary>
     private long[] _openSerials = new long[4];
     private long _lastSerial;
@@ -64,31 +64,52 @@ internal sealed class ThreadBuffers
 
     internal static int Slot(long version) => (int)(version & (Slots - 1));
 
-    /// <summary>Records a new operation as the innermost open one.</summary>
-    /// <param name="depth">Its depth (0 for the outermost).</param>
+    /// <summary>Records a new open operation.</summary>
     /// <returns>Its serial number, never reused on this thread.</returns>
-    internal long OpenOperation(out int depth)
+    internal long OpenOperation()
     {
-        depth = OpenOperations;
-        if (depth == _openSerials.Length)
+        int count = OpenOperations;
+        if (count == _openSerials.Length)
         {
-            System.Array.Resize(ref _openSerials, depth * 2);
+            System.Array.Resize(ref _openSerials, count * 2);
         }
 
         long serial = ++_lastSerial;
-        _openSerials[depth] = serial;
-        OpenOperations = depth + 1;
+        _openSerials[count] = serial;
+        OpenOperations = count + 1;
         return serial;
     }
 
-    /// <summary>Whether the operation of <paramref name="serial"/> at <paramref name="depth"/> is still open.</summary>
-    internal bool IsOpen(long serial, int depth) => depth < OpenOperations && _openSerials[depth] == serial;
+    /// <summary>Whether the operation of <paramref name="serial"/> is still open (the innermost is looked at first).</summary>
+    internal bool IsOpen(long serial)
+    {
+        for (int i = OpenOperations - 1; i >= 0; i--)
+        {
+            if (_openSerials[i] == serial)
+            {
+                return true;
+            }
+        }
 
-    /// <summary>Whether the operation of <paramref name="serial"/> at <paramref name="depth"/> is the innermost open one.</summary>
-    internal bool IsInnermost(long serial, int depth) => depth == OpenOperations - 1 && _openSerials[depth] == serial;
+        return false;
+    }
 
-    /// <summary>Forgets the innermost open operation.</summary>
-    internal void CloseOperation() => OpenOperations--;
+    /// <summary>Forgets the open operation of <paramref name="serial"/> (nested operations may end in any order).</summary>
+    /// <returns>False if it was not open (a stale copy).</returns>
+    internal bool CloseOperation(long serial)
+    {
+        for (int i = OpenOperations - 1; i >= 0; i--)
+        {
+            if (_openSerials[i] == serial)
+            {
+                System.Array.Copy(_openSerials, i + 1, _openSerials, i, OpenOperations - i - 1);
+                OpenOperations--;
+                return true;
+            }
+        }
+
+        return false;
+    }
 
     /// <summary>Retires a replaced or deleted payload's block of <paramref name="bytes"/> (header included) in <paramref name="slot"/>.</summary>
     internal void Retire(int slot, long offset, long bytes)

@@ -70,8 +70,17 @@ public sealed unsafe class HeapFile : IDisposable
         _ownsDomain = ownsDomain;
         Path = path;
         WasCleanShutdown = wasClean;
-        MaxSegments = (long)Word(HeapLayout.MaxSegmentsOffset);
-        DataStart = (long)Word(HeapLayout.DataStartOffset);
+        try
+        {
+            MaxSegments = (long)Word(HeapLayout.MaxSegmentsOffset);
+            DataStart = (long)Word(HeapLayout.DataStartOffset);
+        }
+        catch
+        {
+            // (Nothing here throws today; should it, the domain must not stay claimed by a file nobody holds.)
+            domain.Release(this);
+            throw;
+        }
     }
 
     /// <summary>The persistence domain that maps the file.</summary>
