@@ -144,7 +144,13 @@ internal sealed class DrainList
     /// <paramref name="pending"/> for each one claimed. Returns how many ran. Actions never throw out of here: faults
     /// go to <paramref name="onFault"/>.
     /// </summary>
-    public int RunEligible(long safeEpoch, ref long pending, Action<Exception> onFault)
+    public int RunEligible(long safeEpoch, ref long pending, Action<Exception> onFault) => RunEligible(safeEpoch, ref pending, onFault, only: null);
+
+    /// <summary>
+    /// <see cref="RunEligible(long, ref long, Action{Exception})"/>, restricted to registrations of <paramref name="only"/>
+    /// when it is not null (a drain past the inline depth limit, for a waiter: see LightEpoch.Drain).
+    /// </summary>
+    public int RunEligible(long safeEpoch, ref long pending, Action<Exception> onFault, Action? only)
     {
         int ran = 0;
         for (Segment<Slot>? s = first; s is not null; s = Volatile.Read(ref s.Next))
@@ -155,6 +161,11 @@ internal sealed class DrainList
                 long e = Volatile.Read(ref slots[i].Epoch);
                 // Free and Busy are larger than any epoch, so this also skips them.
                 if (e > safeEpoch)
+                    continue;
+                // The filter reads the action before the claim. Should the slot be reused in between by a registration
+                // of the same epoch, the claim below succeeds for an action the filter did not look at: it is eligible
+                // all the same (its epoch is e), so running it is safe; the filter only bounds how much runs.
+                if (only is not null && !ReferenceEquals(Volatile.Read(ref slots[i].Action), only))
                     continue;
                 // Claim before reading the action: only the winner of this CAS runs it. The CAS is a full
                 // fence, so the reads below see what the publisher wrote before its release of Epoch.

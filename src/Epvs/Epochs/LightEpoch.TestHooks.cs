@@ -46,6 +46,18 @@ public sealed unsafe partial class LightEpoch
     internal static bool WaitingDrainHonoursDepthLimitForTesting;
 
     /// <summary>
+    /// Test-only: a waiting drain past the inline depth limit runs every eligible action, not only the one its waiter
+    /// waits for (the behaviour that let each pending blocking start nest one more drain: unbounded recursion).
+    /// </summary>
+    internal static bool WaitingDrainRunsEverythingForTesting;
+
+    /// <summary>Test-only: record <see cref="t_maxDrainDepthForTesting"/> (read only on the drain path).</summary>
+    internal static bool RecordDrainDepthForTesting;
+
+    /// <summary>Test-only: the deepest drain nesting (of any epoch) seen on the calling thread while recording.</summary>
+    [System.ThreadStatic] internal static int t_maxDrainDepthForTesting;
+
+    /// <summary>
     /// Test-only: a Resume that claimed a slot and then found the epoch no longer Live keeps the slot as its record's
     /// hint (as before the fix), so the Dispose-versus-growth test can show that it catches a later fast-path Resume
     /// succeeding on a disposed epoch. Read only on that cold path.

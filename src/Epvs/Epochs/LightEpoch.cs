@@ -633,7 +633,7 @@ public sealed unsafe partial class LightEpoch : IDisposable
     /// whether a drain too deep to run inline asked the outermost one to look again. Per instance, so deep nesting on one
     /// epoch never stops another epoch's drain: that epoch has its own outermost drain on this thread (or none, and runs
     /// inline). Indexed by <see cref="id"/>, which a disposed instance gives back for reuse, so each entry also names its
-    /// instance (<see cref="DrainNesting.Token"/>): see <see cref="Drain(bool)"/>. A managed array, indexed afresh on
+    /// instance (<see cref="DrainNesting.Token"/>): see <see cref="Drain(bool, Action?)"/>. A managed array, indexed afresh on
     /// every access, because an action may grow it.</summary>
     [ThreadStatic] private static DrainNesting[]? t_drainNesting;
 
@@ -672,12 +672,14 @@ public sealed unsafe partial class LightEpoch : IDisposable
     private bool Drain() => Drain(waiting: false);
 
     /// <summary>
-    /// <see cref="Drain()"/>; with <paramref name="waiting"/>, also past the inline depth limit (one pass), for a thread
-    /// that waits in a loop for an action to run: the outermost drain it would leave the action to is further up its own
-    /// stack, stopped until the wait ends. Such a drain adds one level per waiting call on the stack, and the waiter's
-    /// loop calls again for whatever the drains it nests leave to it.
+    /// <see cref="Drain()"/>; with <paramref name="waiting"/>, also past the inline depth limit, for a thread that waits
+    /// in a loop for an action to run: the outermost drain it would leave the action to is further up its own stack,
+    /// stopped until the wait ends. Past the limit such a drain runs only <paramref name="awaited"/>'s registrations (the
+    /// action the waiter waits for): running any action there could start another wait, which would drain again, one
+    /// level deeper for every pending action (thousands of waiting actions overflowed the stack). Everything else is
+    /// left to the drains within the limit.
     /// </summary>
-    private bool Drain(bool waiting)
+    private bool Drain(bool waiting, Action? awaited = null)
     {
         // The entry at our index may still count drains of a disposed instance that had our id: we may be running inside
         // one of its actions (an action may dispose its epoch and create another, which takes the id back). Its depth is
@@ -700,7 +702,10 @@ public sealed unsafe partial class LightEpoch : IDisposable
             entry.Again = true;
             return false;
         }
+        Action? only = depth >= MaxInlineDrainDepth && !WaitingDrainRunsEverythingForTesting ? awaited : null;
         entry.Depth = ++depth;
+        if (RecordDrainDepthForTesting && depth > t_maxDrainDepthForTesting)
+            t_maxDrainDepthForTesting = depth;
         try
         {
             do
@@ -716,7 +721,10 @@ public sealed unsafe partial class LightEpoch : IDisposable
                 // the hint nothing is eligible, so the list is not scanned: constant time however many actions wait.
                 if (Volatile.Read(ref pendingActions.Value) != 0 && safe >= Volatile.Read(ref pendingHint.Value))
                 {
-                    drainList.RunEligible(safe, ref pendingActions.Value, reportFault);
+                    drainList.RunEligible(safe, ref pendingActions.Value, reportFault, only);
+                    // A filtered pass leaves the other eligible actions to the outermost drain: make it look again.
+                    if (only is not null)
+                        Nesting.Again = true;
                     // Whether we ran something or found the hint stale (another drain ran it, or a raise that lost to
                     // ours computed its value before our claims): recompute it, so later drains skip again.
                     RaisePendingHint();
@@ -794,13 +802,15 @@ public sealed unsafe partial class LightEpoch : IDisposable
     /// <summary>
     /// <see cref="DrainWithoutRefresh"/> for a thread that waits in a loop for an action of this epoch to run (a blocking
     /// state-machine start or wait): also runs when the thread is deeper inside drains than the inline limit, where
-    /// nothing else would run the action until the wait ends (see <see cref="Drain(bool)"/>).
+    /// nothing else would run the action until the wait ends (see <see cref="Drain(bool, Action?)"/>).
     /// </summary>
-    internal void DrainWhileWaiting()
+    /// <param name="awaited">The action the caller waits for (a scheme's step): past the inline depth limit, only its
+    /// registrations run (see <see cref="Drain(bool, Action?)"/>).</param>
+    internal void DrainWhileWaiting(Action awaited)
     {
         // Acquire, as in DrainWithoutRefresh; the caller loops, so a registration this read misses is seen next time.
         if (Volatile.Read(ref pendingActions.Value) != 0)
-            Drain(waiting: true);
+            Drain(waiting: true, awaited);
     }
 
     /// <summary>Whether any protected thread announced <paramref name="epoch"/> or older.</summary>

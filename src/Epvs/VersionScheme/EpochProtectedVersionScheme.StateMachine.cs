@@ -162,7 +162,7 @@ public sealed partial class EpochProtectedVersionScheme
                 // inline limit, whose outermost drain is stopped under us); and we are not protected (checked above), so
                 // we only run what is safe for everyone, as any thread that leaves would.
                 TryStepStateMachine(mustNotLose: false);
-                epoch.DrainWhileWaiting();
+                epoch.DrainWhileWaiting(completeStep);
             }
             ReportStallIfDue();
             spinner.SpinOnce();
@@ -178,7 +178,7 @@ public sealed partial class EpochProtectedVersionScheme
                 // Polls GetNextStep, so a delayed step is taken as soon as it is available, and runs a critical
                 // section that has become safe rather than leave it to others.
                 TryStepStateMachine(mustNotLose: false);
-                epoch.DrainWhileWaiting();
+                epoch.DrainWhileWaiting(completeStep);
                 ReportStallIfDue();
                 spinner.SpinOnce();
             }

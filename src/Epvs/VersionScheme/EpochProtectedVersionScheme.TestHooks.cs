@@ -29,6 +29,13 @@ public sealed partial class EpochProtectedVersionScheme
     /// </summary>
     internal bool RetryWithoutProgressForTesting { get; set; }
 
+    /// <summary>
+    /// Test hook: an Enter or Refresh waiting for a transition neither drains while stepped aside nor past the inline
+    /// depth limit while nested (as before), so the test of Enters inside many queued actions can show it catches the
+    /// spin that never ends. Read only on those wait paths.
+    /// </summary>
+    internal bool StepAsideWithoutDrainingForTesting { get; set; }
+
     /// <summary>Test hook: runs on a thread stepped aside inside Enter or Refresh, once the transition it waited for has
     /// moved on and before it takes its protection back.</summary>
     internal System.Action? BeforeComingBackHookForTesting { get; set; }

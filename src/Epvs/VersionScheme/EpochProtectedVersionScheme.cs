@@ -249,8 +249,12 @@ public sealed partial class EpochProtectedVersionScheme : IDisposable
                     // Enter on the scheme whose outer region observed that state).
                     if (epoch.AnnouncedEpoch <= prior)
                         return new VersionSchemeState(s).WithoutIntermediate();
-                    // The step does not wait for us. Wait for it, running its critical section if it is due.
-                    epoch.DrainWithoutRefresh();
+                    // The step does not wait for us. Wait for it, running its critical section if it is due (also
+                    // deeper inside drains than the inline limit: the drain we would leave it to may be this thread's).
+                    if (StepAsideWithoutDrainingForTesting)
+                        epoch.DrainWithoutRefresh();
+                    else
+                        epoch.DrainWhileWaiting(completeStep);
                 }
                 // else: the stepping thread is between publishing the intermediate state and bumping the epoch.
                 ReportStallIfDue();
@@ -273,6 +277,11 @@ public sealed partial class EpochProtectedVersionScheme : IDisposable
                 // The flag is set before the mark, so a read that sees the mark sees the flag.
                 while (Volatile.Read(ref state) == s && Volatile.Read(ref disposed) == 0)
                 {
+                    // Unprotected here, so running what is safe is safe. The step may be queued behind actions this
+                    // thread's own drains (further up its stack, past the inline limit) left pending: nobody else may
+                    // run it (an Enter inside each of 16 queued actions, stepping aside in turn, used to spin for ever).
+                    if (!StepAsideWithoutDrainingForTesting)
+                        epoch.DrainWhileWaiting(completeStep);
                     ReportStallIfDue();
                     spinner.SpinOnce();
                 }
