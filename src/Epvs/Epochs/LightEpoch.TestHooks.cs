@@ -51,6 +51,12 @@ public sealed unsafe partial class LightEpoch
     /// </summary>
     internal static bool WaitingDrainRunsEverythingForTesting;
 
+    /// <summary>
+    /// Test-only: a waiting drain runs only what its waiter waits for from the inline depth limit on (a first version of
+    /// the bound), so the test of a wait that depends on another pending action can show that it catches the hang.
+    /// </summary>
+    internal static bool WaitingDrainFiltersAtInlineLimitForTesting;
+
     /// <summary>Test-only: record <see cref="t_maxDrainDepthForTesting"/> (read only on the drain path).</summary>
     internal static bool RecordDrainDepthForTesting;
 

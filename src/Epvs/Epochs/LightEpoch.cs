@@ -666,6 +666,14 @@ public sealed unsafe partial class LightEpoch : IDisposable
     private const int MaxInlineDrainDepth = 16;
 
     /// <summary>
+    /// How deep a waiting drain (<see cref="DrainWhileWaiting"/>) still runs every eligible action; past it, only what its
+    /// waiter waits for. Each level takes well under 1 KB of stack (about 3,000 levels overflowed a 1.5 MB thread stack),
+    /// so this bounds the recursion far below that, while a wait that depends on another eligible action (a step a user's
+    /// action signals, another scheme's step) still makes progress at any realistic nesting.
+    /// </summary>
+    private const int MaxWaitingDrainDepth = 256;
+
+    /// <summary>
     /// Computes the safe epoch from a scan of the table and runs the actions it allows. Returns false if it was too
     /// deep inside other drains on this thread to run now (the outermost drain will).
     /// </summary>
@@ -674,10 +682,10 @@ public sealed unsafe partial class LightEpoch : IDisposable
     /// <summary>
     /// <see cref="Drain()"/>; with <paramref name="waiting"/>, also past the inline depth limit, for a thread that waits
     /// in a loop for an action to run: the outermost drain it would leave the action to is further up its own stack,
-    /// stopped until the wait ends. Past the limit such a drain runs only <paramref name="awaited"/>'s registrations (the
-    /// action the waiter waits for): running any action there could start another wait, which would drain again, one
-    /// level deeper for every pending action (thousands of waiting actions overflowed the stack). Everything else is
-    /// left to the drains within the limit.
+    /// stopped until the wait ends. Past <see cref="MaxWaitingDrainDepth"/> such a drain runs only
+    /// <paramref name="awaited"/>'s registrations (the action the waiter waits for): running any action there could start
+    /// another wait, which would drain again, one level deeper for every pending action (thousands of waiting actions
+    /// overflowed the stack). Everything else is then left to the drains within that depth.
     /// </summary>
     private bool Drain(bool waiting, Action? awaited = null)
     {
@@ -702,7 +710,7 @@ public sealed unsafe partial class LightEpoch : IDisposable
             entry.Again = true;
             return false;
         }
-        Action? only = depth >= MaxInlineDrainDepth && !WaitingDrainRunsEverythingForTesting ? awaited : null;
+        Action? only = depth >= (WaitingDrainFiltersAtInlineLimitForTesting ? MaxInlineDrainDepth : MaxWaitingDrainDepth) && !WaitingDrainRunsEverythingForTesting ? awaited : null;
         entry.Depth = ++depth;
         if (RecordDrainDepthForTesting && depth > t_maxDrainDepthForTesting)
             t_maxDrainDepthForTesting = depth;
