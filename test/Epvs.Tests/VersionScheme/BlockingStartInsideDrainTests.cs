@@ -169,13 +169,8 @@ public class BlockingStartInsideDrainTests
         Exception? failure = null;
 
         // Never asserts inside the actions: an exception there goes to the epoch's DeferredActionFailed, not to the test.
-        void Chain(int remaining)
+        void Deepest()
         {
-            if (remaining > 0)
-            {
-                scheme.Epoch.BumpCurrentEpoch(() => Chain(remaining - 1));
-                return;
-            }
             try
             {
                 started = scheme.TryAdvanceVersionWithCriticalSection((_, _) => Interlocked.Increment(ref criticalSections));
@@ -189,24 +184,13 @@ public class BlockingStartInsideDrainTests
         }
 
         LightEpoch.WaitingDrainHonoursDepthLimitForTesting = control;
-        GuardedThread worker;
-        string? stuck = null;
-        try
-        {
-            worker = GuardedThread.Start(() => Chain(nesting), "nested drains");
-            if (!worker.TryJoin(wait))
-                stuck = $"nesting {nesting}, spin {spin}: the blocking start did not return within {wait.TotalMilliseconds:0} ms (state {scheme.CurrentState})";
-        }
-        finally
-        {
-            LightEpoch.WaitingDrainHonoursDepthLimitForTesting = false;
-        }
-        if (stuck is not null)
-        {
-            Assert.True(
-                Bounded.TryWaitUntil(() => { scheme.Epoch.BumpCurrentEpoch(); return worker.TryJoin(TimeSpan.FromMilliseconds(10)); }, GuardedThread.DefaultTimeout),
-                "the nested drains stayed stuck even with this thread draining");
-        }
+        string? stuck = StuckDrain.RunThenUnstick(
+            scheme.Epoch,
+            () => StuckDrain.AtDrainDepth(scheme.Epoch, nesting, Deepest),
+            "nested drains",
+            wait,
+            () => $"nesting {nesting}, spin {spin}: the blocking start did not return within {wait.TotalMilliseconds:0} ms (state {scheme.CurrentState})",
+            () => LightEpoch.WaitingDrainHonoursDepthLimitForTesting = false);
 
         Assert.Null(failure);
         Assert.Equal(StateMachineExecutionStatus.Ok, started);

@@ -99,7 +99,7 @@ public class WaitingDrainBoundTests
         int ran = 0;
         int failures = 0;
         StateMachineExecutionStatus status = StateMachineExecutionStatus.Fail;
-        GuardedThread worker = GuardedThread.Start(() =>
+        void Body()
         {
             scheme.Enter();
             for (int i = 0; i < actions; i++)
@@ -120,15 +120,15 @@ public class WaitingDrainBoundTests
             }
             status = scheme.TryAdvanceVersionWithCriticalSection((_, _) => { });
             scheme.Leave();
-        }, "enters inside queued actions");
-        string? stuck = worker.TryJoin(wait) ? null : $"{actions} actions: the Leave did not return within {wait.TotalMilliseconds:0} ms (state {scheme.CurrentState})";
-        if (stuck is not null)
-        {
-            scheme.StepAsideWithoutDrainingForTesting = false;
-            Assert.True(
-                Bounded.TryWaitUntil(() => { scheme.Epoch.BumpCurrentEpoch(); return worker.TryJoin(TimeSpan.FromMilliseconds(10)); }, GuardedThread.DefaultTimeout),
-                "the thread stayed stuck even with this thread draining");
         }
+
+        string? stuck = StuckDrain.RunThenUnstick(
+            scheme.Epoch,
+            Body,
+            "enters inside queued actions",
+            wait,
+            () => $"{actions} actions: the Leave did not return within {wait.TotalMilliseconds:0} ms (state {scheme.CurrentState})",
+            () => scheme.StepAsideWithoutDrainingForTesting = false);
 
         Assert.Equal(StateMachineExecutionStatus.Ok, status);
         Assert.Equal(0, failures);
@@ -163,13 +163,8 @@ public class WaitingDrainBoundTests
         Exception? failure = null;
 
         // Never asserts inside the actions: an exception there goes to the epoch, not to the test.
-        void Chain(int remaining)
+        void Deepest()
         {
-            if (remaining > 0)
-            {
-                scheme.Epoch.BumpCurrentEpoch(() => Chain(remaining - 1));
-                return;
-            }
             try
             {
                 scheme.Epoch.BumpCurrentEpoch(() =>
@@ -186,24 +181,13 @@ public class WaitingDrainBoundTests
         }
 
         LightEpoch.WaitingDrainFiltersAtInlineLimitForTesting = control;
-        GuardedThread worker;
-        string? stuck = null;
-        try
-        {
-            worker = GuardedThread.Start(() => Chain(nesting), "wait on a pending action");
-            if (!worker.TryJoin(wait))
-                stuck = $"nesting {nesting}: the wait did not return within {wait.TotalMilliseconds:0} ms (state {scheme.CurrentState})";
-        }
-        finally
-        {
-            LightEpoch.WaitingDrainFiltersAtInlineLimitForTesting = false;
-        }
-        if (stuck is not null)
-        {
-            Assert.True(
-                Bounded.TryWaitUntil(() => { scheme.Epoch.BumpCurrentEpoch(); return worker.TryJoin(TimeSpan.FromMilliseconds(10)); }, GuardedThread.DefaultTimeout),
-                "the wait stayed stuck even with this thread draining");
-        }
+        string? stuck = StuckDrain.RunThenUnstick(
+            scheme.Epoch,
+            () => StuckDrain.AtDrainDepth(scheme.Epoch, nesting, Deepest),
+            "wait on a pending action",
+            wait,
+            () => $"nesting {nesting}: the wait did not return within {wait.TotalMilliseconds:0} ms (state {scheme.CurrentState})",
+            () => LightEpoch.WaitingDrainFiltersAtInlineLimitForTesting = false);
 
         Assert.Null(failure);
         Assert.True(result, $"nesting {nesting}: the machine was not run ({result?.ToString() ?? "nothing"})");
