@@ -182,7 +182,11 @@ public abstract unsafe class PersistenceDomain : IDisposable
                 ThrowHelper.ThrowObjectDisposed(this);
             }
 
-            ThrowIfClaimed();
+            if (_user is not null)
+            {
+                ThrowHelper.ThrowInvalidOperation("This persistence domain is already used by a HeapFile: one heap file at a time (two would format and allocate over each other). Dispose that HeapFile first.");
+            }
+
             _user = user;
             _closeUser = closeUser;
         }
@@ -213,17 +217,6 @@ public abstract unsafe class PersistenceDomain : IDisposable
                 _user = null;
                 _closeUser = null;
             }
-        }
-    }
-
-    /// <summary>Throws if a heap file uses the domain (checked before formatting or validating a caller's domain).</summary>
-    /// <exception cref="InvalidOperationException">Another heap file uses the domain.</exception>
-    internal void ThrowIfClaimed()
-    {
-        // Volatile.Read: a fresh look outside the gate too (Claim checks again under it).
-        if (Volatile.Read(ref _user) is not null)
-        {
-            ThrowHelper.ThrowInvalidOperation("This persistence domain is already used by a HeapFile: one heap file at a time (two would format and allocate over each other). Dispose that HeapFile first.");
         }
     }
 

@@ -296,7 +296,7 @@ public sealed unsafe partial class BufferedDurableHeap : IDisposable
         }
 
         bool machineInFlight = false;
-        bool drainedAtClose = false;
+        bool drained = false;
         try
         {
             if (_mode != DurabilityMode.Transient && failure is null)
@@ -324,8 +324,7 @@ public sealed unsafe partial class BufferedDurableHeap : IDisposable
 
             // No operation may still be inside the mapping when it is unmapped: wait (briefly if the sync already
             // waited its full timeout) until every thread that entered before the flag has left.
-            drainedAtClose = WaitForOperations(failure is TimeoutException ? TimeSpan.FromMilliseconds(100) : _syncTimeout);
-            bool drained = drainedAtClose;
+            drained = WaitForOperations(failure is TimeoutException ? TimeSpan.FromMilliseconds(100) : _syncTimeout);
             if (!drained)
             {
                 failure ??= new TimeoutException($"BufferedDurableHeap.Dispose: a thread stayed inside an operation for {_syncTimeout.TotalSeconds:0.#} s; the heap was closed without unmapping under it (see the remarks of Dispose).");
@@ -374,7 +373,7 @@ public sealed unsafe partial class BufferedDurableHeap : IDisposable
 
         if (failure is not null)
         {
-            string straggler = drainedAtClose ? string.Empty : " A thread was still inside an operation: the mapping was quarantined, not unmapped under it.";
+            string straggler = drained ? string.Empty : " A thread was still inside an operation: the mapping was quarantined, not unmapped under it.";
             throw new InvalidOperationException($"BufferedDurableHeap.Dispose: the heap is closed, but operations after version {DurableFrontier} were not made durable: {failure.Message} (The file has no clean-shutdown mark; a reopen recovers up to that version.){straggler}", failure);
         }
     }
@@ -388,7 +387,8 @@ public sealed unsafe partial class BufferedDurableHeap : IDisposable
     /// </summary>
     private void DisposeScheme()
     {
-        long deadline = Deadline(TimeSpan.FromSeconds(Math.Min(30, _syncTimeout == Timeout.InfiniteTimeSpan ? 30 : _syncTimeout.TotalSeconds)));
+        TimeSpan bound = TimeSpan.FromSeconds(30);
+        long deadline = Deadline(_syncTimeout == Timeout.InfiniteTimeSpan || _syncTimeout > bound ? bound : _syncTimeout);
         var spinner = new SpinWait();
         while (true)
         {
@@ -397,11 +397,11 @@ public sealed unsafe partial class BufferedDurableHeap : IDisposable
                 _scheme.Dispose();
                 return;
             }
-            catch (InvalidOperationException) when (Remaining(deadline) > TimeSpan.Zero)
+            catch (InvalidOperationException) when (Remaining(deadline) > TimeSpan.Zero && (_faults & DurabilityFaults.DisposeSchemeOnce) == 0)
             {
                 spinner.SpinOnce();
             }
-            catch (InvalidOperationException)
+            catch (InvalidOperationException) when ((_faults & DurabilityFaults.DisposeSchemeOnce) == 0)
             {
                 return;
             }

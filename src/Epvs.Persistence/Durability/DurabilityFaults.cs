@@ -64,4 +64,7 @@ internal enum DurabilityFaults
 
     /// <summary>A version older than MaxVersionAge slows down only the thread helping to end it: the other writers carry on adding to it.</summary>
     OnlyTheHelperWaits = 131072,
+
+    /// <summary>Dispose tries the version scheme's Dispose once, as before: a thread that began an operation just after the wait for operations (and is about to leave) makes the whole Dispose fail.</summary>
+    DisposeSchemeOnce = 262144,
 }

@@ -53,14 +53,14 @@ internal sealed class ThreadBuffers
 
     /// <summary>
     /// The serial numbers of the operations this thread has open on the heap (operations nest); the first
-    /// <see cref="OpenOperations"/> are in use. A <see cref="DurableOperation"/> remembers its serial, so a copy that
+    /// <see cref="_openCount"/> are in use. A <see cref="DurableOperation"/> remembers its serial, so a copy that
     /// outlived its Dispose is told apart from the operations open now. Owner only.
     /// </summary>
     private long[] _openSerials = new long[4];
     private long _lastSerial;
 
     /// <summary>How many operations this thread has open on the heap. Owner only.</summary>
-    internal int OpenOperations;
+    private int _openCount;
 
     internal static int Slot(long version) => (int)(version & (Slots - 1));
 
@@ -68,7 +68,7 @@ internal sealed class ThreadBuffers
     /// <returns>Its serial number, never reused on this thread.</returns>
     internal long OpenOperation()
     {
-        int count = OpenOperations;
+        int count = _openCount;
         if (count == _openSerials.Length)
         {
             System.Array.Resize(ref _openSerials, count * 2);
@@ -76,14 +76,14 @@ internal sealed class ThreadBuffers
 
         long serial = ++_lastSerial;
         _openSerials[count] = serial;
-        OpenOperations = count + 1;
+        _openCount = count + 1;
         return serial;
     }
 
     /// <summary>Whether the operation of <paramref name="serial"/> is still open (the innermost is looked at first).</summary>
     internal bool IsOpen(long serial)
     {
-        for (int i = OpenOperations - 1; i >= 0; i--)
+        for (int i = _openCount - 1; i >= 0; i--)
         {
             if (_openSerials[i] == serial)
             {
@@ -98,12 +98,12 @@ internal sealed class ThreadBuffers
     /// <returns>False if it was not open (a stale copy).</returns>
     internal bool CloseOperation(long serial)
     {
-        for (int i = OpenOperations - 1; i >= 0; i--)
+        for (int i = _openCount - 1; i >= 0; i--)
         {
             if (_openSerials[i] == serial)
             {
-                System.Array.Copy(_openSerials, i + 1, _openSerials, i, OpenOperations - i - 1);
-                OpenOperations--;
+                System.Array.Copy(_openSerials, i + 1, _openSerials, i, _openCount - i - 1);
+                _openCount--;
                 return true;
             }
         }

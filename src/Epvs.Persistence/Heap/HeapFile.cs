@@ -54,8 +54,17 @@ public sealed unsafe class HeapFile : IDisposable
 
     private HeapFile(PersistenceDomain domain, FileStream? lockedFile, bool ownsDomain, string? path, bool wasClean, object? claim = null)
     {
-        // First: a domain is used by one heap file at a time, and refuses its public Dispose while this one uses it. A
-        // caller's domain was claimed before it was formatted or validated (claim), and the claim passes to this file.
+        Domain = domain;
+        _lockedFile = lockedFile;
+        _ownsDomain = ownsDomain;
+        Path = path;
+        WasCleanShutdown = wasClean;
+        MaxSegments = (long)Word(HeapLayout.MaxSegmentsOffset);
+        DataStart = (long)Word(HeapLayout.DataStartOffset);
+
+        // Last, so that nothing after it can fail and leave the domain claimed: a domain is used by one heap file at a
+        // time, and refuses its public Dispose while this one uses it. A caller's domain was claimed before it was
+        // formatted or validated (claim), and the claim passes to this file.
         if (claim is null)
         {
             domain.Claim(this, Dispose);
@@ -63,23 +72,6 @@ public sealed unsafe class HeapFile : IDisposable
         else
         {
             domain.TransferClaim(claim, this, Dispose);
-        }
-
-        Domain = domain;
-        _lockedFile = lockedFile;
-        _ownsDomain = ownsDomain;
-        Path = path;
-        WasCleanShutdown = wasClean;
-        try
-        {
-            MaxSegments = (long)Word(HeapLayout.MaxSegmentsOffset);
-            DataStart = (long)Word(HeapLayout.DataStartOffset);
-        }
-        catch
-        {
-            // (Nothing here throws today; should it, the domain must not stay claimed by a file nobody holds.)
-            domain.Release(this);
-            throw;
         }
     }
 
