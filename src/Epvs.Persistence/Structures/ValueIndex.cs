@@ -3,6 +3,7 @@ using System.Collections.Generic;
 using System.Numerics;
 using System.Runtime.CompilerServices;
 using System.Runtime.InteropServices;
+using System.Runtime.Intrinsics.X86;
 using System.Threading;
 
 namespace Epvs.Persistence;
@@ -108,6 +109,12 @@ internal sealed unsafe class ValueIndex<TKey, TValue>
     // Volatile.Read: atomicity only (64-bit on 32-bit runtimes); inserts and removes change it with Interlocked.
     internal long Count => Volatile.Read(ref _count);
 
+    /// <summary>
+    /// Test hook: how many of the next growths fail as if out of memory (read and counted down under every stripe lock);
+    /// unlike <see cref="DurabilityFaults.IndexGrowthOutOfMemory"/>, which fails every one, a later growth succeeds.
+    /// </summary>
+    internal int FailingGrowthsForTesting { get; set; }
+
     /// <summary>Test hook: a growth is about to lock the live slot of this key to copy it (a test parks a remove of it there).</summary>
     internal Action<TKey>? BeforeGrowLocksSlotForTesting { get; set; }
 
@@ -139,6 +146,22 @@ internal sealed unsafe class ValueIndex<TKey, TValue>
         value = torn ? Unsafe.Read<TValue>(slot + ValueOffset) : ReadValue(slot);
         GC.KeepAlive(table);
         return true;
+    }
+
+    /// <summary>
+    /// Starts loading the key's home slot into the cache without waiting for it (x86; elsewhere nothing): an update
+    /// calls it before the work that precedes its lookup (entering the version region), so the one cache miss of the
+    /// lookup overlaps that work instead of following it.
+    /// </summary>
+    [MethodImpl(MethodImplOptions.AggressiveInlining)]
+    internal void Prefetch(uint hash)
+    {
+        if (Sse.IsSupported)
+        {
+            // Plain read: a hint only; a prefetch of a table a growth has just freed does not fault.
+            Table table = _table;
+            Sse.Prefetch0(table.Slot(table.Home(hash)));
+        }
     }
 
     /// <summary>
@@ -290,7 +313,7 @@ internal sealed unsafe class ValueIndex<TKey, TValue>
             Table grown;
             try
             {
-                if (_growthOutOfMemory)
+                if (_growthOutOfMemory || (FailingGrowthsForTesting > 0 && FailingGrowthsForTesting-- > 0))
                 {
                     throw new OutOfMemoryException("Simulated (DurabilityFaults.IndexGrowthOutOfMemory): no memory to grow the map's index.");
                 }

@@ -27,6 +27,15 @@ internal sealed unsafe class ValueMapCore<TKey, TValue>
     where TKey : unmanaged, IEquatable<TKey>
     where TValue : unmanaged
 {
+    /// <summary>
+    /// The most items of a <see cref="UpsertMany"/> in one operation: enough to pay for entering it (a full fence)
+    /// about once per 64 writes, few enough that a version transition waiting for the operation waits a few microseconds.
+    /// </summary>
+    internal const int BatchPerOperation = 64;
+
+    /// <summary>How many items ahead <see cref="UpsertMany"/> loads index slots: about as many cache misses as a core keeps in flight.</summary>
+    internal const int PrefetchDistance = 8;
+
     private readonly BufferedDurableHeap _heap;
     private readonly int _typeId;
     private readonly ValueIndex<TKey, TValue> _index;
@@ -61,6 +70,9 @@ internal sealed unsafe class ValueMapCore<TKey, TValue>
     internal bool Upsert(TKey key, TValue value)
     {
         uint hash = ValueIndex<TKey, TValue>.Hash(key);
+
+        // The lookup's one cache miss overlaps entering the operation.
+        _index.Prefetch(hash);
         while (true)
         {
             Outcome outcome;
@@ -69,32 +81,91 @@ internal sealed unsafe class ValueMapCore<TKey, TValue>
                 outcome = Upsert(in op, key, hash, value);
             }
 
-            // Growing takes every lock of the index: outside the operation (it would hold back version transitions) and
-            // outside the locks.
-            switch (outcome)
+            GrowAfter(outcome);
+            if (outcome != Outcome.NoRoom)
             {
-                case Outcome.Updated:
-                    return false;
-                case Outcome.InsertedAndGrow:
-                    // The insert is done: if there is no memory to grow, the next insert that finds no room grows (or
-                    // fails) before writing anything (Grow marks the table it could not grow).
-                    try
+                return outcome != Outcome.Updated;
+            }
+        }
+    }
+
+    /// <summary>
+    /// <see cref="Upsert(TKey, TValue)"/> of each item in order, <see cref="BatchPerOperation"/> items per operation,
+    /// with the index slot of the item <see cref="PrefetchDistance"/> ahead loaded while this one is written: the
+    /// lookups' cache misses overlap instead of following one another. Returns how many keys were inserted.
+    /// </summary>
+    internal int UpsertMany(ReadOnlySpan<KeyValuePair<TKey, TValue>> items)
+    {
+        for (int p = 0; p < Math.Min(PrefetchDistance, items.Length); p++)
+        {
+            _index.Prefetch(ValueIndex<TKey, TValue>.Hash(items[p].Key));
+        }
+
+        int inserted = 0;
+        int i = 0;
+        while (i < items.Length)
+        {
+            Outcome outcome = Outcome.Updated;
+            using (DurableOperation op = _heap.BeginOperation())
+            {
+                int end = Math.Min(items.Length, i + BatchPerOperation);
+                while (i < end)
+                {
+                    if (i + PrefetchDistance < items.Length)
                     {
-                        _index.Grow();
-                    }
-                    catch (OutOfMemoryException)
-                    {
+                        _index.Prefetch(ValueIndex<TKey, TValue>.Hash(items[i + PrefetchDistance].Key));
                     }
 
-                    return true;
-                case Outcome.NoRoom:
-                    // An earlier growth failed (or lags behind many inserts). Nothing was written; if there is no memory
-                    // to grow, the OutOfMemoryException leaves the map and the heap unchanged.
-                    _index.Grow();
-                    continue;
-                default:
-                    return true;
+                    KeyValuePair<TKey, TValue> item = items[i];
+                    outcome = Upsert(in op, item.Key, ValueIndex<TKey, TValue>.Hash(item.Key), item.Value);
+                    if (outcome == Outcome.NoRoom)
+                    {
+                        // Nothing written for this item: grow outside the operation, then retry it.
+                        break;
+                    }
+
+                    i++;
+                    if (outcome != Outcome.Updated)
+                    {
+                        inserted++;
+                    }
+
+                    if (outcome == Outcome.InsertedAndGrow)
+                    {
+                        break;
+                    }
+                }
             }
+
+            GrowAfter(outcome);
+        }
+
+        return inserted;
+    }
+
+    /// <summary>
+    /// Grows the index after an insert asked for it or found no room: outside the operation (growing takes every lock of
+    /// the index, and would hold back version transitions inside one) and outside the locks.
+    /// </summary>
+    private void GrowAfter(Outcome outcome)
+    {
+        if (outcome == Outcome.InsertedAndGrow)
+        {
+            // The insert is done: if there is no memory to grow, the next insert that finds no room grows (or fails)
+            // before writing anything (Grow marks the table it could not grow).
+            try
+            {
+                _index.Grow();
+            }
+            catch (OutOfMemoryException)
+            {
+            }
+        }
+        else if (outcome == Outcome.NoRoom)
+        {
+            // An earlier growth failed (or lags behind many inserts). Nothing was written; if there is no memory to grow,
+            // the OutOfMemoryException leaves the map and the heap unchanged.
+            _index.Grow();
         }
     }
 
