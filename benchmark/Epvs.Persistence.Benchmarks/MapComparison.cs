@@ -99,6 +99,7 @@ internal static class MapComparison
         // batch (it has no batch write). Another API than the target's per-call upsert, measured alongside it.
         string[] cells = ["ConcurrentDictionary upsert", "PersistentHashMap upsert", "PersistentHashMap upsert, transient heap", "ConcurrentDictionary read", "PersistentHashMap read", BatchBaselineCell, BatchCell];
         var results = new Dictionary<(string, int), List<double>>();
+        var cores = new Dictionary<(string, int), List<double>>();
         foreach (int threads in s.Threads)
         {
             for (int rep = 0; rep < s.Repetitions; rep++)
@@ -106,9 +107,9 @@ internal static class MapComparison
                 Progress(output, $"throughput, {threads} thread(s), repetition {rep + 1}/{s.Repetitions}");
                 foreach (string cell in cells)
                 {
-                    double mops = Measure(threads, s.Duration, s.KeyRange, () => Body(cell, map, transientMap, dictionary));
-                    CollectionsMarshal.GetValueRefOrAddDefault(results, (cell, threads), out _) ??= new List<double>();
-                    results[(cell, threads)].Add(mops);
+                    (double mops, double used) = Measure(threads, s.Duration, s.KeyRange, () => Body(cell, map, transientMap, dictionary));
+                    (CollectionsMarshal.GetValueRefOrAddDefault(results, (cell, threads), out _) ??= new List<double>()).Add(mops);
+                    (CollectionsMarshal.GetValueRefOrAddDefault(cores, (cell, threads), out _) ??= new List<double>()).Add(used);
                 }
             }
         }
@@ -141,6 +142,19 @@ internal static class MapComparison
             List<double> batched = results[(BatchCell, threads)];
             double ratio = Median(batched.Zip(baseline, (p, b) => p / b).ToList());
             output.WriteLine(FormattableString.Invariant($"| upsert in batches of {BatchSize} (map: SetMany; ConcurrentDictionary: its indexer over the batch) | {threads} | {Median(baseline):0.00} | {Median(batched):0.00} | {ratio:0.00} | (another API: not the target) |"));
+        }
+
+        // The process's CPU time per second of a cell: the workers plus the heaps' advancers (the map's writes its
+        // blocks back, seals and reclaims them). Where the workers cannot use every core, this shows who does.
+        output.WriteLine();
+        output.WriteLine("| upsert cell | threads | process CPU during the cell (cores, median of repetitions) |");
+        output.WriteLine("|---|---:|---:|");
+        foreach (string cell in new[] { "ConcurrentDictionary upsert", "PersistentHashMap upsert", "PersistentHashMap upsert, transient heap", BatchBaselineCell, BatchCell })
+        {
+            foreach (int threads in s.Threads)
+            {
+                output.WriteLine(FormattableString.Invariant($"| {cell} | {threads} | {Median(cores[(cell, threads)]):0.00} |"));
+            }
         }
 
         output.WriteLine();
@@ -222,7 +236,8 @@ internal static class MapComparison
         output.WriteLine();
     }
 
-    private static double Measure(int threads, TimeSpan duration, int keyRange, Func<Action<long, long>> newBody)
+    /// <summary>Runs <paramref name="threads"/> workers for <paramref name="duration"/>: millions of calls per second, and the process's CPU cores used meanwhile.</summary>
+    private static (double Mops, double Cores) Measure(int threads, TimeSpan duration, int keyRange, Func<Action<long, long>> newBody)
     {
         int stop = 0;
         long total = 0;
@@ -260,6 +275,7 @@ internal static class MapComparison
 
         start.SignalAndWait();
         var watch = Stopwatch.StartNew();
+        TimeSpan cpu = Process.GetCurrentProcess().TotalProcessorTime;
         Thread.Sleep(duration);
         // Volatile.Write: release; pairs with the workers' Volatile.Read.
         Volatile.Write(ref stop, 1);
@@ -268,7 +284,9 @@ internal static class MapComparison
             worker.Join();
         }
 
-        return Interlocked.Read(ref total) / watch.Elapsed.TotalSeconds / 1e6;
+        double seconds = watch.Elapsed.TotalSeconds;
+        cpu = Process.GetCurrentProcess().TotalProcessorTime - cpu;
+        return (Interlocked.Read(ref total) / seconds / 1e6, cpu.TotalSeconds / seconds);
     }
 
     private static void SyncAndLag(ComparisonSettings s, BufferedDurableHeap heap, PersistentHashMap<long, long> map, TextWriter output)
