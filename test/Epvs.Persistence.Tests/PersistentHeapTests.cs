@@ -183,6 +183,52 @@ public sealed class PersistentHeapTests : IDisposable
         }
     }
 
+    /// <summary>The block index by multiplication agrees with the division for every offset within a segment, in every class.</summary>
+    [Fact]
+    public void SizeClasses_BlockIndex_IsTheQuotientForEveryOffsetOfASegment()
+    {
+        for (int cls = 0; cls < SizeClasses.Count; cls++)
+        {
+            for (uint within = 0; within < HeapLayout.SegmentSize; within++)
+            {
+                uint expected = within / (uint)SizeClasses.BlockSizes[cls];
+                if (SizeClasses.BlockIndex(within, cls) != expected)
+                {
+                    Assert.Fail($"class {cls} (blocks of {SizeClasses.BlockSizes[cls]}): offset {within} gives {SizeClasses.BlockIndex(within, cls)}, not {expected}");
+                }
+            }
+        }
+    }
+
+    /// <summary>Offsets inside a block, past the last whole block of a segment, and at every block start, as the heap's checks see them.</summary>
+    [Fact]
+    public void Free_OfAnOffsetThatIsNotABlockStart_IsRefusedAndBlockStartsAreNot()
+    {
+        using var domain = new SimulatedPersistenceDomain(1 << 20);
+        using HeapFile file = HeapFile.Create(domain);
+        using var heap = new PersistentHeap(file);
+        PayloadRef first = heap.Allocate(100, typeId: 1);
+        int blockSize = SizeClasses.BlockSizes[SizeClasses.ForPayload(100)];
+        foreach (long wrong in new long[] { first.Offset + 8, first.Offset + blockSize - 8, first.Offset + blockSize + 32 })
+        {
+            InvalidOperationException e = Assert.ThrowsAny<InvalidOperationException>(() => heap.Free(new PayloadRef(wrong)));
+            Assert.Contains("not the start of a block", e.Message, StringComparison.Ordinal);
+        }
+
+        // A class whose blocks leave a tail: the offset just past the last whole block is a multiple of the block size
+        // but not a block. (The first block of a fresh segment is its start.)
+        int cls96 = SizeClasses.ForPayload(60);
+        Assert.Equal(96, SizeClasses.BlockSizes[cls96]);
+        PayloadRef segmentStart = heap.Allocate(60, typeId: 1);
+        Assert.Equal(0, segmentStart.Offset % 4096);
+        long pastLast = segmentStart.Offset + ((long)SizeClasses.BlocksPerSegment[cls96] * 96);
+        InvalidOperationException tail = Assert.ThrowsAny<InvalidOperationException>(() => heap.Free(new PayloadRef(pastLast)));
+        Assert.Contains("not the start of a block", tail.Message, StringComparison.Ordinal);
+
+        heap.Free(first);
+        heap.Free(segmentStart);
+    }
+
     [Fact]
     public void DeferredFrees_ParkedInAnyOrder_AreHandedOutInAddressOrder()
     {

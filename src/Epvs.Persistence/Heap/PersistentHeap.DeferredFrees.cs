@@ -233,7 +233,7 @@ public sealed unsafe partial class PersistentHeap
         Span<ulong> present = stackalloc ulong[(SizeClasses.BlocksPerSegment[cls] + 63) / 64];
         foreach (long offset in blocks)
         {
-            long index = (offset - start) / blockSize;
+            long index = SizeClasses.BlockIndex((uint)(offset - start), cls);
             present[(int)(index >> 6)] |= 1UL << (int)(index & 63);
         }
 
