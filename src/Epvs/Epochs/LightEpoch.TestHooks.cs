@@ -110,6 +110,13 @@ public sealed unsafe partial class LightEpoch
     /// </summary>
     internal static bool IgnoreRaisingHintForTesting;
 
+    /// <summary>
+    /// Test-only: a registration waits for a raise of the hint in progress with <see cref="SpinWait"/>, whose sleeps
+    /// <see cref="System.Threading.Thread.Interrupt"/> breaks (as before), so the interrupted-registration test can show
+    /// that it catches the action this strands. Read only on that wait.
+    /// </summary>
+    internal static bool InterruptibleRaiseWaitForTesting;
+
     /// <summary>Test-only: runs while the hint is being raised, after the scan, before the new value is written.</summary>
     internal System.Action? RaisePendingHintHookForTesting;
 

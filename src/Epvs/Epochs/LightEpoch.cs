@@ -268,7 +268,7 @@ public sealed unsafe partial class LightEpoch : IDisposable
         if (depth != 1)
         {
             if (depth == 0)
-                ThrowNotProtectedOrDisposed();
+                ThrowNotProtectedOrDisposed(nameof(Suspend));
             r->Depth = depth - 1;
             return;
         }
@@ -310,6 +310,8 @@ public sealed unsafe partial class LightEpoch : IDisposable
     /// announcement keeps protecting until the new one lands.
     /// </remarks>
     /// <exception cref="InvalidOperationException">The calling thread is not protected by this instance.</exception>
+    /// <exception cref="ObjectDisposedException">The calling thread is not protected, and the epoch has been
+    /// disposed.</exception>
     [MethodImpl(MethodImplOptions.AggressiveInlining)]
     public void ProtectAndDrain()
     {
@@ -324,7 +326,7 @@ public sealed unsafe partial class LightEpoch : IDisposable
         }
         else if (depth == 0)
         {
-            ThrowHelper.ThrowNotProtected(nameof(ProtectAndDrain));
+            ThrowNotProtectedOrDisposed(nameof(ProtectAndDrain));
         }
         if (Volatile.Read(ref pendingActions.Value) != 0)
             FenceAndDrain();
@@ -581,13 +583,31 @@ public sealed unsafe partial class LightEpoch : IDisposable
         LoweredPendingHintHookForTesting?.Invoke();
     }
 
+    /// <remarks>
+    /// Runs after our action was published, so it must not throw: returning early would leave the hint above the action,
+    /// and no drain would look at it until a later registration lowered the hint (an interrupted registration must still
+    /// run its action, as <see cref="BumpCurrentEpoch(Action)"/> documents). <see cref="SpinWait.SpinOnce()"/> sleeps,
+    /// and <see cref="Thread.Interrupt"/> breaks a sleep, so this only spins and yields; an interrupt stays pending for
+    /// the thread's next wait.
+    /// </remarks>
     [MethodImpl(MethodImplOptions.NoInlining)]
     private void WaitForRaise()
     {
         LowerHintWaitsForRaiseHookForTesting?.Invoke();
-        var spinner = new SpinWait();
-        while (Volatile.Read(ref raisingHint) != 0) // acquire: pairs with the raise's release of the flag
-            spinner.SpinOnce();
+        if (InterruptibleRaiseWaitForTesting)
+        {
+            var spinner = new SpinWait();
+            while (Volatile.Read(ref raisingHint) != 0)
+                spinner.SpinOnce();
+            return;
+        }
+        for (int spins = 0; Volatile.Read(ref raisingHint) != 0; spins++) // acquire: pairs with the raise's release of the flag
+        {
+            if (spins < 10)
+                Thread.SpinWait(8 << spins);
+            else
+                Thread.Yield(); // not interruptible, unlike Thread.Sleep
+        }
     }
 
     private void LowerPendingHintCore(long epoch)
@@ -825,10 +845,10 @@ public sealed unsafe partial class LightEpoch : IDisposable
     internal bool IsHeldBack(long epoch) => table.AnyOtherAtOrBelow(epoch, null);
 
     [MethodImpl(MethodImplOptions.NoInlining)]
-    private void ThrowNotProtectedOrDisposed()
+    private void ThrowNotProtectedOrDisposed(string operation)
     {
         ThrowIfDisposed();
-        ThrowHelper.ThrowNotProtected(nameof(Suspend));
+        ThrowHelper.ThrowNotProtected(operation);
     }
 
     private void ThrowIfDisposed()

@@ -263,6 +263,7 @@ public sealed partial class EpochProtectedVersionScheme
         if (criticalSection is null)
             ThrowHelper.ThrowArgumentNull(nameof(criticalSection));
         ThrowIfProtected();
+        ThrowIfDisposed(); // at the call, as documented (inside the async method it would only fault the task)
         return AdvanceVersionCoreAsync(new CriticalSectionStateMachine(criticalSection, targetVersion), cancellationToken);
     }
 
@@ -420,9 +421,10 @@ public sealed partial class EpochProtectedVersionScheme
             return null; // finished: its last step is running AfterEnteringState and will clear it (never ask again)
 
         VersionSchemeState to;
-        int outerCallback = EnterCallback();
+        int outerCallback = CallbackDepth;
         try
         {
+            EnterCallback();
             if (!machine.GetNextStep(from, out to))
                 return null;
         }
@@ -477,10 +479,11 @@ public sealed partial class EpochProtectedVersionScheme
         stepMachine = null;
 
         EpochProtectedVersionScheme? outer = t_inCriticalSectionOf;
-        t_inCriticalSectionOf = this;
-        int outerCallback = EnterCallback();
+        int outerCallback = CallbackDepth;
         try
         {
+            t_inCriticalSectionOf = this;
+            EnterCallback();
             machine.OnEnteringState(from, to);
         }
         catch (Exception ex)
@@ -507,9 +510,10 @@ public sealed partial class EpochProtectedVersionScheme
 
         // Still owned: AfterEnteringState finishes before the next step is prepared (documented), and a fault is
         // retired before anyone else can ask the machine for another step.
-        outerCallback = EnterCallback();
+        outerCallback = CallbackDepth;
         try
         {
+            EnterCallback();
             machine.AfterEnteringState(to);
         }
         catch (Exception ex)

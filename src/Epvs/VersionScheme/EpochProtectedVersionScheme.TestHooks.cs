@@ -36,6 +36,18 @@ public sealed partial class EpochProtectedVersionScheme
     /// </summary>
     internal bool StepAsideWithoutDrainingForTesting { get; set; }
 
+    /// <summary>
+    /// Test-only: an Enter or Refresh whose wait for a transition throws (an interrupted wait) leaves protection as it
+    /// was at the throw (as before): a nested Enter keeps the level it added, and a Refresh that stepped aside leaves
+    /// its region, so the interrupted-wait tests can show that they catch that. Read only on those failure paths.
+    /// </summary>
+    internal static bool LegacyFailedWaitForTesting;
+
+    /// <summary>Test hook: runs on the thread about to enter a callback of a running machine (GetNextStep,
+    /// OnEnteringState, AfterEnteringState), where marking it may allocate; a hook that throws stands for an allocation
+    /// failure there.</summary>
+    internal static System.Action? EnterCallbackHookForTesting;
+
     /// <summary>Test hook: runs on a thread stepped aside inside Enter or Refresh, once the transition it waited for has
     /// moved on and before it takes its protection back.</summary>
     internal System.Action? BeforeComingBackHookForTesting { get; set; }

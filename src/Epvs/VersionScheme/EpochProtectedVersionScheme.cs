@@ -132,6 +132,8 @@ public sealed partial class EpochProtectedVersionScheme : IDisposable
     /// the matching <see cref="Leave"/>. Waits while a critical section is pending or running, unless the thread is
     /// already protected by the underlying epoch, in which case it never releases that protection.
     /// </summary>
+    /// <remarks>An Enter that throws (also when its wait is broken by <see cref="Thread.Interrupt"/>) has entered
+    /// nothing: do not <see cref="Leave"/> for it.</remarks>
     /// <returns>The stable state this region observes.</returns>
     /// <exception cref="ObjectDisposedException">The scheme (or its epoch) has been disposed.</exception>
     [MethodImpl(MethodImplOptions.AggressiveInlining)]
@@ -149,17 +151,25 @@ public sealed partial class EpochProtectedVersionScheme : IDisposable
     [MethodImpl(MethodImplOptions.NoInlining)]
     private VersionSchemeState EnterSlow()
     {
+        int depth = epoch.ProtectionDepth; // with the level Resume just added
         try
         {
             ThrowIfDisposed();
             TryStepStateMachine(mustNotLose: false);
+            if (LegacyFailedWaitForTesting)
+                depth = -1;
+            return WaitForStableState(addedLevel: true);
         }
         catch
         {
-            epoch.Suspend();
+            // An Enter that throws adds no level: its caller will not Leave. Whatever failed (the scheme was disposed, an
+            // interrupted wait, an allocation), take the level back unless the wait already gave it up (it steps aside
+            // unprotected, and leaves before its own throws). A level kept here would keep the thread protected after its
+            // outer regions have left, and every later transition would wait for it for ever.
+            if (epoch.ProtectionDepth == depth)
+                epoch.Suspend();
             throw;
         }
-        return WaitForStableState(addedLevel: true);
     }
 
     /// <summary>
@@ -167,10 +177,14 @@ public sealed partial class EpochProtectedVersionScheme : IDisposable
     /// returns the new stable state. When nested, the outer regions' protection is kept: the call returns the state
     /// those regions observe.
     /// </summary>
+    /// <remarks>A Refresh that throws (also when its wait is broken by <see cref="Thread.Interrupt"/>) leaves the
+    /// region entered: leave it as usual. The state the region observed before the call may no longer hold (the
+    /// transition the call waited for may have completed meanwhile).</remarks>
     /// <returns>The stable state this region now observes.</returns>
     /// <exception cref="InvalidOperationException">The calling thread is not in a protected region.</exception>
     /// <exception cref="ObjectDisposedException">The scheme was disposed while the call waited for a transition (on a
-    /// shared epoch; an owned epoch refuses to be disposed meanwhile). The region stays entered: leave it.</exception>
+    /// shared epoch; an owned epoch refuses to be disposed meanwhile). The region stays entered: leave it. Also when
+    /// the calling thread is not protected and the scheme's own epoch has been disposed.</exception>
     [MethodImpl(MethodImplOptions.AggressiveInlining)]
     public VersionSchemeState Refresh()
     {
@@ -271,21 +285,32 @@ public sealed partial class EpochProtectedVersionScheme : IDisposable
             try
             {
                 epoch.Suspend();
-                AfterStepAsideHookForTesting?.Invoke();
-                // Until the state moves on, or the scheme is disposed: Dispose's mark (the intermediate bit on the last
-                // state) can equal the state read here, if that transition's critical section failed and restored it.
-                // The flag is set before the mark, so a read that sees the mark sees the flag.
-                while (Volatile.Read(ref state) == s && Volatile.Read(ref disposed) == 0)
+                try
                 {
-                    // Unprotected here, so running what is safe is safe. The step may be queued behind actions this
-                    // thread's own drains (further up its stack, past the inline limit) left pending: nobody else may
-                    // run it (an Enter inside each of 16 queued actions, stepping aside in turn, used to spin for ever).
-                    if (!StepAsideWithoutDrainingForTesting)
-                        epoch.DrainWhileWaiting(completeStep);
-                    ReportStallIfDue();
-                    spinner.SpinOnce();
+                    AfterStepAsideHookForTesting?.Invoke();
+                    // Until the state moves on, or the scheme is disposed: Dispose's mark (the intermediate bit on the last
+                    // state) can equal the state read here, if that transition's critical section failed and restored it.
+                    // The flag is set before the mark, so a read that sees the mark sees the flag.
+                    while (Volatile.Read(ref state) == s && Volatile.Read(ref disposed) == 0)
+                    {
+                        // Unprotected here, so running what is safe is safe. The step may be queued behind actions this
+                        // thread's own drains (further up its stack, past the inline limit) left pending: nobody else may
+                        // run it (an Enter inside each of 16 queued actions, stepping aside in turn, used to spin for ever).
+                        if (!StepAsideWithoutDrainingForTesting)
+                            epoch.DrainWhileWaiting(completeStep);
+                        ReportStallIfDue();
+                        spinner.SpinOnce(); // sleeps at times: Thread.Interrupt can make it throw
+                    }
+                    BeforeComingBackHookForTesting?.Invoke();
                 }
-                BeforeComingBackHookForTesting?.Invoke();
+                catch when (!addedLevel && !LegacyFailedWaitForTesting)
+                {
+                    // A Refresh that throws keeps its region entered, as when the scheme was disposed: its caller is
+                    // still inside it and will Leave (which would otherwise throw "not protected" and hide this
+                    // exception). Counted as stepped aside until then, so the epoch cannot have been disposed meanwhile.
+                    epoch.Resume();
+                    throw;
+                }
                 epoch.Resume();
             }
             finally
@@ -374,13 +399,18 @@ public sealed partial class EpochProtectedVersionScheme : IDisposable
     /// callback of one scheme can run another's step inline, through a drain of an epoch they share).</summary>
     [ThreadStatic] private static List<EpochProtectedVersionScheme>? t_callbacks;
 
-    /// <summary>Marks this thread as inside a callback of this scheme's running machine; returns the depth to go back to
-    /// with <see cref="LeaveCallbacks"/> (idempotent, so a catch and its finally may both call it).</summary>
-    private int EnterCallback()
+    /// <summary>The depth to go back to with <see cref="LeaveCallbacks"/> (idempotent, so a catch and its finally may both
+    /// call it) after a callback marked by <see cref="EnterCallback"/>. Allocates nothing: taken before the try.</summary>
+    private static int CallbackDepth => t_callbacks?.Count ?? 0;
+
+    /// <summary>Marks this thread as inside a callback of this scheme's running machine. May allocate, so it may throw:
+    /// call it inside the try whose handlers go back to <see cref="CallbackDepth"/>, so that a failure here is handled as
+    /// the callback's own (outside it, a failure before OnEnteringState left the step owned and the scheme intermediate
+    /// for ever).</summary>
+    private void EnterCallback()
     {
-        List<EpochProtectedVersionScheme> callbacks = t_callbacks ??= new List<EpochProtectedVersionScheme>();
-        callbacks.Add(this);
-        return callbacks.Count - 1;
+        EnterCallbackHookForTesting?.Invoke();
+        (t_callbacks ??= new List<EpochProtectedVersionScheme>()).Add(this);
     }
 
     private static void LeaveCallbacks(int depth)

@@ -115,6 +115,27 @@ public class MisuseTests
     }
 
     [Fact]
+    public void UseAfterDispose_TheOtherEntryPoints_ThrowObjectDisposedToo()
+    {
+        // Refresh and ProtectAndDrain used to say "not protected" (InvalidOperationException), and AdvanceVersionAsync
+        // returned a task faulted later instead of throwing at the call, as its documentation says.
+        var scheme = new EpochProtectedVersionScheme();
+        scheme.Dispose();
+        Assert.Throws<ObjectDisposedException>(() => scheme.Refresh());
+        Assert.Throws<ObjectDisposedException>(scheme.Epoch.ProtectAndDrain);
+        Assert.Throws<ObjectDisposedException>(() => { _ = scheme.AdvanceVersionAsync((_, _) => { }); });
+        Assert.Throws<ObjectDisposedException>(() => scheme.AdvanceVersionWithCriticalSection((_, _) => { }, spin: true));
+        Assert.Throws<ObjectDisposedException>(() => scheme.ExecuteStateMachine(new PhaseMachine(2), spin: true));
+        Assert.Throws<ObjectDisposedException>(() => { _ = scheme.Epoch.BumpCurrentEpochAsync(() => { }); });
+        Assert.Throws<ObjectDisposedException>(() =>
+        {
+            using LightEpoch.Scope scope = scheme.Epoch.EnterScope();
+        });
+        Assert.False(scheme.Epoch.ThisInstanceProtected());
+        Assert.True(scheme.Epoch.TryDispose()); // already disposed: still true, no throw
+    }
+
+    [Fact]
     public void UseAfterDispose_SchemeOnSharedEpoch_ThrowsAndEpochStaysUsable()
     {
         using var epoch = new LightEpoch();
