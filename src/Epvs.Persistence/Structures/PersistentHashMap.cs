@@ -74,15 +74,21 @@ public sealed class PersistentHashMap<TKey, TValue>
     /// <summary>
     /// Inserts or replaces the value of each key of <paramref name="items"/>, in order: the same as <see cref="Set"/>
     /// for each item, and faster for many random keys. A batch enters one operation per 64 items instead of one per item,
-    /// and loads the index slots of the next few keys while it writes this one, so their cache misses overlap.
+    /// and on x86 loads the index slots of the next 8 keys while it writes this one, so their cache misses overlap
+    /// (elsewhere only the first saving applies).
     /// </summary>
     /// <param name="items">The keys and values; a key may appear more than once (its last value wins).</param>
     /// <returns>How many of the keys were inserted (the others were replaced).</returns>
     /// <remarks>
-    /// Not atomic: each item is its own write, as with <see cref="Set"/>, and the items of one batch may fall into
+    /// <para>Not atomic: each item is its own write, as with <see cref="Set"/>, and the items of one batch may fall into
     /// different versions, so after a crash a prefix of the batch may be durable without the rest
-    /// (<see cref="BufferedDurableHeap.Sync()"/> after the call makes all of them durable). If it throws (the heap is
-    /// full, or the heap failed), the items before the failing one are written and the rest are not.
+    /// (<see cref="BufferedDurableHeap.Sync()"/> after the call makes all of them durable).</para>
+    /// <para>If it throws because an item does not fit (the heap is full, the index cannot grow), the items before that
+    /// one are written and the rest are not; <see cref="TryGetValue"/> tells which. In
+    /// <see cref="DurabilityMode.Strict"/> each group of up to 64 items is written back and fenced when its operation
+    /// ends: a failure of that write-back is reported for the group (its items are in the map, their durability unknown),
+    /// as <see cref="Set"/> reports it for its one item. Each key's <see cref="object.GetHashCode"/> is called once, up to
+    /// 8 items before the key is written.</para>
     /// </remarks>
     /// <exception cref="InsufficientMemoryException">The heap has no room for an item's payload.</exception>
     /// <exception cref="OutOfMemoryException">The index needs to grow and there is no memory for it.</exception>

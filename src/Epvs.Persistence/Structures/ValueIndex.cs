@@ -158,7 +158,7 @@ internal sealed unsafe class ValueIndex<TKey, TValue>
     {
         if (Sse.IsSupported)
         {
-            // Plain read: a hint only; a prefetch of a table a growth has just freed does not fault.
+            // Plain read: a hint only; a prefetch of an old table (its memory freed by its finalizer once unreferenced) does not fault.
             Table table = _table;
             Sse.Prefetch0(table.Slot(table.Home(hash)));
         }

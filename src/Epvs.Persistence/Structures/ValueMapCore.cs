@@ -36,6 +36,9 @@ internal sealed unsafe class ValueMapCore<TKey, TValue>
     /// <summary>How many items ahead <see cref="UpsertMany"/> loads index slots: about as many cache misses as a core keeps in flight.</summary>
     internal const int PrefetchDistance = 8;
 
+    /// <summary>The hashes <see cref="UpsertMany"/> keeps between a key's prefetch and its write: a power of two above <see cref="PrefetchDistance"/> + 1.</summary>
+    private const int HashRing = 16;
+
     private readonly BufferedDurableHeap _heap;
     private readonly int _typeId;
     private readonly ValueIndex<TKey, TValue> _index;
@@ -92,32 +95,35 @@ internal sealed unsafe class ValueMapCore<TKey, TValue>
     /// <summary>
     /// <see cref="Upsert(TKey, TValue)"/> of each item in order, <see cref="BatchPerOperation"/> items per operation,
     /// with the index slot of the item <see cref="PrefetchDistance"/> ahead loaded while this one is written: the
-    /// lookups' cache misses overlap instead of following one another. Returns how many keys were inserted.
+    /// lookups' cache misses overlap instead of following one another. Each key is hashed once, when its slot is
+    /// prefetched (a ring of <see cref="HashRing"/> hashes holds it until its write). Returns how many keys were inserted.
     /// </summary>
     internal int UpsertMany(ReadOnlySpan<KeyValuePair<TKey, TValue>> items)
     {
-        for (int p = 0; p < Math.Min(PrefetchDistance, items.Length); p++)
-        {
-            _index.Prefetch(ValueIndex<TKey, TValue>.Hash(items[p].Key));
-        }
-
+        Span<uint> hashes = stackalloc uint[HashRing];
+        int ahead = 0;
         int inserted = 0;
         int i = 0;
         while (i < items.Length)
         {
             Outcome outcome = Outcome.Updated;
+            int first = i;
             using (DurableOperation op = _heap.BeginOperation())
             {
                 int end = Math.Min(items.Length, i + BatchPerOperation);
                 while (i < end)
                 {
-                    if (i + PrefetchDistance < items.Length)
+                    // Up to PrefetchDistance items past this one (the ring overwrites item i's hash only once ahead
+                    // reaches i + HashRing, more than PrefetchDistance + 1 past it, so a retried item still finds it).
+                    for (int stop = Math.Min(items.Length, i + 1 + PrefetchDistance); ahead < stop; ahead++)
                     {
-                        _index.Prefetch(ValueIndex<TKey, TValue>.Hash(items[i + PrefetchDistance].Key));
+                        uint next = ValueIndex<TKey, TValue>.Hash(items[ahead].Key);
+                        hashes[ahead & (HashRing - 1)] = next;
+                        _index.Prefetch(next);
                     }
 
                     KeyValuePair<TKey, TValue> item = items[i];
-                    outcome = Upsert(in op, item.Key, ValueIndex<TKey, TValue>.Hash(item.Key), item.Value);
+                    outcome = Upsert(in op, item.Key, hashes[i & (HashRing - 1)], item.Value);
                     if (outcome == Outcome.NoRoom)
                     {
                         // Nothing written for this item: grow outside the operation, then retry it.
@@ -135,6 +141,10 @@ internal sealed unsafe class ValueMapCore<TKey, TValue>
                         break;
                     }
                 }
+
+                // Back-pressure counts items, as for Set in a loop: the lag check (MaxVersionAge) runs every
+                // LagCheckInterval operations, and this one did the work of i - first (BeginOperation counted one).
+                op.Buffers.OperationsUntilCheck -= Math.Max(0, i - first - 1);
             }
 
             GrowAfter(outcome);

@@ -211,6 +211,38 @@ public sealed class HashMapBatchTests
         Assert.Equal(final.OrderBy(e => e.Key), new PersistentHashMap<long, long>(reopened, typeId: 1).ToDictionary().OrderBy(e => e.Key));
     }
 
+    /// <summary>
+    /// Back-pressure counts a batch's items, not its operations: once the version is older than
+    /// <see cref="BufferedDurableHeapOptions.MaxVersionAge"/> (a test clock makes it two hours old), a SetMany writer ends
+    /// it within about <see cref="BufferedDurableHeap.LagCheckInterval"/> items, as a Set writer does. Counting one per
+    /// 64-item operation let it write about 64 times as many (12,416 items in the review's probe) first.
+    /// </summary>
+    [Fact]
+    public void SetMany_PastMaxVersionAge_EndsTheVersionWithinTheItemsSetWould()
+    {
+        using var domain = new SimulatedPersistenceDomain(16L << 20);
+        using HeapFile file = HeapFile.Create(domain);
+        using BufferedDurableHeap heap = BufferedDurableHeap.Open(file, new BufferedDurableHeapOptions { AdvancePeriod = TimeSpan.FromHours(1) });
+        long jump = 0;
+        heap.ClockForTesting = () => System.Diagnostics.Stopwatch.GetTimestamp() + Volatile.Read(ref jump);
+        var map = new PersistentHashMap<long, long>(heap, typeId: 1);
+        var batch = Enumerable.Range(0, 64).Select(k => new KeyValuePair<long, long>(k, k)).ToArray();
+        map.SetMany(batch);
+        long version = heap.CurrentVersion;
+
+        // The version is now two hours old; the bound is 1.25 advance periods (75 minutes).
+        Volatile.Write(ref jump, 2L * System.Diagnostics.Stopwatch.Frequency * 3600);
+        int items = 0;
+        while (heap.CurrentVersion == version && items < 100_000)
+        {
+            map.SetMany(batch);
+            items += batch.Length;
+        }
+
+        Assert.True(heap.CurrentVersion > version, "the version was never ended");
+        Assert.True(items <= BufferedDurableHeap.LagCheckInterval + (2 * batch.Length), $"{items} items written past MaxVersionAge before the writer ended the version (Set: at most about {BufferedDurableHeap.LagCheckInterval})");
+    }
+
     private static void AssertPrefix(KeyValuePair<long, long>[] batch, int written, PersistentHashMap<long, long> map)
     {
         Assert.Equal(written, map.Count);
