@@ -80,6 +80,9 @@ public sealed unsafe partial class LightEpoch
     /// <summary>Test-only: runs on a thread in Resume's slow path, after its lifecycle check, before it claims a slot.</summary>
     internal System.Action? ResumeSlowBeforeClaimHookForTesting;
 
+    /// <summary>Test-only: runs on a thread in Resume's slow path on each turn of its wait while a Dispose is Closing.</summary>
+    internal System.Action? WaitWhileClosingHookForTesting;
+
     /// <summary>Test-only: runs on a thread in Resume's slow path after it claimed a slot, before it checks lifecycle.</summary>
     internal System.Action? ResumeSlowAfterClaimHookForTesting;
 
@@ -131,6 +134,16 @@ public sealed unsafe partial class LightEpoch
 
     /// <summary>Test-only: runs on the disposing thread while Dispose is Closing (free slots marked, not decided).</summary>
     internal System.Action? ClosingHookForTesting;
+
+    /// <summary>Test-only: the lock that guards the pool of instance ids (a test holds it to contend a release).</summary>
+    internal static object IdLockForTesting => s_idLock;
+
+    /// <summary>Test-only: whether <paramref name="id"/> is back in the pool of free instance ids.</summary>
+    internal static bool IsIdFreeForTesting(int id)
+    {
+        lock (s_idLock)
+            return System.Array.IndexOf(s_freeIds, id, 0, s_freeCount) >= 0;
+    }
 
     /// <summary>Test-only: the instance id used to index per-thread records.</summary>
     internal int DebugId => id;

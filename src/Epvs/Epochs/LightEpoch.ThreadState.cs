@@ -1,7 +1,7 @@
 using System;
-using System.Collections.Generic;
 using System.Runtime.CompilerServices;
 using System.Runtime.InteropServices;
+using System.Threading;
 
 namespace Epvs;
 
@@ -74,19 +74,52 @@ public sealed unsafe partial class LightEpoch
     [ThreadStatic] private static PinnedRecords? t_recordStorage;
 
     private static long s_nextToken;
-    private static readonly Stack<int> s_freeIds = new();
+    /// <summary>Guards the pool of instance ids: <see cref="s_freeIds"/> (a stack, <see cref="s_freeCount"/> deep) and
+    /// <see cref="s_nextId"/>.</summary>
+    private static readonly object s_idLock = new();
+
+    /// <summary>Ids given back by disposed instances. Always at least <see cref="s_nextId"/> long (grown when an id is
+    /// taken, where the constructor may fail), so that giving an id back never allocates.</summary>
+    private static int[] s_freeIds = new int[16];
+    private static int s_freeCount;
     private static int s_nextId;
 
     private static int AllocateId()
     {
-        lock (s_freeIds)
-            return s_freeIds.Count > 0 ? s_freeIds.Pop() : s_nextId++;
+        lock (s_idLock)
+        {
+            if (s_freeCount > 0)
+                return s_freeIds[--s_freeCount];
+            if (s_nextId == s_freeIds.Length)
+                Array.Resize(ref s_freeIds, s_freeIds.Length * 2); // room for this id's return
+            return s_nextId++;
+        }
     }
 
+    /// <summary>
+    /// Gives <paramref name="id"/> back to the pool. Never throws: Dispose calls it after the epoch has closed, and a
+    /// failure there would leak the id (the finalizer sees the epoch closed) and fail a Dispose that did its work. Taking a
+    /// contended lock is interruptible, so an interrupt is absorbed and requested again afterwards (it surfaces at the
+    /// thread's next wait), and the push never allocates (see <see cref="s_freeIds"/>).
+    /// </summary>
     private static void ReleaseId(int id)
     {
-        lock (s_freeIds)
-            s_freeIds.Push(id);
+        bool taken = false, interrupted = false;
+        while (!taken)
+        {
+            try
+            {
+                Monitor.Enter(s_idLock, ref taken);
+            }
+            catch (ThreadInterruptedException)
+            {
+                interrupted = true;
+            }
+        }
+        s_freeIds[s_freeCount++] = id;
+        Monitor.Exit(s_idLock);
+        if (interrupted)
+            Thread.CurrentThread.Interrupt();
     }
 
     /// <summary>This thread's record for this epoch, created (or reset, if stale) on first use.</summary>

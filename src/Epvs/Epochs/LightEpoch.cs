@@ -166,10 +166,16 @@ public sealed unsafe partial class LightEpoch : IDisposable
         {
             // A Dispose is checking for protected threads (it marked our free slot, or saw us claim one). It either
             // completes (we throw on the next try) or gives up and reverts to Live (we retry): wait for it, never fail
-            // a Resume on an epoch that stays live. The window is one pass over the table.
-            var spinner = new SpinWait();
+            // a Resume on an epoch that stays live. The window is one pass over the table. Not interruptible: a Refresh
+            // stepped aside comes back through here, and must not come back without its region (an interrupt stays
+            // pending for the thread's next wait).
+            var spinner = new UninterruptibleSpinWait();
             while (Volatile.Read(ref lifecycle) == Closing) // acquire: pairs with Dispose's final exchange
+            {
+                WaitWhileClosingHookForTesting?.Invoke();
                 spinner.SpinOnce();
+            }
+            spinner.End();
         }
     }
 
@@ -587,8 +593,9 @@ public sealed unsafe partial class LightEpoch : IDisposable
     /// Runs after our action was published, so it must not throw: returning early would leave the hint above the action,
     /// and no drain would look at it until a later registration lowered the hint (an interrupted registration must still
     /// run its action, as <see cref="BumpCurrentEpoch(Action)"/> documents). <see cref="SpinWait.SpinOnce()"/> sleeps,
-    /// and <see cref="Thread.Interrupt"/> breaks a sleep, so this only spins and yields; an interrupt stays pending for
-    /// the thread's next wait.
+    /// and <see cref="Thread.Interrupt"/> breaks a sleep, so this absorbs the interrupt and keeps it pending for the
+    /// thread's next wait. It still sleeps: a loop of spins and yields alone lets a raiser of lower priority, preempted
+    /// and queued on another core, wait behind the spinning registrars (a yield only offers this core).
     /// </remarks>
     [MethodImpl(MethodImplOptions.NoInlining)]
     private void WaitForRaise()
@@ -601,13 +608,10 @@ public sealed unsafe partial class LightEpoch : IDisposable
                 spinner.SpinOnce();
             return;
         }
-        for (int spins = 0; Volatile.Read(ref raisingHint) != 0; spins++) // acquire: pairs with the raise's release of the flag
-        {
-            if (spins < 10)
-                Thread.SpinWait(8 << spins);
-            else
-                Thread.Yield(); // not interruptible, unlike Thread.Sleep
-        }
+        var patient = new UninterruptibleSpinWait();
+        while (Volatile.Read(ref raisingHint) != 0) // acquire: pairs with the raise's release of the flag
+            patient.SpinOnce();
+        patient.End();
     }
 
     private void LowerPendingHintCore(long epoch)
@@ -796,7 +800,8 @@ public sealed unsafe partial class LightEpoch : IDisposable
         }
         catch
         {
-            // A handler that throws must not break the drain of an unrelated thread (documented).
+            // A handler that throws must not break the drain of an unrelated thread (documented), nor may a failure to
+            // allocate the event data (the actions after this one would stay pending).
         }
     }
 
@@ -956,9 +961,15 @@ public sealed unsafe partial class LightEpoch : IDisposable
         // Final. Full fence: pairs with Defer's read of lifecycle after its registration (either we run it below, or it
         // sees Closed and runs the list itself).
         Interlocked.Exchange(ref lifecycle, Closed);
-        drainList.RunEligible(long.MaxValue - 2, ref pendingActions.Value, reportFault);
-        ReleaseId(id);
-        GC.SuppressFinalize(this);
+        try
+        {
+            drainList.RunEligible(long.MaxValue - 2, ref pendingActions.Value, reportFault); // never throws
+        }
+        finally
+        {
+            ReleaseId(id); // never throws
+            GC.SuppressFinalize(this);
+        }
         return 0;
     }
 }

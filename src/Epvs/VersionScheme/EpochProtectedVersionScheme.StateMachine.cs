@@ -137,6 +137,11 @@ public sealed partial class EpochProtectedVersionScheme
     /// callback returns. Also when the machine targets the next version and the version is at
     /// <see cref="VersionSchemeState.MaxVersion"/>.</exception>
     /// <exception cref="ObjectDisposedException">The scheme has been disposed.</exception>
+    /// <exception cref="ThreadInterruptedException">The calling thread was interrupted (<see cref="Thread.Interrupt"/>)
+    /// while it waited. If it waited for another machine to end, <paramref name="stateMachine"/> has not started and
+    /// may be passed again; if it waited with <paramref name="spin"/> for <paramref name="stateMachine"/> to complete,
+    /// the machine has started and carries on without the caller (its <see cref="VersionSchemeStateMachine.ActualToVersion"/>
+    /// is set): await its <see cref="VersionSchemeStateMachine.Completion"/> for the outcome.</exception>
     public bool ExecuteStateMachine(VersionSchemeStateMachine stateMachine, bool spin = false)
     {
         ThrowIfProtected();
@@ -231,6 +236,10 @@ public sealed partial class EpochProtectedVersionScheme
     /// <exception cref="InvalidOperationException">The calling thread is protected, or the version is at
     /// <see cref="VersionSchemeState.MaxVersion"/> (see <see cref="ExecuteStateMachine"/>).</exception>
     /// <exception cref="ObjectDisposedException">The scheme has been disposed.</exception>
+    /// <exception cref="ThreadInterruptedException">The calling thread was interrupted while it waited (see
+    /// <see cref="ExecuteStateMachine"/>): either the transition has not started, or, with <paramref name="spin"/>, it
+    /// has started and carries on without the caller (a fault of its critical section is then reported only through
+    /// <see cref="StateMachineFaulted"/>). <see cref="CurrentState"/> and <see cref="ActiveStateMachine"/> tell which.</exception>
     public bool AdvanceVersionWithCriticalSection(Action<long, long> criticalSection, long targetVersion = -1, bool spin = false)
     {
         if (criticalSection is null)
@@ -389,8 +398,7 @@ public sealed partial class EpochProtectedVersionScheme
                     VersionSchemeState from = stepFrom;
                     stepMachine = null;
                     Volatile.Write(ref state, from.Word);
-                    StateMachineFaultedEventArgs? notice = FinishMachine(machine, ex);
-                    ReleaseStepThenRaise(notice);
+                    RetireThenReleaseStep(machine, ex);
                     return;
                 }
             }
@@ -493,8 +501,7 @@ public sealed partial class EpochProtectedVersionScheme
             LeaveCallbacks(outerCallback);
             // The step did not happen: back to where it started (release, as below).
             Volatile.Write(ref state, from.Word);
-            StateMachineFaultedEventArgs? notice = FinishMachine(machine, ex); // retired while we still own the step: nobody can step it again
-            ReleaseStepThenRaise(notice);
+            RetireThenReleaseStep(machine, ex); // retired while we still own the step: nobody can step it again
             return;
         }
         finally
@@ -519,8 +526,7 @@ public sealed partial class EpochProtectedVersionScheme
         catch (Exception ex)
         {
             LeaveCallbacks(outerCallback);
-            StateMachineFaultedEventArgs? notice = FinishMachine(machine, ex);
-            ReleaseStepThenRaise(notice);
+            RetireThenReleaseStep(machine, ex);
             return;
         }
         finally
@@ -529,8 +535,26 @@ public sealed partial class EpochProtectedVersionScheme
         }
 
         if (to.Phase == VersionSchemeState.Rest && to.Version == machine.ActualToVersion)
-            FinishMachine(machine, null);
-        ReleaseStep();
+            RetireThenReleaseStep(machine, null);
+        else
+            ReleaseStep();
+    }
+
+    /// <summary>Retires <paramref name="machine"/> while owning its step, then releases the step and raises
+    /// <see cref="StateMachineFaulted"/> for a fault. The step is released even if retiring throws (it allocates: the
+    /// machine's task, the event data), which then escapes to the caller: a step left owned would stop every later
+    /// machine at its first step.</summary>
+    private void RetireThenReleaseStep(VersionSchemeStateMachine machine, Exception? fault)
+    {
+        StateMachineFaultedEventArgs? notice = null;
+        try
+        {
+            notice = FinishMachine(machine, fault);
+        }
+        finally
+        {
+            ReleaseStepThenRaise(notice);
+        }
     }
 
     /// <summary>Ends ownership of the step (see <see cref="stepOwned"/>) and asks for the next one: of this machine,
@@ -548,6 +572,7 @@ public sealed partial class EpochProtectedVersionScheme
     {
         Interlocked.CompareExchange(ref currentMachine, null, machine);
         machine.Complete(fault);
+        FinishMachineHookForTesting?.Invoke();
         if (fault is null)
             return null;
 

@@ -48,6 +48,11 @@ public sealed partial class EpochProtectedVersionScheme
     /// failure there.</summary>
     internal static System.Action? EnterCallbackHookForTesting;
 
+    /// <summary>Test hook: runs on the thread retiring a machine, after it completed it and before the fault's event data
+    /// is allocated (completing the machine's task allocates too); a hook that throws stands for an allocation failure
+    /// there.</summary>
+    internal static System.Action? FinishMachineHookForTesting;
+
     /// <summary>Test hook: runs on a thread stepped aside inside Enter or Refresh, once the transition it waited for has
     /// moved on and before it takes its protection back.</summary>
     internal System.Action? BeforeComingBackHookForTesting { get; set; }

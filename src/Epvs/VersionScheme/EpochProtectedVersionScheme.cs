@@ -284,9 +284,10 @@ public sealed partial class EpochProtectedVersionScheme : IDisposable
                 epoch.BeginStepAside();
             try
             {
-                epoch.Suspend();
                 try
                 {
+                    // Inside the try: a Suspend that throws (its drain) has already left.
+                    epoch.Suspend();
                     AfterStepAsideHookForTesting?.Invoke();
                     // Until the state moves on, or the scheme is disposed: Dispose's mark (the intermediate bit on the last
                     // state) can equal the state read here, if that transition's critical section failed and restored it.
@@ -307,10 +308,13 @@ public sealed partial class EpochProtectedVersionScheme : IDisposable
                 {
                     // A Refresh that throws keeps its region entered, as when the scheme was disposed: its caller is
                     // still inside it and will Leave (which would otherwise throw "not protected" and hide this
-                    // exception). Counted as stepped aside until then, so the epoch cannot have been disposed meanwhile.
-                    epoch.Resume();
+                    // exception). Counted as stepped aside until then, so the epoch cannot have been disposed meanwhile
+                    // (and the Resume's wait for a Dispose that is deciding is not interruptible).
+                    if (!epoch.ThisInstanceProtected())
+                        epoch.Resume();
                     throw;
                 }
+                // Not interruptible either (see above): a Refresh never comes back from here without its region.
                 epoch.Resume();
             }
             finally

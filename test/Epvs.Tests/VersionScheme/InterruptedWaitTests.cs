@@ -123,4 +123,108 @@ public class InterruptedWaitTests
             EpochProtectedVersionScheme.LegacyFailedWaitForTesting = false;
         }
     }
+
+    /// <summary>
+    /// A Refresh stepped aside for a transition comes back while a Dispose of its (shared) epoch is deciding: its slot is
+    /// marked, so its Resume waits for the Dispose, which finds it counted as stepped aside and gives up. That wait is
+    /// interrupted. Returns what the Refresh threw, whether the thread is still protected after it, what its Leave and
+    /// the Dispose threw, and whether the interrupt was still pending after the Refresh.
+    /// </summary>
+    private static (Exception? Refresh, bool ProtectedAfter, Exception? Leave, Exception? Dispose, bool InterruptPending) InterruptComeBackWhileDisposeDecides()
+    {
+        var epoch = new LightEpoch();
+        var scheme = new EpochProtectedVersionScheme(epoch);
+        using var aside = new ManualResetEventSlim();
+        using var comeBack = new ManualResetEventSlim();
+        using var closing = new ManualResetEventSlim();
+        using var decide = new ManualResetEventSlim();
+        Exception? refresh = null, leave = null, dispose = null;
+        bool protectedAfter = false, interruptPending = false;
+        int turns = 0;
+        scheme.AfterStepAsideHookForTesting = () =>
+        {
+            scheme.AfterStepAsideHookForTesting = null;
+            aside.Set();
+            Assert.True(comeBack.Wait(GuardedThread.DefaultTimeout), "never let come back");
+            Thread.CurrentThread.Interrupt(); // surfaces at the thread's next interruptible wait
+        };
+        // Far more turns than SpinWait takes to sleep (about 15): then let the Dispose decide. A bound, not a timing.
+        epoch.WaitWhileClosingHookForTesting = () =>
+        {
+            if (++turns == 200)
+                decide.Set();
+        };
+        epoch.ClosingHookForTesting = () =>
+        {
+            closing.Set();
+            Assert.True(decide.Wait(GuardedThread.DefaultTimeout), "the Dispose was never let decide");
+        };
+        GuardedThread refresher;
+        using (var parked = new ParkedThread(() => scheme.Enter(), scheme.Leave))
+        {
+            refresher = GuardedThread.Start(() =>
+            {
+                scheme.Enter();
+                Assert.Equal(StateMachineExecutionStatus.Ok, scheme.TryAdvanceVersionWithCriticalSection((_, _) => { }));
+                refresh = Record.Exception(() => scheme.Refresh());
+                decide.Set(); // if the Refresh threw before the Dispose decided
+                protectedAfter = epoch.ThisInstanceProtected();
+                try
+                {
+                    Thread.Sleep(0);
+                }
+                catch (ThreadInterruptedException)
+                {
+                    interruptPending = true;
+                }
+                leave = Record.Exception(scheme.Leave);
+            }, "refresh");
+            Assert.True(aside.Wait(GuardedThread.DefaultTimeout), "the Refresh never stepped aside");
+        } // the parked thread leaves: the transition completes while the Refresh is stepped aside
+        Assert.Equal(2, scheme.CurrentState.Version);
+        var disposer = GuardedThread.Start(() => dispose = Record.Exception(epoch.Dispose), "dispose");
+        Assert.True(closing.Wait(GuardedThread.DefaultTimeout), "the Dispose never marked the slots");
+        comeBack.Set();
+        refresher.Join();
+        disposer.Join();
+        epoch.ClosingHookForTesting = null;
+        epoch.WaitWhileClosingHookForTesting = null;
+        if (epoch.ThisInstanceProtected() is false)
+            epoch.Dispose(); // the Refresh's region is left by now
+        return (refresh, protectedAfter, leave, dispose, interruptPending);
+    }
+
+    [Fact]
+    public void Refresh_InterruptedComingBackWhileADisposeDecides_KeepsTheRegionEntered()
+    {
+        (Exception? refresh, bool stillProtected, Exception? leave, Exception? dispose, bool interruptPending) = InterruptComeBackWhileDisposeDecides();
+        Assert.Null(refresh);
+        Assert.True(stillProtected, "the Refresh returned without its region");
+        Assert.Null(leave);
+        Assert.IsType<InvalidOperationException>(dispose); // the stepped-aside Refresh counts as protected
+        Assert.True(interruptPending, "the interrupt was swallowed instead of kept for the thread's next wait");
+    }
+
+    [Fact]
+    public void ExecuteStateMachineWithSpin_InterruptedWhileWaiting_Throws_AndTheMachineCarriesOn()
+    {
+        // Documented on ExecuteStateMachine: interrupted while it waits for its own machine, the call throws and the
+        // machine, started, completes without the caller.
+        using var scheme = new EpochProtectedVersionScheme();
+        var machine = new CriticalSectionStateMachine((_, _) => { }, -1);
+        Exception? failure = null;
+        using (var parked = new ParkedThread(() => scheme.Enter(), scheme.Leave))
+        {
+            GuardedThread.Start(() =>
+            {
+                Thread.CurrentThread.Interrupt(); // the step waits for the parked thread: the wait spins until it surfaces
+                failure = Record.Exception(() => scheme.ExecuteStateMachine(machine, spin: true));
+            }, "executor").Join();
+            Assert.IsType<ThreadInterruptedException>(failure);
+            Assert.Equal(2, machine.ActualToVersion);
+            Assert.False(machine.IsCompleted);
+        }
+        Assert.True(machine.Completion.Wait(GuardedThread.DefaultTimeout));
+        Assert.Equal(VersionSchemeState.Make(VersionSchemeState.Rest, 2), scheme.CurrentState);
+    }
 }
