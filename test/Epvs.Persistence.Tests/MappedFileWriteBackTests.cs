@@ -3,6 +3,7 @@ using System.Collections.Generic;
 using System.IO;
 using System.Linq;
 using System.Threading;
+using System.Threading.Tasks;
 using Xunit;
 
 namespace Epvs.Persistence.Tests;
@@ -439,6 +440,63 @@ public sealed class MappedFileWriteBackTests : IDisposable
         Assert.False(reopened.Recovery.WasCleanShutdown);
         Assert.Equal(frontier, reopened.Recovery.RecoveredVersion);
         Assert.False(new PersistentHashMap<long, long>(reopened, 1).TryGetValue(2, out _));
+    }
+
+    /// <summary>
+    /// Once the background advancer has failed (a write-back error) it has stopped: a SyncAsync that registered its wait
+    /// afterwards was completed by nobody, so with an infinite SyncTimeout it never completed (and otherwise timed out
+    /// with a TimeoutException instead of the advancer's failure). It must fail at once, as Sync does.
+    /// </summary>
+    [Fact]
+    public void SyncAsync_AfterTheBackgroundAdvancerFailed_FailsInsteadOfWaitingForIt()
+    {
+        Assert.SkipUnless(OperatingSystem.IsLinux(), "private mappings are Linux only");
+        const int Eio = 5;
+        BufferedDurableHeap heap = BufferedDurableHeap.Create(
+            _directory.File("async-after-fault.heap"),
+            Options(MappedFileWriteBack.PrivateMapping),
+            new BufferedDurableHeapOptions { AdvancePeriod = TimeSpan.FromMilliseconds(5), SyncTimeout = Timeout.InfiniteTimeSpan });
+        Exception? second;
+        try
+        {
+            var map = new PersistentHashMap<long, long>(heap, 1);
+            map.Set(1, 10);
+            heap.Sync();
+            map.Set(2, 20);
+            ((MappedFilePersistenceDomain)heap.Heap.File.Domain).FailFileCallsForTesting = Eio;
+            second = AfterTheAdvancerFailed(heap);
+        }
+        finally
+        {
+            Record.Exception(heap.Dispose);
+        }
+
+        Assert.IsType<InvalidOperationException>(second);
+        Assert.Contains("Input/output error", second.ToString());
+    }
+
+    /// <summary>Lets the background advancer fail and stop, then returns what a SyncAsync after it threw or faulted with.</summary>
+    private static Exception? AfterTheAdvancerFailed(BufferedDurableHeap heap)
+    {
+        // The advancer runs the failing cycle (nobody else runs one) at its next period or when this wait wakes it, and
+        // stops; the wait fails with it (or, if the cycle failed before it registered, it is refused).
+        Assert.NotNull(SyncAsyncFailure(heap, "the wait registered before the failure never completed"));
+        Assert.True(heap.AdvancerForTesting!.Join(TimeSpan.FromSeconds(30)), "the advancer did not stop after its failure");
+        return SyncAsyncFailure(heap, "a SyncAsync after the advancer stopped never completed");
+    }
+
+    /// <summary>What a SyncAsync threw, or what its task faulted with (bounded wait).</summary>
+    private static Exception? SyncAsyncFailure(BufferedDurableHeap heap, string neverCompleted)
+    {
+        Task? wait = null;
+        Exception? thrown = Record.Exception(() => { wait = heap.SyncAsync(); });
+        if (thrown is not null)
+        {
+            return thrown;
+        }
+
+        Assert.True(((IAsyncResult)wait!).AsyncWaitHandle.WaitOne(TimeSpan.FromSeconds(30)), neverCompleted);
+        return wait!.Exception?.InnerException;
     }
 
     [Fact]

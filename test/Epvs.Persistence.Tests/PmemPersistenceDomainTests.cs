@@ -66,6 +66,61 @@ public sealed class PmemPersistenceDomainTests : IDisposable
         Assert.True(Stamp.Matches(reopened.GetPayload(block), uid));
     }
 
+    /// <summary>
+    /// The msync fallback is fail-stop, as the mapped-file domain is: Linux reports a page's failed write-back once per
+    /// open file, to whichever msync checks first (here the clock's, in the transition's critical section), and marks the
+    /// page clean. A later msync of that page then succeeds without writing it, so a Sync that returned after the failure
+    /// would claim durable a version whose page never reached the file. The broken control forgets the failure.
+    /// </summary>
+    [Theory]
+    [InlineData(false)]
+    [InlineData(true)]
+    public void PmemMsync_AFailedMsync_NoLaterSyncReturnsAsIfDurable(bool control)
+    {
+        const int Eio = 5;
+        string path = _directory.File($"msync-fails-{control}.heap");
+        var fileOptions = new HeapFileOptions { Size = 2L << 20, Domain = PersistenceDomainKind.Pmem };
+        var options = new BufferedDurableHeapOptions { AdvancePeriod = System.Threading.Timeout.InfiniteTimeSpan };
+        BufferedDurableHeap heap = BufferedDurableHeap.Create(path, fileOptions, options);
+        var domain = Assert.IsType<PmemPersistenceDomain>(heap.Heap.File.Domain);
+        Assert.SkipWhen(domain.IsPersistentMemory, "libpmem maps this file as persistent memory (PMEM_IS_PMEM_FORCE?): no msync to fail");
+        domain.NoFailStopForTesting = control;
+        var map = new PersistentHashMap<long, long>(heap, typeId: 1);
+        map.Set(1, 1);
+
+        // The page holding key 1's payload fails its write-back in the kernel; the next msync (the clock's) reports it.
+        int failures = 1;
+        domain.MsyncCallForTesting = () =>
+        {
+            if (System.Threading.Interlocked.Exchange(ref failures, 0) == 0)
+            {
+                return 0;
+            }
+
+            System.Runtime.InteropServices.Marshal.SetLastPInvokeError(Eio);
+            return -1;
+        };
+
+        Exception? first = Record.Exception(heap.Sync);
+        Exception? second = Record.Exception(heap.Sync);
+        long frontier = heap.DurableFrontier;
+        Exception? dispose = Record.Exception(heap.Dispose);
+        _output.WriteLine($"control={control}: first Sync {first?.GetType().Name}, second Sync {second?.GetType().Name ?? "returned"} (frontier {frontier}), Dispose {dispose?.GetType().Name ?? "clean"}");
+        Assert.NotNull(first);
+        if (control)
+        {
+            // The control: the retried Sync returns, claiming durable the version whose page failed.
+            Assert.Null(second);
+            return;
+        }
+
+        Assert.NotNull(second);
+        Assert.Equal(0, frontier);
+        Assert.IsType<InvalidOperationException>(dispose);
+        using HeapFile reopened = HeapFile.Open(path, new HeapFileOptions { Domain = PersistenceDomainKind.MappedFile });
+        Assert.False(reopened.WasCleanShutdown);
+    }
+
     private Dictionary<string, long> RunChild(string path, string force, out List<(long Offset, long Uid, int Size)> blocks)
     {
         (int exitCode, string output) = TestProgram.RunChild(new Dictionary<string, string> { ["PMEM_IS_PMEM_FORCE"] = force }, PmemChild.Role, path);

@@ -44,6 +44,9 @@ internal sealed unsafe class MappedFilePersistenceDomain : PersistenceDomain
     private bool _fileReferenced;
     private long _writeBackCalls;
 
+    /// <summary>The process's file size limit when the file was mapped: the file never grows past it (SIGXFSZ).</summary>
+    private readonly long _fileSizeLimit = Interop.Libc.FileSizeLimit();
+
     /// <summary>pwrite/fdatasync calls in progress (private mapping): quarantine and dispose wait for them.</summary>
     private int _fileCalls;
 
@@ -123,12 +126,12 @@ internal sealed unsafe class MappedFilePersistenceDomain : PersistenceDomain
     /// <summary>
     /// Whether <paramref name="writeBack"/> maps a heap of at most <paramref name="capacity"/> bytes privately on this
     /// system: never off Linux; <see cref="MappedFileWriteBack.Auto"/> when the heap could take at most a quarter of
-    /// the memory available to the process.
+    /// the memory available to the process and no pwrite of it can pass the process's file size limit (SIGXFSZ).
     /// </summary>
     internal static bool UsesPrivateMapping(MappedFileWriteBack writeBack, long capacity) => writeBack switch
     {
         MappedFileWriteBack.PrivateMapping => OperatingSystem.IsLinux(),
-        MappedFileWriteBack.Auto => OperatingSystem.IsLinux() && capacity <= GC.GetGCMemoryInfo().TotalAvailableMemoryBytes / 4,
+        MappedFileWriteBack.Auto => OperatingSystem.IsLinux() && capacity <= GC.GetGCMemoryInfo().TotalAvailableMemoryBytes / 4 && capacity <= Interop.Libc.FileSizeLimit(),
         _ => false,
     };
 
@@ -408,7 +411,9 @@ internal sealed unsafe class MappedFilePersistenceDomain : PersistenceDomain
 
     private protected override bool TryGrowCore(long newLength)
     {
-        if (_windowsView is not null)
+        // Past the process's file size limit the extension (and every later pwrite there) would raise SIGXFSZ, which
+        // kills the process by default: the heap is full at the limit instead.
+        if (_windowsView is not null || newLength > _fileSizeLimit)
         {
             return false;
         }

@@ -14,7 +14,8 @@ public enum MappedFileWriteBack
     /// <see cref="PrivateMapping"/> on Linux when the heap's maximum size (<see cref="HeapFileOptions.MaxSize"/>, by
     /// default 16 times <see cref="HeapFileOptions.Size"/>) is at most a quarter of the memory available to the process
     /// (<see cref="System.GCMemoryInfo.TotalAvailableMemoryBytes"/>: physical memory or the container's limit), so its
-    /// private copies cannot crowd out the rest; <see cref="SharedMapping"/> otherwise and on other systems. Each heap
+    /// private copies cannot crowd out the rest, and at most the process's file size limit (<c>RLIMIT_FSIZE</c>, which a
+    /// <c>pwrite</c> past it answers with SIGXFSZ); <see cref="SharedMapping"/> otherwise and on other systems. Each heap
     /// decides alone: several private heaps may together exceed that quarter.
     /// </summary>
     Auto = 0,
@@ -37,7 +38,9 @@ public enum MappedFileWriteBack
     /// mapping, a clean close also persists stores that were never written back). Every structure of this package
     /// writes back what it commits; a caller of the raw <see cref="PersistentHeap"/> must persist its payloads
     /// (<see cref="PersistentHeap.Persist(PayloadRef)"/>) and its frees (<see cref="PersistentHeap.WriteBackHeader(PayloadRef)"/>
-    /// then <see cref="PersistentHeap.Fence"/>), and anything it stores through the domain itself.
+    /// then <see cref="PersistentHeap.Fence"/>), and anything it stores through the domain itself. A heap file larger than
+    /// the process's file size limit (<c>RLIMIT_FSIZE</c>) is refused (its <c>pwrite</c>s past the limit would raise
+    /// SIGXFSZ), and the heap grows up to that limit only.
     /// </summary>
     PrivateMapping = 2,
 }

@@ -10,6 +10,12 @@ namespace Epvs.Persistence;
 /// <c>pmem_drain</c> and a persist is <c>pmem_persist</c>. On any other mapping PMDK documents that those calls do not
 /// make data durable and that <c>pmem_msync</c> must be used instead; this domain does exactly that.
 /// </summary>
+/// <remarks>
+/// The <c>pmem_msync</c> path is fail-stop and serialized, like the mapped-file domain's msync (see
+/// <see cref="MappedFilePersistenceDomain"/>): Linux reports a page's failed write-back once per open file, to whichever
+/// msync checks first, and marks the page clean, so after one failure a later msync of that page succeeds without
+/// writing it. Every write-back and fence after a failed msync therefore throws.
+/// </remarks>
 internal sealed unsafe class PmemPersistenceDomain : PersistenceDomain
 {
     private readonly SafeMappingHandle _mapping;
@@ -18,6 +24,18 @@ internal sealed unsafe class PmemPersistenceDomain : PersistenceDomain
     private long _drainCalls;
     private long _persistCalls;
     private long _msyncCalls;
+
+    /// <summary>Serializes pmem_msync calls, so that no call returns success over pages whose failure another call took (see the remarks).</summary>
+    private readonly object _syncGate = new();
+
+    /// <summary>The first failed pmem_msync: every later write-back and fence reports it (fail-stop).</summary>
+    private volatile string? _failure;
+
+    /// <summary>Test hook: replaces the pmem_msync call; a simulated kernel whose result (0, or -1 with errno set) is the call's.</summary>
+    internal Func<int>? MsyncCallForTesting;
+
+    /// <summary>Broken control for tests: a failed pmem_msync is reported once and then forgotten (not fail-stop).</summary>
+    internal bool NoFailStopForTesting;
 
     private PmemPersistenceDomain(byte* pointer, long length, SafeMappingHandle mapping, bool isPmem)
         : base(pointer, length)
@@ -83,6 +101,11 @@ internal sealed unsafe class PmemPersistenceDomain : PersistenceDomain
             _drainCalls++;
             Interop.Pmem.Drain();
         }
+        else
+        {
+            // The msyncs already waited; a fence after a failed one must not pass as if they had all succeeded.
+            ThrowIfFailedBefore();
+        }
     }
 
     private protected override void PersistCore(long offset, long length)
@@ -106,10 +129,35 @@ internal sealed unsafe class PmemPersistenceDomain : PersistenceDomain
         }
 
         _msyncCalls++;
-        if (Interop.Pmem.Msync(Pointer + offset, (nuint)length) != 0)
+        ThrowIfFailedBefore();
+        lock (_syncGate)
         {
-            int errno = Marshal.GetLastPInvokeError();
-            ThrowHelper.ThrowIO($"pmem_msync failed: {Interop.Pmem.LastErrorMessage()} (errno {errno}); the range may not be durable.");
+            // Under the gate: the call that takes the kernel's report of a failed page records it before any other
+            // call can return.
+            ThrowIfFailedBefore();
+            if ((MsyncCallForTesting?.Invoke() ?? Interop.Pmem.Msync(Pointer + offset, (nuint)length)) != 0)
+            {
+                int errno = Marshal.GetLastPInvokeError();
+                string failure = $"pmem_msync failed: {Marshal.GetPInvokeErrorMessage(errno)} (errno {errno})";
+                if (!NoFailStopForTesting)
+                {
+                    _failure ??= failure;
+                }
+
+                ThrowHelper.ThrowIO($"{failure}; the range may not be durable.");
+            }
+        }
+    }
+
+    /// <summary>
+    /// After a failed msync nothing written back since can be trusted durable (the kernel marked the failed pages clean
+    /// and reported the error once): every later write-back and fence of this domain throws.
+    /// </summary>
+    private void ThrowIfFailedBefore()
+    {
+        if (_failure is { } failure)
+        {
+            ThrowHelper.ThrowIO($"An earlier write-back of this heap file failed ({failure}); nothing written back since can be trusted durable. Reopen the heap to recover up to its durable frontier.");
         }
     }
 }

@@ -138,6 +138,14 @@ public sealed unsafe partial class BufferedDurableHeap
                 return Task.CompletedTask;
             }
 
+            // After a failed cycle the background advancer has stopped (or is stopping) and nobody would complete the
+            // wait. Read under the gate: a failure is recorded before FailWaiters takes it, so a wait added before that
+            // is failed there, and one added after sees the failure here.
+            if (_advancerFault is { } fault)
+            {
+                ThrowHelper.ThrowInvalidOperation($"The heap's advancer failed, so nothing more can become durable: {fault.Message}", fault);
+            }
+
             _waiters.Add((target, completion));
         }
 
@@ -182,6 +190,9 @@ public sealed unsafe partial class BufferedDurableHeap
         RunCycle(long.MaxValue, Deadline(timeout), timeout);
         return DurableFrontier;
     }
+
+    /// <summary>The background advancer's thread, null without one (tests: it stops after a failure).</summary>
+    internal Thread? AdvancerForTesting => _advancer;
 
     /// <summary>Test hook: runs in a thread's backlog back-pressure after its disposed check, before it runs advance cycles.</summary>
     internal Action? BeforeBackPressureCyclesForTesting { get; set; }
@@ -446,6 +457,7 @@ public sealed unsafe partial class BufferedDurableHeap
 
         long sealedAt = Stopwatch.GetTimestamp();
         Reclaim(completed - 1, written);
+        ForgetExitedThreads();
         long reclaimed = Stopwatch.GetTimestamp();
 
         // Volatile.Write: atomic 64-bit stores for GetAdvancerStatistics on any thread; written under the cycle gate

@@ -174,11 +174,18 @@ public sealed unsafe partial class BufferedDurableHeap : IDisposable
     /// </summary>
     internal DurableOperation BeginReadOperation() => Begin(refuseAfterFault: false);
 
+    /// <summary>
+    /// The read operation a structure rebuilds its index in when it opens (it reads the recovered payloads in the
+    /// mapping): like <see cref="BeginReadOperation"/>, but not counted as one of the thread's operations for the
+    /// back-pressure checks, which it neither needs (it writes nothing) nor should run (an advance inside a constructor).
+    /// </summary>
+    internal DurableOperation BeginRebuildOperation() => Begin(refuseAfterFault: false, backPressure: false);
+
     [MethodImpl(MethodImplOptions.AggressiveInlining)]
-    private DurableOperation Begin(bool refuseAfterFault)
+    private DurableOperation Begin(bool refuseAfterFault, bool backPressure = true)
     {
         ThreadBuffers buffers = _local.Value!;
-        if (buffers.RetiredBytes >= buffers.NextBacklogCheck || --buffers.OperationsUntilCheck < 0)
+        if (backPressure && (buffers.RetiredBytes >= buffers.NextBacklogCheck || --buffers.OperationsUntilCheck < 0))
         {
             ApplyBackPressure(buffers);
         }
@@ -562,17 +569,66 @@ public sealed unsafe partial class BufferedDurableHeap : IDisposable
         // Volatile.Read: acquire; pairs with the release in RegisterThread.
         foreach (ThreadBuffers buffers in Volatile.Read(ref _registry))
         {
-            for (int slot = 0; slot < ThreadBuffers.Slots; slot++)
+            if (!buffers.IsDrained)
             {
-                if (buffers.WriteBack[slot].Count != 0 || buffers.Retired[slot].Count != 0 || buffers.AntiPayloads[slot].Count != 0)
-                {
-                    return false;
-                }
+                return false;
             }
         }
 
         return true;
     }
+
+    /// <summary>
+    /// Under the cycle gate, after a cycle drained what it could: forgets the buffers of threads that have exited with
+    /// nothing left to write back or reclaim, and gives their allocator caches' free blocks back to the pools. Without
+    /// it every thread that ever operated on the heap stayed registered (about 25 KB of memory each, walked by every
+    /// cycle) with its cached free blocks, so short-lived threads grew the file to its maximum size and the process's
+    /// memory without bound.
+    /// </summary>
+    private void ForgetExitedThreads()
+    {
+        if ((_heap.Faults & HeapFaults.KeepExitedThreadCaches) != 0)
+        {
+            return;
+        }
+
+        // Volatile.Read: acquire; pairs with the release in RegisterThread.
+        ThreadBuffers[] registry = Volatile.Read(ref _registry);
+        List<ThreadBuffers>? exited = null;
+        foreach (ThreadBuffers buffers in registry)
+        {
+            // Join(0): true once the thread has terminated, and a synchronization with its end (its last appends and its
+            // operation count are visible). Drained by the cycles, an exited thread's buffers never fill again.
+            if (!buffers.Owner.IsAlive && buffers.Owner.Join(0) && !buffers.HasOpenOperations && buffers.IsDrained)
+            {
+                (exited ??= new List<ThreadBuffers>()).Add(buffers);
+            }
+        }
+
+        if (exited is not null)
+        {
+            lock (_registryGate)
+            {
+                var kept = new List<ThreadBuffers>(_registry.Length);
+                foreach (ThreadBuffers buffers in _registry)
+                {
+                    if (!exited.Contains(buffers))
+                    {
+                        kept.Add(buffers);
+                    }
+                }
+
+                // Volatile.Write: release; as in RegisterThread. (A drained thread's retired and reclaimed bytes are
+                // equal: the backlog does not change.)
+                Volatile.Write(ref _registry, kept.ToArray());
+            }
+        }
+
+        _heap.ReleaseExitedThreadCaches();
+    }
+
+    /// <summary>How many threads the heap keeps buffers for (tests: exited threads' are forgotten).</summary>
+    internal int RegisteredThreadsForTesting => Volatile.Read(ref _registry).Length;
 
     internal PersistentHeap Allocator => _heap;
 

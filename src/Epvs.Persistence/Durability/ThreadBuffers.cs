@@ -27,6 +27,29 @@ internal sealed class ThreadBuffers
 
     internal int ManagedThreadId { get; }
 
+    /// <summary>The owner thread (created on it): once it has exited and the buffers are drained, the heap forgets them.</summary>
+    internal System.Threading.Thread Owner { get; } = System.Threading.Thread.CurrentThread;
+
+    /// <summary>Whether the owner has an operation open. Owner only (or once the owner has exited).</summary>
+    internal bool HasOpenOperations => _openCount != 0;
+
+    /// <summary>Whether every per-version list is empty: nothing left to write back or reclaim. Under the cycle gate.</summary>
+    internal bool IsDrained
+    {
+        get
+        {
+            for (int slot = 0; slot < Slots; slot++)
+            {
+                if (WriteBack[slot].Count != 0 || Retired[slot].Count != 0 || AntiPayloads[slot].Count != 0)
+                {
+                    return false;
+                }
+            }
+
+            return true;
+        }
+    }
+
     /// <summary>The owner's allocation cache in the <see cref="PersistentHeap"/> (set on the owner's first allocation), so an allocation needs no thread-local lookup.</summary>
     internal PersistentHeap.ThreadCache? AllocatorCache;
 

@@ -43,4 +43,7 @@ internal enum HeapFaults
 
     /// <summary>A heap that cannot grow gives back the segments whose blocks all sit in a class pool, but leaves their blocks in the pool (a block can then be handed out inside a segment reused for something else).</summary>
     ReleaseSegmentsLeavingBlocksPooled = 1024,
+
+    /// <summary>The caches of threads that have exited are kept with their free blocks (the old behaviour: a heap used by short-lived threads fills up and its memory grows with every thread).</summary>
+    KeepExitedThreadCaches = 2048,
 }

@@ -149,6 +149,14 @@ public sealed unsafe class HeapFile : IDisposable
             throw new DirectoryNotFoundException($"Cannot create heap file '{fullPath}': the directory '{directory}' does not exist.");
         }
 
+        // Creating (ftruncate, posix_fallocate) past the process's file size limit raises SIGXFSZ, which kills the
+        // process by default, instead of failing.
+        long sizeLimit = Interop.Libc.FileSizeLimit();
+        if (heapSize > sizeLimit)
+        {
+            ThrowHelper.ThrowHeapFile(HeapFileError.InsufficientSpace, $"Cannot create heap file '{fullPath}': it needs {heapSize} bytes but the process may write files of at most {sizeLimit} bytes (RLIMIT_FSIZE, ulimit -f). Choose a smaller HeapFileOptions.Size or raise the limit.");
+        }
+
         long available = new DriveInfo(directory).AvailableFreeSpace;
         if (available < heapSize)
         {
@@ -874,6 +882,16 @@ public sealed unsafe class HeapFile : IDisposable
         }
     }
 
-    private static MappedFilePersistenceDomain MapFile(FileStream stream, long length, long capacity, HeapFileOptions options) =>
-        MappedFilePersistenceDomain.Map(stream, length, capacity, MappedFilePersistenceDomain.UsesPrivateMapping(options.MappedFileWriteBack, capacity));
+    private static MappedFilePersistenceDomain MapFile(FileStream stream, long length, long capacity, HeapFileOptions options)
+    {
+        bool privateMapping = MappedFilePersistenceDomain.UsesPrivateMapping(options.MappedFileWriteBack, capacity);
+        long sizeLimit = Interop.Libc.FileSizeLimit();
+        if (privateMapping && length > sizeLimit)
+        {
+            // Its write-backs are pwrites, and one past the limit raises SIGXFSZ (a shared mapping's msync does not).
+            ThrowHelper.ThrowHeapFile(HeapFileError.DomainUnavailable, $"Cannot map heap file '{stream.Name}' privately: it has {length} bytes but the process may write files of at most {sizeLimit} bytes (RLIMIT_FSIZE, ulimit -f), and a private mapping writes back with pwrite. Raise the limit, or use MappedFileWriteBack.Auto or SharedMapping.");
+        }
+
+        return MappedFilePersistenceDomain.Map(stream, length, capacity, privateMapping);
+    }
 }

@@ -17,4 +17,7 @@ internal static class HeapFileTestHooks
 
     /// <summary>When set, damaged sealed superblock words and descriptors are trusted, damaged blocks are taken as free and sealed blocks whose check fails as valid (the control for the bit-flip sweeps: the old behaviour).</summary>
     internal static bool IgnoreSeals { get; set; }
+
+    /// <summary>When set, the process's file size limit (RLIMIT_FSIZE) is taken as unlimited (the control for the file-size-limit test: the old behaviour, SIGXFSZ).</summary>
+    internal static bool IgnoreFileSizeLimit { get; set; }
 }

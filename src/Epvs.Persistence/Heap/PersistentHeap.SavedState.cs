@@ -92,7 +92,7 @@ public sealed unsafe partial class PersistentHeap
             return true;
         }
 
-        foreach (ThreadCache cache in _caches.Values)
+        foreach (ThreadCache cache in Caches)
         {
             for (int cls = 0; cls < SizeClasses.Count; cls++)
             {

@@ -296,7 +296,9 @@ public sealed unsafe partial class PersistentHeap
         FlushPendingFrees();
 
         // This thread's own cache too (up to 64 blocks per class): a workload of large small blocks keeps a whole
-        // segment's worth there. Other threads' caches are theirs; their segments stay.
+        // segment's worth there, and those of threads that have exited. Other threads' caches are theirs; their
+        // segments stay. (Lock order: the segment gate, then the caches' gate, then a pool's.)
+        ReleaseExitedThreadCaches();
         ThreadCache own = _caches.Value!;
         for (int cls = 0; cls < SizeClasses.Count; cls++)
         {

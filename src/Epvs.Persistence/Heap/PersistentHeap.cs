@@ -1,4 +1,5 @@
 using System;
+using System.Collections.Generic;
 using System.Runtime.CompilerServices;
 using System.Runtime.Intrinsics.X86;
 using System.Threading;
@@ -24,8 +25,9 @@ namespace Epvs.Persistence;
 /// persist had not completed may be partial — part 2's epoch tags decide which of those recovery keeps.</para>
 /// <para>Limits of this version: a small-block segment keeps its size class while any of its blocks is allocated or
 /// sits in another thread's cache; once the heap has no free segment left and cannot grow, segments whose blocks are
-/// all free in the shared pool become free segments again (durably) for other sizes. Blocks left in the cache of a
-/// thread that exits stay there until the heap is reopened.</para>
+/// all free in the shared pool become free segments again (durably) for other sizes. The free blocks left in the cache
+/// of a thread that has exited go back to the shared pools when a buffered heap's advancer runs, or when the heap has
+/// no free segment left.</para>
 /// </remarks>
 public sealed unsafe partial class PersistentHeap : IDisposable
 {
@@ -47,6 +49,16 @@ public sealed unsafe partial class PersistentHeap : IDisposable
     private readonly long _ownerKind;
     private readonly ClassPool[] _pools;
     private readonly ThreadLocal<ThreadCache> _caches;
+
+    /// <summary>Guards the changes of <see cref="_cacheList"/>.</summary>
+    private readonly object _cachesGate = new();
+
+    /// <summary>The cache of every thread that has allocated or freed here and not been found exited (copy-on-write under <see cref="_cachesGate"/>).</summary>
+    private ThreadCache[] _cacheList = [];
+
+    /// <summary>The live blocks and bytes counted by the caches of exited threads, forgotten since (see <see cref="ReleaseExitedThreadCaches"/>).</summary>
+    private long _exitedLiveBlocks;
+    private long _exitedLiveBytes;
     private long _nextUid;
     private int _disposed;
 
@@ -75,7 +87,9 @@ public sealed unsafe partial class PersistentHeap : IDisposable
             _pools[i] = new ClassPool();
         }
 
-        _caches = new ThreadLocal<ThreadCache>(() => new ThreadCache(), trackAllValues: true);
+        // Not trackAllValues: a ThreadLocal keeps every tracked value of an exited thread for ever (about 16 KiB each, with
+        // the free blocks in it); the heap keeps its own list and forgets the exited threads' caches.
+        _caches = new ThreadLocal<ThreadCache>(CreateCache);
         _segmentFree = new bool[file.SegmentCount];
 
         // One heap per file (two would hand out the same blocks); the file's public Dispose refuses until this one's.
@@ -557,24 +571,34 @@ public sealed unsafe partial class PersistentHeap : IDisposable
     /// <returns>The statistics.</returns>
     public HeapStatistics GetStatistics()
     {
-        long liveBlocks = _recoveredLiveBlocks, liveBytes = _recoveredLiveBytes, freeBytes = 0;
-        foreach (ThreadCache cache in _caches.Values)
-        {
-            // Volatile.Read: acquire; the owner writes these with plain stores, so a concurrent read is approximate
-            // (exact once the owner is quiescent and its stores are visible, e.g. after joining it).
-            liveBlocks += Volatile.Read(ref cache.LiveBlocks);
-            liveBytes += Volatile.Read(ref cache.LiveBytes);
-            for (int cls = 0; cls < SizeClasses.Count; cls++)
-            {
-                freeBytes += (long)Volatile.Read(ref cache.Counts[cls]) * SizeClasses.BlockSizes[cls];
-            }
-        }
+        long liveBlocks, liveBytes, freeBytes = 0;
 
-        for (int cls = 0; cls < _pools.Length; cls++)
+        // Under the caches' gate, which a release of exited threads' caches holds from taking them out of the list to
+        // handing their blocks to the pools: their counts are seen exactly once. (Not the segment gate below: a release
+        // may run under it.)
+        lock (_cachesGate)
         {
-            lock (_pools[cls])
+            // Interlocked.Read: atomic 64-bit loads of the exited threads' counts (added with Interlocked.Add).
+            liveBlocks = _recoveredLiveBlocks + Interlocked.Read(ref _exitedLiveBlocks);
+            liveBytes = _recoveredLiveBytes + Interlocked.Read(ref _exitedLiveBytes);
+            foreach (ThreadCache cache in Caches)
             {
-                freeBytes += (long)_pools[cls].BlockCount * SizeClasses.BlockSizes[cls];
+                // Volatile.Read: acquire; the owner writes these with plain stores, so a concurrent read is approximate
+                // (exact once the owner is quiescent and its stores are visible, e.g. after joining it).
+                liveBlocks += Volatile.Read(ref cache.LiveBlocks);
+                liveBytes += Volatile.Read(ref cache.LiveBytes);
+                for (int cls = 0; cls < SizeClasses.Count; cls++)
+                {
+                    freeBytes += (long)Volatile.Read(ref cache.Counts[cls]) * SizeClasses.BlockSizes[cls];
+                }
+            }
+
+            for (int cls = 0; cls < _pools.Length; cls++)
+            {
+                lock (_pools[cls])
+                {
+                    freeBytes += (long)_pools[cls].BlockCount * SizeClasses.BlockSizes[cls];
+                }
             }
         }
 
@@ -822,6 +846,94 @@ public sealed unsafe partial class PersistentHeap : IDisposable
         internal long BlockCount { get; set; }
     }
 
+    /// <summary>Every thread's cache (a snapshot: a thread may add its own meanwhile).</summary>
+    // Volatile.Read: acquire; pairs with the release in CreateCache and ReleaseExitedThreadCaches.
+    private ThreadCache[] Caches => Volatile.Read(ref _cacheList);
+
+    private ThreadCache CreateCache()
+    {
+        var cache = new ThreadCache(Thread.CurrentThread);
+        lock (_cachesGate)
+        {
+            var grown = new ThreadCache[_cacheList.Length + 1];
+            _cacheList.CopyTo(grown, 0);
+            grown[^1] = cache;
+            // Volatile.Write: release; a reader of the array sees the initialized cache.
+            Volatile.Write(ref _cacheList, grown);
+        }
+
+        return cache;
+    }
+
+    /// <summary>
+    /// Gives the free blocks in the caches of threads that have exited back to the shared pools and forgets those caches
+    /// (their live counts move to the heap's). Without it a heap used by short-lived threads kept up to 64 free blocks
+    /// per class and thread for ever, and grew its file for each new thread instead of reusing them.
+    /// </summary>
+    internal void ReleaseExitedThreadCaches()
+    {
+        if ((_faults & HeapFaults.KeepExitedThreadCaches) != 0)
+        {
+            return;
+        }
+
+        List<ThreadCache>? exited = null;
+        lock (_cachesGate)
+        {
+            // Under the gate: a cache is taken out of the list, and its blocks handed back, by one caller only.
+            Thread current = Thread.CurrentThread;
+            foreach (ThreadCache cache in _cacheList)
+            {
+                // Join(0): true once the thread has terminated, and a synchronization with its end, so its last
+                // plain stores to the cache are visible here. Nobody else touches an exited thread's cache.
+                if (cache.Owner != current && !cache.Owner.IsAlive && cache.Owner.Join(0))
+                {
+                    (exited ??= new List<ThreadCache>()).Add(cache);
+                }
+            }
+
+            if (exited is null)
+            {
+                return;
+            }
+
+            var kept = new List<ThreadCache>(_cacheList.Length - exited.Count);
+            foreach (ThreadCache cache in _cacheList)
+            {
+                if (!exited.Contains(cache))
+                {
+                    kept.Add(cache);
+                }
+            }
+
+            // Volatile.Write: release; pairs with the acquire in Caches.
+            Volatile.Write(ref _cacheList, kept.ToArray());
+
+            // Still under the gate, so that GetStatistics sees each count once: in a cache or moved. (Lock order: the
+            // caches' gate, then a pool's.)
+            foreach (ThreadCache cache in exited)
+            {
+                // Interlocked.Add: the statistics read these atomically.
+                Interlocked.Add(ref _exitedLiveBlocks, cache.LiveBlocks);
+                Interlocked.Add(ref _exitedLiveBytes, cache.LiveBytes);
+                for (int cls = 0; cls < SizeClasses.Count; cls++)
+                {
+                    if (cache.Counts[cls] != 0)
+                    {
+                        PushFree(cls, cache.Blocks[cls], cache.Counts[cls]);
+                        cache.Counts[cls] = 0;
+                    }
+                }
+            }
+        }
+    }
+
+    /// <summary>The deliberately broken behaviours the heap was opened with (tests).</summary>
+    internal HeapFaults Faults => _faults;
+
+    /// <summary>How many thread caches the heap keeps (tests: exited threads' are forgotten).</summary>
+    internal int CacheCountForTesting => Caches.Length;
+
     /// <summary>One thread's blocks per size class and its share of the accounting. Touched by its owner only (statistics read it racily).</summary>
     internal sealed class ThreadCache
     {
@@ -830,10 +942,14 @@ public sealed unsafe partial class PersistentHeap : IDisposable
         internal long LiveBlocks;
         internal long LiveBytes;
         private long _uidNext;
+
+        /// <summary>The thread whose cache this is.</summary>
+        internal Thread Owner { get; }
         private long _uidEnd;
 
-        internal ThreadCache()
+        internal ThreadCache(Thread owner)
         {
+            Owner = owner;
             Blocks = new long[SizeClasses.Count][];
             for (int i = 0; i < Blocks.Length; i++)
             {

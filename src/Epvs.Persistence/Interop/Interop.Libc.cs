@@ -51,5 +51,36 @@ internal static partial class Interop
         /// <summary>Returns 0 or an errno value (it does not set errno).</summary>
         [LibraryImport(NativeLibraryResolver.LibcLibraryName, EntryPoint = "posix_fallocate")]
         internal static partial int PosixFallocate(int fd, long offset, long length);
+
+        /// <summary><c>RLIMIT_FSIZE</c> (1 on Linux, every architecture, and on macOS and the BSDs).</summary>
+        private const int RlimitFsize = 1;
+
+        [LibraryImport(NativeLibraryResolver.LibcLibraryName, EntryPoint = "getrlimit", SetLastError = true)]
+        private static partial int Getrlimit(int resource, out RLimit limit);
+
+        /// <summary>
+        /// The largest file size this process may write or extend a file to (the soft <c>RLIMIT_FSIZE</c>, as set by
+        /// <c>ulimit -f</c> or systemd's <c>LimitFSIZE</c>): a <c>pwrite</c>, <c>ftruncate</c> or <c>posix_fallocate</c>
+        /// past it raises SIGXFSZ, whose default action kills the process. <see cref="long.MaxValue"/> when unlimited,
+        /// unknown, or on Windows.
+        /// </summary>
+        internal static long FileSizeLimit()
+        {
+            if (OperatingSystem.IsWindows() || HeapFileTestHooks.IgnoreFileSizeLimit)
+            {
+                return long.MaxValue;
+            }
+
+            // RLIM_INFINITY is all ones on Linux and 2^63 - 1 on macOS: both read as unlimited.
+            return Getrlimit(RlimitFsize, out RLimit limit) != 0 || limit.Current >= long.MaxValue ? long.MaxValue : (long)limit.Current;
+        }
+
+        /// <summary><c>struct rlimit</c>: two <c>rlim_t</c> (64-bit unsigned on 64-bit Linux and macOS).</summary>
+        [StructLayout(LayoutKind.Sequential)]
+        private struct RLimit
+        {
+            internal ulong Current;
+            internal ulong Maximum;
+        }
     }
 }

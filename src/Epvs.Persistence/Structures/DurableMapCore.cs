@@ -26,6 +26,10 @@ internal sealed unsafe class DurableMapCore<TKey>
     {
         ArgumentNullException.ThrowIfNull(heap);
         _heap = heap;
+
+        // The rebuild reads the payloads in the mapping: inside a read operation, so that a disposed heap throws and a
+        // Dispose waits for it instead of unmapping under it (see StructureRecovery.Rebuild).
+        using DurableOperation op = heap.BeginRebuildOperation();
         _typeId = StructureKind.Claim(heap, StructureKind.ByteMap, typeId, KeySize);
         int shards = StructureRecovery.StripeCount();
         _shards = new Shard[shards];

@@ -22,6 +22,7 @@ public sealed class PersistentByteMap<TKey>
     /// <exception cref="ArgumentOutOfRangeException"><paramref name="typeId"/> is not in [0, 2^24) (the high bits record the structure's kind).</exception>
     /// <exception cref="InvalidOperationException">A structure with this type id was already opened on the heap.</exception>
     /// <exception cref="System.IO.InvalidDataException">The recovered payloads of this type id are not this map's.</exception>
+    /// <exception cref="ObjectDisposedException">The heap has been disposed.</exception>
     public PersistentByteMap(BufferedDurableHeap heap, int typeId)
     {
         ArgumentNullException.ThrowIfNull(heap);

@@ -34,6 +34,7 @@ public sealed class PersistentHashMap<TKey, TValue>
     /// <exception cref="ArgumentOutOfRangeException"><paramref name="typeId"/> is not in [0, 2^24) (the high bits record the structure's kind).</exception>
     /// <exception cref="InvalidOperationException">A structure with this type id was already opened on the heap.</exception>
     /// <exception cref="System.IO.InvalidDataException">The recovered payloads of this type id are not this map's (other key or value size).</exception>
+    /// <exception cref="ObjectDisposedException">The heap has been disposed.</exception>
     public PersistentHashMap(BufferedDurableHeap heap, int typeId)
     {
         ArgumentNullException.ThrowIfNull(heap);

@@ -29,10 +29,15 @@ public sealed unsafe class PersistentQueue<T>
     /// <exception cref="ArgumentOutOfRangeException"><paramref name="typeId"/> is not in [0, 2^24) (the high bits record the structure's kind).</exception>
     /// <exception cref="InvalidOperationException">A structure with this type id was already opened on the heap.</exception>
     /// <exception cref="InvalidDataException">The recovered payloads are not this queue's, or their sequence numbers are not contiguous (an inconsistent heap).</exception>
+    /// <exception cref="ObjectDisposedException">The heap has been disposed.</exception>
     public PersistentQueue(BufferedDurableHeap heap, int typeId)
     {
         ArgumentNullException.ThrowIfNull(heap);
         _heap = heap;
+
+        // The rebuild reads the payloads in the mapping: inside a read operation, so that a disposed heap throws and a
+        // Dispose waits for it instead of unmapping under it.
+        using DurableOperation op = heap.BeginRebuildOperation();
         _typeId = StructureKind.Claim(heap, StructureKind.Queue, typeId, keySize: 0);
         Rebuild(heap.TakeRecoveredPayloads(_typeId));
     }

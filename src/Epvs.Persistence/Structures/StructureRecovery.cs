@@ -26,6 +26,8 @@ internal static class StructureRecovery
     /// found), then calls <paramref name="add"/> for each payload in parallel; an <see cref="InvalidDataException"/>
     /// from <paramref name="add"/> is rethrown as itself, not wrapped in an <see cref="AggregateException"/>.
     /// </summary>
+    /// <remarks>The caller holds a read operation of the heap for the whole call: the workers read the mapping on other
+    /// threads, unprotected themselves, but the heap's Dispose waits for the caller's operation, which outlasts them.</remarks>
     internal static void Rebuild(IReadOnlyList<RecoveredPayload> payloads, int parallelism, Func<int, bool> sizeFits, string structure, string expected, Action<RecoveredPayload> add)
     {
         foreach (RecoveredPayload payload in payloads)

@@ -49,6 +49,10 @@ internal sealed unsafe class ValueMapCore<TKey, TValue>
     {
         ArgumentNullException.ThrowIfNull(heap);
         _heap = heap;
+
+        // The rebuild reads the payloads in the mapping: inside a read operation, so that a disposed heap throws and a
+        // Dispose waits for it instead of unmapping under it (see StructureRecovery.Rebuild).
+        using DurableOperation op = heap.BeginRebuildOperation();
         _typeId = StructureKind.Claim(heap, StructureKind.HashMap, typeId, sizeof(TKey));
         IReadOnlyList<RecoveredPayload> payloads = heap.TakeRecoveredPayloads(_typeId);
         _tornReads = (heap.Faults & DurabilityFaults.TornIndexReads) != 0;

@@ -30,6 +30,8 @@ internal static class SafetyChild
                 "open-buffered" => OpenBuffered(path),
                 "buffered-file-disposed-first" => BufferedFileDisposedFirst(path),
                 "domain-disposed-under-file" => DomainDisposedUnderFile(path),
+                "file-size-limit" => FileSizeLimit(path, control),
+                "structures-after-dispose" => StructuresAfterDispose(path),
                 _ => throw new ArgumentException($"unknown scenario {scenario}"),
             };
         }
@@ -38,6 +40,147 @@ internal static class SafetyChild
             Console.Error.WriteLine($"unexpected: {e}");
             return WrongOutcome;
         }
+    }
+
+    /// <summary>
+    /// A structure opened on a disposed heap that recovered its payloads throws ObjectDisposedException (its rebuild
+    /// read the payloads in the unmapped file: an access violation).
+    /// </summary>
+    private static int StructuresAfterDispose(string path)
+    {
+        var fileOptions = new HeapFileOptions { Size = 4L << 20 };
+        using (BufferedDurableHeap heap = BufferedDurableHeap.Create(path, fileOptions))
+        {
+            var queue = new PersistentQueue<long>(heap, typeId: 1);
+            var bytes = new PersistentByteMap<long>(heap, typeId: 2);
+            var values = new PersistentHashMap<long, long>(heap, typeId: 3);
+            for (int i = 0; i < 1000; i++)
+            {
+                queue.Enqueue(i);
+                bytes.Set(i, new byte[100]);
+                values.Set(i, i);
+            }
+        }
+
+        var opens = new List<(string, Action<BufferedDurableHeap>)>
+        {
+            ("PersistentQueue", heap => _ = new PersistentQueue<long>(heap, typeId: 1)),
+            ("PersistentByteMap", heap => _ = new PersistentByteMap<long>(heap, typeId: 2)),
+            ("PersistentHashMap", heap => _ = new PersistentHashMap<long, long>(heap, typeId: 3)),
+        };
+        int wrong = 0;
+        foreach ((string name, Action<BufferedDurableHeap> open) in opens)
+        {
+            BufferedDurableHeap heap = BufferedDurableHeap.Open(path, fileOptions);
+            heap.Dispose();
+            try
+            {
+                open(heap);
+                Console.Error.WriteLine($"{name}: opened on a disposed heap");
+                wrong++;
+            }
+            catch (ObjectDisposedException)
+            {
+                Console.WriteLine($"{name}: ObjectDisposedException");
+            }
+        }
+
+        return wrong == 0 ? Survived : WrongOutcome;
+    }
+
+    /// <summary>
+    /// Run under a file size limit (RLIMIT_FSIZE, <see cref="FileSizeLimitBytes"/>), where a pwrite, ftruncate or
+    /// posix_fallocate past the limit raises SIGXFSZ (by default fatal): a private-mapping heap grows up to the limit and
+    /// is then full (what it holds reopens intact); creating a heap larger than the limit is refused; an existing file
+    /// larger than the limit (<paramref name="path"/>.big, made by the parent) is refused a private mapping, and Auto maps
+    /// it shared, where it works whole. The control ignores the limit: SIGXFSZ kills the child at the growth.
+    /// </summary>
+    private static int FileSizeLimit(string path, bool control)
+    {
+        HeapFileTestHooks.IgnoreFileSizeLimit = control;
+        var grow = new HeapFileOptions { Size = 2L << 20, MaxSize = 64L << 20, MappedFileWriteBack = MappedFileWriteBack.PrivateMapping, Domain = PersistenceDomainKind.MappedFile };
+        int n = FillUntilFull(path, grow, count: 100_000);
+        Console.WriteLine($"grown to {new FileInfo(path).Length} bytes: full after {n} values");
+        if (new FileInfo(path).Length > FileSizeLimitBytes || !ReopenHolds(path, grow, n, rewrite: false))
+        {
+            return WrongOutcome;
+        }
+
+        HeapFileException refused = ExpectHeapFileError(() => BufferedDurableHeap.Create(path + ".new", new HeapFileOptions { Size = 8L << 20, Domain = PersistenceDomainKind.MappedFile }).Dispose(), HeapFileError.InsufficientSpace);
+        Console.WriteLine($"create refused: {refused.Message}");
+        string big = path + ".big";
+        refused = ExpectHeapFileError(() => BufferedDurableHeap.Open(big, new HeapFileOptions { MappedFileWriteBack = MappedFileWriteBack.PrivateMapping, Domain = PersistenceDomainKind.MappedFile }).Dispose(), HeapFileError.DomainUnavailable);
+        Console.WriteLine($"private mapping refused: {refused.Message}");
+        var auto = new HeapFileOptions { Domain = PersistenceDomainKind.MappedFile };
+        return ReopenHolds(big, auto, BigFileValues, rewrite: true) && ReopenHolds(big, auto, BigFileValues, rewrite: false) ? Survived : WrongOutcome;
+    }
+
+    /// <summary>The file size limit the parent runs <see cref="FileSizeLimit"/> under.</summary>
+    internal const long FileSizeLimitBytes = 6000 * 1024;
+
+    /// <summary>How many 3000-byte values the parent writes into the 8 MiB file larger than the limit.</summary>
+    internal const int BigFileValues = 2000;
+
+    /// <summary>Creates a heap at <paramref name="path"/> and sets up to <paramref name="count"/> 3000-byte values (value i filled with i) until it is full; returns how many it holds, synced.</summary>
+    internal static int FillUntilFull(string path, HeapFileOptions fileOptions, int count)
+    {
+        int n = 0;
+        using BufferedDurableHeap heap = BufferedDurableHeap.Create(path, fileOptions);
+        var map = new PersistentByteMap<long>(heap, typeId: 1);
+        byte[] value = new byte[3000];
+        try
+        {
+            for (; n < count; n++)
+            {
+                value.AsSpan().Fill((byte)n);
+                map.Set(n, value);
+            }
+        }
+        catch (InsufficientMemoryException)
+        {
+        }
+
+        heap.Sync();
+        return n;
+    }
+
+    /// <summary>Reopens the heap and checks its <paramref name="n"/> values; with <paramref name="rewrite"/> sets each again (new copies, anywhere in the file) and syncs.</summary>
+    private static bool ReopenHolds(string path, HeapFileOptions fileOptions, int n, bool rewrite)
+    {
+        using BufferedDurableHeap heap = BufferedDurableHeap.Open(path, fileOptions);
+        var map = new PersistentByteMap<long>(heap, typeId: 1);
+        for (int i = 0; i < n; i++)
+        {
+            byte[]? v = map.Get(i);
+            if (v is null || v.Length != 3000 || v[0] != (byte)i || v[^1] != (byte)i)
+            {
+                Console.Error.WriteLine($"value {i} wrong after reopen");
+                return false;
+            }
+
+            if (rewrite)
+            {
+                map.Set(i, v);
+            }
+        }
+
+        heap.Sync();
+        Console.WriteLine($"reopened {path} ({heap.Heap.File.MappedFileWriteBack}): {map.Count} values of {n}");
+        return map.Count == n;
+    }
+
+    private static HeapFileException ExpectHeapFileError(Action call, HeapFileError error)
+    {
+        try
+        {
+            call();
+        }
+        catch (HeapFileException e) when (e.Error == error)
+        {
+            return e;
+        }
+
+        throw new InvalidOperationException($"expected HeapFileException {error}");
     }
 
     /// <summary>Every call after Dispose throws ObjectDisposedException (it read the unmapped table before: a crash).</summary>

@@ -78,6 +78,37 @@ public static class TestProgram
             start.Environment[key] = value;
         }
 
+        return Run(start);
+    }
+
+    /// <summary>
+    /// Runs this assembly as a child under a file size limit (RLIMIT_FSIZE, set by <c>ulimit -f</c> in a shell that then
+    /// execs the child; Unix only); returns exit code and output (bounded wait).
+    /// </summary>
+    internal static (int ExitCode, string Output) RunChildUnderFileSizeLimit(long limitBytes, params string[] args)
+    {
+        var start = new ProcessStartInfo("/bin/sh")
+        {
+            RedirectStandardOutput = true,
+            RedirectStandardError = true,
+            UseShellExecute = false,
+        };
+        start.ArgumentList.Add("-c");
+        // POSIX sh counts ulimit -f in 512-byte blocks (bash in 1024-byte ones, but not as /bin/sh).
+        start.ArgumentList.Add($"ulimit -f {limitBytes / 512} && exec \"$0\" \"$@\"");
+        start.ArgumentList.Add(DotnetHost());
+        start.ArgumentList.Add("exec");
+        start.ArgumentList.Add(typeof(TestProgram).Assembly.Location);
+        foreach (string arg in args)
+        {
+            start.ArgumentList.Add(arg);
+        }
+
+        return Run(start);
+    }
+
+    private static (int ExitCode, string Output) Run(ProcessStartInfo start)
+    {
         using Process process = Process.Start(start)!;
         var output = new StringBuilder();
         process.OutputDataReceived += (_, e) => { lock (output) { output.AppendLine(e.Data); } };

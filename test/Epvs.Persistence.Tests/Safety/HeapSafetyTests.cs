@@ -49,6 +49,39 @@ public sealed class HeapSafetyTests
     }
 
     [Fact]
+    public void Structures_OpenedOnADisposedHeap_ThrowObjectDisposedInsteadOfCrashing()
+    {
+        using var dir = new TempDirectory();
+        (int code, string output) = TestProgram.RunChild(NoEnvironment, SafetyChild.Role, "structures-after-dispose", dir.File("a.heap"));
+        _output.WriteLine($"exit {code}: {output}");
+        Assert.True(code == SafetyChild.Survived, $"exit {code}: {output}");
+    }
+
+    /// <summary>
+    /// Under a file size limit (RLIMIT_FSIZE), a pwrite, ftruncate or posix_fallocate past it raises SIGXFSZ, which kills
+    /// the process: growth stops at the limit (the heap is full), a larger create is refused, and a file larger than the
+    /// limit is refused a private mapping (Auto maps it shared). The control ignores the limit and is killed growing.
+    /// </summary>
+    [Fact]
+    public void FileSizeLimit_GrowthCreateAndOpenPastIt_FailCleanlyInsteadOfSigxfsz()
+    {
+        Assert.SkipUnless(OperatingSystem.IsLinux(), "RLIMIT_FSIZE and private mappings: Linux");
+        using var dir = new TempDirectory();
+        string path = dir.File("limited.heap");
+        Assert.Equal(SafetyChild.BigFileValues, SafetyChild.FillUntilFull(path + ".big", new HeapFileOptions { Size = 8L << 20, MaxSize = 8L << 20, Domain = PersistenceDomainKind.MappedFile }, SafetyChild.BigFileValues));
+        Assert.True(new FileInfo(path + ".big").Length > SafetyChild.FileSizeLimitBytes);
+
+        (int code, string output) = TestProgram.RunChildUnderFileSizeLimit(SafetyChild.FileSizeLimitBytes, SafetyChild.Role, "file-size-limit", path);
+        _output.WriteLine($"exit {code}: {output}");
+        Assert.True(code == SafetyChild.Survived, $"exit {code}: {output}");
+
+        const int KilledBySigxfsz = 128 + 25;
+        (int controlCode, string controlOutput) = TestProgram.RunChildUnderFileSizeLimit(SafetyChild.FileSizeLimitBytes, SafetyChild.Role, "file-size-limit", dir.File("control.heap"), "control");
+        _output.WriteLine($"control (the limit ignored): exit {controlCode}: {controlOutput}");
+        Assert.True(controlCode == KilledBySigxfsz, $"the control was not killed by SIGXFSZ: exit {controlCode}: {controlOutput}");
+    }
+
+    [Fact]
     public void BufferedHeap_OnACallersFile_RefusesTheFileAllocatorAndDomainDisposeWhileItRuns()
     {
         using var dir = new TempDirectory();
