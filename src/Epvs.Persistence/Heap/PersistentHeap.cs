@@ -35,9 +35,6 @@ public sealed unsafe partial class PersistentHeap : IDisposable
     private const int CacheCapacity = 2 * BatchSize;
     private const int UidBatch = 1024;
 
-    /// <summary>How many allocations ahead a thread's cache prefetches the block it will hand out.</summary>
-    private const int AllocationPrefetchDistance = 4;
-
     private readonly HeapFile _file;
     private readonly bool _ownsFile;
     private readonly byte* _base;
@@ -230,17 +227,7 @@ public sealed unsafe partial class PersistentHeap : IDisposable
             return false;
         }
 
-        long[] blocks = cache.Blocks[cls];
-        int left = --cache.Counts[cls];
-        long offset = blocks[left];
-        if (left >= AllocationPrefetchDistance)
-        {
-            // The block handed out a few allocations from now (the cache hands them out in address order): its line is
-            // loaded now, so that allocation's stores hit the cache. A store that misses would hold up the next locked
-            // instruction of this thread (the structure's next slot lock) until the line arrives.
-            Prefetch(_base + blocks[left - AllocationPrefetchDistance]);
-        }
-
+        long offset = cache.Blocks[cls][--cache.Counts[cls]];
         WriteHeader(offset, uid, epochTag, HeapLayout.Shape(size, typeId), kind);
         cache.LiveBlocks++;
         cache.LiveBytes += SizeClasses.BlockSizes[cls];
