@@ -229,6 +229,49 @@ public sealed class PersistentHeapTests : IDisposable
         heap.Free(segmentStart);
     }
 
+    /// <summary>
+    /// A segment whose parked frees were swept, released and formatted again for a class with more blocks parks those
+    /// blocks too: its bitmap of the old class (one word for 16 blocks of 4 KiB) must grow to the new class's (1024
+    /// blocks of 64 bytes), or a free of a block past the old class's count would fall outside it.
+    /// </summary>
+    [Fact]
+    public void DeferredFrees_OfASegmentFormattedAgainForAClassWithMoreBlocks_AreAllParkedAndSwept()
+    {
+        using var domain = new SimulatedPersistenceDomain(1 << 20);
+        using HeapFile file = HeapFile.Create(domain);
+        using var heap = new PersistentHeap(file);
+        var large = new List<long>();
+        long[] big = AllocateUntilFull(heap, 4000);
+        heap.DeferFrees(big, big.Length, large);
+        Assert.Empty(large);
+        Assert.Equal(big.Length, heap.SweepPendingFrees(long.MaxValue));
+
+        // The heap is full of free 4 KiB blocks: 16-byte payloads take segments released from that class.
+        long[] small = AllocateUntilFull(heap, 16);
+        Assert.True(heap.ReleasedSegments > 0, "no segment was released and formatted again");
+        heap.DeferFrees(small, small.Length, large);
+        Assert.Equal(small.Length, heap.PendingFreeBlocks);
+        Assert.Equal(small.Length, heap.SweepPendingFrees(long.MaxValue));
+        Assert.Equal(0, heap.GetStatistics().LiveBlocks);
+        Assert.True(heap.GetStatistics().AddsUp, heap.GetStatistics().ToString());
+
+        static long[] AllocateUntilFull(PersistentHeap heap, int size)
+        {
+            var blocks = new List<long>();
+            while (true)
+            {
+                try
+                {
+                    blocks.Add(heap.Allocate(size, typeId: 1).Offset);
+                }
+                catch (InsufficientMemoryException)
+                {
+                    return blocks.ToArray();
+                }
+            }
+        }
+    }
+
     [Fact]
     public void DeferredFrees_ParkedInAnyOrder_AreHandedOutInAddressOrder()
     {
@@ -256,18 +299,45 @@ public sealed class PersistentHeapTests : IDisposable
         Assert.Equal(parked.Order(), reused);
     }
 
+    /// <summary>
+    /// A block parked twice (in one call, or again while the first is still parked) is a double free: the call reports
+    /// it and parks every other block once, so the sweep frees each exactly once and nothing is lost or handed out
+    /// twice. (Before parked frees were bitmaps, the sweep found the duplicate and stopped every later sweep.)
+    /// </summary>
     [Fact]
-    public void DeferredFrees_ABlockParkedTwice_IsReportedAndStopsEveryLaterSweep()
+    public void DeferredFrees_ABlockParkedTwice_IsReportedAndEveryBlockIsFreedOnce()
     {
         using var domain = new SimulatedPersistenceDomain(1 << 20);
         using HeapFile file = HeapFile.Create(domain);
         using var heap = new PersistentHeap(file);
-        long[] blocks = Enumerable.Range(0, 10).Select(_ => heap.Allocate(16, typeId: 1).Offset).ToArray();
-        heap.DeferFrees([blocks[3], blocks[5], blocks[3]], 3, new List<long>());
-        InvalidOperationException e = Assert.Throws<InvalidOperationException>(heap.FlushPendingFrees);
+        // One whole segment allocated, so that a fresh thread's allocations can only get blocks the sweep hands out.
+        int perSegment = SizeClasses.BlocksPerSegment[SizeClasses.ForPayload(16)];
+        long[] blocks = Enumerable.Range(0, perSegment).Select(_ => heap.Allocate(16, typeId: 1).Offset).ToArray();
+        InvalidOperationException e = Assert.Throws<InvalidOperationException>(() => heap.DeferFrees([blocks[3], blocks[5], blocks[3], blocks[6]], 4, new List<long>()));
         Assert.Contains("double free", e.Message, StringComparison.Ordinal);
+        Assert.Contains($"offset {blocks[3]}", e.Message, StringComparison.Ordinal);
+        Assert.Equal(3, heap.PendingFreeBlocks);
+        Assert.Throws<InvalidOperationException>(() => heap.DeferFrees([blocks[5]], 1, new List<long>()));
+        Assert.Equal(3, heap.PendingFreeBlocks);
         heap.DeferFrees([blocks[7]], 1, new List<long>());
-        Assert.Throws<IOException>(heap.FlushPendingFrees);
+        Assert.Equal(4, heap.SweepPendingFrees(long.MaxValue));
+        Assert.Equal(0, heap.PendingFreeBlocks);
+        Assert.Equal(perSegment - 4, heap.GetStatistics().LiveBlocks);
+
+        // Each freed block is handed out once: a fresh thread's four allocations get exactly the four freed blocks, in
+        // address order, and its fifth a block of a new segment.
+        var reused = new List<long>();
+        var thread = new Thread(() =>
+        {
+            for (int i = 0; i < 5; i++)
+            {
+                reused.Add(heap.Allocate(16, typeId: 1).Offset);
+            }
+        });
+        thread.Start();
+        Assert.True(thread.Join(Workers.JoinTimeout));
+        Assert.Equal(new[] { blocks[3], blocks[5], blocks[6], blocks[7] }, reused.Take(4));
+        Assert.DoesNotContain(reused[4], blocks);
     }
 
     [Fact]

@@ -28,7 +28,12 @@ namespace Epvs.Persistence;
 public sealed unsafe partial class PersistentHeap
 {
     private readonly object _pendingGate = new();
-    private List<long>?[] _pendingBySegment = Array.Empty<List<long>?>();
+
+    /// <summary>Per segment, a bit per block of its class: set while the block is parked (allocated on the segment's first parked free, kept).</summary>
+    private ulong[]?[] _pendingBits = Array.Empty<ulong[]?>();
+
+    /// <summary>Per segment, how many of its blocks are parked (the sweep takes the densest segments first).</summary>
+    private int[] _pendingCounts = Array.Empty<int>();
     private readonly long[] _pendingByClass = new long[SizeClasses.Count];
     private long _pendingBlocks;
     private long _pendingBytes;
@@ -49,9 +54,15 @@ public sealed unsafe partial class PersistentHeap
     /// Frees the blocks at <paramref name="offsets"/>: a small block is parked for the sweep (<see cref="SweepPendingFrees(long)"/>),
     /// which marks it free, makes the free durable and hands it out again; a large block is left to the caller.
     /// </summary>
+    /// <remarks>
+    /// A parked block is one bit in its segment's bitmap (no read of the block, one store into a bitmap that takes 1
+    /// bit per block), so the sweep finds a segment's blocks in address order without sorting them.
+    /// </remarks>
     /// <param name="offsets">Allocated blocks, none freed yet.</param>
     /// <param name="count">How many of <paramref name="offsets"/> to free.</param>
     /// <param name="large">Receives the large blocks, left allocated, for the caller to free the eager way (mark, write back, fence, release).</param>
+    /// <exception cref="InvalidOperationException">A block was parked already (a double free): every other block is
+    /// parked, that one is not parked again.</exception>
     internal void DeferFrees(long[] offsets, int count, List<long> large)
     {
         _file.EnterOperation();
@@ -60,29 +71,55 @@ public sealed unsafe partial class PersistentHeap
             ThreadCache cache = _caches.Value!;
             lock (_pendingGate)
             {
+                Span<long> parkedByClass = stackalloc long[SizeClasses.Count];
+                long blocks = 0;
+                long bytes = 0;
+                int doubleFrees = 0;
+                long firstDoubleFree = 0;
                 for (int i = 0; i < count; i++)
                 {
-                    (long segment, ulong descriptor) = Locate(new PayloadRef(offsets[i]));
+                    long offset = offsets[i];
+                    (long segment, ulong descriptor) = Locate(new PayloadRef(offset));
                     if (HeapLayout.DescriptorRole(descriptor) != HeapLayout.RoleSmall)
                     {
-                        large.Add(offsets[i]);
+                        large.Add(offset);
                         continue;
                     }
 
                     int cls = (int)HeapLayout.DescriptorPayload(descriptor);
+                    uint index = SizeClasses.BlockIndex((uint)(offset - SegmentStart(segment)), cls);
+                    ref ulong word = ref PendingBits(segment, cls)[index >> 6];
+                    ulong bit = 1UL << (int)(index & 63);
+                    if ((word & bit) != 0)
+                    {
+                        firstDoubleFree = doubleFrees++ == 0 ? offset : firstDoubleFree;
+                        continue;
+                    }
+
+                    word |= bit;
+                    _pendingCounts[segment]++;
                     int blockSize = SizeClasses.BlockSizes[cls];
                     cache.LiveBlocks--;
                     cache.LiveBytes -= blockSize;
-                    if (segment >= _pendingBySegment.Length)
-                    {
-                        Array.Resize(ref _pendingBySegment, (int)Math.Max(segment + 1, _pendingBySegment.Length * 2L));
-                    }
+                    parkedByClass[cls]++;
+                    blocks++;
+                    bytes += blockSize;
+                }
 
-                    (_pendingBySegment[segment] ??= new List<long>()).Add(offsets[i]);
-                    // Volatile.Write: the counters are read without the lock (statistics, the refill's check); atomicity only.
-                    System.Threading.Volatile.Write(ref _pendingByClass[cls], _pendingByClass[cls] + 1);
-                    System.Threading.Volatile.Write(ref _pendingBlocks, _pendingBlocks + 1);
-                    System.Threading.Volatile.Write(ref _pendingBytes, _pendingBytes + blockSize);
+                // Volatile.Write: the counters are read without the lock (statistics, the refill's check); atomicity only.
+                for (int cls = 0; cls < parkedByClass.Length; cls++)
+                {
+                    if (parkedByClass[cls] != 0)
+                    {
+                        System.Threading.Volatile.Write(ref _pendingByClass[cls], _pendingByClass[cls] + parkedByClass[cls]);
+                    }
+                }
+
+                System.Threading.Volatile.Write(ref _pendingBlocks, _pendingBlocks + blocks);
+                System.Threading.Volatile.Write(ref _pendingBytes, _pendingBytes + bytes);
+                if (doubleFrees != 0)
+                {
+                    ThrowHelper.ThrowInvalidOperation($"{doubleFrees} block(s) were parked for the sweep twice (a double free), the first at offset {firstDoubleFree}; each was parked once.");
                 }
             }
         }
@@ -90,6 +127,33 @@ public sealed unsafe partial class PersistentHeap
         {
             _file.ExitOperation();
         }
+    }
+
+    /// <summary>The pending-free bitmap of <paramref name="segment"/>, a small segment of class <paramref name="cls"/> (under <see cref="_pendingGate"/>).</summary>
+    private ulong[] PendingBits(long segment, int cls)
+    {
+        if (segment >= _pendingBits.Length)
+        {
+            int length = (int)Math.Max(segment + 1, _pendingBits.Length * 2L);
+            Array.Resize(ref _pendingBits, length);
+            Array.Resize(ref _pendingCounts, length);
+        }
+
+        int words = (SizeClasses.BlocksPerSegment[cls] + 63) / 64;
+        ulong[]? bits = _pendingBits[segment];
+        if (bits is null || bits.Length < words)
+        {
+            // First parked free of the segment, or the segment was formatted for a smaller class since (a segment with
+            // parked blocks is never released, so its bitmap is empty).
+            if (_pendingCounts[segment] != 0)
+            {
+                ThrowHelper.ThrowInvalidOperation($"Segment {segment} changed its class while {_pendingCounts[segment]} of its blocks were parked for the sweep.");
+            }
+
+            bits = _pendingBits[segment] = new ulong[words];
+        }
+
+        return bits;
     }
 
     /// <summary>
@@ -169,11 +233,11 @@ public sealed unsafe partial class PersistentHeap
         // The densest segments first (most blocks per page written back), then in address order for the write-back.
         bool all = minimumBlocks == long.MaxValue;
         var candidates = new List<(int Count, long Segment)>();
-        for (long segment = 0; segment < _pendingBySegment.Length; segment++)
+        for (long segment = 0; segment < _pendingCounts.Length; segment++)
         {
-            if (_pendingBySegment[segment] is { Count: > 0 } list && (onlyClass < 0 || (int)HeapLayout.DescriptorPayload(_table[segment]) == onlyClass))
+            if (_pendingCounts[segment] > 0 && (onlyClass < 0 || (int)HeapLayout.DescriptorPayload(_table[segment]) == onlyClass))
             {
-                candidates.Add((list.Count, segment));
+                candidates.Add((_pendingCounts[segment], segment));
             }
         }
 
@@ -191,27 +255,37 @@ public sealed unsafe partial class PersistentHeap
             candidates.Sort((a, b) => a.Segment.CompareTo(b.Segment));
         }
 
-        // Detached first: a callback below (the test hook) may allocate, and an allocation may sweep. From here on a
-        // failure leaves blocks taken but not handed out: it stops every later sweep (see above).
-        var swept = new List<(long Segment, List<long> Blocks)>(candidates.Count);
-        long handedOut = 0;
+        long total = 0;
+        foreach ((int pending, _) in candidates)
+        {
+            total += pending;
+        }
+
+        // Taken off the bitmaps first: a callback below (the test hook) may allocate, and an allocation may sweep. From
+        // here on a failure leaves blocks taken but not handed out: it stops every later sweep (see above).
+        var offsets = new List<long>((int)total);
+        var swept = new List<(long Segment, int Start, int Count)>(candidates.Count);
         try
         {
-            foreach ((_, long segment) in candidates)
+            foreach ((int pending, long segment) in candidates)
             {
-                List<long> blocks = _pendingBySegment[segment]!;
-                _pendingBySegment[segment] = null;
                 int cls = (int)HeapLayout.DescriptorPayload(_table[segment]);
+                int first = offsets.Count;
+                TakeInAddressOrder(segment, cls, offsets);
+                if (offsets.Count - first != pending)
+                {
+                    ThrowHelper.ThrowInvalidOperation($"Segment {segment} counted {pending} parked block(s), its bitmap {offsets.Count - first}.");
+                }
+
+                _pendingCounts[segment] = 0;
                 // Volatile.Write: as in DeferFrees (read without the lock; atomicity only).
-                System.Threading.Volatile.Write(ref _pendingByClass[cls], _pendingByClass[cls] - blocks.Count);
-                System.Threading.Volatile.Write(ref _pendingBlocks, _pendingBlocks - blocks.Count);
-                System.Threading.Volatile.Write(ref _pendingBytes, _pendingBytes - ((long)blocks.Count * SizeClasses.BlockSizes[cls]));
-                PutInAddressOrder(segment, blocks);
-                swept.Add((segment, blocks));
-                handedOut += blocks.Count;
+                System.Threading.Volatile.Write(ref _pendingByClass[cls], _pendingByClass[cls] - pending);
+                System.Threading.Volatile.Write(ref _pendingBlocks, _pendingBlocks - pending);
+                System.Threading.Volatile.Write(ref _pendingBytes, _pendingBytes - ((long)pending * SizeClasses.BlockSizes[cls]));
+                swept.Add((segment, first, pending));
             }
 
-            return MarkWriteBackAndHandOut(swept, handedOut);
+            return MarkWriteBackAndHandOut(offsets, swept);
         }
         catch (Exception e)
         {
@@ -220,92 +294,71 @@ public sealed unsafe partial class PersistentHeap
         }
     }
 
-    /// <summary>
-    /// Puts a segment's parked blocks in address order with a bitmap of block indexes (one pass over the blocks and one
-    /// over the bitmap) instead of a comparison sort: the blocks of a small segment sit at fixed strides.
-    /// </summary>
-    /// <exception cref="InvalidOperationException">A block was parked twice (a double free).</exception>
-    private void PutInAddressOrder(long segment, List<long> blocks)
+    /// <summary>Appends the parked blocks of <paramref name="segment"/> to <paramref name="offsets"/> in address order and clears its bitmap.</summary>
+    private void TakeInAddressOrder(long segment, int cls, List<long> offsets)
     {
-        int cls = (int)HeapLayout.DescriptorPayload(_table[segment]);
         long blockSize = SizeClasses.BlockSizes[cls];
         long start = SegmentStart(segment);
-        Span<ulong> present = stackalloc ulong[(SizeClasses.BlocksPerSegment[cls] + 63) / 64];
-        foreach (long offset in blocks)
+        ulong[] bits = _pendingBits[segment]!;
+        for (int word = 0; word < bits.Length; word++)
         {
-            long index = SizeClasses.BlockIndex((uint)(offset - start), cls);
-            present[(int)(index >> 6)] |= 1UL << (int)(index & 63);
-        }
-
-        int parked = blocks.Count;
-        blocks.Clear();
-        for (int word = 0; word < present.Length; word++)
-        {
-            for (ulong bits = present[word]; bits != 0; bits &= bits - 1)
+            for (ulong set = bits[word]; set != 0; set &= set - 1)
             {
-                blocks.Add(start + (((word * 64L) + BitOperations.TrailingZeroCount(bits)) * blockSize));
+                offsets.Add(start + (((word * 64L) + BitOperations.TrailingZeroCount(set)) * blockSize));
             }
-        }
 
-        if (blocks.Count != parked)
-        {
-            ThrowHelper.ThrowInvalidOperation($"{parked - blocks.Count} block(s) of segment {segment} were parked for the sweep twice (a double free).");
+            bits[word] = 0;
         }
     }
 
-    private long MarkWriteBackAndHandOut(List<(long Segment, List<long> Blocks)> swept, long handedOut)
+    private long MarkWriteBackAndHandOut(List<long> blocks, List<(long Segment, int Start, int Count)> swept)
     {
-        foreach ((_, List<long> blocks) in swept)
+        Span<long> offsets = CollectionsMarshal.AsSpan(blocks);
+        for (int i = 0; i < offsets.Length; i++)
         {
-            ReadOnlySpan<long> offsets = CollectionsMarshal.AsSpan(blocks);
-            for (int i = 0; i < offsets.Length; i++)
+            // Each mark is a compare-and-swap, whose fence would wait for the next block's cache miss: the blocks a few
+            // places ahead are prefetched (a prefetch is not held back by the fence), so the misses overlap.
+            if (i + PrefetchDistance < offsets.Length)
             {
-                // Each mark is a compare-and-swap, whose fence would wait for the next block's cache miss: the blocks
-                // a few places ahead are prefetched (a prefetch is not held back by the fence), so the misses overlap.
-                if (i + PrefetchDistance < offsets.Length)
-                {
-                    Prefetch(_base + offsets[i + PrefetchDistance]);
-                }
-
-                // Marked only now: through the page cache, the first store to a page written back earlier takes a
-                // write-protect fault, so marking a segment's frees together costs one per page, not one per free.
-                MarkFreeCore(new PayloadRef(offsets[i]));
+                Prefetch(_base + offsets[i + PrefetchDistance]);
             }
+
+            // Marked only now: through the page cache, the first store to a page written back earlier takes a
+            // write-protect fault, so marking a segment's frees together costs one per page, not one per free.
+            MarkFreeCore(new PayloadRef(offsets[i]));
         }
 
         // (The broken control hands the blocks out before their frees are durable.)
         bool early = (_faults & HeapFaults.HandOutSweptFreesEarly) != 0;
         if (early)
         {
-            HandOut(swept);
+            HandOut(offsets, swept);
         }
 
         AfterSweepMarkedForTesting?.Invoke();
         // Segments are in address order, so through the page cache the headers merge into runs of pages.
         var runs = new WriteBackRuns(_file.Domain);
-        foreach ((_, List<long> blocks) in swept)
+        foreach (long offset in offsets)
         {
-            foreach (long offset in blocks)
-            {
-                runs.Add(offset, HeapLayout.HeaderSize);
-            }
+            runs.Add(offset, HeapLayout.HeaderSize);
         }
 
         runs.Flush();
         _file.Domain.Fence();
         if (!early)
         {
-            HandOut(swept);
+            HandOut(offsets, swept);
         }
 
-        return handedOut;
+        return offsets.Length;
     }
 
-    private void HandOut(List<(long Segment, List<long> Blocks)> swept)
+    private void HandOut(Span<long> offsets, List<(long Segment, int Start, int Count)> swept)
     {
-        foreach ((long segment, List<long> blocks) in swept)
+        foreach ((long segment, int start, int count) in swept)
         {
             // Pushed highest first: the pool pops the lowest addresses first.
+            Span<long> blocks = offsets.Slice(start, count);
             blocks.Reverse();
             PushFree((int)HeapLayout.DescriptorPayload(_table[segment]), blocks);
         }
