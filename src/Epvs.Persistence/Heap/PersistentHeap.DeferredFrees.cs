@@ -88,7 +88,14 @@ public sealed unsafe partial class PersistentHeap
 
                     int cls = (int)HeapLayout.DescriptorPayload(descriptor);
                     uint index = SizeClasses.BlockIndex((uint)(offset - SegmentStart(segment)), cls);
-                    ref ulong word = ref PendingBits(segment, cls)[index >> 6];
+                    ulong[]?[] bitmaps = _pendingBits;
+                    ulong[]? bits = (ulong)segment < (ulong)bitmaps.Length ? bitmaps[segment] : null;
+                    if (bits is null || (index >> 6) >= (uint)bits.Length)
+                    {
+                        bits = GrowPendingBits(segment, cls);
+                    }
+
+                    ref ulong word = ref bits[index >> 6];
                     ulong bit = 1UL << (int)(index & 63);
                     if ((word & bit) != 0)
                     {
@@ -129,8 +136,12 @@ public sealed unsafe partial class PersistentHeap
         }
     }
 
-    /// <summary>The pending-free bitmap of <paramref name="segment"/>, a small segment of class <paramref name="cls"/> (under <see cref="_pendingGate"/>).</summary>
-    private ulong[] PendingBits(long segment, int cls)
+    /// <summary>
+    /// The pending-free bitmap of <paramref name="segment"/>, a small segment of class <paramref name="cls"/>, made long
+    /// enough for that class (under <see cref="_pendingGate"/>): created on the segment's first parked free, and grown,
+    /// its bits kept, when the segment was formatted again for a class with more blocks.
+    /// </summary>
+    private ulong[] GrowPendingBits(long segment, int cls)
     {
         if (segment >= _pendingBits.Length)
         {
@@ -140,20 +151,12 @@ public sealed unsafe partial class PersistentHeap
         }
 
         int words = (SizeClasses.BlocksPerSegment[cls] + 63) / 64;
-        ulong[]? bits = _pendingBits[segment];
-        if (bits is null || bits.Length < words)
+        if (_pendingBits[segment] is not { } bits || bits.Length < words)
         {
-            // First parked free of the segment, or the segment was formatted for a smaller class since (a segment with
-            // parked blocks is never released, so its bitmap is empty).
-            if (_pendingCounts[segment] != 0)
-            {
-                ThrowHelper.ThrowInvalidOperation($"Segment {segment} changed its class while {_pendingCounts[segment]} of its blocks were parked for the sweep.");
-            }
-
-            bits = _pendingBits[segment] = new ulong[words];
+            Array.Resize(ref _pendingBits[segment], words);
         }
 
-        return bits;
+        return _pendingBits[segment]!;
     }
 
     /// <summary>
