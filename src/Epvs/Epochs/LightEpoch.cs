@@ -399,6 +399,9 @@ public sealed unsafe partial class LightEpoch : IDisposable
     /// Like <see cref="BumpCurrentEpoch(Action)"/>, returning a task that completes when the action has run,
     /// or faults with the action's exception.
     /// </summary>
+    /// <remarks>Giving the task the action's exception allocates. Should that fail for lack of memory, the task is canceled
+    /// instead, never left incomplete, and the failure is reported through <see cref="DeferredActionFailed"/> along with
+    /// the action's exception.</remarks>
     /// <param name="onDrain">The action to run once the old epoch is safe.</param>
     /// <exception cref="ArgumentNullException"><paramref name="onDrain"/> is null.</exception>
     /// <exception cref="ObjectDisposedException">The epoch has been disposed.</exception>

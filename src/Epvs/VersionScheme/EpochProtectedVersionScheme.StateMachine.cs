@@ -254,7 +254,8 @@ public sealed partial class EpochProtectedVersionScheme
     /// <remarks>
     /// While another machine is active, waits (asynchronously) for it to end and tries again. The task's result is
     /// false if the target version had already been reached or claimed; it faults with the critical section's
-    /// exception if that threw (the version is then unchanged). <paramref name="cancellationToken"/> cancels only
+    /// exception if that threw (the version is then unchanged), or is canceled if that exception could not be given to the
+    /// machine's <see cref="VersionSchemeStateMachine.Completion"/> for lack of memory. <paramref name="cancellationToken"/> cancels only
     /// the waiting before the transition starts; once started, a transition runs to its end and the task reports it.
     /// Call it outside protected regions: the transition waits for every protected thread, the caller included, and
     /// protection must not be held across an <c>await</c>.
