@@ -83,6 +83,17 @@ public sealed unsafe partial class LightEpoch
     /// <summary>Test-only: runs on a thread in Resume's slow path on each turn of its wait while a Dispose is Closing.</summary>
     internal System.Action? WaitWhileClosingHookForTesting;
 
+    /// <summary>
+    /// Test-only: a Resume whose drain after raising its announcement throws keeps the level it added and its slot
+    /// announced (as before), so the Resume-fault test can show that it catches the slot held for ever. Read only on that
+    /// failure path.
+    /// </summary>
+    internal static bool KeepLevelWhenResumeDrainFailsForTesting;
+
+    /// <summary>Test hook: runs on a thread whose drain is about to grow its per-thread drain-nesting array (which
+    /// allocates); a hook that throws stands for an allocation failure there.</summary>
+    internal static System.Action? DrainNestingGrowHookForTesting;
+
     /// <summary>Test-only: runs on a thread in Resume's slow path after it claimed a slot, before it checks lifecycle.</summary>
     internal System.Action? ResumeSlowAfterClaimHookForTesting;
 

@@ -122,7 +122,8 @@ public sealed unsafe partial class LightEpoch : IDisposable
     /// <remarks>
     /// The outermost call claims a slot and announces the current epoch with one full-fence compare-and-swap,
     /// so every later read of shared state by this thread is ordered after the announcement. Nested calls only
-    /// count. Allocates nothing after the thread's first call on this instance.
+    /// count. Allocates nothing after the thread's first call on this instance, unless the table must grow. A Resume that
+    /// throws (also <see cref="OutOfMemoryException"/> once it announced) has entered nothing: do not Suspend for it.
     /// </remarks>
     /// <exception cref="ObjectDisposedException">The epoch has been disposed.</exception>
     [MethodImpl(MethodImplOptions.AggressiveInlining)]
@@ -152,7 +153,7 @@ public sealed unsafe partial class LightEpoch : IDisposable
                 // between our read and our CAS, its scan may have missed us while our slot shows an epoch it
                 // covers. Nested Enters rely on this (EpochProtectedVersionScheme.WaitForStableState).
                 if (Volatile.Read(ref currentEpoch.Value) != epoch)
-                    Reannounce(ref slot->Epoch, epoch);
+                    Reannounce(ref slot->Epoch, epoch, backOutOnFailure: true);
                 return;
             }
         }
@@ -228,16 +229,20 @@ public sealed unsafe partial class LightEpoch : IDisposable
             return false; // the caller waits while Closing, then retries (and throws if Closed)
         }
         if (Volatile.Read(ref currentEpoch.Value) != epoch)
-            Reannounce(ref slot->Epoch, epoch);
+            Reannounce(ref slot->Epoch, epoch, backOutOnFailure: true);
         return true;
     }
 
     /// <summary>
     /// Raises a fresh announcement to the current epoch until the epoch stays put across it, so that the slot's value
-    /// e implies the announcement was globally visible before any increment past e.
+    /// e implies the announcement was globally visible before any increment past e; then drains.
     /// </summary>
+    /// <param name="slot">The announcing slot of the calling thread, protected at its outermost level.</param>
+    /// <param name="announced">The epoch announced in it.</param>
+    /// <param name="backOutOnFailure">Whether a failure of the drain makes the caller's call fail having entered nothing (a
+    /// Resume), so that the level is taken back here, or keeps the region (coming back from a step aside).</param>
     [MethodImpl(MethodImplOptions.NoInlining)]
-    private void Reannounce(ref long slot, long announced)
+    private void Reannounce(ref long slot, long announced, bool backOutOnFailure)
     {
         if (DisableReannounceForTesting)
             return;
@@ -254,8 +259,51 @@ public sealed unsafe partial class LightEpoch : IDisposable
         // The bumper whose increment we raced may have seen our older value, given up on its action and left it
         // to us: we were the last to hold its epoch back. Our exchange was a full fence after our slot's first
         // value, which the bumper read, so this read of the count sees its registration.
-        if (Volatile.Read(ref pendingActions.Value) != 0)
+        if (Volatile.Read(ref pendingActions.Value) == 0)
+            return;
+        if (!backOutOnFailure)
+        {
             Drain();
+            return;
+        }
+        try
+        {
+            Drain(); // allocates on a thread's first drain (its nesting entries): may throw OutOfMemoryException
+        }
+        catch when (!KeepLevelWhenResumeDrainFailsForTesting)
+        {
+            // The Resume throws, so it must have entered nothing: its caller will not Suspend, and a level kept here
+            // would keep the slot announced for ever, holding back every later action (and every Dispose).
+            BackOutOutermostLevel();
+            throw;
+        }
+    }
+
+    /// <summary>Takes back the outermost level a failing Resume had added (as a Suspend would, without throwing).</summary>
+    [MethodImpl(MethodImplOptions.NoInlining)]
+    private void BackOutOutermostLevel()
+    {
+        // A fresh lookup: the drain may have run actions that reallocated this thread's records. Those actions nested and
+        // returned, so the depth is the Resume's 1 again (more only if one of them left a level behind: that one stays).
+        ThreadRecord* r = FindRecord();
+        if (r->Depth > 1)
+        {
+            r->Depth--;
+            return;
+        }
+        r->Depth = 0;
+        Volatile.Write(ref r->Slot->Epoch, 0); // release, as in Suspend
+        try
+        {
+            // We held actions back for a moment: run what became safe, as any leave does.
+            if (Volatile.Read(ref pendingActions.Value) != 0)
+                FenceAndDrain();
+        }
+        catch (Exception)
+        {
+            // Out of memory again: what is pending runs at the next leave, refresh or bump on any thread. The Resume's own
+            // failure is the one its caller sees.
+        }
     }
 
     /// <summary>
@@ -680,6 +728,7 @@ public sealed unsafe partial class LightEpoch : IDisposable
             DrainNesting[]? all = t_drainNesting;
             if (all is null || all.Length <= index)
             {
+                DrainNestingGrowHookForTesting?.Invoke();
                 var grown = new DrainNesting[Math.Max(index + 1, Math.Max(4, (all?.Length ?? 0) * 2))];
                 all?.AsSpan().CopyTo(grown);
                 t_drainNesting = all = grown;
