@@ -90,6 +90,13 @@ public sealed unsafe partial class LightEpoch
     /// </summary>
     internal static bool KeepLevelWhenResumeDrainFailsForTesting;
 
+    /// <summary>
+    /// Test-only: a region that steps aside (<see cref="StepAside"/>) frees its slot and claims one again to come back
+    /// (as before; the broken control): coming back can then fail to allocate, and a Dispose meanwhile finds no slot
+    /// taken and closes the epoch under the region. Read only on the step-aside path.
+    /// </summary>
+    internal bool LegacyStepAsideForTesting { get; set; }
+
     /// <summary>Test hook: runs on a thread whose drain is about to grow its per-thread drain-nesting array (which
     /// allocates); a hook that throws stands for an allocation failure there.</summary>
     internal static System.Action? DrainNestingGrowHookForTesting;
@@ -158,8 +165,4 @@ public sealed unsafe partial class LightEpoch
 
     /// <summary>Test-only: the instance id used to index per-thread records.</summary>
     internal int DebugId => id;
-
-    /// <summary>Test-only: Dispose does not count threads stepped aside inside a region (the behaviour before; the
-    /// broken control).</summary>
-    internal bool UncountedStepAsideForTesting { get; set; }
 }

@@ -167,9 +167,8 @@ public sealed unsafe partial class LightEpoch : IDisposable
         {
             // A Dispose is checking for protected threads (it marked our free slot, or saw us claim one). It either
             // completes (we throw on the next try) or gives up and reverts to Live (we retry): wait for it, never fail
-            // a Resume on an epoch that stays live. The window is one pass over the table. Not interruptible: a Refresh
-            // stepped aside comes back through here, and must not come back without its region (an interrupt stays
-            // pending for the thread's next wait).
+            // a Resume on an epoch that stays live. The window is one pass over the table. Not interruptible (an interrupt
+            // stays pending for the thread's next wait): a wait this short is no place to fail a Resume that will succeed.
             var spinner = new UninterruptibleSpinWait();
             while (Volatile.Read(ref lifecycle) == Closing) // acquire: pairs with Dispose's final exchange
             {
@@ -948,20 +947,6 @@ public sealed unsafe partial class LightEpoch : IDisposable
     /// <returns>True if the epoch is disposed (by this call or an earlier one).</returns>
     public bool TryDispose() => !ThisInstanceProtected() && CloseIfUnprotected() == 0;
 
-    /// <summary>Threads inside a protected region that freed their slot for a moment (<see cref="BeginStepAside"/>).</summary>
-    private PaddedInt64 steppedAside; // its own line: Resume and Suspend read the fields around it
-
-    /// <summary>
-    /// Before the outermost level of a region that stays open frees its slot for a moment (a version scheme's Refresh
-    /// steps aside so that a transition waiting for it can complete): until <see cref="EndStepAside"/>, Dispose counts
-    /// the thread as protected and refuses, instead of closing the epoch under the region. Call before the
-    /// <see cref="Suspend"/>; full fence.
-    /// </summary>
-    internal void BeginStepAside() => Interlocked.Increment(ref steppedAside.Value);
-
-    /// <summary>After the <see cref="Resume"/> (or its failure) that ends a <see cref="BeginStepAside"/>.</summary>
-    internal void EndStepAside() => Interlocked.Decrement(ref steppedAside.Value);
-
     /// <summary>Live → Closing → Closed, or back to Live; returns the number of protected threads found (0: Closed).
     /// The only place that leaves Live.</summary>
     private int CloseIfUnprotected()
@@ -990,12 +975,8 @@ public sealed unsafe partial class LightEpoch : IDisposable
                     stillProtected++;
             }
         }
+        // A thread stepped aside inside a region keeps its slot, parked (StepAside): the pass above found it taken.
         ClosingHookForTesting?.Invoke();
-        // Threads stepped aside inside a region (their slot free meanwhile) count as protected: each raised the count
-        // with a full fence before it freed its slot, so either the pass above found the slot taken, or its
-        // compare-and-swap read the release that freed it, after the raise, which this read then sees.
-        if (stillProtected == 0 && !UncountedStepAsideForTesting)
-            stillProtected = (int)Volatile.Read(ref steppedAside.Value);
 
         if (stillProtected != 0)
         {
