@@ -97,6 +97,13 @@ public sealed unsafe partial class LightEpoch
     /// </summary>
     internal bool LegacyStepAsideForTesting { get; set; }
 
+    /// <summary>
+    /// Test-only: a thread's drain-nesting array is not sized when its record is created, only by its first drain (as
+    /// before), so the Suspend-fault test can show that it catches that drain's allocation failure, and the Resume-fault
+    /// test can reach the back-out of a Resume whose drain fails. Read only on the record-creation path.
+    /// </summary>
+    internal static bool LazyDrainNestingForTesting;
+
     /// <summary>Test hook: runs on a thread whose drain is about to grow its per-thread drain-nesting array (which
     /// allocates); a hook that throws stands for an allocation failure there.</summary>
     internal static System.Action? DrainNestingGrowHookForTesting;

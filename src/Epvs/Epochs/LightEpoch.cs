@@ -726,14 +726,28 @@ public sealed unsafe partial class LightEpoch : IDisposable
             int index = SharedDrainDepthForTesting ? 0 : id;
             DrainNesting[]? all = t_drainNesting;
             if (all is null || all.Length <= index)
-            {
-                DrainNestingGrowHookForTesting?.Invoke();
-                var grown = new DrainNesting[Math.Max(index + 1, Math.Max(4, (all?.Length ?? 0) * 2))];
-                all?.AsSpan().CopyTo(grown);
-                t_drainNesting = all = grown;
-            }
+                all = GrowDrainNesting(index);
             return ref all[index];
         }
+    }
+
+    /// <summary>
+    /// Makes this thread's drain-nesting array long enough for <paramref name="index"/>. Allocates: called where a failure
+    /// is harmless, when a thread's record is created (so a thread that was ever protected never allocates in a drain: a
+    /// Suspend in a finally block does not replace the exception in flight with an OutOfMemoryException, nor leave the
+    /// actions it made safe pending), and by a drain of a thread that never was (a bump, a registration).
+    /// </summary>
+    [MethodImpl(MethodImplOptions.NoInlining)]
+    private static DrainNesting[] GrowDrainNesting(int index)
+    {
+        DrainNesting[]? all = t_drainNesting;
+        if (all is not null && all.Length > index)
+            return all;
+        DrainNestingGrowHookForTesting?.Invoke();
+        var grown = new DrainNesting[Math.Max(index + 1, Math.Max(4, (all?.Length ?? 0) * 2))];
+        all?.AsSpan().CopyTo(grown);
+        t_drainNesting = grown;
+        return grown;
     }
 
     /// <summary>Beyond this depth a drain only asks the outermost one to look again, so a chain of actions that

@@ -10,7 +10,9 @@ namespace Epvs.Tests;
 /// action to it); that drain allocates (this thread's drain-nesting array, on its first drain), and an
 /// OutOfMemoryException there used to escape with the level counted and the slot announced. The caller, told Resume
 /// failed, never suspends: the slot held back every later action for ever, and the epoch could never be disposed.
-/// Deterministic: a test hook moves the epoch between the slow path's claim and its check, another fails the growth.
+/// Now the array is sized when the thread's record is created (before anything is entered), and a drain that fails all
+/// the same takes the level back. Deterministic: a test hook moves the epoch between the slow path's claim and its check,
+/// another fails the growth (reached with the array left unsized, <see cref="LightEpoch.LazyDrainNestingForTesting"/>).
 /// </summary>
 public class ResumeFaultTests
 {
@@ -20,6 +22,19 @@ public class ResumeFaultTests
     /// drain. Returns what Resume threw, whether the thread was protected after it, whether an action registered once
     /// everyone else has left runs at once, and whether the epoch can be disposed then.
     /// </summary>
+    private static (Exception? Resume, bool ProtectedAfter, bool LaterActionRan, bool Disposed) ResumeWhoseDrainFailsToAllocate(bool lazyNesting)
+    {
+        LightEpoch.LazyDrainNestingForTesting = lazyNesting;
+        try
+        {
+            return ResumeWhoseDrainFailsToAllocate();
+        }
+        finally
+        {
+            LightEpoch.LazyDrainNestingForTesting = false;
+        }
+    }
+
     private static (Exception? Resume, bool ProtectedAfter, bool LaterActionRan, bool Disposed) ResumeWhoseDrainFailsToAllocate()
     {
         var epoch = new LightEpoch();
@@ -63,9 +78,19 @@ public class ResumeFaultTests
     }
 
     [Fact]
-    public void Resume_WhoseDrainAfterAnnouncingFailsToAllocate_EntersNothingOrEverything()
+    public void Resume_WhoseDrainAfterAnnouncingWouldGrowTheNestingArray_AllocatesNothingThereAndEnters()
     {
-        (Exception? resume, bool protectedAfter, bool laterRan, bool disposed) = ResumeWhoseDrainFailsToAllocate();
+        (Exception? resume, bool protectedAfter, bool laterRan, bool disposed) = ResumeWhoseDrainFailsToAllocate(lazyNesting: false);
+        Assert.Null(resume);
+        Assert.True(protectedAfter);
+        Assert.True(laterRan, "an action registered after everyone left is held back");
+        Assert.True(disposed, "a slot is still held after every thread left");
+    }
+
+    [Fact]
+    public void Resume_WhoseDrainAfterAnnouncingFailsToAllocate_EntersNothing()
+    {
+        (Exception? resume, bool protectedAfter, bool laterRan, bool disposed) = ResumeWhoseDrainFailsToAllocate(lazyNesting: true);
         Assert.IsType<OutOfMemoryException>(resume);
         Assert.False(protectedAfter, "Resume threw, yet the thread stayed protected: its caller will never suspend");
         Assert.True(laterRan, "an action registered after everyone left is held back by the failed Resume's slot");
@@ -79,7 +104,7 @@ public class ResumeFaultTests
         LightEpoch.KeepLevelWhenResumeDrainFailsForTesting = true;
         try
         {
-            (Exception? resume, bool protectedAfter, bool laterRan, bool disposed) = ResumeWhoseDrainFailsToAllocate();
+            (Exception? resume, bool protectedAfter, bool laterRan, bool disposed) = ResumeWhoseDrainFailsToAllocate(lazyNesting: true);
             Assert.IsType<OutOfMemoryException>(resume);
             Assert.True(protectedAfter);
             Assert.False(laterRan);
