@@ -25,8 +25,8 @@ public sealed partial class EpochProtectedVersionScheme
     /// returned from <see cref="VersionSchemeStateMachine.AfterEnteringState"/> and, if the machine ended, retired it.
     /// Set under <see cref="stepLock"/>, read under it by <see cref="PrepareStep"/>: while it is set no next step is
     /// prepared, so AfterEnteringState never overlaps the next OnEnteringState, and a machine that faulted or finished
-    /// is retired before anyone can ask it for another step. The owner asks for the next step after clearing it.
-    /// Written with release (Volatile.Write) and read with acquire under the lock.</summary>
+    /// is retired before anyone can ask it for another step. The owner asks for the next step after clearing it (with a
+    /// full fence: see <see cref="ReleaseStep"/>). Read with acquire under the lock.</summary>
     private int stepOwned;
 
     /// <summary>Cached (created with the scheme), so a step allocates nothing and cannot fail to allocate it.</summary>
@@ -562,8 +562,31 @@ public sealed partial class EpochProtectedVersionScheme
     /// or of one started while we owned the step (its starter's request found the step owned and left it to us).</summary>
     private void ReleaseStep()
     {
-        Volatile.Write(ref stepOwned, 0); // release: pairs with the acquire read in PrepareStep (under stepLock)
+        if (LegacyReleaseStepForTesting)
+        {
+            LegacyReleaseStep();
+            return;
+        }
+        // Full fence, not a release store. With a starter this is a store-buffering pair: it publishes its machine (CAS, a
+        // full fence) and then reads stepOwned (PrepareStep, under stepLock); we clear stepOwned and then read
+        // currentMachine (TryStepStateMachine). A release store may still sit in the store buffer when that read runs (x64
+        // lets a load pass an earlier store, Arm64 more so): we saw no machine and the starter saw the step owned, so
+        // neither stepped, and the new machine never took a step (G4; found by a race of TryAdvance against
+        // AdvanceVersionAsync). Fenced on both sides, at least one of us sees the other's write.
+        Interlocked.Exchange(ref stepOwned, 0);
+        ReleaseStepHookForTesting?.Invoke();
         TryStepStateMachine(mustNotLose: true);
+    }
+
+    /// <summary>The control behind <see cref="LegacyReleaseStepForTesting"/>: the release store as the hardware may order
+    /// it, after the read of <see cref="currentMachine"/> that follows it in program order.</summary>
+    private void LegacyReleaseStep()
+    {
+        bool machineSeen = Volatile.Read(ref currentMachine) is not null;
+        ReleaseStepHookForTesting?.Invoke();
+        Volatile.Write(ref stepOwned, 0);
+        if (machineSeen)
+            TryStepStateMachine(mustNotLose: true);
     }
 
     /// <summary>Retires <paramref name="machine"/>; for a fault, returns what to raise <see cref="StateMachineFaulted"/>
