@@ -263,10 +263,12 @@ public sealed partial class EpochProtectedVersionScheme
     /// <param name="criticalSection">Called with the old and the new version.</param>
     /// <param name="targetVersion">The version to reach, or -1 for the next one.</param>
     /// <param name="cancellationToken">Cancels waiting for another machine before this transition starts.</param>
-    /// <returns>True once the transition has completed; false if its target was already reached or claimed.</returns>
+    /// <returns>True once the transition has completed; false if its target was already reached or claimed. The task
+    /// faults with <see cref="InvalidOperationException"/> if <paramref name="targetVersion"/> is -1 and the version is at
+    /// <see cref="VersionSchemeState.MaxVersion"/>, and with <see cref="ObjectDisposedException"/> if the scheme is
+    /// disposed while the call waits for another machine.</returns>
     /// <exception cref="ArgumentNullException"><paramref name="criticalSection"/> is null.</exception>
-    /// <exception cref="InvalidOperationException">The calling thread is protected, or the version is at
-    /// <see cref="VersionSchemeState.MaxVersion"/> (see <see cref="ExecuteStateMachine"/>).</exception>
+    /// <exception cref="InvalidOperationException">The calling thread is protected.</exception>
     /// <exception cref="ObjectDisposedException">The scheme has been disposed.</exception>
     public Task<bool> AdvanceVersionAsync(Action<long, long> criticalSection, long targetVersion = -1, CancellationToken cancellationToken = default)
     {
