@@ -28,10 +28,6 @@ internal sealed class DrainList
         public TaskCompletionSource<bool>? Completion;
     }
 
-    /// <summary>Test hook: runs before a faulted action's task is given its exception (which allocates); a hook that
-    /// throws stands for an allocation failure there.</summary>
-    internal static Action? FaultCompletionHookForTesting;
-
     private readonly Segment<Slot> first;
     private Segment<Slot> insertHint;
 
@@ -147,7 +143,7 @@ internal sealed class DrainList
     /// Runs every published action whose epoch is at most <paramref name="safeEpoch"/>, decrementing
     /// <paramref name="pending"/> for each one claimed. Returns how many ran. Actions never throw out of here: faults
     /// go to <paramref name="onFault"/> (which must not throw), and so does a failure to give a faulted action's task its
-    /// exception.
+    /// exception (the task is then canceled: see <see cref="TaskFaulting"/>).
     /// </summary>
     public int RunEligible(long safeEpoch, ref long pending, Action<Exception> onFault) => RunEligible(safeEpoch, ref pending, onFault, only: null);
 
@@ -191,18 +187,12 @@ internal sealed class DrainList
                 }
                 catch (Exception ex)
                 {
-                    try
-                    {
-                        FaultCompletionHookForTesting?.Invoke();
-                        completion?.TrySetException(ex); // allocates: may throw OutOfMemoryException
-                    }
-                    catch (Exception completing)
-                    {
-                        // Never out of the run: the actions after this one would stay pending (on a closed epoch, for
-                        // good, when this is Dispose's final run). Reported like the action's fault; the task stays
-                        // incomplete (nothing more can be done for it without memory).
+                    // Giving the task the exception allocates, so it may fail: then the task is canceled rather than left
+                    // incomplete (its awaiter would wait for ever), and the failure is reported like the action's fault.
+                    // Never throws: the actions after this one would stay pending (on a closed epoch, for good, when this
+                    // is Dispose's final run).
+                    if (completion is not null && TaskFaulting.Fault(completion, ex) is { } completing)
                         onFault(completing);
-                    }
                     onFault(ex);
                 }
             }

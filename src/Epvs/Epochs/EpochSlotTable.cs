@@ -30,7 +30,18 @@ internal sealed unsafe class EpochSlotTable
     /// <summary>Written into every free slot by <see cref="LightEpoch.Dispose()"/> so no claim can succeed.</summary>
     public const long DisposedMarker = long.MaxValue;
 
+    /// <summary>
+    /// Written into its slot by a thread that steps aside inside a region (<see cref="LightEpoch.StepAside"/>): the slot
+    /// stays taken (no claim succeeds, a Dispose counts it), and, above every epoch, it holds nothing back (every scan
+    /// looks for announcements below a bound).
+    /// </summary>
+    public const long ParkedMarker = long.MaxValue - 1;
+
     private readonly Segment<EpochSlot> first;
+
+    /// <summary>Test hook: runs on a thread that found every slot taken, before it appends a segment (which allocates); a
+    /// hook that throws stands for an allocation failure there.</summary>
+    internal static System.Action? GrowHookForTesting;
 
     public EpochSlotTable(int initialSize) => first = new Segment<EpochSlot>(initialSize, pinned: true);
 
@@ -69,6 +80,8 @@ internal sealed unsafe class EpochSlotTable
 
             // Every slot seen was taken: move on, growing if this was the last segment. Doubling keeps the chain
             // logarithmic in the peak number of protected threads.
+            if (Volatile.Read(ref segment.Next) is null)
+                GrowHookForTesting?.Invoke();
             segment = segment.NextOrGrow(minimumSize: 16);
         }
     }

@@ -83,6 +83,31 @@ public sealed unsafe partial class LightEpoch
     /// <summary>Test-only: runs on a thread in Resume's slow path on each turn of its wait while a Dispose is Closing.</summary>
     internal System.Action? WaitWhileClosingHookForTesting;
 
+    /// <summary>
+    /// Test-only: a Resume whose drain after raising its announcement throws keeps the level it added and its slot
+    /// announced (as before), so the Resume-fault test can show that it catches the slot held for ever. Read only on that
+    /// failure path.
+    /// </summary>
+    internal static bool KeepLevelWhenResumeDrainFailsForTesting;
+
+    /// <summary>
+    /// Test-only: a region that steps aside (<see cref="StepAside"/>) frees its slot and claims one again to come back
+    /// (as before; the broken control): coming back can then fail to allocate, and a Dispose meanwhile finds no slot
+    /// taken and closes the epoch under the region. Read only on the step-aside path.
+    /// </summary>
+    internal bool LegacyStepAsideForTesting { get; set; }
+
+    /// <summary>
+    /// Test-only: a thread's drain-nesting array is not sized when its record is created, only by its first drain (as
+    /// before), so the Suspend-fault test can show that it catches that drain's allocation failure, and the Resume-fault
+    /// test can reach the back-out of a Resume whose drain fails. Read only on the record-creation path.
+    /// </summary>
+    internal static bool LazyDrainNestingForTesting;
+
+    /// <summary>Test hook: runs on a thread whose drain is about to grow its per-thread drain-nesting array (which
+    /// allocates); a hook that throws stands for an allocation failure there.</summary>
+    internal static System.Action? DrainNestingGrowHookForTesting;
+
     /// <summary>Test-only: runs on a thread in Resume's slow path after it claimed a slot, before it checks lifecycle.</summary>
     internal System.Action? ResumeSlowAfterClaimHookForTesting;
 
@@ -147,8 +172,4 @@ public sealed unsafe partial class LightEpoch
 
     /// <summary>Test-only: the instance id used to index per-thread records.</summary>
     internal int DebugId => id;
-
-    /// <summary>Test-only: Dispose does not count threads stepped aside inside a region (the behaviour before; the
-    /// broken control).</summary>
-    internal bool UncountedStepAsideForTesting { get; set; }
 }

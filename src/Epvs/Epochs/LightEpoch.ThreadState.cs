@@ -136,6 +136,11 @@ public sealed unsafe partial class LightEpoch
             t_recordCount = grown.Records.Length;
         }
 
+        // Before the record exists, where a failure is a Resume that entered nothing: later drains on this thread (its
+        // Suspend's, its Resume's after a raised announcement) find the array long enough and allocate nothing.
+        if (!LazyDrainNestingForTesting)
+            GrowDrainNesting(SharedDrainDepthForTesting ? 0 : id);
+
         ThreadRecord* r = t_records + id;
         if (r->Token != token)
             *r = new ThreadRecord { Token = token, ProbeStart = Environment.CurrentManagedThreadId, ThreadId = Environment.CurrentManagedThreadId };

@@ -122,7 +122,8 @@ public sealed unsafe partial class LightEpoch : IDisposable
     /// <remarks>
     /// The outermost call claims a slot and announces the current epoch with one full-fence compare-and-swap,
     /// so every later read of shared state by this thread is ordered after the announcement. Nested calls only
-    /// count. Allocates nothing after the thread's first call on this instance.
+    /// count. Allocates nothing after the thread's first call on this instance, unless the table must grow. A Resume that
+    /// throws (also <see cref="OutOfMemoryException"/> once it announced) has entered nothing: do not Suspend for it.
     /// </remarks>
     /// <exception cref="ObjectDisposedException">The epoch has been disposed.</exception>
     [MethodImpl(MethodImplOptions.AggressiveInlining)]
@@ -152,7 +153,7 @@ public sealed unsafe partial class LightEpoch : IDisposable
                 // between our read and our CAS, its scan may have missed us while our slot shows an epoch it
                 // covers. Nested Enters rely on this (EpochProtectedVersionScheme.WaitForStableState).
                 if (Volatile.Read(ref currentEpoch.Value) != epoch)
-                    Reannounce(ref slot->Epoch, epoch);
+                    Reannounce(ref slot->Epoch, epoch, backOutOnFailure: true);
                 return;
             }
         }
@@ -166,9 +167,8 @@ public sealed unsafe partial class LightEpoch : IDisposable
         {
             // A Dispose is checking for protected threads (it marked our free slot, or saw us claim one). It either
             // completes (we throw on the next try) or gives up and reverts to Live (we retry): wait for it, never fail
-            // a Resume on an epoch that stays live. The window is one pass over the table. Not interruptible: a Refresh
-            // stepped aside comes back through here, and must not come back without its region (an interrupt stays
-            // pending for the thread's next wait).
+            // a Resume on an epoch that stays live. The window is one pass over the table. Not interruptible (an interrupt
+            // stays pending for the thread's next wait): a wait this short is no place to fail a Resume that will succeed.
             var spinner = new UninterruptibleSpinWait();
             while (Volatile.Read(ref lifecycle) == Closing) // acquire: pairs with Dispose's final exchange
             {
@@ -228,16 +228,20 @@ public sealed unsafe partial class LightEpoch : IDisposable
             return false; // the caller waits while Closing, then retries (and throws if Closed)
         }
         if (Volatile.Read(ref currentEpoch.Value) != epoch)
-            Reannounce(ref slot->Epoch, epoch);
+            Reannounce(ref slot->Epoch, epoch, backOutOnFailure: true);
         return true;
     }
 
     /// <summary>
     /// Raises a fresh announcement to the current epoch until the epoch stays put across it, so that the slot's value
-    /// e implies the announcement was globally visible before any increment past e.
+    /// e implies the announcement was globally visible before any increment past e; then drains.
     /// </summary>
+    /// <param name="slot">The announcing slot of the calling thread, protected at its outermost level.</param>
+    /// <param name="announced">The epoch announced in it.</param>
+    /// <param name="backOutOnFailure">Whether a failure of the drain makes the caller's call fail having entered nothing (a
+    /// Resume), so that the level is taken back here, or keeps the region (coming back from a step aside).</param>
     [MethodImpl(MethodImplOptions.NoInlining)]
-    private void Reannounce(ref long slot, long announced)
+    private void Reannounce(ref long slot, long announced, bool backOutOnFailure)
     {
         if (DisableReannounceForTesting)
             return;
@@ -254,8 +258,51 @@ public sealed unsafe partial class LightEpoch : IDisposable
         // The bumper whose increment we raced may have seen our older value, given up on its action and left it
         // to us: we were the last to hold its epoch back. Our exchange was a full fence after our slot's first
         // value, which the bumper read, so this read of the count sees its registration.
-        if (Volatile.Read(ref pendingActions.Value) != 0)
+        if (Volatile.Read(ref pendingActions.Value) == 0)
+            return;
+        if (!backOutOnFailure)
+        {
             Drain();
+            return;
+        }
+        try
+        {
+            Drain(); // allocates on a thread's first drain (its nesting entries): may throw OutOfMemoryException
+        }
+        catch when (!KeepLevelWhenResumeDrainFailsForTesting)
+        {
+            // The Resume throws, so it must have entered nothing: its caller will not Suspend, and a level kept here
+            // would keep the slot announced for ever, holding back every later action (and every Dispose).
+            BackOutOutermostLevel();
+            throw;
+        }
+    }
+
+    /// <summary>Takes back the outermost level a failing Resume had added (as a Suspend would, without throwing).</summary>
+    [MethodImpl(MethodImplOptions.NoInlining)]
+    private void BackOutOutermostLevel()
+    {
+        // A fresh lookup: the drain may have run actions that reallocated this thread's records. Those actions nested and
+        // returned, so the depth is the Resume's 1 again (more only if one of them left a level behind: that one stays).
+        ThreadRecord* r = FindRecord();
+        if (r->Depth > 1)
+        {
+            r->Depth--;
+            return;
+        }
+        r->Depth = 0;
+        Volatile.Write(ref r->Slot->Epoch, 0); // release, as in Suspend
+        try
+        {
+            // We held actions back for a moment: run what became safe, as any leave does.
+            if (Volatile.Read(ref pendingActions.Value) != 0)
+                FenceAndDrain();
+        }
+        catch (Exception)
+        {
+            // Out of memory again: what is pending runs at the next leave, refresh or bump on any thread. The Resume's own
+            // failure is the one its caller sees.
+        }
     }
 
     /// <summary>
@@ -399,6 +446,9 @@ public sealed unsafe partial class LightEpoch : IDisposable
     /// Like <see cref="BumpCurrentEpoch(Action)"/>, returning a task that completes when the action has run,
     /// or faults with the action's exception.
     /// </summary>
+    /// <remarks>Giving the task the action's exception allocates. Should that fail for lack of memory, the task is canceled
+    /// instead, never left incomplete, and the failure is reported through <see cref="DeferredActionFailed"/> along with
+    /// the action's exception.</remarks>
     /// <param name="onDrain">The action to run once the old epoch is safe.</param>
     /// <exception cref="ArgumentNullException"><paramref name="onDrain"/> is null.</exception>
     /// <exception cref="ObjectDisposedException">The epoch has been disposed.</exception>
@@ -676,13 +726,28 @@ public sealed unsafe partial class LightEpoch : IDisposable
             int index = SharedDrainDepthForTesting ? 0 : id;
             DrainNesting[]? all = t_drainNesting;
             if (all is null || all.Length <= index)
-            {
-                var grown = new DrainNesting[Math.Max(index + 1, Math.Max(4, (all?.Length ?? 0) * 2))];
-                all?.AsSpan().CopyTo(grown);
-                t_drainNesting = all = grown;
-            }
+                all = GrowDrainNesting(index);
             return ref all[index];
         }
+    }
+
+    /// <summary>
+    /// Makes this thread's drain-nesting array long enough for <paramref name="index"/>. Allocates: called where a failure
+    /// is harmless, when a thread's record is created (so a thread that was ever protected never allocates in a drain: a
+    /// Suspend in a finally block does not replace the exception in flight with an OutOfMemoryException, nor leave the
+    /// actions it made safe pending), and by a drain of a thread that never was (a bump, a registration).
+    /// </summary>
+    [MethodImpl(MethodImplOptions.NoInlining)]
+    private static DrainNesting[] GrowDrainNesting(int index)
+    {
+        DrainNesting[]? all = t_drainNesting;
+        if (all is not null && all.Length > index)
+            return all;
+        DrainNestingGrowHookForTesting?.Invoke();
+        var grown = new DrainNesting[Math.Max(index + 1, Math.Max(4, (all?.Length ?? 0) * 2))];
+        all?.AsSpan().CopyTo(grown);
+        t_drainNesting = grown;
+        return grown;
     }
 
     /// <summary>Beyond this depth a drain only asks the outermost one to look again, so a chain of actions that
@@ -896,20 +961,6 @@ public sealed unsafe partial class LightEpoch : IDisposable
     /// <returns>True if the epoch is disposed (by this call or an earlier one).</returns>
     public bool TryDispose() => !ThisInstanceProtected() && CloseIfUnprotected() == 0;
 
-    /// <summary>Threads inside a protected region that freed their slot for a moment (<see cref="BeginStepAside"/>).</summary>
-    private PaddedInt64 steppedAside; // its own line: Resume and Suspend read the fields around it
-
-    /// <summary>
-    /// Before the outermost level of a region that stays open frees its slot for a moment (a version scheme's Refresh
-    /// steps aside so that a transition waiting for it can complete): until <see cref="EndStepAside"/>, Dispose counts
-    /// the thread as protected and refuses, instead of closing the epoch under the region. Call before the
-    /// <see cref="Suspend"/>; full fence.
-    /// </summary>
-    internal void BeginStepAside() => Interlocked.Increment(ref steppedAside.Value);
-
-    /// <summary>After the <see cref="Resume"/> (or its failure) that ends a <see cref="BeginStepAside"/>.</summary>
-    internal void EndStepAside() => Interlocked.Decrement(ref steppedAside.Value);
-
     /// <summary>Live → Closing → Closed, or back to Live; returns the number of protected threads found (0: Closed).
     /// The only place that leaves Live.</summary>
     private int CloseIfUnprotected()
@@ -938,12 +989,8 @@ public sealed unsafe partial class LightEpoch : IDisposable
                     stillProtected++;
             }
         }
+        // A thread stepped aside inside a region keeps its slot, parked (StepAside): the pass above found it taken.
         ClosingHookForTesting?.Invoke();
-        // Threads stepped aside inside a region (their slot free meanwhile) count as protected: each raised the count
-        // with a full fence before it freed its slot, so either the pass above found the slot taken, or its
-        // compare-and-swap read the release that freed it, after the raise, which this read then sees.
-        if (stillProtected == 0 && !UncountedStepAsideForTesting)
-            stillProtected = (int)Volatile.Read(ref steppedAside.Value);
 
         if (stillProtected != 0)
         {

@@ -25,8 +25,8 @@ public sealed partial class EpochProtectedVersionScheme
     /// returned from <see cref="VersionSchemeStateMachine.AfterEnteringState"/> and, if the machine ended, retired it.
     /// Set under <see cref="stepLock"/>, read under it by <see cref="PrepareStep"/>: while it is set no next step is
     /// prepared, so AfterEnteringState never overlaps the next OnEnteringState, and a machine that faulted or finished
-    /// is retired before anyone can ask it for another step. The owner asks for the next step after clearing it.
-    /// Written with release (Volatile.Write) and read with acquire under the lock.</summary>
+    /// is retired before anyone can ask it for another step. The owner asks for the next step after clearing it (with a
+    /// full fence: see <see cref="ReleaseStep"/>). Read with acquire under the lock.</summary>
     private int stepOwned;
 
     /// <summary>Cached (created with the scheme), so a step allocates nothing and cannot fail to allocate it.</summary>
@@ -254,7 +254,8 @@ public sealed partial class EpochProtectedVersionScheme
     /// <remarks>
     /// While another machine is active, waits (asynchronously) for it to end and tries again. The task's result is
     /// false if the target version had already been reached or claimed; it faults with the critical section's
-    /// exception if that threw (the version is then unchanged). <paramref name="cancellationToken"/> cancels only
+    /// exception if that threw (the version is then unchanged), or is canceled if that exception could not be given to the
+    /// machine's <see cref="VersionSchemeStateMachine.Completion"/> for lack of memory. <paramref name="cancellationToken"/> cancels only
     /// the waiting before the transition starts; once started, a transition runs to its end and the task reports it.
     /// Call it outside protected regions: the transition waits for every protected thread, the caller included, and
     /// protection must not be held across an <c>await</c>.
@@ -262,10 +263,12 @@ public sealed partial class EpochProtectedVersionScheme
     /// <param name="criticalSection">Called with the old and the new version.</param>
     /// <param name="targetVersion">The version to reach, or -1 for the next one.</param>
     /// <param name="cancellationToken">Cancels waiting for another machine before this transition starts.</param>
-    /// <returns>True once the transition has completed; false if its target was already reached or claimed.</returns>
+    /// <returns>True once the transition has completed; false if its target was already reached or claimed. The task
+    /// faults with <see cref="InvalidOperationException"/> if <paramref name="targetVersion"/> is -1 and the version is at
+    /// <see cref="VersionSchemeState.MaxVersion"/>, and with <see cref="ObjectDisposedException"/> if the scheme is
+    /// disposed while the call waits for another machine.</returns>
     /// <exception cref="ArgumentNullException"><paramref name="criticalSection"/> is null.</exception>
-    /// <exception cref="InvalidOperationException">The calling thread is protected, or the version is at
-    /// <see cref="VersionSchemeState.MaxVersion"/> (see <see cref="ExecuteStateMachine"/>).</exception>
+    /// <exception cref="InvalidOperationException">The calling thread is protected.</exception>
     /// <exception cref="ObjectDisposedException">The scheme has been disposed.</exception>
     public Task<bool> AdvanceVersionAsync(Action<long, long> criticalSection, long targetVersion = -1, CancellationToken cancellationToken = default)
     {
@@ -561,8 +564,31 @@ public sealed partial class EpochProtectedVersionScheme
     /// or of one started while we owned the step (its starter's request found the step owned and left it to us).</summary>
     private void ReleaseStep()
     {
-        Volatile.Write(ref stepOwned, 0); // release: pairs with the acquire read in PrepareStep (under stepLock)
+        if (LegacyReleaseStepForTesting)
+        {
+            LegacyReleaseStep();
+            return;
+        }
+        // Full fence, not a release store. With a starter this is a store-buffering pair: it publishes its machine (CAS, a
+        // full fence) and then reads stepOwned (PrepareStep, under stepLock); we clear stepOwned and then read
+        // currentMachine (TryStepStateMachine). A release store may still sit in the store buffer when that read runs (x64
+        // lets a load pass an earlier store, Arm64 more so): we saw no machine and the starter saw the step owned, so
+        // neither stepped, and the new machine never took a step (G4; found by a race of TryAdvance against
+        // AdvanceVersionAsync). Fenced on both sides, at least one of us sees the other's write.
+        Interlocked.Exchange(ref stepOwned, 0);
+        ReleaseStepHookForTesting?.Invoke();
         TryStepStateMachine(mustNotLose: true);
+    }
+
+    /// <summary>The control behind <see cref="LegacyReleaseStepForTesting"/>: the release store as the hardware may order
+    /// it, after the read of <see cref="currentMachine"/> that follows it in program order.</summary>
+    private void LegacyReleaseStep()
+    {
+        bool machineSeen = Volatile.Read(ref currentMachine) is not null;
+        ReleaseStepHookForTesting?.Invoke();
+        Volatile.Write(ref stepOwned, 0);
+        if (machineSeen)
+            TryStepStateMachine(mustNotLose: true);
     }
 
     /// <summary>Retires <paramref name="machine"/>; for a fault, returns what to raise <see cref="StateMachineFaulted"/>

@@ -53,6 +53,17 @@ public sealed partial class EpochProtectedVersionScheme
     /// there.</summary>
     internal static System.Action? FinishMachineHookForTesting;
 
+    /// <summary>
+    /// Test-only: the end of a step's ownership reads whether a machine is active before it clears the ownership (the
+    /// order a release store allows the hardware), so the step-release test can show that it catches a machine started in
+    /// between, which nobody steps. Read only on that path.
+    /// </summary>
+    internal bool LegacyReleaseStepForTesting { get; set; }
+
+    /// <summary>Test hook: runs on the thread ending a step's ownership (after a machine's callbacks, or its retirement),
+    /// between clearing it and looking for the next step.</summary>
+    internal System.Action? ReleaseStepHookForTesting { get; set; }
+
     /// <summary>Test hook: runs on a thread stepped aside inside Enter or Refresh, once the transition it waited for has
     /// moved on and before it takes its protection back.</summary>
     internal System.Action? BeforeComingBackHookForTesting { get; set; }

@@ -276,52 +276,61 @@ public sealed partial class EpochProtectedVersionScheme : IDisposable
                 continue;
             }
 
-            // Outermost: step aside so the transition can complete, then come back. A Refresh stays inside its region
-            // meanwhile: the epoch counts it (before the Suspend frees its slot), so that an epoch's Dispose, which
-            // finds the slot free, refuses instead of closing under the region (G7; the Refresh used to get
-            // ObjectDisposedException from a Dispose that should have failed). An Enter has no region yet.
-            if (!addedLevel)
-                epoch.BeginStepAside();
+            if (addedLevel)
+            {
+                // Outermost Enter: it has no region yet, so it leaves, waits for the transition and enters again. A failure
+                // anywhere here (an interrupted wait, a Resume that cannot claim a slot) is an Enter that throws having
+                // entered nothing: EnterSlow finds the level gone. A Suspend that throws (its drain) has already left.
+                epoch.Suspend();
+                AfterStepAsideHookForTesting?.Invoke();
+                WaitWhileUnchanged(s, ref spinner);
+                BeforeComingBackHookForTesting?.Invoke();
+                epoch.Resume();
+                continue;
+            }
+
+            // Outermost Refresh: it stays inside its region. It steps aside with its slot parked (still its own, holding
+            // nothing back), so it comes back without claiming a slot: that cannot fail (a claim could, every slot taken
+            // meanwhile and the table unable to grow), and an epoch's Dispose meanwhile finds the slot taken and refuses
+            // instead of closing under the region (G7).
+            nint parked = epoch.StepAside();
             try
             {
-                try
-                {
-                    // Inside the try: a Suspend that throws (its drain) has already left.
-                    epoch.Suspend();
-                    AfterStepAsideHookForTesting?.Invoke();
-                    // Until the state moves on, or the scheme is disposed: Dispose's mark (the intermediate bit on the last
-                    // state) can equal the state read here, if that transition's critical section failed and restored it.
-                    // The flag is set before the mark, so a read that sees the mark sees the flag.
-                    while (Volatile.Read(ref state) == s && Volatile.Read(ref disposed) == 0)
-                    {
-                        // Unprotected here, so running what is safe is safe. The step may be queued behind actions this
-                        // thread's own drains (further up its stack, past the inline limit) left pending: nobody else may
-                        // run it (an Enter inside each of 16 queued actions, stepping aside in turn, used to spin for ever).
-                        if (!StepAsideWithoutDrainingForTesting)
-                            epoch.DrainWhileWaiting(completeStep);
-                        ReportStallIfDue();
-                        spinner.SpinOnce(); // sleeps at times: Thread.Interrupt can make it throw
-                    }
-                    BeforeComingBackHookForTesting?.Invoke();
-                }
-                catch when (!addedLevel && !LegacyFailedWaitForTesting)
-                {
-                    // A Refresh that throws keeps its region entered, as when the scheme was disposed: its caller is
-                    // still inside it and will Leave (which would otherwise throw "not protected" and hide this
-                    // exception). Counted as stepped aside until then, so the epoch cannot have been disposed meanwhile
-                    // (and the Resume's wait for a Dispose that is deciding is not interruptible).
-                    if (!epoch.ThisInstanceProtected())
-                        epoch.Resume();
-                    throw;
-                }
-                // Not interruptible either (see above): a Refresh never comes back from here without its region.
-                epoch.Resume();
+                epoch.DrainAfterStepAside();
+                AfterStepAsideHookForTesting?.Invoke();
+                WaitWhileUnchanged(s, ref spinner);
+                BeforeComingBackHookForTesting?.Invoke();
             }
-            finally
+            catch
             {
-                if (!addedLevel)
-                    epoch.EndStepAside();
+                // A Refresh that throws keeps its region entered, as when the scheme was disposed: its caller is still
+                // inside it and will Leave (which would otherwise throw "not protected" and hide this exception).
+                if (LegacyFailedWaitForTesting)
+                    epoch.AbandonStepAside(parked);
+                else
+                    epoch.ComeBack(parked);
+                throw;
             }
+            epoch.ComeBack(parked);
+        }
+    }
+
+    /// <summary>
+    /// Stepped aside (unprotected): waits until the state moves on from <paramref name="s"/>, or the scheme is disposed
+    /// (Dispose's mark, the intermediate bit on the last state, can equal <paramref name="s"/> if that transition's
+    /// critical section failed and restored it; the flag is set before the mark, so a read that sees the mark sees it).
+    /// </summary>
+    private void WaitWhileUnchanged(long s, ref SpinWait spinner)
+    {
+        while (Volatile.Read(ref state) == s && Volatile.Read(ref disposed) == 0)
+        {
+            // Unprotected here, so running what is safe is safe. The step may be queued behind actions this thread's own
+            // drains (further up its stack, past the inline limit) left pending: nobody else may run it (an Enter inside
+            // each of 16 queued actions, stepping aside in turn, used to spin for ever).
+            if (!StepAsideWithoutDrainingForTesting)
+                epoch.DrainWhileWaiting(completeStep);
+            ReportStallIfDue();
+            spinner.SpinOnce(); // sleeps at times: Thread.Interrupt can make it throw
         }
     }
 

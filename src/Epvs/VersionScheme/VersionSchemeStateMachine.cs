@@ -50,7 +50,9 @@ public abstract class VersionSchemeStateMachine
     /// <see cref="VersionSchemeState.MaxVersion"/>.</summary>
     public Exception? Fault => IsCompleted ? fault : null;
 
-    /// <summary>Completes when the machine ends; faults with <see cref="Fault"/> if it has one.</summary>
+    /// <summary>Completes when the machine ends; faults with <see cref="Fault"/> if it has one. Should giving the task that
+    /// exception fail for lack of memory, the task is canceled instead (never left incomplete): <see cref="Fault"/> still
+    /// holds the exception.</summary>
     public Task Completion
     {
         get
@@ -122,8 +124,8 @@ public abstract class VersionSchemeStateMachine
     private void SetResult(TaskCompletionSource<bool> tcs)
     {
         if (fault is null)
-            tcs.TrySetResult(true);
+            tcs.TrySetResult(true); // allocates nothing
         else
-            tcs.TrySetException(fault);
+            _ = TaskFaulting.Fault(tcs, fault); // never throws; canceled if the fault cannot be given (Fault keeps it)
     }
 }

@@ -33,7 +33,7 @@ public class FinalRunFaultTests
             // Held back by this thread, so they are all pending when it leaves; its drain runs them in this order.
             epoch.BumpCurrentEpoch(() =>
             {
-                DrainList.FaultCompletionHookForTesting = () =>
+                TaskFaulting.HookForTesting = () =>
                 {
                     if (Environment.CurrentManagedThreadId == me && ++failures == 1)
                         throw new OutOfMemoryException("simulated: completing the faulted action's task");
@@ -44,7 +44,7 @@ public class FinalRunFaultTests
                 }
                 finally
                 {
-                    DrainList.FaultCompletionHookForTesting = null;
+                    TaskFaulting.HookForTesting = null;
                 }
                 ranCAtDispose = Volatile.Read(ref ranC);
                 ranDAtDispose = Volatile.Read(ref ranD);
@@ -61,9 +61,9 @@ public class FinalRunFaultTests
         Assert.Equal(1, ranD);
         Assert.Null(dispose);
         Assert.True(LightEpoch.IsIdFreeForTesting(id), "the closed epoch's instance id was never given back");
-        // Both reported: the action's own fault, and the failure to complete its task (which stays incomplete).
+        // Both reported: the action's own fault, and the failure to give it to its task (which is canceled instead).
         Assert.Contains(reported, e => e is InvalidOperationException);
         Assert.Contains(reported, e => e is OutOfMemoryException);
-        Assert.False(faulting!.IsCompleted);
+        Assert.True(faulting!.IsCanceled, $"the faulted action's task is {faulting.Status}");
     }
 }

@@ -44,6 +44,9 @@ internal sealed class GuardedThread
 
     public int ManagedThreadId => thread.ManagedThreadId;
 
+    /// <summary>Whether the thread is still running (a snapshot).</summary>
+    public bool IsAlive => thread.IsAlive;
+
     public void Start() => thread.Start();
 
     /// <summary>Whether the thread finished within <paramref name="timeout"/>; rethrows its exception if it did.</summary>

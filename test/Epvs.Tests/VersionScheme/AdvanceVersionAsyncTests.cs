@@ -49,6 +49,17 @@ public sealed class AdvanceVersionAsyncTests
     }
 
     [Fact]
+    public void AdvanceVersionAsync_AtMaxVersion_FaultsTheTaskWithInvalidOperation()
+    {
+        // As documented: the refusal comes from the transition's start, inside the task (the call itself returns).
+        using var scheme = new EpochProtectedVersionScheme(null, VersionSchemeState.MaxVersion);
+        Task<bool> advance = scheme.AdvanceVersionAsync((_, _) => { });
+        Assert.True(advance.IsFaulted);
+        Assert.IsType<InvalidOperationException>(advance.Exception!.InnerException);
+        Assert.Equal(VersionSchemeState.MaxVersion, scheme.CurrentState.Version);
+    }
+
+    [Fact]
     public void AdvanceVersionAsync_InsideAProtectedRegion_ThrowsInvalidOperation()
     {
         using var scheme = new EpochProtectedVersionScheme();

@@ -53,7 +53,7 @@ public class SchemeDisposeTests
     [InlineData(true)] // a second scheme on the owner's epoch: the owner's Dispose must count its Refresh too
     public void DisposeWhileARefreshStepsAside_Refuses_AndTheRefreshCarriesOn(bool onASharingScheme)
     {
-        (Exception? dispose, Exception? refresh) = DisposeWhileARefreshStepsAside(uncounted: false, onASharingScheme);
+        (Exception? dispose, Exception? refresh) = DisposeWhileARefreshStepsAside(legacyStepAside: false, onASharingScheme);
         Assert.IsType<InvalidOperationException>(dispose);
         Assert.Null(refresh);
     }
@@ -62,7 +62,7 @@ public class SchemeDisposeTests
     public void Control_RefreshAsideUncounted_IsCaught()
     {
         // The behaviour before: the epoch found the slot free and closed under the region, whose Refresh then threw.
-        (Exception? dispose, Exception? refresh) = DisposeWhileARefreshStepsAside(uncounted: true, onASharingScheme: false);
+        (Exception? dispose, Exception? refresh) = DisposeWhileARefreshStepsAside(legacyStepAside: true, onASharingScheme: false);
         Assert.Null(dispose);
         Assert.IsType<ObjectDisposedException>(refresh);
     }
@@ -94,14 +94,14 @@ public class SchemeDisposeTests
     }
 
     /// <summary>
-    /// A thread inside a region calls Refresh while a transition waits for it: it steps aside (its epoch slot free),
+    /// A thread inside a region calls Refresh while a transition waits for it: it steps aside (its epoch slot parked),
     /// the transition completes, and — through the scheme's hook, before the thread takes its protection back —
     /// another thread disposes the epoch's owner. Returns what Dispose threw and what the Refresh threw.
     /// </summary>
-    private static (Exception? Dispose, Exception? Refresh) DisposeWhileARefreshStepsAside(bool uncounted, bool onASharingScheme)
+    private static (Exception? Dispose, Exception? Refresh) DisposeWhileARefreshStepsAside(bool legacyStepAside, bool onASharingScheme)
     {
         var owner = new EpochProtectedVersionScheme();
-        owner.Epoch.UncountedStepAsideForTesting = uncounted;
+        owner.Epoch.LegacyStepAsideForTesting = legacyStepAside; // the slot freed while aside, and not counted (as before)
         EpochProtectedVersionScheme scheme = onASharingScheme ? new EpochProtectedVersionScheme(owner.Epoch) : owner;
         using var entered = new ManualResetEventSlim();
         using var started = new ManualResetEventSlim();
