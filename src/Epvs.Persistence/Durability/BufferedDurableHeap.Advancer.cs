@@ -212,7 +212,12 @@ public sealed unsafe partial class BufferedDurableHeap
         {
             _heap.File.EpochClock = _versionBase + schemeVersion;
         }
+
+        InsideCriticalSectionForTesting?.Invoke();
     }
+
+    /// <summary>Test hook: runs at the end of the transition's critical section (after the clock is persisted); a throw is a fault of the critical section.</summary>
+    internal Action? InsideCriticalSectionForTesting { get; set; }
 
     /// <summary>
     /// Back-pressure on the durability lag: when the current version has run for longer than
@@ -380,7 +385,13 @@ public sealed unsafe partial class BufferedDurableHeap
             _inflight = null;
             if (machine.Fault is { } fault)
             {
-                ThrowHelper.ThrowInvalidOperation($"The version transition failed: {fault.Message}", fault);
+                // A fault of the critical section (the clock's persist, typically) is the advancer's like any other: the
+                // scheme stays at the old version, but what of the section reached the file is unknown, so no later cycle
+                // may run as if nothing happened (it used to be thrown here once and forgotten; a helping thread's cycle
+                // swallowed it). Recorded under the gate, as below.
+                var failed = new InvalidOperationException($"The version transition failed: {fault.Message}", fault);
+                RecordAdvancerFault(failed);
+                throw failed;
             }
 
             try
@@ -390,8 +401,7 @@ public sealed unsafe partial class BufferedDurableHeap
             catch (Exception e)
             {
                 // Recorded under the gate before anyone else can start a cycle: see the check above.
-                _advancerFault ??= e;
-                FailWaiters(new InvalidOperationException($"The heap's advancer failed: {e.Message}", e));
+                RecordAdvancerFault(e);
                 throw;
             }
         }
@@ -399,6 +409,13 @@ public sealed unsafe partial class BufferedDurableHeap
         {
             Monitor.Exit(_cycleGate);
         }
+    }
+
+    /// <summary>Records the first failed cycle (under the cycle gate): from then on nothing more becomes durable, and every SyncAsync waiting fails.</summary>
+    private void RecordAdvancerFault(Exception fault)
+    {
+        _advancerFault ??= fault;
+        FailWaiters(new InvalidOperationException($"The heap's advancer failed: {fault.Message}", fault));
     }
 
     private AdvanceStateMachine StartTransition(long deadline, long target, TimeSpan timeout)

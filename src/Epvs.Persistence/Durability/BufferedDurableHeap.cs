@@ -161,8 +161,9 @@ public sealed unsafe partial class BufferedDurableHeap : IDisposable
     /// </summary>
     /// <returns>The operation.</returns>
     /// <exception cref="ObjectDisposedException">The heap has been disposed.</exception>
-    /// <exception cref="InvalidOperationException">An advance cycle failed earlier (a write-back error, a double
-    /// delete, the version scheme disposed under the heap): nothing more can become durable in this heap, so no
+    /// <exception cref="InvalidOperationException">An advance cycle failed earlier (a write-back error, a fault in
+    /// the transition's critical section such as a failed persist of the epoch clock, a double delete, the version
+    /// scheme disposed under the heap): nothing more can become durable in this heap, so no
     /// operation begins any more rather than complete without ever being durable. Dispose the heap and reopen the
     /// file: recovery keeps every version up to <see cref="DurableFrontier"/>.</exception>
     [MethodImpl(MethodImplOptions.AggressiveInlining)]

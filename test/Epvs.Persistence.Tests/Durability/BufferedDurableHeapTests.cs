@@ -106,6 +106,49 @@ public sealed class BufferedDurableHeapTests
     }
 
     /// <summary>
+    /// A fault inside the transition's critical section (the clock's persist failing, say) is the advancer's fault like
+    /// any other: once it happened the heap cannot tell what of the section reached the file, so every later Sync,
+    /// SyncAsync, AdvanceVersion and BeginOperation reports it and the frontier never moves again. It used to be thrown
+    /// once from the Sync that ran the cycle and then forgotten: the next cycle ran as if nothing had happened (safe only
+    /// because the real domains fail-stop), and a helping thread's cycle swallowed it.
+    /// </summary>
+    [Fact]
+    public async Task Sync_AfterAFaultInTheTransitionsCriticalSection_ReportsItFromThenOnAndNeverMovesTheFrontier()
+    {
+        using var dir = new TempDirectory();
+        string path = dir.File("section.heap");
+        BufferedDurableHeap heap = BufferedDurableHeap.Create(path, new HeapFileOptions { Size = 1L << 20, Domain = PersistenceDomainKind.MappedFile }, Manual);
+        var map = new PersistentHashMap<long, long>(heap, typeId: 1);
+        map.Set(1, 10);
+        heap.Sync();
+        long frontier = heap.DurableFrontier;
+        map.Set(2, 20);
+
+        // A transient fault: one throw, then the section would succeed again.
+        int sections = 0;
+        heap.InsideCriticalSectionForTesting = () =>
+        {
+            if (sections++ == 0)
+            {
+                throw new System.IO.IOException("simulated failure in the critical section");
+            }
+        };
+        Exception? first = Record.Exception(() => heap.Sync());
+        Assert.NotNull(first);
+        Assert.Contains("simulated failure in the critical section", first.ToString(), StringComparison.Ordinal);
+
+        InvalidOperationException sync = Assert.Throws<InvalidOperationException>(() => heap.Sync());
+        Assert.Contains("simulated failure in the critical section", sync.Message, StringComparison.Ordinal);
+        Assert.Throws<InvalidOperationException>(() => heap.AdvanceVersion(TimeSpan.FromSeconds(30)));
+        InvalidOperationException asyncSync = await Assert.ThrowsAsync<InvalidOperationException>(() => heap.SyncAsync());
+        Assert.Contains("simulated failure in the critical section", asyncSync.Message, StringComparison.Ordinal);
+        Assert.Equal(1, sections);
+        Assert.Equal(frontier, heap.DurableFrontier);
+        AssertDisposeReportsTheLoss(heap, path, cycleFailed: true);
+        Assert.Equal(frontier, heap.DurableFrontier);
+    }
+
+    /// <summary>
     /// After a failed cycle, no operation begins (it could never become durable); Dispose says what was not made durable
     /// instead of returning normally, and the file carries no clean-shutdown mark; a reopen recovers the frontier.
     /// </summary>
