@@ -273,7 +273,9 @@ public sealed unsafe partial class BufferedDurableHeap : IDisposable
     /// file lock is released. A thread that begins an operation while Dispose runs is waited for briefly (at most
     /// <see cref="BufferedDurableHeapOptions.SyncTimeout"/>, or 30 s).</remarks>
     /// <exception cref="TimeoutException">A thread is still inside an operation, so the last advance could not run within <see cref="BufferedDurableHeapOptions.SyncTimeout"/>; the heap is closed anyway and recovery keeps the frontier prefix.</exception>
-    /// <exception cref="InvalidOperationException">The last advance failed or could not run (an advance cycle failed
+    /// <exception cref="InvalidOperationException">Called on a thread that is running one of the heap's advance cycles
+    /// (from a callback such as a <see cref="EpochProtectedVersionScheme.StateMachineFaulted"/> handler on the advancer's
+    /// thread): nothing is disposed, and the heap can be disposed from another thread. Or: the last advance failed or could not run (an advance cycle failed
     /// earlier, see <see cref="BeginOperation"/>; or, in <see cref="DurabilityMode.Buffered"/> and
     /// <see cref="DurabilityMode.Strict"/> mode, Dispose was called inside an operation): operations after
     /// <see cref="DurableFrontier"/> are not durable. The heap is closed anyway, without a clean-shutdown mark;
@@ -281,6 +283,14 @@ public sealed unsafe partial class BufferedDurableHeap : IDisposable
     /// mapping was then quarantined, as for <see cref="TimeoutException"/>).</exception>
     public void Dispose()
     {
+        if (Monitor.IsEntered(_cycleGate))
+        {
+            // A callback raised inside a cycle on this thread (a VersionScheme.StateMachineFaulted handler on the
+            // advancer's thread, say): Dispose would wait for the cycle it is called from (the advancer's join timed out
+            // after 30 s, then the heap closed under the cycle still running). Refused before anything changes.
+            ThrowDisposeInsideCycle();
+        }
+
         // Interlocked.Exchange: full fence; exactly one caller disposes.
         if (Interlocked.Exchange(ref _disposed, 1) != 0)
         {
@@ -715,6 +725,11 @@ public sealed unsafe partial class BufferedDurableHeap : IDisposable
         Exception fault = _advancerFault!;
         throw new InvalidOperationException($"No operation begins on this heap any more: an advance cycle failed, so nothing more can become durable (DurableFrontier stays at {DurableFrontier}; dispose the heap and reopen the file to recover up to it): {fault.Message}", fault);
     }
+
+    [DoesNotReturn]
+    [MethodImpl(MethodImplOptions.NoInlining)]
+    private static void ThrowDisposeInsideCycle() =>
+        ThrowHelper.ThrowInvalidOperation("BufferedDurableHeap.Dispose was called on a thread that is running one of the heap's advance cycles (the background advancer, or a Sync, AdvanceVersion or back-pressure help in progress on this thread), from a callback such as a VersionScheme.StateMachineFaulted handler. Dispose waits for the cycle, which cannot end before the callback returns. Nothing was disposed: dispose the heap from another thread (for example Task.Run(heap.Dispose)).");
 
     private void ThrowIfDisposed()
     {
