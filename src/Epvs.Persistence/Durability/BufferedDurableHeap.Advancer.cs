@@ -458,6 +458,11 @@ public sealed unsafe partial class BufferedDurableHeap
 
         if (_mode != DurabilityMode.Transient)
         {
+            if (_mode == DurabilityMode.Strict)
+            {
+                WriteBackCarriedStrictPayloads();
+            }
+
             // Store and persist: the write-back above was fenced first, so the frontier never covers a payload that
             // is not durable.
             _heap.File.DurableFrontier = completed;

@@ -649,15 +649,7 @@ public sealed unsafe partial class BufferedDurableHeap : IDisposable
         {
             if (_mode == DurabilityMode.Strict && buffers.StrictPending.Count != 0)
             {
-                OffsetList pending = buffers.StrictPending;
-                for (int i = 0; i < pending.Count; i++)
-                {
-                    long offset = pending[i];
-                    _domain.WriteBack(offset, HeapLayout.HeaderSize + (long)PayloadSize(offset));
-                }
-
-                _domain.Fence();
-                pending.Clear();
+                WriteBackStrict(buffers.StrictPending);
             }
         }
         finally
@@ -666,6 +658,78 @@ public sealed unsafe partial class BufferedDurableHeap : IDisposable
             // would hold back every version transition.
             _scheme.Leave();
         }
+    }
+
+    /// <summary>Test hook: runs in a <see cref="DurabilityMode.Strict"/> operation's end before it writes back its payloads; a throw is a failed write-back.</summary>
+    internal Action? BeforeStrictWriteBackForTesting { get; set; }
+
+    /// <summary>Strict mode: payloads whose operation's write-back failed, for the next advance cycle to write back (see <see cref="WriteBackStrict"/>).</summary>
+    private readonly List<long> _strictCarried = new();
+
+    /// <summary>
+    /// Strict mode: writes back and fences the payloads the ending operation wrote (inside its region). If that fails,
+    /// the operation throws the medium's error and its payloads go to the advance cycles, before it leaves its region:
+    /// the cycle that ends its version (or an earlier one) writes them back before it persists a frontier over them,
+    /// and fails — the advancer's fault — if it cannot (see <see cref="WriteBackCarriedStrictPayloads"/>). They used to
+    /// stay with the thread until its next operation, while cycles moved the frontier over their version: a Sync that
+    /// returned claimed them durable, and a thread that never operated again never wrote them back.
+    /// </summary>
+    private void WriteBackStrict(OffsetList pending)
+    {
+        try
+        {
+            BeforeStrictWriteBackForTesting?.Invoke();
+            for (int i = 0; i < pending.Count; i++)
+            {
+                long offset = pending[i];
+                _domain.WriteBack(offset, HeapLayout.HeaderSize + (long)PayloadSize(offset));
+            }
+
+            _domain.Fence();
+        }
+        catch
+        {
+            lock (_strictCarried)
+            {
+                for (int i = 0; i < pending.Count; i++)
+                {
+                    _strictCarried.Add(pending[i]);
+                }
+            }
+
+            pending.Clear();
+            throw;
+        }
+
+        pending.Clear();
+    }
+
+    /// <summary>
+    /// Strict mode, in an advance cycle before it persists the frontier: writes back and fences the payloads of operations
+    /// whose own write-back failed. Each was handed over inside its operation's region, so before the cut of its version;
+    /// none is freed before the cycle after that version's (a payload retired in version w is freed two cycles later), so
+    /// each is still the allocated block its operation wrote. A failure here is the cycle's (the advancer's) fault.
+    /// </summary>
+    private void WriteBackCarriedStrictPayloads()
+    {
+        long[] carried;
+        lock (_strictCarried)
+        {
+            if (_strictCarried.Count == 0)
+            {
+                return;
+            }
+
+            carried = _strictCarried.ToArray();
+            _strictCarried.Clear();
+        }
+
+        foreach (long offset in carried)
+        {
+            _domain.WriteBack(offset, HeapLayout.HeaderSize + (long)PayloadSize(offset));
+        }
+
+        _domain.Fence();
     }
 
     /// <summary>The payload size recorded in the header of an allocated block (no checks: internal callers hold a valid reference).</summary>

@@ -472,6 +472,59 @@ public sealed class BufferedDurableHeapTests
         Assert.True(map2.TryGetValue(2, out int two) && two == 20);
     }
 
+    /// <summary>
+    /// Strict mode: an operation whose write-back fails throws, and its payloads stay pending. A later Sync that succeeds
+    /// says every operation before it is durable, so it must write them back first, even when the thread that failed
+    /// never operates again (they used to wait for that thread's next operation, while the cycle moved the frontier over
+    /// their version: the durable image held the old value, then, once the old copy was freed, none). The failure is a
+    /// transient one (the real domains fail-stop, so there every later persist throws instead).
+    /// </summary>
+    [Fact]
+    public void StrictMode_SyncAfterAFailedWriteBack_WritesThePendingPayloadsBackBeforeTheFrontierCoversThem()
+    {
+        using var domain = new SimulatedPersistenceDomain(1 << 20);
+        using HeapFile file = HeapFile.Create(domain);
+        using BufferedDurableHeap heap = BufferedDurableHeap.Open(file, new BufferedDurableHeapOptions { Mode = DurabilityMode.Strict, AdvancePeriod = Timeout.InfiniteTimeSpan });
+        var map = new PersistentHashMap<int, int>(heap, typeId: 1);
+        map.Set(1, 10);
+        map.Set(2, 20);
+        heap.Sync();
+
+        int failures = 0;
+        heap.BeforeStrictWriteBackForTesting = () =>
+        {
+            if (Interlocked.Increment(ref failures) == 1)
+            {
+                throw new System.IO.IOException("simulated write-back failure");
+            }
+        };
+        Exception? failed = null;
+        var writer = new Thread(() => failed = Record.Exception(() =>
+        {
+            map.Set(1, 11);
+            map.Set(2, 21);
+        }));
+        writer.Start();
+        Assert.True(writer.Join(TimeSpan.FromSeconds(30)));
+        Assert.IsType<System.IO.IOException>(failed);
+        Assert.True(map.TryGetValue(1, out int visible) && visible == 11, "the failed operation's value is visible");
+        heap.BeforeStrictWriteBackForTesting = null;
+
+        // Each Sync that returns covers the failed operation; look at the durable image after each (the old copy is freed
+        // two versions after it was replaced).
+        for (int round = 0; round < 4; round++)
+        {
+            heap.Sync();
+            using var image = SimulatedPersistenceDomain.FromImage(domain.GetDurableImage());
+            using HeapFile again = HeapFile.Open(image);
+            using BufferedDurableHeap recovered = BufferedDurableHeap.Open(again, Manual);
+            var durable = new PersistentHashMap<int, int>(recovered, typeId: 1);
+            Assert.True(durable.TryGetValue(1, out int one), $"after Sync {round}: key 1 lost");
+            Assert.Equal(11, one);
+            Assert.True(durable.TryGetValue(2, out int two) && two == 20, $"after Sync {round}: key 2 is not the value of before the failed operation");
+        }
+    }
+
     [Fact]
     public void Queue_EnqueueDequeueReopen_KeepsFifoOrder()
     {
