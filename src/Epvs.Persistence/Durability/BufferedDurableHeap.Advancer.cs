@@ -390,7 +390,11 @@ public sealed unsafe partial class BufferedDurableHeap
                 // may run as if nothing happened (it used to be thrown here once and forgotten; a helping thread's cycle
                 // swallowed it). Recorded under the gate, as below.
                 var failed = new InvalidOperationException($"The version transition failed: {fault.Message}", fault);
-                RecordAdvancerFault(failed);
+                if ((_faults & DurabilityFaults.ForgetTransitionFaults) == 0)
+                {
+                    RecordAdvancerFault(failed);
+                }
+
                 throw failed;
             }
 

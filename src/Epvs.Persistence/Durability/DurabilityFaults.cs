@@ -67,4 +67,7 @@ internal enum DurabilityFaults
 
     /// <summary>Dispose tries the version scheme's Dispose once, as before: a thread that began an operation just after the wait for operations (and is about to leave) makes the whole Dispose fail.</summary>
     DisposeSchemeOnce = 262144,
+
+    /// <summary>A fault of the transition's critical section is thrown by the cycle that ran it and not recorded as the advancer's fault (the old behaviour: later cycles run as if nothing had happened).</summary>
+    ForgetTransitionFaults = 524288,
 }
