@@ -384,6 +384,11 @@ public sealed class BufferedDurableHeapTests
         using BufferedDurableHeap heap = BufferedDurableHeap.Open(file, new BufferedDurableHeapOptions { AdvancePeriod = TimeSpan.FromMilliseconds(10) });
         var map = new PersistentHashMap<int, int>(heap, typeId: 1);
         map.Set(1, 1);
+
+        // Written before the other thread parks: once the advancer's transition waits for the parked operation, every
+        // operation that begins waits for it too (no region enters until the transition completes), so a Set here raced
+        // the advancer's 10 ms period and, under load, waited for the parked thread's 60 s instead of the Sync timing out.
+        map.Set(2, 2);
         using var entered = new ManualResetEventSlim();
         using var release = new ManualResetEventSlim();
         int parkedId = 0;
@@ -397,7 +402,6 @@ public sealed class BufferedDurableHeapTests
         { IsBackground = true };
         parked.Start();
         Assert.True(entered.Wait(Workers.JoinTimeout));
-        map.Set(2, 2);
         try
         {
             TimeoutException e = Assert.Throws<TimeoutException>(() => heap.Sync(TimeSpan.FromMilliseconds(300)));
