@@ -203,9 +203,23 @@ public sealed unsafe partial class BufferedDurableHeap
     /// <summary>Test hook: replaces <see cref="Stopwatch.GetTimestamp"/> as the clock that dates versions for the lag bound.</summary>
     internal Func<long>? ClockForTesting { get; set; }
 
-    /// <summary>Called by <see cref="AdvanceStateMachine"/> in the critical section: persists the clock (one word) and dates the new version.</summary>
-    internal void PersistClockInCriticalSection(long schemeVersion)
+    /// <summary>
+    /// Called by <see cref="AdvanceStateMachine"/> in the critical section: checks that the transition starts where the
+    /// heap's last one ended, persists the clock (one word) and dates the new version.
+    /// </summary>
+    /// <exception cref="InvalidOperationException">A state machine the heap did not run (on the public
+    /// <see cref="VersionScheme"/>) advanced the version since the heap's last transition: the versions it ended were
+    /// never written back (their buffers wait in slots no cycle drains in time), and a frontier persisted now would
+    /// claim them durable. The transition fails, which the cycle records as the advancer's fault.</exception>
+    internal void PersistClockInCriticalSection(long fromSchemeVersion, long schemeVersion)
     {
+        // Plain read: written only in the heap's critical sections, which the scheme runs one at a time, each ordered
+        // after the previous one by the scheme's interlocked step protocol.
+        if (fromSchemeVersion != _schemeVersion && (_faults & DurabilityFaults.AllowForeignTransitions) == 0)
+        {
+            ThrowForeignTransition(fromSchemeVersion);
+        }
+
         // Volatile.Write: atomic 64-bit store; read without the cycle gate by HelpOldVersion.
         Volatile.Write(ref _versionStartedAt, Now());
         if (_mode != DurabilityMode.Transient)
@@ -214,6 +228,41 @@ public sealed unsafe partial class BufferedDurableHeap
         }
 
         InsideCriticalSectionForTesting?.Invoke();
+        _schemeVersion = schemeVersion;
+    }
+
+    /// <summary>The scheme version the heap's last transition moved to (the scheme's first version before any): see <see cref="PersistClockInCriticalSection"/>.</summary>
+    private long _schemeVersion;
+
+    [DoesNotReturn]
+    private void ThrowForeignTransition(long fromSchemeVersion) =>
+        ThrowHelper.ThrowInvalidOperation($"The heap's version scheme was advanced from version {_versionBase + _schemeVersion} to {_versionBase + fromSchemeVersion} by a state machine the heap did not run (BufferedDurableHeap.VersionScheme is for diagnostics: do not run state machines on it). The operations of the versions it ended were never written back, so nothing more can become durable in this heap: dispose it and reopen the file (recovery keeps every version up to DurableFrontier, {DurableFrontier}).");
+
+    /// <summary>
+    /// At the start of the cycle that writes back <paramref name="completed"/>, after its cut: no thread may still be
+    /// inside an operation of that version or an older one. One can only if its region ended under it (the operation's
+    /// thread called Refresh or Leave on the public <see cref="VersionScheme"/>): whatever it writes from then on is
+    /// tagged with a version this cycle declares durable without it, and it appends to buffers this cycle drains.
+    /// </summary>
+    /// <exception cref="InvalidOperationException">Such an operation is open; the cycle fails before it writes anything
+    /// back (the advancer's fault).</exception>
+    private void CheckNoOperationOutlivedItsCut(long completed)
+    {
+        if ((_faults & DurabilityFaults.IgnoreOperationsPastTheirCut) != 0)
+        {
+            return;
+        }
+
+        // Volatile.Read: acquire; pairs with the release in RegisterThread.
+        foreach (ThreadBuffers buffers in Volatile.Read(ref _registry))
+        {
+            // Volatile.Read: acquire; pairs with the release stores in ThreadBuffers.OpenOperation/CloseOperation.
+            long open = Volatile.Read(ref buffers.OpenVersion);
+            if (open <= completed)
+            {
+                ThrowHelper.ThrowInvalidOperation($"Thread {buffers.ManagedThreadId} is still inside an operation of version {open}, whose cut has passed: its protected region ended inside the operation (Refresh or Leave called on BufferedDurableHeap.VersionScheme, which is for diagnostics only), so what it writes from then on could never be made durable. Nothing more becomes durable in this heap: dispose it and reopen the file (recovery keeps every version up to DurableFrontier, {DurableFrontier}).");
+            }
+        }
     }
 
     /// <summary>Test hook: runs at the end of the transition's critical section (after the clock is persisted); a throw is a fault of the critical section.</summary>
@@ -447,6 +496,7 @@ public sealed unsafe partial class BufferedDurableHeap
     /// <summary>Version <paramref name="completed"/> has no region left: write it back, persist it as the frontier, reclaim.</summary>
     private void AfterTransition(long completed)
     {
+        CheckNoOperationOutlivedItsCut(completed);
         long start = Stopwatch.GetTimestamp();
         int written = 0;
         if (_mode == DurabilityMode.Buffered)

@@ -68,6 +68,7 @@ public sealed unsafe partial class BufferedDurableHeap : IDisposable
         _pageWriteBack = !_domain.IsPersistentMemory;
         _local = new ThreadLocal<ThreadBuffers>(RegisterThread);
         _scheme = new EpochProtectedVersionScheme();
+        _schemeVersion = _scheme.CurrentState.Version;
         try
         {
             (_heap, Recovery) = Recover(file, options);
@@ -85,7 +86,15 @@ public sealed unsafe partial class BufferedDurableHeap : IDisposable
     /// <summary>The allocator underneath (statistics, <see cref="PersistentHeap.File"/>). Allocate payloads through <see cref="BeginOperation"/>, not directly.</summary>
     public PersistentHeap Heap => _heap;
 
-    /// <summary>The version scheme whose versions tag the payloads: for diagnostics (<see cref="EpochProtectedVersionScheme.GetThreadsBlockingTransition"/>, <see cref="EpochProtectedVersionScheme.TransitionStalled"/>). Do not run state machines on it.</summary>
+    /// <summary>
+    /// The version scheme whose versions tag the payloads: for diagnostics (<see cref="EpochProtectedVersionScheme.GetThreadsBlockingTransition"/>,
+    /// <see cref="EpochProtectedVersionScheme.TransitionStalled"/>, <see cref="EpochProtectedVersionScheme.StateMachineFaulted"/>).
+    /// </summary>
+    /// <remarks>
+    /// Do not run state machines on it, nor call Refresh or Leave inside an operation: either ends versions (or an
+    /// operation's region) behind the heap's back. The heap notices at its next transition and fails like a failed
+    /// advance cycle (see <see cref="BeginOperation"/>) rather than declare durable what it never wrote back.
+    /// </remarks>
     public EpochProtectedVersionScheme VersionScheme => _scheme;
 
     /// <summary>How this heap makes operations durable.</summary>
@@ -204,7 +213,8 @@ public sealed unsafe partial class BufferedDurableHeap : IDisposable
         }
 
         // Volatile.Read: acquire; the base is written once in the constructor before any operation can begin.
-        return new DurableOperation(this, buffers, Volatile.Read(ref _versionBase) + state.Version, buffers.OpenOperation());
+        long version = Volatile.Read(ref _versionBase) + state.Version;
+        return new DurableOperation(this, buffers, version, buffers.OpenOperation(version));
     }
 
     /// <summary>
