@@ -539,6 +539,42 @@ public sealed class BufferedDurableHeapTests
         }
     }
 
+    /// <summary>
+    /// Recovery splits the payloads' resolution into partitions, each of which reads every payload: with one partition
+    /// per unit of <see cref="BufferedDurableHeapOptions.RecoveryParallelism"/>, int.MaxValue failed the open with
+    /// OutOfMemoryException ("Array dimensions exceeded supported range") and 100,000 read every payload 100,000 times
+    /// (half a second for 2,000 payloads, minutes for a large heap). The option bounds the threads; the partitions are
+    /// at most one per processor.
+    /// </summary>
+    [Theory]
+    [InlineData(100_000)]
+    [InlineData(int.MaxValue)]
+    public void Open_AfterACrashWithAHugeRecoveryParallelism_RecoversInsteadOfFailingOrCrawling(int parallelism)
+    {
+        using var domain = new SimulatedPersistenceDomain(2 << 20);
+        using HeapFile file = HeapFile.Create(domain);
+        using BufferedDurableHeap heap = BufferedDurableHeap.Open(file, Manual);
+        var map = new PersistentHashMap<int, int>(heap, typeId: 1);
+        for (int i = 0; i < 2000; i++)
+        {
+            map.Set(i, i);
+        }
+
+        for (int i = 0; i < 2000; i += 2)
+        {
+            map.Remove(i);
+        }
+
+        heap.Sync();
+        using var image = SimulatedPersistenceDomain.FromImage(domain.GetDurableImage());
+        using HeapFile again = HeapFile.Open(image);
+        using BufferedDurableHeap recovered = BufferedDurableHeap.Open(again, new BufferedDurableHeapOptions { AdvancePeriod = Timeout.InfiniteTimeSpan, RecoveryParallelism = parallelism });
+        Assert.False(recovered.Recovery.FastReopen);
+        var map2 = new PersistentHashMap<int, int>(recovered, typeId: 1);
+        Assert.Equal(1000, map2.Count);
+        Assert.True(map2.TryGetValue(1999, out int last) && last == 1999);
+    }
+
     [Fact]
     public void Queue_EnqueueDequeueReopen_KeepsFifoOrder()
     {
