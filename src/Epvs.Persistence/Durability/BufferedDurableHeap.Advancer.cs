@@ -414,7 +414,20 @@ public sealed unsafe partial class BufferedDurableHeap
                 ThrowHelper.ThrowInvalidOperation($"The heap's advancer failed, so nothing more can become durable: {earlier.Message}", earlier);
             }
 
-            AdvanceStateMachine machine = _inflight ??= StartTransition(deadline, target, timeout);
+            AdvanceStateMachine machine;
+            try
+            {
+                machine = _inflight ??= StartTransition(deadline, target, timeout);
+            }
+            catch (ObjectDisposedException e) when (Volatile.Read(ref _disposed) == 0)
+            {
+                // The version scheme was disposed under the heap (through the public VersionScheme): no version can ever
+                // end again. Volatile.Read: pairs with the exchange in Dispose, whose own disposal of the scheme comes later.
+                var failed = new InvalidOperationException("The heap's version scheme was disposed under it (BufferedDurableHeap.VersionScheme is for diagnostics: do not dispose it), so no version can end and nothing more can become durable: dispose the heap and reopen the file.", e);
+                RecordAdvancerFault(failed);
+                throw failed;
+            }
+
             bool done;
             try
             {
@@ -849,9 +862,12 @@ public sealed unsafe partial class BufferedDurableHeap
                 // A thread is still inside an operation of the old version; the transition stays in flight and
                 // completes when it leaves. Try again next period.
             }
-            catch (ObjectDisposedException)
+            catch (ObjectDisposedException) when (Volatile.Read(ref _disposed) != 0)
             {
-                // Dispose took over the cycles (it stopped waiting for this thread): a stop, not a fault.
+                // Dispose took over the cycles (it stopped waiting for this thread): a stop, not a fault. (Volatile.Read:
+                // pairs with the exchange in Dispose. Any other ObjectDisposedException, the version scheme disposed under
+                // the heap, is a fault like any other: this thread used to stop without a word, and SyncAsync waited for
+                // ever with an infinite SyncTimeout.)
                 return;
             }
             catch (Exception e)

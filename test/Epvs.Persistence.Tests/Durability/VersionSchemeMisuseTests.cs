@@ -2,6 +2,7 @@ using System;
 using System.Collections.Generic;
 using System.Linq;
 using System.Threading;
+using System.Threading.Tasks;
 using Xunit;
 
 namespace Epvs.Persistence.Tests;
@@ -9,7 +10,8 @@ namespace Epvs.Persistence.Tests;
 /// <summary>
 /// The heap's version scheme is public (for diagnostics). Calls on it that end versions, or an operation's region, behind
 /// the heap's back used to make a later Sync claim durable what was never written back (silent loss); the heap now fails
-/// like a failed advance cycle instead. Each test runs its control (the check switched off), which must lose the data.
+/// like a failed advance cycle instead. The silent-loss tests run their control (the check switched off), which must
+/// lose the data.
 /// </summary>
 public sealed class VersionSchemeMisuseTests
 {
@@ -130,6 +132,37 @@ public sealed class VersionSchemeMisuseTests
         Assert.Equal(frontier, heap.DurableFrontier);
         Assert.Empty(durable);
         Assert.Contains("not made durable", Assert.Throws<InvalidOperationException>(heap.Dispose).Message, StringComparison.Ordinal);
+    }
+
+    /// <summary>
+    /// The heap's version scheme disposed under it: no version can end any more. The background advancer used to take
+    /// the scheme's ObjectDisposedException for the heap's own Dispose and stop without recording anything, so a
+    /// SyncAsync afterwards waited for ever (with an infinite SyncTimeout). Now it is the advancer's fault: SyncAsync and
+    /// Sync throw it, and Dispose reports the loss.
+    /// </summary>
+    [Fact]
+    public void SyncAsync_AfterTheVersionSchemeWasDisposedUnderTheHeap_ThrowsInsteadOfWaitingForever()
+    {
+        using var dir = new TempDirectory();
+        string path = dir.File("scheme.heap");
+        var fileOptions = new HeapFileOptions { Size = 1L << 20, Domain = PersistenceDomainKind.MappedFile };
+        BufferedDurableHeap heap = BufferedDurableHeap.Create(path, fileOptions, new BufferedDurableHeapOptions { AdvancePeriod = TimeSpan.FromMilliseconds(5), SyncTimeout = Timeout.InfiniteTimeSpan });
+        var map = new PersistentHashMap<int, int>(heap, typeId: 1);
+        map.Set(1, 10);
+        heap.Sync();
+        map.Set(2, 20);
+        heap.VersionScheme.Dispose();
+
+        // The advancer's next cycle finds the scheme disposed and stops, before the fix without a word.
+        Assert.True(heap.AdvancerForTesting!.Join(Workers.JoinTimeout));
+        Task? pending = null;
+        InvalidOperationException refused = Assert.Throws<InvalidOperationException>(() => { pending = heap.SyncAsync(); });
+        _output.WriteLine($"SyncAsync: {refused.Message}; task {pending?.Status}");
+        Assert.Contains("version scheme was disposed", refused.Message, StringComparison.Ordinal);
+        Assert.Throws<InvalidOperationException>(() => heap.Sync());
+        Assert.Contains("not made durable", Assert.Throws<InvalidOperationException>(heap.Dispose).Message, StringComparison.Ordinal);
+        using BufferedDurableHeap reopened = BufferedDurableHeap.Open(path, fileOptions, new BufferedDurableHeapOptions { AdvancePeriod = Timeout.InfiniteTimeSpan });
+        Assert.Equal(new Dictionary<int, int> { [1] = 10 }, new PersistentHashMap<int, int>(reopened, typeId: 1).ToDictionary());
     }
 
     private static Dictionary<int, int> Recover(SimulatedPersistenceDomain domain)
