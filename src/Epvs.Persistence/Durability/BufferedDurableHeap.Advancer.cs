@@ -770,7 +770,7 @@ public sealed unsafe partial class BufferedDurableHeap
             }
             else
             {
-                _heap.Free(new PayloadRef(offset));
+                _heap.FreeForOwner(new PayloadRef(offset));
             }
         }
 

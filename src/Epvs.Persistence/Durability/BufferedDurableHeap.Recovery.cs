@@ -274,7 +274,7 @@ public sealed unsafe partial class BufferedDurableHeap
             List<long> offsets = first ? results[p].FreeFirst : results[p].FreeSecond;
             foreach (long offset in offsets)
             {
-                heap.Free(new PayloadRef(offset));
+                heap.FreeForOwner(new PayloadRef(offset));
                 if (!_pageWriteBack)
                 {
                     heap.WriteBackHeader(new PayloadRef(offset));

@@ -83,7 +83,7 @@ public sealed unsafe partial class BufferedDurableHeap : IDisposable
         StartAdvancer(options.AdvancePeriod, options.MaxVersionAge);
     }
 
-    /// <summary>The allocator underneath (statistics, <see cref="PersistentHeap.File"/>). Allocate payloads through <see cref="BeginOperation"/>, not directly.</summary>
+    /// <summary>The allocator underneath (statistics, <see cref="PersistentHeap.File"/>). Allocate payloads through <see cref="BeginOperation"/>: its own <see cref="PersistentHeap.Allocate"/>, <see cref="PersistentHeap.TryAllocate"/> and <see cref="PersistentHeap.Free"/> throw <see cref="InvalidOperationException"/>.</summary>
     public PersistentHeap Heap => _heap;
 
     /// <summary>
