@@ -156,6 +156,24 @@ public sealed class HeapFileTests : IDisposable
         Assert.Throws<ArgumentOutOfRangeException>(() => reopened.GetRoot(HeapFile.RootSlotCount));
     }
 
+    /// <summary>
+    /// The epoch clock and durable frontier decide what recovery keeps (tags up to max(frontier, clock - 2)): a value
+    /// set by hand on a file a buffered heap uses, or before one opens it, made recovery keep versions that were never
+    /// written back (raised) or drop durable ones (lowered), silently. Only the heap's advancer and recovery write them;
+    /// no property of the file is settable from outside the library.
+    /// </summary>
+    [Fact]
+    public void EpochWordsAndEveryOtherProperty_HaveNoPublicSetter()
+    {
+        foreach (System.Reflection.PropertyInfo property in typeof(HeapFile).GetProperties())
+        {
+            Assert.True(property.GetSetMethod() is null, $"HeapFile.{property.Name} has a public setter");
+        }
+
+        Assert.NotNull(typeof(HeapFile).GetProperty(nameof(HeapFile.EpochClock))!.GetGetMethod());
+        Assert.NotNull(typeof(HeapFile).GetProperty(nameof(HeapFile.DurableFrontier))!.GetGetMethod());
+    }
+
     [Fact]
     public void Open_AfterSimulatedCrash_ReportsUncleanShutdownAndKeepsPersistedRoots()
     {

@@ -11,5 +11,5 @@ internal sealed class AdvanceStateMachine : VersionSchemeStateMachineAdapter
     internal AdvanceStateMachine(BufferedDurableHeap heap) => _heap = heap;
 
     public override void OnEnteringState(Epvs.VersionSchemeState fromState, Epvs.VersionSchemeState toState) =>
-        _heap.PersistClockInCriticalSection(toState.Version);
+        _heap.PersistClockInCriticalSection(fromState.Version, toState.Version);
 }

@@ -203,16 +203,70 @@ public sealed unsafe partial class BufferedDurableHeap
     /// <summary>Test hook: replaces <see cref="Stopwatch.GetTimestamp"/> as the clock that dates versions for the lag bound.</summary>
     internal Func<long>? ClockForTesting { get; set; }
 
-    /// <summary>Called by <see cref="AdvanceStateMachine"/> in the critical section: persists the clock (one word) and dates the new version.</summary>
-    internal void PersistClockInCriticalSection(long schemeVersion)
+    /// <summary>
+    /// Called by <see cref="AdvanceStateMachine"/> in the critical section: checks that the transition starts where the
+    /// heap's last one ended, persists the clock (one word) and dates the new version.
+    /// </summary>
+    /// <exception cref="InvalidOperationException">A state machine the heap did not run (on the public
+    /// <see cref="VersionScheme"/>) advanced the version since the heap's last transition: the versions it ended were
+    /// never written back (their buffers wait in slots no cycle drains in time), and a frontier persisted now would
+    /// claim them durable. The transition fails, which the cycle records as the advancer's fault.</exception>
+    internal void PersistClockInCriticalSection(long fromSchemeVersion, long schemeVersion)
     {
+        // Plain read: written only in the heap's critical sections, which the scheme runs one at a time, each ordered
+        // after the previous one by the scheme's interlocked step protocol.
+        if (fromSchemeVersion != _schemeVersion && (_faults & DurabilityFaults.AllowForeignTransitions) == 0)
+        {
+            ThrowForeignTransition(fromSchemeVersion);
+        }
+
         // Volatile.Write: atomic 64-bit store; read without the cycle gate by HelpOldVersion.
         Volatile.Write(ref _versionStartedAt, Now());
         if (_mode != DurabilityMode.Transient)
         {
             _heap.File.EpochClock = _versionBase + schemeVersion;
         }
+
+        InsideCriticalSectionForTesting?.Invoke();
+        _schemeVersion = schemeVersion;
     }
+
+    /// <summary>The scheme version the heap's last transition moved to (the scheme's first version before any): see <see cref="PersistClockInCriticalSection"/>.</summary>
+    private long _schemeVersion;
+
+    [DoesNotReturn]
+    private void ThrowForeignTransition(long fromSchemeVersion) =>
+        ThrowHelper.ThrowInvalidOperation($"The heap's version scheme was advanced from version {_versionBase + _schemeVersion} to {_versionBase + fromSchemeVersion} by a state machine the heap did not run (BufferedDurableHeap.VersionScheme is for diagnostics: do not run state machines on it). The operations of the versions it ended were never written back, so nothing more can become durable in this heap: dispose it and reopen the file (recovery keeps every version up to DurableFrontier, {DurableFrontier}).");
+
+    /// <summary>
+    /// At the start of the cycle that writes back <paramref name="completed"/>, after its cut: no thread may still be
+    /// inside an operation of that version or an older one. One can only if its region ended under it (the operation's
+    /// thread called Refresh or Leave on the public <see cref="VersionScheme"/>): whatever it writes from then on is
+    /// tagged with a version this cycle declares durable without it, and it appends to buffers this cycle drains.
+    /// </summary>
+    /// <exception cref="InvalidOperationException">Such an operation is open; the cycle fails before it writes anything
+    /// back (the advancer's fault).</exception>
+    private void CheckNoOperationOutlivedItsCut(long completed)
+    {
+        if ((_faults & DurabilityFaults.IgnoreOperationsPastTheirCut) != 0)
+        {
+            return;
+        }
+
+        // Volatile.Read: acquire; pairs with the release in RegisterThread.
+        foreach (ThreadBuffers buffers in Volatile.Read(ref _registry))
+        {
+            // Volatile.Read: acquire; pairs with the release stores in ThreadBuffers.OpenOperation/CloseOperation.
+            long open = Volatile.Read(ref buffers.OpenVersion);
+            if (open <= completed)
+            {
+                ThrowHelper.ThrowInvalidOperation($"Thread {buffers.ManagedThreadId} is still inside an operation of version {open}, whose cut has passed: its protected region ended inside the operation (Refresh or Leave called on BufferedDurableHeap.VersionScheme, which is for diagnostics only), so what it writes from then on could never be made durable. Nothing more becomes durable in this heap: dispose it and reopen the file (recovery keeps every version up to DurableFrontier, {DurableFrontier}).");
+            }
+        }
+    }
+
+    /// <summary>Test hook: runs at the end of the transition's critical section (after the clock is persisted); a throw is a fault of the critical section.</summary>
+    internal Action? InsideCriticalSectionForTesting { get; set; }
 
     /// <summary>
     /// Back-pressure on the durability lag: when the current version has run for longer than
@@ -360,7 +414,20 @@ public sealed unsafe partial class BufferedDurableHeap
                 ThrowHelper.ThrowInvalidOperation($"The heap's advancer failed, so nothing more can become durable: {earlier.Message}", earlier);
             }
 
-            AdvanceStateMachine machine = _inflight ??= StartTransition(deadline, target, timeout);
+            AdvanceStateMachine machine;
+            try
+            {
+                machine = _inflight ??= StartTransition(deadline, target, timeout);
+            }
+            catch (ObjectDisposedException e) when (Volatile.Read(ref _disposed) == 0)
+            {
+                // The version scheme was disposed under the heap (through the public VersionScheme): no version can ever
+                // end again. Volatile.Read: pairs with the exchange in Dispose, whose own disposal of the scheme comes later.
+                var failed = new InvalidOperationException("The heap's version scheme was disposed under it (BufferedDurableHeap.VersionScheme is for diagnostics: do not dispose it), so no version can end and nothing more can become durable: dispose the heap and reopen the file.", e);
+                RecordAdvancerFault(failed);
+                throw failed;
+            }
+
             bool done;
             try
             {
@@ -380,7 +447,17 @@ public sealed unsafe partial class BufferedDurableHeap
             _inflight = null;
             if (machine.Fault is { } fault)
             {
-                ThrowHelper.ThrowInvalidOperation($"The version transition failed: {fault.Message}", fault);
+                // A fault of the critical section (the clock's persist, typically) is the advancer's like any other: the
+                // scheme stays at the old version, but what of the section reached the file is unknown, so no later cycle
+                // may run as if nothing happened (it used to be thrown here once and forgotten; a helping thread's cycle
+                // swallowed it). Recorded under the gate, as below.
+                var failed = new InvalidOperationException($"The version transition failed: {fault.Message}", fault);
+                if ((_faults & DurabilityFaults.ForgetTransitionFaults) == 0)
+                {
+                    RecordAdvancerFault(failed);
+                }
+
+                throw failed;
             }
 
             try
@@ -390,8 +467,7 @@ public sealed unsafe partial class BufferedDurableHeap
             catch (Exception e)
             {
                 // Recorded under the gate before anyone else can start a cycle: see the check above.
-                _advancerFault ??= e;
-                FailWaiters(new InvalidOperationException($"The heap's advancer failed: {e.Message}", e));
+                RecordAdvancerFault(e);
                 throw;
             }
         }
@@ -399,6 +475,13 @@ public sealed unsafe partial class BufferedDurableHeap
         {
             Monitor.Exit(_cycleGate);
         }
+    }
+
+    /// <summary>Records the first failed cycle (under the cycle gate): from then on nothing more becomes durable, and every SyncAsync waiting fails.</summary>
+    private void RecordAdvancerFault(Exception fault)
+    {
+        _advancerFault ??= fault;
+        FailWaiters(new InvalidOperationException($"The heap's advancer failed: {fault.Message}", fault));
     }
 
     private AdvanceStateMachine StartTransition(long deadline, long target, TimeSpan timeout)
@@ -426,6 +509,7 @@ public sealed unsafe partial class BufferedDurableHeap
     /// <summary>Version <paramref name="completed"/> has no region left: write it back, persist it as the frontier, reclaim.</summary>
     private void AfterTransition(long completed)
     {
+        CheckNoOperationOutlivedItsCut(completed);
         long start = Stopwatch.GetTimestamp();
         int written = 0;
         if (_mode == DurabilityMode.Buffered)
@@ -441,6 +525,11 @@ public sealed unsafe partial class BufferedDurableHeap
 
         if (_mode != DurabilityMode.Transient)
         {
+            if (_mode == DurabilityMode.Strict)
+            {
+                WriteBackCarriedStrictPayloads();
+            }
+
             // Store and persist: the write-back above was fenced first, so the frontier never covers a payload that
             // is not durable.
             _heap.File.DurableFrontier = completed;
@@ -681,7 +770,7 @@ public sealed unsafe partial class BufferedDurableHeap
             }
             else
             {
-                _heap.Free(new PayloadRef(offset));
+                _heap.FreeForOwner(new PayloadRef(offset));
             }
         }
 
@@ -773,9 +862,12 @@ public sealed unsafe partial class BufferedDurableHeap
                 // A thread is still inside an operation of the old version; the transition stays in flight and
                 // completes when it leaves. Try again next period.
             }
-            catch (ObjectDisposedException)
+            catch (ObjectDisposedException) when (Volatile.Read(ref _disposed) != 0)
             {
-                // Dispose took over the cycles (it stopped waiting for this thread): a stop, not a fault.
+                // Dispose took over the cycles (it stopped waiting for this thread): a stop, not a fault. (Volatile.Read:
+                // pairs with the exchange in Dispose. Any other ObjectDisposedException, the version scheme disposed under
+                // the heap, is a fault like any other: this thread used to stop without a word, and SyncAsync waited for
+                // ever with an infinite SyncTimeout.)
                 return;
             }
             catch (Exception e)

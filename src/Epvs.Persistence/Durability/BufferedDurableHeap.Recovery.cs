@@ -167,8 +167,10 @@ public sealed unsafe partial class BufferedDurableHeap
 
         report.ScannedPayloads = total + report.DroppedBeyondFrontier;
 
-        // Partition by uid: each partition resolves its uids alone, in parallel.
-        int partitions = Math.Max(1, parallelism);
+        // Partition by uid: each partition resolves its uids alone, in parallel. Each reads every candidate, so no more
+        // partitions than processors (one per unit of a huge RecoveryParallelism made int.MaxValue fail the open with
+        // OutOfMemoryException and 100,000 read every candidate 100,000 times).
+        int partitions = Math.Clamp(parallelism, 1, Environment.ProcessorCount);
         var results = new PartitionResult[partitions];
         Parallel.For(0, partitions, new ParallelOptions { MaxDegreeOfParallelism = partitions }, p =>
         {
@@ -272,7 +274,7 @@ public sealed unsafe partial class BufferedDurableHeap
             List<long> offsets = first ? results[p].FreeFirst : results[p].FreeSecond;
             foreach (long offset in offsets)
             {
-                heap.Free(new PayloadRef(offset));
+                heap.FreeForOwner(new PayloadRef(offset));
                 if (!_pageWriteBack)
                 {
                     heap.WriteBackHeader(new PayloadRef(offset));

@@ -68,6 +68,7 @@ public sealed unsafe partial class BufferedDurableHeap : IDisposable
         _pageWriteBack = !_domain.IsPersistentMemory;
         _local = new ThreadLocal<ThreadBuffers>(RegisterThread);
         _scheme = new EpochProtectedVersionScheme();
+        _schemeVersion = _scheme.CurrentState.Version;
         try
         {
             (_heap, Recovery) = Recover(file, options);
@@ -82,10 +83,18 @@ public sealed unsafe partial class BufferedDurableHeap : IDisposable
         StartAdvancer(options.AdvancePeriod, options.MaxVersionAge);
     }
 
-    /// <summary>The allocator underneath (statistics, <see cref="PersistentHeap.File"/>). Allocate payloads through <see cref="BeginOperation"/>, not directly.</summary>
+    /// <summary>The allocator underneath (statistics, <see cref="PersistentHeap.File"/>). Allocate payloads through <see cref="BeginOperation"/>: its own <see cref="PersistentHeap.Allocate"/>, <see cref="PersistentHeap.TryAllocate"/> and <see cref="PersistentHeap.Free"/> throw <see cref="InvalidOperationException"/>.</summary>
     public PersistentHeap Heap => _heap;
 
-    /// <summary>The version scheme whose versions tag the payloads: for diagnostics (<see cref="EpochProtectedVersionScheme.GetThreadsBlockingTransition"/>, <see cref="EpochProtectedVersionScheme.TransitionStalled"/>). Do not run state machines on it.</summary>
+    /// <summary>
+    /// The version scheme whose versions tag the payloads: for diagnostics (<see cref="EpochProtectedVersionScheme.GetThreadsBlockingTransition"/>,
+    /// <see cref="EpochProtectedVersionScheme.TransitionStalled"/>, <see cref="EpochProtectedVersionScheme.StateMachineFaulted"/>).
+    /// </summary>
+    /// <remarks>
+    /// Do not run state machines on it, nor call Refresh or Leave inside an operation: either ends versions (or an
+    /// operation's region) behind the heap's back. The heap notices at its next transition and fails like a failed
+    /// advance cycle (see <see cref="BeginOperation"/>) rather than declare durable what it never wrote back.
+    /// </remarks>
     public EpochProtectedVersionScheme VersionScheme => _scheme;
 
     /// <summary>How this heap makes operations durable.</summary>
@@ -161,8 +170,9 @@ public sealed unsafe partial class BufferedDurableHeap : IDisposable
     /// </summary>
     /// <returns>The operation.</returns>
     /// <exception cref="ObjectDisposedException">The heap has been disposed.</exception>
-    /// <exception cref="InvalidOperationException">An advance cycle failed earlier (a write-back error, a double
-    /// delete, the version scheme disposed under the heap): nothing more can become durable in this heap, so no
+    /// <exception cref="InvalidOperationException">An advance cycle failed earlier (a write-back error, a fault in
+    /// the transition's critical section such as a failed persist of the epoch clock, a double delete, the version
+    /// scheme disposed under the heap): nothing more can become durable in this heap, so no
     /// operation begins any more rather than complete without ever being durable. Dispose the heap and reopen the
     /// file: recovery keeps every version up to <see cref="DurableFrontier"/>.</exception>
     [MethodImpl(MethodImplOptions.AggressiveInlining)]
@@ -203,7 +213,8 @@ public sealed unsafe partial class BufferedDurableHeap : IDisposable
         }
 
         // Volatile.Read: acquire; the base is written once in the constructor before any operation can begin.
-        return new DurableOperation(this, buffers, Volatile.Read(ref _versionBase) + state.Version, buffers.OpenOperation());
+        long version = Volatile.Read(ref _versionBase) + state.Version;
+        return new DurableOperation(this, buffers, version, buffers.OpenOperation(version));
     }
 
     /// <summary>
@@ -272,7 +283,9 @@ public sealed unsafe partial class BufferedDurableHeap : IDisposable
     /// file lock is released. A thread that begins an operation while Dispose runs is waited for briefly (at most
     /// <see cref="BufferedDurableHeapOptions.SyncTimeout"/>, or 30 s).</remarks>
     /// <exception cref="TimeoutException">A thread is still inside an operation, so the last advance could not run within <see cref="BufferedDurableHeapOptions.SyncTimeout"/>; the heap is closed anyway and recovery keeps the frontier prefix.</exception>
-    /// <exception cref="InvalidOperationException">The last advance failed or could not run (an advance cycle failed
+    /// <exception cref="InvalidOperationException">Called on a thread that is running one of the heap's advance cycles
+    /// (from a callback such as a <see cref="EpochProtectedVersionScheme.StateMachineFaulted"/> handler on the advancer's
+    /// thread): nothing is disposed, and the heap can be disposed from another thread. Or: the last advance failed or could not run (an advance cycle failed
     /// earlier, see <see cref="BeginOperation"/>; or, in <see cref="DurabilityMode.Buffered"/> and
     /// <see cref="DurabilityMode.Strict"/> mode, Dispose was called inside an operation): operations after
     /// <see cref="DurableFrontier"/> are not durable. The heap is closed anyway, without a clean-shutdown mark;
@@ -280,6 +293,14 @@ public sealed unsafe partial class BufferedDurableHeap : IDisposable
     /// mapping was then quarantined, as for <see cref="TimeoutException"/>).</exception>
     public void Dispose()
     {
+        if (Monitor.IsEntered(_cycleGate))
+        {
+            // A callback raised inside a cycle on this thread (a VersionScheme.StateMachineFaulted handler on the
+            // advancer's thread, say): Dispose would wait for the cycle it is called from (the advancer's join timed out
+            // after 30 s, then the heap closed under the cycle still running). Refused before anything changes.
+            ThrowDisposeInsideCycle();
+        }
+
         // Interlocked.Exchange: full fence; exactly one caller disposes.
         if (Interlocked.Exchange(ref _disposed, 1) != 0)
         {
@@ -638,15 +659,7 @@ public sealed unsafe partial class BufferedDurableHeap : IDisposable
         {
             if (_mode == DurabilityMode.Strict && buffers.StrictPending.Count != 0)
             {
-                OffsetList pending = buffers.StrictPending;
-                for (int i = 0; i < pending.Count; i++)
-                {
-                    long offset = pending[i];
-                    _domain.WriteBack(offset, HeapLayout.HeaderSize + (long)PayloadSize(offset));
-                }
-
-                _domain.Fence();
-                pending.Clear();
+                WriteBackStrict(buffers.StrictPending);
             }
         }
         finally
@@ -655,6 +668,78 @@ public sealed unsafe partial class BufferedDurableHeap : IDisposable
             // would hold back every version transition.
             _scheme.Leave();
         }
+    }
+
+    /// <summary>Test hook: runs in a <see cref="DurabilityMode.Strict"/> operation's end before it writes back its payloads; a throw is a failed write-back.</summary>
+    internal Action? BeforeStrictWriteBackForTesting { get; set; }
+
+    /// <summary>Strict mode: payloads whose operation's write-back failed, for the next advance cycle to write back (see <see cref="WriteBackStrict"/>).</summary>
+    private readonly List<long> _strictCarried = new();
+
+    /// <summary>
+    /// Strict mode: writes back and fences the payloads the ending operation wrote (inside its region). If that fails,
+    /// the operation throws the medium's error and its payloads go to the advance cycles, before it leaves its region:
+    /// the cycle that ends its version (or an earlier one) writes them back before it persists a frontier over them,
+    /// and fails — the advancer's fault — if it cannot (see <see cref="WriteBackCarriedStrictPayloads"/>). They used to
+    /// stay with the thread until its next operation, while cycles moved the frontier over their version: a Sync that
+    /// returned claimed them durable, and a thread that never operated again never wrote them back.
+    /// </summary>
+    private void WriteBackStrict(OffsetList pending)
+    {
+        try
+        {
+            BeforeStrictWriteBackForTesting?.Invoke();
+            for (int i = 0; i < pending.Count; i++)
+            {
+                long offset = pending[i];
+                _domain.WriteBack(offset, HeapLayout.HeaderSize + (long)PayloadSize(offset));
+            }
+
+            _domain.Fence();
+        }
+        catch
+        {
+            lock (_strictCarried)
+            {
+                for (int i = 0; i < pending.Count; i++)
+                {
+                    _strictCarried.Add(pending[i]);
+                }
+            }
+
+            pending.Clear();
+            throw;
+        }
+
+        pending.Clear();
+    }
+
+    /// <summary>
+    /// Strict mode, in an advance cycle before it persists the frontier: writes back and fences the payloads of operations
+    /// whose own write-back failed. Each was handed over inside its operation's region, so before the cut of its version;
+    /// none is freed before the cycle after that version's (a payload retired in version w is freed two cycles later), so
+    /// each is still the allocated block its operation wrote. A failure here is the cycle's (the advancer's) fault.
+    /// </summary>
+    private void WriteBackCarriedStrictPayloads()
+    {
+        long[] carried;
+        lock (_strictCarried)
+        {
+            if (_strictCarried.Count == 0)
+            {
+                return;
+            }
+
+            carried = _strictCarried.ToArray();
+            _strictCarried.Clear();
+        }
+
+        foreach (long offset in carried)
+        {
+            _domain.WriteBack(offset, HeapLayout.HeaderSize + (long)PayloadSize(offset));
+        }
+
+        _domain.Fence();
     }
 
     /// <summary>The payload size recorded in the header of an allocated block (no checks: internal callers hold a valid reference).</summary>
@@ -714,6 +799,11 @@ public sealed unsafe partial class BufferedDurableHeap : IDisposable
         Exception fault = _advancerFault!;
         throw new InvalidOperationException($"No operation begins on this heap any more: an advance cycle failed, so nothing more can become durable (DurableFrontier stays at {DurableFrontier}; dispose the heap and reopen the file to recover up to it): {fault.Message}", fault);
     }
+
+    [DoesNotReturn]
+    [MethodImpl(MethodImplOptions.NoInlining)]
+    private static void ThrowDisposeInsideCycle() =>
+        ThrowHelper.ThrowInvalidOperation("BufferedDurableHeap.Dispose was called on a thread that is running one of the heap's advance cycles (the background advancer, or a Sync, AdvanceVersion or back-pressure help in progress on this thread), from a callback such as a VersionScheme.StateMachineFaulted handler. Dispose waits for the cycle, which cannot end before the callback returns. Nothing was disposed: dispose the heap from another thread (for example Task.Run(heap.Dispose)).");
 
     private void ThrowIfDisposed()
     {

@@ -39,7 +39,7 @@ public sealed class BufferedDurableHeapOptions
     /// </summary>
     public long ReclaimBacklogLimit { get; set; }
 
-    /// <summary>How many threads recovery uses to scan blocks and resolve payloads; default <see cref="Environment.ProcessorCount"/>.</summary>
+    /// <summary>How many threads recovery uses at most to scan blocks and resolve payloads (the resolution uses no more than one per processor); default <see cref="Environment.ProcessorCount"/>.</summary>
     public int RecoveryParallelism { get; set; } = Environment.ProcessorCount;
 
     /// <summary>

@@ -67,4 +67,13 @@ internal enum DurabilityFaults
 
     /// <summary>Dispose tries the version scheme's Dispose once, as before: a thread that began an operation just after the wait for operations (and is about to leave) makes the whole Dispose fail.</summary>
     DisposeSchemeOnce = 262144,
+
+    /// <summary>A fault of the transition's critical section is thrown by the cycle that ran it and not recorded as the advancer's fault (the old behaviour: later cycles run as if nothing had happened).</summary>
+    ForgetTransitionFaults = 524288,
+
+    /// <summary>The heap's transition does not check that it starts where the heap's last one ended (a state machine run on the public version scheme ends versions nobody writes back).</summary>
+    AllowForeignTransitions = 1048576,
+
+    /// <summary>A cycle does not check that every operation of the version it writes back has ended (an operation whose region was refreshed keeps writing into a version declared durable).</summary>
+    IgnoreOperationsPastTheirCut = 2097152,
 }

@@ -13,7 +13,10 @@ public enum DurabilityMode
 
     /// <summary>
     /// For comparison (benchmarks): every operation writes back its payloads and fences before it returns, as a
-    /// strictly durable structure would. Recovery is the same as <see cref="Buffered"/> (the frontier prefix).
+    /// strictly durable structure would. Recovery is the same as <see cref="Buffered"/> (the frontier prefix). An
+    /// operation whose write-back fails throws the medium's error with its writes in place; the next advance cycle (the
+    /// one a <see cref="BufferedDurableHeap.Sync(System.TimeSpan)"/> runs, say) writes its payloads back before the frontier
+    /// covers them, or fails, and then nothing more becomes durable.
     /// </summary>
     Strict = 1,
 

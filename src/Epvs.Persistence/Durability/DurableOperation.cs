@@ -96,7 +96,7 @@ public ref struct DurableOperation
                 heap.Untrack(_buffers!, Version, fresh);
                 if (heap.Mode == DurabilityMode.Transient)
                 {
-                    heap.Allocator.Free(fresh);
+                    heap.Allocator.FreeForOwner(fresh);
                 }
                 else
                 {
@@ -115,7 +115,7 @@ public ref struct DurableOperation
             return fresh;
         }
 
-        PayloadRef copy = heap.Allocator.Allocate(newSize, header.TypeId, Version, PayloadKind.Update, header.Uid);
+        PayloadRef copy = heap.Allocator.AllocateForOwner(newSize, header.TypeId, Version, PayloadKind.Update, header.Uid);
         heap.Allocator.GetPayload(current)[..Math.Min(header.Size, newSize)].CopyTo(heap.Allocator.GetPayload(copy));
         heap.Track(_buffers!, Version, copy);
         _buffers!.Retire(ThreadBuffers.Slot(Version), current.Offset, HeapLayout.HeaderSize + header.Size);
@@ -170,7 +170,7 @@ public ref struct DurableOperation
         if (heap.Mode != DurabilityMode.Transient)
         {
             PayloadHeader header = heap.Allocator.GetHeader(current);
-            PayloadRef anti = heap.Allocator.Allocate(0, header.TypeId, Version, PayloadKind.Delete, header.Uid);
+            PayloadRef anti = heap.Allocator.AllocateForOwner(0, header.TypeId, Version, PayloadKind.Delete, header.Uid);
             heap.Track(_buffers!, Version, anti);
             _buffers!.RetireAntiPayload(slot, anti.Offset);
         }

@@ -87,12 +87,26 @@ internal sealed class ThreadBuffers
 
     internal static int Slot(long version) => (int)(version & (Slots - 1));
 
-    /// <summary>Records a new open operation.</summary>
+    /// <summary>
+    /// The version of the outermost operation this thread has open, <see cref="long.MaxValue"/> when none. Written by
+    /// the owner, read by the advance cycles (see <see cref="BufferedDurableHeap"/>'s check that no operation outlives its
+    /// version's cut).
+    /// </summary>
+    internal long OpenVersion = long.MaxValue;
+
+    /// <summary>Records a new open operation of <paramref name="version"/>.</summary>
     /// <returns>Its serial number, never reused on this thread.</returns>
-    internal long OpenOperation()
+    internal long OpenOperation(long version)
     {
         int count = _openCount;
-        if (count == _openSerials.Length)
+        if (count == 0)
+        {
+            // Volatile.Write: release. Written inside the operation's region, before anything the caller does in it
+            // (a Refresh of the region included), so a cycle that ran after the region ended sees it (the region's end
+            // is a release store of the epoch slot that the transition's scan reads with acquire).
+            System.Threading.Volatile.Write(ref OpenVersion, version);
+        }
+        else if (count == _openSerials.Length)
         {
             System.Array.Resize(ref _openSerials, count * 2);
         }
@@ -126,7 +140,12 @@ internal sealed class ThreadBuffers
             if (_openSerials[i] == serial)
             {
                 System.Array.Copy(_openSerials, i + 1, _openSerials, i, _openCount - i - 1);
-                _openCount--;
+                if (--_openCount == 0)
+                {
+                    // Volatile.Write: release; before the region's end (the caller leaves after this), as above.
+                    System.Threading.Volatile.Write(ref OpenVersion, long.MaxValue);
+                }
+
                 return true;
             }
         }

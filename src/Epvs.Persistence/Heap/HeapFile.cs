@@ -100,20 +100,37 @@ public sealed unsafe class HeapFile : IDisposable
     /// <summary>The number of segments in use.</summary>
     public long SegmentCount => (Size - DataStart) / HeapLayout.SegmentSize;
 
-    /// <summary>The persisted epoch clock (buffered durability, part 2). Setting it stores and persists the word.</summary>
-    /// <exception cref="ArgumentOutOfRangeException">The value is negative or 2^42 or more.</exception>
+    /// <summary>
+    /// The persisted epoch clock (buffered durability, part 2): the version of the last transition a
+    /// <see cref="BufferedDurableHeap"/> began on this file. Read-only outside the library.
+    /// </summary>
+    /// <remarks>
+    /// Only the buffered heap's advancer and its recovery write it (internal setter: stores and persists the word,
+    /// throwing <see cref="ArgumentOutOfRangeException"/> for a value that is negative or 2^42 or more). Recovery keeps
+    /// the payloads tagged up to max(<see cref="DurableFrontier"/>, clock − 2), so a value set by hand would make it
+    /// keep versions that were never written back, or drop durable ones, without a word.
+    /// </remarks>
+    /// <exception cref="ObjectDisposedException">The file was disposed.</exception>
     public long EpochClock
     {
         get => SealedValue(HeapLayout.EpochClockOffset);
-        set => StoreAndPersist(HeapLayout.EpochClockOffset, HeapLayout.Seal(value, HeapLayout.EpochClockOffset));
+        internal set => StoreAndPersist(HeapLayout.EpochClockOffset, HeapLayout.Seal(value, HeapLayout.EpochClockOffset));
     }
 
-    /// <summary>The persisted durable frontier (buffered durability, part 2). Setting it stores and persists the word.</summary>
-    /// <exception cref="ArgumentOutOfRangeException">The value is negative or 2^42 or more.</exception>
+    /// <summary>
+    /// The persisted durable frontier (buffered durability, part 2): every version up to it was written back by a
+    /// <see cref="BufferedDurableHeap"/> on this file. Read-only outside the library.
+    /// </summary>
+    /// <remarks>
+    /// Only the buffered heap's advancer and its recovery write it (internal setter: stores and persists the word,
+    /// throwing <see cref="ArgumentOutOfRangeException"/> for a value that is negative or 2^42 or more); see
+    /// <see cref="EpochClock"/> for why a value set by hand would lose data silently.
+    /// </remarks>
+    /// <exception cref="ObjectDisposedException">The file was disposed.</exception>
     public long DurableFrontier
     {
         get => SealedValue(HeapLayout.DurableFrontierOffset);
-        set => StoreAndPersist(HeapLayout.DurableFrontierOffset, HeapLayout.Seal(value, HeapLayout.DurableFrontierOffset));
+        internal set => StoreAndPersist(HeapLayout.DurableFrontierOffset, HeapLayout.Seal(value, HeapLayout.DurableFrontierOffset));
     }
 
     internal long MaxSegments { get; }

@@ -149,14 +149,35 @@ public sealed unsafe partial class PersistentHeap : IDisposable
     /// <returns>The block.</returns>
     /// <exception cref="InsufficientMemoryException">No free block fits and the heap cannot grow.</exception>
     /// <exception cref="ArgumentOutOfRangeException"><paramref name="size"/> or <paramref name="kind"/> is out of range.</exception>
+    /// <exception cref="InvalidOperationException">This is a <see cref="BufferedDurableHeap"/>'s allocator: allocate through <see cref="BufferedDurableHeap.BeginOperation"/>.</exception>
     public PayloadRef Allocate(int size, int typeId, long epochTag = 0, PayloadKind kind = PayloadKind.Alloc, long uid = 0)
     {
-        if (!TryAllocate(size, typeId, out PayloadRef block, epochTag, kind, uid))
+        ThrowIfBufferedHeapsAllocator(nameof(Allocate));
+        return AllocateForOwner(size, typeId, epochTag, kind, uid);
+    }
+
+    /// <summary><see cref="Allocate(int, int, long, PayloadKind, long)"/> for the <see cref="BufferedDurableHeap"/> that owns this allocator (its operations track the block).</summary>
+    internal PayloadRef AllocateForOwner(int size, int typeId, long epochTag, PayloadKind kind, long uid)
+    {
+        if (!TryAllocateChecked(size, typeId, out PayloadRef block, epochTag, kind, uid))
         {
             ThrowHelper.ThrowHeapFull(size);
         }
 
         return block;
+    }
+
+    /// <summary>
+    /// A buffered heap's allocator refuses the public allocation and free: a block allocated here is in no operation, so
+    /// no cycle writes it back and recovery drops it (it has no version); a block freed here may be one a structure
+    /// holds, which the next operation would hand out again under another key.
+    /// </summary>
+    private void ThrowIfBufferedHeapsAllocator(string call)
+    {
+        if (_ownerKind == HeapLayout.KindBufferedDurable)
+        {
+            ThrowHelper.ThrowInvalidOperation($"PersistentHeap.{call} on a BufferedDurableHeap's allocator: its blocks belong to the buffered heap's operations (a block allocated here would never be written back and recovery would drop it; a block freed here may be one a structure still holds). Use BufferedDurableHeap.BeginOperation and DurableOperation.Allocate, Replace and Delete.");
+        }
     }
 
     /// <summary>Like <see cref="Allocate(int, int, long, PayloadKind, long)"/>, but returns <see langword="false"/> instead of throwing when the heap is full.</summary>
@@ -168,7 +189,14 @@ public sealed unsafe partial class PersistentHeap : IDisposable
     /// <param name="uid">The payload's logical identity; 0 draws a new one.</param>
     /// <returns>Whether a block was allocated.</returns>
     /// <exception cref="ArgumentOutOfRangeException"><paramref name="size"/> or <paramref name="kind"/> is out of range.</exception>
+    /// <exception cref="InvalidOperationException">This is a <see cref="BufferedDurableHeap"/>'s allocator: allocate through <see cref="BufferedDurableHeap.BeginOperation"/>.</exception>
     public bool TryAllocate(int size, int typeId, out PayloadRef block, long epochTag = 0, PayloadKind kind = PayloadKind.Alloc, long uid = 0)
+    {
+        ThrowIfBufferedHeapsAllocator(nameof(TryAllocate));
+        return TryAllocateChecked(size, typeId, out block, epochTag, kind, uid);
+    }
+
+    private bool TryAllocateChecked(int size, int typeId, out PayloadRef block, long epochTag, PayloadKind kind, long uid)
     {
         if ((uint)(kind - PayloadKind.Alloc) > PayloadKind.Delete - PayloadKind.Alloc)
         {
@@ -240,8 +268,16 @@ public sealed unsafe partial class PersistentHeap : IDisposable
     /// The block may be handed out again at once, by any thread.
     /// </summary>
     /// <param name="block">A block returned by <c>Allocate</c> and not freed since.</param>
-    /// <exception cref="InvalidOperationException">The block is not allocated (double free, or not a block of this heap).</exception>
+    /// <exception cref="InvalidOperationException">The block is not allocated (double free, or not a block of this heap);
+    /// or this is a <see cref="BufferedDurableHeap"/>'s allocator (delete through <see cref="DurableOperation.Delete(PayloadRef)"/>).</exception>
     public void Free(PayloadRef block)
+    {
+        ThrowIfBufferedHeapsAllocator(nameof(Free));
+        FreeForOwner(block);
+    }
+
+    /// <summary><see cref="Free(PayloadRef)"/> for the <see cref="BufferedDurableHeap"/> that owns this allocator (reclamation, recovery, an undone copy).</summary>
+    internal void FreeForOwner(PayloadRef block)
     {
         _file.EnterOperation();
         try

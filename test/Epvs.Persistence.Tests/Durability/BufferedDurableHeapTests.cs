@@ -106,6 +106,59 @@ public sealed class BufferedDurableHeapTests
     }
 
     /// <summary>
+    /// A fault inside the transition's critical section (the clock's persist failing, say) is the advancer's fault like
+    /// any other: once it happened the heap cannot tell what of the section reached the file, so every later Sync,
+    /// SyncAsync, AdvanceVersion and BeginOperation reports it and the frontier never moves again. It used to be thrown
+    /// once from the Sync that ran the cycle and then forgotten: the next cycle ran as if nothing had happened (safe only
+    /// because the real domains fail-stop), and a helping thread's cycle swallowed it. The control (that old behaviour)
+    /// lets the second Sync return.
+    /// </summary>
+    [Theory]
+    [InlineData(false)]
+    [InlineData(true)]
+    public async Task Sync_AfterAFaultInTheTransitionsCriticalSection_ReportsItFromThenOnAndNeverMovesTheFrontier(bool control)
+    {
+        using var dir = new TempDirectory();
+        string path = dir.File("section.heap");
+        var options = new BufferedDurableHeapOptions { AdvancePeriod = Timeout.InfiniteTimeSpan, Faults = control ? DurabilityFaults.ForgetTransitionFaults : DurabilityFaults.None };
+        BufferedDurableHeap heap = BufferedDurableHeap.Create(path, new HeapFileOptions { Size = 1L << 20, Domain = PersistenceDomainKind.MappedFile }, options);
+        var map = new PersistentHashMap<long, long>(heap, typeId: 1);
+        map.Set(1, 10);
+        heap.Sync();
+        long frontier = heap.DurableFrontier;
+        map.Set(2, 20);
+
+        // A transient fault: one throw, then the section would succeed again.
+        int sections = 0;
+        heap.InsideCriticalSectionForTesting = () =>
+        {
+            if (sections++ == 0)
+            {
+                throw new System.IO.IOException("simulated failure in the critical section");
+            }
+        };
+        Exception? first = Record.Exception(() => heap.Sync());
+        Assert.NotNull(first);
+        Assert.Contains("simulated failure in the critical section", first.ToString(), StringComparison.Ordinal);
+        if (control)
+        {
+            Assert.Null(Record.Exception(() => heap.Sync()));
+            heap.Dispose();
+            return;
+        }
+
+        InvalidOperationException sync = Assert.Throws<InvalidOperationException>(() => heap.Sync());
+        Assert.Contains("simulated failure in the critical section", sync.Message, StringComparison.Ordinal);
+        Assert.Throws<InvalidOperationException>(() => heap.AdvanceVersion(TimeSpan.FromSeconds(30)));
+        InvalidOperationException asyncSync = await Assert.ThrowsAsync<InvalidOperationException>(() => heap.SyncAsync());
+        Assert.Contains("simulated failure in the critical section", asyncSync.Message, StringComparison.Ordinal);
+        Assert.Equal(1, sections);
+        Assert.Equal(frontier, heap.DurableFrontier);
+        AssertDisposeReportsTheLoss(heap, path, cycleFailed: true);
+        Assert.Equal(frontier, heap.DurableFrontier);
+    }
+
+    /// <summary>
     /// After a failed cycle, no operation begins (it could never become durable); Dispose says what was not made durable
     /// instead of returning normally, and the file carries no clean-shutdown mark; a reopen recovers the frontier.
     /// </summary>
@@ -331,6 +384,11 @@ public sealed class BufferedDurableHeapTests
         using BufferedDurableHeap heap = BufferedDurableHeap.Open(file, new BufferedDurableHeapOptions { AdvancePeriod = TimeSpan.FromMilliseconds(10) });
         var map = new PersistentHashMap<int, int>(heap, typeId: 1);
         map.Set(1, 1);
+
+        // Written before the other thread parks: once the advancer's transition waits for the parked operation, every
+        // operation that begins waits for it too (no region enters until the transition completes), so a Set here raced
+        // the advancer's 10 ms period and, under load, waited for the parked thread's 60 s instead of the Sync timing out.
+        map.Set(2, 2);
         using var entered = new ManualResetEventSlim();
         using var release = new ManualResetEventSlim();
         int parkedId = 0;
@@ -344,7 +402,6 @@ public sealed class BufferedDurableHeapTests
         { IsBackground = true };
         parked.Start();
         Assert.True(entered.Wait(Workers.JoinTimeout));
-        map.Set(2, 2);
         try
         {
             TimeoutException e = Assert.Throws<TimeoutException>(() => heap.Sync(TimeSpan.FromMilliseconds(300)));
@@ -427,6 +484,95 @@ public sealed class BufferedDurableHeapTests
         var map2 = new PersistentHashMap<int, int>(recovered, typeId: 1);
         Assert.True(map2.TryGetValue(1, out int one) && one == 11);
         Assert.True(map2.TryGetValue(2, out int two) && two == 20);
+    }
+
+    /// <summary>
+    /// Strict mode: an operation whose write-back fails throws, and its payloads stay pending. A later Sync that succeeds
+    /// says every operation before it is durable, so it must write them back first, even when the thread that failed
+    /// never operates again (they used to wait for that thread's next operation, while the cycle moved the frontier over
+    /// their version: the durable image held the old value, then, once the old copy was freed, none). The failure is a
+    /// transient one (the real domains fail-stop, so there every later persist throws instead).
+    /// </summary>
+    [Fact]
+    public void StrictMode_SyncAfterAFailedWriteBack_WritesThePendingPayloadsBackBeforeTheFrontierCoversThem()
+    {
+        using var domain = new SimulatedPersistenceDomain(1 << 20);
+        using HeapFile file = HeapFile.Create(domain);
+        using BufferedDurableHeap heap = BufferedDurableHeap.Open(file, new BufferedDurableHeapOptions { Mode = DurabilityMode.Strict, AdvancePeriod = Timeout.InfiniteTimeSpan });
+        var map = new PersistentHashMap<int, int>(heap, typeId: 1);
+        map.Set(1, 10);
+        map.Set(2, 20);
+        heap.Sync();
+
+        int failures = 0;
+        heap.BeforeStrictWriteBackForTesting = () =>
+        {
+            if (Interlocked.Increment(ref failures) == 1)
+            {
+                throw new System.IO.IOException("simulated write-back failure");
+            }
+        };
+        Exception? failed = null;
+        var writer = new Thread(() => failed = Record.Exception(() =>
+        {
+            map.Set(1, 11);
+            map.Set(2, 21);
+        }));
+        writer.Start();
+        Assert.True(writer.Join(TimeSpan.FromSeconds(30)));
+        Assert.IsType<System.IO.IOException>(failed);
+        Assert.True(map.TryGetValue(1, out int visible) && visible == 11, "the failed operation's value is visible");
+        heap.BeforeStrictWriteBackForTesting = null;
+
+        // Each Sync that returns covers the failed operation; look at the durable image after each (the old copy is freed
+        // two versions after it was replaced).
+        for (int round = 0; round < 4; round++)
+        {
+            heap.Sync();
+            using var image = SimulatedPersistenceDomain.FromImage(domain.GetDurableImage());
+            using HeapFile again = HeapFile.Open(image);
+            using BufferedDurableHeap recovered = BufferedDurableHeap.Open(again, Manual);
+            var durable = new PersistentHashMap<int, int>(recovered, typeId: 1);
+            Assert.True(durable.TryGetValue(1, out int one), $"after Sync {round}: key 1 lost");
+            Assert.Equal(11, one);
+            Assert.True(durable.TryGetValue(2, out int two) && two == 20, $"after Sync {round}: key 2 is not the value of before the failed operation");
+        }
+    }
+
+    /// <summary>
+    /// Recovery splits the payloads' resolution into partitions, each of which reads every payload: with one partition
+    /// per unit of <see cref="BufferedDurableHeapOptions.RecoveryParallelism"/>, int.MaxValue failed the open with
+    /// OutOfMemoryException ("Array dimensions exceeded supported range") and 100,000 read every payload 100,000 times
+    /// (half a second for 2,000 payloads, minutes for a large heap). The option bounds the threads; the partitions are
+    /// at most one per processor.
+    /// </summary>
+    [Theory]
+    [InlineData(100_000)]
+    [InlineData(int.MaxValue)]
+    public void Open_AfterACrashWithAHugeRecoveryParallelism_RecoversInsteadOfFailingOrCrawling(int parallelism)
+    {
+        using var domain = new SimulatedPersistenceDomain(2 << 20);
+        using HeapFile file = HeapFile.Create(domain);
+        using BufferedDurableHeap heap = BufferedDurableHeap.Open(file, Manual);
+        var map = new PersistentHashMap<int, int>(heap, typeId: 1);
+        for (int i = 0; i < 2000; i++)
+        {
+            map.Set(i, i);
+        }
+
+        for (int i = 0; i < 2000; i += 2)
+        {
+            map.Remove(i);
+        }
+
+        heap.Sync();
+        using var image = SimulatedPersistenceDomain.FromImage(domain.GetDurableImage());
+        using HeapFile again = HeapFile.Open(image);
+        using BufferedDurableHeap recovered = BufferedDurableHeap.Open(again, new BufferedDurableHeapOptions { AdvancePeriod = Timeout.InfiniteTimeSpan, RecoveryParallelism = parallelism });
+        Assert.False(recovered.Recovery.FastReopen);
+        var map2 = new PersistentHashMap<int, int>(recovered, typeId: 1);
+        Assert.Equal(1000, map2.Count);
+        Assert.True(map2.TryGetValue(1999, out int last) && last == 1999);
     }
 
     [Fact]

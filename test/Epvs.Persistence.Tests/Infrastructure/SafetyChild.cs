@@ -15,6 +15,7 @@ internal static class SafetyChild
     internal const string Role = "safety";
     internal const int Survived = 0;
     internal const int WrongOutcome = 3;
+    internal const int Inconclusive = 4;
 
     internal static int Run(string scenario, string path, bool control)
     {
@@ -32,6 +33,9 @@ internal static class SafetyChild
                 "domain-disposed-under-file" => DomainDisposedUnderFile(path),
                 "file-size-limit" => FileSizeLimit(path, control),
                 "structures-after-dispose" => StructuresAfterDispose(path),
+                "dispose-in-fault-handler-advancer" => DisposeInFaultHandler(path, FaultedStepRunsOn.Advancer),
+                "dispose-in-fault-handler-sync" => DisposeInFaultHandler(path, FaultedStepRunsOn.SyncCaller),
+                "dispose-in-fault-handler-leave" => DisposeInFaultHandler(path, FaultedStepRunsOn.LeavingOperation),
                 _ => throw new ArgumentException($"unknown scenario {scenario}"),
             };
         }
@@ -39,6 +43,156 @@ internal static class SafetyChild
         {
             Console.Error.WriteLine($"unexpected: {e}");
             return WrongOutcome;
+        }
+    }
+
+    /// <summary>Which thread runs the faulting critical section, and so the <see cref="EpochProtectedVersionScheme.StateMachineFaulted"/> handler.</summary>
+    internal enum FaultedStepRunsOn
+    {
+        /// <summary>The background advancer, inside its cycle.</summary>
+        Advancer,
+
+        /// <summary>The thread calling Sync, inside the cycle it runs.</summary>
+        SyncCaller,
+
+        /// <summary>A thread ending an operation, which runs the transition that waited for it.</summary>
+        LeavingOperation,
+    }
+
+    /// <summary>
+    /// A <see cref="EpochProtectedVersionScheme.StateMachineFaulted"/> handler (subscribed through the heap's public
+    /// <see cref="BufferedDurableHeap.VersionScheme"/>) disposes the heap when the transition's critical section fails.
+    /// The handler runs on whichever thread ran the section: the advancer inside its cycle, a Sync caller inside the cycle
+    /// it runs, or a thread ending an operation. Its Dispose must return or throw InvalidOperationException at once
+    /// (never wait for the cycle it runs inside, never crash); the heap is then disposable from the main thread, within
+    /// bounded waits, and the file reopens (recovery up to the frontier).
+    /// </summary>
+    private static int DisposeInFaultHandler(string path, FaultedStepRunsOn where)
+    {
+        var fileOptions = new HeapFileOptions { Size = 4L << 20, Domain = PersistenceDomainKind.MappedFile };
+        var options = new BufferedDurableHeapOptions
+        {
+            AdvancePeriod = where == FaultedStepRunsOn.Advancer ? TimeSpan.FromMilliseconds(5) : Timeout.InfiniteTimeSpan,
+            SyncTimeout = TimeSpan.FromSeconds(20),
+        };
+        BufferedDurableHeap heap = BufferedDurableHeap.Create(path, fileOptions, options);
+        var map = new PersistentHashMap<long, long>(heap, typeId: 1);
+        map.Set(1, 10);
+        if (where != FaultedStepRunsOn.Advancer)
+        {
+            heap.Sync();
+        }
+
+        using var handled = new ManualResetEventSlim();
+        Exception? handlerDispose = null;
+        bool handlerReturned = false;
+        int handlerThread = 0;
+        heap.VersionScheme.StateMachineFaulted += (_, _) =>
+        {
+            handlerThread = Environment.CurrentManagedThreadId;
+            try
+            {
+                heap.Dispose();
+                handlerReturned = true;
+            }
+            catch (Exception e)
+            {
+                handlerDispose = e;
+            }
+            finally
+            {
+                handled.Set();
+            }
+        };
+
+        int sections = 0;
+        heap.InsideCriticalSectionForTesting = () =>
+        {
+            if (Interlocked.Increment(ref sections) == 1)
+            {
+                throw new IOException("simulated failure in the critical section");
+            }
+        };
+
+        Exception? caller = null;
+        int expectedThread;
+        switch (where)
+        {
+            case FaultedStepRunsOn.Advancer:
+                expectedThread = heap.AdvancerForTesting!.ManagedThreadId;
+                break;
+            case FaultedStepRunsOn.SyncCaller:
+                expectedThread = Environment.CurrentManagedThreadId;
+                caller = Record(() => heap.Sync());
+                break;
+            default:
+                using (var inside = new ManualResetEventSlim())
+                using (var leave = new ManualResetEventSlim())
+                {
+                    var worker = new Thread(() =>
+                    {
+                        using (DurableOperation op = heap.BeginOperation())
+                        {
+                            inside.Set();
+                            leave.Wait(TimeSpan.FromSeconds(30));
+                        }
+                    });
+                    worker.Start();
+                    expectedThread = worker.ManagedThreadId;
+                    inside.Wait(TimeSpan.FromSeconds(30));
+
+                    // The transition waits for the worker's operation; the short timeout leaves it in flight, to be run
+                    // by the worker when it leaves.
+                    caller = Record(() => heap.AdvanceVersion(TimeSpan.FromMilliseconds(50)));
+                    leave.Set();
+                    if (!worker.Join(TimeSpan.FromSeconds(60)))
+                    {
+                        Console.Error.WriteLine("the worker did not end its operation within 60 s");
+                        return WrongOutcome;
+                    }
+                }
+
+                break;
+        }
+
+        if (!handled.Wait(TimeSpan.FromSeconds(60)))
+        {
+            Console.Error.WriteLine("the handler's Dispose did not return within 60 s");
+            return WrongOutcome;
+        }
+
+        Console.WriteLine($"caller: {caller?.GetType().Name}: {caller?.Message}");
+        Console.WriteLine($"handler on thread {handlerThread} (expected {expectedThread}): returned {handlerReturned}, threw {handlerDispose?.GetType().Name}: {handlerDispose?.Message}");
+        if (handlerThread != expectedThread)
+        {
+            Console.Error.WriteLine("inconclusive: the critical section ran on another thread");
+            return Inconclusive;
+        }
+
+        bool clear = handlerReturned || handlerDispose is InvalidOperationException;
+        Exception? last = Record(heap.Dispose);
+        Console.WriteLine($"main Dispose: {last?.GetType().Name}: {last?.Message}");
+        if (!clear || last is not (null or InvalidOperationException))
+        {
+            return WrongOutcome;
+        }
+
+        using BufferedDurableHeap reopened = BufferedDurableHeap.Open(path, fileOptions, new BufferedDurableHeapOptions { AdvancePeriod = Timeout.InfiniteTimeSpan });
+        bool kept = new PersistentHashMap<long, long>(reopened, typeId: 1).TryGetValue(1, out long value) && value == 10;
+        Console.WriteLine($"reopened: clean {reopened.Recovery.WasCleanShutdown}, key kept {kept}");
+        return kept || where == FaultedStepRunsOn.Advancer ? Survived : WrongOutcome;
+
+        static Exception? Record(Action call)
+        {
+            try
+            {
+                call();
+                return null;
+            }
+            catch (Exception e)
+            {
+                return e;
+            }
         }
     }
 

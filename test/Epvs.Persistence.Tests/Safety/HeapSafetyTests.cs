@@ -81,6 +81,25 @@ public sealed class HeapSafetyTests
         Assert.True(controlCode == KilledBySigxfsz, $"the control was not killed by SIGXFSZ: exit {controlCode}: {controlOutput}");
     }
 
+    /// <summary>
+    /// A StateMachineFaulted handler that disposes the heap when the transition's critical section fails, run on the
+    /// advancer's thread inside its cycle, on a Sync caller inside the cycle it runs, or on a thread ending an operation:
+    /// its Dispose returns or throws InvalidOperationException at once (it must not wait for the cycle it is called
+    /// from), nothing crashes, the heap is then disposable and the file reopens.
+    /// </summary>
+    [Theory]
+    [InlineData("advancer")]
+    [InlineData("sync")]
+    [InlineData("leave")]
+    public void BufferedHeap_DisposeFromAStateMachineFaultedHandler_ThrowsOrWorksWithoutDeadlockOrCrash(string where)
+    {
+        using var dir = new TempDirectory();
+        (int code, string output) = TestProgram.RunChild(NoEnvironment, SafetyChild.Role, "dispose-in-fault-handler-" + where, dir.File("a.heap"));
+        _output.WriteLine($"exit {code}: {output}");
+        Assert.SkipWhen(code == SafetyChild.Inconclusive, $"inconclusive: {output}");
+        Assert.True(code == SafetyChild.Survived, $"exit {code}: {output}");
+    }
+
     [Fact]
     public void BufferedHeap_OnACallersFile_RefusesTheFileAllocatorAndDomainDisposeWhileItRuns()
     {

@@ -35,6 +35,44 @@ public sealed class OwnershipTests
         Assert.True(new PersistentHashMap<long, long>(next, typeId: 1).TryGetValue(1, out long value) && value == 10);
     }
 
+    /// <summary>
+    /// A buffered heap's allocator (<see cref="BufferedDurableHeap.Heap"/>) is public for statistics. Allocating through
+    /// it directly made a block with no version (tag 0), which recovery drops and frees: the data was gone after a
+    /// reopen, persisted or not, without a word. Freeing through it a block a structure holds let the next operation
+    /// hand it out again under another key (two keys, one payload). Both are refused now; the heap is unchanged.
+    /// </summary>
+    [Fact]
+    public void BufferedHeapsAllocator_DirectAllocateAndFree_AreRefusedInsteadOfLosingOrSharingBlocks()
+    {
+        using var dir = new TempDirectory();
+        string path = dir.File("direct.heap");
+        using (BufferedDurableHeap heap = BufferedDurableHeap.Create(path, Small, Manual))
+        {
+            var map = new PersistentHashMap<long, long>(heap, typeId: 1);
+            map.Set(1, 10);
+            PayloadRef live = FindLive(heap);
+            long allocated = heap.Heap.GetStatistics().LiveBlocks;
+
+            InvalidOperationException allocate = Assert.Throws<InvalidOperationException>(() => heap.Heap.Allocate(16, typeId: 7));
+            Assert.Contains("BeginOperation", allocate.Message, StringComparison.Ordinal);
+            Assert.Throws<InvalidOperationException>(() => heap.Heap.TryAllocate(16, typeId: 7, out _));
+            Assert.Throws<InvalidOperationException>(() => heap.Heap.Free(live));
+            Assert.Equal(allocated, heap.Heap.GetStatistics().LiveBlocks);
+            map.Set(2, 20);
+            Assert.True(map.TryGetValue(1, out long one) && one == 10);
+        }
+
+        using BufferedDurableHeap reopened = BufferedDurableHeap.Open(path, Small, Manual);
+        Assert.Equal(2, new PersistentHashMap<long, long>(reopened, typeId: 1).Count);
+
+        static PayloadRef FindLive(BufferedDurableHeap heap)
+        {
+            PayloadRef found = default;
+            heap.Heap.ForEachAllocated((block, _) => found = block);
+            return found;
+        }
+    }
+
     [Fact]
     public void TwoHeapFilesOnOneDomain_TheSecondIsRefused()
     {

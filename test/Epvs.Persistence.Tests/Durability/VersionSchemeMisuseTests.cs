@@ -1,0 +1,183 @@
+using System;
+using System.Collections.Generic;
+using System.Linq;
+using System.Threading;
+using System.Threading.Tasks;
+using Xunit;
+
+namespace Epvs.Persistence.Tests;
+
+/// <summary>
+/// The heap's version scheme is public (for diagnostics). Calls on it that end versions, or an operation's region, behind
+/// the heap's back used to make a later Sync claim durable what was never written back (silent loss); the heap now fails
+/// like a failed advance cycle instead. The silent-loss tests run their control (the check switched off), which must
+/// lose the data.
+/// </summary>
+public sealed class VersionSchemeMisuseTests
+{
+    private readonly ITestOutputHelper _output;
+
+    public VersionSchemeMisuseTests(ITestOutputHelper output) => _output = output;
+
+    /// <summary>
+    /// A state machine run on <see cref="BufferedDurableHeap.VersionScheme"/> ends version v without the heap: v's
+    /// payloads wait in a buffer slot the heap's next cycle (which completes v + 1) does not drain, so its Sync returned
+    /// and the durable image lacked v's writes. Now that transition is refused as the advancer's fault.
+    /// </summary>
+    [Theory]
+    [InlineData(false)]
+    [InlineData(true)]
+    public void Sync_AfterAStateMachineRanOnTheHeapsVersionScheme_ThrowsInsteadOfClaimingTheSkippedVersionDurable(bool control)
+    {
+        using var domain = new SimulatedPersistenceDomain(1 << 20);
+        using HeapFile file = HeapFile.Create(domain);
+        var options = new BufferedDurableHeapOptions { AdvancePeriod = Timeout.InfiniteTimeSpan, Faults = control ? DurabilityFaults.AllowForeignTransitions : DurabilityFaults.None };
+        BufferedDurableHeap heap = BufferedDurableHeap.Open(file, options);
+        var map = new PersistentHashMap<int, int>(heap, typeId: 1);
+        map.Set(1, 10);
+        heap.Sync();
+        long frontier = heap.DurableFrontier;
+        map.Set(1, 11);
+        map.Set(2, 20);
+
+        Assert.True(heap.VersionScheme.AdvanceVersionWithCriticalSection((_, _) => { }, spin: true));
+        map.Set(3, 30);
+        Exception? sync = Record.Exception(() => heap.Sync());
+        Dictionary<int, int> durable = Recover(domain);
+        _output.WriteLine($"control={control}: Sync {sync?.Message ?? "returned"}; durable {string.Join(", ", durable)}");
+        if (control)
+        {
+            // The broken behaviour: Sync returned, and the writes of the version the foreign machine ended are lost.
+            Assert.Null(sync);
+            Assert.False(durable.TryGetValue(2, out int two) && two == 20);
+            heap.Dispose();
+            return;
+        }
+
+        InvalidOperationException refused = Assert.IsType<InvalidOperationException>(sync);
+        Assert.Contains("state machine the heap did not run", refused.ToString(), StringComparison.Ordinal);
+        Assert.Equal(frontier, heap.DurableFrontier);
+        Assert.Equal(new Dictionary<int, int> { [1] = 10 }, durable);
+        Assert.Throws<InvalidOperationException>(() => heap.BeginOperation());
+        Assert.Throws<InvalidOperationException>(() => heap.Sync());
+        Assert.Contains("not made durable", Assert.Throws<InvalidOperationException>(heap.Dispose).Message, StringComparison.Ordinal);
+    }
+
+    /// <summary>
+    /// A thread inside an operation calls Refresh on the heap's version scheme: its region ends, the transition waiting
+    /// for it completes, and the cycle writes the version back and persists it as the frontier while the operation goes on
+    /// writing payloads tagged with that version (into the buffer the cycle drained): they were never written back, and
+    /// Sync returned over them. Now the cycle finds the operation still open past its version's cut and fails.
+    /// </summary>
+    [Theory]
+    [InlineData(false)]
+    [InlineData(true)]
+    public void AdvanceVersion_AfterAnOperationsRegionWasRefreshed_FailsInsteadOfClaimingItsLaterWritesDurable(bool control)
+    {
+        using var domain = new SimulatedPersistenceDomain(1 << 20);
+        using HeapFile file = HeapFile.Create(domain);
+        var options = new BufferedDurableHeapOptions { AdvancePeriod = Timeout.InfiniteTimeSpan, Faults = control ? DurabilityFaults.IgnoreOperationsPastTheirCut : DurabilityFaults.None };
+        BufferedDurableHeap heap = BufferedDurableHeap.Open(file, options);
+        using var inside = new ManualResetEventSlim();
+        using var refresh = new ManualResetEventSlim();
+        using var refreshed = new ManualResetEventSlim();
+        using var write = new ManualResetEventSlim();
+        Exception? workerFailure = null;
+        var worker = new Thread(() =>
+        {
+            try
+            {
+                using DurableOperation op = heap.BeginOperation();
+                op.GetPayload(op.Allocate(sizeof(long), typeId: 5)).Fill(1);
+                inside.Set();
+                Assert.True(refresh.Wait(Workers.JoinTimeout));
+                heap.VersionScheme.Refresh();
+                refreshed.Set();
+                Assert.True(write.Wait(Workers.JoinTimeout));
+                op.GetPayload(op.Allocate(sizeof(long), typeId: 5)).Fill(2);
+            }
+            catch (Exception e)
+            {
+                workerFailure = e;
+            }
+        });
+        worker.Start();
+        Assert.True(inside.Wait(Workers.JoinTimeout));
+
+        // The transition waits for the worker's operation; the short wait leaves it in flight.
+        Assert.Throws<TimeoutException>(() => heap.AdvanceVersion(TimeSpan.FromMilliseconds(50)));
+        refresh.Set();
+        Assert.True(refreshed.Wait(Workers.JoinTimeout));
+        Exception? advance = Record.Exception(() => heap.AdvanceVersion(Workers.JoinTimeout));
+        long frontier = heap.DurableFrontier;
+        write.Set();
+        Assert.True(worker.Join(Workers.JoinTimeout));
+        Assert.Null(workerFailure);
+        Exception? sync = Record.Exception(() => heap.Sync());
+        int[] durable = RecoveredStamps(domain, typeId: 5);
+        _output.WriteLine($"control={control}: AdvanceVersion {advance?.Message ?? "returned"} (frontier {frontier}); Sync {sync?.Message ?? "returned"}; durable stamps {string.Join(", ", durable)}");
+        if (control)
+        {
+            // The broken behaviour: both returned, and the payload written after the refresh is not durable.
+            Assert.Null(advance);
+            Assert.Null(sync);
+            Assert.DoesNotContain(2, durable);
+            heap.Dispose();
+            return;
+        }
+
+        InvalidOperationException refused = Assert.IsType<InvalidOperationException>(advance);
+        Assert.Contains("region ended inside the operation", refused.Message, StringComparison.Ordinal);
+        Assert.IsType<InvalidOperationException>(sync);
+        Assert.Equal(frontier, heap.DurableFrontier);
+        Assert.Empty(durable);
+        Assert.Contains("not made durable", Assert.Throws<InvalidOperationException>(heap.Dispose).Message, StringComparison.Ordinal);
+    }
+
+    /// <summary>
+    /// The heap's version scheme disposed under it: no version can end any more. The background advancer used to take
+    /// the scheme's ObjectDisposedException for the heap's own Dispose and stop without recording anything, so a
+    /// SyncAsync afterwards waited for ever (with an infinite SyncTimeout). Now it is the advancer's fault: SyncAsync and
+    /// Sync throw it, and Dispose reports the loss.
+    /// </summary>
+    [Fact]
+    public void SyncAsync_AfterTheVersionSchemeWasDisposedUnderTheHeap_ThrowsInsteadOfWaitingForever()
+    {
+        using var dir = new TempDirectory();
+        string path = dir.File("scheme.heap");
+        var fileOptions = new HeapFileOptions { Size = 1L << 20, Domain = PersistenceDomainKind.MappedFile };
+        BufferedDurableHeap heap = BufferedDurableHeap.Create(path, fileOptions, new BufferedDurableHeapOptions { AdvancePeriod = TimeSpan.FromMilliseconds(5), SyncTimeout = Timeout.InfiniteTimeSpan });
+        var map = new PersistentHashMap<int, int>(heap, typeId: 1);
+        map.Set(1, 10);
+        heap.Sync();
+        map.Set(2, 20);
+        heap.VersionScheme.Dispose();
+
+        // The advancer's next cycle finds the scheme disposed and stops, before the fix without a word.
+        Assert.True(heap.AdvancerForTesting!.Join(Workers.JoinTimeout));
+        Task? pending = null;
+        InvalidOperationException refused = Assert.Throws<InvalidOperationException>(() => { pending = heap.SyncAsync(); });
+        _output.WriteLine($"SyncAsync: {refused.Message}; task {pending?.Status}");
+        Assert.Contains("version scheme was disposed", refused.Message, StringComparison.Ordinal);
+        Assert.Throws<InvalidOperationException>(() => heap.Sync());
+        Assert.Contains("not made durable", Assert.Throws<InvalidOperationException>(heap.Dispose).Message, StringComparison.Ordinal);
+        using BufferedDurableHeap reopened = BufferedDurableHeap.Open(path, fileOptions, new BufferedDurableHeapOptions { AdvancePeriod = Timeout.InfiniteTimeSpan });
+        Assert.Equal(new Dictionary<int, int> { [1] = 10 }, new PersistentHashMap<int, int>(reopened, typeId: 1).ToDictionary());
+    }
+
+    private static Dictionary<int, int> Recover(SimulatedPersistenceDomain domain)
+    {
+        using var image = SimulatedPersistenceDomain.FromImage(domain.GetDurableImage());
+        using HeapFile file = HeapFile.Open(image);
+        using BufferedDurableHeap recovered = BufferedDurableHeap.Open(file, new BufferedDurableHeapOptions { AdvancePeriod = Timeout.InfiniteTimeSpan });
+        return new PersistentHashMap<int, int>(recovered, typeId: 1).ToDictionary();
+    }
+
+    private static int[] RecoveredStamps(SimulatedPersistenceDomain domain, int typeId)
+    {
+        using var image = SimulatedPersistenceDomain.FromImage(domain.GetDurableImage());
+        using HeapFile file = HeapFile.Open(image);
+        using BufferedDurableHeap recovered = BufferedDurableHeap.Open(file, new BufferedDurableHeapOptions { AdvancePeriod = Timeout.InfiniteTimeSpan });
+        return recovered.TakeRecoveredPayloads(typeId).Select(p => (int)recovered.Heap.GetPayload(p.Block)[0]).OrderBy(s => s).ToArray();
+    }
+}
