@@ -781,11 +781,8 @@ public sealed unsafe partial class BufferedDurableHeap : IDisposable
         var buffers = new ThreadBuffers(Environment.CurrentManagedThreadId);
         lock (_registryGate)
         {
-            var grown = new ThreadBuffers[_registry.Length + 1];
-            _registry.CopyTo(grown, 0);
-            grown[^1] = buffers;
-            // Volatile.Write: release; the advancer's acquire read of the array sees the initialized buffers.
-            Volatile.Write(ref _registry, grown);
+            // Released: the advancer's acquire read of the array sees the initialized buffers.
+            CopyOnWriteArray.Append(ref _registry, buffers);
         }
 
         return buffers;

@@ -878,11 +878,8 @@ public sealed unsafe partial class PersistentHeap : IDisposable
         var cache = new ThreadCache(Thread.CurrentThread);
         lock (_cachesGate)
         {
-            var grown = new ThreadCache[_cacheList.Length + 1];
-            _cacheList.CopyTo(grown, 0);
-            grown[^1] = cache;
-            // Volatile.Write: release; a reader of the array sees the initialized cache.
-            Volatile.Write(ref _cacheList, grown);
+            // Released: a reader of the array sees the initialized cache.
+            CopyOnWriteArray.Append(ref _cacheList, cache);
         }
 
         return cache;

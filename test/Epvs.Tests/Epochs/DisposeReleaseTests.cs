@@ -38,14 +38,7 @@ public class DisposeReleaseTests
                         epoch.Dispose();
                 });
                 Volatile.Write(ref done, 1);
-                try
-                {
-                    Thread.Sleep(0);
-                }
-                catch (ThreadInterruptedException)
-                {
-                    interruptPending = true;
-                }
+                interruptPending = PendingInterrupt.TryConsume(); // consumed, so it cannot hit a later wait of this thread
             }, "dispose");
             // Hold the lock until the disposer blocks on it (or finished without it). A bound, not a timing.
             var until = DateTime.UtcNow + GuardedThread.DefaultTimeout;

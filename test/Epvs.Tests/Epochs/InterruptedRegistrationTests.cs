@@ -41,14 +41,7 @@ public class InterruptedRegistrationTests
         {
             Thread.CurrentThread.Interrupt(); // surfaces at the thread's next interruptible wait
             registration = Record.Exception(() => epoch.BumpCurrentEpoch(() => Interlocked.Exchange(ref ran, 1)));
-            try
-            {
-                Thread.Sleep(0);
-            }
-            catch (ThreadInterruptedException)
-            {
-                interruptPending = true; // consumed here, so it cannot hit a later wait of this thread
-            }
+            interruptPending = PendingInterrupt.TryConsume(); // consumed, so it cannot hit a later wait of this thread
         }, "registrar");
         Assert.True(waiting.Wait(GuardedThread.DefaultTimeout), "the registration never waited for the raise");
         // Let the wait run with the interrupt pending: SpinWait's first sleep comes after about 15 spins, far sooner than

@@ -169,14 +169,7 @@ public class InterruptedWaitTests
                 refresh = Record.Exception(() => scheme.Refresh());
                 decide.Set(); // if the Refresh threw before the Dispose decided
                 protectedAfter = epoch.ThisInstanceProtected();
-                try
-                {
-                    Thread.Sleep(0);
-                }
-                catch (ThreadInterruptedException)
-                {
-                    interruptPending = true;
-                }
+                interruptPending = PendingInterrupt.TryConsume(); // consumed, so it cannot hit a later wait of this thread
                 leave = Record.Exception(scheme.Leave);
             }, "refresh");
             Assert.True(aside.Wait(GuardedThread.DefaultTimeout), "the Refresh never stepped aside");
