@@ -160,6 +160,20 @@ public sealed unsafe partial class LightEpoch
     /// <summary>Test-only: runs on the disposing thread while Dispose is Closing (free slots marked, not decided).</summary>
     internal System.Action? ClosingHookForTesting;
 
+    /// <summary>Test-only: runs on the disposing thread once the epoch is Closed, before its final run of the pending
+    /// actions (the Dispose is not complete yet).</summary>
+    internal System.Action? ClosedHookForTesting;
+
+    /// <summary>Test-only: runs on a thread whose Dispose waits for another thread's Dispose to complete, on each turn.</summary>
+    internal System.Action? DisposeWaitsHookForTesting;
+
+    /// <summary>
+    /// Test-only: a Dispose that finds the epoch Closed returns at once (as before), also while the Dispose that closed it
+    /// is still running the pending actions, so the concurrent-Dispose test can show that it catches a Dispose returning
+    /// before the disposal is complete. Read only on that path.
+    /// </summary>
+    internal bool LegacyConcurrentDisposeForTesting { get; set; }
+
     /// <summary>Test-only: the lock that guards the pool of instance ids (a test holds it to contend a release).</summary>
     internal static object IdLockForTesting => s_idLock;
 

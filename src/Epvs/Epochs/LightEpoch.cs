@@ -71,6 +71,15 @@ public sealed unsafe partial class LightEpoch : IDisposable
     private const int Closing = 1;
     private const int Closed = 2;
 
+    /// <summary>The managed thread id of the Dispose that closed the epoch, written before <see cref="Closed"/> is
+    /// published: a Dispose on that thread while the final run is in progress is re-entrant (an action it runs) and cannot
+    /// wait for itself.</summary>
+    private int closingThread;
+
+    /// <summary>1 once the Dispose that closed the epoch has run every pending action and released the instance id: only
+    /// then may another Dispose return (written with release, after both; read with acquire).</summary>
+    private int closeCompleted;
+
     /// <summary>Creates an epoch with a thread table that starts at 16 slots and grows on demand.</summary>
     public LightEpoch()
         : this(DefaultInitialTableSize)
@@ -931,23 +940,31 @@ public sealed unsafe partial class LightEpoch : IDisposable
 
     /// <summary>
     /// Runs every pending action (none can be unsafe once no thread is protected) and retires the instance.
-    /// Calling it again, or concurrently, does nothing more: a concurrent call returns once the epoch is closed, possibly
-    /// while the first call (or a drain that claimed actions earlier on another thread) is still running actions.
+    /// Returns only once that is done: a call made while another Dispose is running waits for it, then does what a later
+    /// call does. A call after a completed Dispose does nothing.
     /// </summary>
     /// <remarks>
-    /// Disposing while a thread is protected is the one unsafe case (running the pending actions then could overlap a
+    /// <para>Disposing while a thread is protected is the one unsafe case (running the pending actions then could overlap a
     /// region that still holds their epoch back), so it is refused loudly and changes nothing observable: no held
     /// action runs early, and <see cref="Resume"/>/<see cref="BumpCurrentEpoch()"/> on other threads never see the
-    /// epoch as disposed. <see cref="TryDispose"/> answers the same question without an exception.
+    /// epoch as disposed. <see cref="TryDispose"/> answers the same question without an exception. A call that waited
+    /// for a Dispose that was refused makes its own attempt (and is refused too while a thread is still protected).</para>
+    /// <para>The wait for another Dispose is interruptible: <see cref="Thread.Interrupt"/> makes the waiting call throw
+    /// <see cref="ThreadInterruptedException"/>, and the other Dispose carries on. An action that a drain on another
+    /// thread claimed before the epoch closed may still be running when Dispose returns (it was not the Dispose's to
+    /// run).</para>
     /// </remarks>
     /// <exception cref="InvalidOperationException">A thread is still protected by this instance (a thread inside an
     /// <see cref="EpochProtectedVersionScheme.Refresh"/> on it counts, also while it has stepped aside for a transition);
-    /// nothing is disposed, so the caller can make the threads leave and try again.</exception>
+    /// nothing is disposed, so the caller can make the threads leave and try again. Or: called from inside an action that
+    /// this epoch's own Dispose is running (on the thread of that Dispose, which cannot wait for itself); that Dispose
+    /// completes regardless.</exception>
+    /// <exception cref="ThreadInterruptedException">The call waited for another Dispose and was interrupted.</exception>
     public void Dispose()
     {
         if (ThisInstanceProtected())
             ThrowHelper.ThrowInvalidOperation("Dispose was called by a thread that is still protected by this epoch; call Suspend()/Leave() first.");
-        int stillProtected = CloseIfUnprotected();
+        int stillProtected = CloseIfUnprotected(reentrantThrows: true);
         if (stillProtected != 0)
             ThrowHelper.ThrowInvalidOperation(
                 $"Dispose was called while {stillProtected} thread(s) are still protected by this epoch; " +
@@ -958,12 +975,17 @@ public sealed unsafe partial class LightEpoch : IDisposable
     /// Disposes the epoch if no thread (the caller included) is protected by it; otherwise changes nothing and
     /// returns false. Never throws.
     /// </summary>
+    /// <remarks>Like <see cref="Dispose"/>, waits for a Dispose running on another thread (interruptible). Called from
+    /// inside an action that this epoch's own Dispose is running, it returns false: that Dispose is not complete, and the
+    /// call cannot wait for it.</remarks>
     /// <returns>True if the epoch is disposed (by this call or an earlier one).</returns>
-    public bool TryDispose() => !ThisInstanceProtected() && CloseIfUnprotected() == 0;
+    /// <exception cref="ThreadInterruptedException">The call waited for another Dispose and was interrupted.</exception>
+    public bool TryDispose() => !ThisInstanceProtected() && CloseIfUnprotected(reentrantThrows: false) == 0;
 
-    /// <summary>Live → Closing → Closed, or back to Live; returns the number of protected threads found (0: Closed).
-    /// The only place that leaves Live.</summary>
-    private int CloseIfUnprotected()
+    /// <summary>Live → Closing → Closed, or back to Live; returns the number of protected threads found (0: Closed, and
+    /// the Dispose that closed it complete; -1: closed by a Dispose further up this thread's stack, when
+    /// <paramref name="reentrantThrows"/> is false). The only place that leaves Live.</summary>
+    private int CloseIfUnprotected(bool reentrantThrows)
     {
         var spinner = new SpinWait();
         while (true)
@@ -971,7 +993,7 @@ public sealed unsafe partial class LightEpoch : IDisposable
             // Full fence: ordered before the slot reads below (pairs with ResumeSlow's claim, then read of lifecycle).
             int was = Interlocked.CompareExchange(ref lifecycle, Closing, Live);
             if (was == Closed)
-                return 0;
+                return WaitForClose(reentrantThrows);
             if (was == Live)
                 break;
             spinner.SpinOnce(); // another Dispose is deciding: take its answer, or try again
@@ -1006,16 +1028,50 @@ public sealed unsafe partial class LightEpoch : IDisposable
         }
 
         // Final. Full fence: pairs with Defer's read of lifecycle after its registration (either we run it below, or it
-        // sees Closed and runs the list itself).
+        // sees Closed and runs the list itself). Also publishes closingThread to a Dispose that sees Closed.
+        Volatile.Write(ref closingThread, Environment.CurrentManagedThreadId);
         Interlocked.Exchange(ref lifecycle, Closed);
         try
         {
+            ClosedHookForTesting?.Invoke();
             drainList.RunEligible(long.MaxValue - 2, ref pendingActions.Value, reportFault); // never throws
         }
         finally
         {
             ReleaseId(id); // never throws
             GC.SuppressFinalize(this);
+            // Release: the final run and the id's release happen-before a waiting Dispose returns (WaitForClose).
+            Volatile.Write(ref closeCompleted, 1);
+        }
+        return 0;
+    }
+
+    /// <summary>
+    /// The epoch is Closed: returns 0 once the Dispose that closed it has completed. On that Dispose's own thread (an
+    /// action of its final run calling Dispose again) it cannot complete first: throws, or returns -1.
+    /// </summary>
+    [MethodImpl(MethodImplOptions.NoInlining)]
+    private int WaitForClose(bool reentrantThrows)
+    {
+        // Acquire: pairs with the release at the end of the closing Dispose.
+        if (Volatile.Read(ref closeCompleted) != 0 || LegacyConcurrentDisposeForTesting)
+            return 0;
+        // closingThread was written before the exchange to Closed that the caller's CAS saw (full fences both).
+        if (Volatile.Read(ref closingThread) == Environment.CurrentManagedThreadId)
+        {
+            if (!reentrantThrows)
+                return -1;
+            ThrowHelper.ThrowInvalidOperation(
+                "Dispose was called from inside an action that this epoch's own Dispose is running (on the same thread): " +
+                "that Dispose cannot complete before the action returns, so this call cannot wait for it. It completes " +
+                "regardless; do not dispose the epoch from its own actions.");
+        }
+        // User actions may run for long: spin, then sleep (SpinWait), interruptibly (a waiting Dispose has changed nothing).
+        var spinner = new SpinWait();
+        while (Volatile.Read(ref closeCompleted) == 0)
+        {
+            DisposeWaitsHookForTesting?.Invoke();
+            spinner.SpinOnce();
         }
         return 0;
     }

@@ -64,6 +64,19 @@ public sealed partial class EpochProtectedVersionScheme
     /// between clearing it and looking for the next step.</summary>
     internal System.Action? ReleaseStepHookForTesting { get; set; }
 
+    /// <summary>
+    /// Test-only: a Dispose that finds another one running returns at once (as before), before that one has disposed
+    /// anything, so the concurrent-Dispose test can show that it catches a Dispose returning before the disposal is
+    /// complete. Read only on that path.
+    /// </summary>
+    internal bool LegacyConcurrentDisposeForTesting { get; set; }
+
+    /// <summary>Test hook: runs on a thread whose Dispose waits for another thread's Dispose, on each turn.</summary>
+    internal System.Action? DisposeWaitsHookForTesting { get; set; }
+
+    /// <summary>Test hook: runs on the disposing thread after it marked the state, before the Dispose is complete.</summary>
+    internal System.Action? DisposeMarkedHookForTesting { get; set; }
+
     /// <summary>Test hook: runs on a thread stepped aside inside Enter or Refresh, once the transition it waited for has
     /// moved on and before it takes its protection back.</summary>
     internal System.Action? BeforeComingBackHookForTesting { get; set; }

@@ -65,6 +65,9 @@ public sealed partial class EpochProtectedVersionScheme : IDisposable
 
     private int disposed;
 
+    /// <summary>1 once a Dispose has completed (the epoch disposed, the state marked): only then do other calls return.</summary>
+    private int disposeCompleted;
+
     /// <summary>Creates a scheme with its own <see cref="LightEpoch"/>, disposed with the scheme. Starts at rest,
     /// version 1.</summary>
     public EpochProtectedVersionScheme()
@@ -342,30 +345,57 @@ public sealed partial class EpochProtectedVersionScheme : IDisposable
 
     /// <summary>
     /// Retires the scheme: later calls throw <see cref="ObjectDisposedException"/>. Disposes the epoch if the scheme
-    /// created it. Calling it again does nothing; a call while another Dispose is running returns at once, and that
-    /// one's outcome stands.
+    /// created it. Returns only once that is done: a call made while another Dispose is running waits for it, then does
+    /// what a later call does. A call after a completed Dispose does nothing; a call after a refused one tries again.
     /// </summary>
+    /// <remarks>A call that waited for a Dispose that was refused (see the exceptions) makes its own attempt, and is
+    /// refused too while the reason stands. The wait is interruptible: <see cref="Thread.Interrupt"/> makes the waiting
+    /// call throw <see cref="ThreadInterruptedException"/>, and the other Dispose carries on.</remarks>
     /// <exception cref="InvalidOperationException">A state machine is still running (wait for its
     /// <see cref="VersionSchemeStateMachine.Completion"/> first), or a thread is still protected by the scheme's own
     /// epoch (a thread inside <see cref="Refresh"/>, stepped aside while a transition completes, counts as protected).
-    /// Nothing is disposed.</exception>
+    /// Nothing is disposed. Or: called on the thread of a Dispose of this scheme that is still running (from a deferred
+    /// action that the owned epoch's Dispose runs), which cannot complete before this call returns and so cannot be
+    /// waited for; that Dispose completes regardless.</exception>
+    /// <exception cref="ThreadInterruptedException">The call waited for another Dispose and was interrupted.</exception>
     public void Dispose()
     {
-        if (Volatile.Read(ref disposed) != 0)
+        // Acquire: pairs with the release at the end of DisposeCore (everything it did is visible to a caller that returns).
+        if (Volatile.Read(ref disposeCompleted) != 0)
             return;
-        // One Dispose at a time. Another one that is running (on another thread, or further up this thread's stack: a
-        // deferred action the epoch's Dispose runs) decides: this call returns at once, and that one's outcome stands.
-        // (A second call used to carry on past the first's sentinel, and could dispose the scheme after the first had
-        // failed and a machine had started meanwhile. No lock is held while the epoch runs actions: user code.)
-        if (Interlocked.CompareExchange(ref disposingThread, Environment.CurrentManagedThreadId, 0) != 0)
-            return;
+        // One Dispose at a time (no lock is held while the epoch runs actions: user code). A call that finds another one
+        // running waits until it ends, then looks again: complete (return), or refused (make its own attempt). It used to
+        // return at once, before the first had disposed anything (or with the first about to fail).
+        int me = Environment.CurrentManagedThreadId;
+        var spinner = new SpinWait();
+        while (true)
+        {
+            // Full fence; the release below (or the completion) is what a waiter's next CAS or read sees.
+            int holder = Interlocked.CompareExchange(ref disposingThread, me, 0);
+            if (holder == 0)
+                break;
+            if (holder == me)
+            {
+                ThrowHelper.ThrowInvalidOperation(
+                    "Dispose was called on a thread whose own Dispose of this scheme is still running (from a deferred " +
+                    "action that the scheme's epoch runs while it is disposed): that Dispose cannot complete before this " +
+                    "call returns, so this call cannot wait for it. It completes regardless; do not dispose the scheme " +
+                    "from inside its own Dispose.");
+            }
+            if (LegacyConcurrentDisposeForTesting)
+                return;
+            DisposeWaitsHookForTesting?.Invoke();
+            spinner.SpinOnce(); // sleeps at times: Thread.Interrupt makes this waiting call throw, having changed nothing
+            if (Volatile.Read(ref disposeCompleted) != 0) // acquire, as above
+                return;
+        }
         try
         {
             DisposeCore();
         }
         finally
         {
-            Volatile.Write(ref disposingThread, 0);
+            Volatile.Write(ref disposingThread, 0); // release: pairs with a waiter's CAS
         }
     }
 
@@ -399,6 +429,8 @@ public sealed partial class EpochProtectedVersionScheme : IDisposable
             s = Volatile.Read(ref state);
         }
         while (Interlocked.CompareExchange(ref state, s | VersionSchemeState.IntermediateMask, s) != s);
+        DisposeMarkedHookForTesting?.Invoke();
+        Volatile.Write(ref disposeCompleted, 1); // release: pairs with the acquire at the top of Dispose
     }
 
     /// <summary>Occupies the machine slot of a disposed scheme.</summary>

@@ -49,6 +49,9 @@ internal sealed class GuardedThread
 
     public void Start() => thread.Start();
 
+    /// <summary>Interrupts the thread (<see cref="Thread.Interrupt"/>).</summary>
+    public void Interrupt() => thread.Interrupt();
+
     /// <summary>Whether the thread finished within <paramref name="timeout"/>; rethrows its exception if it did.</summary>
     public bool TryJoin(TimeSpan timeout)
     {

@@ -11,32 +11,35 @@ namespace Epvs.Tests;
 public class SchemeDisposeTests
 {
     [Fact]
-    public void WhileADisposeThatWillFailIsClosing_ASecondDisposeReturns_AStartRetries_AndTheSchemeStaysUsable()
+    public void WhileADisposeThatWillFailIsClosing_ASecondDisposeWaitsThenTriesItself_AStartRetries_AndTheSchemeStaysUsable()
     {
         var scheme = new EpochProtectedVersionScheme();
         // A protected thread: the epoch's Dispose finds it and reverts, so the scheme's Dispose fails.
         using var parked = new ParkedThread(() => scheme.Enter(), scheme.Leave);
+        using var secondWaits = new ManualResetEventSlim();
         Exception? secondDispose = null;
-        bool secondReturned = false;
         StateMachineExecutionStatus? startedMeanwhile = null;
+        GuardedThread? second = null;
+        scheme.DisposeWaitsHookForTesting = secondWaits.Set;
         scheme.Epoch.ClosingHookForTesting = () =>
-            GuardedThread.Start(() =>
-            {
-                // It used to carry on past the first Dispose's sentinel into the epoch's Dispose, which waits for the
-                // first one to decide (a hang here, while the first waits for this thread).
-                secondDispose = Record.Exception(scheme.Dispose);
-                secondReturned = true;
-                // It used to throw ObjectDisposedException although the scheme is not disposed (the Dispose fails).
-                startedMeanwhile = scheme.TryAdvanceVersionWithCriticalSection((_, _) => { });
-            }).Join();
+        {
+            // It used to return at once, before the first Dispose had decided anything (and earlier still, to carry on
+            // past the first's sentinel into the epoch's Dispose). Now it waits for the first one to end.
+            second = GuardedThread.Start(() => secondDispose = Record.Exception(scheme.Dispose));
+            Assert.True(secondWaits.Wait(GuardedThread.DefaultTimeout), "the second Dispose did not wait for the first");
+            // It used to throw ObjectDisposedException although the scheme is not disposed (the Dispose fails).
+            GuardedThread.Start(() => startedMeanwhile = scheme.TryAdvanceVersionWithCriticalSection((_, _) => { })).Join();
+        };
 
         Assert.Throws<InvalidOperationException>(scheme.Dispose);
         scheme.Epoch.ClosingHookForTesting = null;
-        Assert.True(secondReturned);
-        Assert.Null(secondDispose);
+        second!.Join();
+        scheme.DisposeWaitsHookForTesting = null;
+        // The first Dispose was refused, so the waiting one made its own attempt, refused for the same reason.
+        Assert.IsType<InvalidOperationException>(secondDispose);
         Assert.Equal(StateMachineExecutionStatus.Retry, startedMeanwhile);
 
-        // The failed Dispose changed nothing: the scheme advances, and disposes once the thread has left.
+        // The failed Disposes changed nothing: the scheme advances, and disposes once the thread has left.
         parked.Release();
         Assert.True(scheme.AdvanceVersionWithCriticalSection((_, _) => { }, spin: true));
         Assert.Equal(2, scheme.CurrentState.Version);
@@ -143,5 +146,57 @@ public class SchemeDisposeTests
         Assert.Throws<ObjectDisposedException>(() => owner.Enter());
         Assert.Throws<ObjectDisposedException>(() => owner.Epoch.Resume());
         return (dispose, refresh);
+    }
+    /// <summary>Whether a second Dispose, started while the first ran its epoch's final actions (the epoch Closed, the
+    /// scheme not yet marked), returned before the first completed.</summary>
+    private static bool SecondDisposeReturnsBeforeTheFirstCompletes(bool legacy)
+    {
+        var scheme = new EpochProtectedVersionScheme { LegacyConcurrentDisposeForTesting = legacy };
+        using var waiting = new ManualResetEventSlim();
+        using var returned = new ManualResetEventSlim();
+        bool returnedEarly = false;
+        Exception? enterAfterReturn = null;
+        GuardedThread? second = null;
+        scheme.DisposeWaitsHookForTesting = waiting.Set;
+        scheme.Epoch.ClosedHookForTesting = () =>
+        {
+            second = GuardedThread.Start(() =>
+            {
+                scheme.Dispose();
+                returned.Set();
+                enterAfterReturn = Record.Exception(() => scheme.Enter());
+            });
+            int which = WaitHandle.WaitAny([waiting.WaitHandle, returned.WaitHandle], GuardedThread.DefaultTimeout);
+            Assert.NotEqual(WaitHandle.WaitTimeout, which);
+            returnedEarly = which == 1;
+        };
+        scheme.Dispose();
+        second!.Join();
+        Assert.IsType<ObjectDisposedException>(enterAfterReturn);
+        return returnedEarly;
+    }
+
+    [Fact]
+    public void SecondDispose_WhileTheFirstDisposesTheEpoch_ReturnsOnlyOnceItCompleted()
+    {
+        bool control = SecondDisposeReturnsBeforeTheFirstCompletes(legacy: true);
+        Assert.False(SecondDisposeReturnsBeforeTheFirstCompletes(legacy: false), "a second Dispose returned before the disposal was complete");
+        Assert.SkipWhen(!control, "inconclusive: the control (a Dispose that returns while another runs) was not caught");
+    }
+
+    /// <summary>A Dispose on the thread of a running Dispose of the same scheme (a deferred action of the owned epoch's final
+    /// run; here the hook at that point) cannot wait for it: it throws, and the outer Dispose completes. It used to return
+    /// with nothing disposed yet.</summary>
+    [Fact]
+    public void DisposeFromInsideItsOwnDispose_Throws_AndTheOuterDisposeCompletes()
+    {
+        var scheme = new EpochProtectedVersionScheme();
+        Exception? nested = null;
+        scheme.Epoch.ClosedHookForTesting = () => nested = Record.Exception(scheme.Dispose);
+        scheme.Dispose();
+        Assert.IsType<InvalidOperationException>(nested);
+        Assert.Contains("own Dispose", nested!.Message, StringComparison.Ordinal);
+        Assert.Throws<ObjectDisposedException>(() => scheme.Enter());
+        scheme.Dispose();
     }
 }

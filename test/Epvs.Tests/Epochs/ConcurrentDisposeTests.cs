@@ -1,0 +1,106 @@
+using System;
+using System.Threading;
+using Xunit;
+
+namespace Epvs.Tests;
+
+/// <summary>
+/// A Dispose racing another Dispose returns only once the disposal is complete (the pending actions run, the instance
+/// retired): it used to return as soon as the first had closed the epoch, while that one still ran the actions. The
+/// order is fixed by the hook that runs on the first Dispose once the epoch is Closed, before its final run; the control
+/// (<see cref="LightEpoch.LegacyConcurrentDisposeForTesting"/>, the behaviour before) must be caught.
+/// </summary>
+public class ConcurrentDisposeTests
+{
+    private readonly ITestOutputHelper output;
+
+    public ConcurrentDisposeTests(ITestOutputHelper output) => this.output = output;
+
+    /// <summary>Returns whether a second Dispose, started while the first was between closing the epoch and completing,
+    /// returned before the first completed.</summary>
+    private static bool SecondDisposeReturnsBeforeTheFirstCompletes(bool legacy)
+    {
+        var epoch = new LightEpoch { LegacyConcurrentDisposeForTesting = legacy };
+        using var waiting = new ManualResetEventSlim();
+        using var returned = new ManualResetEventSlim();
+        bool returnedEarly = false;
+        GuardedThread? second = null;
+        epoch.DisposeWaitsHookForTesting = waiting.Set;
+        epoch.ClosedHookForTesting = () =>
+        {
+            second = GuardedThread.Start(() =>
+            {
+                epoch.Dispose();
+                returned.Set();
+            });
+            int which = WaitHandle.WaitAny([waiting.WaitHandle, returned.WaitHandle], GuardedThread.DefaultTimeout);
+            Assert.NotEqual(WaitHandle.WaitTimeout, which);
+            returnedEarly = which == 1;
+        };
+        epoch.Dispose();
+        second!.Join();
+        Assert.True(returned.IsSet);
+        return returnedEarly;
+    }
+
+    [Fact]
+    public void SecondDispose_WhileTheFirstRunsTheFinalActions_ReturnsOnlyOnceItCompleted()
+    {
+        bool control = SecondDisposeReturnsBeforeTheFirstCompletes(legacy: true);
+        Assert.False(SecondDisposeReturnsBeforeTheFirstCompletes(legacy: false), "a second Dispose returned before the disposal was complete");
+        Assert.SkipWhen(!control, "inconclusive: the control (a Dispose that returns once the epoch is closed) was not caught");
+    }
+
+    /// <summary>An action of the final run (here: the hook, on the same thread, at the same point) disposing its own epoch
+    /// cannot wait for the Dispose it is inside: it is refused loudly; TryDispose answers false. It used to return as if
+    /// the epoch were disposed.</summary>
+    [Fact]
+    public void DisposeFromInsideTheFinalRun_Throws_TryDisposeReturnsFalse_AndTheOuterDisposeCompletes()
+    {
+        var epoch = new LightEpoch();
+        Exception? nested = null;
+        bool? nestedTry = null;
+        int ran = 0;
+        epoch.ClosedHookForTesting = () =>
+        {
+            nested = Record.Exception(epoch.Dispose);
+            nestedTry = epoch.TryDispose();
+        };
+        using (var parked = new ParkedThread(epoch.Resume, epoch.Suspend))
+        {
+            epoch.BumpCurrentEpoch(() => ran++);
+        }
+        epoch.Dispose();
+        output.WriteLine($"nested Dispose: {nested?.Message}");
+        Assert.IsType<InvalidOperationException>(nested);
+        Assert.Contains("own Dispose", nested!.Message, StringComparison.Ordinal);
+        Assert.False(nestedTry);
+        Assert.Equal(1, ran);
+        Assert.Throws<ObjectDisposedException>(epoch.Resume);
+        epoch.Dispose(); // complete: does nothing
+        Assert.True(epoch.TryDispose());
+    }
+
+    /// <summary>A Dispose that waits for another one is interruptible: it throws, having changed nothing, and the first
+    /// one completes.</summary>
+    [Fact]
+    public void SecondDispose_InterruptedWhileItWaits_ThrowsAndTheFirstCompletes()
+    {
+        var epoch = new LightEpoch();
+        using var waiting = new ManualResetEventSlim();
+        Exception? secondFailure = null;
+        GuardedThread? second = null;
+        epoch.DisposeWaitsHookForTesting = waiting.Set;
+        epoch.ClosedHookForTesting = () =>
+        {
+            second = GuardedThread.Start(() => secondFailure = Record.Exception(epoch.Dispose));
+            Assert.True(waiting.Wait(GuardedThread.DefaultTimeout));
+            second.Interrupt();
+            second.Join();
+        };
+        epoch.Dispose();
+        Assert.IsType<ThreadInterruptedException>(secondFailure);
+        Assert.Throws<ObjectDisposedException>(epoch.Resume);
+        epoch.Dispose();
+    }
+}
