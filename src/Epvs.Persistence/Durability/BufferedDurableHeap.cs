@@ -47,6 +47,9 @@ public sealed unsafe partial class BufferedDurableHeap : IDisposable
     private long _versionBase;
     private int _disposed;
 
+    /// <summary>Makes every Dispose return only once the first one has closed the heap.</summary>
+    private readonly DisposalGate _disposal = new();
+
     /// <summary>The thread disposing the heap, the only one that may still run advance cycles (0: not disposing).</summary>
     private int _disposingThread;
 
@@ -281,16 +284,23 @@ public sealed unsafe partial class BufferedDurableHeap : IDisposable
     /// cycle failed earlier, the heap (and the file, when the heap opened it) is closed all the same, the file gets no
     /// clean-shutdown mark, and <see cref="InvalidOperationException"/> says what was not made durable. Either way the
     /// file lock is released. A thread that begins an operation while Dispose runs is waited for briefly (at most
-    /// <see cref="BufferedDurableHeapOptions.SyncTimeout"/>, or 30 s).</remarks>
+    /// <see cref="BufferedDurableHeapOptions.SyncTimeout"/>, or 30 s). Dispose returns only once the heap is closed: a
+    /// call while another Dispose runs waits for it and returns when it has finished, whatever its outcome (the heap is
+    /// closed either way; that caller gets the exception, if any), and a call after that does nothing. That wait is
+    /// interruptible: <see cref="Thread.Interrupt"/> makes the waiting call throw <see cref="ThreadInterruptedException"/>,
+    /// and the other one carries on.</remarks>
     /// <exception cref="TimeoutException">A thread is still inside an operation, so the last advance could not run within <see cref="BufferedDurableHeapOptions.SyncTimeout"/>; the heap is closed anyway and recovery keeps the frontier prefix.</exception>
     /// <exception cref="InvalidOperationException">Called on a thread that is running one of the heap's advance cycles
     /// (from a callback such as a <see cref="EpochProtectedVersionScheme.StateMachineFaulted"/> handler on the advancer's
-    /// thread): nothing is disposed, and the heap can be disposed from another thread. Or: the last advance failed or could not run (an advance cycle failed
+    /// thread): nothing is disposed, and the heap can be disposed from another thread. Or: called on the thread of a
+    /// Dispose of this heap that is still running (from a callback inside it), which cannot complete before this call
+    /// returns; that Dispose completes regardless. Or: the last advance failed or could not run (an advance cycle failed
     /// earlier, see <see cref="BeginOperation"/>; or, in <see cref="DurabilityMode.Buffered"/> and
     /// <see cref="DurabilityMode.Strict"/> mode, Dispose was called inside an operation): operations after
     /// <see cref="DurableFrontier"/> are not durable. The heap is closed anyway, without a clean-shutdown mark;
     /// recovery keeps the frontier prefix. The message also says when a thread was still inside an operation (the
     /// mapping was then quarantined, as for <see cref="TimeoutException"/>).</exception>
+    /// <exception cref="ThreadInterruptedException">The call waited for another Dispose and was interrupted.</exception>
     public void Dispose()
     {
         if (Monitor.IsEntered(_cycleGate))
@@ -304,9 +314,27 @@ public sealed unsafe partial class BufferedDurableHeap : IDisposable
         // Interlocked.Exchange: full fence; exactly one caller disposes.
         if (Interlocked.Exchange(ref _disposed, 1) != 0)
         {
+            // Another Dispose closes the heap: return once it has (a call from inside it, on its thread, throws).
+            _disposal.WaitForCompletion(nameof(BufferedDurableHeap));
             return;
         }
 
+        _disposal.Begin();
+        try
+        {
+            DisposeCore();
+        }
+        finally
+        {
+            _disposal.Complete();
+        }
+    }
+
+    /// <summary>The test hooks of the Dispose that waits for another one.</summary>
+    internal DisposalGate DisposalForTesting => _disposal;
+
+    private void DisposeCore()
+    {
         Exception? failure = StopAdvancer();
 
         // From here on only this thread runs advance cycles: a thread that passed its disposed check before the flag

@@ -38,6 +38,9 @@ public sealed unsafe class HeapFile : IDisposable
     private readonly LightEpoch _operations = new();
     private int _disposed;
 
+    /// <summary>Makes every Dispose return only once the first one has closed the file.</summary>
+    private readonly DisposalGate _disposal = new();
+
     private readonly object _userGate = new();
 
     /// <summary>The heap on this file (one at a time; see <see cref="AttachHeap"/>).</summary>
@@ -356,8 +359,9 @@ public sealed unsafe class HeapFile : IDisposable
 
     /// <summary>
     /// Persists the whole heap (through a private mapping, only what was written back reaches the file: see
-    /// <see cref="MappedFileWriteBack.PrivateMapping"/>), marks the shutdown clean, unmaps and releases the lock. A
-    /// second call does nothing.
+    /// <see cref="MappedFileWriteBack.PrivateMapping"/>), marks the shutdown clean, unmaps and releases the lock.
+    /// Returns only once that is done: a call while another Dispose runs waits for it (interruptibly: see the remarks).
+    /// A call after that does nothing.
     /// </summary>
     /// <remarks>
     /// Calls that start after Dispose throw <see cref="ObjectDisposedException"/>. Dispose waits (up to 30 s) for calls
@@ -366,10 +370,15 @@ public sealed unsafe class HeapFile : IDisposable
     /// shutdown clean (the next open recovers) and, instead of unmapping under them, replaces the mapping with private
     /// anonymous memory (Linux), so the stragglers neither crash nor write to the file, and releases the lock; the
     /// address range stays reserved. Spans and addresses obtained from the heap must not be used after Dispose.
+    /// A Dispose that waits for another one (on another thread) returns when that one has finished, whatever its outcome
+    /// (the file is closed either way; that caller gets the exception, if any); <see cref="Thread.Interrupt"/> makes the
+    /// waiting call throw <see cref="ThreadInterruptedException"/>, and the other one carries on.
     /// </remarks>
     /// <exception cref="InvalidOperationException">A heap (<see cref="PersistentHeap"/> or <see cref="BufferedDurableHeap"/>)
     /// still uses the file: dispose the heap first (it knows the calls in flight on the mapping; the file does not).
-    /// Nothing is disposed.</exception>
+    /// Nothing is disposed. Or: called on the thread of a Dispose of this file that is still running (from a callback
+    /// inside it), which cannot complete before this call returns; that Dispose completes regardless.</exception>
+    /// <exception cref="ThreadInterruptedException">The call waited for another Dispose and was interrupted.</exception>
     public void Dispose()
     {
         bool drained;
@@ -451,9 +460,30 @@ public sealed unsafe class HeapFile : IDisposable
         // EnterOperation: a call either sees the flag and backs out, or is protected before WaitForOperations scans.
         if (Interlocked.Exchange(ref _disposed, 1) != 0)
         {
+            // Another Dispose closes the file: return once it has (a call from inside it, on its thread, throws).
+            _disposal.WaitForCompletion(nameof(HeapFile));
             return;
         }
 
+        _disposal.Begin();
+        try
+        {
+            DisposeCore(operationsDrained);
+        }
+        finally
+        {
+            _disposal.Complete();
+        }
+    }
+
+    /// <summary>The test hooks of the Dispose that waits for another one.</summary>
+    internal DisposalGate DisposalForTesting => _disposal;
+
+    /// <summary>Test-only: the flag the first Dispose sets (read it with Volatile.Read).</summary>
+    internal ref int DisposedFlagForTesting => ref _disposed;
+
+    private void DisposeCore(bool operationsDrained)
+    {
         bool drained = operationsDrained && (HeapFileTestHooks.SkipOperationWait || (!_operations.ThisInstanceProtected() && WaitForOperations(DisposeWait)));
         try
         {

@@ -59,6 +59,9 @@ public sealed unsafe partial class PersistentHeap : IDisposable
     private long _nextUid;
     private int _disposed;
 
+    /// <summary>Makes every Dispose return only once the first one has closed the heap.</summary>
+    private readonly DisposalGate _disposal = new();
+
     /// <summary>Opens the allocator on a heap file, rebuilding its free lists by a (parallel) scan of the blocks.</summary>
     /// <param name="file">The heap file; not disposed with the heap.</param>
     /// <param name="options">Recovery options; null for the defaults.</param>
@@ -645,11 +648,17 @@ public sealed unsafe partial class PersistentHeap : IDisposable
     /// <summary>
     /// Closes the allocator (and the heap file, when the heap created or opened it, with the wait for calls in flight
     /// described on <see cref="HeapFile.Dispose()"/>). Later calls throw <see cref="ObjectDisposedException"/>; payload
-    /// spans and addresses must not be used after it.
+    /// spans and addresses must not be used after it. Returns only once that is done: a call while another Dispose runs
+    /// (this heap's, or its owner's) waits for it and returns when it has finished, whatever its outcome (that caller
+    /// gets the exception, if any); a call after that does nothing.
     /// </summary>
+    /// <remarks>The wait for another Dispose is interruptible: <see cref="Thread.Interrupt"/> makes the waiting call throw
+    /// <see cref="ThreadInterruptedException"/>, and the other one carries on.</remarks>
     /// <exception cref="InvalidOperationException">This is the allocator of a <see cref="BufferedDurableHeap"/>
     /// (<see cref="BufferedDurableHeap.Heap"/>): dispose that heap instead, which disposes the allocator after its last
-    /// advance. Nothing is disposed.</exception>
+    /// advance. Nothing is disposed. Or: called on the thread of a Dispose of this heap that is still running (from a
+    /// callback inside it), which cannot complete before this call returns; that Dispose completes regardless.</exception>
+    /// <exception cref="ThreadInterruptedException">The call waited for another Dispose and was interrupted.</exception>
     public void Dispose()
     {
         // Volatile.Read: a fresh look (a second call after the owner disposed this one does nothing, as documented).
@@ -669,9 +678,27 @@ public sealed unsafe partial class PersistentHeap : IDisposable
         // Interlocked.Exchange: full fence; exactly one caller disposes.
         if (Interlocked.Exchange(ref _disposed, 1) != 0)
         {
+            // Another Dispose closes the heap: return once it has (a call from inside it, on its thread, throws).
+            _disposal.WaitForCompletion(nameof(PersistentHeap));
             return;
         }
 
+        _disposal.Begin();
+        try
+        {
+            DisposeCore(operationsDrained, fileClosesNext);
+        }
+        finally
+        {
+            _disposal.Complete();
+        }
+    }
+
+    /// <summary>The test hooks of the Dispose that waits for another one.</summary>
+    internal DisposalGate DisposalForTesting => _disposal;
+
+    private void DisposeCore(bool operationsDrained, bool fileClosesNext)
+    {
         // The file first: it waits for the calls in flight, which use the caches. A caller's file may then be disposed
         // (or host another heap); with operations still in flight, its Dispose only quarantines the mapping.
         _file.DetachHeap(this, operationsDrained, fileClosesNext);

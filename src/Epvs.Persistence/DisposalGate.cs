@@ -1,0 +1,82 @@
+using System;
+using System.Threading;
+
+namespace Epvs.Persistence;
+
+/// <summary>
+/// Makes every Dispose of one object return only once the disposal is complete. The first call (the one whose exchange of
+/// the object's disposed flag won) runs the disposal between <see cref="Begin"/> and <see cref="Complete"/>; any other call
+/// waits in <see cref="WaitForCompletion"/>. A call on the disposing thread itself (from a callback the disposal runs)
+/// cannot wait for it and throws instead.
+/// </summary>
+internal sealed class DisposalGate
+{
+    private readonly object _gate = new();
+
+    /// <summary>The managed thread id of the disposal in progress (0 before it began).</summary>
+    private int _owner;
+
+    /// <summary>1 once the disposal is complete, whatever its outcome.</summary>
+    private int _completed;
+
+    /// <summary>Test hook: runs on a Dispose about to wait for the one in progress on another thread.</summary>
+    internal Action? WaitsHookForTesting { get; set; }
+
+    /// <summary>Test-only: a waiting Dispose returns at once (the old behaviour), for the tests' controls.</summary>
+    internal bool ReturnAtOnceForTesting { get; set; }
+
+    /// <summary>Whether the disposal is complete (acquire: what it did is visible to the caller).</summary>
+    internal bool IsCompleted => Volatile.Read(ref _completed) != 0;
+
+    /// <summary>Called by the first Dispose, on its thread, right after its exchange of the disposed flag.</summary>
+    internal void Begin() => Volatile.Write(ref _owner, Environment.CurrentManagedThreadId);
+
+    /// <summary>Called by the first Dispose when it is done (in a finally: also when it throws). Never throws.</summary>
+    internal void Complete()
+    {
+        // Release: everything the disposal did happens-before a waiter's acquire read of the flag.
+        Volatile.Write(ref _completed, 1);
+        try
+        {
+            lock (_gate)
+            {
+                Monitor.PulseAll(_gate);
+            }
+        }
+        catch (Exception)
+        {
+            // Out of memory taking the lock (a sync block): the waiters' bounded waits see the flag on their next look.
+        }
+    }
+
+    /// <summary>
+    /// Returns once the disposal that another call began is complete. Interruptible: <see cref="Thread.Interrupt"/> makes
+    /// it throw <see cref="ThreadInterruptedException"/> (the disposal carries on).
+    /// </summary>
+    /// <param name="typeName">The disposed type, for the message of the re-entrant call.</param>
+    /// <exception cref="InvalidOperationException">Called on the thread that runs the disposal (from a callback inside it),
+    /// which cannot complete before this call returns.</exception>
+    internal void WaitForCompletion(string typeName)
+    {
+        if (IsCompleted || ReturnAtOnceForTesting)
+        {
+            return;
+        }
+
+        // The owner writes its id right after winning the exchange, on its own thread: a call on that thread sees it.
+        if (Volatile.Read(ref _owner) == Environment.CurrentManagedThreadId)
+        {
+            ThrowHelper.ThrowInvalidOperation($"{typeName}.Dispose was called on the thread whose Dispose of the same object is still running (from a callback inside it): that Dispose cannot complete before this call returns, so this call cannot wait for it. It completes regardless; dispose the object once, outside its own callbacks.");
+        }
+
+        WaitsHookForTesting?.Invoke();
+        lock (_gate)
+        {
+            while (!IsCompleted)
+            {
+                // Bounded only as a backstop for a Complete that could not take the lock (see there); the pulse wakes us.
+                Monitor.Wait(_gate, 100);
+            }
+        }
+    }
+}
