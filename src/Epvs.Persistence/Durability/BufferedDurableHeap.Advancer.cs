@@ -419,11 +419,13 @@ public sealed unsafe partial class BufferedDurableHeap
             {
                 machine = _inflight ??= StartTransition(deadline, target, timeout);
             }
-            catch (ObjectDisposedException e) when (Volatile.Read(ref _disposed) == 0)
+            catch (ObjectDisposedException e) when (Volatile.Read(ref _disposed) == 0 || disposing == Environment.CurrentManagedThreadId)
             {
                 // The version scheme was disposed under the heap (through the public VersionScheme): no version can ever
-                // end again. Volatile.Read: pairs with the exchange in Dispose, whose own disposal of the scheme comes later.
-                var failed = new InvalidOperationException("The heap's version scheme was disposed under it (BufferedDurableHeap.VersionScheme is for diagnostics: do not dispose it), so no version can end and nothing more can become durable: dispose the heap and reopen the file.", e);
+                // end again. Volatile.Read: pairs with the exchange in Dispose, whose own disposal of the scheme comes later
+                // (so in the last advance of Dispose, on its thread, the scheme can only have been disposed under the heap:
+                // it used to reach Dispose's caller as the scheme's bare ObjectDisposedException).
+                var failed = new InvalidOperationException(SchemeDisposedUnderHeap, e);
                 RecordAdvancerFault(failed);
                 throw failed;
             }

@@ -177,7 +177,8 @@ public sealed unsafe partial class BufferedDurableHeap : IDisposable
     /// the transition's critical section such as a failed persist of the epoch clock, a double delete, the version
     /// scheme disposed under the heap): nothing more can become durable in this heap, so no
     /// operation begins any more rather than complete without ever being durable. Dispose the heap and reopen the
-    /// file: recovery keeps every version up to <see cref="DurableFrontier"/>.</exception>
+    /// file: recovery keeps every version up to <see cref="DurableFrontier"/>. Also when the version scheme, or its
+    /// epoch, was disposed under the heap (the message says so).</exception>
     [MethodImpl(MethodImplOptions.AggressiveInlining)]
     public DurableOperation BeginOperation() => Begin(refuseAfterFault: true);
 
@@ -197,13 +198,25 @@ public sealed unsafe partial class BufferedDurableHeap : IDisposable
     [MethodImpl(MethodImplOptions.AggressiveInlining)]
     private DurableOperation Begin(bool refuseAfterFault, bool backPressure = true)
     {
-        ThreadBuffers buffers = _local.Value!;
-        if (backPressure && (buffers.RetiredBytes >= buffers.NextBacklogCheck || --buffers.OperationsUntilCheck < 0))
+        ThreadBuffers buffers;
+        VersionSchemeState state;
+        try
         {
-            ApplyBackPressure(buffers);
-        }
+            buffers = _local.Value!;
+            if (backPressure && (buffers.RetiredBytes >= buffers.NextBacklogCheck || --buffers.OperationsUntilCheck < 0))
+            {
+                ApplyBackPressure(buffers);
+            }
 
-        VersionSchemeState state = _scheme.Enter();
+            state = _scheme.Enter();
+        }
+        catch (ObjectDisposedException e)
+        {
+            // Disposed: this heap (its Dispose disposes the thread buffers and the scheme), or the scheme or its epoch under
+            // the heap. The message used to name whichever of those objects threw first (a ThreadLocal, a LightEpoch).
+            ThrowSchemeGone(e);
+            throw;
+        }
 
         // Volatile.Read: acquire; pairs with the exchange in Dispose. Enter announced with a full fence first, so
         // either this operation sees the flag and backs out, or Dispose's wait for operations sees this one. (A failed
@@ -488,7 +501,10 @@ public sealed unsafe partial class BufferedDurableHeap : IDisposable
         }
         catch (ObjectDisposedException)
         {
-            return false;
+            // The scheme's epoch was disposed under the heap (this Dispose disposes it only later). It refuses to be disposed
+            // while any thread is protected, and no thread can enter it afterwards, so no operation is in flight: the
+            // mapping can be unmapped. (This used to report a thread still inside an operation, and quarantine the mapping.)
+            return true;
         }
     }
 
@@ -815,6 +831,18 @@ public sealed unsafe partial class BufferedDurableHeap : IDisposable
 
         return buffers;
     }
+
+    [DoesNotReturn]
+    [MethodImpl(MethodImplOptions.NoInlining)]
+    private void ThrowSchemeGone(ObjectDisposedException e)
+    {
+        // The heap's own ObjectDisposedException if it is disposed (or being disposed): the other objects are its parts.
+        ThrowIfDisposed();
+        throw new InvalidOperationException($"No operation begins on this heap any more: its version scheme, or the scheme's epoch, was disposed under it (BufferedDurableHeap.VersionScheme is for diagnostics: dispose neither), so no operation can enter it. Dispose the heap (its last advance still makes the completed operations durable if only the epoch was disposed) and reopen the file: recovery keeps every version up to DurableFrontier ({DurableFrontier} now).", e);
+    }
+
+    /// <summary>What the heap says when its version scheme was disposed under it.</summary>
+    private const string SchemeDisposedUnderHeap = "The heap's version scheme was disposed under it (BufferedDurableHeap.VersionScheme is for diagnostics: do not dispose it), so no version can end and nothing more can become durable: dispose the heap and reopen the file.";
 
     [DoesNotReturn]
     [MethodImpl(MethodImplOptions.NoInlining)]

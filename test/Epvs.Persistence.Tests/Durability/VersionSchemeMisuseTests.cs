@@ -165,6 +165,69 @@ public sealed class VersionSchemeMisuseTests
         Assert.Equal(new Dictionary<int, int> { [1] = 10 }, new PersistentHashMap<int, int>(reopened, typeId: 1).ToDictionary());
     }
 
+    /// <summary>
+    /// The heap's version scheme (or its epoch) disposed under it, before any advance noticed: an operation used to fail
+    /// with "This LightEpoch has been disposed" (an object the caller never touched), and Dispose with the scheme's bare
+    /// ObjectDisposedException plus "a thread was still inside an operation: the mapping was quarantined" (no thread was:
+    /// the disposed epoch admits none). Now both say that the version scheme was disposed under the heap, and Dispose
+    /// closes the file normally (without a clean-shutdown mark: the last versions were not made durable).
+    /// </summary>
+    [Theory]
+    [InlineData(false)]
+    [InlineData(true)]
+    public void OperationsAndDispose_AfterTheVersionSchemeWasDisposedUnderTheHeap_SayWhatHappened(bool disposeTheEpoch)
+    {
+        using var dir = new TempDirectory();
+        string path = dir.File("scheme-message.heap");
+        var fileOptions = new HeapFileOptions { Size = 1L << 20, Domain = PersistenceDomainKind.MappedFile };
+        var options = new BufferedDurableHeapOptions { AdvancePeriod = Timeout.InfiniteTimeSpan };
+        BufferedDurableHeap heap = BufferedDurableHeap.Create(path, fileOptions, options);
+        var map = new PersistentHashMap<int, int>(heap, typeId: 1);
+        map.Set(1, 10);
+        heap.Sync();
+        map.Set(2, 20);
+        if (disposeTheEpoch)
+        {
+            heap.VersionScheme.Epoch.Dispose();
+        }
+        else
+        {
+            heap.VersionScheme.Dispose();
+        }
+
+        InvalidOperationException set = Assert.Throws<InvalidOperationException>(() => map.Set(3, 30));
+        _output.WriteLine($"Set: {set.Message}");
+        Assert.Contains("version scheme, or the scheme's epoch, was disposed under it", set.Message, StringComparison.Ordinal);
+        Assert.IsType<ObjectDisposedException>(set.InnerException);
+        Assert.Contains("was disposed under it", Assert.Throws<InvalidOperationException>(() => heap.BeginOperation()).Message, StringComparison.Ordinal);
+
+        Exception? dispose = Record.Exception(heap.Dispose);
+        _output.WriteLine($"Dispose: {dispose?.Message ?? "returned"}");
+        if (disposeTheEpoch)
+        {
+            // A scheme whose epoch is closed still runs its transitions (nobody can be protected), so the last advance
+            // makes the operations durable. Dispose used to throw TimeoutException, "a thread stayed inside an operation":
+            // its wait for operations took the closed epoch for a straggler, and quarantined the mapping.
+            Assert.Null(dispose);
+        }
+        else
+        {
+            InvalidOperationException refused = Assert.IsType<InvalidOperationException>(dispose);
+            Assert.Contains("not made durable", refused.Message, StringComparison.Ordinal);
+            Assert.Contains("version scheme was disposed under it", refused.Message, StringComparison.Ordinal);
+            Assert.DoesNotContain("inside an operation", refused.Message, StringComparison.Ordinal);
+        }
+
+        heap.Dispose();
+
+        // After Dispose, the heap's own ObjectDisposedException (it used to be its thread buffers').
+        Assert.Equal(nameof(BufferedDurableHeap), Assert.Throws<ObjectDisposedException>(() => heap.BeginOperation()).ObjectName);
+        using BufferedDurableHeap reopened = BufferedDurableHeap.Open(path, fileOptions, options);
+        Assert.Equal(disposeTheEpoch, reopened.Heap.File.WasCleanShutdown);
+        var expected = disposeTheEpoch ? new Dictionary<int, int> { [1] = 10, [2] = 20 } : new Dictionary<int, int> { [1] = 10 };
+        Assert.Equal(expected, new PersistentHashMap<int, int>(reopened, typeId: 1).ToDictionary());
+    }
+
     private static Dictionary<int, int> Recover(SimulatedPersistenceDomain domain)
     {
         using var image = SimulatedPersistenceDomain.FromImage(domain.GetDurableImage());
