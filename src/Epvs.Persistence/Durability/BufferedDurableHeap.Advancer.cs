@@ -881,11 +881,11 @@ public sealed unsafe partial class BufferedDurableHeap
         }
     }
 
-    private Exception? StopAdvancer()
+    private Exception? StopAdvancer(ref bool interrupted)
     {
         _stopping = true;
         _wake.Set();
-        if (_advancer is { } thread && !thread.Join(TimeSpan.FromSeconds(30)))
+        if (_advancer is { } thread && !UninterruptedWait.Run(thread.Join, TimeSpan.FromSeconds(30), ref interrupted))
         {
             return new TimeoutException("The advancer thread did not stop within 30 s.");
         }

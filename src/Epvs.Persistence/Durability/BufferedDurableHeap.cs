@@ -3,6 +3,7 @@ using System.Collections.Generic;
 using System.Diagnostics.CodeAnalysis;
 using System.Runtime.CompilerServices;
 using System.Threading;
+using System.Threading.Tasks;
 using Epvs;
 
 namespace Epvs.Persistence;
@@ -333,22 +334,27 @@ public sealed unsafe partial class BufferedDurableHeap : IDisposable
         }
 
         _disposal.Begin();
+        bool interrupted = false;
         try
         {
-            DisposeCore();
+            DisposeCore(ref interrupted);
         }
         finally
         {
             _disposal.Complete();
+            UninterruptedWait.Restore(interrupted);
         }
     }
 
     /// <summary>The test hooks of the Dispose that waits for another one.</summary>
     internal DisposalGate DisposalForTesting => _disposal;
 
-    private void DisposeCore()
+    /// <remarks>Every wait here absorbs an interrupt (<paramref name="interrupted"/>; requested again when Dispose ends):
+    /// thrown from one of them, it skipped the closing of the heap and the file (mapped and locked for good: a later
+    /// Dispose does nothing).</remarks>
+    private void DisposeCore(ref bool interrupted)
     {
-        Exception? failure = StopAdvancer();
+        Exception? failure = StopAdvancer(ref interrupted);
 
         // From here on only this thread runs advance cycles: a thread that passed its disposed check before the flag
         // and waits for the cycle gate (back-pressure) would otherwise run one after this Dispose's last, while the heap
@@ -356,7 +362,7 @@ public sealed unsafe partial class BufferedDurableHeap : IDisposable
         // first (one stuck behind a straggler keeps the gate; the last advance below then times out and says so).
         // One deadline for this and the last advance below, so that Dispose waits at most SyncTimeout for both.
         long deadline = Deadline(_syncTimeout);
-        bool gated = Monitor.TryEnter(_cycleGate, Remaining(deadline));
+        bool gated = UninterruptedWait.Run(wait => Monitor.TryEnter(_cycleGate, wait), Remaining(deadline), ref interrupted);
         // Volatile.Write: read under the gate by RunCycle (Volatile.Read there, as this write may come without it).
         Volatile.Write(ref _disposingThread, Environment.CurrentManagedThreadId);
         if (gated)
@@ -370,7 +376,17 @@ public sealed unsafe partial class BufferedDurableHeap : IDisposable
         {
             if (_mode != DurabilityMode.Transient && failure is null)
             {
-                SyncCore(CurrentVersion, Remaining(deadline));
+                // An interrupt breaks the cycle's waits, not the cycle (a transition left in flight is the next one's):
+                // go on with the time left.
+                long version = CurrentVersion;
+                UninterruptedWait.Run(
+                    wait =>
+                    {
+                        SyncCore(version, wait);
+                        return true;
+                    },
+                    Remaining(deadline),
+                    ref interrupted);
                 SavedStateFailure = SaveStateForReopen();
             }
         }
@@ -393,7 +409,7 @@ public sealed unsafe partial class BufferedDurableHeap : IDisposable
 
             // No operation may still be inside the mapping when it is unmapped: wait (briefly if the sync already
             // waited its full timeout) until every thread that entered before the flag has left.
-            drained = WaitForOperations(failure is TimeoutException ? TimeSpan.FromMilliseconds(100) : _syncTimeout);
+            drained = WaitForOperations(failure is TimeoutException ? TimeSpan.FromMilliseconds(100) : _syncTimeout, ref interrupted);
             if (!drained)
             {
                 failure ??= new TimeoutException($"BufferedDurableHeap.Dispose: a thread stayed inside an operation for {_syncTimeout.TotalSeconds:0.#} s; the heap was closed without unmapping under it (see the remarks of Dispose).");
@@ -410,7 +426,7 @@ public sealed unsafe partial class BufferedDurableHeap : IDisposable
             {
                 if (!machineInFlight && drained)
                 {
-                    DisposeScheme();
+                    DisposeScheme(ref interrupted);
                 }
 
                 if (drained)
@@ -454,7 +470,7 @@ public sealed unsafe partial class BufferedDurableHeap : IDisposable
     /// still refuses (a thread holds the public <see cref="VersionScheme"/> itself), it is left to the collector; the
     /// file is closed regardless.
     /// </summary>
-    private void DisposeScheme()
+    private void DisposeScheme(ref bool interrupted)
     {
         TimeSpan bound = TimeSpan.FromSeconds(30);
         long deadline = Deadline(_syncTimeout == Timeout.InfiniteTimeSpan || _syncTimeout > bound ? bound : _syncTimeout);
@@ -468,7 +484,14 @@ public sealed unsafe partial class BufferedDurableHeap : IDisposable
             }
             catch (InvalidOperationException) when (Remaining(deadline) > TimeSpan.Zero && (_faults & DurabilityFaults.DisposeSchemeOnce) == 0)
             {
-                spinner.SpinOnce();
+                try
+                {
+                    spinner.SpinOnce(); // sleeps at times
+                }
+                catch (ThreadInterruptedException) when (!UninterruptedWait.InterruptibleForTesting)
+                {
+                    interrupted = true;
+                }
             }
             catch (InvalidOperationException) when ((_faults & DurabilityFaults.DisposeSchemeOnce) == 0)
             {
@@ -477,7 +500,7 @@ public sealed unsafe partial class BufferedDurableHeap : IDisposable
         }
     }
 
-    private bool WaitForOperations(TimeSpan timeout)
+    private bool WaitForOperations(TimeSpan timeout, ref bool interrupted)
     {
         if (_scheme.Epoch.ThisInstanceProtected())
         {
@@ -493,7 +516,8 @@ public sealed unsafe partial class BufferedDurableHeap : IDisposable
         try
         {
             // The action runs once every thread protected before the bump has left.
-            return _scheme.Epoch.BumpCurrentEpochAsync(static () => { }).Wait(timeout);
+            Task left = _scheme.Epoch.BumpCurrentEpochAsync(static () => { });
+            return UninterruptedWait.Run(left.Wait, timeout, ref interrupted);
         }
         catch (AggregateException)
         {

@@ -466,13 +466,15 @@ public sealed unsafe class HeapFile : IDisposable
         }
 
         _disposal.Begin();
+        bool interrupted = false;
         try
         {
-            DisposeCore(operationsDrained);
+            DisposeCore(operationsDrained, ref interrupted);
         }
         finally
         {
             _disposal.Complete();
+            UninterruptedWait.Restore(interrupted);
         }
     }
 
@@ -482,9 +484,11 @@ public sealed unsafe class HeapFile : IDisposable
     /// <summary>Test-only: the flag the first Dispose sets (read it with Volatile.Read).</summary>
     internal ref int DisposedFlagForTesting => ref _disposed;
 
-    private void DisposeCore(bool operationsDrained)
+    private void DisposeCore(bool operationsDrained, ref bool interrupted)
     {
-        bool drained = operationsDrained && (HeapFileTestHooks.SkipOperationWait || (!_operations.ThisInstanceProtected() && WaitForOperations(DisposeWait)));
+        // The wait absorbs an interrupt (requested again when Dispose ends): thrown here, it skipped the unmapping and the
+        // release of the lock below, for good (a later Dispose does nothing).
+        bool drained = operationsDrained && (HeapFileTestHooks.SkipOperationWait || (!_operations.ThisInstanceProtected() && WaitForOperations(DisposeWait, ref interrupted)));
         try
         {
             if (drained && !Domain.IsDisposed && !_forgoCleanShutdown)
@@ -553,12 +557,13 @@ public sealed unsafe class HeapFile : IDisposable
     [MethodImpl(MethodImplOptions.AggressiveInlining)]
     internal void ExitOperation() => _operations.Suspend();
 
-    private bool WaitForOperations(TimeSpan timeout)
+    private bool WaitForOperations(TimeSpan timeout, ref bool interrupted)
     {
         // The action runs once every thread protected before the bump has left: then no call is inside the mapping.
         try
         {
-            return _operations.BumpCurrentEpochAsync(static () => { }).Wait(timeout);
+            Task left = _operations.BumpCurrentEpochAsync(static () => { });
+            return UninterruptedWait.Run(left.Wait, timeout, ref interrupted);
         }
         catch (AggregateException)
         {

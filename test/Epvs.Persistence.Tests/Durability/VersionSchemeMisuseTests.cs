@@ -151,7 +151,24 @@ public sealed class VersionSchemeMisuseTests
         map.Set(1, 10);
         heap.Sync();
         map.Set(2, 20);
-        heap.VersionScheme.Dispose();
+
+        // The advancer may be in a cycle (its machine running), which the scheme's Dispose refuses: wait for that machine
+        // and try again (it was flaky: 1 in a few runs under load).
+        for (int attempt = 0; ; attempt++)
+        {
+            try
+            {
+                heap.VersionScheme.Dispose();
+                break;
+            }
+            catch (InvalidOperationException e) when (attempt < 1000 && e.Message.Contains("is still running", StringComparison.Ordinal))
+            {
+                if (heap.VersionScheme.ActiveStateMachine is { } running)
+                {
+                    Assert.True(((IAsyncResult)running.Completion).AsyncWaitHandle.WaitOne(Workers.JoinTimeout));
+                }
+            }
+        }
 
         // The advancer's next cycle finds the scheme disposed and stops, before the fix without a word.
         Assert.True(heap.AdvancerForTesting!.Join(Workers.JoinTimeout));
