@@ -24,6 +24,9 @@ public abstract unsafe class PersistenceDomain : IDisposable
     private int _disposed;
     private readonly object _userGate = new();
 
+    /// <summary>Makes every Dispose return only once the memory is released (or quarantined).</summary>
+    private readonly DisposalGate _disposal = new();
+
     /// <summary>The heap file using the domain (one at a time; see <see cref="Claim"/>), and its Dispose.</summary>
     private object? _user;
     private Action? _closeUser;
@@ -157,7 +160,15 @@ public abstract unsafe class PersistenceDomain : IDisposable
         // Interlocked.Exchange: full fence; exactly one caller runs the release (or this instead of it).
         if (Interlocked.Exchange(ref _disposed, 1) == 0)
         {
-            QuarantineCore();
+            _disposal.Begin();
+            try
+            {
+                QuarantineCore();
+            }
+            finally
+            {
+                _disposal.Complete();
+            }
         }
     }
 
@@ -222,10 +233,14 @@ public abstract unsafe class PersistenceDomain : IDisposable
 
     /// <summary>
     /// Unmaps the memory. Stores not persisted before are durable only as the kind of domain allows. A
-    /// <see cref="HeapFile"/> on the domain is disposed first (it waits for its calls in flight).
+    /// <see cref="HeapFile"/> on the domain is disposed first (it waits for its calls in flight). Returns only once the
+    /// memory is released: a call while another Dispose runs waits for it (interruptibly:
+    /// <see cref="ThreadInterruptedException"/>, and the other one carries on); a call after that does nothing.
     /// </summary>
     /// <exception cref="InvalidOperationException">A heap still uses the heap file on this domain (dispose the heap
-    /// first), or the file's calls did not drain; nothing is unmapped.</exception>
+    /// first), or the file's calls did not drain; nothing is unmapped. Or: called on the thread of a Dispose of this
+    /// domain that is still running (from a callback inside it), which cannot complete before this call returns.</exception>
+    /// <exception cref="ThreadInterruptedException">The call waited for another Dispose and was interrupted.</exception>
     public void Dispose()
     {
         Action? closeUser;
@@ -247,13 +262,32 @@ public abstract unsafe class PersistenceDomain : IDisposable
             _closing = true;
         }
 
-        // Interlocked.Exchange: full fence; exactly one caller runs the release.
-        if (Interlocked.Exchange(ref _disposed, 1) == 0)
+        // Interlocked.Exchange: full fence; exactly one caller runs the release. Any other returns once it is done (it
+        // used to return at once, with the memory still mapped).
+        if (Interlocked.Exchange(ref _disposed, 1) != 0)
         {
+            _disposal.WaitForCompletion(GetType().Name);
+            return;
+        }
+
+        _disposal.Begin();
+        try
+        {
+            DisposingHookForTesting?.Invoke();
             Dispose(true);
             GC.SuppressFinalize(this);
         }
+        finally
+        {
+            _disposal.Complete();
+        }
     }
+
+    /// <summary>The test hooks of the Dispose that waits for another one.</summary>
+    internal DisposalGate DisposalForTesting => _disposal;
+
+    /// <summary>Test hook: runs on the Dispose that releases the memory, before it does.</summary>
+    internal Action? DisposingHookForTesting { get; set; }
 
     /// <summary>Releases the mapping.</summary>
     /// <param name="disposing"><see langword="true"/> from <see cref="Dispose()"/>, <see langword="false"/> from a finalizer.</param>

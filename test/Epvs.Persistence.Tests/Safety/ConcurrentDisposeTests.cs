@@ -230,4 +230,41 @@ public sealed class ConcurrentDisposeTests
         Assert.True(parked.Join(Workers.JoinTimeout));
         Assert.True(file.Domain.IsDisposed);
     }
+    /// <summary>Whether a second Dispose of a domain, started while the first is about to release the memory, returned
+    /// before the first was done.</summary>
+    private static bool DomainSecondDisposeReturnsEarly(bool legacy)
+    {
+        var domain = new SimulatedPersistenceDomain(1 << 20);
+        domain.DisposalForTesting.ReturnAtOnceForTesting = legacy;
+        using var waiting = new ManualResetEventSlim();
+        using var returned = new ManualResetEventSlim();
+        domain.DisposalForTesting.WaitsHookForTesting = waiting.Set;
+        bool early = false;
+        Thread? second = null;
+        domain.DisposingHookForTesting = () =>
+        {
+            second = new Thread(() =>
+            {
+                domain.Dispose();
+                returned.Set();
+            })
+            { IsBackground = true };
+            second.Start();
+            int which = WaitHandle.WaitAny([waiting.WaitHandle, returned.WaitHandle], Workers.JoinTimeout);
+            Assert.NotEqual(WaitHandle.WaitTimeout, which);
+            early = which == 1;
+        };
+        domain.Dispose();
+        Assert.True(second!.Join(Workers.JoinTimeout));
+        Assert.True(returned.IsSet);
+        return early;
+    }
+
+    [Fact]
+    public void PersistenceDomain_TwoDisposesAtOnce_EachReturnsOnlyOnceTheMemoryIsReleased()
+    {
+        bool control = DomainSecondDisposeReturnsEarly(legacy: true);
+        Assert.False(DomainSecondDisposeReturnsEarly(legacy: false), "a second Dispose returned before the memory was released");
+        Assert.SkipWhen(!control, "inconclusive: the control (a second Dispose that returns at once) was not caught");
+    }
 }
