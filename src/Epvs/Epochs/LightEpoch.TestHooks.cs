@@ -164,8 +164,15 @@ public sealed unsafe partial class LightEpoch
     /// actions (the Dispose is not complete yet).</summary>
     internal System.Action? ClosedHookForTesting;
 
-    /// <summary>Test-only: runs on a thread whose Dispose waits for another thread's Dispose to complete, on each turn.</summary>
+    /// <summary>Test-only: runs on a thread whose Dispose (or TryDispose) waits for another thread's Dispose to decide or to
+    /// complete, on each turn.</summary>
     internal System.Action? DisposeWaitsHookForTesting;
+
+    /// <summary>
+    /// Test-only: TryDispose waits for another Dispose interruptibly (as before), so the interrupt test can show that it
+    /// catches a TryDispose that throws. Read only on those waits.
+    /// </summary>
+    internal bool InterruptibleTryDisposeForTesting { get; set; }
 
     /// <summary>
     /// Test-only: a Dispose that finds the epoch Closed returns at once (as before), also while the Dispose that closed it

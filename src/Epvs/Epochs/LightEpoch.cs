@@ -964,7 +964,7 @@ public sealed unsafe partial class LightEpoch : IDisposable
     {
         if (ThisInstanceProtected())
             ThrowHelper.ThrowInvalidOperation("Dispose was called by a thread that is still protected by this epoch; call Suspend()/Leave() first.");
-        int stillProtected = CloseIfUnprotected(reentrantThrows: true);
+        int stillProtected = CloseIfUnprotected(fromDispose: true);
         if (stillProtected != 0)
             ThrowHelper.ThrowInvalidOperation(
                 $"Dispose was called while {stillProtected} thread(s) are still protected by this epoch; " +
@@ -975,30 +975,49 @@ public sealed unsafe partial class LightEpoch : IDisposable
     /// Disposes the epoch if no thread (the caller included) is protected by it; otherwise changes nothing and
     /// returns false. Never throws.
     /// </summary>
-    /// <remarks>Like <see cref="Dispose"/>, waits for a Dispose running on another thread (interruptible). Called from
-    /// inside an action that this epoch's own Dispose is running, it returns false: that Dispose is not complete, and the
-    /// call cannot wait for it.</remarks>
+    /// <remarks>Like <see cref="Dispose"/>, waits for a Dispose running on another thread; unlike it, not interruptibly:
+    /// an interrupt stays pending for the thread's next wait (it used to escape while another Dispose was deciding). Called
+    /// from inside an action that this epoch's own Dispose is running, it returns false: that Dispose is not complete, and
+    /// the call cannot wait for it.</remarks>
     /// <returns>True if the epoch is disposed (by this call or an earlier one).</returns>
-    /// <exception cref="ThreadInterruptedException">The call waited for another Dispose and was interrupted.</exception>
-    public bool TryDispose() => !ThisInstanceProtected() && CloseIfUnprotected(reentrantThrows: false) == 0;
+    public bool TryDispose() => !ThisInstanceProtected() && CloseIfUnprotected(fromDispose: false) == 0;
 
     /// <summary>Live → Closing → Closed, or back to Live; returns the number of protected threads found (0: Closed, and
-    /// the Dispose that closed it complete; -1: closed by a Dispose further up this thread's stack, when
-    /// <paramref name="reentrantThrows"/> is false). The only place that leaves Live.</summary>
-    private int CloseIfUnprotected(bool reentrantThrows)
+    /// the Dispose that closed it complete; -1: closed by a Dispose further up this thread's stack, for a TryDispose). The
+    /// only place that leaves Live. A Dispose's waits are interruptible and its re-entrant call throws; a TryDispose's
+    /// are not, and it does not.</summary>
+    private int CloseIfUnprotected(bool fromDispose)
     {
         var spinner = new SpinWait();
-        while (true)
+        var patient = new UninterruptibleSpinWait();
+        try
         {
-            // Full fence: ordered before the slot reads below (pairs with ResumeSlow's claim, then read of lifecycle).
-            int was = Interlocked.CompareExchange(ref lifecycle, Closing, Live);
-            if (was == Closed)
-                return WaitForClose(reentrantThrows);
-            if (was == Live)
-                break;
-            spinner.SpinOnce(); // another Dispose is deciding: take its answer, or try again
+            while (true)
+            {
+                // Full fence: ordered before the slot reads below (pairs with ResumeSlow's claim, then read of lifecycle).
+                int was = Interlocked.CompareExchange(ref lifecycle, Closing, Live);
+                if (was == Closed)
+                    return WaitForClose(fromDispose, ref spinner, ref patient);
+                if (was == Live)
+                    break;
+                // Another Dispose is deciding: take its answer, or try again.
+                DisposeWaitsHookForTesting?.Invoke();
+                if (fromDispose || InterruptibleTryDisposeForTesting)
+                    spinner.SpinOnce();
+                else
+                    patient.SpinOnce();
+            }
         }
+        finally
+        {
+            patient.End();
+        }
+        return CloseCore();
+    }
 
+    /// <summary>The part of <see cref="CloseIfUnprotected"/> that runs once this call moved the epoch to Closing.</summary>
+    private int CloseCore()
+    {
         // Mark every free slot so no fast-path Resume can claim it; a slot already taken means a protected thread.
         // A slot in a segment grown after this pass is covered by ResumeSlow's check of lifecycle after its claim.
         int stillProtected = 0;
@@ -1051,7 +1070,7 @@ public sealed unsafe partial class LightEpoch : IDisposable
     /// action of its final run calling Dispose again) it cannot complete first: throws, or returns -1.
     /// </summary>
     [MethodImpl(MethodImplOptions.NoInlining)]
-    private int WaitForClose(bool reentrantThrows)
+    private int WaitForClose(bool fromDispose, ref SpinWait spinner, ref UninterruptibleSpinWait patient)
     {
         // Acquire: pairs with the release at the end of the closing Dispose.
         if (Volatile.Read(ref closeCompleted) != 0 || LegacyConcurrentDisposeForTesting)
@@ -1059,19 +1078,21 @@ public sealed unsafe partial class LightEpoch : IDisposable
         // closingThread was written before the exchange to Closed that the caller's CAS saw (full fences both).
         if (Volatile.Read(ref closingThread) == Environment.CurrentManagedThreadId)
         {
-            if (!reentrantThrows)
+            if (!fromDispose)
                 return -1;
             ThrowHelper.ThrowInvalidOperation(
                 "Dispose was called from inside an action that this epoch's own Dispose is running (on the same thread): " +
                 "that Dispose cannot complete before the action returns, so this call cannot wait for it. It completes " +
                 "regardless; do not dispose the epoch from its own actions.");
         }
-        // User actions may run for long: spin, then sleep (SpinWait), interruptibly (a waiting Dispose has changed nothing).
-        var spinner = new SpinWait();
+        // User actions may run for long: spin, then sleep; a Dispose interruptibly (a waiting Dispose has changed nothing).
         while (Volatile.Read(ref closeCompleted) == 0)
         {
             DisposeWaitsHookForTesting?.Invoke();
-            spinner.SpinOnce();
+            if (fromDispose || InterruptibleTryDisposeForTesting)
+                spinner.SpinOnce();
+            else
+                patient.SpinOnce();
         }
         return 0;
     }

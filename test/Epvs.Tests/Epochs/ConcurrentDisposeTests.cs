@@ -103,4 +103,59 @@ public class ConcurrentDisposeTests
         Assert.Throws<ObjectDisposedException>(epoch.Resume);
         epoch.Dispose();
     }
+    /// <summary>
+    /// TryDispose never throws, also when the thread has an interrupt pending and waits for another Dispose that is
+    /// deciding (Closing): the wait used to sleep interruptibly and let ThreadInterruptedException out. The first Dispose
+    /// holds Closing (its hook) until the TryDispose has spun past the first sleeps, or has thrown.
+    /// </summary>
+    private static (Exception? Failure, bool? Result, bool InterruptKept) TryDisposeWithAnInterruptPendingWhileClosing(bool legacy)
+    {
+        var epoch = new LightEpoch { InterruptibleTryDisposeForTesting = legacy };
+        using var spunLong = new ManualResetEventSlim();
+        using var done = new ManualResetEventSlim();
+        int turns = 0;
+        Exception? failure = null;
+        bool? result = null;
+        bool kept = false;
+        GuardedThread? other = null;
+        epoch.DisposeWaitsHookForTesting = () =>
+        {
+            if (++turns == 60) // SpinWait sleeps from its 20th turn on
+                spunLong.Set();
+        };
+        epoch.ClosingHookForTesting = () =>
+        {
+            epoch.ClosingHookForTesting = null;
+            other = GuardedThread.Start(() =>
+            {
+                Thread.CurrentThread.Interrupt();
+                try
+                {
+                    result = epoch.TryDispose();
+                }
+                catch (Exception e)
+                {
+                    failure = e;
+                }
+                kept = PendingInterrupt.TryConsume();
+                done.Set();
+            });
+            Assert.NotEqual(WaitHandle.WaitTimeout, WaitHandle.WaitAny([spunLong.WaitHandle, done.WaitHandle], GuardedThread.DefaultTimeout));
+        };
+        epoch.Dispose();
+        other!.Join();
+        return (failure, result, kept);
+    }
+
+    [Fact]
+    public void TryDispose_WithAnInterruptPending_WhileAnotherDisposeDecides_NeverThrows_AndKeepsTheInterrupt()
+    {
+        var control = TryDisposeWithAnInterruptPendingWhileClosing(legacy: true);
+        var real = TryDisposeWithAnInterruptPendingWhileClosing(legacy: false);
+        output.WriteLine($"control: {control.Failure?.GetType().Name ?? "returned " + control.Result}; real: {real.Failure?.GetType().Name ?? "returned " + real.Result}, interrupt kept {real.InterruptKept}");
+        Assert.Null(real.Failure);
+        Assert.True(real.Result);
+        Assert.True(real.InterruptKept, "the absorbed interrupt was lost");
+        Assert.SkipWhen(control.Failure is not ThreadInterruptedException, "inconclusive: the control (an interruptible wait) did not throw");
+    }
 }
