@@ -25,11 +25,22 @@ internal sealed class DisposalGate
     /// <summary>Test-only: a waiting Dispose returns at once (the old behaviour), for the tests' controls.</summary>
     internal bool ReturnAtOnceForTesting { get; set; }
 
+    /// <summary>Test-only: a Dispose inside an operation waits like any other (the first version of the wait, which hung),
+    /// for the tests' controls.</summary>
+    internal bool WaitInsideOperationForTesting { get; set; }
+
+    /// <summary>Test hook: runs on the first Dispose when it begins.</summary>
+    internal Action? BeganHookForTesting { get; set; }
+
     /// <summary>Whether the disposal is complete (acquire: what it did is visible to the caller).</summary>
     internal bool IsCompleted => Volatile.Read(ref _completed) != 0;
 
     /// <summary>Called by the first Dispose, on its thread, right after its exchange of the disposed flag.</summary>
-    internal void Begin() => Volatile.Write(ref _owner, Environment.CurrentManagedThreadId);
+    internal void Begin()
+    {
+        Volatile.Write(ref _owner, Environment.CurrentManagedThreadId);
+        BeganHookForTesting?.Invoke();
+    }
 
     /// <summary>Called by the first Dispose when it is done (in a finally: also when it throws). Never throws.</summary>
     internal void Complete()
@@ -54,9 +65,11 @@ internal sealed class DisposalGate
     /// it throw <see cref="ThreadInterruptedException"/> (the disposal carries on).
     /// </summary>
     /// <param name="typeName">The disposed type, for the message of the re-entrant call.</param>
+    /// <param name="insideOperation">Whether the caller is inside an operation of the object, which the disposal in
+    /// progress waits for: the two would wait for each other.</param>
     /// <exception cref="InvalidOperationException">Called on the thread that runs the disposal (from a callback inside it),
-    /// which cannot complete before this call returns.</exception>
-    internal void WaitForCompletion(string typeName)
+    /// which cannot complete before this call returns; or inside an operation, which the disposal waits for.</exception>
+    internal void WaitForCompletion(string typeName, bool insideOperation = false)
     {
         if (IsCompleted || ReturnAtOnceForTesting)
         {
@@ -67,6 +80,11 @@ internal sealed class DisposalGate
         if (Volatile.Read(ref _owner) == Environment.CurrentManagedThreadId)
         {
             ThrowHelper.ThrowInvalidOperation($"{typeName}.Dispose was called on the thread whose Dispose of the same object is still running (from a callback inside it): that Dispose cannot complete before this call returns, so this call cannot wait for it. It completes regardless; dispose the object once, outside its own callbacks.");
+        }
+
+        if (insideOperation && !WaitInsideOperationForTesting)
+        {
+            ThrowHelper.ThrowInvalidOperation($"{typeName}.Dispose was called inside an operation while another thread's Dispose of the same object is running: that Dispose waits for the operation to end, so this call cannot wait for it (the two would wait for each other for ever). End the operation; the other Dispose completes then.");
         }
 
         WaitsHookForTesting?.Invoke();

@@ -308,7 +308,8 @@ public sealed unsafe partial class BufferedDurableHeap : IDisposable
     /// (from a callback such as a <see cref="EpochProtectedVersionScheme.StateMachineFaulted"/> handler on the advancer's
     /// thread): nothing is disposed, and the heap can be disposed from another thread. Or: called on the thread of a
     /// Dispose of this heap that is still running (from a callback inside it), which cannot complete before this call
-    /// returns; that Dispose completes regardless. Or: the last advance failed or could not run (an advance cycle failed
+    /// returns; that Dispose completes regardless. Or: called inside an operation while another thread's Dispose runs,
+    /// which waits for that operation to end (end it; the other Dispose completes then). Or: the last advance failed or could not run (an advance cycle failed
     /// earlier, see <see cref="BeginOperation"/>; or, in <see cref="DurabilityMode.Buffered"/> and
     /// <see cref="DurabilityMode.Strict"/> mode, Dispose was called inside an operation): operations after
     /// <see cref="DurableFrontier"/> are not durable. The heap is closed anyway, without a clean-shutdown mark;
@@ -328,8 +329,9 @@ public sealed unsafe partial class BufferedDurableHeap : IDisposable
         // Interlocked.Exchange: full fence; exactly one caller disposes.
         if (Interlocked.Exchange(ref _disposed, 1) != 0)
         {
-            // Another Dispose closes the heap: return once it has (a call from inside it, on its thread, throws).
-            _disposal.WaitForCompletion(nameof(BufferedDurableHeap));
+            // Another Dispose closes the heap: return once it has (a call from inside it, on its thread, throws; so does a
+            // call inside an operation, which that Dispose waits for: the first version of this wait hung there).
+            _disposal.WaitForCompletion(nameof(BufferedDurableHeap), insideOperation: _scheme.Epoch.ThisInstanceProtected());
             return;
         }
 

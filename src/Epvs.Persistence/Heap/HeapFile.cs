@@ -461,7 +461,7 @@ public sealed unsafe class HeapFile : IDisposable
         if (Interlocked.Exchange(ref _disposed, 1) != 0)
         {
             // Another Dispose closes the file: return once it has (a call from inside it, on its thread, throws).
-            _disposal.WaitForCompletion(nameof(HeapFile));
+            _disposal.WaitForCompletion(nameof(HeapFile), insideOperation: _operations.ThisInstanceProtected());
             return;
         }
 

@@ -1,4 +1,5 @@
 using System;
+using System.Collections.Generic;
 using System.Threading;
 using Xunit;
 
@@ -266,5 +267,70 @@ public sealed class ConcurrentDisposeTests
         bool control = DomainSecondDisposeReturnsEarly(legacy: true);
         Assert.False(DomainSecondDisposeReturnsEarly(legacy: false), "a second Dispose returned before the memory was released");
         Assert.SkipWhen(!control, "inconclusive: the control (a second Dispose that returns at once) was not caught");
+    }
+    /// <summary>
+    /// A Dispose inside an operation, while another thread's Dispose runs (with an infinite SyncTimeout): that Dispose's
+    /// last advance waits for the operation, so waiting for it hangs both (the first version of the wait did). It throws
+    /// instead; the operation ends, the other Dispose completes. Control: the wait taken anyway, caught when the call
+    /// reaches it (the test then interrupts it to unblock both).
+    /// </summary>
+    private (Exception? Inside, bool ReachedTheWait, Dictionary<int, int> Recovered) DisposeInsideAnOperationWhileAnotherRuns(TempDirectory dir, bool legacy)
+    {
+        string path = dir.File($"inside-{legacy}.heap");
+        var options = new BufferedDurableHeapOptions { AdvancePeriod = Timeout.InfiniteTimeSpan, SyncTimeout = Timeout.InfiniteTimeSpan };
+        BufferedDurableHeap heap = BufferedDurableHeap.Create(path, Small, options);
+        var map = new PersistentHashMap<int, int>(heap, typeId: 1);
+        map.Set(1, 10);
+        heap.DisposalForTesting.WaitInsideOperationForTesting = legacy;
+        using var opened = new ManualResetEventSlim();
+        using var began = new ManualResetEventSlim();
+        using var reachedWait = new ManualResetEventSlim();
+        using var done = new ManualResetEventSlim();
+        heap.DisposalForTesting.BeganHookForTesting = began.Set;
+        heap.DisposalForTesting.WaitsHookForTesting = reachedWait.Set;
+        Exception? inside = null;
+        var operation = new Thread(() =>
+        {
+            using (DurableOperation op = heap.BeginOperation())
+            {
+                opened.Set();
+                began.Wait(Workers.JoinTimeout);
+                inside = Record.Exception(heap.Dispose);
+            }
+
+            done.Set();
+        })
+        { IsBackground = true };
+        operation.Start();
+        Assert.True(opened.Wait(Workers.JoinTimeout));
+        Exception? first = null;
+        var disposer = new Thread(() => first = Record.Exception(heap.Dispose)) { IsBackground = true };
+        disposer.Start();
+        int which = WaitHandle.WaitAny([done.WaitHandle, reachedWait.WaitHandle], Workers.JoinTimeout);
+        Assert.NotEqual(WaitHandle.WaitTimeout, which);
+        if (which == 1)
+        {
+            operation.Interrupt(); // the control waits for ever otherwise
+        }
+
+        Assert.True(operation.Join(Workers.JoinTimeout));
+        Assert.True(disposer.Join(Workers.JoinTimeout));
+        Assert.Null(first);
+        using BufferedDurableHeap reopened = BufferedDurableHeap.Open(path, Small, options);
+        return (inside, which == 1, new PersistentHashMap<int, int>(reopened, typeId: 1).ToDictionary());
+    }
+
+    [Fact]
+    public void BufferedDurableHeap_DisposeInsideAnOperationWhileAnotherDisposeRuns_ThrowsInsteadOfWaitingForEachOther()
+    {
+        using var dir = new TempDirectory();
+        var control = DisposeInsideAnOperationWhileAnotherRuns(dir, legacy: true);
+        var real = DisposeInsideAnOperationWhileAnotherRuns(dir, legacy: false);
+        _output.WriteLine($"control: reached the wait {control.ReachedTheWait} ({control.Inside?.GetType().Name}); real: {real.Inside?.Message}");
+        Assert.False(real.ReachedTheWait);
+        InvalidOperationException refused = Assert.IsType<InvalidOperationException>(real.Inside);
+        Assert.Contains("inside an operation", refused.Message, StringComparison.Ordinal);
+        Assert.Equal(new Dictionary<int, int> { [1] = 10 }, real.Recovered);
+        Assert.SkipWhen(!control.ReachedTheWait, "inconclusive: the control (a Dispose inside an operation that waits) did not reach the wait");
     }
 }
