@@ -1,6 +1,7 @@
 using System;
 using System.Diagnostics;
 using System.Threading;
+using System.Threading.Tasks;
 
 namespace Epvs.Persistence;
 
@@ -9,33 +10,19 @@ namespace Epvs.Persistence;
 /// <see cref="ThreadInterruptedException"/>, which in the middle of a Dispose skipped the unmapping and the release of the
 /// file lock (the file stayed locked for the life of the process). The wait absorbs the interrupt and goes on with what is
 /// left of its timeout; <see cref="Restore"/> requests the interrupt again when the Dispose ends, so the thread's next wait
-/// still sees it.
+/// still sees it. No delegates: a Dispose must not fail to allocate before it has closed the file.
 /// </summary>
 internal static class UninterruptedWait
 {
-    /// <summary>Runs <paramref name="wait"/> with what is left of <paramref name="timeout"/> until it returns.</summary>
-    /// <param name="wait">The wait, given the time left (<see cref="Timeout.InfiniteTimeSpan"/> for no limit).</param>
-    /// <param name="timeout">The whole wait's limit.</param>
-    /// <param name="interrupted">Set when an interrupt was absorbed.</param>
-    /// <returns>What <paramref name="wait"/> returned.</returns>
-    internal static bool Run(Func<TimeSpan, bool> wait, TimeSpan timeout, ref bool interrupted)
+    /// <summary><see cref="Task.Wait(TimeSpan)"/>, absorbing interrupts (<paramref name="interrupted"/>).</summary>
+    internal static bool Wait(Task task, TimeSpan timeout, ref bool interrupted)
     {
         long start = Stopwatch.GetTimestamp();
         while (true)
         {
-            TimeSpan left = timeout;
-            if (timeout != Timeout.InfiniteTimeSpan)
-            {
-                left = timeout - Stopwatch.GetElapsedTime(start);
-                if (left < TimeSpan.Zero)
-                {
-                    left = TimeSpan.Zero;
-                }
-            }
-
             try
             {
-                return wait(left);
+                return task.Wait(Left(start, timeout));
             }
             catch (ThreadInterruptedException) when (Seen() && !InterruptibleForTesting)
             {
@@ -43,6 +30,55 @@ internal static class UninterruptedWait
             }
         }
     }
+
+    /// <summary><see cref="Thread.Join(TimeSpan)"/>, absorbing interrupts (<paramref name="interrupted"/>).</summary>
+    internal static bool Join(Thread thread, TimeSpan timeout, ref bool interrupted)
+    {
+        long start = Stopwatch.GetTimestamp();
+        while (true)
+        {
+            try
+            {
+                return thread.Join(Left(start, timeout));
+            }
+            catch (ThreadInterruptedException) when (Seen() && !InterruptibleForTesting)
+            {
+                interrupted = true;
+            }
+        }
+    }
+
+    /// <summary><see cref="Monitor.TryEnter(object, TimeSpan)"/>, absorbing interrupts (<paramref name="interrupted"/>).</summary>
+    internal static bool TryEnter(object gate, TimeSpan timeout, ref bool interrupted)
+    {
+        long start = Stopwatch.GetTimestamp();
+        while (true)
+        {
+            try
+            {
+                return Monitor.TryEnter(gate, Left(start, timeout));
+            }
+            catch (ThreadInterruptedException) when (Seen() && !InterruptibleForTesting)
+            {
+                interrupted = true;
+            }
+        }
+    }
+
+    /// <summary>What is left of <paramref name="timeout"/> since <paramref name="start"/> (infinite stays infinite).</summary>
+    internal static TimeSpan Left(long start, TimeSpan timeout)
+    {
+        if (timeout == Timeout.InfiniteTimeSpan)
+        {
+            return timeout;
+        }
+
+        TimeSpan left = timeout - Stopwatch.GetElapsedTime(start);
+        return left < TimeSpan.Zero ? TimeSpan.Zero : left;
+    }
+
+    /// <summary>Whether an interrupt just caught is absorbed (it is, unless a test's control lets it through).</summary>
+    internal static bool Absorbs() => Seen() && !InterruptibleForTesting;
 
     /// <summary>Requests again an interrupt that a wait absorbed: it surfaces at the thread's next blocking wait.</summary>
     internal static void Restore(bool interrupted)

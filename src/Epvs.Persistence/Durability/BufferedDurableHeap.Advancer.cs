@@ -885,7 +885,7 @@ public sealed unsafe partial class BufferedDurableHeap
     {
         _stopping = true;
         _wake.Set();
-        if (_advancer is { } thread && !UninterruptedWait.Run(thread.Join, TimeSpan.FromSeconds(30), ref interrupted))
+        if (_advancer is { } thread && !UninterruptedWait.Join(thread, TimeSpan.FromSeconds(30), ref interrupted))
         {
             return new TimeoutException("The advancer thread did not stop within 30 s.");
         }

@@ -364,7 +364,7 @@ public sealed unsafe partial class BufferedDurableHeap : IDisposable
         // first (one stuck behind a straggler keeps the gate; the last advance below then times out and says so).
         // One deadline for this and the last advance below, so that Dispose waits at most SyncTimeout for both.
         long deadline = Deadline(_syncTimeout);
-        bool gated = UninterruptedWait.Run(wait => Monitor.TryEnter(_cycleGate, wait), Remaining(deadline), ref interrupted);
+        bool gated = UninterruptedWait.TryEnter(_cycleGate, Remaining(deadline), ref interrupted);
         // Volatile.Write: read under the gate by RunCycle (Volatile.Read there, as this write may come without it).
         Volatile.Write(ref _disposingThread, Environment.CurrentManagedThreadId);
         if (gated)
@@ -381,14 +381,19 @@ public sealed unsafe partial class BufferedDurableHeap : IDisposable
                 // An interrupt breaks the cycle's waits, not the cycle (a transition left in flight is the next one's):
                 // go on with the time left.
                 long version = CurrentVersion;
-                UninterruptedWait.Run(
-                    wait =>
+                while (true)
+                {
+                    try
                     {
-                        SyncCore(version, wait);
-                        return true;
-                    },
-                    Remaining(deadline),
-                    ref interrupted);
+                        SyncCore(version, Remaining(deadline));
+                        break;
+                    }
+                    catch (ThreadInterruptedException) when (UninterruptedWait.Absorbs())
+                    {
+                        interrupted = true;
+                    }
+                }
+
                 SavedStateFailure = SaveStateForReopen();
             }
         }
@@ -398,34 +403,37 @@ public sealed unsafe partial class BufferedDurableHeap : IDisposable
         }
         finally
         {
-            lock (_cycleGate)
-            {
-                machineInFlight = _inflight is not null;
-            }
-
-            AfterDisposeClosedCyclesForTesting?.Invoke();
-
-            // SyncAsync waiters the last advance did not complete (it failed, or did not run) would otherwise wait for
-            // ever (an infinite SyncTimeout) or time out against a disposed heap.
-            FailWaiters(new ObjectDisposedException(nameof(BufferedDurableHeap), "The heap was disposed before this SyncAsync's operations became durable."));
-
-            // No operation may still be inside the mapping when it is unmapped: wait (briefly if the sync already
-            // waited its full timeout) until every thread that entered before the flag has left.
-            drained = WaitForOperations(failure is TimeoutException ? TimeSpan.FromMilliseconds(100) : _syncTimeout, ref interrupted);
-            if (!drained)
-            {
-                failure ??= new TimeoutException($"BufferedDurableHeap.Dispose: a thread stayed inside an operation for {_syncTimeout.TotalSeconds:0.#} s; the heap was closed without unmapping under it (see the remarks of Dispose).");
-            }
-
-            if (failure is not null)
-            {
-                // Whatever was not made durable is not there after the next open: that open must not be told the
-                // previous one shut down cleanly (nor may a caller-owned file say so when its owner disposes it).
-                _heap.File.ForgoCleanShutdown();
-            }
-
+            // The file is closed and its lock released whatever happens in this block (an allocation failure in it used to
+            // skip the closing: the file stayed mapped and locked for good, and a later Dispose did nothing). Until the
+            // operations are known to have drained, closing quarantines the mapping and leaves no clean-shutdown mark.
             try
             {
+                lock (_cycleGate)
+                {
+                    machineInFlight = _inflight is not null;
+                }
+
+                AfterDisposeClosedCyclesForTesting?.Invoke();
+
+                // SyncAsync waiters the last advance did not complete (it failed, or did not run) would otherwise wait for
+                // ever (an infinite SyncTimeout) or time out against a disposed heap.
+                FailWaiters(new ObjectDisposedException(nameof(BufferedDurableHeap), "The heap was disposed before this SyncAsync's operations became durable."));
+
+                // No operation may still be inside the mapping when it is unmapped: wait (briefly if the sync already
+                // waited its full timeout) until every thread that entered before the flag has left.
+                drained = WaitForOperations(failure is TimeoutException ? TimeSpan.FromMilliseconds(100) : _syncTimeout, ref interrupted);
+                if (!drained)
+                {
+                    failure ??= new TimeoutException($"BufferedDurableHeap.Dispose: a thread stayed inside an operation for {_syncTimeout.TotalSeconds:0.#} s; the heap was closed without unmapping under it (see the remarks of Dispose).");
+                }
+
+                if (failure is not null)
+                {
+                    // Whatever was not made durable is not there after the next open: that open must not be told the
+                    // previous one shut down cleanly (nor may a caller-owned file say so when its owner disposes it).
+                    _heap.File.ForgoCleanShutdown();
+                }
+
                 if (!machineInFlight && drained)
                 {
                     DisposeScheme(ref interrupted);
@@ -438,7 +446,6 @@ public sealed unsafe partial class BufferedDurableHeap : IDisposable
             }
             finally
             {
-                // The file is closed and its lock released whatever happened above.
                 try
                 {
                     _heap.Dispose(drained, fileClosesNext: _ownsFile);
@@ -490,7 +497,7 @@ public sealed unsafe partial class BufferedDurableHeap : IDisposable
                 {
                     spinner.SpinOnce(); // sleeps at times
                 }
-                catch (ThreadInterruptedException) when (!UninterruptedWait.InterruptibleForTesting)
+                catch (ThreadInterruptedException) when (UninterruptedWait.Absorbs())
                 {
                     interrupted = true;
                 }
@@ -519,7 +526,7 @@ public sealed unsafe partial class BufferedDurableHeap : IDisposable
         {
             // The action runs once every thread protected before the bump has left.
             Task left = _scheme.Epoch.BumpCurrentEpochAsync(static () => { });
-            return UninterruptedWait.Run(left.Wait, timeout, ref interrupted);
+            return UninterruptedWait.Wait(left, timeout, ref interrupted);
         }
         catch (AggregateException)
         {

@@ -563,7 +563,7 @@ public sealed unsafe class HeapFile : IDisposable
         try
         {
             Task left = _operations.BumpCurrentEpochAsync(static () => { });
-            return UninterruptedWait.Run(left.Wait, timeout, ref interrupted);
+            return UninterruptedWait.Wait(left, timeout, ref interrupted);
         }
         catch (AggregateException)
         {

@@ -1,0 +1,37 @@
+using System;
+using System.Collections.Generic;
+using System.Threading;
+using Xunit;
+
+namespace Epvs.Persistence.Tests;
+
+/// <summary>
+/// A failure inside a BufferedDurableHeap's Dispose after its last advance (an allocation there: failing the SyncAsync
+/// waiters, the timeout's exception; a hook that throws stands for it) skipped the closing of the heap and the file: the
+/// file stayed mapped and locked for the life of the process, every later open failed as AlreadyOpen, and a later Dispose
+/// did nothing. Now the file is closed whatever fails there.
+/// </summary>
+public sealed class DisposeFaultTests
+{
+    private static readonly HeapFileOptions Small = new() { Size = 4L << 20, Domain = PersistenceDomainKind.MappedFile };
+
+    [Fact]
+    public void BufferedDurableHeap_AFailureAfterTheLastAdvance_StillClosesTheFile()
+    {
+        using var dir = new TempDirectory();
+        string path = dir.File("dispose-fault.heap");
+        var options = new BufferedDurableHeapOptions { AdvancePeriod = Timeout.InfiniteTimeSpan };
+        BufferedDurableHeap heap = BufferedDurableHeap.Create(path, Small, options);
+        new PersistentHashMap<int, int>(heap, typeId: 1).Set(1, 10);
+        heap.AfterDisposeClosedCyclesForTesting = () => throw new OutOfMemoryException("simulated: an allocation after the last advance");
+
+        Assert.Throws<OutOfMemoryException>(heap.Dispose);
+        heap.Dispose(); // done: does nothing
+
+        // The last advance made the write durable; the file was closed (quarantined: the wait for operations never ran, so
+        // it is not known to have drained), without a clean-shutdown mark.
+        using BufferedDurableHeap reopened = BufferedDurableHeap.Open(path, Small, options);
+        Assert.False(reopened.Heap.File.WasCleanShutdown);
+        Assert.Equal(new Dictionary<int, int> { [1] = 10 }, new PersistentHashMap<int, int>(reopened, typeId: 1).ToDictionary());
+    }
+}
