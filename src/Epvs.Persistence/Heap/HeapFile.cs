@@ -481,16 +481,22 @@ public sealed unsafe class HeapFile : IDisposable
     /// <summary>The test hooks of the Dispose that waits for another one.</summary>
     internal DisposalGate DisposalForTesting => _disposal;
 
+    /// <summary>Test hook: runs on Dispose before its wait for the calls in flight (which allocates); a hook that throws
+    /// stands for an allocation failure there.</summary>
+    internal Action? BeforeOperationWaitForTesting { get; set; }
+
     /// <summary>Test-only: the flag the first Dispose sets (read it with Volatile.Read).</summary>
     internal ref int DisposedFlagForTesting => ref _disposed;
 
     private void DisposeCore(bool operationsDrained, ref bool interrupted)
     {
-        // The wait absorbs an interrupt (requested again when Dispose ends): thrown here, it skipped the unmapping and the
-        // release of the lock below, for good (a later Dispose does nothing).
-        bool drained = operationsDrained && (HeapFileTestHooks.SkipOperationWait || (!_operations.ThisInstanceProtected() && WaitForOperations(DisposeWait, ref interrupted)));
+        // Inside the try: whatever fails in the wait (it allocates), the mapping is released below, quarantined as when the
+        // calls did not drain (a failure here used to skip the unmapping and the release of the lock, for good: a later
+        // Dispose does nothing). The wait absorbs an interrupt, requested again when Dispose ends.
+        bool drained = false;
         try
         {
+            drained = operationsDrained && (HeapFileTestHooks.SkipOperationWait || (!_operations.ThisInstanceProtected() && WaitForOperations(DisposeWait, ref interrupted)));
             if (drained && !Domain.IsDisposed && !_forgoCleanShutdown)
             {
                 // Through a shared mapping (msync writes dirty pages only) or on pmem, also whatever a caller stored and
@@ -562,6 +568,7 @@ public sealed unsafe class HeapFile : IDisposable
         // The action runs once every thread protected before the bump has left: then no call is inside the mapping.
         try
         {
+            BeforeOperationWaitForTesting?.Invoke();
             Task left = _operations.BumpCurrentEpochAsync(static () => { });
             return UninterruptedWait.Wait(left, timeout, ref interrupted);
         }

@@ -34,4 +34,23 @@ public sealed class DisposeFaultTests
         Assert.False(reopened.Heap.File.WasCleanShutdown);
         Assert.Equal(new Dictionary<int, int> { [1] = 10 }, new PersistentHashMap<int, int>(reopened, typeId: 1).ToDictionary());
     }
+    /// <summary>The same for a HeapFile: its wait for the calls in flight allocates (a task) before the unmapping, and a
+    /// failure there skipped it and the release of the lock.</summary>
+    [Fact]
+    public void HeapFile_AFailureInTheWaitForCalls_StillReleasesTheFile()
+    {
+        using var dir = new TempDirectory();
+        string path = dir.File("wait-fault.heap");
+        HeapFile file = HeapFile.Create(path, Small);
+        file.SetRoot(0, 42);
+        file.BeforeOperationWaitForTesting = () => throw new OutOfMemoryException("simulated: the wait's task");
+
+        Assert.Throws<OutOfMemoryException>(file.Dispose);
+        file.Dispose(); // done: does nothing
+
+        // Quarantined (the calls were not known to have drained): no clean-shutdown mark, the root persisted before.
+        using HeapFile reopened = HeapFile.Open(path, Small);
+        Assert.False(reopened.WasCleanShutdown);
+        Assert.Equal(42, reopened.GetRoot(0));
+    }
 }
