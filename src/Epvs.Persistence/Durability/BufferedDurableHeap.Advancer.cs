@@ -881,8 +881,12 @@ public sealed unsafe partial class BufferedDurableHeap
         }
     }
 
+    /// <summary>Test hook: runs first when Dispose stops the advancer; a hook that throws stands for a failure there.</summary>
+    internal Action? StoppingAdvancerForTesting { get; set; }
+
     private Exception? StopAdvancer(ref bool interrupted)
     {
+        StoppingAdvancerForTesting?.Invoke();
         _stopping = true;
         _wake.Set();
         if (_advancer is { } thread && !UninterruptedWait.Join(thread, TimeSpan.FromSeconds(30), ref interrupted))

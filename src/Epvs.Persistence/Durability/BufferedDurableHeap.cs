@@ -356,7 +356,17 @@ public sealed unsafe partial class BufferedDurableHeap : IDisposable
     /// Dispose does nothing).</remarks>
     private void DisposeCore(ref bool interrupted)
     {
-        Exception? failure = StopAdvancer(ref interrupted);
+        // A failure before the closing below (stopping the advancer, taking the gate: both may allocate) is this Dispose's
+        // failure like a failed last advance: it used to escape with the file mapped and locked for good.
+        Exception? failure;
+        try
+        {
+            failure = StopAdvancer(ref interrupted);
+        }
+        catch (Exception e)
+        {
+            failure = e;
+        }
 
         // From here on only this thread runs advance cycles: a thread that passed its disposed check before the flag
         // and waits for the cycle gate (back-pressure) would otherwise run one after this Dispose's last, while the heap
@@ -364,7 +374,17 @@ public sealed unsafe partial class BufferedDurableHeap : IDisposable
         // first (one stuck behind a straggler keeps the gate; the last advance below then times out and says so).
         // One deadline for this and the last advance below, so that Dispose waits at most SyncTimeout for both.
         long deadline = Deadline(_syncTimeout);
-        bool gated = UninterruptedWait.TryEnter(_cycleGate, Remaining(deadline), ref interrupted);
+        bool gated;
+        try
+        {
+            gated = UninterruptedWait.TryEnter(_cycleGate, Remaining(deadline), ref interrupted);
+        }
+        catch (Exception e)
+        {
+            gated = false;
+            failure ??= e;
+        }
+
         // Volatile.Write: read under the gate by RunCycle (Volatile.Read there, as this write may come without it).
         Volatile.Write(ref _disposingThread, Environment.CurrentManagedThreadId);
         if (gated)

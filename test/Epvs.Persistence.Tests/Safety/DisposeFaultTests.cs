@@ -53,4 +53,27 @@ public sealed class DisposeFaultTests
         Assert.False(reopened.WasCleanShutdown);
         Assert.Equal(42, reopened.GetRoot(0));
     }
+    /// <summary>A failure while Dispose stops the advancer (before its last advance) escaped with the file mapped and
+    /// locked; now it is the Dispose's failure, reported like a failed last advance, and the file is closed.</summary>
+    [Fact]
+    public void BufferedDurableHeap_AFailureStoppingTheAdvancer_StillClosesTheFile()
+    {
+        using var dir = new TempDirectory();
+        string path = dir.File("stop-fault.heap");
+        var options = new BufferedDurableHeapOptions { AdvancePeriod = Timeout.InfiniteTimeSpan };
+        BufferedDurableHeap heap = BufferedDurableHeap.Create(path, Small, options);
+        var map = new PersistentHashMap<int, int>(heap, typeId: 1);
+        map.Set(1, 10);
+        heap.Sync();
+        map.Set(2, 20);
+        heap.StoppingAdvancerForTesting = () => throw new OutOfMemoryException("simulated: stopping the advancer");
+
+        InvalidOperationException failed = Assert.Throws<InvalidOperationException>(heap.Dispose);
+        Assert.Contains("not made durable", failed.Message, StringComparison.Ordinal);
+        Assert.IsType<OutOfMemoryException>(failed.InnerException);
+
+        using BufferedDurableHeap reopened = BufferedDurableHeap.Open(path, Small, options);
+        Assert.False(reopened.Heap.File.WasCleanShutdown);
+        Assert.Equal(new Dictionary<int, int> { [1] = 10 }, new PersistentHashMap<int, int>(reopened, typeId: 1).ToDictionary());
+    }
 }
