@@ -943,10 +943,10 @@ public sealed unsafe partial class PersistentHeap : IDisposable
         internal long LiveBlocks;
         internal long LiveBytes;
         private long _uidNext;
+        private long _uidEnd;
 
         /// <summary>The thread whose cache this is.</summary>
         internal Thread Owner { get; }
-        private long _uidEnd;
 
         internal ThreadCache(Thread owner)
         {
