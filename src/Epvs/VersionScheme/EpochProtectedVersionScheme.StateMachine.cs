@@ -569,6 +569,12 @@ public sealed partial class EpochProtectedVersionScheme
             LegacyReleaseStep();
             return;
         }
+        if (ReleaseStoreForTesting)
+        {
+            Volatile.Write(ref stepOwned, 0); // the control: a release store, which the read below may pass
+            TryStepStateMachine(mustNotLose: true);
+            return;
+        }
         // Full fence, not a release store. With a starter this is a store-buffering pair: it publishes its machine (CAS, a
         // full fence) and then reads stepOwned (PrepareStep, under stepLock); we clear stepOwned and then read
         // currentMachine (TryStepStateMachine). A release store may still sit in the store buffer when that read runs (x64

@@ -73,6 +73,14 @@ public sealed partial class EpochProtectedVersionScheme
     /// </summary>
     internal bool LegacyReleaseStepForTesting { get; set; }
 
+    /// <summary>
+    /// Test-only: the end of a step's ownership clears it with a release store (<see cref="System.Threading.Volatile.Write(ref int, int)"/>)
+    /// and then looks for the next step (as before the full fence): the hardware may let that look pass the store, so the
+    /// step-release stress race can show that it catches a machine started meanwhile that nobody steps. Read only on that
+    /// path.
+    /// </summary>
+    internal bool ReleaseStoreForTesting { get; set; }
+
     /// <summary>Test hook: runs on the thread ending a step's ownership (after a machine's callbacks, or its retirement),
     /// between clearing it and looking for the next step.</summary>
     internal System.Action? ReleaseStepHookForTesting { get; set; }
