@@ -141,13 +141,14 @@ public class StepReleaseRaceTests
     {
         // The control first: the release store that the fix replaced. It stranded a machine within a few rounds when found;
         // a round whose tasks have not completed 2 s after its starts counts as stranded (a completed round takes
-        // milliseconds; it caught the control within 3 to 132 rounds here). Bounded: 500 rounds or 3 s of starting rounds.
-        (int controlRounds, string? caught) = Race(releaseStore: true, maxRounds: 500, TimeSpan.FromSeconds(3), TimeSpan.FromSeconds(2));
+        // milliseconds; it caught the control within 3 to 132 rounds here, in most runs). Bounded: 2,000 rounds or 5 s of
+        // starting rounds.
+        (int controlRounds, string? caught) = Race(releaseStore: true, maxRounds: 2_000, TimeSpan.FromSeconds(5), TimeSpan.FromSeconds(2));
         output.WriteLine($"release-store control: {(caught is null ? "not caught" : "caught")} in {controlRounds} rounds{(caught is null ? "" : $" ({caught})")}");
 
-        // The real release (a full fence), for several times the rounds the control needed. Bounded: at most 10 s of
+        // The real release (a full fence), for several times the rounds the control needed. Bounded: at most 5 s of
         // starting rounds; every round's tasks get 30 s.
-        (int rounds, string? stranded) = Race(releaseStore: false, maxRounds: Math.Max(400, 4 * controlRounds), TimeSpan.FromSeconds(10), GuardedThread.DefaultTimeout);
+        (int rounds, string? stranded) = Race(releaseStore: false, maxRounds: Math.Max(400, 4 * controlRounds), TimeSpan.FromSeconds(5), GuardedThread.DefaultTimeout);
         output.WriteLine($"full-fence release: {(stranded is null ? "no machine stranded" : stranded)} in {rounds} rounds");
 
         Assert.Null(stranded);
