@@ -340,6 +340,35 @@ public sealed class PersistentHeapTests : IDisposable
         Assert.DoesNotContain(reused[4], blocks);
     }
 
+    /// <summary>
+    /// A DeferFrees whose bitmap for a later segment cannot be allocated fails part way: the blocks it parked before that
+    /// are counted all the same, so the sweep finds and frees them. The counters used to be updated after the loop only:
+    /// the parked blocks were invisible to the sweep (which stops when it counts none) and leaked.
+    /// </summary>
+    [Fact]
+    public void DeferredFrees_FailingPartWay_CountsTheBlocksParkedSoFar()
+    {
+        using var domain = new SimulatedPersistenceDomain(1 << 20);
+        using HeapFile file = HeapFile.Create(domain);
+        using var heap = new PersistentHeap(file);
+        int perSegment = SizeClasses.BlocksPerSegment[SizeClasses.ForPayload(16)];
+        long[] blocks = Enumerable.Range(0, perSegment + 1).Select(_ => heap.Allocate(16, typeId: 1).Offset).ToArray();
+        long lastSegment = heap.SegmentOf(blocks[perSegment]);
+        Assert.NotEqual(heap.SegmentOf(blocks[0]), lastSegment);
+        heap.BeforePendingBitsGrowForTesting = segment =>
+        {
+            if (segment == lastSegment)
+            {
+                throw new OutOfMemoryException("simulated: no memory for a pending-free bitmap");
+            }
+        };
+        Assert.Throws<OutOfMemoryException>(() => heap.DeferFrees([blocks[1], blocks[2], blocks[perSegment]], 3, new List<long>()));
+        heap.BeforePendingBitsGrowForTesting = null;
+        Assert.Equal(2, heap.PendingFreeBlocks);
+        Assert.Equal(2, heap.SweepPendingFrees(long.MaxValue));
+        Assert.Equal(perSegment - 1, heap.GetStatistics().LiveBlocks);
+    }
+
     [Fact]
     public unsafe void Seal_ManyBlocksInBatches_SealsExactlyTheAllocatedBlocksOfTheVersion()
     {

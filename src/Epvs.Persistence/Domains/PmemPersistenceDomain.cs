@@ -128,10 +128,10 @@ internal sealed unsafe class PmemPersistenceDomain : PersistenceDomain
             return;
         }
 
-        _msyncCalls++;
         ThrowIfFailedBefore();
         lock (_syncGate)
         {
+            _msyncCalls++;
             // Under the gate: the call that takes the kernel's report of a failed page records it before any other
             // call can return.
             ThrowIfFailedBefore();

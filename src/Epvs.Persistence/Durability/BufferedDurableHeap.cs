@@ -209,6 +209,13 @@ public sealed unsafe partial class BufferedDurableHeap : IDisposable
                 ApplyBackPressure(buffers);
             }
 
+            // Room to record the operation, made before entering the region: a failed allocation inside it would leave the
+            // thread protected, holding back every version transition.
+            if (buffers.OpenRecordFull)
+            {
+                GrowOpenRecord(buffers);
+            }
+
             state = _scheme.Enter();
         }
         catch (ObjectDisposedException e)
@@ -233,6 +240,16 @@ public sealed unsafe partial class BufferedDurableHeap : IDisposable
         long version = Volatile.Read(ref _versionBase) + state.Version;
         return new DurableOperation(this, buffers, version, buffers.OpenOperation(version));
     }
+
+    [MethodImpl(MethodImplOptions.NoInlining)]
+    private void GrowOpenRecord(ThreadBuffers buffers)
+    {
+        BeforeOpenRecordGrowsForTesting?.Invoke();
+        buffers.GrowOpenRecord();
+    }
+
+    /// <summary>Test hook: runs when a thread's record of open operations grows (a throw stands for a failed allocation).</summary>
+    internal Action? BeforeOpenRecordGrowsForTesting { get; set; }
 
     /// <summary>
     /// Reserves a structure's (user) type id for this heap's lifetime, whatever its kind or key size: two structures with
@@ -710,36 +727,16 @@ public sealed unsafe partial class BufferedDurableHeap : IDisposable
             return;
         }
 
-        // Volatile.Read: acquire; pairs with the release in RegisterThread.
-        ThreadBuffers[] registry = Volatile.Read(ref _registry);
-        List<ThreadBuffers>? exited = null;
-        foreach (ThreadBuffers buffers in registry)
+        lock (_registryGate)
         {
             // Join(0): true once the thread has terminated, and a synchronization with its end (its last appends and its
-            // operation count are visible). Drained by the cycles, an exited thread's buffers never fill again.
-            if (!buffers.Owner.IsAlive && buffers.Owner.Join(0) && !buffers.HasOpenOperations && buffers.IsDrained)
-            {
-                (exited ??= new List<ThreadBuffers>()).Add(buffers);
-            }
-        }
-
-        if (exited is not null)
-        {
-            lock (_registryGate)
-            {
-                var kept = new List<ThreadBuffers>(_registry.Length);
-                foreach (ThreadBuffers buffers in _registry)
-                {
-                    if (!exited.Contains(buffers))
-                    {
-                        kept.Add(buffers);
-                    }
-                }
-
-                // Volatile.Write: release; as in RegisterThread. (A drained thread's retired and reclaimed bytes are
-                // equal: the backlog does not change.)
-                Volatile.Write(ref _registry, kept.ToArray());
-            }
+            // operation count are visible). Drained by the cycles, an exited thread's buffers never fill again. (The
+            // broken control does not check that they are drained: writes of the version after the cut are lost.)
+            // Published with a release write, as in RegisterThread; a drained thread's retired and reclaimed bytes are
+            // equal, so the backlog does not change.
+            bool ignoreDrain = (_faults & DurabilityFaults.ForgetUndrainedExitedThreads) != 0;
+            CopyOnWriteArray.RemoveAll(ref _registry, buffers =>
+                !buffers.Owner.IsAlive && buffers.Owner.Join(0) && !buffers.HasOpenOperations && (buffers.IsDrained || ignoreDrain));
         }
 
         _heap.ReleaseExitedThreadCaches();
@@ -796,15 +793,20 @@ public sealed unsafe partial class BufferedDurableHeap : IDisposable
         }
         catch
         {
-            lock (_strictCarried)
+            // (The broken control leaves them with the thread, for its next operation, if any.)
+            if ((_faults & DurabilityFaults.KeepFailedStrictPayloadsWithThread) == 0)
             {
-                for (int i = 0; i < pending.Count; i++)
+                lock (_strictCarried)
                 {
-                    _strictCarried.Add(pending[i]);
+                    for (int i = 0; i < pending.Count; i++)
+                    {
+                        _strictCarried.Add(pending[i]);
+                    }
                 }
+
+                pending.Clear();
             }
 
-            pending.Clear();
             throw;
         }
 

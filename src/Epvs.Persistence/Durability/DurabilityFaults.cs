@@ -76,4 +76,10 @@ internal enum DurabilityFaults
 
     /// <summary>A cycle does not check that every operation of the version it writes back has ended (an operation whose region was refreshed keeps writing into a version declared durable).</summary>
     IgnoreOperationsPastTheirCut = 2097152,
+
+    /// <summary>Strict mode: the payloads of an operation whose write-back failed stay with its thread until that thread's next operation (the old behaviour: a cycle can move the frontier over them, and a thread that never operates again never writes them back).</summary>
+    KeepFailedStrictPayloadsWithThread = 4194304,
+
+    /// <summary>A cycle forgets an exited thread's buffers without checking that they are drained (a write of the version after the cut, made by a thread that then exited, is never written back).</summary>
+    ForgetUndrainedExitedThreads = 8388608,
 }

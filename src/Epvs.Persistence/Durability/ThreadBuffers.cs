@@ -94,7 +94,16 @@ internal sealed class ThreadBuffers
     /// </summary>
     internal long OpenVersion = long.MaxValue;
 
-    /// <summary>Records a new open operation of <paramref name="version"/>.</summary>
+    /// <summary>Whether recording one more open operation needs <see cref="GrowOpenRecord"/> first.</summary>
+    internal bool OpenRecordFull => _openCount == _openSerials.Length;
+
+    /// <summary>
+    /// Makes room for one more open operation: called before the operation enters its region, so that recording it
+    /// (<see cref="OpenOperation"/>) cannot fail for lack of memory inside the region, leaving the thread protected.
+    /// </summary>
+    internal void GrowOpenRecord() => System.Array.Resize(ref _openSerials, _openSerials.Length * 2);
+
+    /// <summary>Records a new open operation of <paramref name="version"/> (with room made first: allocates nothing).</summary>
     /// <returns>Its serial number, never reused on this thread.</returns>
     internal long OpenOperation(long version)
     {
@@ -105,10 +114,6 @@ internal sealed class ThreadBuffers
             // (a Refresh of the region included), so a cycle that ran after the region ended sees it (the region's end
             // is a release store of the epoch slot that the transition's scan reads with acquire).
             System.Threading.Volatile.Write(ref OpenVersion, version);
-        }
-        else if (count == _openSerials.Length)
-        {
-            System.Array.Resize(ref _openSerials, count * 2);
         }
 
         long serial = ++_lastSerial;

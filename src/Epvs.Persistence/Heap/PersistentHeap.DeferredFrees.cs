@@ -76,54 +76,62 @@ public sealed unsafe partial class PersistentHeap
                 long bytes = 0;
                 int doubleFrees = 0;
                 long firstDoubleFree = 0;
-                for (int i = 0; i < count; i++)
+                try
                 {
-                    long offset = offsets[i];
-                    (long segment, ulong descriptor) = Locate(new PayloadRef(offset));
-                    if (HeapLayout.DescriptorRole(descriptor) != HeapLayout.RoleSmall)
+                    for (int i = 0; i < count; i++)
                     {
-                        large.Add(offset);
-                        continue;
-                    }
+                        long offset = offsets[i];
+                        (long segment, ulong descriptor) = Locate(new PayloadRef(offset));
+                        if (HeapLayout.DescriptorRole(descriptor) != HeapLayout.RoleSmall)
+                        {
+                            large.Add(offset);
+                            continue;
+                        }
 
-                    int cls = (int)HeapLayout.DescriptorPayload(descriptor);
-                    uint index = SizeClasses.BlockIndex((uint)(offset - SegmentStart(segment)), cls);
-                    ulong[]?[] bitmaps = _pendingBits;
-                    ulong[]? bits = (ulong)segment < (ulong)bitmaps.Length ? bitmaps[segment] : null;
-                    if (bits is null || (index >> 6) >= (uint)bits.Length)
-                    {
-                        bits = GrowPendingBits(segment, cls);
-                    }
+                        int cls = (int)HeapLayout.DescriptorPayload(descriptor);
+                        uint index = SizeClasses.BlockIndex((uint)(offset - SegmentStart(segment)), cls);
+                        ulong[]?[] bitmaps = _pendingBits;
+                        ulong[]? bits = (ulong)segment < (ulong)bitmaps.Length ? bitmaps[segment] : null;
+                        if (bits is null || (index >> 6) >= (uint)bits.Length)
+                        {
+                            bits = GrowPendingBits(segment, cls);
+                        }
 
-                    ref ulong word = ref bits[index >> 6];
-                    ulong bit = 1UL << (int)(index & 63);
-                    if ((word & bit) != 0)
-                    {
-                        firstDoubleFree = doubleFrees++ == 0 ? offset : firstDoubleFree;
-                        continue;
-                    }
+                        ref ulong word = ref bits[index >> 6];
+                        ulong bit = 1UL << (int)(index & 63);
+                        if ((word & bit) != 0)
+                        {
+                            firstDoubleFree = doubleFrees++ == 0 ? offset : firstDoubleFree;
+                            continue;
+                        }
 
-                    word |= bit;
-                    _pendingCounts[segment]++;
-                    int blockSize = SizeClasses.BlockSizes[cls];
-                    cache.LiveBlocks--;
-                    cache.LiveBytes -= blockSize;
-                    parkedByClass[cls]++;
-                    blocks++;
-                    bytes += blockSize;
-                }
-
-                // Volatile.Write: the counters are read without the lock (statistics, the refill's check); atomicity only.
-                for (int cls = 0; cls < parkedByClass.Length; cls++)
-                {
-                    if (parkedByClass[cls] != 0)
-                    {
-                        System.Threading.Volatile.Write(ref _pendingByClass[cls], _pendingByClass[cls] + parkedByClass[cls]);
+                        word |= bit;
+                        _pendingCounts[segment]++;
+                        int blockSize = SizeClasses.BlockSizes[cls];
+                        cache.LiveBlocks--;
+                        cache.LiveBytes -= blockSize;
+                        parkedByClass[cls]++;
+                        blocks++;
+                        bytes += blockSize;
                     }
                 }
+                finally
+                {
+                    // Counted even when the loop fails part way (a bitmap that could not grow): the bits set so far are
+                    // parked blocks, and the sweep relies on the counters to find them.
+                    // Volatile.Write: the counters are read without the lock (statistics, the refill's check); atomicity only.
+                    for (int cls = 0; cls < parkedByClass.Length; cls++)
+                    {
+                        if (parkedByClass[cls] != 0)
+                        {
+                            System.Threading.Volatile.Write(ref _pendingByClass[cls], _pendingByClass[cls] + parkedByClass[cls]);
+                        }
+                    }
 
-                System.Threading.Volatile.Write(ref _pendingBlocks, _pendingBlocks + blocks);
-                System.Threading.Volatile.Write(ref _pendingBytes, _pendingBytes + bytes);
+                    System.Threading.Volatile.Write(ref _pendingBlocks, _pendingBlocks + blocks);
+                    System.Threading.Volatile.Write(ref _pendingBytes, _pendingBytes + bytes);
+                }
+
                 if (doubleFrees != 0)
                 {
                     ThrowHelper.ThrowInvalidOperation($"{doubleFrees} block(s) were parked for the sweep twice (a double free), the first at offset {firstDoubleFree}; each was parked once.");
@@ -136,6 +144,9 @@ public sealed unsafe partial class PersistentHeap
         }
     }
 
+    /// <summary>Test hook: runs before a segment's pending-free bitmap is created or grown (with the segment; a throw stands for a failed allocation).</summary>
+    internal Action<long>? BeforePendingBitsGrowForTesting { get; set; }
+
     /// <summary>
     /// The pending-free bitmap of <paramref name="segment"/>, a small segment of class <paramref name="cls"/>, made long
     /// enough for that class (under <see cref="_pendingGate"/>): created on the segment's first parked free, and grown,
@@ -143,6 +154,7 @@ public sealed unsafe partial class PersistentHeap
     /// </summary>
     private ulong[] GrowPendingBits(long segment, int cls)
     {
+        BeforePendingBitsGrowForTesting?.Invoke(segment);
         if (segment >= _pendingBits.Length)
         {
             int length = (int)Math.Max(segment + 1, _pendingBits.Length * 2L);

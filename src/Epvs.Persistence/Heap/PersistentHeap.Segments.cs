@@ -29,7 +29,7 @@ public sealed unsafe partial class PersistentHeap
     private long SegmentStart(long segment) => _dataStart + (segment * HeapLayout.SegmentSize);
 
     /// <summary>The segment that holds <paramref name="offset"/> (an offset inside the data area).</summary>
-    private long SegmentOf(long offset) => (offset - _dataStart) / HeapLayout.SegmentSize;
+    internal long SegmentOf(long offset) => (offset - _dataStart) / HeapLayout.SegmentSize;
 
     private long TableOffset(long segment) => HeapLayout.SuperblockSize + (segment * sizeof(ulong));
 

@@ -924,37 +924,18 @@ public sealed unsafe partial class PersistentHeap : IDisposable
             return;
         }
 
-        List<ThreadCache>? exited = null;
         lock (_cachesGate)
         {
             // Under the gate: a cache is taken out of the list, and its blocks handed back, by one caller only.
+            // Join(0): true once the thread has terminated, and a synchronization with its end, so its last plain stores
+            // to the cache are visible here. Nobody else touches an exited thread's cache. (Volatile.Write inside:
+            // release; pairs with the acquire in Caches.)
             Thread current = Thread.CurrentThread;
-            foreach (ThreadCache cache in _cacheList)
-            {
-                // Join(0): true once the thread has terminated, and a synchronization with its end, so its last
-                // plain stores to the cache are visible here. Nobody else touches an exited thread's cache.
-                if (cache.Owner != current && !cache.Owner.IsAlive && cache.Owner.Join(0))
-                {
-                    (exited ??= new List<ThreadCache>()).Add(cache);
-                }
-            }
-
+            List<ThreadCache>? exited = CopyOnWriteArray.RemoveAll(ref _cacheList, cache => cache.Owner != current && !cache.Owner.IsAlive && cache.Owner.Join(0));
             if (exited is null)
             {
                 return;
             }
-
-            var kept = new List<ThreadCache>(_cacheList.Length - exited.Count);
-            foreach (ThreadCache cache in _cacheList)
-            {
-                if (!exited.Contains(cache))
-                {
-                    kept.Add(cache);
-                }
-            }
-
-            // Volatile.Write: release; pairs with the acquire in Caches.
-            Volatile.Write(ref _cacheList, kept.ToArray());
 
             // Still under the gate, so that GetStatistics sees each count once: in a cache or moved. (Lock order: the
             // caches' gate, then a pool's.)
@@ -989,10 +970,10 @@ public sealed unsafe partial class PersistentHeap : IDisposable
         internal long LiveBlocks;
         internal long LiveBytes;
         private long _uidNext;
+        private long _uidEnd;
 
         /// <summary>The thread whose cache this is.</summary>
         internal Thread Owner { get; }
-        private long _uidEnd;
 
         internal ThreadCache(Thread owner)
         {

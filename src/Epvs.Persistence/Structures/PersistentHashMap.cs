@@ -31,6 +31,7 @@ public sealed class PersistentHashMap<TKey, TValue>
     /// <summary>Opens the map with type id <paramref name="typeId"/> on <paramref name="heap"/>: rebuilds its index from the recovered payloads (empty on a new heap).</summary>
     /// <param name="heap">The heap.</param>
     /// <param name="typeId">This map's type id, distinct from every other structure's on the heap.</param>
+    /// <remarks>The rebuild runs inside one operation of the heap, which holds back version transitions (and so Sync) until it ends; once the advancer starts one, every operation that begins waits for it too. Open the structures before other threads use the heap, or expect them to pause for as long as the rebuild.</remarks>
     /// <exception cref="ArgumentOutOfRangeException"><paramref name="typeId"/> is not in [0, 2^24) (the high bits record the structure's kind).</exception>
     /// <exception cref="InvalidOperationException">A structure with this type id was already opened on the heap.</exception>
     /// <exception cref="System.IO.InvalidDataException">The recovered payloads of this type id are not this map's (other key or value size).</exception>

@@ -55,7 +55,7 @@ public sealed unsafe partial class LightEpoch
         var slot = (EpochSlot*)parked;
         // A fresh lookup: drains while aside may have run actions that reallocated this thread's records.
         ThreadRecord* r = FindRecord();
-        if (r->Depth != 0)
+        if (r->Depth != 0 && !IgnoreLevelLeftBehindForTesting)
         {
             // An action that ran on this thread while it was aside left a level of its own behind (misuse): the thread is
             // protected through it. Count ours on top, as a nested Resume would, and give the parked slot back.

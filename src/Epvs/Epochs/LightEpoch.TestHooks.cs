@@ -84,6 +84,20 @@ public sealed unsafe partial class LightEpoch
     internal System.Action? WaitWhileClosingHookForTesting;
 
     /// <summary>
+    /// Test-only: a Resume waits for a Dispose that is Closing with a plain <see cref="SpinWait"/>, whose sleeps
+    /// <see cref="Thread.Interrupt"/> breaks (as before), so the interrupted-Resume test can show that it catches a Resume
+    /// failed on an epoch that stays live. Read only on that wait.
+    /// </summary>
+    internal static bool InterruptibleClosingWaitForTesting;
+
+    /// <summary>
+    /// Test-only: coming back from a step aside (<see cref="ComeBack"/>) ignores a level that an action run on the thread
+    /// meanwhile left behind (misuse) and takes the parked slot over it, so the unwinding test can show that it catches the
+    /// left-behind level's slot held for ever. Read only on that path.
+    /// </summary>
+    internal bool IgnoreLevelLeftBehindForTesting { get; set; }
+
+    /// <summary>
     /// Test-only: a Resume whose drain after raising its announcement throws keeps the level it added and its slot
     /// announced (as before), so the Resume-fault test can show that it catches the slot held for ever. Read only on that
     /// failure path.

@@ -178,6 +178,11 @@ public sealed unsafe partial class LightEpoch : IDisposable
             // completes (we throw on the next try) or gives up and reverts to Live (we retry): wait for it, never fail
             // a Resume on an epoch that stays live. The window is one pass over the table. Not interruptible (an interrupt
             // stays pending for the thread's next wait): a wait this short is no place to fail a Resume that will succeed.
+            if (InterruptibleClosingWaitForTesting)
+            {
+                WaitWhileClosingInterruptibly();
+                continue;
+            }
             var spinner = new UninterruptibleSpinWait();
             while (Volatile.Read(ref lifecycle) == Closing) // acquire: pairs with Dispose's final exchange
             {
@@ -185,6 +190,18 @@ public sealed unsafe partial class LightEpoch : IDisposable
                 spinner.SpinOnce();
             }
             spinner.End();
+        }
+    }
+
+    /// <summary>The control behind <see cref="InterruptibleClosingWaitForTesting"/>: the wait with a plain
+    /// <see cref="SpinWait"/>, which an interrupt breaks.</summary>
+    private void WaitWhileClosingInterruptibly()
+    {
+        var spinner = new SpinWait();
+        while (Volatile.Read(ref lifecycle) == Closing)
+        {
+            WaitWhileClosingHookForTesting?.Invoke();
+            spinner.SpinOnce();
         }
     }
 

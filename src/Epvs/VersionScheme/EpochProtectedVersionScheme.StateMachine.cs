@@ -36,7 +36,9 @@ public sealed partial class EpochProtectedVersionScheme
     /// Raised when a state machine ends because one of its callbacks threw, once the faulted step is released (the
     /// scheme is usable again: a handler may start another machine). Runs on the thread that ran the callback, which
     /// may be inside a protected region (then a blocking start from the handler throws); exceptions from handlers are
-    /// ignored.
+    /// ignored. Should giving the machine's <see cref="VersionSchemeStateMachine.Completion"/> task that exception fail
+    /// (out of memory: the task is canceled instead, and <see cref="VersionSchemeStateMachine.Fault"/> keeps the
+    /// exception), it is raised first with that failure, then with the callback's exception.
     /// </summary>
     public event EventHandler<StateMachineFaultedEventArgs>? StateMachineFaulted;
 
@@ -81,7 +83,7 @@ public sealed partial class EpochProtectedVersionScheme
         if (target != -1 && target <= current.Version)
         {
             Volatile.Write(ref currentMachine, null);
-            stateMachine.Complete(null);
+            _ = stateMachine.Complete(null); // a success: nothing can fail
             return StateMachineExecutionStatus.Fail;
         }
         if (target == -1 && current.Version == VersionSchemeState.MaxVersion)
@@ -89,7 +91,8 @@ public sealed partial class EpochProtectedVersionScheme
             Volatile.Write(ref currentMachine, null);
             // Completed with the refusal, so that nobody awaiting its Completion waits for ever: it can never run.
             var atMaximum = new InvalidOperationException("The version is at its maximum and cannot advance.");
-            stateMachine.Complete(atMaximum);
+            // The caller gets the exception below; a task that could not be given it is canceled (Fault keeps it).
+            _ = stateMachine.Complete(atMaximum);
             throw atMaximum;
         }
 
@@ -355,7 +358,7 @@ public sealed partial class EpochProtectedVersionScheme
             Interlocked.Exchange(ref stepRequested, 0);
             Action? step;
             long prior;
-            StateMachineFaultedEventArgs? faulted;
+            FaultNotice? faulted;
             try
             {
                 step = PrepareStep(out prior, out faulted);
@@ -413,7 +416,7 @@ public sealed partial class EpochProtectedVersionScheme
 
     /// <summary>Under <see cref="stepLock"/>: publishes the intermediate state of the next step and returns the
     /// critical section to defer, or null if no step can be taken now.</summary>
-    private Action? PrepareStep(out long prior, out StateMachineFaultedEventArgs? faulted)
+    private Action? PrepareStep(out long prior, out FaultNotice? faulted)
     {
         prior = 0;
         faulted = null;
@@ -549,7 +552,7 @@ public sealed partial class EpochProtectedVersionScheme
     /// machine at its first step.</summary>
     private void RetireThenReleaseStep(VersionSchemeStateMachine machine, Exception? fault)
     {
-        StateMachineFaultedEventArgs? notice = null;
+        FaultNotice? notice = null;
         try
         {
             notice = FinishMachine(machine, fault);
@@ -567,6 +570,12 @@ public sealed partial class EpochProtectedVersionScheme
         if (LegacyReleaseStepForTesting)
         {
             LegacyReleaseStep();
+            return;
+        }
+        if (ReleaseStoreForTesting)
+        {
+            Volatile.Write(ref stepOwned, 0); // the control: a release store, which the read below may pass
+            TryStepStateMachine(mustNotLose: true);
             return;
         }
         // Full fence, not a release store. With a starter this is a store-buffering pair: it publishes its machine (CAS, a
@@ -594,10 +603,12 @@ public sealed partial class EpochProtectedVersionScheme
     /// <summary>Retires <paramref name="machine"/>; for a fault, returns what to raise <see cref="StateMachineFaulted"/>
     /// with once the step is released (<see cref="RaiseFaulted"/>), so that a handler may start and wait for another
     /// transition.</summary>
-    private StateMachineFaultedEventArgs? FinishMachine(VersionSchemeStateMachine machine, Exception? fault)
+    private FaultNotice? FinishMachine(VersionSchemeStateMachine machine, Exception? fault)
     {
         Interlocked.CompareExchange(ref currentMachine, null, machine);
-        machine.Complete(fault);
+        // Not null only for a fault whose task could not be given it (out of memory): the task is canceled then, and
+        // the failure is reported with the fault, as a drain reports a faulted action's (DrainList.RunEligible).
+        Exception? notGiven = machine.Complete(fault);
         FinishMachineHookForTesting?.Invoke();
         if (fault is null)
             return null;
@@ -605,15 +616,36 @@ public sealed partial class EpochProtectedVersionScheme
         EpochDiagnostics.RecordTransitionFault();
         if (StateMachineFaulted is null)
             return null;
-        var notice = new StateMachineFaultedEventArgs(machine, fault, CurrentState);
+        VersionSchemeState state = CurrentState;
+        var notice = new FaultNotice(
+            notGiven is null ? null : new StateMachineFaultedEventArgs(machine, notGiven, state),
+            new StateMachineFaultedEventArgs(machine, fault, state));
         if (RaiseFaultedInsideStepForTesting)
             RaiseFaultedNow(notice);
         return notice;
     }
 
+    /// <summary>What to raise <see cref="StateMachineFaulted"/> with for a retired machine: the failure to give its task
+    /// the fault, if any, then the fault.</summary>
+    private sealed class FaultNotice
+    {
+        public FaultNotice(StateMachineFaultedEventArgs? taskNotFaulted, StateMachineFaultedEventArgs fault)
+        {
+            TaskNotFaulted = taskNotFaulted;
+            Fault = fault;
+        }
+
+        /// <summary>The exception that kept the machine's <see cref="VersionSchemeStateMachine.Completion"/> from
+        /// faulting (it is canceled instead), or null.</summary>
+        public StateMachineFaultedEventArgs? TaskNotFaulted { get; }
+
+        /// <summary>The machine's fault.</summary>
+        public StateMachineFaultedEventArgs Fault { get; }
+    }
+
     /// <summary>Retired a faulted machine while owning its step: releases the step, then raises the event (even if the
     /// release throws), so that a handler never runs while the step is owned.</summary>
-    private void ReleaseStepThenRaise(StateMachineFaultedEventArgs? notice)
+    private void ReleaseStepThenRaise(FaultNotice? notice)
     {
         try
         {
@@ -626,11 +658,18 @@ public sealed partial class EpochProtectedVersionScheme
     }
 
     /// <summary>Raises <see cref="StateMachineFaulted"/>; called with no step owned and no lock held.</summary>
-    private void RaiseFaulted(StateMachineFaultedEventArgs? notice)
+    private void RaiseFaulted(FaultNotice? notice)
     {
         if (notice is null || RaiseFaultedInsideStepForTesting)
             return;
         RaiseFaultedNow(notice);
+    }
+
+    private void RaiseFaultedNow(FaultNotice notice)
+    {
+        if (notice.TaskNotFaulted is { } taskNotFaulted)
+            RaiseFaultedNow(taskNotFaulted);
+        RaiseFaultedNow(notice.Fault);
     }
 
     private void RaiseFaultedNow(StateMachineFaultedEventArgs notice)

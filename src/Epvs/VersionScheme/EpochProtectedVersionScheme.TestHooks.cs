@@ -39,9 +39,22 @@ public sealed partial class EpochProtectedVersionScheme
     /// <summary>
     /// Test-only: an Enter or Refresh whose wait for a transition throws (an interrupted wait) leaves protection as it
     /// was at the throw (as before): a nested Enter keeps the level it added, and a Refresh that stepped aside leaves
-    /// its region, so the interrupted-wait tests can show that they catch that. Read only on those failure paths.
+    /// its region, so the interrupted-wait tests can show that they catch that. Read only on those failure paths (a
+    /// stepped-aside Refresh's wait is interrupted only with <see cref="InterruptibleStepAsideWaitForTesting"/>).
     /// </summary>
     internal static bool LegacyFailedWaitForTesting;
+
+    /// <summary>
+    /// Test-only: an outermost Refresh waits stepped aside with a plain <see cref="System.Threading.SpinWait"/>, whose
+    /// sleeps <see cref="System.Threading.Thread.Interrupt"/> breaks (as before): the Refresh then comes back into its
+    /// region while the transition is still pending and throws, so the interrupted-wait test can show that it catches the
+    /// critical section running inside that region. Read only on that wait.
+    /// </summary>
+    internal bool InterruptibleStepAsideWaitForTesting { get; set; }
+
+    /// <summary>Test hook: runs on a thread stepped aside inside Enter or Refresh on each turn of its wait, while the
+    /// transition it waits for has not moved on.</summary>
+    internal System.Action? SteppedAsideWaitHookForTesting { get; set; }
 
     /// <summary>Test hook: runs on the thread about to enter a callback of a running machine (GetNextStep,
     /// OnEnteringState, AfterEnteringState), where marking it may allocate; a hook that throws stands for an allocation
@@ -59,6 +72,14 @@ public sealed partial class EpochProtectedVersionScheme
     /// between, which nobody steps. Read only on that path.
     /// </summary>
     internal bool LegacyReleaseStepForTesting { get; set; }
+
+    /// <summary>
+    /// Test-only: the end of a step's ownership clears it with a release store (<see cref="System.Threading.Volatile.Write(ref int, int)"/>)
+    /// and then looks for the next step (as before the full fence): the hardware may let that look pass the store, so the
+    /// step-release stress race can show that it catches a machine started meanwhile that nobody steps. Read only on that
+    /// path.
+    /// </summary>
+    internal bool ReleaseStoreForTesting { get; set; }
 
     /// <summary>Test hook: runs on the thread ending a step's ownership (after a machine's callbacks, or its retirement),
     /// between clearing it and looking for the next step.</summary>

@@ -155,12 +155,12 @@ public sealed partial class EpochProtectedVersionScheme : IDisposable
     private VersionSchemeState EnterSlow()
     {
         int depth = epoch.ProtectionDepth; // with the level Resume just added
+        bool waiting = false;
         try
         {
             ThrowIfDisposed();
             TryStepStateMachine(mustNotLose: false);
-            if (LegacyFailedWaitForTesting)
-                depth = -1;
+            waiting = true;
             return WaitForStableState(addedLevel: true);
         }
         catch
@@ -169,7 +169,7 @@ public sealed partial class EpochProtectedVersionScheme : IDisposable
             // interrupted wait, an allocation), take the level back unless the wait already gave it up (it steps aside
             // unprotected, and leaves before its own throws). A level kept here would keep the thread protected after its
             // outer regions have left, and every later transition would wait for it for ever.
-            if (epoch.ProtectionDepth == depth)
+            if (epoch.ProtectionDepth == depth && !(waiting && LegacyFailedWaitForTesting))
                 epoch.Suspend();
             throw;
         }
@@ -180,9 +180,15 @@ public sealed partial class EpochProtectedVersionScheme : IDisposable
     /// returns the new stable state. When nested, the outer regions' protection is kept: the call returns the state
     /// those regions observe.
     /// </summary>
-    /// <remarks>A Refresh that throws (also when its wait is broken by <see cref="Thread.Interrupt"/>) leaves the
-    /// region entered: leave it as usual. The state the region observed before the call may no longer hold (the
-    /// transition the call waited for may have completed meanwhile).</remarks>
+    /// <remarks><see cref="Thread.Interrupt"/> does not break the wait of an outermost Refresh, which is stepped aside
+    /// from its region while it waits: it returns as usual, at a stable state, and the interrupt stays pending for the
+    /// thread's next interruptible wait. (Coming back early would put the region inside a transition that no longer
+    /// waits for it.) Nested, the wait may throw <see cref="ThreadInterruptedException"/>; the outer regions' protection
+    /// was never released, so the region still excludes the pending critical section. A Refresh that throws leaves the
+    /// region entered: leave it as usual. The state the region observed before the call may no longer hold (the transition
+    /// the call waited for may have completed meanwhile). Should an outermost Refresh fail while stepped aside for another
+    /// reason (a drain it ran while waiting ran out of memory), the region it keeps may overlap the pending critical
+    /// section: do nothing in it but <see cref="Leave"/>.</remarks>
     /// <returns>The stable state this region now observes.</returns>
     /// <exception cref="InvalidOperationException">The calling thread is not in a protected region.</exception>
     /// <exception cref="ObjectDisposedException">The scheme was disposed while the call waited for a transition (on a
@@ -297,24 +303,51 @@ public sealed partial class EpochProtectedVersionScheme : IDisposable
             // meanwhile and the table unable to grow), and an epoch's Dispose meanwhile finds the slot taken and refuses
             // instead of closing under the region (G7).
             nint parked = epoch.StepAside();
+            // Not interruptible: the region must not come back before the transition has moved on. Coming back announces
+            // the current epoch, which the step (it bumped the epoch before we stepped aside) does not wait for, so a region
+            // back early, with the state still intermediate, would be open while the critical section runs (G1, G2). The
+            // interrupt is requested again once we are back, for the thread's next wait.
+            var patient = new UninterruptibleSpinWait();
             try
             {
                 epoch.DrainAfterStepAside();
                 AfterStepAsideHookForTesting?.Invoke();
-                WaitWhileUnchanged(s, ref spinner);
+                if (InterruptibleStepAsideWaitForTesting)
+                    WaitWhileUnchanged(s, ref spinner);
+                else
+                    WaitWhileUnchanged(s, ref patient);
                 BeforeComingBackHookForTesting?.Invoke();
             }
             catch
             {
-                // A Refresh that throws keeps its region entered, as when the scheme was disposed: its caller is still
-                // inside it and will Leave (which would otherwise throw "not protected" and hide this exception).
+                // Something other than an interrupt failed while aside (a drain, out of memory). The Refresh throws with its
+                // region entered, as when the scheme was disposed: its caller is still inside it and will Leave (which would
+                // otherwise throw "not protected" and hide this exception). Documented: the region may overlap the pending
+                // critical section, so the caller should only leave it.
                 if (LegacyFailedWaitForTesting)
                     epoch.AbandonStepAside(parked);
                 else
-                    epoch.ComeBack(parked);
+                    ComeBackKeepingTheFailure(parked);
+                patient.End();
                 throw;
             }
             epoch.ComeBack(parked);
+            patient.End();
+        }
+    }
+
+    /// <summary>Ends a step aside whose wait failed, without replacing the failure in flight: should coming back throw
+    /// too (its drain), the thread is back in its region all the same (see <see cref="LightEpoch.ComeBack"/>).</summary>
+    private void ComeBackKeepingTheFailure(nint parked)
+    {
+        try
+        {
+            epoch.ComeBack(parked);
+        }
+        catch (Exception)
+        {
+            // The failure in flight is the one to report (and the one the caller's catch expects); this later one, of the
+            // drain that coming back ran, is dropped.
         }
     }
 
@@ -322,19 +355,36 @@ public sealed partial class EpochProtectedVersionScheme : IDisposable
     /// Stepped aside (unprotected): waits until the state moves on from <paramref name="s"/>, or the scheme is disposed
     /// (Dispose's mark, the intermediate bit on the last state, can equal <paramref name="s"/> if that transition's
     /// critical section failed and restored it; the flag is set before the mark, so a read that sees the mark sees it).
+    /// The outermost Enter's wait: <see cref="Thread.Interrupt"/> can make it throw (the Enter has entered nothing).
     /// </summary>
     private void WaitWhileUnchanged(long s, ref SpinWait spinner)
     {
-        while (Volatile.Read(ref state) == s && Volatile.Read(ref disposed) == 0)
-        {
-            // Unprotected here, so running what is safe is safe. The step may be queued behind actions this thread's own
-            // drains (further up its stack, past the inline limit) left pending: nobody else may run it (an Enter inside
-            // each of 16 queued actions, stepping aside in turn, used to spin for ever).
-            if (!StepAsideWithoutDrainingForTesting)
-                epoch.DrainWhileWaiting(completeStep);
-            ReportStallIfDue();
+        while (StillUnchanged(s))
             spinner.SpinOnce(); // sleeps at times: Thread.Interrupt can make it throw
-        }
+    }
+
+    /// <summary>The stepped-aside Refresh's wait: as <see cref="WaitWhileUnchanged(long, ref SpinWait)"/>, but an
+    /// interrupt is absorbed (see <see cref="UninterruptibleSpinWait.End"/>).</summary>
+    private void WaitWhileUnchanged(long s, ref UninterruptibleSpinWait patient)
+    {
+        while (StillUnchanged(s))
+            patient.SpinOnce();
+    }
+
+    /// <summary>One turn of a stepped-aside wait: whether the state is still <paramref name="s"/> (and the scheme not
+    /// disposed), having run what became safe if so.</summary>
+    private bool StillUnchanged(long s)
+    {
+        if (Volatile.Read(ref state) != s || Volatile.Read(ref disposed) != 0)
+            return false;
+        SteppedAsideWaitHookForTesting?.Invoke();
+        // Unprotected here, so running what is safe is safe. The step may be queued behind actions this thread's own
+        // drains (further up its stack, past the inline limit) left pending: nobody else may run it (an Enter inside
+        // each of 16 queued actions, stepping aside in turn, used to spin for ever).
+        if (!StepAsideWithoutDrainingForTesting)
+            epoch.DrainWhileWaiting(completeStep);
+        ReportStallIfDue();
+        return true;
     }
 
     private void ThrowIfDisposed()

@@ -64,8 +64,10 @@ public abstract class VersionSchemeStateMachine
                 // Full fence, then look at `completed`: either Complete (exchange, then read of `completion`)
                 // sees our task, or we see it completed here. Both may; completing twice is harmless.
                 tcs = Interlocked.CompareExchange(ref completion, created, null) ?? created;
+                // A failure to give the task the fault here (out of memory) leaves it canceled, on the thread that asked
+                // for it: it sees that, and Fault keeps the exception. Only the retiring scheme reports such a failure.
                 if (Volatile.Read(ref completed) != 0)
-                    SetResult(tcs);
+                    _ = SetResult(tcs);
             }
             return tcs.Task;
         }
@@ -109,23 +111,30 @@ public abstract class VersionSchemeStateMachine
 
     internal void SetActualToVersion(long version) => Volatile.Write(ref actualToVersion, version);
 
-    internal void Complete(Exception? exception)
+    /// <summary>Completes the machine (the first call wins). Never throws.</summary>
+    /// <returns>Null, unless the machine's task exists and could not be given <paramref name="exception"/> (out of
+    /// memory): then the failure, for the caller to report (the task is canceled; <see cref="Fault"/> keeps the
+    /// exception).</returns>
+    internal Exception? Complete(Exception? exception)
     {
         // The first completion wins: a later one (e.g. a success after a fault) must not clear Fault. Full fence.
         if (Interlocked.Exchange(ref completing, 1) != 0 && !AllowSecondCompleteForTesting)
-            return;
+            return null;
         fault = exception;
         // Full fence: publishes fault, and orders the read of `completion` below after it (see Completion).
         Interlocked.Exchange(ref completed, 1);
-        if (Volatile.Read(ref completion) is { } tcs)
-            SetResult(tcs);
+        return Volatile.Read(ref completion) is { } tcs ? SetResult(tcs) : null;
     }
 
-    private void SetResult(TaskCompletionSource<bool> tcs)
+    /// <summary>Completes <paramref name="tcs"/> with the outcome; returns what kept it from faulting, if anything (see
+    /// <see cref="TaskFaulting.Fault"/>: it is canceled then).</summary>
+    private Exception? SetResult(TaskCompletionSource<bool> tcs)
     {
         if (fault is null)
+        {
             tcs.TrySetResult(true); // allocates nothing
-        else
-            _ = TaskFaulting.Fault(tcs, fault); // never throws; canceled if the fault cannot be given (Fault keeps it)
+            return null;
+        }
+        return TaskFaulting.Fault(tcs, fault); // never throws; canceled if the fault cannot be given (Fault keeps it)
     }
 }

@@ -5,12 +5,14 @@ using Xunit;
 namespace Epvs.Tests;
 
 /// <summary>
-/// G6/G8: an Enter or Refresh whose wait for a transition fails part-way (here <see cref="Thread.Interrupt"/>, which
-/// SpinWait's sleeps surface as <see cref="ThreadInterruptedException"/>: the asynchronous failure .NET has instead of
-/// thread aborts) leaves protection as its caller expects. An Enter that throws has added no level (its caller will not
-/// Leave); a Refresh that throws keeps its region entered (its caller will Leave), as for ObjectDisposedException.
-/// Deterministic: the interrupt is requested on the waiting thread itself before the call, and a parked thread holds
-/// the transition back, so the wait spins until the interrupt surfaces.
+/// G1/G2/G6/G8: an Enter or Refresh whose wait is interrupted (<see cref="Thread.Interrupt"/>, which SpinWait's sleeps
+/// surface as <see cref="ThreadInterruptedException"/>: the asynchronous failure .NET has instead of thread aborts) leaves
+/// protection as its caller expects. A nested Enter that throws has added no level (its caller will not Leave). An
+/// outermost Refresh, stepped aside from its region while it waits, is not interrupted at all: coming back early would put
+/// its region inside a transition that no longer waits for it, so it returns after the transition and the interrupt stays
+/// pending. Nor is an outermost Enter that waits for a Dispose deciding whether the epoch can close: the epoch may stay
+/// live. Deterministic: the interrupt is requested on the waiting thread itself before the call, and a parked thread holds
+/// the transition (or the Dispose's decision) back, so the wait spins until the interrupt surfaces.
 /// </summary>
 public class InterruptedWaitTests
 {
@@ -74,81 +76,93 @@ public class InterruptedWaitTests
     }
 
     /// <summary>
-    /// A region starts a transition, which waits for it and for a parked thread; its Refresh steps aside and the wait is
-    /// interrupted. Returns whether the thread is still protected after the failed Refresh and what its Leave threw.
+    /// A region starts a transition, which waits for it and for a holder (a parked thread); the region's Refresh, with an
+    /// interrupt pending, steps aside. The holder is let go once the Refresh has taken 200 turns of its wait (far more than
+    /// SpinWait takes to sleep, about 15, where an interruptible wait throws: a bound, not a timing) or has returned,
+    /// whichever comes first; its Leave runs the critical section, which records whether the region after the Refresh was
+    /// open. Returns what the Refresh threw, the state it returned, whether the critical section ran inside the region,
+    /// whether the thread was protected after the Refresh, and whether the interrupt was still pending then.
     /// </summary>
-    private static (bool ProtectedAfterFailedRefresh, Exception? Leave) InterruptSteppedAsideRefresh()
+    private static (Exception? Refresh, VersionSchemeState Returned, bool Overlap, bool ProtectedAfter, bool InterruptPending) InterruptSteppedAsideRefresh(bool interruptible)
     {
-        using var scheme = new EpochProtectedVersionScheme();
-        bool protectedAfter = false;
-        Exception? failure = null, leave = null;
-        using (var parked = new ParkedThread(() => scheme.Enter(), scheme.Leave))
+        using var scheme = new EpochProtectedVersionScheme { InterruptibleStepAsideWaitForTesting = interruptible };
+        using var letHolderGo = new ManualResetEventSlim();
+        using var leave = new ManualResetEventSlim();
+        int regionOpen = 0, turns = 0;
+        bool overlap = false, protectedAfter = false, interruptPending = false;
+        Exception? refresh = null;
+        VersionSchemeState returned = default;
+        scheme.SteppedAsideWaitHookForTesting = () =>
         {
-            GuardedThread.Start(() =>
+            if (++turns == 200)
+                letHolderGo.Set();
+        };
+        using (var holder = new ParkedThread(() => scheme.Enter(), scheme.Leave))
+        {
+            var refresher = GuardedThread.Start(() =>
             {
                 scheme.Enter();
-                Assert.Equal(StateMachineExecutionStatus.Ok, scheme.TryAdvanceVersionWithCriticalSection((_, _) => { }));
+                Volatile.Write(ref regionOpen, 1);
+                Assert.Equal(StateMachineExecutionStatus.Ok, scheme.TryAdvanceVersionWithCriticalSection((_, _) => overlap = Volatile.Read(ref regionOpen) != 0));
                 Thread.CurrentThread.Interrupt();
-                failure = Record.Exception(() => scheme.Refresh());
+                Volatile.Write(ref regionOpen, 0); // the Refresh ends the region that observed version 1 ...
+                refresh = Record.Exception(() => returned = scheme.Refresh());
+                Volatile.Write(ref regionOpen, 1); // ... and its caller is inside the next one from here, thrown or not
                 protectedAfter = scheme.Epoch.ThisInstanceProtected();
-                leave = Record.Exception(scheme.Leave);
-            }, "refresh").Join();
+                interruptPending = PendingInterrupt.TryConsume(); // consumed, so it cannot hit the wait below
+                letHolderGo.Set(); // the Refresh came back before 200 turns
+                Assert.True(leave.Wait(GuardedThread.DefaultTimeout), "never let leave");
+                Volatile.Write(ref regionOpen, 0);
+                scheme.Leave();
+            }, "refresh");
+            Assert.True(letHolderGo.Wait(GuardedThread.DefaultTimeout), "the Refresh neither waited nor returned");
+            holder.Release(); // its Leave runs the critical section: nobody else holds it back any more
+            leave.Set();
+            refresher.Join();
         }
-        Assert.IsType<ThreadInterruptedException>(failure);
-        Assert.Equal(2, scheme.CurrentState.Version);
-        return (protectedAfter, leave);
+        Assert.Equal(VersionSchemeState.Make(VersionSchemeState.Rest, 2), scheme.CurrentState);
+        return (refresh, returned, overlap, protectedAfter, interruptPending);
     }
 
     [Fact]
-    public void Refresh_WhoseWaitIsInterruptedWhileSteppedAside_KeepsTheRegionEntered()
+    public void Refresh_InterruptedWhileSteppedAside_ReturnsAfterTheTransition_AndKeepsTheInterruptPending()
     {
-        (bool stillProtected, Exception? leave) = InterruptSteppedAsideRefresh();
-        Assert.True(stillProtected, "the failed Refresh left the region its caller is still in");
-        Assert.Null(leave);
+        (Exception? refresh, VersionSchemeState returned, bool overlap, bool stillProtected, bool interruptPending) = InterruptSteppedAsideRefresh(interruptible: false);
+        Assert.Null(refresh);
+        Assert.Equal(VersionSchemeState.Make(VersionSchemeState.Rest, 2), returned);
+        Assert.False(overlap, "the critical section ran inside the region the interrupted Refresh came back to (G1)");
+        Assert.True(stillProtected);
+        Assert.True(interruptPending, "the interrupt was swallowed instead of kept for the thread's next wait");
     }
 
     [Fact]
-    public void Refresh_WhoseWaitIsInterruptedWhileSteppedAside_LeavesTheRegion_Control()
+    public void Refresh_InterruptedWhileSteppedAside_ComingBackEarly_OverlapsTheCriticalSection_Control()
     {
-        // The behaviour before: the region was gone, and the caller's Leave threw "not protected", hiding the failure.
-        EpochProtectedVersionScheme.LegacyFailedWaitForTesting = true;
-        try
-        {
-            (bool stillProtected, Exception? leave) = InterruptSteppedAsideRefresh();
-            Assert.False(stillProtected);
-            Assert.IsType<InvalidOperationException>(leave);
-        }
-        finally
-        {
-            EpochProtectedVersionScheme.LegacyFailedWaitForTesting = false;
-        }
+        // The behaviour before: the wait threw, and the Refresh came back into its region (announcing the current epoch,
+        // which the pending step does not wait for) and rethrew; the critical section then ran inside that region.
+        (Exception? refresh, _, bool overlap, bool stillProtected, _) = InterruptSteppedAsideRefresh(interruptible: true);
+        Assert.IsType<ThreadInterruptedException>(refresh);
+        Assert.True(stillProtected);
+        Assert.True(overlap);
     }
 
     /// <summary>
-    /// A Refresh stepped aside for a transition comes back while a Dispose of its (shared) epoch is deciding: its slot is
-    /// marked, so its Resume waits for the Dispose, which finds it counted as stepped aside and gives up. That wait is
-    /// interrupted. Returns what the Refresh threw, whether the thread is still protected after it, what its Leave and
-    /// the Dispose threw, and whether the interrupt was still pending after the Refresh.
+    /// An outermost Enter on an epoch whose Dispose is deciding (it marked every free slot and checks whether a thread is
+    /// protected; a holder is, so it will give up) waits for that Dispose in Resume's slow path, with an interrupt
+    /// pending. The Dispose is let decide once the wait has taken 200 turns (far more than SpinWait takes to sleep, about
+    /// 15: a bound, not a timing), or once the Enter has returned. Returns what the Enter threw, whether the thread was
+    /// protected after it, whether the interrupt was still pending then, how many turns the wait took, and what the
+    /// Dispose threw.
     /// </summary>
-    private static (Exception? Refresh, bool ProtectedAfter, Exception? Leave, Exception? Dispose, bool InterruptPending) InterruptComeBackWhileDisposeDecides()
+    private static (Exception? Enter, bool ProtectedAfter, bool InterruptPending, int Turns, Exception? Dispose) InterruptEnterWhileADisposeDecides()
     {
         var epoch = new LightEpoch();
         var scheme = new EpochProtectedVersionScheme(epoch);
-        using var aside = new ManualResetEventSlim();
-        using var comeBack = new ManualResetEventSlim();
         using var closing = new ManualResetEventSlim();
         using var decide = new ManualResetEventSlim();
-        Exception? refresh = null, leave = null, dispose = null;
+        Exception? enter = null, dispose = null;
         bool protectedAfter = false, interruptPending = false;
         int turns = 0;
-        scheme.AfterStepAsideHookForTesting = () =>
-        {
-            scheme.AfterStepAsideHookForTesting = null;
-            aside.Set();
-            Assert.True(comeBack.Wait(GuardedThread.DefaultTimeout), "never let come back");
-            Thread.CurrentThread.Interrupt(); // surfaces at the thread's next interruptible wait
-        };
-        // Far more turns than SpinWait takes to sleep (about 15): then let the Dispose decide. A bound, not a timing.
         epoch.WaitWhileClosingHookForTesting = () =>
         {
             if (++turns == 200)
@@ -159,43 +173,56 @@ public class InterruptedWaitTests
             closing.Set();
             Assert.True(decide.Wait(GuardedThread.DefaultTimeout), "the Dispose was never let decide");
         };
-        GuardedThread refresher;
-        using (var parked = new ParkedThread(() => scheme.Enter(), scheme.Leave))
+        using (var holder = new ParkedThread(() => scheme.Enter(), scheme.Leave))
         {
-            refresher = GuardedThread.Start(() =>
+            var disposer = GuardedThread.Start(() => dispose = Record.Exception(epoch.Dispose), "dispose");
+            Assert.True(closing.Wait(GuardedThread.DefaultTimeout), "the Dispose never marked the slots");
+            GuardedThread.Start(() =>
             {
-                scheme.Enter();
-                Assert.Equal(StateMachineExecutionStatus.Ok, scheme.TryAdvanceVersionWithCriticalSection((_, _) => { }));
-                refresh = Record.Exception(() => scheme.Refresh());
-                decide.Set(); // if the Refresh threw before the Dispose decided
+                Thread.CurrentThread.Interrupt();
+                enter = Record.Exception(() => scheme.Enter()); // its first: no slot yet, so Resume's slow path
+                decide.Set(); // the Enter came back before 200 turns
                 protectedAfter = epoch.ThisInstanceProtected();
                 interruptPending = PendingInterrupt.TryConsume(); // consumed, so it cannot hit a later wait of this thread
-                leave = Record.Exception(scheme.Leave);
-            }, "refresh");
-            Assert.True(aside.Wait(GuardedThread.DefaultTimeout), "the Refresh never stepped aside");
-        } // the parked thread leaves: the transition completes while the Refresh is stepped aside
-        Assert.Equal(2, scheme.CurrentState.Version);
-        var disposer = GuardedThread.Start(() => dispose = Record.Exception(epoch.Dispose), "dispose");
-        Assert.True(closing.Wait(GuardedThread.DefaultTimeout), "the Dispose never marked the slots");
-        comeBack.Set();
-        refresher.Join();
-        disposer.Join();
+                if (protectedAfter)
+                    scheme.Leave();
+            }, "enter").Join();
+            disposer.Join();
+        }
         epoch.ClosingHookForTesting = null;
         epoch.WaitWhileClosingHookForTesting = null;
-        if (epoch.ThisInstanceProtected() is false)
-            epoch.Dispose(); // the Refresh's region is left by now
-        return (refresh, protectedAfter, leave, dispose, interruptPending);
+        epoch.Dispose(); // nobody is protected any more
+        return (enter, protectedAfter, interruptPending, turns, dispose);
     }
 
     [Fact]
-    public void Refresh_InterruptedComingBackWhileADisposeDecides_KeepsTheRegionEntered()
+    public void Enter_InterruptedWhileADisposeDecides_WaitsForItAndEnters_AndKeepsTheInterruptPending()
     {
-        (Exception? refresh, bool stillProtected, Exception? leave, Exception? dispose, bool interruptPending) = InterruptComeBackWhileDisposeDecides();
-        Assert.Null(refresh);
-        Assert.True(stillProtected, "the Refresh returned without its region");
-        Assert.Null(leave);
-        Assert.IsType<InvalidOperationException>(dispose); // the stepped-aside Refresh counts as protected
+        (Exception? enter, bool stillProtected, bool interruptPending, int turns, Exception? dispose) = InterruptEnterWhileADisposeDecides();
+        Assert.True(turns >= 200, $"the Enter never waited in Resume's Closing wait ({turns} turns)");
+        Assert.Null(enter);
+        Assert.True(stillProtected, "the Enter returned without its region");
         Assert.True(interruptPending, "the interrupt was swallowed instead of kept for the thread's next wait");
+        Assert.IsType<InvalidOperationException>(dispose); // the holder is protected: the Dispose gives up, the epoch stays live
+    }
+
+    [Fact]
+    public void Enter_InterruptedWhileADisposeDecides_InterruptibleWait_FailsOnALiveEpoch_Control()
+    {
+        // A plain SpinWait in Resume's Closing wait: the interrupt fails the Enter, although the epoch stays live.
+        LightEpoch.InterruptibleClosingWaitForTesting = true;
+        try
+        {
+            (Exception? enter, bool stillProtected, _, int turns, Exception? dispose) = InterruptEnterWhileADisposeDecides();
+            Assert.InRange(turns, 1, 199);
+            Assert.IsType<ThreadInterruptedException>(enter);
+            Assert.False(stillProtected);
+            Assert.IsType<InvalidOperationException>(dispose);
+        }
+        finally
+        {
+            LightEpoch.InterruptibleClosingWaitForTesting = false;
+        }
     }
 
     [Fact]

@@ -127,4 +127,58 @@ public class StepAsideFaultTests
         Assert.IsType<InvalidOperationException>(leave);
         Assert.True(disposed);
     }
+
+    /// <summary>
+    /// A region starts a transition, which waits for it and for a parked thread; its Refresh steps aside, and the wait
+    /// fails there (a test hook throws, standing for a drain that runs out of memory while the thread is aside: an
+    /// interrupt no longer breaks that wait). Returns what the Refresh threw, whether the thread is still protected after
+    /// it, and what its Leave threw.
+    /// </summary>
+    private static (Exception? Refresh, bool ProtectedAfterFailedRefresh, Exception? Leave) FailSteppedAsideRefresh()
+    {
+        using var scheme = new EpochProtectedVersionScheme();
+        bool protectedAfter = false;
+        Exception? failure = null, leave = null;
+        scheme.AfterStepAsideHookForTesting = () => throw new OutOfMemoryException("simulated: a drain while stepped aside");
+        using (var parked = new ParkedThread(() => scheme.Enter(), scheme.Leave))
+        {
+            GuardedThread.Start(() =>
+            {
+                scheme.Enter();
+                Assert.Equal(StateMachineExecutionStatus.Ok, scheme.TryAdvanceVersionWithCriticalSection((_, _) => { }));
+                failure = Record.Exception(() => scheme.Refresh());
+                protectedAfter = scheme.Epoch.ThisInstanceProtected();
+                leave = Record.Exception(scheme.Leave);
+            }, "refresh").Join();
+        }
+        Assert.Equal(2, scheme.CurrentState.Version);
+        return (failure, protectedAfter, leave);
+    }
+
+    [Fact]
+    public void Refresh_WhoseWaitFailsWhileSteppedAside_ThrowsThatFailure_AndKeepsTheRegionEntered()
+    {
+        (Exception? refresh, bool stillProtected, Exception? leave) = FailSteppedAsideRefresh();
+        Assert.IsType<OutOfMemoryException>(refresh);
+        Assert.True(stillProtected, "the failed Refresh left the region its caller is still in");
+        Assert.Null(leave);
+    }
+
+    [Fact]
+    public void Refresh_WhoseWaitFailsWhileSteppedAside_LeavesTheRegion_Control()
+    {
+        // The behaviour before: the region was gone, and the caller's Leave threw "not protected", hiding the failure.
+        EpochProtectedVersionScheme.LegacyFailedWaitForTesting = true;
+        try
+        {
+            (Exception? refresh, bool stillProtected, Exception? leave) = FailSteppedAsideRefresh();
+            Assert.IsType<OutOfMemoryException>(refresh);
+            Assert.False(stillProtected);
+            Assert.IsType<InvalidOperationException>(leave);
+        }
+        finally
+        {
+            EpochProtectedVersionScheme.LegacyFailedWaitForTesting = false;
+        }
+    }
 }

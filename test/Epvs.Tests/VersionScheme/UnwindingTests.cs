@@ -165,12 +165,13 @@ public class UnwindingTests
     /// <summary>
     /// A Refresh steps aside (its slot parked); meanwhile, on the same thread (as a deferred action drained there would),
     /// a region of the same epoch is entered and left by a scope while an exception unwinds, or, as misuse, entered and
-    /// not left. Returns what the Refresh threw, the thread's depth after it, whether it could then leave everything, and
-    /// whether the epoch could be disposed then.
+    /// not left (with <paramref name="ignoreLevelLeftBehind"/>, the control: coming back over that level). Returns what
+    /// the Refresh threw, the thread's depth after it, whether it could then leave everything, and whether the epoch could
+    /// be disposed then.
     /// </summary>
-    private static (Exception? Refresh, int DepthAfter, bool Disposed) RefreshWithARegionOnItsThreadWhileAside(bool leaveTheInnerRegion)
+    private static (Exception? Refresh, int DepthAfter, bool Disposed) RefreshWithARegionOnItsThreadWhileAside(bool leaveTheInnerRegion, bool ignoreLevelLeftBehind = false)
     {
-        var epoch = new LightEpoch();
+        var epoch = new LightEpoch { IgnoreLevelLeftBehindForTesting = ignoreLevelLeftBehind };
         var scheme = new EpochProtectedVersionScheme(epoch);
         Exception? refresh = null;
         int depthAfter = -1;
@@ -225,5 +226,16 @@ public class UnwindingTests
         Assert.Null(refresh);
         Assert.Equal(2, depthAfter);
         Assert.True(disposed, "a slot is still held after every level was left");
+    }
+
+    [Fact]
+    public void Refresh_SteppedAside_ComingBackOverALevelLeftBehind_HoldsItsSlotForEver_Control()
+    {
+        // Coming back ignores the level left behind: it takes the parked slot over it, so the thread counts one level and
+        // the left-behind level's slot stays announced with nobody to clear it (the epoch can never be disposed).
+        (Exception? refresh, int depthAfter, bool disposed) = RefreshWithARegionOnItsThreadWhileAside(leaveTheInnerRegion: false, ignoreLevelLeftBehind: true);
+        Assert.Null(refresh);
+        Assert.Equal(1, depthAfter);
+        Assert.False(disposed);
     }
 }
