@@ -564,7 +564,7 @@ public sealed unsafe class HeapFile : IDisposable
             ulong* table = (ulong*)(Pointer + HeapLayout.SuperblockSize);
             for (long s = current; s < segmentCount; s++)
             {
-                table[s] = HeapLayout.InitialDescriptor;
+                table[s] = HeapLayout.InitialDescriptor(s);
             }
 
             Domain.Persist(HeapLayout.SuperblockSize + (current * sizeof(ulong)), (segmentCount - current) * sizeof(ulong));
@@ -694,7 +694,12 @@ public sealed unsafe class HeapFile : IDisposable
         new Span<byte>(p, HeapLayout.SuperblockSize).Clear();
         new Span<byte>(p + HeapLayout.SuperblockSize, checked((int)HeapLayout.TableBytes(maxSegments))).Clear();
         long segments = (heapSize - dataStart) / HeapLayout.SegmentSize;
-        new Span<ulong>(p + HeapLayout.SuperblockSize, checked((int)segments)).Fill(HeapLayout.InitialDescriptor);
+        ulong* table = (ulong*)(p + HeapLayout.SuperblockSize);
+        for (long s = 0; s < segments; s++)
+        {
+            table[s] = HeapLayout.InitialDescriptor(s);
+        }
+
         *(ulong*)(p + HeapLayout.FormatVersionOffset) = (ulong)HeapLayout.FormatVersion;
         *(ulong*)(p + HeapLayout.HeapSizeOffset) = HeapLayout.Seal(heapSize, HeapLayout.HeapSizeOffset);
         foreach (int sealedZero in new[] { HeapLayout.CleanShutdownOffset, HeapLayout.EpochClockOffset, HeapLayout.DurableFrontierOffset, HeapLayout.HeapKindOffset })

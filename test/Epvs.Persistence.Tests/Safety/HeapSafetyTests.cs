@@ -400,20 +400,50 @@ public sealed class HeapSafetyTests
     public void Descriptor_EverySingleBitFlip_FailsItsCheck()
     {
         var random = new Random(20261123);
-        Assert.False(HeapLayout.IsValidDescriptor(0), "a zeroed descriptor must be damage, not a free segment");
-        Assert.True(HeapLayout.IsValidDescriptor(HeapLayout.InitialDescriptor));
-        Assert.Equal(0x0000_00F0_6900_0000UL, HeapLayout.InitialDescriptor);
+        for (long slot = 0; slot < 1 << 16; slot++)
+        {
+            // Every slot: the zeroed word is damage, never a free segment (format 5 binds the check to the slot).
+            Assert.False(HeapLayout.IsValidDescriptor(0, slot), $"a zeroed descriptor in slot {slot} must be damage, not a free segment");
+        }
+
+        Assert.False(HeapLayout.IsValidDescriptor(0, (1 << 24) - 1));
         for (int sample = 0; sample < 2000; sample++)
         {
-            ulong role = (ulong)random.Next(4);
+            long slot = sample < 3 ? sample : random.Next(1 << 24);
+            Assert.True(HeapLayout.IsValidDescriptor(HeapLayout.InitialDescriptor(slot), slot));
+            ulong role = HeapLayout.RoleFree + (ulong)random.Next(4);
             ulong payload = role == HeapLayout.RoleSmall ? (ulong)random.Next(SizeClasses.Count) : (ulong)random.Next(1 << 20);
-            ulong descriptor = HeapLayout.Descriptor((uint)random.Next(), role, payload);
-            Assert.True(HeapLayout.IsValidDescriptor(descriptor));
+            ulong descriptor = HeapLayout.Descriptor((uint)random.Next(), role, payload, slot);
+            Assert.True(HeapLayout.IsValidDescriptor(descriptor, slot));
             for (int bit = 0; bit < 64; bit++)
             {
-                Assert.False(HeapLayout.IsValidDescriptor(descriptor ^ (1UL << bit)), $"descriptor 0x{descriptor:X16}: flipping bit {bit} went unnoticed");
+                Assert.False(HeapLayout.IsValidDescriptor(descriptor ^ (1UL << bit), slot), $"descriptor 0x{descriptor:X16} in slot {slot}: flipping bit {bit} went unnoticed");
             }
         }
+    }
+
+    [Fact]
+    public void Descriptor_OfOneSlot_FailsItsCheckInTheOtherSlots()
+    {
+        // A descriptor copied or swapped into another slot would make recovery read that segment with another block
+        // size; with 12 check bits a copy passes in about one slot in 4096, so none of the nearby slots may take it.
+        var random = new Random(20261124);
+        int accepted = 0;
+        for (int sample = 0; sample < 500; sample++)
+        {
+            long slot = random.Next(1 << 20);
+            ulong descriptor = HeapLayout.Descriptor((uint)random.Next(4), HeapLayout.RoleSmall, (ulong)random.Next(SizeClasses.Count), slot);
+            for (long other = Math.Max(0, slot - 8); other <= slot + 8; other++)
+            {
+                if (other != slot && HeapLayout.IsValidDescriptor(descriptor, other))
+                {
+                    accepted++;
+                }
+            }
+        }
+
+        // 8,000 foreign slots: about 2 are expected to collide by chance; many more would mean the slot is not covered.
+        Assert.True(accepted <= 10, $"{accepted} of 8000 foreign slots accepted a descriptor");
     }
 
     private static bool Run(string file, params string[] args)

@@ -1,0 +1,353 @@
+using System;
+using System.Collections.Generic;
+using System.IO;
+using System.Linq;
+using System.Threading;
+
+namespace Epvs.Persistence.Tests;
+
+/// <summary>
+/// Child-process corruption fuzz of a cleanly closed buffered heap that went through churn (a hash map, a byte map
+/// of values in several size classes whose segments were released and reused, a queue): one kind of damage beyond a
+/// single bit flip per case — "garbage" (a run of random bytes), "zero-page" (a 4 KiB page zeroed), "swap-pages" (two
+/// 4 KiB pages exchanged), "swap-segments" (two 64 KiB segments exchanged), "swap-descriptors" (two descriptor words
+/// exchanged), "copy-descriptor" (one descriptor word copied over another), "truncate" (cut into the data, and
+/// optionally extended again with zeros), "extend" (bytes appended), "fuzz" (random bytes of the whole file
+/// replaced). Each case reopens the damaged copy twice, in the clean image and as after a crash (clean flag cleared):
+/// by default it must be refused or recover exactly; with <c>SalvageDamagedBlocks</c> every surviving entry must hold
+/// a value its key once had durably, and an open that reports no damage must be exact. Seeds are fixed
+/// (<see cref="Seed"/> + case); <c>EPVS_CORRUPTION_FUZZ_CASES</c> raises the count per kind. Exits 0 when nothing was
+/// silently wrong; an unexpected exception type is reported too. A crash kills the child, which the test sees.
+/// </summary>
+internal static class CorruptionFuzz
+{
+    internal const string Role = "corruption-fuzz";
+    internal const int Seed = 20261124;
+    private const int MapType = 1;
+    private const int BytesType = 2;
+    private const int QueueType = 3;
+
+    internal static int Run(string directory, string kind, bool control)
+    {
+        string path = Path.Combine(directory, "fuzz.heap");
+        Image image = Build(path);
+        byte[] original = File.ReadAllBytes(path);
+        int cases = int.TryParse(Environment.GetEnvironmentVariable("EPVS_CORRUPTION_FUZZ_CASES"), out int n) && n > 0 ? n : DefaultCases(kind);
+        HeapFileTestHooks.IgnoreSeals = control;
+        var totals = new Dictionary<string, int>();
+        int bad = 0;
+        for (int c = 0; c < cases; c++)
+        {
+            var random = new Random(Seed + (c * 7919) + StableHash(kind));
+            byte[] damaged = Corrupt(original, kind, random, image, out string what);
+            foreach (bool crashed in new[] { false, true })
+            {
+                byte[] copy = (byte[])damaged.Clone();
+                if (crashed && copy.Length >= HeapLayout.SuperblockSize)
+                {
+                    BitConverter.GetBytes(HeapLayout.Seal(0, HeapLayout.CleanShutdownOffset)).CopyTo(copy, HeapLayout.CleanShutdownOffset);
+                }
+
+                foreach (bool salvage in new[] { false, true })
+                {
+                    File.WriteAllBytes(path, copy);
+                    string outcome = Check(path, image, salvage);
+                    string key = $"{(salvage ? "salvage" : "default")}:{outcome.Split(':')[0]}";
+                    totals[key] = totals.GetValueOrDefault(key) + 1;
+                    if (outcome.StartsWith("SILENT", StringComparison.Ordinal) || outcome.StartsWith("UNEXPECTED", StringComparison.Ordinal))
+                    {
+                        bad++;
+                        Console.WriteLine($"case {c} ({what}, {(crashed ? "crashed" : "clean")}, {(salvage ? "salvage" : "default")}): {outcome}");
+                    }
+                }
+            }
+        }
+
+        Console.WriteLine($"kind={kind} cases={cases} {string.Join(' ', totals.OrderBy(t => t.Key).Select(t => $"{t.Key}={t.Value}"))} bad={bad}");
+        return bad == 0 ? SafetyChild.Survived : SafetyChild.WrongOutcome;
+    }
+
+    /// <summary>A hash of <paramref name="text"/> that is the same in every process (string.GetHashCode is randomized).</summary>
+    private static int StableHash(string text)
+    {
+        int hash = 17;
+        foreach (char ch in text)
+        {
+            hash = (hash * 31) + ch;
+        }
+
+        return hash;
+    }
+
+    private static int DefaultCases(string kind) => kind switch
+    {
+        "swap-descriptors" or "copy-descriptor" => 40,
+        "truncate" or "extend" => 12,
+        _ => 24,
+    };
+
+    /// <summary>What the image holds: the final contents and every value each key ever had durably.</summary>
+    private sealed class Image
+    {
+        internal Dictionary<long, long> Map { get; } = new();
+
+        internal Dictionary<long, HashSet<long>> MapHistory { get; } = new();
+
+        internal Dictionary<long, byte[]> Bytes { get; } = new();
+
+        internal Dictionary<long, HashSet<string>> BytesHistory { get; } = new();
+
+        internal List<long> Queue { get; } = new();
+
+        internal List<long> QueueHistory { get; } = new();
+
+        internal long SegmentCount { get; set; }
+
+        internal long DataStart { get; set; }
+    }
+
+    private static Image Build(string path)
+    {
+        var image = new Image();
+        var random = new Random(Seed);
+        var options = new BufferedDurableHeapOptions { AdvancePeriod = Timeout.InfiniteTimeSpan };
+        using (BufferedDurableHeap heap = BufferedDurableHeap.Create(path, new HeapFileOptions { Size = 1L << 20, MaxSize = 1L << 20, Domain = PersistenceDomainKind.MappedFile }, options))
+        {
+            var map = new PersistentHashMap<long, long>(heap, MapType);
+            var bytes = new PersistentByteMap<long>(heap, BytesType);
+            var queue = new PersistentQueue<long>(heap, QueueType);
+            long next = 0;
+            for (int round = 0; round < 6; round++)
+            {
+                // Each round moves the byte map's values to other size classes, so segments are released and reused.
+                int baseSize = round % 2 == 0 ? 40 + (round * 30) : 300 + (round * 150);
+                for (long k = 0; k < 80; k++)
+                {
+                    if (random.Next(5) == 0 && image.Bytes.Remove(k))
+                    {
+                        bytes.Remove(k);
+                        continue;
+                    }
+
+                    byte[] value = new byte[baseSize + random.Next(baseSize / 2)];
+                    random.NextBytes(value);
+                    bytes.Set(k, value);
+                    image.Bytes[k] = value;
+                    Add(image.BytesHistory, k, Convert.ToBase64String(value));
+                }
+
+                for (long k = 0; k < 200; k++)
+                {
+                    if (random.Next(6) == 0 && image.Map.Remove(k))
+                    {
+                        map.Remove(k);
+                        continue;
+                    }
+
+                    long v = random.NextInt64();
+                    map.Set(k, v);
+                    image.Map[k] = v;
+                    Add(image.MapHistory, k, v);
+                }
+
+                for (int i = 0; i < 30; i++)
+                {
+                    queue.Enqueue(next);
+                    image.Queue.Add(next);
+                    image.QueueHistory.Add(next++);
+                }
+
+                for (int i = 0; i < 20 && queue.TryDequeue(out long d); i++)
+                {
+                    image.Queue.RemoveAt(0);
+                }
+
+                heap.Sync();
+            }
+
+            image.SegmentCount = heap.Heap.File.SegmentCount;
+            image.DataStart = heap.Heap.File.DataStart;
+        }
+
+        return image;
+    }
+
+    private static void Add<T>(Dictionary<long, HashSet<T>> history, long key, T value)
+    {
+        if (!history.TryGetValue(key, out HashSet<T>? set))
+        {
+            history[key] = set = new HashSet<T>();
+        }
+
+        set.Add(value);
+    }
+
+    private static byte[] Corrupt(byte[] original, string kind, Random random, Image image, out string what)
+    {
+        byte[] data = (byte[])original.Clone();
+        long heapEnd = image.DataStart + (image.SegmentCount * HeapLayout.SegmentSize);
+        int pages = (int)(heapEnd / 4096);
+        switch (kind)
+        {
+            case "garbage":
+            {
+                int length = 8 + random.Next(505);
+                int at = random.Next((int)heapEnd - length);
+                random.NextBytes(data.AsSpan(at, length));
+                what = $"garbage [{at}, +{length})";
+                return data;
+            }
+
+            case "zero-page":
+            {
+                int page = random.Next(pages);
+                data.AsSpan(page * 4096, 4096).Clear();
+                what = $"zero page {page}";
+                return data;
+            }
+
+            case "swap-pages":
+            {
+                int a = random.Next(pages), b = random.Next(pages);
+                Swap(data, a * 4096L, b * 4096L, 4096);
+                what = $"swap pages {a} {b}";
+                return data;
+            }
+
+            case "swap-segments":
+            {
+                long a = random.NextInt64(image.SegmentCount), b = random.NextInt64(image.SegmentCount);
+                Swap(data, image.DataStart + (a * HeapLayout.SegmentSize), image.DataStart + (b * HeapLayout.SegmentSize), HeapLayout.SegmentSize);
+                what = $"swap segments {a} {b}";
+                return data;
+            }
+
+            case "swap-descriptors":
+            {
+                long a = random.NextInt64(image.SegmentCount), b = random.NextInt64(image.SegmentCount);
+                Swap(data, HeapLayout.SuperblockSize + (a * 8), HeapLayout.SuperblockSize + (b * 8), 8);
+                what = $"swap descriptors {a} {b} (0x{BitConverter.ToUInt64(original, HeapLayout.SuperblockSize + (int)(a * 8)):X16}, 0x{BitConverter.ToUInt64(original, HeapLayout.SuperblockSize + (int)(b * 8)):X16})";
+                return data;
+            }
+
+            case "copy-descriptor":
+            {
+                long a = random.NextInt64(image.SegmentCount), b = random.NextInt64(image.SegmentCount);
+                Array.Copy(original, HeapLayout.SuperblockSize + (a * 8), data, HeapLayout.SuperblockSize + (b * 8), 8);
+                what = $"copy descriptor {a} over {b} (0x{BitConverter.ToUInt64(original, HeapLayout.SuperblockSize + (int)(a * 8)):X16} over 0x{BitConverter.ToUInt64(original, HeapLayout.SuperblockSize + (int)(b * 8)):X16})";
+                return data;
+            }
+
+            case "truncate":
+            {
+                long length = random.NextInt64(heapEnd);
+                bool extend = random.Next(2) == 0;
+                byte[] cut = new byte[extend ? original.Length : length];
+                Array.Copy(original, cut, length);
+                what = $"truncate to {length}{(extend ? " and extend with zeros" : string.Empty)}";
+                return cut;
+            }
+
+            case "extend":
+            {
+                int more = 1 + random.Next(3 * HeapLayout.SegmentSize);
+                byte[] longer = new byte[original.Length + more];
+                original.CopyTo(longer, 0);
+                if (random.Next(2) == 0)
+                {
+                    random.NextBytes(longer.AsSpan(original.Length));
+                }
+
+                what = $"extend by {more}";
+                return longer;
+            }
+
+            case "fuzz":
+            {
+                int count = 1 + random.Next(64);
+                for (int i = 0; i < count; i++)
+                {
+                    data[random.NextInt64(heapEnd)] = (byte)random.Next(256);
+                }
+
+                what = $"fuzz {count} bytes";
+                return data;
+            }
+
+            default:
+                throw new ArgumentException($"unknown corruption kind {kind}");
+        }
+    }
+
+    private static void Swap(byte[] data, long a, long b, int length)
+    {
+        byte[] t = data.AsSpan((int)a, length).ToArray();
+        Array.Copy(data, b, data, a, length);
+        t.CopyTo(data, b);
+    }
+
+    /// <summary>Opens the file and classifies the result: "refused", "exact", "salvaged" or "SILENT ..."/"UNEXPECTED ...".</summary>
+    private static string Check(string path, Image image, bool salvage)
+    {
+        var options = new BufferedDurableHeapOptions { AdvancePeriod = Timeout.InfiniteTimeSpan, SalvageDamagedBlocks = salvage };
+        try
+        {
+            using BufferedDurableHeap heap = BufferedDurableHeap.Open(path, new HeapFileOptions { Domain = PersistenceDomainKind.MappedFile }, options);
+            bool damageReported = heap.Recovery.DamagedBlocks.Count != 0;
+            var map = new PersistentHashMap<long, long>(heap, MapType);
+            var bytes = new PersistentByteMap<long>(heap, BytesType);
+            var queue = new PersistentQueue<long>(heap, QueueType);
+            Dictionary<long, long> gotMap = map.ToDictionary();
+            var gotBytes = bytes.ToList().ToDictionary(e => e.Key, e => e.Value);
+            long[] gotQueue = queue.ToArray();
+            bool exact = gotMap.Count == image.Map.Count && gotMap.All(e => image.Map.TryGetValue(e.Key, out long v) && v == e.Value)
+                && gotBytes.Count == image.Bytes.Count && gotBytes.All(e => image.Bytes.TryGetValue(e.Key, out byte[]? v) && v.AsSpan().SequenceEqual(e.Value))
+                && gotQueue.SequenceEqual(image.Queue);
+            if (exact)
+            {
+                return "exact";
+            }
+
+            if (!damageReported)
+            {
+                return $"SILENT: opened without reporting damage, map {gotMap.Count}/{image.Map.Count}, bytes {gotBytes.Count}/{image.Bytes.Count}, queue {gotQueue.Length}/{image.Queue.Count}";
+            }
+
+            // Salvaged: whatever survived must be a value its key once had durably.
+            foreach ((long k, long v) in gotMap)
+            {
+                if (!image.MapHistory.TryGetValue(k, out HashSet<long>? values) || !values.Contains(v))
+                {
+                    return $"SILENT: salvaged map key {k} holds {v}, a value it never had";
+                }
+            }
+
+            foreach ((long k, byte[] v) in gotBytes)
+            {
+                if (!image.BytesHistory.TryGetValue(k, out HashSet<string>? values) || !values.Contains(Convert.ToBase64String(v)))
+                {
+                    return $"SILENT: salvaged byte-map key {k} holds {v.Length} bytes it never had";
+                }
+            }
+
+            if (gotQueue.Any(e => !image.QueueHistory.Contains(e)) || gotQueue.Distinct().Count() != gotQueue.Length)
+            {
+                return "SILENT: salvaged queue holds elements never enqueued, or twice";
+            }
+
+            return "salvaged";
+        }
+        catch (HeapFileException)
+        {
+            return "refused";
+        }
+        catch (InvalidDataException)
+        {
+            return "refused";
+        }
+        catch (Exception e)
+        {
+            return $"UNEXPECTED: {e.GetType().Name}: {e.Message.Split('\n')[0]}";
+        }
+    }
+}
