@@ -8,7 +8,7 @@ namespace Epvs.Persistence.Tests;
 
 /// <summary>
 /// Child-process corruption fuzz of a cleanly closed buffered heap that went through churn (a hash map, a byte map
-/// of values in several size classes whose segments were released and reused, a queue): one kind of damage beyond a
+/// of values in several size classes whose segments were released and reused and of large values, a queue): one kind of damage beyond a
 /// single bit flip per case — "garbage" (a run of random bytes), "zero-page" (a 4 KiB page zeroed), "swap-pages" (two
 /// 4 KiB pages exchanged), "swap-segments" (two 64 KiB segments exchanged), "swap-descriptors" (two descriptor words
 /// exchanged), "copy-descriptor" (one descriptor word copied over another), "truncate" (cut into the data, and
@@ -36,8 +36,9 @@ internal static class CorruptionFuzz
         HeapFileTestHooks.IgnoreSeals = control;
         var totals = new Dictionary<string, int>();
         int bad = 0;
-        for (int c = 0; c < cases; c++)
+        for (int c = 0; c < cases && !(control && bad > 0); c++)
         {
+            // (The control only has to be caught once.)
             var random = new Random(Seed + (c * 7919) + StableHash(kind));
             byte[] damaged = Corrupt(original, kind, random, image, out string what);
             foreach (bool crashed in new[] { false, true })
@@ -81,9 +82,9 @@ internal static class CorruptionFuzz
 
     private static int DefaultCases(string kind) => kind switch
     {
-        "swap-descriptors" or "copy-descriptor" => 40,
-        "truncate" or "extend" => 12,
-        _ => 24,
+        "swap-descriptors" or "copy-descriptor" => 30,
+        "truncate" or "extend" => 10,
+        _ => 20,
     };
 
     /// <summary>What the image holds: the final contents and every value each key ever had durably.</summary>
@@ -111,7 +112,7 @@ internal static class CorruptionFuzz
         var image = new Image();
         var random = new Random(Seed);
         var options = new BufferedDurableHeapOptions { AdvancePeriod = Timeout.InfiniteTimeSpan };
-        using (BufferedDurableHeap heap = BufferedDurableHeap.Create(path, new HeapFileOptions { Size = 1L << 20, MaxSize = 1L << 20, Domain = PersistenceDomainKind.MappedFile }, options))
+        using (BufferedDurableHeap heap = BufferedDurableHeap.Create(path, new HeapFileOptions { Size = 2L << 20, MaxSize = 2L << 20, Domain = PersistenceDomainKind.MappedFile }, options))
         {
             var map = new PersistentHashMap<long, long>(heap, MapType);
             var bytes = new PersistentByteMap<long>(heap, BytesType);
@@ -130,6 +131,16 @@ internal static class CorruptionFuzz
                     }
 
                     byte[] value = new byte[baseSize + random.Next(baseSize / 2)];
+                    random.NextBytes(value);
+                    bytes.Set(k, value);
+                    image.Bytes[k] = value;
+                    Add(image.BytesHistory, k, Convert.ToBase64String(value));
+                }
+
+                for (long k = 1000; k < 1003; k++)
+                {
+                    // Large blocks (spans of segments), replaced every round with another span.
+                    byte[] value = new byte[(16 << 10) + random.Next(100 << 10)];
                     random.NextBytes(value);
                     bytes.Set(k, value);
                     image.Bytes[k] = value;
@@ -190,89 +201,89 @@ internal static class CorruptionFuzz
         switch (kind)
         {
             case "garbage":
-            {
-                int length = 8 + random.Next(505);
-                int at = random.Next((int)heapEnd - length);
-                random.NextBytes(data.AsSpan(at, length));
-                what = $"garbage [{at}, +{length})";
-                return data;
-            }
+                {
+                    int length = 8 + random.Next(505);
+                    int at = random.Next((int)heapEnd - length);
+                    random.NextBytes(data.AsSpan(at, length));
+                    what = $"garbage [{at}, +{length})";
+                    return data;
+                }
 
             case "zero-page":
-            {
-                int page = random.Next(pages);
-                data.AsSpan(page * 4096, 4096).Clear();
-                what = $"zero page {page}";
-                return data;
-            }
+                {
+                    int page = random.Next(pages);
+                    data.AsSpan(page * 4096, 4096).Clear();
+                    what = $"zero page {page}";
+                    return data;
+                }
 
             case "swap-pages":
-            {
-                int a = random.Next(pages), b = random.Next(pages);
-                Swap(data, a * 4096L, b * 4096L, 4096);
-                what = $"swap pages {a} {b}";
-                return data;
-            }
+                {
+                    int a = random.Next(pages), b = random.Next(pages);
+                    Swap(data, a * 4096L, b * 4096L, 4096);
+                    what = $"swap pages {a} {b}";
+                    return data;
+                }
 
             case "swap-segments":
-            {
-                long a = random.NextInt64(image.SegmentCount), b = random.NextInt64(image.SegmentCount);
-                Swap(data, image.DataStart + (a * HeapLayout.SegmentSize), image.DataStart + (b * HeapLayout.SegmentSize), HeapLayout.SegmentSize);
-                what = $"swap segments {a} {b}";
-                return data;
-            }
+                {
+                    long a = random.NextInt64(image.SegmentCount), b = random.NextInt64(image.SegmentCount);
+                    Swap(data, image.DataStart + (a * HeapLayout.SegmentSize), image.DataStart + (b * HeapLayout.SegmentSize), HeapLayout.SegmentSize);
+                    what = $"swap segments {a} {b}";
+                    return data;
+                }
 
             case "swap-descriptors":
-            {
-                long a = random.NextInt64(image.SegmentCount), b = random.NextInt64(image.SegmentCount);
-                Swap(data, HeapLayout.SuperblockSize + (a * 8), HeapLayout.SuperblockSize + (b * 8), 8);
-                what = $"swap descriptors {a} {b} (0x{BitConverter.ToUInt64(original, HeapLayout.SuperblockSize + (int)(a * 8)):X16}, 0x{BitConverter.ToUInt64(original, HeapLayout.SuperblockSize + (int)(b * 8)):X16})";
-                return data;
-            }
+                {
+                    long a = random.NextInt64(image.SegmentCount), b = random.NextInt64(image.SegmentCount);
+                    Swap(data, HeapLayout.SuperblockSize + (a * 8), HeapLayout.SuperblockSize + (b * 8), 8);
+                    what = $"swap descriptors {a} {b} (0x{BitConverter.ToUInt64(original, HeapLayout.SuperblockSize + (int)(a * 8)):X16}, 0x{BitConverter.ToUInt64(original, HeapLayout.SuperblockSize + (int)(b * 8)):X16})";
+                    return data;
+                }
 
             case "copy-descriptor":
-            {
-                long a = random.NextInt64(image.SegmentCount), b = random.NextInt64(image.SegmentCount);
-                Array.Copy(original, HeapLayout.SuperblockSize + (a * 8), data, HeapLayout.SuperblockSize + (b * 8), 8);
-                what = $"copy descriptor {a} over {b} (0x{BitConverter.ToUInt64(original, HeapLayout.SuperblockSize + (int)(a * 8)):X16} over 0x{BitConverter.ToUInt64(original, HeapLayout.SuperblockSize + (int)(b * 8)):X16})";
-                return data;
-            }
+                {
+                    long a = random.NextInt64(image.SegmentCount), b = random.NextInt64(image.SegmentCount);
+                    Array.Copy(original, HeapLayout.SuperblockSize + (a * 8), data, HeapLayout.SuperblockSize + (b * 8), 8);
+                    what = $"copy descriptor {a} over {b} (0x{BitConverter.ToUInt64(original, HeapLayout.SuperblockSize + (int)(a * 8)):X16} over 0x{BitConverter.ToUInt64(original, HeapLayout.SuperblockSize + (int)(b * 8)):X16})";
+                    return data;
+                }
 
             case "truncate":
-            {
-                long length = random.NextInt64(heapEnd);
-                bool extend = random.Next(2) == 0;
-                byte[] cut = new byte[extend ? original.Length : length];
-                Array.Copy(original, cut, length);
-                what = $"truncate to {length}{(extend ? " and extend with zeros" : string.Empty)}";
-                return cut;
-            }
+                {
+                    long length = random.NextInt64(heapEnd);
+                    bool extend = random.Next(2) == 0;
+                    byte[] cut = new byte[extend ? original.Length : length];
+                    Array.Copy(original, cut, length);
+                    what = $"truncate to {length}{(extend ? " and extend with zeros" : string.Empty)}";
+                    return cut;
+                }
 
             case "extend":
-            {
-                int more = 1 + random.Next(3 * HeapLayout.SegmentSize);
-                byte[] longer = new byte[original.Length + more];
-                original.CopyTo(longer, 0);
-                if (random.Next(2) == 0)
                 {
-                    random.NextBytes(longer.AsSpan(original.Length));
-                }
+                    int more = 1 + random.Next(3 * HeapLayout.SegmentSize);
+                    byte[] longer = new byte[original.Length + more];
+                    original.CopyTo(longer, 0);
+                    if (random.Next(2) == 0)
+                    {
+                        random.NextBytes(longer.AsSpan(original.Length));
+                    }
 
-                what = $"extend by {more}";
-                return longer;
-            }
+                    what = $"extend by {more}";
+                    return longer;
+                }
 
             case "fuzz":
-            {
-                int count = 1 + random.Next(64);
-                for (int i = 0; i < count; i++)
                 {
-                    data[random.NextInt64(heapEnd)] = (byte)random.Next(256);
-                }
+                    int count = 1 + random.Next(64);
+                    for (int i = 0; i < count; i++)
+                    {
+                        data[random.NextInt64(heapEnd)] = (byte)random.Next(256);
+                    }
 
-                what = $"fuzz {count} bytes";
-                return data;
-            }
+                    what = $"fuzz {count} bytes";
+                    return data;
+                }
 
             default:
                 throw new ArgumentException($"unknown corruption kind {kind}");

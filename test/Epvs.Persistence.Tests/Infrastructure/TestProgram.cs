@@ -112,6 +112,31 @@ public static class TestProgram
         return Run(start);
     }
 
+    /// <summary>
+    /// Runs this assembly as a child with at most <paramref name="descriptors"/> open file descriptors (RLIMIT_NOFILE,
+    /// set by <c>ulimit -n</c> in a shell that then execs the child; Unix only); returns exit code and output (bounded wait).
+    /// </summary>
+    internal static (int ExitCode, string Output) RunChildUnderDescriptorLimit(int descriptors, params string[] args)
+    {
+        var start = new ProcessStartInfo("/bin/sh")
+        {
+            RedirectStandardOutput = true,
+            RedirectStandardError = true,
+            UseShellExecute = false,
+        };
+        start.ArgumentList.Add("-c");
+        start.ArgumentList.Add($"ulimit -n {descriptors} && exec \"$0\" \"$@\"");
+        start.ArgumentList.Add(DotnetHost());
+        start.ArgumentList.Add("exec");
+        start.ArgumentList.Add(typeof(TestProgram).Assembly.Location);
+        foreach (string arg in args)
+        {
+            start.ArgumentList.Add(arg);
+        }
+
+        return Run(start);
+    }
+
     private static (int ExitCode, string Output) Run(ProcessStartInfo start)
     {
         using Process process = Process.Start(start)!;

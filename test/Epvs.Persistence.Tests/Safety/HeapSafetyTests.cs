@@ -82,6 +82,68 @@ public sealed class HeapSafetyTests
     }
 
     /// <summary>
+    /// Out of file descriptors (RLIMIT_NOFILE), with none left and with one (the file opens and recovers, the
+    /// advancer's thread cannot start): each failed open or create reports its own cause, and the file is closed and
+    /// unlocked afterwards. Before the fix: AlreadyOpen and InsufficientSpace for an exhausted descriptor table, and an
+    /// open whose advancer could not start threw InvalidOperationException from its cleanup ("still used by a heap")
+    /// and left the file locked, so the same process could not open it again.
+    /// </summary>
+    [Fact]
+    public void BufferedHeap_OpenOrCreateOutOfFileDescriptors_ReportsTheCauseAndLeavesTheFileClosed()
+    {
+        Assert.SkipWhen(OperatingSystem.IsWindows(), "RLIMIT_NOFILE is a Unix limit");
+        using var dir = new TempDirectory();
+        (int code, string output) = TestProgram.RunChildUnderDescriptorLimit(2000, SafetyChild.Role, "open-out-of-descriptors", dir.File("a.heap"));
+        _output.WriteLine($"exit {code}: {output}");
+        Assert.True(code == SafetyChild.Survived, $"exit {code}: {output}");
+    }
+
+    /// <summary>
+    /// The advancer's thread failing to start (the test hook stands for a thread the process cannot create): the open
+    /// throws that exception, the allocator is detached, and the file — the heap's own or the caller's — opens again
+    /// with every entry. Before the fix the owner's cleanup threw InvalidOperationException (the file "still used by a
+    /// heap") in place of the cause and left the file locked (the next open: AlreadyOpen), and a caller's file refused
+    /// every later heap.
+    /// </summary>
+    [Theory]
+    [InlineData(false)]
+    [InlineData(true)]
+    public void BufferedHeap_OpenWhoseAdvancerCannotStart_ThrowsTheCauseAndLeavesTheFileReusable(bool callersFile)
+    {
+        using var dir = new TempDirectory();
+        string path = dir.File("a.heap");
+        var fileOptions = new HeapFileOptions { Size = 1L << 20, Domain = PersistenceDomainKind.MappedFile };
+        using (BufferedDurableHeap created = BufferedDurableHeap.Create(path, fileOptions))
+        {
+            var map = new PersistentHashMap<long, long>(created, typeId: 1);
+            for (long k = 0; k < 50; k++)
+            {
+                map.Set(k, k + 1);
+            }
+        }
+
+        var failing = new BufferedDurableHeapOptions { StartingAdvancerForTesting = () => throw new OutOfMemoryException("simulated: no thread for the advancer") };
+        if (callersFile)
+        {
+            using HeapFile file = HeapFile.Open(path, fileOptions);
+            OutOfMemoryException e = Assert.Throws<OutOfMemoryException>(() => BufferedDurableHeap.Open(file, failing));
+            Assert.Contains("simulated", e.Message, StringComparison.Ordinal);
+            using BufferedDurableHeap again = BufferedDurableHeap.Open(file);
+            Assert.Equal(50, new PersistentHashMap<long, long>(again, typeId: 1).Count);
+        }
+        else
+        {
+            OutOfMemoryException e = Assert.Throws<OutOfMemoryException>(() => BufferedDurableHeap.Open(path, fileOptions, failing));
+            Assert.Contains("simulated", e.Message, StringComparison.Ordinal);
+        }
+
+        using BufferedDurableHeap reopened = BufferedDurableHeap.Open(path, fileOptions);
+        var reopenedMap = new PersistentHashMap<long, long>(reopened, typeId: 1);
+        Assert.Equal(50, reopenedMap.Count);
+        Assert.True(reopenedMap.TryGetValue(49, out long value) && value == 50);
+    }
+
+    /// <summary>
     /// A StateMachineFaulted handler that disposes the heap when the transition's critical section fails, run on the
     /// advancer's thread inside its cycle, on a Sync caller inside the cycle it runs, or on a thread ending an operation:
     /// its Dispose returns or throws InvalidOperationException at once (it must not wait for the cycle it is called
