@@ -29,6 +29,11 @@ internal static class CorruptionFuzz
 
     internal static int Run(string directory, string kind, bool control)
     {
+        if (kind == "copy-mid-write")
+        {
+            return CopyMidWrite(directory);
+        }
+
         string path = Path.Combine(directory, "fuzz.heap");
         Image image = Build(path);
         byte[] original = File.ReadAllBytes(path);
@@ -67,6 +72,131 @@ internal static class CorruptionFuzz
         Console.WriteLine($"kind={kind} cases={cases} {string.Join(' ', totals.OrderBy(t => t.Key).Select(t => $"{t.Key}={t.Value}"))} bad={bad}");
         return bad == 0 ? SafetyChild.Survived : SafetyChild.WrongOutcome;
     }
+
+    /// <summary>
+    /// "copy-mid-write": a file copied in 64 KiB chunks (as cp does, without taking the heap's lock) while a writer and
+    /// the advancer change it, so the copy mixes pages of different moments — a lost write in the words of the README,
+    /// which no check can tell from a consistent file. Whatever the copy holds, opening it must be refused or succeed,
+    /// never crash; an exception other than HeapFileException or InvalidDataException is reported as unexpected.
+    /// </summary>
+    private static int CopyMidWrite(string directory)
+    {
+        int rounds = int.TryParse(Environment.GetEnvironmentVariable("EPVS_CORRUPTION_FUZZ_CASES"), out int n) && n > 0 ? n : 12;
+        var totals = new Dictionary<string, int>();
+        int bad = 0;
+        for (int round = 0; round < rounds; round++)
+        {
+            string path = Path.Combine(directory, $"live{round}.heap");
+            string copy = Path.Combine(directory, $"copy{round}.heap");
+            var random = new Random(Seed + round);
+            using (BufferedDurableHeap heap = BufferedDurableHeap.Create(path, new HeapFileOptions { Size = 2L << 20, MaxSize = 2L << 20, Domain = PersistenceDomainKind.MappedFile, MappedFileWriteBack = round % 2 == 0 ? MappedFileWriteBack.SharedMapping : MappedFileWriteBack.PrivateMapping }, new BufferedDurableHeapOptions { AdvancePeriod = TimeSpan.FromMilliseconds(1) }))
+            {
+                var map = new PersistentHashMap<long, long>(heap, MapType);
+                var bytes = new PersistentByteMap<long>(heap, BytesType);
+                var queue = new PersistentQueue<long>(heap, QueueType);
+                using var stop = new CancellationTokenSource();
+                Exception? writerFault = null;
+                var writer = new Thread(() =>
+                {
+                    try
+                    {
+                        var r = new Random(Seed - round);
+                        long next = 0;
+                        while (!stop.IsCancellationRequested)
+                        {
+                            long k = r.Next(300);
+                            if (r.Next(4) == 0)
+                            {
+                                map.Remove(k);
+                                bytes.Remove(k % 50);
+                                queue.TryDequeue(out _);
+                            }
+                            else
+                            {
+                                map.Set(k, r.NextInt64());
+                                bytes.Set(k % 50, new byte[r.Next(3000)]);
+                                queue.Enqueue(next++);
+                            }
+                        }
+                    }
+                    catch (Exception e)
+                    {
+                        writerFault = e;
+                    }
+                });
+                writer.Start();
+                using (FileStream source = new(new Microsoft.Win32.SafeHandles.SafeFileHandle(OpenForCopy(path), ownsHandle: true), FileAccess.Read))
+                using (FileStream target = File.Create(copy))
+                {
+                    byte[] chunk = new byte[64 << 10];
+                    long at = 0;
+                    int read;
+                    while ((read = RandomAccess.Read(source.SafeFileHandle, chunk, at)) > 0)
+                    {
+                        target.Write(chunk, 0, read);
+                        at += read;
+
+                        // A bounded amount of writing between two chunks (no sleep: the writer runs meanwhile).
+                        Thread.Yield();
+                    }
+                }
+
+                stop.Cancel();
+                if (!writer.Join(TimeSpan.FromSeconds(30)) || writerFault is not null)
+                {
+                    Console.WriteLine($"round {round}: the writer failed: {writerFault}");
+                    bad++;
+                }
+            }
+
+            foreach (bool salvage in new[] { false, true })
+            {
+                string outcome;
+                try
+                {
+                    using BufferedDurableHeap opened = BufferedDurableHeap.Open(copy, new HeapFileOptions { Domain = PersistenceDomainKind.MappedFile }, new BufferedDurableHeapOptions { AdvancePeriod = Timeout.InfiniteTimeSpan, SalvageDamagedBlocks = salvage });
+                    _ = new PersistentHashMap<long, long>(opened, MapType).Count;
+                    _ = new PersistentByteMap<long>(opened, BytesType).ToList().Count;
+                    _ = new PersistentQueue<long>(opened, QueueType).ToArray().Length;
+                    outcome = "opened";
+                }
+                catch (Exception e) when (e is HeapFileException or InvalidDataException)
+                {
+                    outcome = "refused";
+                }
+                catch (Exception e)
+                {
+                    outcome = "UNEXPECTED";
+                    bad++;
+                    Console.WriteLine($"round {round} ({(salvage ? "salvage" : "default")}): {e}");
+                }
+
+                string key = $"{(salvage ? "salvage" : "default")}:{outcome}";
+                totals[key] = totals.GetValueOrDefault(key) + 1;
+            }
+
+            File.Delete(path);
+            File.Delete(copy);
+        }
+
+        Console.WriteLine($"kind=copy-mid-write rounds={rounds} {string.Join(' ', totals.OrderBy(t => t.Key).Select(t => $"{t.Key}={t.Value}"))} bad={bad}");
+        return bad == 0 ? SafetyChild.Survived : SafetyChild.WrongOutcome;
+    }
+
+    /// <summary>open(2) for reading, without the advisory lock .NET's FileStream would take (and fail to get): what cp does.</summary>
+    private static nint OpenForCopy(string path)
+    {
+        int fd = LibcOpen(path, 0);
+        if (fd < 0)
+        {
+            throw new IOException($"open({path}) failed: errno {System.Runtime.InteropServices.Marshal.GetLastPInvokeError()}");
+        }
+
+        return fd;
+    }
+
+    [System.Runtime.InteropServices.DllImport("libc", EntryPoint = "open", SetLastError = true)]
+    private static extern int LibcOpen([System.Runtime.InteropServices.MarshalAs(System.Runtime.InteropServices.UnmanagedType.LPUTF8Str)] string path, int flags);
 
     /// <summary>A hash of <paramref name="text"/> that is the same in every process (string.GetHashCode is randomized).</summary>
     private static int StableHash(string text)

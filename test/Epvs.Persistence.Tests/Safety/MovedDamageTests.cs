@@ -9,8 +9,8 @@ namespace Epvs.Persistence.Tests;
 /// <summary>
 /// Damage beyond single bit flips: words and ranges moved to where they do not belong (a descriptor copied or swapped
 /// into another slot of the segment table) and a seeded corruption fuzz of a churned heap (garbage runs, zeroed and
-/// swapped pages and segments, truncation, extension, random bytes) run in a child process, so a crash fails the
-/// test instead of killing the runner.
+/// swapped pages and segments, truncation, extension, random bytes, a copy taken while the heap is written) run in a
+/// child process, so a crash fails the test instead of killing the runner.
 /// </summary>
 public sealed class MovedDamageTests
 {
@@ -98,15 +98,18 @@ public sealed class MovedDamageTests
     [InlineData("truncate")]
     [InlineData("extend")]
     [InlineData("fuzz")]
+    [InlineData("copy-mid-write")]
     public void CorruptionFuzz_EveryDamagedCopy_IsRefusedOrExactOrSalvagedToPastValues_NeverSilentNorACrash(string kind)
     {
         using var dir = new TempDirectory();
         (int code, string output) = TestProgram.RunChild(NoEnvironment, CorruptionFuzz.Role, dir.Path, kind);
         _output.WriteLine(output);
         Assert.True(code == SafetyChild.Survived, $"exit {code}: {output}");
-        if (kind is "extend")
+        if (kind is "extend" or "copy-mid-write")
         {
-            // Appended bytes are outside the heap: there is nothing for a control to miss.
+            // Appended bytes are outside the heap: there is nothing for a control to miss. A copy taken mid-write has no
+            // oracle (its pages are of different moments, which no check can tell from a consistent file): never a
+            // crash, never an unexpected exception is all it asserts.
             return;
         }
 
