@@ -82,11 +82,10 @@ public sealed class HeapSafetyTests
     }
 
     /// <summary>
-    /// Out of file descriptors (RLIMIT_NOFILE), with none left and with one (the file opens and recovers, the
-    /// advancer's thread cannot start): each failed open or create reports its own cause, and the file is closed and
-    /// unlocked afterwards. Before the fix: AlreadyOpen and InsufficientSpace for an exhausted descriptor table, and an
-    /// open whose advancer could not start threw InvalidOperationException from its cleanup ("still used by a heap")
-    /// and left the file locked, so the same process could not open it again.
+    /// Out of file descriptors (RLIMIT_NOFILE): a failed open or create reports its own cause, and the file is closed
+    /// and unlocked afterwards. Before the fix: AlreadyOpen (open) and InsufficientSpace (create). (With one descriptor
+    /// left, the advancer's thread could not start, and the open's cleanup threw InvalidOperationException and left the
+    /// file locked; that is tested in process below, since the runtime itself may abort then.)
     /// </summary>
     [Fact]
     public void BufferedHeap_OpenOrCreateOutOfFileDescriptors_ReportsTheCauseAndLeavesTheFileClosed()
