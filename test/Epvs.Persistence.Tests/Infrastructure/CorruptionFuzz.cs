@@ -482,8 +482,13 @@ internal static class CorruptionFuzz
         {
             return "refused";
         }
-        catch (InvalidDataException)
+        catch (InvalidDataException e)
         {
+            if (salvage && Environment.GetEnvironmentVariable("EPVS_CORRUPTION_FUZZ_VERBOSE") is not null)
+            {
+                Console.WriteLine($"salvage refused by a structure: {e.Message}");
+            }
+
             return "refused";
         }
         catch (Exception e)
