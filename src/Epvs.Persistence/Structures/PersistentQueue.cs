@@ -149,7 +149,8 @@ public sealed unsafe class PersistentQueue<T>
         {
             if (ordered[i].Sequence != ordered[i - 1].Sequence + 1)
             {
-                throw new InvalidDataException($"The recovered elements of queue {_typeId} are not contiguous (sequence {ordered[i - 1].Sequence} is followed by {ordered[i].Sequence}): the heap is not a consistent prefix.");
+                string salvaged = _heap.Recovery.DamagedBlocks.Count != 0 ? $" Recovery dropped {_heap.Recovery.DamagedBlocks.Count} damaged block(s) (SalvageDamagedBlocks), perhaps an element among them: the surviving elements' payloads are on the heap (PersistentHeap.ForEachAllocated)." : string.Empty;
+                throw new InvalidDataException($"The recovered elements of the queue with type id {_typeId & (StructureKind.TypeIdLimit - 1)} are not contiguous (sequence {ordered[i - 1].Sequence} is followed by {ordered[i].Sequence}): the heap is not a consistent prefix.{salvaged}");
             }
         }
 

@@ -119,6 +119,47 @@ public sealed class MovedDamageTests
         Assert.SkipWhen(controlCode == SafetyChild.Survived, "inconclusive: with the checks ignored no damaged copy was silently wrong, so the fuzz proves nothing");
     }
 
+    /// <summary>
+    /// A queue that lost a middle element to salvage refuses to open (its order has a gap); the refusal names the
+    /// queue by the type id the caller gave it (it named the stored id with the structure's kind bits, 50331651 for 3)
+    /// and says that recovery dropped damaged blocks.
+    /// </summary>
+    [Fact]
+    public void Queue_SalvagedWithAMiddleElementDropped_RefusesNamingItsTypeIdAndTheSalvage()
+    {
+        using var dir = new TempDirectory();
+        string path = dir.File("queue.heap");
+        using (BufferedDurableHeap heap = BufferedDurableHeap.Create(path, FileOptions, Options))
+        {
+            var queue = new PersistentQueue<long>(heap, typeId: 3);
+            for (long i = 0; i < 20; i++)
+            {
+                queue.Enqueue(i * 100);
+            }
+        }
+
+        byte[] image = File.ReadAllBytes(path);
+        long dataStart = BitConverter.ToInt64(image, HeapLayout.DataStartOffset);
+        long victim = -1;
+        for (long at = dataStart; at < image.Length - HeapLayout.HeaderSize - 16 && victim < 0; at += SizeClasses.BlockSizes[0])
+        {
+            ulong commit = BitConverter.ToUInt64(image, (int)at + HeapLayout.CommitOffset);
+            if (HeapLayout.InUse(commit) && BitConverter.ToInt64(image, (int)at + HeapLayout.HeaderSize) == 10 && BitConverter.ToInt64(image, (int)at + HeapLayout.HeaderSize + 8) == 1000)
+            {
+                victim = at;
+            }
+        }
+
+        Assert.True(victim > 0, "the element with sequence 10 was not found");
+        Array.Clear(image, (int)victim + HeapLayout.CommitOffset, sizeof(ulong));
+        File.WriteAllBytes(path, image);
+        using BufferedDurableHeap salvaged = BufferedDurableHeap.Open(path, FileOptions, new BufferedDurableHeapOptions { AdvancePeriod = Timeout.InfiniteTimeSpan, SalvageDamagedBlocks = true });
+        Assert.Contains(victim, salvaged.Recovery.DamagedBlocks);
+        InvalidDataException e = Assert.Throws<InvalidDataException>(() => new PersistentQueue<long>(salvaged, typeId: 3));
+        Assert.Contains("queue with type id 3 ", e.Message, StringComparison.Ordinal);
+        Assert.Contains("SalvageDamagedBlocks", e.Message, StringComparison.Ordinal);
+    }
+
     private static (long Segment, ulong Descriptor) FindSmall(byte[] image, int cls)
     {
         long dataStart = BitConverter.ToInt64(image, HeapLayout.DataStartOffset);
