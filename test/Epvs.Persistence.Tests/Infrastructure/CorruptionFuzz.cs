@@ -184,7 +184,7 @@ internal static class CorruptionFuzz
     }
 
     /// <summary>open(2) for reading, without the advisory lock .NET's FileStream would take (and fail to get): what cp does.</summary>
-    private static nint OpenForCopy(string path)
+    internal static nint OpenForCopy(string path)
     {
         int fd = LibcOpen(path, 0);
         if (fd < 0)
@@ -193,6 +193,15 @@ internal static class CorruptionFuzz
         }
 
         return fd;
+    }
+
+    /// <summary>The bytes of the file at <paramref name="path"/> as the file (not a mapping) holds them, read past the heap's lock: what a crash now would leave of a privately mapped heap.</summary>
+    internal static byte[] ReadPastTheLock(string path)
+    {
+        using var source = new FileStream(new Microsoft.Win32.SafeHandles.SafeFileHandle(OpenForCopy(path), ownsHandle: true), FileAccess.Read);
+        byte[] bytes = new byte[source.Length];
+        RandomAccess.Read(source.SafeFileHandle, bytes, 0);
+        return bytes;
     }
 
     [System.Runtime.InteropServices.DllImport("libc", EntryPoint = "open", SetLastError = true)]

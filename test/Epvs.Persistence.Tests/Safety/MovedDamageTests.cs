@@ -1,6 +1,7 @@
 using System;
 using System.Collections.Generic;
 using System.IO;
+using System.Linq;
 using System.Threading;
 using Xunit;
 
@@ -120,14 +121,66 @@ public sealed class MovedDamageTests
     }
 
     /// <summary>
-    /// A queue that lost a middle element to salvage refuses to open (its order has a gap); the refusal names the
-    /// queue by the type id the caller gave it (it named the stored id with the structure's kind bits, 50331651 for 3)
-    /// and says that recovery dropped damaged blocks.
+    /// A queue that lost a middle element to salvage opens with the survivors in order and renumbered, durably before
+    /// its constructor returns: a crash right after it, or a later open, finds the same queue with no damage to report.
+    /// It used to refuse to open (a gap in its order) at the salvaging open and at every later one, the survivors
+    /// reachable only as raw payloads.
     /// </summary>
     [Fact]
-    public void Queue_SalvagedWithAMiddleElementDropped_RefusesNamingItsTypeIdAndTheSalvage()
+    public void Queue_SalvagedWithAMiddleElementDropped_OpensWithTheSurvivorsInOrder_AndStaysOpenable()
     {
         using var dir = new TempDirectory();
+        string path = CreateQueueWithElementTenDamaged(dir, free: false, out long victim);
+        long[] expected = Enumerable.Range(0, 20).Where(i => i != 10).Select(i => i * 100L).ToArray();
+        byte[] crashedAfterOpen;
+        using (BufferedDurableHeap salvaged = BufferedDurableHeap.Open(path, FileOptions, new BufferedDurableHeapOptions { AdvancePeriod = Timeout.InfiniteTimeSpan, SalvageDamagedBlocks = true }))
+        {
+            Assert.Contains(victim, salvaged.Recovery.DamagedBlocks);
+            Assert.SkipWhen(salvaged.Heap.File.MappedFileWriteBack != MappedFileWriteBack.PrivateMapping, "needs a private mapping (Linux), whose file holds only what was written back");
+            var queue = new PersistentQueue<long>(salvaged, typeId: 3);
+            Assert.Equal(expected, queue.ToArray());
+            Assert.Equal(Enumerable.Range(0, 19).Select(i => (long)i), queue.Sequences());
+
+            // What the file holds now (a private mapping: only what was written back) is what a crash now would leave:
+            // the damaged block is freed already, so the renumbering must be durable too.
+            crashedAfterOpen = CorruptionFuzz.ReadPastTheLock(path);
+            queue.Enqueue(2000);
+        }
+
+        string crashed = dir.File("crashed.heap");
+        File.WriteAllBytes(crashed, crashedAfterOpen);
+        using (BufferedDurableHeap afterCrash = BufferedDurableHeap.Open(crashed, FileOptions, Options))
+        {
+            Assert.Empty(afterCrash.Recovery.DamagedBlocks);
+            Assert.Equal(expected, new PersistentQueue<long>(afterCrash, typeId: 3).ToArray());
+        }
+
+        using BufferedDurableHeap reopened = BufferedDurableHeap.Open(path, FileOptions, Options);
+        Assert.Empty(reopened.Recovery.DamagedBlocks);
+        var again = new PersistentQueue<long>(reopened, typeId: 3);
+        Assert.Equal(expected.Append(2000), again.ToArray());
+        Assert.True(again.TryDequeue(out long head) && head == 0);
+    }
+
+    /// <summary>
+    /// A gap with no damage reported (an element's commit word replaced by a valid free word: a lost write) is an
+    /// inconsistent heap: refused, naming the queue by the caller's type id (it named the stored id with the
+    /// structure's kind bits, 50331651 for 3).
+    /// </summary>
+    [Fact]
+    public void Queue_WithAGapAndNoDamageReported_IsRefusedNamingItsTypeId()
+    {
+        using var dir = new TempDirectory();
+        string path = CreateQueueWithElementTenDamaged(dir, free: true, out _);
+        using BufferedDurableHeap heap = BufferedDurableHeap.Open(path, FileOptions, new BufferedDurableHeapOptions { AdvancePeriod = Timeout.InfiniteTimeSpan, SalvageDamagedBlocks = true });
+        Assert.Empty(heap.Recovery.DamagedBlocks);
+        InvalidDataException e = Assert.Throws<InvalidDataException>(() => new PersistentQueue<long>(heap, typeId: 3));
+        Assert.Contains("queue with type id 3 ", e.Message, StringComparison.Ordinal);
+    }
+
+    /// <summary>A closed heap whose queue (type id 3) held 0, 100, ..., 1900; the block of 1000 (sequence 10) has a zeroed commit word, or a valid free one.</summary>
+    private static string CreateQueueWithElementTenDamaged(TempDirectory dir, bool free, out long victim)
+    {
         string path = dir.File("queue.heap");
         using (BufferedDurableHeap heap = BufferedDurableHeap.Create(path, FileOptions, Options))
         {
@@ -140,7 +193,7 @@ public sealed class MovedDamageTests
 
         byte[] image = File.ReadAllBytes(path);
         long dataStart = BitConverter.ToInt64(image, HeapLayout.DataStartOffset);
-        long victim = -1;
+        victim = -1;
         for (long at = dataStart; at < image.Length - HeapLayout.HeaderSize - 16 && victim < 0; at += SizeClasses.BlockSizes[0])
         {
             ulong commit = BitConverter.ToUInt64(image, (int)at + HeapLayout.CommitOffset);
@@ -151,13 +204,11 @@ public sealed class MovedDamageTests
         }
 
         Assert.True(victim > 0, "the element with sequence 10 was not found");
-        Array.Clear(image, (int)victim + HeapLayout.CommitOffset, sizeof(ulong));
+        long segment = (victim - dataStart) / HeapLayout.SegmentSize;
+        uint generation = HeapLayout.DescriptorGeneration(BitConverter.ToUInt64(image, HeapLayout.SuperblockSize + (int)(segment * sizeof(ulong))));
+        BitConverter.GetBytes(free ? HeapLayout.FreeWord(victim, generation) : 0UL).CopyTo(image, (int)victim + HeapLayout.CommitOffset);
         File.WriteAllBytes(path, image);
-        using BufferedDurableHeap salvaged = BufferedDurableHeap.Open(path, FileOptions, new BufferedDurableHeapOptions { AdvancePeriod = Timeout.InfiniteTimeSpan, SalvageDamagedBlocks = true });
-        Assert.Contains(victim, salvaged.Recovery.DamagedBlocks);
-        InvalidDataException e = Assert.Throws<InvalidDataException>(() => new PersistentQueue<long>(salvaged, typeId: 3));
-        Assert.Contains("queue with type id 3 ", e.Message, StringComparison.Ordinal);
-        Assert.Contains("SalvageDamagedBlocks", e.Message, StringComparison.Ordinal);
+        return path;
     }
 
     private static (long Segment, ulong Descriptor) FindSmall(byte[] image, int cls)
