@@ -480,9 +480,9 @@ internal static class CorruptionFuzz
                 }
             }
 
-            if (gotQueue.Any(e => !image.QueueHistory.Contains(e)) || gotQueue.Distinct().Count() != gotQueue.Length)
+            if (gotQueue.Any(e => !image.QueueHistory.Contains(e)) || gotQueue.Zip(gotQueue.Skip(1)).Any(p => p.First >= p.Second))
             {
-                return "SILENT: salvaged queue holds elements never enqueued, or twice";
+                return "SILENT: salvaged queue holds elements never enqueued, or twice, or out of FIFO order";
             }
 
             return "salvaged";
