@@ -787,6 +787,10 @@ public sealed unsafe partial class BufferedDurableHeap : IDisposable
         }
         catch
         {
+            // A failed open closed nothing in order: the file keeps the clean-shutdown word the open cleared, so the next
+            // open does not report a clean shutdown the file never had (a crashed file refused as damaged used to read
+            // as cleanly closed afterwards). Everything recovery wrote was persisted as it went.
+            file.ForgoCleanShutdown();
             file.Dispose();
             throw;
         }

@@ -211,6 +211,60 @@ public sealed class MovedDamageTests
         return path;
     }
 
+    /// <summary>
+    /// An open refused for damage closes nothing in order: the next open must not report a clean shutdown. A crashed
+    /// file (clean word cleared) refused once as damaged used to read as cleanly closed afterwards, for the buffered and
+    /// the raw heap alike, because the refused open's cleanup marked the file clean.
+    /// </summary>
+    [Theory]
+    [InlineData(false)]
+    [InlineData(true)]
+    public void RefusedOpenOfACrashedFile_LeavesItReportedAsNotCleanlyClosed(bool raw)
+    {
+        using var dir = new TempDirectory();
+        string path = dir.File("crashed.heap");
+        long victim = -1;
+        if (raw)
+        {
+            using PersistentHeap heap = PersistentHeap.Create(path, FileOptions);
+            PayloadRef block = heap.Allocate(100, typeId: 1);
+            heap.Persist(block);
+            victim = block.Offset;
+        }
+        else
+        {
+            using BufferedDurableHeap heap = BufferedDurableHeap.Create(path, FileOptions, Options);
+            var map = new PersistentHashMap<long, long>(heap, typeId: 1);
+            for (long k = 0; k < 100; k++)
+            {
+                map.Set(k, k);
+            }
+
+            heap.Sync();
+            heap.Heap.ForEachAllocated((block, _) => Interlocked.CompareExchange(ref victim, block.Offset, -1));
+        }
+
+        byte[] image = File.ReadAllBytes(path);
+        BitConverter.GetBytes(HeapLayout.Seal(0, HeapLayout.CleanShutdownOffset)).CopyTo(image, HeapLayout.CleanShutdownOffset);
+        Array.Clear(image, (int)victim + HeapLayout.CommitOffset, sizeof(ulong));
+        File.WriteAllBytes(path, image);
+        Assert.Equal(HeapFileError.Corrupt, Assert.Throws<HeapFileException>(() => Open(salvage: false)).Error);
+        bool reportedClean = Open(salvage: true);
+        Assert.False(reportedClean, "a crashed file, refused once as damaged, was reported as cleanly closed");
+
+        bool Open(bool salvage)
+        {
+            if (raw)
+            {
+                using PersistentHeap heap = PersistentHeap.Open(path, FileOptions, new PersistentHeapOptions { SalvageDamagedBlocks = salvage });
+                return heap.File.WasCleanShutdown;
+            }
+
+            using BufferedDurableHeap buffered = BufferedDurableHeap.Open(path, FileOptions, new BufferedDurableHeapOptions { AdvancePeriod = Timeout.InfiniteTimeSpan, SalvageDamagedBlocks = salvage });
+            return buffered.Recovery.WasCleanShutdown;
+        }
+    }
+
     private static (long Segment, ulong Descriptor) FindSmall(byte[] image, int cls)
     {
         long dataStart = BitConverter.ToInt64(image, HeapLayout.DataStartOffset);
