@@ -265,6 +265,120 @@ public sealed class MovedDamageTests
         }
     }
 
+    /// <summary>
+    /// Salvage that drops a damaged anti-payload brings back the payload it cancelled; for a key removed and inserted
+    /// again (a new uid, here in the same version) the map then holds two payloads of one key. It used to refuse to
+    /// open (InvalidDataException), at the salvaging open and at every later one; now the newer version is the key's
+    /// value, the older payload is deleted durably before the constructor returns, and a crash right after it opens
+    /// without damage to the same map.
+    /// </summary>
+    [Theory]
+    [InlineData(false)]
+    [InlineData(true)]
+    public void Map_SalvageDroppingTheAntiPayloadOfAReinsertedKey_KeepsTheNewerValue_AndStaysOpenable(bool byteMap)
+    {
+        const long Capacity = 1L << 20;
+        byte[] image;
+        using (var domain = new SimulatedPersistenceDomain(Capacity))
+        {
+            using HeapFile file = HeapFile.Create(domain);
+            using BufferedDurableHeap heap = BufferedDurableHeap.Open(file, Options);
+            var map = new MapOf(heap, byteMap);
+            map.Set(7, 70);
+            map.Set(8, 80);
+            heap.AdvanceVersion(TimeSpan.FromSeconds(30));
+            heap.AdvanceVersion(TimeSpan.FromSeconds(30));
+
+            // Removed and inserted again in one version: an anti-payload for the old uid, a payload of a new uid.
+            using (DurableOperation op = heap.BeginOperation())
+            {
+                Assert.True(map.Remove(7));
+                map.Set(7, 71);
+            }
+
+            // Durable, not yet reclaimed: the old payload and its anti-payload are both still on the medium.
+            heap.AdvanceVersion(TimeSpan.FromSeconds(30));
+            image = domain.GetDurableImage();
+        }
+
+        long anti = -1;
+        long dataStart = BitConverter.ToInt64(image, HeapLayout.DataStartOffset);
+        for (long at = dataStart; at < image.Length - HeapLayout.HeaderSize; at += SizeClasses.BlockSizes[0])
+        {
+            ulong commit = BitConverter.ToUInt64(image, (int)at + HeapLayout.CommitOffset);
+            if (HeapLayout.InUse(commit) && HeapLayout.CommitKind(commit) == PayloadKind.Delete)
+            {
+                Assert.True(anti < 0, "more than one anti-payload");
+                anti = at;
+            }
+        }
+
+        Assert.True(anti > 0, "no anti-payload on the medium");
+        Array.Clear(image, (int)anti + HeapLayout.CommitOffset, sizeof(ulong));
+
+        byte[] afterSalvage;
+        using (var domain = SimulatedPersistenceDomain.FromImage(image, Capacity))
+        {
+            using HeapFile file = HeapFile.Open(domain);
+            using BufferedDurableHeap heap = BufferedDurableHeap.Open(file, new BufferedDurableHeapOptions { AdvancePeriod = Timeout.InfiniteTimeSpan, SalvageDamagedBlocks = true });
+            Assert.Contains(anti, heap.Recovery.DamagedBlocks);
+            var map = new MapOf(heap, byteMap);
+            Assert.Equal(71, map.Get(7));
+            Assert.Equal(80, map.Get(8));
+            Assert.Equal(2, map.Count);
+
+            // A power failure right after the open: what is durable now.
+            afterSalvage = domain.GetDurableImage();
+        }
+
+        using (var domain = SimulatedPersistenceDomain.FromImage(afterSalvage, Capacity))
+        {
+            using HeapFile file = HeapFile.Open(domain);
+            using BufferedDurableHeap heap = BufferedDurableHeap.Open(file, Options);
+            Assert.Empty(heap.Recovery.DamagedBlocks);
+            var map = new MapOf(heap, byteMap);
+            Assert.Equal(71, map.Get(7));
+            Assert.Equal(2, map.Count);
+        }
+    }
+
+    /// <summary>A hash map or a byte map of long values, behind one face for the salvage test.</summary>
+    private sealed class MapOf
+    {
+        private readonly PersistentHashMap<long, long>? _map;
+        private readonly PersistentByteMap<long>? _bytes;
+
+        internal MapOf(BufferedDurableHeap heap, bool byteMap)
+        {
+            if (byteMap)
+            {
+                _bytes = new PersistentByteMap<long>(heap, typeId: 4);
+            }
+            else
+            {
+                _map = new PersistentHashMap<long, long>(heap, typeId: 4);
+            }
+        }
+
+        internal long Count => _map?.Count ?? _bytes!.Count;
+
+        internal void Set(long key, long value)
+        {
+            if (_map is not null)
+            {
+                _map.Set(key, value);
+            }
+            else
+            {
+                _bytes!.Set(key, BitConverter.GetBytes(value));
+            }
+        }
+
+        internal bool Remove(long key) => _map?.Remove(key) ?? _bytes!.Remove(key);
+
+        internal long Get(long key) => _map is not null ? (_map.TryGetValue(key, out long v) ? v : -1) : _bytes!.Get(key) is byte[] b ? BitConverter.ToInt64(b) : -1;
+    }
+
     private static (long Segment, ulong Descriptor) FindSmall(byte[] image, int cls)
     {
         long dataStart = BitConverter.ToInt64(image, HeapLayout.DataStartOffset);
