@@ -34,6 +34,11 @@ internal static class CorruptionFuzz
             return CopyMidWrite(directory);
         }
 
+        if (kind == "raw")
+        {
+            return RawHeap(directory);
+        }
+
         string path = Path.Combine(directory, "fuzz.heap");
         Image image = Build(path);
         byte[] original = File.ReadAllBytes(path);
@@ -180,6 +185,87 @@ internal static class CorruptionFuzz
         }
 
         Console.WriteLine($"kind=copy-mid-write rounds={rounds} {string.Join(' ', totals.OrderBy(t => t.Key).Select(t => $"{t.Key}={t.Value}"))} bad={bad}");
+        return bad == 0 ? SafetyChild.Survived : SafetyChild.WrongOutcome;
+    }
+
+    /// <summary>
+    /// "raw": a raw <see cref="PersistentHeap"/> (never sealed: its payloads are not checked, so there is no oracle for
+    /// their bytes) of small and large blocks, some freed, damaged by each of the other kinds in turn. Every damaged
+    /// copy must open or be refused, by default and salvaging, and every block it then reports allocated must be
+    /// readable whole (header and payload inside the heap) — never a crash, never an unexpected exception.
+    /// </summary>
+    private static int RawHeap(string directory)
+    {
+        string path = Path.Combine(directory, "raw.heap");
+        var random = new Random(Seed);
+        using (PersistentHeap heap = PersistentHeap.Create(path, new HeapFileOptions { Size = 2L << 20, MaxSize = 2L << 20, Domain = PersistenceDomainKind.MappedFile }))
+        {
+            var blocks = new List<PayloadRef>();
+            for (int i = 0; i < 300; i++)
+            {
+                int size = i % 50 == 49 ? 20_000 + random.Next(60_000) : random.Next(3000);
+                PayloadRef block = heap.Allocate(size, typeId: 1 + (i % 3));
+                random.NextBytes(heap.GetPayload(block));
+                heap.Persist(block);
+                blocks.Add(block);
+                if (random.Next(4) == 0)
+                {
+                    int victim = random.Next(blocks.Count);
+                    heap.Free(blocks[victim]);
+                    blocks.RemoveAt(victim);
+                }
+            }
+        }
+
+        byte[] original = File.ReadAllBytes(path);
+        var image = new Image
+        {
+            DataStart = BitConverter.ToInt64(original, HeapLayout.DataStartOffset),
+            SegmentCount = ((long)(BitConverter.ToUInt64(original, HeapLayout.HeapSizeOffset) & HeapLayout.SealedValueMask) - BitConverter.ToInt64(original, HeapLayout.DataStartOffset)) / HeapLayout.SegmentSize,
+        };
+        string[] kinds = { "garbage", "zero-page", "swap-pages", "swap-segments", "swap-descriptors", "copy-descriptor", "truncate", "fuzz" };
+        int cases = int.TryParse(Environment.GetEnvironmentVariable("EPVS_CORRUPTION_FUZZ_CASES"), out int n) && n > 0 ? n : 10;
+        var totals = new Dictionary<string, int>();
+        int bad = 0;
+        foreach (string kind in kinds)
+        {
+            for (int c = 0; c < cases; c++)
+            {
+                byte[] damaged = Corrupt(original, kind, new Random(Seed + (c * 7919) + StableHash(kind)), image, out string what);
+                foreach (bool salvage in new[] { false, true })
+                {
+                    File.WriteAllBytes(path, damaged);
+                    string outcome;
+                    try
+                    {
+                        using PersistentHeap heap = PersistentHeap.Open(path, new HeapFileOptions { Domain = PersistenceDomainKind.MappedFile }, new PersistentHeapOptions { SalvageDamagedBlocks = salvage });
+                        long sum = 0;
+                        heap.ForEachAllocated((block, header) =>
+                        {
+                            foreach (byte b in heap.GetPayload(block))
+                            {
+                                Interlocked.Add(ref sum, b);
+                            }
+                        });
+                        outcome = "opened";
+                    }
+                    catch (HeapFileException)
+                    {
+                        outcome = "refused";
+                    }
+                    catch (Exception e)
+                    {
+                        outcome = "UNEXPECTED";
+                        bad++;
+                        Console.WriteLine($"{what} ({(salvage ? "salvage" : "default")}): {e}");
+                    }
+
+                    totals[outcome] = totals.GetValueOrDefault(outcome) + 1;
+                }
+            }
+        }
+
+        Console.WriteLine($"kind=raw cases={cases}x{kinds.Length} {string.Join(' ', totals.OrderBy(t => t.Key).Select(t => $"{t.Key}={t.Value}"))} bad={bad}");
         return bad == 0 ? SafetyChild.Survived : SafetyChild.WrongOutcome;
     }
 
