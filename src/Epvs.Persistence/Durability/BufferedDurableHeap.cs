@@ -84,7 +84,23 @@ public sealed unsafe partial class BufferedDurableHeap : IDisposable
             throw;
         }
 
-        StartAdvancer(options.AdvancePeriod, options.MaxVersionAge);
+        try
+        {
+            options.StartingAdvancerForTesting?.Invoke();
+            StartAdvancer(options.AdvancePeriod, options.MaxVersionAge);
+        }
+        catch
+        {
+            // No thread for the advancer (the process's thread or descriptor limit, memory): the open fails with that
+            // exception, and the recovered allocator detaches from the file first. Left attached, the owner's cleanup
+            // could not dispose the file (a heap still used it): it threw InvalidOperationException in place of this
+            // exception and left the file mapped and locked, so every later open in the process failed as AlreadyOpen.
+            // Recovery's writes are complete and durable; the file is as a later open will find it.
+            _heap.Dispose(operationsDrained: true);
+            _scheme.Dispose();
+            _local.Dispose();
+            throw;
+        }
     }
 
     /// <summary>The allocator underneath (statistics, <see cref="PersistentHeap.File"/>). Allocate payloads through <see cref="BeginOperation"/>: its own <see cref="PersistentHeap.Allocate"/>, <see cref="PersistentHeap.TryAllocate"/> and <see cref="PersistentHeap.Free"/> throw <see cref="InvalidOperationException"/>.</summary>
@@ -870,6 +886,10 @@ public sealed unsafe partial class BufferedDurableHeap : IDisposable
         }
         catch
         {
+            // A failed open closed nothing in order: the file keeps the clean-shutdown word the open cleared, so the next
+            // open does not report a clean shutdown the file never had (a crashed file refused as damaged used to read
+            // as cleanly closed afterwards). Everything recovery wrote was persisted as it went.
+            file.ForgoCleanShutdown();
             file.Dispose();
             throw;
         }

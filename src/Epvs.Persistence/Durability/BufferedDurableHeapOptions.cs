@@ -56,6 +56,9 @@ public sealed class BufferedDurableHeapOptions
     /// <summary>Deliberate allocator faults, for the tests' broken controls only.</summary>
     internal HeapFaults HeapFaults { get; set; }
 
+    /// <summary>Test hook: runs as the open starts the advancer's thread, after recovery (a throw stands for a thread the process cannot create).</summary>
+    internal Action? StartingAdvancerForTesting { get; set; }
+
     internal void Validate()
     {
         if (AdvancePeriod != Timeout.InfiniteTimeSpan && (AdvancePeriod <= TimeSpan.Zero || AdvancePeriod.TotalMilliseconds > int.MaxValue))

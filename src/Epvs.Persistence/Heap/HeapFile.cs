@@ -148,6 +148,7 @@ public sealed unsafe class HeapFile : IDisposable
     /// <returns>The open heap file, holding its exclusive lock.</returns>
     /// <exception cref="HeapFileException">The path exists, its directory is read-only, the disk lacks space, or the requested domain is unavailable.</exception>
     /// <exception cref="DirectoryNotFoundException">The file's directory does not exist.</exception>
+    /// <exception cref="IOException">The file could not be created for another reason, such as no file descriptor left (RLIMIT_NOFILE).</exception>
     /// <exception cref="ArgumentOutOfRangeException">The size is too small for one segment, or above the maximum size (a maximum size other than 0 below the size, or negative), or an option is not a value of its enum.</exception>
     public static HeapFile Create(string path, HeapFileOptions? options = null)
     {
@@ -195,8 +196,9 @@ public sealed unsafe class HeapFile : IDisposable
             ThrowHelper.ThrowHeapFile(HeapFileError.ReadOnly, $"Cannot create heap file '{fullPath}': the directory is not writable.", e);
             throw;
         }
-        catch (IOException e) when (!File.Exists(fullPath))
+        catch (IOException e) when (!File.Exists(fullPath) && e.HResult is not (EMFILE or ENFILE))
         {
+            // (Out of file descriptors is the IOException itself, not a full disk.)
             ThrowHelper.ThrowHeapFile(HeapFileError.InsufficientSpace, $"Cannot create heap file '{fullPath}' of {heapSize} bytes: {e.Message}", e);
             throw;
         }
@@ -225,6 +227,8 @@ public sealed unsafe class HeapFile : IDisposable
     /// <exception cref="FileNotFoundException">There is no file at <paramref name="path"/>.</exception>
     /// <exception cref="HeapFileException">The file is read-only, already open, too small, truncated, not a heap file,
     /// of a newer format, damaged, or the requested domain is unavailable. The file is unchanged.</exception>
+    /// <exception cref="IOException">The file could not be opened for another reason, such as no file descriptor left
+    /// (RLIMIT_NOFILE) or an I/O error. The file is unchanged.</exception>
     /// <exception cref="ArgumentOutOfRangeException">The domain cannot map a file, or an option is not a value of its enum.</exception>
     public static HeapFile Open(string path, HeapFileOptions? options = null) => Open(path, options, HeapLayout.KindUnclaimed);
 
@@ -606,7 +610,7 @@ public sealed unsafe class HeapFile : IDisposable
             ulong* table = (ulong*)(Pointer + HeapLayout.SuperblockSize);
             for (long s = current; s < segmentCount; s++)
             {
-                table[s] = HeapLayout.InitialDescriptor;
+                table[s] = HeapLayout.InitialDescriptor(s);
             }
 
             Domain.Persist(HeapLayout.SuperblockSize + (current * sizeof(ulong)), (segmentCount - current) * sizeof(ulong));
@@ -736,7 +740,12 @@ public sealed unsafe class HeapFile : IDisposable
         new Span<byte>(p, HeapLayout.SuperblockSize).Clear();
         new Span<byte>(p + HeapLayout.SuperblockSize, checked((int)HeapLayout.TableBytes(maxSegments))).Clear();
         long segments = (heapSize - dataStart) / HeapLayout.SegmentSize;
-        new Span<ulong>(p + HeapLayout.SuperblockSize, checked((int)segments)).Fill(HeapLayout.InitialDescriptor);
+        ulong* table = (ulong*)(p + HeapLayout.SuperblockSize);
+        for (long s = 0; s < segments; s++)
+        {
+            table[s] = HeapLayout.InitialDescriptor(s);
+        }
+
         *(ulong*)(p + HeapLayout.FormatVersionOffset) = (ulong)HeapLayout.FormatVersion;
         *(ulong*)(p + HeapLayout.HeapSizeOffset) = HeapLayout.Seal(heapSize, HeapLayout.HeapSizeOffset);
         foreach (int sealedZero in new[] { HeapLayout.CleanShutdownOffset, HeapLayout.EpochClockOffset, HeapLayout.DurableFrontierOffset, HeapLayout.HeapKindOffset })
@@ -852,6 +861,8 @@ public sealed unsafe class HeapFile : IDisposable
     }
 
     private const int ENOSPC = 28;
+    private const int EMFILE = 24;
+    private const int ENFILE = 23;
     private const int EFBIG = 27;
     private const int EDQUOT = 122;
 
@@ -889,12 +900,26 @@ public sealed unsafe class HeapFile : IDisposable
             ThrowHelper.ThrowHeapFile(HeapFileError.ReadOnly, $"Cannot open heap file '{path}' for writing: it is on a read-only file system. Remount it read-write or copy the file to a writable place.", e);
             throw;
         }
-        catch (IOException e)
+        catch (IOException e) when (IsLockConflict(e))
         {
             ThrowHelper.ThrowHeapFile(HeapFileError.AlreadyOpen, $"Cannot open heap file '{path}': another opener holds its exclusive lock (a heap file is opened by one HeapFile at a time). Dispose the other one first.", e);
             throw;
         }
+
+        // Any other failure to open (no file descriptor left, RLIMIT_NOFILE; an I/O error) is the IOException itself:
+        // reported as AlreadyOpen, it sent the operator looking for another process.
     }
+
+    /// <summary>
+    /// Whether opening failed because another opener holds the file's lock: on Unix the failed flock (EWOULDBLOCK,
+    /// which .NET reports as an IOException whose HResult is the errno), on Windows a sharing or lock violation.
+    /// </summary>
+    private static bool IsLockConflict(IOException e) => OperatingSystem.IsWindows()
+        ? e.HResult is unchecked((int)0x80070020) or unchecked((int)0x80070021)
+        : e.HResult == (OperatingSystem.IsLinux() ? EWOULDBLOCKLinux : EWOULDBLOCKBsd);
+
+    private const int EWOULDBLOCKLinux = 11;
+    private const int EWOULDBLOCKBsd = 35;
 
     private static PersistenceDomain MapDomain(FileStream stream, string path, long length, long capacity, HeapFileOptions options)
     {

@@ -4,9 +4,10 @@ using System.Runtime.CompilerServices;
 namespace Epvs.Persistence;
 
 /// <summary>
-/// The persistent layout of an EPVS heap file, format version 4 (older files are refused: version 2 added the
+/// The persistent layout of an EPVS heap file, format version 5 (older files are refused: version 2 added the
 /// sealed superblock words and the heap kind, version 3 the sealed blocks, XxHash3 block checks and zeroed segments,
-/// version 4 a checked word in every state: no all-zero descriptor or commit word is valid). Every persistent field is an 8-byte little-endian
+/// version 4 a checked word in every state: no all-zero descriptor or commit word is valid, version 5 descriptors
+/// bound to their slot: a descriptor copied or moved into another slot of the table fails its check). Every persistent field is an 8-byte little-endian
 /// word at an 8-byte aligned offset, written with a single aligned store, so it is failure-atomic: after a crash it
 /// holds an old or a new value, never a mix. Persistent data holds offsets from the start of the file, never pointers.
 /// </summary>
@@ -40,9 +41,11 @@ namespace Epvs.Persistence;
 /// Segment descriptor (table word i; every i &lt; SegmentCount holds one, written when the heap is created or grows)
 ///   bits  0..23  Generation   incremented (mod 2^24) every time the descriptor is rewritten; 0 when created
 ///   bits 24..31  Check        with bits 36..39: the low 12 bits of CRC-32 of the other bits (bits 24..31 and 36..39
-///                             zero) as 8 little-endian bytes; CRC-32 of zero content is 0x6522DF69, so the free
-///                             descriptor of generation 0 is 0x0000_00F0_6900_0000 and the all-zero word is damage
-///   bits 32..35  Role         0 free, 1 small (one size class), 2 large start, 3 large continuation
+///                             zero) and of the segment's index i (XOR a constant), as two 8-byte little-endian words:
+///                             a descriptor is valid in its own slot only, so one copied or swapped into another slot
+///                             (whose segment it would make recovery read with another block size) is damage
+///   bits 32..35  Role         8 free, 9 small (one size class), 10 large start, 11 large continuation: bit 35 is set
+///                             in every descriptor, so the all-zero word is damage in every slot
 ///   bits 40..63  Class index (small) or span in segments (large start)
 ///
 /// Block (small: at segment start + k*BlockSize; large: at the start of its first segment)
@@ -106,7 +109,7 @@ namespace Epvs.Persistence;
 internal static class HeapLayout
 {
     internal const ulong Magic = 0x5041_4548_5356_5045UL;
-    internal const long FormatVersion = 4;
+    internal const long FormatVersion = 5;
     internal const int SuperblockSize = 4096;
     internal const int SegmentSize = 64 * 1024;
     internal const int RootSlotCount = 16;
@@ -156,10 +159,11 @@ internal static class HeapLayout
     internal const ulong StateSealed = 4;
     internal const ulong StateUnused = 8;
 
-    internal const ulong RoleFree = 0;
-    internal const ulong RoleSmall = 1;
-    internal const ulong RoleLargeStart = 2;
-    internal const ulong RoleLargeContinuation = 3;
+    // Bit 3 of every role is set (format 5): the all-zero word is no descriptor, whatever its slot's check.
+    internal const ulong RoleFree = 8;
+    internal const ulong RoleSmall = 9;
+    internal const ulong RoleLargeStart = 10;
+    internal const ulong RoleLargeContinuation = 11;
 
     internal static long TableBytes(long maxSegments) => RoundUp(maxSegments * sizeof(long), SuperblockSize);
 
@@ -214,45 +218,46 @@ internal static class HeapLayout
     internal const uint GenerationMask = 0xFF_FFFF;
     private const ulong DescriptorCheckMask = (0xFFUL << 24) | (0xFUL << 36);
 
-    /// <summary>The descriptor of a segment given back as free: a new generation, which invalidates every header of its last use.</summary>
-    internal static ulong FreedDescriptor(ulong previous) => Descriptor(NextGeneration(previous), RoleFree, 0);
+    /// <summary>XORed with a segment's index in its descriptor's check, so that index 0 is not the zero word.</summary>
+    private const ulong DescriptorSlotSeed = 0x5345_4753_4C4F_5453UL;
 
-    /// <summary>The descriptor written for every segment when the heap is created or grows: free, generation 0 (never 0 itself).</summary>
-    internal static ulong InitialDescriptor => Descriptor(0, RoleFree, 0);
+    /// <summary>The descriptor of segment <paramref name="segment"/> given back as free: a new generation, which invalidates every header of its last use.</summary>
+    internal static ulong FreedDescriptor(ulong previous, long segment) => Descriptor(NextGeneration(previous), RoleFree, 0, segment);
+
+    /// <summary>The descriptor written for segment <paramref name="segment"/> when the heap is created or grows: free, generation 0 (never 0 itself).</summary>
+    internal static ulong InitialDescriptor(long segment) => Descriptor(0, RoleFree, 0, segment);
 
     /// <summary>The generation the next rewrite of <paramref name="descriptor"/> gets (mod 2^24): what formatting writes into the segment's commit words before the descriptor.</summary>
     internal static uint NextGeneration(ulong descriptor) => (DescriptorGeneration(descriptor) + 1) & GenerationMask;
 
-    internal static ulong Descriptor(uint generation, ulong role, ulong payload)
+    /// <summary>The checked descriptor of segment <paramref name="segment"/> (its slot in the table): valid in that slot only.</summary>
+    internal static ulong Descriptor(uint generation, ulong role, ulong payload, long segment)
     {
         ulong content = (generation & GenerationMask) | (role << 32) | (payload << 40);
-        return content | DescriptorCheck(content);
+        return content | DescriptorCheck(content, segment);
     }
 
     /// <summary>
-    /// Whether a segment descriptor's 12 check bits match its content. A descriptor is one failure-atomic word, so
-    /// after a crash it is an old or a new valid word: a mismatch is damage, never a torn write. The all-zero word is
-    /// not valid (the check of zero content is 0xF69, not 0): a zeroed descriptor is damage, never a free segment.
+    /// Whether <paramref name="descriptor"/> is a checked descriptor of segment <paramref name="segment"/>. A
+    /// descriptor is one failure-atomic word, so after a crash it is an old or a new valid word: a mismatch is damage,
+    /// never a torn write. The check covers the slot: a valid descriptor of another segment, copied or swapped into
+    /// this slot, fails. The all-zero word is not valid in any slot (every role has bit 35 set): a zeroed descriptor
+    /// is damage, never a free segment.
     /// </summary>
-    internal static bool IsValidDescriptor(ulong descriptor) =>
-        (descriptor & DescriptorCheckMask) == DescriptorCheck(descriptor & ~DescriptorCheckMask) || HeapFileTestHooks.IgnoreSeals;
+    internal static bool IsValidDescriptor(ulong descriptor, long segment) =>
+        ((descriptor & (1UL << 35)) != 0 && (descriptor & DescriptorCheckMask) == DescriptorCheck(descriptor & ~DescriptorCheckMask, segment)) || HeapFileTestHooks.IgnoreSeals;
 
     /// <summary>
-    /// The low 12 bits of CRC-32 (System.IO.Hashing) of the content, in bits 24..31 and 36..39. Affine, not linear
-    /// (format 3 removed CRC-32 of zero, so that zero content had check 0): a single flipped bit still changes the
-    /// check by a fixed non-zero pattern, and the all-zero word fails.
+    /// The low 12 bits of CRC-32 (System.IO.Hashing) of the content and the slot, in bits 24..31 and 36..39. Affine in
+    /// the content: a single flipped bit changes the check by a fixed non-zero pattern, whatever the slot.
     /// </summary>
-    private static ulong DescriptorCheck(ulong content)
+    private static ulong DescriptorCheck(ulong content, long segment)
     {
-        uint crc = Crc32Of(content);
+        Span<byte> bytes = stackalloc byte[16];
+        System.Buffers.Binary.BinaryPrimitives.WriteUInt64LittleEndian(bytes, content);
+        System.Buffers.Binary.BinaryPrimitives.WriteUInt64LittleEndian(bytes[8..], (ulong)segment ^ DescriptorSlotSeed);
+        uint crc = System.IO.Hashing.Crc32.HashToUInt32(bytes);
         return ((ulong)(crc & 0xFF) << 24) | ((ulong)((crc >> 8) & 0xF) << 36);
-    }
-
-    private static uint Crc32Of(ulong word)
-    {
-        Span<byte> bytes = stackalloc byte[8];
-        System.Buffers.Binary.BinaryPrimitives.WriteUInt64LittleEndian(bytes, word);
-        return System.IO.Hashing.Crc32.HashToUInt32(bytes);
     }
 
     internal static uint DescriptorGeneration(ulong descriptor) => (uint)descriptor & GenerationMask;

@@ -23,9 +23,9 @@ public sealed unsafe partial class PersistentHeap
         // fails its check — would read as a free segment).
         for (long s = 0; s < segments; s++)
         {
-            if (!HeapLayout.IsValidDescriptor(_table[s]))
+            if (!HeapLayout.IsValidDescriptor(_table[s], s))
             {
-                ThrowHelper.ThrowHeapFile(HeapFileError.Corrupt, $"Cannot open heap file '{_file.Path}': the descriptor of segment {s} (0x{_table[s]:X16}) fails its check; the segment's blocks cannot be trusted. Restore the file from a copy.");
+                ThrowHelper.ThrowHeapFile(HeapFileError.Corrupt, $"Cannot open heap file '{_file.Path}': the descriptor of segment {s} (0x{_table[s]:X16}) fails its check (damaged, or a descriptor of another slot); the segment's blocks cannot be trusted. Restore the file from a copy.");
             }
 
             if (!DescribesASegment(_table[s], s, segments) && !HeapFileTestHooks.IgnoreSeals)
@@ -314,7 +314,7 @@ public sealed unsafe partial class PersistentHeap
             for (long t = segment; t < segment + span; t++)
             {
                 // Volatile.Write: release; the segments were already counted free by the scan (no other thread yet).
-                Volatile.Write(ref _table[t], HeapLayout.FreedDescriptor(_table[t]));
+                Volatile.Write(ref _table[t], HeapLayout.FreedDescriptor(_table[t], t));
             }
 
             _file.Domain.Persist(TableOffset(segment), span * sizeof(ulong));

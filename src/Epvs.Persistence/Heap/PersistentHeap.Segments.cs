@@ -86,7 +86,7 @@ public sealed unsafe partial class PersistentHeap
             if (HeapLayout.DescriptorRole(_table[segment]) != HeapLayout.RoleFree)
             {
                 // Volatile.Write: release; no block of the segment is reachable (it is free in memory).
-                Volatile.Write(ref _table[segment], HeapLayout.FreedDescriptor(_table[segment]));
+                Volatile.Write(ref _table[segment], HeapLayout.FreedDescriptor(_table[segment], segment));
                 table.Add(TableOffset(segment), sizeof(ulong));
                 any = true;
             }
@@ -178,11 +178,11 @@ public sealed unsafe partial class PersistentHeap
             WriteUnusedHeaderDurably(SegmentStart(segment), generation);
             for (long s = segment + 1; s < segment + span; s++)
             {
-                _table[s] = HeapLayout.Descriptor(HeapLayout.NextGeneration(_table[s]), HeapLayout.RoleLargeContinuation, 0);
+                _table[s] = HeapLayout.Descriptor(HeapLayout.NextGeneration(_table[s]), HeapLayout.RoleLargeContinuation, 0, s);
             }
 
             // Volatile.Write: release; the continuation descriptors are stored before the start descriptor.
-            Volatile.Write(ref _table[segment], HeapLayout.Descriptor(generation, HeapLayout.RoleLargeStart, (ulong)span));
+            Volatile.Write(ref _table[segment], HeapLayout.Descriptor(generation, HeapLayout.RoleLargeStart, (ulong)span, segment));
             _file.Domain.Persist(TableOffset(segment), span * sizeof(ulong));
         }
 
@@ -212,7 +212,7 @@ public sealed unsafe partial class PersistentHeap
         for (long s = segment; s < segment + span; s++)
         {
             // Volatile.Write: release; ordered after the block's free commit store by the caller.
-            Volatile.Write(ref _table[s], HeapLayout.FreedDescriptor(_table[s]));
+            Volatile.Write(ref _table[s], HeapLayout.FreedDescriptor(_table[s], s));
         }
 
         _file.Domain.Persist(TableOffset(segment), span * sizeof(ulong));
@@ -394,7 +394,7 @@ public sealed unsafe partial class PersistentHeap
             _overheadBytes -= SizeClasses.SegmentOverhead(cls);
 
             // Volatile.Write: release; no block of the segment is reachable any more (it left the pool under its lock).
-            Volatile.Write(ref _table[segment], HeapLayout.FreedDescriptor(descriptor));
+            Volatile.Write(ref _table[segment], HeapLayout.FreedDescriptor(descriptor, segment));
             table.Add(TableOffset(segment), sizeof(ulong));
         }
 

@@ -191,7 +191,7 @@ public sealed unsafe partial class PersistentHeap
         {
             // Volatile.Write: release; the blocks are published to other threads by the class pool's lock (or kept in
             // the formatting thread's cache).
-            Volatile.Write(ref _table[segment], HeapLayout.Descriptor(HeapLayout.NextGeneration(_table[segment]), HeapLayout.RoleSmall, (ulong)cls));
+            Volatile.Write(ref _table[segment], HeapLayout.Descriptor(HeapLayout.NextGeneration(_table[segment]), HeapLayout.RoleSmall, (ulong)cls, segment));
             _overheadBytes += SizeClasses.SegmentOverhead(cls);
             table.Add(TableOffset(segment), sizeof(ulong));
         }

@@ -721,6 +721,8 @@ public sealed unsafe partial class PersistentHeap : IDisposable
         }
         catch
         {
+            // A failed open closed nothing in order (see BufferedDurableHeap.Own): no clean-shutdown mark.
+            file.ForgoCleanShutdown();
             file.Dispose();
             throw;
         }

@@ -29,17 +29,24 @@ internal sealed unsafe class DurableMapCore<TKey>
 
         // The rebuild reads the payloads in the mapping: inside a read operation, so that a disposed heap throws and a
         // Dispose waits for it instead of unmapping under it (see StructureRecovery.Rebuild).
-        using DurableOperation op = heap.BeginRebuildOperation();
-        _typeId = StructureKind.Claim(heap, StructureKind.ByteMap, typeId, KeySize);
-        int shards = StructureRecovery.StripeCount();
-        _shards = new Shard[shards];
-        _mask = shards - 1;
-        for (int i = 0; i < shards; i++)
+        List<RecoveredPayload> losers;
+        using (DurableOperation op = heap.BeginRebuildOperation())
         {
-            _shards[i] = new Shard();
+            _typeId = StructureKind.Claim(heap, StructureKind.ByteMap, typeId, KeySize);
+            int shards = StructureRecovery.StripeCount();
+            _shards = new Shard[shards];
+            _mask = shards - 1;
+            for (int i = 0; i < shards; i++)
+            {
+                _shards[i] = new Shard();
+            }
+
+            IReadOnlyList<RecoveredPayload> payloads = StructureRecovery.KeepNewestPerKey(heap, heap.TakeRecoveredPayloads(_typeId), size => size >= KeySize, payload => MemoryMarshal.Read<TKey>(heap.PayloadUnchecked(payload.Block.Offset)), $"byte map with type id {_typeId & (StructureKind.TypeIdLimit - 1)}", out losers);
+            Rebuild(payloads, recoveryParallelism);
         }
 
-        Rebuild(heap.TakeRecoveredPayloads(_typeId), recoveryParallelism);
+        // After a salvage: the older payloads of keys that had two (a dropped anti-payload) are deleted, durably.
+        StructureRecovery.DeleteSalvageLosers(heap, losers);
     }
 
     internal static int KeySize => sizeof(TKey);

@@ -10,7 +10,9 @@ namespace Epvs.Persistence;
 /// A persistent FIFO queue of unmanaged values on a <see cref="BufferedDurableHeap"/> (DESIGN §4, layer 5): each
 /// element is one payload [sequence number | value]; a dequeue writes an anti-payload. The order lives in DRAM and is
 /// rebuilt from the sequence numbers at recovery, which yields a contiguous FIFO prefix: exactly the enqueues and
-/// dequeues of the versions up to the durable frontier.
+/// dequeues of the versions up to the durable frontier. After a salvage (<see cref="BufferedDurableHeapOptions.SalvageDamagedBlocks"/>)
+/// that dropped a damaged element, the survivors keep their order and are renumbered to close the gap, durably before
+/// the constructor returns (Sync; with the next advance when it is called inside an operation).
 /// </summary>
 /// <typeparam name="T">An unmanaged element type; stored by its bytes.</typeparam>
 /// <remarks>All members are thread-safe (one lock, taken inside the operation's EPVS region, so lock order agrees with version order).</remarks>
@@ -29,7 +31,8 @@ public sealed unsafe class PersistentQueue<T>
     /// <remarks>The rebuild runs inside one operation of the heap, which holds back version transitions (and so Sync) until it ends; once the advancer starts one, every operation that begins waits for it too. Open the structures before other threads use the heap, or expect them to pause for as long as the rebuild.</remarks>
     /// <exception cref="ArgumentOutOfRangeException"><paramref name="typeId"/> is not in [0, 2^24) (the high bits record the structure's kind).</exception>
     /// <exception cref="InvalidOperationException">A structure with this type id was already opened on the heap.</exception>
-    /// <exception cref="InvalidDataException">The recovered payloads are not this queue's, or their sequence numbers are not contiguous (an inconsistent heap).</exception>
+    /// <exception cref="InvalidDataException">The recovered payloads are not this queue's, or their sequence numbers are not contiguous (an inconsistent heap) and recovery dropped no damaged block, or two have one sequence number.</exception>
+    /// <exception cref="InsufficientMemoryException">After a salvage that dropped an element, the heap has no room for the renumbered copies.</exception>
     /// <exception cref="ObjectDisposedException">The heap has been disposed.</exception>
     public PersistentQueue(BufferedDurableHeap heap, int typeId)
     {
@@ -38,9 +41,20 @@ public sealed unsafe class PersistentQueue<T>
 
         // The rebuild reads the payloads in the mapping: inside a read operation, so that a disposed heap throws and a
         // Dispose waits for it instead of unmapping under it.
-        using DurableOperation op = heap.BeginRebuildOperation();
-        _typeId = StructureKind.Claim(heap, StructureKind.Queue, typeId, keySize: 0);
-        Rebuild(heap.TakeRecoveredPayloads(_typeId));
+        bool renumbered;
+        using (DurableOperation op = heap.BeginRebuildOperation())
+        {
+            _typeId = StructureKind.Claim(heap, StructureKind.Queue, typeId, keySize: 0);
+            renumbered = Rebuild(heap.TakeRecoveredPayloads(_typeId));
+        }
+
+        if (renumbered && !heap.VersionScheme.Epoch.ThisInstanceProtected())
+        {
+            // Durable before the queue is used: salvage freed the damaged block durably, so a crash before the renumbered
+            // copies are durable would leave a gap with no damage to explain it, which every later open refuses. (Inside
+            // a caller's operation it cannot wait: durable with that operation's version.)
+            heap.Sync();
+        }
     }
 
     /// <summary>The number of elements.</summary>
@@ -132,7 +146,30 @@ public sealed unsafe class PersistentQueue<T>
         }
     }
 
-    private void Rebuild(IReadOnlyList<RecoveredPayload> payloads)
+    /// <summary>
+    /// Renumbers the elements that follow a gap left by salvage (a damaged element dropped) so that the queue is
+    /// contiguous again: each gets a copy with its new sequence number, tagged with this version, and is durable with
+    /// it. Left as it was, the gap would outlive the damaged block (which salvage frees), and every later open, seeing
+    /// a gap with no damage reported, would refuse the queue.
+    /// </summary>
+    private void CloseGaps((long Sequence, long Offset)[] ordered)
+    {
+        // Nested in the constructor's rebuild operation; refused like any write after a failed advance cycle.
+        using DurableOperation op = _heap.BeginOperation();
+        for (int i = 1; i < ordered.Length; i++)
+        {
+            long wanted = ordered[0].Sequence + i;
+            if (ordered[i].Sequence != wanted)
+            {
+                PayloadRef copy = op.Replace(new PayloadRef(ordered[i].Offset), PayloadSize);
+                MemoryMarshal.Write(_heap.PayloadUnchecked(copy.Offset), in wanted);
+                ordered[i] = (wanted, copy.Offset);
+            }
+        }
+    }
+
+    /// <returns>Whether elements were renumbered to close the gaps of a salvage.</returns>
+    private bool Rebuild(IReadOnlyList<RecoveredPayload> payloads)
     {
         var ordered = new (long Sequence, long Offset)[payloads.Count];
         for (int i = 0; i < payloads.Count; i++)
@@ -146,12 +183,27 @@ public sealed unsafe class PersistentQueue<T>
         }
 
         Array.Sort(ordered, (a, b) => a.Sequence.CompareTo(b.Sequence));
+        bool gaps = false;
         for (int i = 1; i < ordered.Length; i++)
         {
-            if (ordered[i].Sequence != ordered[i - 1].Sequence + 1)
+            if (ordered[i].Sequence == ordered[i - 1].Sequence + 1)
             {
-                throw new InvalidDataException($"The recovered elements of queue {_typeId} are not contiguous (sequence {ordered[i - 1].Sequence} is followed by {ordered[i].Sequence}): the heap is not a consistent prefix.");
+                continue;
             }
+
+            // A gap is a dropped element only when recovery dropped damaged blocks (SalvageDamagedBlocks); otherwise, or
+            // for two elements of one sequence number, the heap is not a consistent prefix.
+            if (_heap.Recovery.DamagedBlocks.Count == 0 || ordered[i].Sequence == ordered[i - 1].Sequence)
+            {
+                throw new InvalidDataException($"The recovered elements of the queue with type id {_typeId & (StructureKind.TypeIdLimit - 1)} are not contiguous (sequence {ordered[i - 1].Sequence} is followed by {ordered[i].Sequence}): the heap is not a consistent prefix.");
+            }
+
+            gaps = true;
+        }
+
+        if (gaps)
+        {
+            CloseGaps(ordered);
         }
 
         foreach ((_, long offset) in ordered)
@@ -160,5 +212,6 @@ public sealed unsafe class PersistentQueue<T>
         }
 
         _nextSequence = ordered.Length == 0 ? 0 : ordered[^1].Sequence + 1;
+        return gaps;
     }
 }

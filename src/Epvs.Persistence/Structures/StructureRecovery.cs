@@ -22,6 +22,81 @@ internal static class StructureRecovery
     }
 
     /// <summary>
+    /// After a salvage (recovery dropped damaged blocks), keeps one payload per key — the one of the newest version —
+    /// and returns the others in <paramref name="losers"/>. A dropped anti-payload leaves the payload it cancelled
+    /// live: for a key removed and inserted again (a new uid), two payloads of one key, which the map would refuse as
+    /// an inconsistent heap at this open and at every later one. The newer version is the key's last durable state.
+    /// Without a salvage, or with no duplicate, returns <paramref name="payloads"/> itself (nothing is read without a
+    /// salvage; with a payload whose size does not fit, nothing is resolved and the rebuild's size check reports it).
+    /// </summary>
+    /// <exception cref="InvalidDataException">Two payloads of one key carry the same version (which is the key's state cannot be told).</exception>
+    internal static IReadOnlyList<RecoveredPayload> KeepNewestPerKey<TKey>(BufferedDurableHeap heap, IReadOnlyList<RecoveredPayload> payloads, Func<int, bool> sizeFits, Func<RecoveredPayload, TKey> keyOf, string structure, out List<RecoveredPayload> losers)
+        where TKey : notnull
+    {
+        losers = new List<RecoveredPayload>();
+        if (heap.Recovery.DamagedBlocks.Count == 0)
+        {
+            return payloads;
+        }
+
+        foreach (RecoveredPayload payload in payloads)
+        {
+            if (!sizeFits(payload.Header.Size))
+            {
+                // No key to read: the rebuild's size check reports it.
+                return payloads;
+            }
+        }
+
+        var newest = new Dictionary<TKey, RecoveredPayload>(payloads.Count);
+        foreach (RecoveredPayload payload in payloads)
+        {
+            TKey key = keyOf(payload);
+            if (!newest.TryGetValue(key, out RecoveredPayload other))
+            {
+                newest[key] = payload;
+                continue;
+            }
+
+            if (other.Header.EpochTag == payload.Header.EpochTag)
+            {
+                throw new InvalidDataException($"Recovery found two live payloads of one version for one key of the {structure} ({payload.Header} and the payload at 0x{other.Block.Offset:X}) after dropping damaged blocks: which one is the key's state cannot be told.");
+            }
+
+            losers.Add(other.Header.EpochTag < payload.Header.EpochTag ? other : payload);
+            newest[key] = other.Header.EpochTag < payload.Header.EpochTag ? payload : other;
+        }
+
+        return losers.Count == 0 ? payloads : new List<RecoveredPayload>(newest.Values);
+    }
+
+    /// <summary>
+    /// Deletes the <paramref name="losers"/> of <see cref="KeepNewestPerKey"/> (anti-payloads tagged with the current
+    /// version) and, unless the calling thread is inside an operation, syncs: salvage freed the damaged block durably,
+    /// so until these deletes are durable a crash would leave two payloads of one key with no damage to explain them.
+    /// </summary>
+    internal static void DeleteSalvageLosers(BufferedDurableHeap heap, List<RecoveredPayload> losers)
+    {
+        if (losers.Count == 0)
+        {
+            return;
+        }
+
+        using (DurableOperation op = heap.BeginOperation())
+        {
+            foreach (RecoveredPayload loser in losers)
+            {
+                op.Delete(loser.Block);
+            }
+        }
+
+        if (!heap.VersionScheme.Epoch.ThisInstanceProtected())
+        {
+            heap.Sync();
+        }
+    }
+
+    /// <summary>
     /// Checks every payload's size on this thread (one clear exception naming <paramref name="expected"/> and the size
     /// found), then calls <paramref name="add"/> for each payload in parallel; an <see cref="InvalidDataException"/>
     /// from <paramref name="add"/> is rethrown as itself, not wrapped in an <see cref="AggregateException"/>.

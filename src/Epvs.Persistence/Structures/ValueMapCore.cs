@@ -52,13 +52,19 @@ internal sealed unsafe class ValueMapCore<TKey, TValue>
 
         // The rebuild reads the payloads in the mapping: inside a read operation, so that a disposed heap throws and a
         // Dispose waits for it instead of unmapping under it (see StructureRecovery.Rebuild).
-        using DurableOperation op = heap.BeginRebuildOperation();
-        _typeId = StructureKind.Claim(heap, StructureKind.HashMap, typeId, sizeof(TKey));
-        IReadOnlyList<RecoveredPayload> payloads = heap.TakeRecoveredPayloads(_typeId);
-        _tornReads = (heap.Faults & DurabilityFaults.TornIndexReads) != 0;
-        _insertWithoutRecheck = (heap.Faults & DurabilityFaults.InsertWithoutRecheck) != 0;
-        _index = new ValueIndex<TKey, TValue>(StructureRecovery.StripeCount(), payloads.Count, heap.Faults);
-        Rebuild(payloads, recoveryParallelism);
+        List<RecoveredPayload> losers;
+        using (DurableOperation op = heap.BeginRebuildOperation())
+        {
+            _typeId = StructureKind.Claim(heap, StructureKind.HashMap, typeId, sizeof(TKey));
+            IReadOnlyList<RecoveredPayload> payloads = StructureRecovery.KeepNewestPerKey(heap, heap.TakeRecoveredPayloads(_typeId), size => size == PayloadSize, payload => Unsafe.ReadUnaligned<TKey>(heap.PayloadPointer(payload.Block.Offset)), $"map with type id {UserTypeId}", out losers);
+            _tornReads = (heap.Faults & DurabilityFaults.TornIndexReads) != 0;
+            _insertWithoutRecheck = (heap.Faults & DurabilityFaults.InsertWithoutRecheck) != 0;
+            _index = new ValueIndex<TKey, TValue>(StructureRecovery.StripeCount(), payloads.Count, heap.Faults);
+            Rebuild(payloads, recoveryParallelism);
+        }
+
+        // After a salvage: the older payloads of keys that had two (a dropped anti-payload) are deleted, durably.
+        StructureRecovery.DeleteSalvageLosers(heap, losers);
     }
 
     private static int PayloadSize => sizeof(TKey) + sizeof(TValue);

@@ -28,6 +28,7 @@ internal static class SafetyChild
                 "durable-dispose-during-operation" => DurableDisposeDuringOperation(path, control),
                 "durable-allocate-after-dispose" => DurableAllocateAfterDispose(path, control),
                 "open-sparse-on-full-disk" => OpenSparseOnFullDisk(path, control),
+                "open-out-of-descriptors" => OpenOutOfDescriptors(path),
                 "open-buffered" => OpenBuffered(path),
                 "buffered-file-disposed-first" => BufferedFileDisposedFirst(path),
                 "domain-disposed-under-file" => DomainDisposedUnderFile(path),
@@ -571,6 +572,105 @@ internal static class SafetyChild
     }
 
     /// <summary>A sparse heap file on a full file system: Open reports InsufficientSpace instead of a SIGBUS later.</summary>
+    /// <summary>
+    /// Opening and creating a buffered heap when the process is out of file descriptors (RLIMIT_NOFILE): each failure
+    /// must report its own cause — not AlreadyOpen, which sends an operator looking for another process, nor
+    /// InsufficientSpace — and leave the file closed and unlocked: once descriptors are free again the same process
+    /// opens it with every entry.
+    /// </summary>
+    private static int OpenOutOfDescriptors(string path)
+    {
+        const int Entries = 100;
+        var fileOptions = new HeapFileOptions { Size = 1L << 20, Domain = PersistenceDomainKind.MappedFile };
+        using (BufferedDurableHeap created = BufferedDurableHeap.Create(path, fileOptions))
+        {
+            var map = new PersistentHashMap<long, long>(created, typeId: 1);
+            for (long k = 0; k < Entries; k++)
+            {
+                map.Set(k, k * 5);
+            }
+        }
+
+        // Everything the open and the reports below load (assemblies need descriptors too) is loaded now.
+        BufferedDurableHeap.Open(path, fileOptions).Dispose();
+        Console.WriteLine("created and reopened once");
+        Console.Error.WriteLine("(stderr ready)");
+        int wrong = 0;
+        // With one descriptor left the open also gets through (and recovery runs) until the advancer's thread cannot
+        // start; but the runtime itself may then fail to start a thread it needs and abort ("Out of memory."), so that
+        // case is tested in process with a hook (BufferedHeap_OpenWhoseAdvancerCannotStart_...), not here.
+        foreach (int spare in new[] { 0 })
+        {
+            var held = new List<FileStream>();
+            string outcome;
+            try
+            {
+                try
+                {
+                    while (held.Count < 1_000_000)
+                    {
+                        held.Add(new FileStream("/dev/null", FileMode.Open, FileAccess.Read, FileShare.ReadWrite));
+                    }
+                }
+                catch (IOException)
+                {
+                }
+
+                for (int i = 0; i < spare; i++)
+                {
+                    held[^1].Dispose();
+                    held.RemoveAt(held.Count - 1);
+                }
+
+                string created = path + $".new{spare}";
+                foreach ((string what, Action open) in new (string, Action)[] { ("open", () => BufferedDurableHeap.Open(path, fileOptions).Dispose()), ("create", () => BufferedDurableHeap.Create(created, fileOptions).Dispose()) })
+                {
+                    try
+                    {
+                        open();
+                        outcome = $"{what}: succeeded";
+                    }
+                    catch (Exception e)
+                    {
+                        outcome = $"{what}: " + (e is HeapFileException h ? $"HeapFileException {h.Error}: {h.Message}" : $"{e.GetType().Name}: {e.Message}");
+                        if (e is InvalidOperationException || (e is HeapFileException { Error: HeapFileError.AlreadyOpen or HeapFileError.InsufficientSpace }))
+                        {
+                            wrong++;
+                            outcome = "WRONG: " + outcome;
+                        }
+                    }
+
+                    Console.WriteLine($"{spare} descriptor(s) left: {outcome}");
+                }
+            }
+            finally
+            {
+                foreach (FileStream f in held)
+                {
+                    f.Dispose();
+                }
+            }
+
+            try
+            {
+                using BufferedDurableHeap again = BufferedDurableHeap.Open(path, fileOptions);
+                long count = new PersistentHashMap<long, long>(again, typeId: 1).Count;
+                if (count != Entries)
+                {
+                    Console.Error.WriteLine($"WRONG: reopened with {count} of {Entries} entries");
+                    wrong++;
+                }
+            }
+            catch (Exception e)
+            {
+                Console.Error.WriteLine($"WRONG: with descriptors free again the file does not open: {e.GetType().Name}: {e.Message}");
+                wrong++;
+            }
+        }
+
+        return wrong == 0 ? Survived : WrongOutcome;
+    }
+
     private static int OpenSparseOnFullDisk(string path, bool control)
     {
         HeapFileTestHooks.SkipPreallocation = control;

@@ -41,6 +41,11 @@ public static class TestProgram
             return SafetyChild.Run(args[1], args[2], args.Length >= 4 && args[3] == "control");
         }
 
+        if (args.Length >= 3 && args[0] == CorruptionFuzz.Role)
+        {
+            return CorruptionFuzz.Run(args[1], args[2], args.Length >= 4 && args[3] == "control");
+        }
+
         if (args.Length >= 3 && args[0] == BitFlipSweep.Role)
         {
             return BitFlipSweep.Run(args[1], args[2], args.Length >= 4 && args[3] == "control");
@@ -96,6 +101,31 @@ public static class TestProgram
         start.ArgumentList.Add("-c");
         // POSIX sh counts ulimit -f in 512-byte blocks (bash in 1024-byte ones, but not as /bin/sh).
         start.ArgumentList.Add($"ulimit -f {limitBytes / 512} && exec \"$0\" \"$@\"");
+        start.ArgumentList.Add(DotnetHost());
+        start.ArgumentList.Add("exec");
+        start.ArgumentList.Add(typeof(TestProgram).Assembly.Location);
+        foreach (string arg in args)
+        {
+            start.ArgumentList.Add(arg);
+        }
+
+        return Run(start);
+    }
+
+    /// <summary>
+    /// Runs this assembly as a child with at most <paramref name="descriptors"/> open file descriptors (RLIMIT_NOFILE,
+    /// set by <c>ulimit -n</c> in a shell that then execs the child; Unix only); returns exit code and output (bounded wait).
+    /// </summary>
+    internal static (int ExitCode, string Output) RunChildUnderDescriptorLimit(int descriptors, params string[] args)
+    {
+        var start = new ProcessStartInfo("/bin/sh")
+        {
+            RedirectStandardOutput = true,
+            RedirectStandardError = true,
+            UseShellExecute = false,
+        };
+        start.ArgumentList.Add("-c");
+        start.ArgumentList.Add($"ulimit -n {descriptors} && exec \"$0\" \"$@\"");
         start.ArgumentList.Add(DotnetHost());
         start.ArgumentList.Add("exec");
         start.ArgumentList.Add(typeof(TestProgram).Assembly.Location);

@@ -82,6 +82,67 @@ public sealed class HeapSafetyTests
     }
 
     /// <summary>
+    /// Out of file descriptors (RLIMIT_NOFILE): a failed open or create reports its own cause, and the file is closed
+    /// and unlocked afterwards. Before the fix: AlreadyOpen (open) and InsufficientSpace (create). (With one descriptor
+    /// left, the advancer's thread could not start, and the open's cleanup threw InvalidOperationException and left the
+    /// file locked; that is tested in process below, since the runtime itself may abort then.)
+    /// </summary>
+    [Fact]
+    public void BufferedHeap_OpenOrCreateOutOfFileDescriptors_ReportsTheCauseAndLeavesTheFileClosed()
+    {
+        Assert.SkipWhen(OperatingSystem.IsWindows(), "RLIMIT_NOFILE is a Unix limit");
+        using var dir = new TempDirectory();
+        (int code, string output) = TestProgram.RunChildUnderDescriptorLimit(2000, SafetyChild.Role, "open-out-of-descriptors", dir.File("a.heap"));
+        _output.WriteLine($"exit {code}: {output}");
+        Assert.True(code == SafetyChild.Survived, $"exit {code}: {output}");
+    }
+
+    /// <summary>
+    /// The advancer's thread failing to start (the test hook stands for a thread the process cannot create): the open
+    /// throws that exception, the allocator is detached, and the file — the heap's own or the caller's — opens again
+    /// with every entry. Before the fix the owner's cleanup threw InvalidOperationException (the file "still used by a
+    /// heap") in place of the cause and left the file locked (the next open: AlreadyOpen), and a caller's file refused
+    /// every later heap.
+    /// </summary>
+    [Theory]
+    [InlineData(false)]
+    [InlineData(true)]
+    public void BufferedHeap_OpenWhoseAdvancerCannotStart_ThrowsTheCauseAndLeavesTheFileReusable(bool callersFile)
+    {
+        using var dir = new TempDirectory();
+        string path = dir.File("a.heap");
+        var fileOptions = new HeapFileOptions { Size = 1L << 20, Domain = PersistenceDomainKind.MappedFile };
+        using (BufferedDurableHeap created = BufferedDurableHeap.Create(path, fileOptions))
+        {
+            var map = new PersistentHashMap<long, long>(created, typeId: 1);
+            for (long k = 0; k < 50; k++)
+            {
+                map.Set(k, k + 1);
+            }
+        }
+
+        var failing = new BufferedDurableHeapOptions { StartingAdvancerForTesting = () => throw new OutOfMemoryException("simulated: no thread for the advancer") };
+        if (callersFile)
+        {
+            using HeapFile file = HeapFile.Open(path, fileOptions);
+            OutOfMemoryException e = Assert.Throws<OutOfMemoryException>(() => BufferedDurableHeap.Open(file, failing));
+            Assert.Contains("simulated", e.Message, StringComparison.Ordinal);
+            using BufferedDurableHeap again = BufferedDurableHeap.Open(file);
+            Assert.Equal(50, new PersistentHashMap<long, long>(again, typeId: 1).Count);
+        }
+        else
+        {
+            OutOfMemoryException e = Assert.Throws<OutOfMemoryException>(() => BufferedDurableHeap.Open(path, fileOptions, failing));
+            Assert.Contains("simulated", e.Message, StringComparison.Ordinal);
+        }
+
+        using BufferedDurableHeap reopened = BufferedDurableHeap.Open(path, fileOptions);
+        var reopenedMap = new PersistentHashMap<long, long>(reopened, typeId: 1);
+        Assert.Equal(50, reopenedMap.Count);
+        Assert.True(reopenedMap.TryGetValue(49, out long value) && value == 50);
+    }
+
+    /// <summary>
     /// A StateMachineFaulted handler that disposes the heap when the transition's critical section fails, run on the
     /// advancer's thread inside its cycle, on a Sync caller inside the cycle it runs, or on a thread ending an operation:
     /// its Dispose returns or throws InvalidOperationException at once (it must not wait for the cycle it is called
@@ -400,20 +461,50 @@ public sealed class HeapSafetyTests
     public void Descriptor_EverySingleBitFlip_FailsItsCheck()
     {
         var random = new Random(20261123);
-        Assert.False(HeapLayout.IsValidDescriptor(0), "a zeroed descriptor must be damage, not a free segment");
-        Assert.True(HeapLayout.IsValidDescriptor(HeapLayout.InitialDescriptor));
-        Assert.Equal(0x0000_00F0_6900_0000UL, HeapLayout.InitialDescriptor);
+        for (long slot = 0; slot < 1 << 16; slot++)
+        {
+            // Every slot: the zeroed word is damage, never a free segment (format 5 binds the check to the slot).
+            Assert.False(HeapLayout.IsValidDescriptor(0, slot), $"a zeroed descriptor in slot {slot} must be damage, not a free segment");
+        }
+
+        Assert.False(HeapLayout.IsValidDescriptor(0, (1 << 24) - 1));
         for (int sample = 0; sample < 2000; sample++)
         {
-            ulong role = (ulong)random.Next(4);
+            long slot = sample < 3 ? sample : random.Next(1 << 24);
+            Assert.True(HeapLayout.IsValidDescriptor(HeapLayout.InitialDescriptor(slot), slot));
+            ulong role = HeapLayout.RoleFree + (ulong)random.Next(4);
             ulong payload = role == HeapLayout.RoleSmall ? (ulong)random.Next(SizeClasses.Count) : (ulong)random.Next(1 << 20);
-            ulong descriptor = HeapLayout.Descriptor((uint)random.Next(), role, payload);
-            Assert.True(HeapLayout.IsValidDescriptor(descriptor));
+            ulong descriptor = HeapLayout.Descriptor((uint)random.Next(), role, payload, slot);
+            Assert.True(HeapLayout.IsValidDescriptor(descriptor, slot));
             for (int bit = 0; bit < 64; bit++)
             {
-                Assert.False(HeapLayout.IsValidDescriptor(descriptor ^ (1UL << bit)), $"descriptor 0x{descriptor:X16}: flipping bit {bit} went unnoticed");
+                Assert.False(HeapLayout.IsValidDescriptor(descriptor ^ (1UL << bit), slot), $"descriptor 0x{descriptor:X16} in slot {slot}: flipping bit {bit} went unnoticed");
             }
         }
+    }
+
+    [Fact]
+    public void Descriptor_OfOneSlot_FailsItsCheckInTheOtherSlots()
+    {
+        // A descriptor copied or swapped into another slot would make recovery read that segment with another block
+        // size; with 12 check bits a copy passes in about one slot in 4096, so none of the nearby slots may take it.
+        var random = new Random(20261124);
+        int accepted = 0;
+        for (int sample = 0; sample < 500; sample++)
+        {
+            long slot = random.Next(1 << 20);
+            ulong descriptor = HeapLayout.Descriptor((uint)random.Next(4), HeapLayout.RoleSmall, (ulong)random.Next(SizeClasses.Count), slot);
+            for (long other = Math.Max(0, slot - 8); other <= slot + 8; other++)
+            {
+                if (other != slot && HeapLayout.IsValidDescriptor(descriptor, other))
+                {
+                    accepted++;
+                }
+            }
+        }
+
+        // 8,000 foreign slots: about 2 are expected to collide by chance; many more would mean the slot is not covered.
+        Assert.True(accepted <= 10, $"{accepted} of 8000 foreign slots accepted a descriptor");
     }
 
     private static bool Run(string file, params string[] args)
