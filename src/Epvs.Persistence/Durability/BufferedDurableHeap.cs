@@ -79,6 +79,8 @@ public sealed unsafe partial class BufferedDurableHeap : IDisposable
         }
         catch
         {
+            // As in PersistentHeap's constructor: no clean-shutdown mark after a failed recovery, whoever owns the file.
+            file.ForgoCleanShutdown();
             _scheme.Dispose();
             _local.Dispose();
             throw;

@@ -102,6 +102,10 @@ public sealed unsafe partial class PersistentHeap : IDisposable
         }
         catch
         {
+            // A refused or failed recovery closes nothing in order, whoever owns the file: its Dispose must not mark the
+            // shutdown clean (a crashed file refused as damaged used to read as cleanly closed once a caller that opened
+            // it disposed it).
+            file.ForgoCleanShutdown();
             file.DetachHeap(this, operationsDrained: true, fileClosesNext: false);
             _caches.Dispose();
             throw;

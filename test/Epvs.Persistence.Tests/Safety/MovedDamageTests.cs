@@ -218,9 +218,11 @@ public sealed class MovedDamageTests
     /// the raw heap alike, because the refused open's cleanup marked the file clean.
     /// </summary>
     [Theory]
-    [InlineData(false)]
-    [InlineData(true)]
-    public void RefusedOpenOfACrashedFile_LeavesItReportedAsNotCleanlyClosed(bool raw)
+    [InlineData(false, false)]
+    [InlineData(true, false)]
+    [InlineData(false, true)]
+    [InlineData(true, true)]
+    public void RefusedOpenOfACrashedFile_LeavesItReportedAsNotCleanlyClosed(bool raw, bool callerOwnsTheFile)
     {
         using var dir = new TempDirectory();
         string path = dir.File("crashed.heap");
@@ -255,6 +257,22 @@ public sealed class MovedDamageTests
 
         bool Open(bool salvage)
         {
+            if (callerOwnsTheFile)
+            {
+                // The caller opens the file and disposes it itself, after the heap's open failed (or the heap's Dispose).
+                using HeapFile file = HeapFile.Open(path, FileOptions);
+                if (raw)
+                {
+                    using var onFile = new PersistentHeap(file, new PersistentHeapOptions { SalvageDamagedBlocks = salvage });
+                }
+                else
+                {
+                    using BufferedDurableHeap onFile = BufferedDurableHeap.Open(file, new BufferedDurableHeapOptions { AdvancePeriod = Timeout.InfiniteTimeSpan, SalvageDamagedBlocks = salvage });
+                }
+
+                return file.WasCleanShutdown;
+            }
+
             if (raw)
             {
                 using PersistentHeap heap = PersistentHeap.Open(path, FileOptions, new PersistentHeapOptions { SalvageDamagedBlocks = salvage });
