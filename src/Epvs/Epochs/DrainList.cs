@@ -75,6 +75,19 @@ internal sealed class DrainList
     public bool CoveredStillPending() =>
         Volatile.Read(ref covered) is { } c && c.Registration.IsPending; // acquire: pairs with MarkCovered
 
+    /// <summary>Test-only: registrations always continue from the last one's slot, as before (they marched through the
+    /// whole list once it had grown, spreading a few waiting actions over all of it).</summary>
+    internal static bool RotateInsertionsForTesting { get; set; }
+
+    /// <summary>Test-only: scans visit every segment, as before (also the ones with nothing taken).</summary>
+    internal static bool ScanEverySegmentForTesting { get; set; }
+
+    /// <summary>Test-only: count the slots the scans visit in <see cref="SlotsScannedForTesting"/>.</summary>
+    internal static bool CountScansForTesting { get; set; }
+
+    /// <summary>Test-only: how many slots the scans have visited while <see cref="CountScansForTesting"/> was set.</summary>
+    internal long SlotsScannedForTesting;
+
     public DrainList(int initialSize)
     {
         first = new Segment<Slot>(initialSize);
@@ -100,8 +113,18 @@ internal sealed class DrainList
     public Registration Add(long epoch, Action action, TaskCompletionSource<bool>? completion, ref long pending)
     {
         Segment<Slot> start = Volatile.Read(ref insertHint);
-        Segment<Slot> segment = start;
         int from = Volatile.Read(ref insertIndex);
+        if (Volatile.Read(ref pending) < first.Items.Length && !RotateInsertionsForTesting)
+        {
+            // Few actions wait: take the first free slot from the front. Registrations then stay in the first segment,
+            // and the scans (RunEligible, MinPendingEpoch) skip the others, which are empty; a list that once grew long
+            // (a burst behind a parked thread) no longer makes every later drain walk all of it. Behind many waiting
+            // actions the hint below keeps a registration from rescanning them.
+            start = first;
+            from = 0;
+        }
+
+        Segment<Slot> segment = start;
         bool wrapped = false;
         while (true)
         {
@@ -111,6 +134,9 @@ internal sealed class DrainList
                 if (Volatile.Read(ref slots[i].Epoch) == Free &&
                     Interlocked.CompareExchange(ref slots[i].Epoch, Busy, Free) == Free)
                 {
+                    // Counted before the publication below (and before the pending count): a scan that reads 0 for the
+                    // segment read it before this slot was published, as if it had read the slot itself then.
+                    Interlocked.Increment(ref segment.Occupied);
                     slots[i].Action = action;
                     slots[i].Completion = completion;
                     // Count before publishing: a drainer decrements only after claiming, so the count never
@@ -156,7 +182,12 @@ internal sealed class DrainList
         int ran = 0;
         for (Segment<Slot>? s = first; s is not null; s = Volatile.Read(ref s.Next))
         {
+            // Acquire: a segment with nothing taken has nothing to claim (see Add).
+            if (Volatile.Read(ref s.Occupied) == 0 && !ScanEverySegmentForTesting)
+                continue;
             Slot[] slots = s.Items;
+            if (CountScansForTesting)
+                Interlocked.Add(ref SlotsScannedForTesting, slots.Length);
             for (int i = 0; i < slots.Length; i++)
             {
                 long e = Volatile.Read(ref slots[i].Epoch);
@@ -178,6 +209,7 @@ internal sealed class DrainList
                 slots[i].Completion = null;
                 // Release: the cleared fields are written before the slot can be reused.
                 Volatile.Write(ref slots[i].Epoch, Free);
+                Interlocked.Decrement(ref s.Occupied); // after the slot is free: the count never reads low
                 Interlocked.Decrement(ref pending);
                 ran++;
                 try
@@ -207,7 +239,11 @@ internal sealed class DrainList
         long min = Free;
         for (Segment<Slot>? s = first; s is not null; s = Volatile.Read(ref s.Next))
         {
+            if (Volatile.Read(ref s.Occupied) == 0 && !ScanEverySegmentForTesting)
+                continue; // acquire: nothing published there (see Add)
             Slot[] slots = s.Items;
+            if (CountScansForTesting)
+                Interlocked.Add(ref SlotsScannedForTesting, slots.Length);
             for (int i = 0; i < slots.Length; i++)
             {
                 long e = Volatile.Read(ref slots[i].Epoch); // acquire: after the caller's full fence

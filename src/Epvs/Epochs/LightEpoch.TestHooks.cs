@@ -4,6 +4,9 @@ namespace Epvs;
 
 public sealed unsafe partial class LightEpoch
 {
+    /// <summary>Test-only: the list of deferred actions (its scan counter and flags).</summary>
+    internal DrainList DrainListForTesting => drainList;
+
     /// <summary>
     /// Test-only: skips the second look (and its process-wide barrier) that a bumper takes when its action is left
     /// pending, which turns the lost-wakeup race it closes back on, so the self-stepping test can show that its

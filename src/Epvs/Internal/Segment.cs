@@ -16,6 +16,12 @@ internal sealed class Segment<T>
     /// <summary>Set once, by CAS; read with <c>Volatile.Read</c>.</summary>
     public Segment<T>? Next;
 
+    /// <summary>
+    /// For the drain list: an upper bound on how many of <see cref="Items"/> are taken (counted before a slot is
+    /// published, uncounted after it is free again), so that a scan skips a segment that reads 0. Interlocked only.
+    /// </summary>
+    public int Occupied;
+
     private readonly bool pinned;
 #if !NET5_0_OR_GREATER
     private GCHandle handle;
