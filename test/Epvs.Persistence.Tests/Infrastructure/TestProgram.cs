@@ -90,33 +90,19 @@ public static class TestProgram
     /// Runs this assembly as a child under a file size limit (RLIMIT_FSIZE, set by <c>ulimit -f</c> in a shell that then
     /// execs the child; Unix only); returns exit code and output (bounded wait).
     /// </summary>
-    internal static (int ExitCode, string Output) RunChildUnderFileSizeLimit(long limitBytes, params string[] args)
-    {
-        var start = new ProcessStartInfo("/bin/sh")
-        {
-            RedirectStandardOutput = true,
-            RedirectStandardError = true,
-            UseShellExecute = false,
-        };
-        start.ArgumentList.Add("-c");
+    internal static (int ExitCode, string Output) RunChildUnderFileSizeLimit(long limitBytes, params string[] args) =>
         // POSIX sh counts ulimit -f in 512-byte blocks (bash in 1024-byte ones, but not as /bin/sh).
-        start.ArgumentList.Add($"ulimit -f {limitBytes / 512} && exec \"$0\" \"$@\"");
-        start.ArgumentList.Add(DotnetHost());
-        start.ArgumentList.Add("exec");
-        start.ArgumentList.Add(typeof(TestProgram).Assembly.Location);
-        foreach (string arg in args)
-        {
-            start.ArgumentList.Add(arg);
-        }
-
-        return Run(start);
-    }
+        RunChildUnderUlimit($"-f {limitBytes / 512}", args);
 
     /// <summary>
     /// Runs this assembly as a child with at most <paramref name="descriptors"/> open file descriptors (RLIMIT_NOFILE,
     /// set by <c>ulimit -n</c> in a shell that then execs the child; Unix only); returns exit code and output (bounded wait).
     /// </summary>
-    internal static (int ExitCode, string Output) RunChildUnderDescriptorLimit(int descriptors, params string[] args)
+    internal static (int ExitCode, string Output) RunChildUnderDescriptorLimit(int descriptors, params string[] args) =>
+        RunChildUnderUlimit($"-n {descriptors}", args);
+
+    /// <summary>Runs this assembly as a child of <c>/bin/sh</c> after <c>ulimit <paramref name="limit"/></c>, exec'd so the limit applies to it.</summary>
+    private static (int ExitCode, string Output) RunChildUnderUlimit(string limit, string[] args)
     {
         var start = new ProcessStartInfo("/bin/sh")
         {
@@ -125,7 +111,7 @@ public static class TestProgram
             UseShellExecute = false,
         };
         start.ArgumentList.Add("-c");
-        start.ArgumentList.Add($"ulimit -n {descriptors} && exec \"$0\" \"$@\"");
+        start.ArgumentList.Add($"ulimit {limit} && exec \"$0\" \"$@\"");
         start.ArgumentList.Add(DotnetHost());
         start.ArgumentList.Add("exec");
         start.ArgumentList.Add(typeof(TestProgram).Assembly.Location);
