@@ -1,6 +1,7 @@
 using System;
 using System.Collections.Generic;
 using System.Threading;
+using Epvs.Tests;
 using Xunit;
 
 namespace Epvs.Persistence.Tests;
@@ -53,7 +54,7 @@ public sealed class InterruptedDisposeTests
             {
                 Thread.CurrentThread.Interrupt(); // pending: the first wait that blocks in Dispose sees it
                 failure = Record.Exception(dispose);
-                pending = InterruptPending();
+                pending = PendingInterrupt.TryConsume();
             })
             { IsBackground = true };
             disposer.Start();
@@ -69,24 +70,6 @@ public sealed class InterruptedDisposeTests
         {
             UninterruptedWait.InterruptibleForTesting = false;
             UninterruptedWait.InterruptSeenHookForTesting = null;
-        }
-    }
-
-    /// <summary>Whether an interrupt is pending on the calling thread (consumed by a zero-timeout monitor wait).</summary>
-    private static bool InterruptPending()
-    {
-        object gate = new();
-        lock (gate)
-        {
-            try
-            {
-                Monitor.Wait(gate, 0);
-                return false;
-            }
-            catch (ThreadInterruptedException)
-            {
-                return true;
-            }
         }
     }
 
