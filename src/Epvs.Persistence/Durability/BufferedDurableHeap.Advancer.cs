@@ -529,7 +529,10 @@ public sealed unsafe partial class BufferedDurableHeap
         {
             if (_mode == DurabilityMode.Strict)
             {
+                // Each operation wrote its payloads back and fenced before it left its region, so before the cut; those
+                // whose write-back failed are written back here. All are durable before the frontier and the seals.
                 WriteBackCarriedStrictPayloads();
+                written = CollectVersion(completed);
             }
 
             // Store and persist: the write-back above was fenced first, so the frontier never covers a payload that
@@ -567,6 +570,33 @@ public sealed unsafe partial class BufferedDurableHeap
     /// <returns>How many blocks it wrote back.</returns>
     private int WriteBackVersion(long version)
     {
+        int n = CollectVersion(version);
+        long[] offsets = _sealScratch;
+        // (The broken control seals first, so a seal can reach the file before the payload it covers.)
+        bool sealFirst = (_faults & DurabilityFaults.SealBeforeWriteBack) != 0;
+        var ranges = new WriteBackRuns(_domain);
+        for (int i = 0; i < n; i++)
+        {
+            if (sealFirst)
+            {
+                _heap.Seal(offsets.AsSpan(i, 1), version);
+            }
+
+            ranges.Add(offsets[i], HeapLayout.HeaderSize + (long)PayloadSize(offsets[i]));
+        }
+
+        ranges.Flush();
+        _domain.Fence();
+        return n;
+    }
+
+    /// <summary>
+    /// Moves the offsets of the blocks allocated in <paramref name="version"/> from every thread's list into
+    /// <see cref="_sealScratch"/> (through the page cache, sorted in address order).
+    /// </summary>
+    /// <returns>How many there are.</returns>
+    private int CollectVersion(long version)
+    {
         int slot = ThreadBuffers.Slot(version);
         // Volatile.Read: acquire; pairs with the release in RegisterThread.
         ThreadBuffers[] registry = Volatile.Read(ref _registry);
@@ -599,26 +629,12 @@ public sealed unsafe partial class BufferedDurableHeap
             AscendingRuns.Sort(offsets, n, ref _sortScratch);
         }
 
-        // (The broken control seals first, so a seal can reach the file before the payload it covers.)
-        bool sealFirst = (_faults & DurabilityFaults.SealBeforeWriteBack) != 0;
-        var ranges = new WriteBackRuns(_domain);
-        for (int i = 0; i < n; i++)
-        {
-            if (sealFirst)
-            {
-                _heap.Seal(offsets.AsSpan(i, 1), version);
-            }
-
-            ranges.Add(offsets[i], HeapLayout.HeaderSize + (long)PayloadSize(offsets[i]));
-        }
-
-        ranges.Flush();
-        _domain.Fence();
         return n;
     }
 
     /// <summary>
-    /// Seals the blocks <see cref="WriteBackVersion"/> wrote back — each commit word becomes a check over header and
+    /// Seals the blocks of the version, which <see cref="WriteBackVersion"/> wrote back (or, in
+    /// <see cref="DurabilityMode.Strict"/>, their operations did) — each commit word becomes a check over header and
     /// payload — and writes back and fences the commit words. They were durable already (fenced), so a seal never
     /// reaches the file before what it covers: after any crash a sealed block whose check fails is damage, never an
     /// interrupted write. Runs after the frontier moved (Sync does not wait for it); a crash in between leaves that

@@ -596,14 +596,39 @@ public sealed unsafe partial class BufferedDurableHeap : IDisposable
         }
     }
 
+    /// <summary>
+    /// Records a block the operation allocated in <paramref name="version"/>: in the version's list, which the cycle that
+    /// ends the version writes back (<see cref="DurabilityMode.Buffered"/>) and seals (both durable modes), and in
+    /// <see cref="DurabilityMode.Strict"/> also in the operation's own list, written back when it ends.
+    /// </summary>
     [MethodImpl(MethodImplOptions.AggressiveInlining)]
     internal void Track(ThreadBuffers buffers, long version, PayloadRef block)
     {
-        if (_mode == DurabilityMode.Buffered)
+        if (_mode == DurabilityMode.Transient)
+        {
+            return;
+        }
+
+        // (The broken control leaves strict payloads out of the version's list: never sealed.)
+        if (_mode == DurabilityMode.Buffered || (_faults & DurabilityFaults.LeaveStrictPayloadsUnsealed) == 0)
         {
             buffers.WriteBack[ThreadBuffers.Slot(version)].Add(block.Offset);
         }
-        else if (_mode == DurabilityMode.Strict)
+
+        if (_mode == DurabilityMode.Strict)
+        {
+            buffers.StrictPending.Add(block.Offset);
+        }
+    }
+
+    /// <summary>
+    /// Records an update in place of a block of the operation's own version: <see cref="DurabilityMode.Strict"/> writes
+    /// it back again when the operation ends. (It is in its version's list already: it was allocated in this version.)
+    /// </summary>
+    [MethodImpl(MethodImplOptions.AggressiveInlining)]
+    internal void TrackRewrite(ThreadBuffers buffers, PayloadRef block)
+    {
+        if (_mode == DurabilityMode.Strict)
         {
             buffers.StrictPending.Add(block.Offset);
         }
@@ -612,8 +637,14 @@ public sealed unsafe partial class BufferedDurableHeap : IDisposable
     /// <summary>Undoes the <see cref="Track"/> of <paramref name="block"/>, the last block this thread tracked for <paramref name="version"/>.</summary>
     internal void Untrack(ThreadBuffers buffers, long version, PayloadRef block)
     {
-        OffsetList list = _mode == DurabilityMode.Buffered ? buffers.WriteBack[ThreadBuffers.Slot(version)] : buffers.StrictPending;
-        if (_mode != DurabilityMode.Transient && !list.RemoveLast(block.Offset))
+        if (_mode == DurabilityMode.Transient)
+        {
+            return;
+        }
+
+        bool inVersionList = _mode == DurabilityMode.Buffered || (_faults & DurabilityFaults.LeaveStrictPayloadsUnsealed) == 0;
+        if ((inVersionList && !buffers.WriteBack[ThreadBuffers.Slot(version)].RemoveLast(block.Offset))
+            || (_mode == DurabilityMode.Strict && !buffers.StrictPending.RemoveLast(block.Offset)))
         {
             ThrowHelper.ThrowInvalidOperation($"Internal error: {block} was not the last block tracked by this operation.");
         }

@@ -82,4 +82,7 @@ internal enum DurabilityFaults
 
     /// <summary>A cycle forgets an exited thread's buffers without checking that they are drained (a write of the version after the cut, made by a thread that then exited, is never written back).</summary>
     ForgetUndrainedExitedThreads = 8388608,
+
+    /// <summary>Strict mode: the advancer never seals the payloads (the old behaviour: their payload bytes are not checked, and a damaged header reads as a torn allocation, freed without a report).</summary>
+    LeaveStrictPayloadsUnsealed = 16777216,
 }

@@ -70,11 +70,7 @@ public ref struct DurableOperation
         bool inPlaceFault = (heap.Faults & DurabilityFaults.UpdateOlderVersionInPlace) != 0;
         if (header.Size == newSize && (header.EpochTag == Version || heap.Mode == DurabilityMode.Transient || inPlaceFault))
         {
-            if (heap.Mode == DurabilityMode.Strict)
-            {
-                heap.Track(_buffers!, Version, current);
-            }
-
+            heap.TrackRewrite(_buffers!, current);
             return current;
         }
 
@@ -140,11 +136,7 @@ public ref struct DurableOperation
         bool inPlaceFault = (heap.Faults & DurabilityFaults.UpdateOlderVersionInPlace) != 0;
         if (tag == Version || heap.Mode == DurabilityMode.Transient || inPlaceFault)
         {
-            if (heap.Mode == DurabilityMode.Strict)
-            {
-                heap.Track(_buffers!, Version, current);
-            }
-
+            heap.TrackRewrite(_buffers!, current);
             newUid = uid;
             return current;
         }

@@ -195,7 +195,7 @@ public sealed class HashMapReadTests
 
     /// <summary>A 256-byte value whose words are all equal when read whole; copied with several loads, so it can tear.</summary>
     [InlineArray(32)]
-    private struct Wide
+    internal struct Wide
     {
         private long _word;
 

@@ -199,7 +199,7 @@ public sealed class ZeroedWordDamageTests
     /// Writes <paramref name="bytes"/> (the damaged file) to <paramref name="path"/>, with the clean-shutdown word as an
     /// open leaves it when <paramref name="crashed"/> (then the next open never trusts the saved state).
     /// </summary>
-    private static void WriteDamaged(string path, byte[] bytes, bool crashed)
+    internal static void WriteDamaged(string path, byte[] bytes, bool crashed)
     {
         if (crashed)
         {
@@ -239,7 +239,7 @@ public sealed class ZeroedWordDamageTests
     }
 
     /// <summary>The offsets of the blocks in use (allocated or sealed) of the small-block segments, in file order.</summary>
-    private static List<long> LiveBlocks(byte[] bytes)
+    internal static List<long> LiveBlocks(byte[] bytes)
     {
         var live = new List<long>();
         foreach ((long start, ulong descriptor) in Segments(bytes))
