@@ -947,12 +947,15 @@ public sealed unsafe partial class LightEpoch : IDisposable
         ThrowHelper.ThrowNotProtected(operation);
     }
 
+    /// <summary>The object name of this epoch's <see cref="ObjectDisposedException"/>: the owning scheme's for an epoch a scheme created (and disposes).</summary>
+    internal string DisposedObjectName { get; set; } = nameof(LightEpoch);
+
     private void ThrowIfDisposed()
     {
         // Acquire: pairs with Dispose's exchange to Closed. Closing is not disposed: that Dispose may still fail.
         int now = Volatile.Read(ref lifecycle);
         if (now == Closed || (LegacyDisposeForTesting && now != Live))
-            ThrowHelper.ThrowObjectDisposed(nameof(LightEpoch));
+            ThrowHelper.ThrowObjectDisposed(DisposedObjectName);
     }
 
     /// <summary>

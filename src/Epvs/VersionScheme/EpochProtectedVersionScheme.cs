@@ -100,8 +100,19 @@ public sealed partial class EpochProtectedVersionScheme : IDisposable
 
     private EpochProtectedVersionScheme(LightEpoch epoch, bool ownsEpoch, long initialVersion = 1)
     {
+        if ((ulong)initialVersion > VersionSchemeState.MaxVersion)
+        {
+            // The epoch created for this scheme would otherwise wait for its finalizer.
+            if (ownsEpoch)
+                epoch.Dispose();
+            ThrowHelper.ThrowArgumentOutOfRange(nameof(initialVersion), $"A version must be between 0 and {VersionSchemeState.MaxVersion}.");
+        }
+
         this.epoch = epoch;
         this.ownsEpoch = ownsEpoch;
+        // An owned epoch is disposed with the scheme: its ObjectDisposedException (from Enter, say) names the scheme.
+        if (ownsEpoch)
+            epoch.DisposedObjectName = nameof(EpochProtectedVersionScheme);
         state = VersionSchemeState.Make(VersionSchemeState.Rest, initialVersion).Word;
         completeStep = CompleteStep;
     }

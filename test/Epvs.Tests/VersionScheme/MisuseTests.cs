@@ -218,6 +218,24 @@ public class MisuseTests
         Assert.Throws<ArgumentOutOfRangeException>(() => VersionSchemeState.Make(0, -1));
         Assert.Throws<ArgumentOutOfRangeException>(() => VersionSchemeState.Make(0, VersionSchemeState.MaxVersion + 1));
         Assert.Throws<ArgumentOutOfRangeException>(() => scheme.StallThreshold = TimeSpan.Zero);
+        Assert.Equal("initialVersion", Assert.Throws<ArgumentOutOfRangeException>(() => new EpochProtectedVersionScheme(null, VersionSchemeState.MaxVersion + 1)).ParamName);
+        using var shared = new LightEpoch();
+        Assert.Equal("initialVersion", Assert.Throws<ArgumentOutOfRangeException>(() => new EpochProtectedVersionScheme(shared, -1)).ParamName);
+    }
+
+    [Fact]
+    public void UseAfterDispose_NamesTheDisposedObject_TheSchemeForAnEpochItOwns()
+    {
+        var owning = new EpochProtectedVersionScheme();
+        owning.Dispose();
+        Assert.Equal(nameof(EpochProtectedVersionScheme), Assert.Throws<ObjectDisposedException>(() => owning.Enter()).ObjectName);
+        Assert.Equal(nameof(EpochProtectedVersionScheme), Assert.Throws<ObjectDisposedException>(() => owning.Epoch.Resume()).ObjectName);
+
+        // A shared epoch disposed under a scheme is the epoch's own failure.
+        var epoch = new LightEpoch();
+        using var scheme = new EpochProtectedVersionScheme(epoch);
+        epoch.Dispose();
+        Assert.Equal(nameof(LightEpoch), Assert.Throws<ObjectDisposedException>(() => scheme.Enter()).ObjectName);
     }
 
     [Fact]
