@@ -1,3 +1,4 @@
+using System.Diagnostics;
 #if NET8_0_OR_GREATER
 using System.Diagnostics.Metrics;
 #endif
@@ -35,13 +36,17 @@ internal static class EpochDiagnostics
     /// <summary>Test-only: lets a listener's exception through, as before, so the test can show that it catches that.</summary>
     internal static bool LetListenerExceptionsThroughForTesting;
 
-    public static void RecordTransition(double milliseconds)
+    /// <summary>Whether the duration histogram has a listener (a step reads the precise clock at its start only then).</summary>
+    public static bool TransitionDurationListened => s_transitionDuration.Enabled;
+
+    /// <summary>Counts a completed step and, if its start was timed (<paramref name="startTimestamp"/> not 0), records its duration.</summary>
+    public static void RecordTransition(long startTimestamp)
     {
         try
         {
             s_transitions.Add(1);
-            if (s_transitionDuration.Enabled)
-                s_transitionDuration.Record(milliseconds);
+            if (startTimestamp != 0 && s_transitionDuration.Enabled)
+                s_transitionDuration.Record((double)(Stopwatch.GetTimestamp() - startTimestamp) * 1000 / Stopwatch.Frequency);
         }
         catch when (!LetListenerExceptionsThroughForTesting)
         {
@@ -67,7 +72,9 @@ internal static class EpochDiagnostics
         }
     }
 #else
-    public static void RecordTransition(double milliseconds) { }
+    public static bool TransitionDurationListened => false;
+
+    public static void RecordTransition(long startTimestamp) { }
 
     public static void RecordTransitionFault() { }
 

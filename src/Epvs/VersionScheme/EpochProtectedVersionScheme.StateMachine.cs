@@ -471,8 +471,7 @@ public sealed partial class EpochProtectedVersionScheme
         if (Interlocked.CompareExchange(ref state, VersionSchemeState.MakeIntermediate(from).Word, from.Word) != from.Word)
             return null;
         Volatile.Write(ref stepOwned, 1); // release; we hold stepLock, whose release publishes it too
-        Volatile.Write(ref stepStartTimestamp, Stopwatch.GetTimestamp());
-        Volatile.Write(ref stallReported, 0);
+        RecordStepStart();
         // Every region that may have observed `from` announced before reading it, so before our CAS, so at most the
         // epoch this increment leaves behind (the increment is a full fence after the CAS).
         prior = epoch.IncrementEpoch();
@@ -516,7 +515,7 @@ public sealed partial class EpochProtectedVersionScheme
             LeaveCallbacks(outerCallback);
         }
 
-        EpochDiagnostics.RecordTransition(ElapsedSince(Volatile.Read(ref stepStartTimestamp)).TotalMilliseconds);
+        EpochDiagnostics.RecordTransition(Volatile.Read(ref stepStartTimestamp));
         // Release: the critical section's writes are visible to every region that observes `to` (pairs with the
         // acquire read in Enter/Refresh).
         Volatile.Write(ref state, to.Word);

@@ -218,6 +218,8 @@ public class MisuseTests
         Assert.Throws<ArgumentOutOfRangeException>(() => VersionSchemeState.Make(0, -1));
         Assert.Throws<ArgumentOutOfRangeException>(() => VersionSchemeState.Make(0, VersionSchemeState.MaxVersion + 1));
         Assert.Throws<ArgumentOutOfRangeException>(() => scheme.StallThreshold = TimeSpan.Zero);
+        scheme.StallThreshold = TimeSpan.FromTicks(12_345);
+        Assert.Equal(TimeSpan.FromTicks(12_345), scheme.StallThreshold);
         Assert.Equal("initialVersion", Assert.Throws<ArgumentOutOfRangeException>(() => new EpochProtectedVersionScheme(null, VersionSchemeState.MaxVersion + 1)).ParamName);
         using var shared = new LightEpoch();
         Assert.Equal("initialVersion", Assert.Throws<ArgumentOutOfRangeException>(() => new EpochProtectedVersionScheme(shared, -1)).ParamName);
