@@ -31,6 +31,21 @@ public sealed class BufferedDurabilityCrashTests
         Assert.Empty(violations);
     }
 
+    /// <summary>
+    /// The same enumeration in <see cref="DurabilityMode.Strict"/>, whose cycles seal what the operations wrote back:
+    /// no crash image may report damage (a seal over bytes that are not durable) or recover anything but the prefix.
+    /// (The checker and its controls are the buffered ones above.)
+    /// </summary>
+    [Fact]
+    public void Crash_AtEveryEnumeratedPointInStrictMode_RecoversExactlyTheFrontierPrefix()
+    {
+        List<string> violations = EnumerateCrashes(DurabilityFaults.None, DurabilityFaults.None, out int images, out string cuts, DurabilityMode.Strict);
+        _output.WriteLine($"seed={SmallSeed}: {images} crash images checked; recovered cuts {cuts}");
+        Assert.True(images > 100, $"only {images} crash images");
+        Assert.True(cuts.Split(',').Length > 2, $"the images recovered only the cuts {cuts}: the run exercised no sealed version");
+        Assert.Empty(violations);
+    }
+
     [Fact]
     public void Crash_RecoveryKeepingTagsBeyondTheFrontier_IsCaught()
     {
@@ -245,10 +260,10 @@ public sealed class BufferedDurabilityCrashTests
     }
 
     /// <summary>The small deterministic run: one thread, versions advanced by hand every 4 operations, a Sync in the middle.</summary>
-    private static long RunSmall(SimulatedPersistenceDomain domain, DurabilityFaults faults, OpLog log, Action<SimulatedPersistenceDomain> arm)
+    private static long RunSmall(SimulatedPersistenceDomain domain, DurabilityFaults faults, OpLog log, Action<SimulatedPersistenceDomain> arm, DurabilityMode mode = DurabilityMode.Buffered)
     {
         using HeapFile file = HeapFile.Create(domain);
-        using BufferedDurableHeap heap = BufferedDurableHeap.Open(file, new BufferedDurableHeapOptions { AdvancePeriod = Timeout.InfiniteTimeSpan, Faults = faults });
+        using BufferedDurableHeap heap = BufferedDurableHeap.Open(file, new BufferedDurableHeapOptions { AdvancePeriod = Timeout.InfiniteTimeSpan, Faults = faults, Mode = mode });
         var map = new PersistentByteMap<long>(heap, DurableWorkload.MapTypeId);
         arm(domain);
         DurableWorkload.Run(heap, map, log, thread: 0, SmallSeed, SmallOperations, keysPerThread: 6, between: i =>
@@ -268,12 +283,12 @@ public sealed class BufferedDurabilityCrashTests
         return domain.CrashPointCount;
     }
 
-    private static List<string> EnumerateCrashes(DurabilityFaults workloadFaults, DurabilityFaults recoveryFaults, out int images, out string cuts)
+    private static List<string> EnumerateCrashes(DurabilityFaults workloadFaults, DurabilityFaults recoveryFaults, out int images, out string cuts, DurabilityMode mode = DurabilityMode.Buffered)
     {
         long end;
         using (var probe = new SimulatedPersistenceDomain(SmallCapacity))
         {
-            end = RunSmall(probe, workloadFaults, new OpLog(1), _ => { });
+            end = RunSmall(probe, workloadFaults, new OpLog(1), _ => { }, mode);
         }
 
         var log = new OpLog(1);
@@ -287,7 +302,7 @@ public sealed class BufferedDurabilityCrashTests
                     d.ArmCrash(p, (int)(p * SeedsPerPoint) + s);
                 }
             }
-        });
+        }, mode);
 
         var violations = new List<string>();
         var seen = new SortedSet<long>();
