@@ -14,7 +14,7 @@ public readonly struct AdvancerStatistics
 {
     /// <summary>Creates a statistics value.</summary>
     /// <param name="cycles">Completed cycles that found a version to finish.</param>
-    /// <param name="blocksWrittenBack">Blocks written back (and sealed) by those cycles.</param>
+    /// <param name="blocksWrittenBack">Blocks those cycles finished: written back by the cycle (<see cref="DurabilityMode.Buffered"/>) or by their operations (<see cref="DurabilityMode.Strict"/>), and sealed.</param>
     /// <param name="writeBackTime">Time spent writing back versions and persisting the frontier.</param>
     /// <param name="sealTime">Time spent sealing written-back blocks and making the seals durable.</param>
     /// <param name="reclaimTime">Time spent reclaiming: deferring and sweeping frees, freeing anti-payloads.</param>
@@ -30,7 +30,7 @@ public readonly struct AdvancerStatistics
     /// <summary>Completed cycles that found a version to finish.</summary>
     public long Cycles { get; }
 
-    /// <summary>Blocks written back (and sealed) by those cycles.</summary>
+    /// <summary>Blocks those cycles finished: written back by the cycle (<see cref="DurabilityMode.Buffered"/>) or by their operations (<see cref="DurabilityMode.Strict"/>), and sealed.</summary>
     public long BlocksWrittenBack { get; }
 
     /// <summary>Time spent writing back versions and persisting the frontier.</summary>

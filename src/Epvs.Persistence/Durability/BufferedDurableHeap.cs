@@ -609,15 +609,17 @@ public sealed unsafe partial class BufferedDurableHeap : IDisposable
             return;
         }
 
+        // The operation's list first: should the second append fail (out of memory), the block is written back and not
+        // sealed, never sealed without being written back.
+        if (_mode == DurabilityMode.Strict)
+        {
+            buffers.StrictPending.Add(block.Offset);
+        }
+
         // (The broken control leaves strict payloads out of the version's list: never sealed.)
         if (_mode == DurabilityMode.Buffered || (_faults & DurabilityFaults.LeaveStrictPayloadsUnsealed) == 0)
         {
             buffers.WriteBack[ThreadBuffers.Slot(version)].Add(block.Offset);
-        }
-
-        if (_mode == DurabilityMode.Strict)
-        {
-            buffers.StrictPending.Add(block.Offset);
         }
     }
 
@@ -802,7 +804,11 @@ public sealed unsafe partial class BufferedDurableHeap : IDisposable
         {
             if (_mode == DurabilityMode.Strict && buffers.StrictPending.Count != 0)
             {
-                WriteBackStrict(buffers.StrictPending);
+                // Emptied only when the outermost operation ends: the list is the thread's, so a nested operation's end
+                // writes back its enclosing operations' payloads too, as they are now, and they must be written back
+                // again when those end (they may still write them). A nested end used to empty it: an enclosing
+                // operation's later stores were never written back, and the cycle sealed them over stale bytes.
+                WriteBackStrict(buffers.StrictPending, outermost: !buffers.HasOpenOperations);
             }
         }
         finally
@@ -820,14 +826,16 @@ public sealed unsafe partial class BufferedDurableHeap : IDisposable
     private readonly List<long> _strictCarried = new();
 
     /// <summary>
-    /// Strict mode: writes back and fences the payloads the ending operation wrote (inside its region). If that fails,
+    /// Strict mode: writes back and fences the payloads the thread's operations wrote (the ending one's and, when it is
+    /// nested, its enclosing operations' so far), inside its region; the list is emptied when the outermost operation
+    /// ends (<paramref name="outermost"/>). If that fails,
     /// the operation throws the medium's error and its payloads go to the advance cycles, before it leaves its region:
     /// the cycle that ends its version (or an earlier one) writes them back before it persists a frontier over them,
     /// and fails — the advancer's fault — if it cannot (see <see cref="WriteBackCarriedStrictPayloads"/>). They used to
     /// stay with the thread until its next operation, while cycles moved the frontier over their version: a Sync that
     /// returned claimed them durable, and a thread that never operated again never wrote them back.
     /// </summary>
-    private void WriteBackStrict(OffsetList pending)
+    private void WriteBackStrict(OffsetList pending, bool outermost)
     {
         try
         {
@@ -859,7 +867,10 @@ public sealed unsafe partial class BufferedDurableHeap : IDisposable
             throw;
         }
 
-        pending.Clear();
+        if (outermost)
+        {
+            pending.Clear();
+        }
     }
 
     /// <summary>

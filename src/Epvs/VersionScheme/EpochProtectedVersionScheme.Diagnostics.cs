@@ -20,8 +20,9 @@ public sealed partial class EpochProtectedVersionScheme
     /// How long a step may wait for protected threads before <see cref="TransitionStalled"/> is raised (once per
     /// step). Default 1 second. A thread that holds protection for a long time stalls every transition behind it
     /// (the paper's metastable-stall warning); this is how to find it. Measured with the system's coarse millisecond
-    /// clock (<c>Environment.TickCount64</c>), so a stall may be reported up to one of its ticks (a few
-    /// milliseconds) late.
+    /// clock (<c>Environment.TickCount64</c>), whose readings are whole ticks of a few milliseconds (4 ms on a Linux
+    /// kernel at 250 Hz): a step is reported up to one tick early or late, and the reported elapsed time has that
+    /// resolution. Keep the threshold well above a tick.
     /// </summary>
     /// <exception cref="ArgumentOutOfRangeException">The value is not positive.</exception>
     public TimeSpan StallThreshold
@@ -43,7 +44,7 @@ public sealed partial class EpochProtectedVersionScheme
         Environment.TickCount64;
 #endif
 
-    /// <summary>Records a step's start (in the step, after its state went intermediate).</summary>
+    /// <summary>Records a step's start (in the step, before its state goes intermediate).</summary>
     private void RecordStepStart()
     {
         Volatile.Write(ref stepStartTimestamp, EpochDiagnostics.TransitionDurationListened ? Stopwatch.GetTimestamp() : 0);
@@ -74,8 +75,12 @@ public sealed partial class EpochProtectedVersionScheme
     /// <summary>Called from wait loops: raises <see cref="TransitionStalled"/> once if the step in flight is overdue.</summary>
     private void ReportStallIfDue()
     {
+        // The state first: its acquire pairs with the step's CAS to the intermediate state, which follows the step's
+        // RecordStepStart, so the start read next is this step's (or a later one's: a shorter wait, never a longer one).
+        if (!CurrentState.IsIntermediate)
+            return;
         long start = Volatile.Read(ref stepStartMilliseconds);
-        if (start == 0 || !CurrentState.IsIntermediate)
+        if (start == 0)
             return;
         long elapsedMilliseconds = NowMilliseconds() - start;
         if (elapsedMilliseconds * TimeSpan.TicksPerMillisecond < Volatile.Read(ref stallThresholdTicks) || Volatile.Read(ref stallReported) != 0)

@@ -465,13 +465,15 @@ public sealed partial class EpochProtectedVersionScheme
         if (Volatile.Read(ref currentMachine) != machine || machine.IsCompleted)
             return null;
 
+        // Before the state goes intermediate (the CAS below is a full fence): a waiter that sees the intermediate state
+        // then reads this step's start, never the previous step's (a stall report timed from it).
+        RecordStepStart();
         // Readers that see the intermediate state must not pair it with the previous step's epoch.
         Volatile.Write(ref transitionPrior, UnknownPrior);
         // Full fence. From here no thread can begin a region in `from` (Enter backs off on intermediate states).
         if (Interlocked.CompareExchange(ref state, VersionSchemeState.MakeIntermediate(from).Word, from.Word) != from.Word)
             return null;
         Volatile.Write(ref stepOwned, 1); // release; we hold stepLock, whose release publishes it too
-        RecordStepStart();
         // Every region that may have observed `from` announced before reading it, so before our CAS, so at most the
         // epoch this increment leaves behind (the increment is a full fence after the CAS).
         prior = epoch.IncrementEpoch();

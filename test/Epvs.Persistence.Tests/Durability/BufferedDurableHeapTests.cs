@@ -522,7 +522,8 @@ public sealed class BufferedDurableHeapTests
     /// never operates again (they used to wait for that thread's next operation, while the cycle moved the frontier over
     /// their version: the durable image held the old value, then, once the old copy was freed, none). The failure is a
     /// transient one (the real domains fail-stop, so there every later persist throws instead). The control (that old
-    /// behaviour) must lose the value from the durable image.
+    /// behaviour) must lose the value from the durable image — today the cycle seals the block over bytes that never
+    /// reached the file, so the control's image is refused as damaged (counted as lost; key 2 is then not checked).
     /// </summary>
     [Theory]
     [InlineData(false)]

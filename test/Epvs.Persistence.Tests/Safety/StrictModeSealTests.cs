@@ -72,6 +72,65 @@ public sealed class StrictModeSealTests
     }
 
     /// <summary>
+    /// A strict operation that calls a structure (whose operation nests in it) between allocating its own payload and
+    /// writing it. The nested operation's end writes back the thread's pending payloads and used to empty the list, so the
+    /// enclosing operation's later stores were never written back, and the cycle sealed the block over stale bytes:
+    /// after Sync the durable image was refused as corrupt, and through a private mapping so was the file after a clean
+    /// close (before seals, the payload came back as zeros). The enclosing operation's end must write it back again.
+    /// </summary>
+    [Theory]
+    [InlineData(false)]
+    [InlineData(true)]
+    public void AStoreAfterANestedOperationEnded_IsWrittenBackByTheEnclosingOperation(bool cleanCloseThroughPrivateMapping)
+    {
+        const int OwnType = 7;
+        var options = new BufferedDurableHeapOptions { Mode = DurabilityMode.Strict, AdvancePeriod = Timeout.InfiniteTimeSpan };
+        void Write(BufferedDurableHeap heap)
+        {
+            var map = new PersistentHashMap<long, long>(heap, TypeId);
+            using DurableOperation op = heap.BeginOperation();
+            PayloadRef own = op.Allocate(8000, OwnType);
+            map.Set(1, 100);
+            op.GetPayload(own).Fill(0xCD);
+        }
+
+        void Verify(BufferedDurableHeap heap)
+        {
+            RecoveredPayload own = Assert.Single(heap.TakeRecoveredPayloads(OwnType));
+            Assert.True(heap.Heap.GetPayload(own.Block).IndexOfAnyExcept((byte)0xCD) < 0, "the enclosing operation's payload is not the one it wrote");
+            Assert.True(new PersistentHashMap<long, long>(heap, TypeId).TryGetValue(1, out long v) && v == 100);
+        }
+
+        if (cleanCloseThroughPrivateMapping)
+        {
+            using var dir = new TempDirectory();
+            string path = dir.File("nested.heap");
+            var fileOptions = new HeapFileOptions { Size = 4L << 20, Domain = PersistenceDomainKind.MappedFile, MappedFileWriteBack = MappedFileWriteBack.PrivateMapping };
+            using (BufferedDurableHeap heap = BufferedDurableHeap.Create(path, fileOptions, options))
+            {
+                Write(heap);
+            }
+
+            using BufferedDurableHeap reopened = BufferedDurableHeap.Open(path, fileOptions, options);
+            Verify(reopened);
+        }
+        else
+        {
+            using var domain = new SimulatedPersistenceDomain(4 << 20);
+            using HeapFile file = HeapFile.Create(domain);
+            using BufferedDurableHeap heap = BufferedDurableHeap.Open(file, options);
+            Write(heap);
+            heap.Sync();
+
+            // The power fails right after Sync returned.
+            using var image = SimulatedPersistenceDomain.FromImage(domain.GetDurableImage());
+            using HeapFile again = HeapFile.Open(image);
+            using BufferedDurableHeap recovered = BufferedDurableHeap.Open(again, new BufferedDurableHeapOptions { AdvancePeriod = Timeout.InfiniteTimeSpan });
+            Verify(recovered);
+        }
+    }
+
+    /// <summary>
     /// Writes a strict map (every key set, then half of them updated in a later version, some of them twice in one
     /// version: in place), closes it cleanly, flips one bit of one live block and reopens: the outcome in words, the
     /// block, and the refusal if the open refused.
