@@ -21,13 +21,19 @@ public class DiagnosticsTests
             Interlocked.Increment(ref raised);
             stalled.TrySetResult(e);
         };
+        // A step before the stalled one: the stall must be timed from its own step's start.
+        scheme.AdvanceVersionWithCriticalSection((_, _) => { }, spin: true);
         var parked = new ParkedThread(() => scheme.Enter(), scheme.Leave);
 
+        var sinceRequest = System.Diagnostics.Stopwatch.StartNew();
         var requester = GuardedThread.Start(() => scheme.AdvanceVersionWithCriticalSection((_, _) => { }, spin: true));
         Assert.True(stalled.Task.Wait(GuardedThread.DefaultTimeout), "no stall reported");
+        TimeSpan upperBound = sinceRequest.Elapsed;
         TransitionStalledEventArgs e = stalled.Task.Result;
-        Assert.Equal(VersionSchemeState.Make(VersionSchemeState.Rest, 1), e.FromState);
+        Assert.Equal(VersionSchemeState.Make(VersionSchemeState.Rest, 2), e.FromState);
         Assert.True(e.Elapsed >= TimeSpan.FromMilliseconds(20));
+        // Not more than the step can have lasted (with a tick of the coarse clock to spare).
+        Assert.True(e.Elapsed <= upperBound + TimeSpan.FromMilliseconds(20), $"stall reported {e.Elapsed} after the step began, but the step is at most {upperBound} old");
         Assert.Equal(parked.ManagedThreadId, Assert.Single(e.BlockingThreads).ManagedThreadId);
         Assert.Equal(parked.ManagedThreadId, Assert.Single(scheme.GetThreadsBlockingTransition()).ManagedThreadId);
 
