@@ -73,6 +73,9 @@ public sealed unsafe partial class BufferedDurableHeap
     /// <summary>Test hook: with <see cref="DurabilityFaults.PersistFrontierBeforeWriteBack"/>, runs once the broken order has persisted the frontier (the version) and before it writes the version back.</summary>
     internal Action<long>? AfterFrontierPersistedFirstForTesting { get; set; }
 
+    /// <summary>Test hook: runs in a cycle once the frontier covers the version (the argument) and before its blocks are sealed: the window in which a crash leaves a durable version unsealed.</summary>
+    internal Action<long>? BeforeSealForTesting { get; set; }
+
     /// <summary>Test hook: runs in a hash map update or remove once it holds the key's index slot, before it allocates the new payload (or the anti-payload).</summary>
     internal Action? InsideSlotLockForTesting { get; set; }
 
@@ -546,6 +549,7 @@ public sealed unsafe partial class BufferedDurableHeap
         long writtenBack = Stopwatch.GetTimestamp();
         if (written != 0 && (_faults & DurabilityFaults.SealBeforeWriteBack) == 0)
         {
+            BeforeSealForTesting?.Invoke(completed);
             SealVersion(completed, written);
         }
 
@@ -638,7 +642,8 @@ public sealed unsafe partial class BufferedDurableHeap
     /// payload — and writes back and fences the commit words. They were durable already (fenced), so a seal never
     /// reaches the file before what it covers: after any crash a sealed block whose check fails is damage, never an
     /// interrupted write. Runs after the frontier moved (Sync does not wait for it); a crash in between leaves that
-    /// version's blocks unsealed, checked by their header only, as every block is until it is sealed.
+    /// version's blocks unsealed, checked by their header only, as every block is until it is sealed — and recovery,
+    /// finding them, reports the torn blocks it cannot vouch for and seals them (see DurableRecoveryReport.UnverifiedBlocks).
     /// </summary>
     private void SealVersion(long version, int count)
     {

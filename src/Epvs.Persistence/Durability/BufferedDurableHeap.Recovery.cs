@@ -76,6 +76,21 @@ public sealed unsafe partial class BufferedDurableHeap
             report.FastReopen = heap.OpenedFromSavedState;
             report.DamagedBlocks = heap.RecoveryDamagedBlocks;
             report.FastReopenRejection = heap.SavedStateRejection;
+            if (heap.RecoveryUnsealedBlocks.Count != 0)
+            {
+                // Kept blocks the frontier covers that were never sealed: the crash came between a version's frontier and
+                // its seals (or a cycle failed between the two). Every block of an older version is sealed before the
+                // next frontier, so a torn block found now may be an interrupted allocation of a later version — or a
+                // block of that version whose header was damaged: the scan cannot tell them apart (the epoch is in the
+                // header), so they are listed instead of freed without a word. Then that version is sealed, so the next
+                // recovery checks it whole and finds no such window open.
+                report.UnverifiedBlocks = heap.RecoveryTornBlocks;
+                if ((_faults & DurabilityFaults.LeaveRecoveredBlocksUnsealed) == 0)
+                {
+                    report.SealedAtRecovery = heap.SealRecovered(CollectionsMarshal.AsSpan(heap.RecoveryUnsealedBlocks));
+                }
+            }
+
             // Interlocked.Read: the scanning threads have been joined; an atomic read of their shared counter.
             if (heap.OpenedFromSavedState && Interlocked.Read(ref dropped) == 0 && !HasAntiPayloads(candidates.Values))
             {

@@ -85,4 +85,7 @@ internal enum DurabilityFaults
 
     /// <summary>Strict mode: the advancer never seals the payloads (the old behaviour: their payload bytes are not checked, and a damaged header reads as a torn allocation, freed without a report).</summary>
     LeaveStrictPayloadsUnsealed = 16777216,
+
+    /// <summary>Recovery leaves the blocks of a version whose seals a crash interrupted unsealed (the old behaviour: they stay checked by their header only, for good).</summary>
+    LeaveRecoveredBlocksUnsealed = 33554432,
 }

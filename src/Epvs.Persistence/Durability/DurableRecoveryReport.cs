@@ -50,6 +50,20 @@ public sealed class DurableRecoveryReport
     /// </summary>
     public IReadOnlyList<long> DamagedBlocks { get; internal set; } = Array.Empty<long>();
 
+    /// <summary>
+    /// File offsets (sorted) of blocks recovery freed as torn although it could not rule out damage: listed only after a
+    /// crash that came between the durable frontier's last move and the seals of that version (recovery found the
+    /// version's blocks allocated but unsealed, and sealed them: <see cref="SealedAtRecovery"/>). A torn block — its
+    /// commit word says allocated, the check over its header fails — is normally an allocation of a later version that
+    /// the crash interrupted; in that one window it may instead be a block of the last durable version whose header was
+    /// damaged, and the scan cannot tell which (the version is in the header). Empty otherwise: every other torn block is
+    /// an interrupted allocation.
+    /// </summary>
+    public IReadOnlyList<long> UnverifiedBlocks { get; internal set; } = Array.Empty<long>();
+
+    /// <summary>Blocks of durable versions that a crash left unsealed (see <see cref="UnverifiedBlocks"/>), sealed by this recovery.</summary>
+    public long SealedAtRecovery { get; internal set; }
+
     /// <summary>Payloads handed to the structures.</summary>
     public long Live { get; internal set; }
 
@@ -62,5 +76,5 @@ public sealed class DurableRecoveryReport
     /// <inheritdoc/>
     public override string ToString() =>
         $"clean={WasCleanShutdown} fast={FastReopen} clock={PersistedClock} frontier={PersistedFrontier} recovered≤{RecoveredVersion} scanned={ScannedPayloads} " +
-        $"dropped={DroppedBeyondFrontier} superseded={Superseded} cancelled={Cancelled} damaged={DamagedBlocks.Count} live={Live} threads={Parallelism} time={Duration.TotalMilliseconds:F1} ms";
+        $"dropped={DroppedBeyondFrontier} superseded={Superseded} cancelled={Cancelled} damaged={DamagedBlocks.Count} unverified={UnverifiedBlocks.Count} sealed-at-recovery={SealedAtRecovery} live={Live} threads={Parallelism} time={Duration.TotalMilliseconds:F1} ms";
 }

@@ -42,6 +42,10 @@ public sealed unsafe partial class PersistentHeap
         // Nothing below writes to the file until every block has been classified (the writes are collected): a
         // damaged block is reported before recovery has changed anything it would need to salvage by hand.
         var damaged = new List<long>();
+        var torn = new List<long>();
+        var unsealed = new List<long>();
+        // Only a buffered heap seals its blocks: a raw heap's are all unsealed, and listing them would cost 8 bytes a block.
+        bool listUnsealed = _ownerKind == HeapLayout.KindBufferedDurable;
         var freeSpans = new List<(long Segment, long Span, long FreeOffset)>();
         var freeBlocks = new List<long>();
 
@@ -71,6 +75,11 @@ public sealed unsafe partial class PersistentHeap
 
                 if (complete && (filter is null || filter(new PayloadRef(offset), header)))
                 {
+                    if (largeState == BlockState.Allocated && listUnsealed)
+                    {
+                        unsealed.Add(offset);
+                    }
+
                     liveBlocks++;
                     liveBytes += payload * HeapLayout.SegmentSize;
                     maxUid = Math.Max(maxUid, header.Uid);
@@ -81,6 +90,10 @@ public sealed unsafe partial class PersistentHeap
                 if (largeState == BlockState.Damaged)
                 {
                     damaged.Add(offset);
+                }
+                else if (largeState == BlockState.Torn)
+                {
+                    torn.Add(offset);
                 }
 
                 // A torn, damaged or rejected large block: its whole span is freed durably (after the scan), so no
@@ -126,6 +139,7 @@ public sealed unsafe partial class PersistentHeap
                     long offset = start + ((long)k * blockSize);
                     PayloadHeader header;
                     bool valid;
+                    bool sealedBlock = true;
                     if (bitmap is not null)
                     {
                         // Checked whole when the saved state was accepted (TryReadSavedState).
@@ -140,6 +154,7 @@ public sealed unsafe partial class PersistentHeap
                     {
                         BlockState blockState = ClassifyBlock(offset, generation, blockSize - HeapLayout.HeaderSize, out header);
                         valid = blockState is BlockState.Allocated or BlockState.Sealed;
+                        sealedBlock = blockState != BlockState.Allocated;
                         if (blockState == BlockState.Damaged)
                         {
                             totals.Damaged.Add(offset);
@@ -153,6 +168,7 @@ public sealed unsafe partial class PersistentHeap
                             // missing words, and a crash then completes the old header — an old, durable-looking tag —
                             // over the new payload's bytes.
                             totals.FreeBlocks.Add(offset);
+                            totals.Torn.Add(offset);
                         }
                     }
 
@@ -173,6 +189,10 @@ public sealed unsafe partial class PersistentHeap
                     {
                         live++;
                         totals.MaxUid = Math.Max(totals.MaxUid, header.Uid);
+                        if (!sealedBlock && listUnsealed)
+                        {
+                            totals.Unsealed.Add(offset);
+                        }
                     }
                     else
                     {
@@ -218,6 +238,8 @@ public sealed unsafe partial class PersistentHeap
                     _overheadBytes += totals.Overhead;
                     maxUid = Math.Max(maxUid, totals.MaxUid);
                     damaged.AddRange(totals.Damaged);
+                    torn.AddRange(totals.Torn);
+                    unsealed.AddRange(totals.Unsealed);
                     freeBlocks.AddRange(totals.FreeBlocks);
                     foreach (long segment in totals.FreeSegments)
                     {
@@ -229,6 +251,10 @@ public sealed unsafe partial class PersistentHeap
 
         damaged.Sort();
         RecoveryDamagedBlocks = damaged;
+        torn.Sort();
+        RecoveryTornBlocks = torn;
+        unsealed.Sort();
+        RecoveryUnsealedBlocks = unsealed;
         if (damaged.Count != 0 && !options.SalvageDamagedBlocks)
         {
             ThrowDamaged(damaged);
@@ -252,6 +278,15 @@ public sealed unsafe partial class PersistentHeap
     /// <see cref="PersistentHeapOptions.SalvageDamagedBlocks"/>; empty when it found none.
     /// </summary>
     public IReadOnlyList<long> RecoveryDamagedBlocks { get; private set; } = Array.Empty<long>();
+
+    /// <summary>
+    /// The file offsets (sorted) of the blocks the full scan found torn — an allocation a crash interrupted: its commit
+    /// word says allocated, and the check over its header words fails — which recovery freed. Empty after a fast reopen.
+    /// </summary>
+    internal IReadOnlyList<long> RecoveryTornBlocks { get; private set; } = Array.Empty<long>();
+
+    /// <summary>The file offsets (sorted) of the blocks the full scan kept that are allocated but not sealed (their payload unchecked). Empty after a fast reopen.</summary>
+    internal List<long> RecoveryUnsealedBlocks { get; private set; } = new();
 
     private void ThrowDamaged(List<long> damaged)
     {
@@ -414,5 +449,9 @@ public sealed unsafe partial class PersistentHeap
         internal List<long> FreeBlocks { get; } = new();
 
         internal List<long> Damaged { get; } = new();
+
+        internal List<long> Torn { get; } = new();
+
+        internal List<long> Unsealed { get; } = new();
     }
 }

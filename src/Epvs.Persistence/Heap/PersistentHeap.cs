@@ -425,6 +425,33 @@ public sealed unsafe partial class PersistentHeap : IDisposable
         }
     }
 
+    /// <summary>
+    /// Recovery of a buffered heap: seals each block of <paramref name="offsets"/> that is still allocated and unsealed,
+    /// with its own epoch tag, then writes back and fences the commit words. For blocks the durable frontier covers and
+    /// the scan checked: their bytes are the file's, so the seal covers what is durable. Sorts <paramref name="offsets"/>.
+    /// </summary>
+    /// <returns>How many blocks it sealed.</returns>
+    internal int SealRecovered(Span<long> offsets)
+    {
+        int sealedCount = 0;
+        foreach (long offset in offsets)
+        {
+            ulong* h = (ulong*)(_base + offset);
+            ulong sealedCommit = SealedCommitOf(offset, (long)h[1], out ulong commit);
+            if (sealedCommit != 0)
+            {
+                // Interlocked.CompareExchange: no other thread runs during recovery; the compare keeps Seal's invariant.
+                if (Interlocked.CompareExchange(ref h[3], sealedCommit, commit) == commit)
+                {
+                    sealedCount++;
+                }
+            }
+        }
+
+        WriteBackRuns.WriteBackHeadersAndFence(_file.Domain, offsets);
+        return sealedCount;
+    }
+
     /// <summary>The sealed commit word of the block at <paramref name="offset"/>, or 0 when it is not an allocated, unsealed block of <paramref name="version"/>.</summary>
     [MethodImpl(MethodImplOptions.AggressiveInlining)]
     private ulong SealedCommitOf(long offset, long version, out ulong commit)
