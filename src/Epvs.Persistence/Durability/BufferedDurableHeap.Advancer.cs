@@ -553,6 +553,13 @@ public sealed unsafe partial class BufferedDurableHeap
             SealVersion(completed, written);
         }
 
+        if (_mode != DurabilityMode.Transient)
+        {
+            // After the seals' fence: recovery takes a sealed frontier below the frontier for a crash in between (it
+            // cannot rely on finding an unsealed block of the version: the only one may be the damaged one).
+            _heap.File.SealedFrontier = completed;
+        }
+
         long sealedAt = Stopwatch.GetTimestamp();
         Reclaim(completed - 1, written);
         ForgetExitedThreads();

@@ -70,25 +70,29 @@ public sealed unsafe partial class BufferedDurableHeap
             },
         };
 
+        // Read before anything is written: below the cut, the crash came between a version's frontier and its seals (or
+        // the file predates the word: -1, taken as the same, so the report errs towards listing).
+        long sealedThrough = file.SealedFrontier;
         var heap = new PersistentHeap(file, heapOptions);
         try
         {
             report.FastReopen = heap.OpenedFromSavedState;
             report.DamagedBlocks = heap.RecoveryDamagedBlocks;
             report.FastReopenRejection = heap.SavedStateRejection;
-            if (heap.RecoveryUnsealedBlocks.Count != 0)
+            if (cut > 0 && sealedThrough < cut)
             {
-                // Kept blocks the frontier covers that were never sealed: the crash came between a version's frontier and
-                // its seals (or a cycle failed between the two). Every block of an older version is sealed before the
-                // next frontier, so a torn block found now may be an interrupted allocation of a later version — or a
-                // block of that version whose header was damaged: the scan cannot tell them apart (the epoch is in the
-                // header), so they are listed instead of freed without a word. Then that version is sealed, so the next
-                // recovery checks it whole and finds no such window open.
+                // The crash came between a version's frontier and its seals (or a cycle failed between the two). Every
+                // block of an older version was sealed before the next frontier, so a torn block found now may be an
+                // interrupted allocation of a later version — or a block of that version whose header was damaged: the
+                // scan cannot tell them apart (the version is in the header), so they are listed instead of freed without
+                // a word.
                 report.UnverifiedBlocks = heap.RecoveryTornBlocks;
-                if ((_faults & DurabilityFaults.LeaveRecoveredBlocksUnsealed) == 0)
-                {
-                    report.SealedAtRecovery = heap.SealRecovered(CollectionsMarshal.AsSpan(heap.RecoveryUnsealedBlocks));
-                }
+            }
+
+            if (heap.RecoveryUnsealedBlocks.Count != 0 && (_faults & DurabilityFaults.LeaveRecoveredBlocksUnsealed) == 0)
+            {
+                // Kept blocks that were never sealed (that version's): sealed now, so the next recovery checks them whole.
+                report.SealedAtRecovery = heap.SealRecovered(CollectionsMarshal.AsSpan(heap.RecoveryUnsealedBlocks));
             }
 
             // Interlocked.Read: the scanning threads have been joined; an atomic read of their shared counter.
@@ -114,6 +118,11 @@ public sealed unsafe partial class BufferedDurableHeap
             {
                 file.DurableFrontier = start - 1;
                 file.EpochClock = start;
+                if ((_faults & DurabilityFaults.LeaveRecoveredBlocksUnsealed) == 0)
+                {
+                    // Every kept block is sealed now (above), the rest freed durably: no window left for the next recovery.
+                    file.SealedFrontier = start - 1;
+                }
             }
         }
         catch

@@ -51,17 +51,17 @@ public sealed class DurableRecoveryReport
     public IReadOnlyList<long> DamagedBlocks { get; internal set; } = Array.Empty<long>();
 
     /// <summary>
-    /// File offsets (sorted) of blocks recovery freed as torn although it could not rule out damage: listed only after a
-    /// crash that came between the durable frontier's last move and the seals of that version (recovery found the
-    /// version's blocks allocated but unsealed, and sealed them: <see cref="SealedAtRecovery"/>). A torn block — its
-    /// commit word says allocated, the check over its header fails — is normally an allocation of a later version that
-    /// the crash interrupted; in that one window it may instead be a block of the last durable version whose header was
-    /// damaged, and the scan cannot tell which (the version is in the header). Empty otherwise: every other torn block is
-    /// an interrupted allocation.
+    /// File offsets (sorted) of blocks recovery freed as torn although it could not rule out damage: listed only when the
+    /// file's sealed frontier is below the recovered version — a crash between the durable frontier's last move and the
+    /// seals of that version, a cycle that failed between the two, or a file written before the word existed. A torn
+    /// block — its commit word says allocated, the check over its header fails — is normally an allocation of a later
+    /// version that the crash interrupted; in that window it may instead be a block of the last durable version whose
+    /// header was damaged, and the scan cannot tell which (the version is in the header). Empty otherwise: every other
+    /// torn block is an interrupted allocation. Only this recovery reports them (they are freed durably).
     /// </summary>
     public IReadOnlyList<long> UnverifiedBlocks { get; internal set; } = Array.Empty<long>();
 
-    /// <summary>Blocks of durable versions that a crash left unsealed (see <see cref="UnverifiedBlocks"/>), sealed by this recovery.</summary>
+    /// <summary>Kept blocks of durable versions that a crash left unsealed (see <see cref="UnverifiedBlocks"/>), sealed by this recovery (some may then be freed by it: superseded or cancelled copies).</summary>
     public long SealedAtRecovery { get; internal set; }
 
     /// <summary>Payloads handed to the structures.</summary>

@@ -136,6 +136,30 @@ public sealed unsafe class HeapFile : IDisposable
         internal set => StoreAndPersist(HeapLayout.DurableFrontierOffset, HeapLayout.Seal(value, HeapLayout.DurableFrontierOffset));
     }
 
+    /// <summary>
+    /// The version through which every block of a buffered heap is durably sealed, persisted by each cycle after its
+    /// seals are fenced: recovery compares it with <see cref="DurableFrontier"/> to tell whether a crash came between a
+    /// version's frontier and its seals. Advisory (not checked at open): -1 when the word fails its check, as in a file
+    /// written before it existed.
+    /// </summary>
+    internal long SealedFrontier
+    {
+        get
+        {
+            EnterOperation();
+            try
+            {
+                return HeapLayout.TryUnseal(VolatileWord(HeapLayout.SealedFrontierOffset), HeapLayout.SealedFrontierOffset, out long value) ? value : -1;
+            }
+            finally
+            {
+                ExitOperation();
+            }
+        }
+
+        set => StoreAndPersist(HeapLayout.SealedFrontierOffset, HeapLayout.Seal(value, HeapLayout.SealedFrontierOffset));
+    }
+
     internal long MaxSegments { get; }
 
     internal long DataStart { get; }
@@ -748,7 +772,7 @@ public sealed unsafe class HeapFile : IDisposable
 
         *(ulong*)(p + HeapLayout.FormatVersionOffset) = (ulong)HeapLayout.FormatVersion;
         *(ulong*)(p + HeapLayout.HeapSizeOffset) = HeapLayout.Seal(heapSize, HeapLayout.HeapSizeOffset);
-        foreach (int sealedZero in new[] { HeapLayout.CleanShutdownOffset, HeapLayout.EpochClockOffset, HeapLayout.DurableFrontierOffset, HeapLayout.HeapKindOffset })
+        foreach (int sealedZero in new[] { HeapLayout.CleanShutdownOffset, HeapLayout.EpochClockOffset, HeapLayout.DurableFrontierOffset, HeapLayout.HeapKindOffset, HeapLayout.SealedFrontierOffset })
         {
             *(ulong*)(p + sealedZero) = HeapLayout.Seal(0, sealedZero);
         }

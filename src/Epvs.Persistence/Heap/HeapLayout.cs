@@ -128,6 +128,9 @@ internal static class HeapLayout
     internal const int SavedStateWordsOffset = 88;
     internal const int SavedStateCheckOffset = 96;
     internal const int HeapKindOffset = 104;
+
+    /// <summary>The version through which every block is durably sealed (a sealed word; advisory: absent, 0, in files written before it existed).</summary>
+    internal const int SealedFrontierOffset = 112;
     internal const int RootsOffset = 128;
 
     /// <summary>Bits of a sealed word that carry the value; the 22 bits above carry its check.</summary>

@@ -428,7 +428,7 @@ public sealed unsafe partial class PersistentHeap : IDisposable
     /// <summary>
     /// Recovery of a buffered heap: seals each block of <paramref name="offsets"/> that is still allocated and unsealed,
     /// with its own epoch tag, then writes back and fences the commit words. For blocks the durable frontier covers and
-    /// the scan checked: their bytes are the file's, so the seal covers what is durable. Sorts <paramref name="offsets"/>.
+    /// the scan checked: their bytes are the file's, so the seal covers what is durable. May reorder <paramref name="offsets"/>.
     /// </summary>
     /// <returns>How many blocks it sealed.</returns>
     internal int SealRecovered(Span<long> offsets)

@@ -1,5 +1,6 @@
 using System;
 using System.Collections.Generic;
+using System.Linq;
 using System.Threading;
 using Xunit;
 
@@ -48,24 +49,87 @@ public sealed unsafe class SealingWindowTests
         (byte[] image, long frontier) = CaptureWindow();
 
         // Damage one block of the window version: a flipped bit of its epoch word (its header check then fails).
-        long victim = -1;
-        fixed (byte* p = image)
-        {
-            foreach (long offset in LiveBlocks(image))
-            {
-                ulong* h = (ulong*)(p + offset);
-                if ((long)h[1] == frontier && HeapLayout.CommitState(h[3]) == HeapLayout.StateAllocated)
-                {
-                    victim = offset;
-                    h[1] ^= 1UL << 17;
-                    break;
-                }
-            }
-        }
-
-        Assert.True(victim >= 0, "no unsealed block of the window version in the image");
+        long victim = DamageAnUnsealedBlockOf(image, frontier);
         (_, DurableRecoveryReport report) = Recover(image, DurabilityFaults.None);
         Assert.Contains(victim, report.UnverifiedBlocks);
+    }
+
+    /// <summary>
+    /// The version's only block is the damaged one (an application that syncs after every write): no unsealed block of
+    /// it survives to show the window, so recovery must learn of it from the sealed frontier, not from the blocks.
+    /// </summary>
+    [Fact]
+    public void ADamagedHeaderOfAVersionsOnlyBlock_IsListedAsUnverified()
+    {
+        using var domain = new SimulatedPersistenceDomain(4 << 20);
+        byte[]? image = null;
+        long version;
+        using (HeapFile file = HeapFile.Create(domain))
+        using (BufferedDurableHeap heap = BufferedDurableHeap.Open(file, Manual))
+        {
+            var map = new PersistentHashMap<long, long>(heap, TypeId);
+            for (long k = 0; k < Keys; k++)
+            {
+                map.Set(k, k);
+            }
+
+            heap.Sync();
+            version = heap.CurrentVersion;
+            map.Set(5, -5);
+            heap.BeforeSealForTesting = completed => image = completed == version ? domain.GetDurableImage() : image;
+            heap.Sync();
+            heap.BeforeSealForTesting = null;
+        }
+
+        Assert.NotNull(image);
+        long victim = DamageAnUnsealedBlockOf(image!, version);
+        (_, DurableRecoveryReport report) = Recover(image!, DurabilityFaults.None);
+        Assert.Contains(victim, report.UnverifiedBlocks);
+    }
+
+    /// <summary>
+    /// A queue element of the window version whose header was damaged: recovery frees it as torn and lists it; the queue
+    /// then takes the gap for the lost element (as after a salvage) instead of refusing the heap at this open and every
+    /// later one.
+    /// </summary>
+    [Fact]
+    public void AQueueElementLostInTheWindow_IsListed_AndTheQueueOpensWithoutIt()
+    {
+        const int QueueType = 4;
+        using var domain = new SimulatedPersistenceDomain(4 << 20);
+        byte[]? image = null;
+        long version;
+        using (HeapFile file = HeapFile.Create(domain))
+        using (BufferedDurableHeap heap = BufferedDurableHeap.Open(file, Manual))
+        {
+            var queue = new PersistentQueue<long>(heap, QueueType);
+            for (long i = 0; i < 4; i++)
+            {
+                queue.Enqueue(i);
+            }
+
+            heap.Sync();
+            version = heap.CurrentVersion;
+            for (long i = 4; i < 7; i++)
+            {
+                queue.Enqueue(i);
+            }
+
+            heap.BeforeSealForTesting = completed => image = completed == version ? domain.GetDurableImage() : image;
+            heap.Sync();
+            heap.BeforeSealForTesting = null;
+        }
+
+        Assert.NotNull(image);
+        long victim = DamageAnUnsealedBlockOf(image!, version);
+        using var recoveredDomain = SimulatedPersistenceDomain.FromImage(image!);
+        using HeapFile recoveredFile = HeapFile.Open(recoveredDomain);
+        using BufferedDurableHeap recovered = BufferedDurableHeap.Open(recoveredFile, Manual);
+        Assert.Contains(victim, recovered.Recovery.UnverifiedBlocks);
+        long[] elements = new PersistentQueue<long>(recovered, QueueType).ToArray();
+        Assert.Equal(6, elements.Length);
+        Assert.Equal(elements.Order().ToArray(), elements);
+        Assert.Equal(new long[] { 0, 1, 2, 3 }, elements[..4]);
     }
 
     [Fact]
@@ -144,6 +208,26 @@ public sealed unsafe class SealingWindowTests
         heap.BeforeSealForTesting = null;
         Assert.NotNull(image);
         return (image!, version);
+    }
+
+    /// <summary>Flips a bit of the epoch word of an allocated, unsealed block of <paramref name="version"/> in <paramref name="image"/> (its header check then fails); returns its offset.</summary>
+    private static long DamageAnUnsealedBlockOf(byte[] image, long version)
+    {
+        fixed (byte* p = image)
+        {
+            foreach (long offset in LiveBlocks(image))
+            {
+                ulong* h = (ulong*)(p + offset);
+                if ((long)h[1] == version && HeapLayout.CommitState(h[3]) == HeapLayout.StateAllocated)
+                {
+                    h[1] ^= 1UL << 17;
+                    return offset;
+                }
+            }
+        }
+
+        Assert.Fail($"no unsealed block of version {version} in the image");
+        return -1;
     }
 
     /// <summary>Opens <paramref name="image"/> (a copy), recovers the map, and returns the durable image after recovery with the report.</summary>
