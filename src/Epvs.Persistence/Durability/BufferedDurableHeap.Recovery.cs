@@ -95,6 +95,8 @@ public sealed unsafe partial class BufferedDurableHeap
                 report.SealedAtRecovery = heap.SealRecovered(CollectionsMarshal.AsSpan(heap.RecoveryUnsealedBlocks));
             }
 
+            heap.ReleaseRecoveryLists();
+
             // Interlocked.Read: the scanning threads have been joined; an atomic read of their shared counter.
             if (heap.OpenedFromSavedState && Interlocked.Read(ref dropped) == 0 && !HasAntiPayloads(candidates.Values))
             {

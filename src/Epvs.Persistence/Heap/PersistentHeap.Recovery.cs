@@ -288,6 +288,13 @@ public sealed unsafe partial class PersistentHeap
     /// <summary>The file offsets (sorted) of the blocks the full scan kept that are allocated but not sealed (their payload unchecked). Empty after a fast reopen.</summary>
     internal List<long> RecoveryUnsealedBlocks { get; private set; } = new();
 
+    /// <summary>Drops the scan's lists of torn and unsealed blocks once the owner has used them.</summary>
+    internal void ReleaseRecoveryLists()
+    {
+        RecoveryTornBlocks = Array.Empty<long>();
+        RecoveryUnsealedBlocks = new List<long>();
+    }
+
     private void ThrowDamaged(List<long> damaged)
     {
         const int Shown = 16;

@@ -133,6 +133,30 @@ public sealed unsafe class SealingWindowTests
     }
 
     [Fact]
+    public void ARawHeapsRecovery_ListsNoUnsealedBlocks()
+    {
+        // A raw heap never seals: listing its unsealed blocks would cost 8 bytes for every block of the heap.
+        using var domain = new SimulatedPersistenceDomain(4 << 20);
+        using (HeapFile file = HeapFile.Create(domain))
+        using (var heap = new PersistentHeap(file))
+        {
+            for (int i = 0; i < 100; i++)
+            {
+                heap.Persist(heap.Allocate(16, 1));
+            }
+        }
+
+        byte[] image = domain.GetDurableImage();
+        BitConverter.GetBytes(HeapLayout.Seal(0, HeapLayout.CleanShutdownOffset)).CopyTo(image, HeapLayout.CleanShutdownOffset);
+        using var again = SimulatedPersistenceDomain.FromImage(image);
+        using HeapFile reopened = HeapFile.Open(again);
+        using var recovered = new PersistentHeap(reopened);
+        Assert.False(recovered.OpenedFromSavedState);
+        Assert.Equal(100, recovered.GetStatistics().LiveBlocks);
+        Assert.Empty(recovered.RecoveryUnsealedBlocks);
+    }
+
+    [Fact]
     public void ATornAllocationOutsideTheWindow_IsNotListed()
     {
         // A clean capture after the seals: nothing of the durable versions is unsealed, so a torn block (an allocation
