@@ -61,29 +61,14 @@ public sealed unsafe class SealingWindowTests
     [Fact]
     public void ADamagedHeaderOfAVersionsOnlyBlock_IsListedAsUnverified()
     {
-        using var domain = new SimulatedPersistenceDomain(4 << 20);
-        byte[]? image = null;
-        long version;
-        using (HeapFile file = HeapFile.Create(domain))
-        using (BufferedDurableHeap heap = BufferedDurableHeap.Open(file, Manual))
+        (byte[] image, long version) = CaptureWindow(heap =>
         {
-            var map = new PersistentHashMap<long, long>(heap, TypeId);
-            for (long k = 0; k < Keys; k++)
-            {
-                map.Set(k, k);
-            }
+            PersistentHashMap<long, long> map = FilledMap(heap);
+            return () => map.Set(5, -5);
+        });
 
-            heap.Sync();
-            version = heap.CurrentVersion;
-            map.Set(5, -5);
-            heap.BeforeSealForTesting = completed => image = completed == version ? domain.GetDurableImage() : image;
-            heap.Sync();
-            heap.BeforeSealForTesting = null;
-        }
-
-        Assert.NotNull(image);
-        long victim = DamageAnUnsealedBlockOf(image!, version);
-        (_, DurableRecoveryReport report) = Recover(image!, DurabilityFaults.None);
+        long victim = DamageAnUnsealedBlockOf(image, version);
+        (_, DurableRecoveryReport report) = Recover(image, DurabilityFaults.None);
         Assert.Contains(victim, report.UnverifiedBlocks);
     }
 
@@ -96,11 +81,7 @@ public sealed unsafe class SealingWindowTests
     public void AQueueElementLostInTheWindow_IsListed_AndTheQueueOpensWithoutIt()
     {
         const int QueueType = 4;
-        using var domain = new SimulatedPersistenceDomain(4 << 20);
-        byte[]? image = null;
-        long version;
-        using (HeapFile file = HeapFile.Create(domain))
-        using (BufferedDurableHeap heap = BufferedDurableHeap.Open(file, Manual))
+        (byte[] image, long version) = CaptureWindow(heap =>
         {
             var queue = new PersistentQueue<long>(heap, QueueType);
             for (long i = 0; i < 4; i++)
@@ -108,21 +89,17 @@ public sealed unsafe class SealingWindowTests
                 queue.Enqueue(i);
             }
 
-            heap.Sync();
-            version = heap.CurrentVersion;
-            for (long i = 4; i < 7; i++)
+            return () =>
             {
-                queue.Enqueue(i);
-            }
+                for (long i = 4; i < 7; i++)
+                {
+                    queue.Enqueue(i);
+                }
+            };
+        });
 
-            heap.BeforeSealForTesting = completed => image = completed == version ? domain.GetDurableImage() : image;
-            heap.Sync();
-            heap.BeforeSealForTesting = null;
-        }
-
-        Assert.NotNull(image);
-        long victim = DamageAnUnsealedBlockOf(image!, version);
-        using var recoveredDomain = SimulatedPersistenceDomain.FromImage(image!);
+        long victim = DamageAnUnsealedBlockOf(image, version);
+        using var recoveredDomain = SimulatedPersistenceDomain.FromImage(image);
         using HeapFile recoveredFile = HeapFile.Open(recoveredDomain);
         using BufferedDurableHeap recovered = BufferedDurableHeap.Open(recoveredFile, Manual);
         Assert.Contains(victim, recovered.Recovery.UnverifiedBlocks);
@@ -146,8 +123,7 @@ public sealed unsafe class SealingWindowTests
             }
         }
 
-        byte[] image = domain.GetDurableImage();
-        BitConverter.GetBytes(HeapLayout.Seal(0, HeapLayout.CleanShutdownOffset)).CopyTo(image, HeapLayout.CleanShutdownOffset);
+        byte[] image = AsAfterACrash(domain.GetDurableImage());
         using var again = SimulatedPersistenceDomain.FromImage(image);
         using HeapFile reopened = HeapFile.Open(again);
         using var recovered = new PersistentHeap(reopened);
@@ -165,21 +141,13 @@ public sealed unsafe class SealingWindowTests
         using (HeapFile file = HeapFile.Create(domain))
         using (BufferedDurableHeap heap = BufferedDurableHeap.Open(file, Manual))
         {
-            var map = new PersistentHashMap<long, long>(heap, TypeId);
-            for (long k = 0; k < Keys; k++)
-            {
-                map.Set(k, k);
-            }
-
+            FilledMap(heap);
             heap.Sync();
             heap.Sync();
         }
 
-        byte[] image = domain.GetDurableImage();
+        byte[] image = AsAfterACrash(domain.GetDurableImage());
         domain.Dispose();
-
-        // As after a crash (the clean-shutdown word an open leaves): the full scan, which classifies every block.
-        BitConverter.GetBytes(HeapLayout.Seal(0, HeapLayout.CleanShutdownOffset)).CopyTo(image, HeapLayout.CleanShutdownOffset);
         long target;
         fixed (byte* p = image)
         {
@@ -202,23 +170,32 @@ public sealed unsafe class SealingWindowTests
     /// A map written over a few versions, then <see cref="Updated"/> keys updated in version F; the durable image is
     /// taken in F's cycle once the frontier covers F and before its blocks are sealed.
     /// </summary>
-    private static (byte[] Image, long Frontier) CaptureWindow()
+    private static (byte[] Image, long Frontier) CaptureWindow() => CaptureWindow(heap =>
+    {
+        PersistentHashMap<long, long> map = FilledMap(heap);
+        return () =>
+        {
+            for (long k = 0; k < Updated; k++)
+            {
+                map.Set(k, -k);
+            }
+        };
+    });
+
+    /// <summary>
+    /// Runs <paramref name="setUp"/> on a new heap (its writes made durable and sealed by a Sync), then the writes it
+    /// returns in the next version F, and takes the durable image in F's cycle once the frontier covers F and before
+    /// its blocks are sealed.
+    /// </summary>
+    private static (byte[] Image, long Frontier) CaptureWindow(Func<BufferedDurableHeap, Action> setUp)
     {
         using var domain = new SimulatedPersistenceDomain(4 << 20);
         using HeapFile file = HeapFile.Create(domain);
         using BufferedDurableHeap heap = BufferedDurableHeap.Open(file, Manual);
-        var map = new PersistentHashMap<long, long>(heap, TypeId);
-        for (long k = 0; k < Keys; k++)
-        {
-            map.Set(k, k);
-        }
-
+        Action inWindow = setUp(heap);
         heap.Sync();
         long version = heap.CurrentVersion;
-        for (long k = 0; k < Updated; k++)
-        {
-            map.Set(k, -k);
-        }
+        inWindow();
 
         byte[]? image = null;
         heap.BeforeSealForTesting = completed =>
@@ -232,6 +209,25 @@ public sealed unsafe class SealingWindowTests
         heap.BeforeSealForTesting = null;
         Assert.NotNull(image);
         return (image!, version);
+    }
+
+    /// <summary>A map of <see cref="Keys"/> keys, each set to itself.</summary>
+    private static PersistentHashMap<long, long> FilledMap(BufferedDurableHeap heap)
+    {
+        var map = new PersistentHashMap<long, long>(heap, TypeId);
+        for (long k = 0; k < Keys; k++)
+        {
+            map.Set(k, k);
+        }
+
+        return map;
+    }
+
+    /// <summary>The clean-shutdown word as an open leaves it: the next open runs the full scan, which classifies every block.</summary>
+    private static byte[] AsAfterACrash(byte[] image)
+    {
+        BitConverter.GetBytes(HeapLayout.Seal(0, HeapLayout.CleanShutdownOffset)).CopyTo(image, HeapLayout.CleanShutdownOffset);
+        return image;
     }
 
     /// <summary>Flips a bit of the epoch word of an allocated, unsealed block of <paramref name="version"/> in <paramref name="image"/> (its header check then fails); returns its offset.</summary>
