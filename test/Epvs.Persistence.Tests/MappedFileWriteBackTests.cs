@@ -129,6 +129,35 @@ public sealed class MappedFileWriteBackTests : IDisposable
     }
 
     [Fact]
+    public void PrivateMapping_OneWordPerBlockOverThreePages_IsOneWriteBack()
+    {
+        Assert.SkipUnless(OperatingSystem.IsLinux(), "private mappings are Linux only");
+        using HeapFile file = HeapFile.Create(_directory.File("words.heap"), Options(MappedFileWriteBack.PrivateMapping));
+        var domain = (MappedFilePersistenceDomain)file.Domain;
+        (long start, _) = Fill(domain);
+        long calls = domain.WriteBackCalls;
+
+        // As a version's seals: the commit word of each 64-byte block. A page's last word and the next page's first
+        // are 56 bytes apart across the page boundary, and the run takes them in: no page between them is clean.
+        const int Blocks = 3 * (int)Page / 64;
+        var runs = new WriteBackRuns(domain);
+        for (int k = 0; k < Blocks; k++)
+        {
+            runs.Add(start + (64 * k) + 24, sizeof(ulong));
+        }
+
+        // Two pages past the run's last page: a call of its own.
+        runs.Add(start + (5 * Page), 8);
+        runs.Flush();
+        domain.Fence();
+
+        Assert.Equal(calls + 2, domain.WriteBackCalls);
+        int length = (64 * (Blocks - 1)) + sizeof(ulong);
+        Assert.Equal(Pattern(start + 24, length), FileBytes(domain, start + 24, length));
+        Assert.Equal(new byte[100], FileBytes(domain, start + (3 * Page) + 100, 100));
+    }
+
+    [Fact]
     public void SharedMapping_RangesAFewPagesApartAreOneMsync()
     {
         using HeapFile file = HeapFile.Create(_directory.File("runs-shared.heap"), Options(MappedFileWriteBack.SharedMapping));

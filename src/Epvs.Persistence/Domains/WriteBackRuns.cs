@@ -4,7 +4,8 @@ namespace Epvs.Persistence;
 /// Writes back byte ranges of a <see cref="PersistenceDomain"/>: on persistent memory each range at once (cache-line
 /// write-back); through the page cache, ranges added in ascending order are merged into runs and each run is written
 /// back once (every write-back there is a system call). A run takes in the next range when it starts on the page the
-/// run ends on or within <see cref="PersistenceDomain.WriteBackMergeGap"/> of its end.
+/// run ends on, on the page after it (so no page is written that no range touches), or within
+/// <see cref="PersistenceDomain.WriteBackMergeGap"/> of its end.
 /// </summary>
 internal struct WriteBackRuns
 {
@@ -34,8 +35,12 @@ internal struct WriteBackRuns
             return;
         }
 
-        // Merged: within the gap the domain bridges, or on the page the run already ends on (already dirty).
-        if (_start >= 0 && offset >= _start && offset <= System.Math.Max(_end + _mergeGap, (_end + _pageMask) & ~_pageMask))
+        // Merged: within the gap the domain bridges, or on the page the run ends on or the page after it. Bridging to the
+        // next page copies no page that is not written anyway, and saves a call: a version's commit words, one per
+        // block, would otherwise take one call per page (a page's last word and the next page's first are further
+        // apart than the run's end and the page's end).
+        long nextPageEnd = ((_end - 1) & ~_pageMask) + (2 * (_pageMask + 1));
+        if (_start >= 0 && offset >= _start && offset <= System.Math.Max(_end + _mergeGap, nextPageEnd - 1))
         {
             _end = System.Math.Max(_end, offset + length);
             return;
