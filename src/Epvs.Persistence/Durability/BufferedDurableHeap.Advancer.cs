@@ -73,7 +73,7 @@ public sealed unsafe partial class BufferedDurableHeap
     /// <summary>Test hook: with <see cref="DurabilityFaults.PersistFrontierBeforeWriteBack"/>, runs once the broken order has persisted the frontier (the version) and before it writes the version back.</summary>
     internal Action<long>? AfterFrontierPersistedFirstForTesting { get; set; }
 
-    /// <summary>Test hook: runs in a cycle once the frontier covers the version (the argument) and before its blocks are sealed: the window in which a crash leaves a durable version unsealed.</summary>
+    /// <summary>Test hook: runs in a cycle once the version (the argument) is written back and fenced, before its blocks are sealed and its frontier persisted.</summary>
     internal Action<long>? BeforeSealForTesting { get; set; }
 
     /// <summary>Test hook: runs in a hash map update or remove once it holds the key's index slot, before it allocates the new payload (or the anti-payload).</summary>
@@ -511,7 +511,7 @@ public sealed unsafe partial class BufferedDurableHeap
         }
     }
 
-    /// <summary>Version <paramref name="completed"/> has no region left: write it back, persist it as the frontier, reclaim.</summary>
+    /// <summary>Version <paramref name="completed"/> has no region left: write it back, seal it, persist it as the frontier, reclaim.</summary>
     private void AfterTransition(long completed)
     {
         CheckNoOperationOutlivedItsCut(completed);
@@ -527,39 +527,38 @@ public sealed unsafe partial class BufferedDurableHeap
 
             written = WriteBackVersion(completed);
         }
+        else if (_mode == DurabilityMode.Strict)
+        {
+            // Each operation wrote its payloads back and fenced before it left its region, so before the cut; those
+            // whose write-back failed are written back here. All are durable before the seals and the frontier.
+            WriteBackCarriedStrictPayloads();
+            written = CollectVersion(completed);
+        }
 
+        long writtenBack = Stopwatch.GetTimestamp();
+        bool frontierFirst = (_faults & DurabilityFaults.PersistFrontierBeforeSeals) != 0;
         if (_mode != DurabilityMode.Transient)
         {
-            if (_mode == DurabilityMode.Strict)
+            if (frontierFirst)
             {
-                // Each operation wrote its payloads back and fenced before it left its region, so before the cut; those
-                // whose write-back failed are written back here. All are durable before the frontier and the seals.
-                WriteBackCarriedStrictPayloads();
-                written = CollectVersion(completed);
+                _heap.File.DurableFrontier = completed;
             }
 
-            // Store and persist: the write-back above was fenced first, so the frontier never covers a payload that
-            // is not durable.
+            // Sealed before the frontier covers the version, so that every block a frontier covers is checked whole at
+            // recovery: a header damaged in a durable version is damage, never taken for an interrupted allocation (an
+            // unsealed block is checked by its header only, and its header holds its version). The sealed-frontier word
+            // goes in the seals' fence, so it never says less than the frontier.
+            BeforeSealForTesting?.Invoke(completed);
+            SealVersion(completed, written);
+
+            // Store and persist: the payloads and their seals were fenced first, so the frontier never covers a payload
+            // that is not durable, or not sealed.
             _heap.File.DurableFrontier = completed;
         }
 
         // Volatile.Write: release; pairs with the acquire in DurableFrontier (Sync's loop, SyncAsync).
         Volatile.Write(ref _frontier, completed);
         CompleteWaiters(completed);
-        long writtenBack = Stopwatch.GetTimestamp();
-        if (written != 0 && (_faults & DurabilityFaults.SealBeforeWriteBack) == 0)
-        {
-            BeforeSealForTesting?.Invoke(completed);
-            SealVersion(completed, written);
-        }
-
-        if (_mode != DurabilityMode.Transient)
-        {
-            // After the seals' fence: recovery takes a sealed frontier below the frontier for a crash in between (it
-            // cannot rely on finding an unsealed block of the version: the only one may be the damaged one).
-            _heap.File.SealedFrontier = completed;
-        }
-
         long sealedAt = Stopwatch.GetTimestamp();
         Reclaim(completed - 1, written);
         ForgetExitedThreads();
@@ -644,25 +643,31 @@ public sealed unsafe partial class BufferedDurableHeap
     }
 
     /// <summary>
-    /// Seals the blocks of the version, which <see cref="WriteBackVersion"/> wrote back (or, in
+    /// Seals the blocks of the version, which <see cref="WriteBackVersion"/> wrote back and fenced (or, in
     /// <see cref="DurabilityMode.Strict"/>, their operations did) — each commit word becomes a check over header and
-    /// payload — and writes back and fences the commit words. They were durable already (fenced), so a seal never
-    /// reaches the file before what it covers: after any crash a sealed block whose check fails is damage, never an
-    /// interrupted write. Runs after the frontier moved (Sync does not wait for it); a crash in between leaves that
-    /// version's blocks unsealed, checked by their header only, as every block is until it is sealed — and recovery,
-    /// finding them, reports the torn blocks it cannot vouch for and seals them (see DurableRecoveryReport.UnverifiedBlocks).
+    /// payload — writes back the commit words and the sealed-frontier word, and fences. The payloads were durable
+    /// already, so a seal never reaches the file before what it covers: after any crash a sealed block whose check fails
+    /// is damage, never an interrupted write. Runs before the frontier moves: a crash first leaves the version beyond
+    /// the frontier, dropped whole, sealed or not.
     /// </summary>
     private void SealVersion(long version, int count)
     {
         long[] offsets = _sealScratch;
-        _heap.Seal(offsets.AsSpan(0, count), version);
         var ranges = new WriteBackRuns(_domain);
-        for (int i = 0; i < count; i++)
+        if (count != 0 && (_faults & DurabilityFaults.SealBeforeWriteBack) == 0)
         {
-            ranges.Add(offsets[i] + HeapLayout.CommitOffset, sizeof(ulong));
+            _heap.Seal(offsets.AsSpan(0, count), version);
+            for (int i = 0; i < count; i++)
+            {
+                ranges.Add(offsets[i] + HeapLayout.CommitOffset, sizeof(ulong));
+            }
         }
 
         ranges.Flush();
+
+        // Durable with the seals (one fence), before the frontier: recovery takes a sealed frontier below the frontier
+        // for a window between the two (a file written before this order, or a damaged word).
+        _heap.File.WriteBackSealedFrontier(version);
         _domain.Fence();
     }
 

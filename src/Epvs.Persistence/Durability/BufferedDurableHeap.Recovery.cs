@@ -49,8 +49,16 @@ public sealed unsafe partial class BufferedDurableHeap
 
         // Pass 1 (part 1's parallel scan): payloads beyond the cut, and blocks written without epochs, are freed
         // durably before the allocator's constructor returns; the rest are collected per scanning thread.
+        // Read before anything is written. Each cycle makes its seals and this word durable before its frontier, so the
+        // word is below the frontier only in a file written before that order, or when the word itself is damaged (-1;
+        // also a file older than the word). A durable version may then be unsealed, checked by its headers only, and a
+        // damaged header of it reads as an interrupted allocation (its version is in the header): recovery takes every
+        // torn block for damage — refused unless salvaged, as any damage — rather than free one without a word.
+        long sealedThrough = file.SealedFrontier;
+        bool windowOpen = cut > 0 && sealedThrough < cut && (_faults & DurabilityFaults.TrustTornBlocksBelowTheSealedFrontier) == 0;
         var heapOptions = new PersistentHeapOptions
         {
+            TornIsDamaged = windowOpen,
             RecoveryParallelism = options.RecoveryParallelism,
             // (The reuse-before-durable control breaks the heap's sweep of deferred frees the same way.)
             Faults = options.HeapFaults | ((_faults & DurabilityFaults.ReuseBeforeFreeIsDurable) != 0 ? HeapFaults.HandOutSweptFreesEarly : HeapFaults.None),
@@ -70,25 +78,12 @@ public sealed unsafe partial class BufferedDurableHeap
             },
         };
 
-        // Read before anything is written: below the cut, the crash came between a version's frontier and its seals (or
-        // the file predates the word: -1, taken as the same, so the report errs towards listing).
-        long sealedThrough = file.SealedFrontier;
         var heap = new PersistentHeap(file, heapOptions);
         try
         {
             report.FastReopen = heap.OpenedFromSavedState;
             report.DamagedBlocks = heap.RecoveryDamagedBlocks;
             report.FastReopenRejection = heap.SavedStateRejection;
-            if (cut > 0 && sealedThrough < cut)
-            {
-                // The crash came between a version's frontier and its seals (or a cycle failed between the two). Every
-                // block of an older version was sealed before the next frontier, so a torn block found now may be an
-                // interrupted allocation of a later version — or a block of that version whose header was damaged: the
-                // scan cannot tell them apart (the version is in the header), so they are listed instead of freed without
-                // a word.
-                report.UnverifiedBlocks = heap.RecoveryTornBlocks;
-            }
-
             if (heap.RecoveryUnsealedBlocks.Count != 0 && (_faults & DurabilityFaults.LeaveRecoveredBlocksUnsealed) == 0)
             {
                 // Kept blocks that were never sealed (that version's): sealed now, so the next recovery checks them whole.

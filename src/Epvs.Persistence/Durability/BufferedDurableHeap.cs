@@ -861,7 +861,13 @@ public sealed unsafe partial class BufferedDurableHeap : IDisposable
                     }
                 }
 
-                pending.Clear();
+                if (outermost)
+                {
+                    // Only at the outermost end: the enclosing operations may still store into these blocks (a carried copy
+                    // may be written back by the cycle of an earlier version, before those stores), so their own end
+                    // writes them back again.
+                    pending.Clear();
+                }
             }
 
             throw;

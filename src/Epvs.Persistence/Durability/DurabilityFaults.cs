@@ -88,4 +88,10 @@ internal enum DurabilityFaults
 
     /// <summary>Recovery leaves the blocks of a version whose seals a crash interrupted unsealed (the old behaviour: they stay checked by their header only, for good).</summary>
     LeaveRecoveredBlocksUnsealed = 33554432,
+
+    /// <summary>The advancer persists a version's frontier before sealing its blocks (the old order: a crash in between leaves a durable version checked by its headers only, and the sealed-frontier word below the frontier).</summary>
+    PersistFrontierBeforeSeals = 67108864,
+
+    /// <summary>Recovery frees the torn blocks it finds when the sealed-frontier word is below the frontier without reporting them (a damaged header of a durable version then reads as an interrupted allocation: freed without a word).</summary>
+    TrustTornBlocksBelowTheSealedFrontier = 134217728,
 }

@@ -47,21 +47,13 @@ public sealed class DurableRecoveryReport
     /// <summary>
     /// File offsets (sorted) of the damaged blocks dropped because the heap opened with
     /// <see cref="BufferedDurableHeapOptions.SalvageDamagedBlocks"/>; without it, damage makes opening throw instead.
+    /// When the file's sealed-frontier word is below its frontier (damaged, or a file written before each cycle sealed
+    /// its version ahead of its frontier), every torn block counts as damaged: a damaged header of an unsealed durable
+    /// version cannot be told from an interrupted allocation.
     /// </summary>
     public IReadOnlyList<long> DamagedBlocks { get; internal set; } = Array.Empty<long>();
 
-    /// <summary>
-    /// File offsets (sorted) of blocks recovery freed as torn although it could not rule out damage: listed only when the
-    /// file's sealed frontier is below the recovered version — a crash between the durable frontier's last move and the
-    /// seals of that version, a cycle that failed between the two, or a file written before the word existed. A torn
-    /// block — its commit word says allocated, the check over its header fails — is normally an allocation of a later
-    /// version that the crash interrupted; in that window it may instead be a block of the last durable version whose
-    /// header was damaged, and the scan cannot tell which (the version is in the header). Empty otherwise: every other
-    /// torn block is an interrupted allocation. Only this recovery reports them (they are freed durably).
-    /// </summary>
-    public IReadOnlyList<long> UnverifiedBlocks { get; internal set; } = Array.Empty<long>();
-
-    /// <summary>Kept blocks of durable versions that a crash left unsealed (see <see cref="UnverifiedBlocks"/>), sealed by this recovery (some may then be freed by it: superseded or cancelled copies).</summary>
+    /// <summary>Kept blocks of durable versions that were found unsealed (a file written before each cycle sealed its version ahead of its frontier), sealed by this recovery (some may then be freed by it: superseded or cancelled copies).</summary>
     public long SealedAtRecovery { get; internal set; }
 
     /// <summary>Payloads handed to the structures.</summary>
@@ -76,5 +68,5 @@ public sealed class DurableRecoveryReport
     /// <inheritdoc/>
     public override string ToString() =>
         $"clean={WasCleanShutdown} fast={FastReopen} clock={PersistedClock} frontier={PersistedFrontier} recovered≤{RecoveredVersion} scanned={ScannedPayloads} " +
-        $"dropped={DroppedBeyondFrontier} superseded={Superseded} cancelled={Cancelled} damaged={DamagedBlocks.Count} unverified={UnverifiedBlocks.Count} sealed-at-recovery={SealedAtRecovery} live={Live} threads={Parallelism} time={Duration.TotalMilliseconds:F1} ms";
+        $"dropped={DroppedBeyondFrontier} superseded={Superseded} cancelled={Cancelled} damaged={DamagedBlocks.Count} sealed-at-recovery={SealedAtRecovery} live={Live} threads={Parallelism} time={Duration.TotalMilliseconds:F1} ms";
 }

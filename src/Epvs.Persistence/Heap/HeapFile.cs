@@ -137,8 +137,8 @@ public sealed unsafe class HeapFile : IDisposable
     }
 
     /// <summary>
-    /// The version through which every block of a buffered heap is durably sealed, persisted by each cycle after its
-    /// seals are fenced: recovery compares it with <see cref="DurableFrontier"/> to tell whether a crash came between a
+    /// The version through which every block of a buffered heap is durably sealed, written back by each cycle after its
+    /// seals are fenced and durable with the next fence (see <see cref="WriteBackSealedFrontier"/>): recovery compares it with <see cref="DurableFrontier"/> to tell whether a crash came between a
     /// version's frontier and its seals. Advisory (not checked at open): -1 when the word fails its check, as in a file
     /// written before it existed.
     /// </summary>
@@ -158,6 +158,26 @@ public sealed unsafe class HeapFile : IDisposable
         }
 
         set => StoreAndPersist(HeapLayout.SealedFrontierOffset, HeapLayout.Seal(value, HeapLayout.SealedFrontierOffset));
+    }
+
+    /// <summary>
+    /// Stores <see cref="SealedFrontier"/> and writes it back without a fence of its own: it becomes durable with the
+    /// next fence of any write-back (the next advance cycle's at the latest). Until then a crash leaves the previous
+    /// value, which only makes recovery list more.
+    /// </summary>
+    internal void WriteBackSealedFrontier(long value)
+    {
+        EnterOperation();
+        try
+        {
+            // Volatile.Write: release, as in StoreAndPersistCore; one aligned 8-byte store, failure-atomic.
+            Volatile.Write(ref *(ulong*)(Pointer + HeapLayout.SealedFrontierOffset), HeapLayout.Seal(value, HeapLayout.SealedFrontierOffset));
+            Domain.WriteBack(HeapLayout.SealedFrontierOffset, sizeof(ulong));
+        }
+        finally
+        {
+            ExitOperation();
+        }
     }
 
     internal long MaxSegments { get; }

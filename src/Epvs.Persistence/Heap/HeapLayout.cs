@@ -361,6 +361,14 @@ internal static class HeapLayout
             // is a torn allocation (free), not damage.
             if ((uint)commit != (uint)HeaderHash(uid, epoch, shape, offset, generation, commit & ~0xFFFF_FFFFUL))
             {
+                // Unless its check is the seal's of the same words: a sealed block whose state bits were damaged to
+                // "allocated" (two bits apart), which no crash leaves (an allocation writes a header hash).
+                ulong sealedMeta = (commit & ~0xFFFF_FFFFUL & ~(0xFUL << 52)) | (StateSealed << 52);
+                if (shapeFits && (uint)commit == SealCheck(uid, epoch, shape, offset, generation, sealedMeta, new ReadOnlySpan<byte>(block + HeaderSize, ShapeSize(shape))))
+                {
+                    return BlockState.Damaged;
+                }
+
                 return BlockState.Torn;
             }
 

@@ -42,7 +42,6 @@ public sealed unsafe partial class PersistentHeap
         // Nothing below writes to the file until every block has been classified (the writes are collected): a
         // damaged block is reported before recovery has changed anything it would need to salvage by hand.
         var damaged = new List<long>();
-        var torn = new List<long>();
         var unsealed = new List<long>();
         // Only a buffered heap seals its blocks: a raw heap's are all unsealed, and listing them would cost 8 bytes a block.
         bool listUnsealed = _ownerKind == HeapLayout.KindBufferedDurable;
@@ -65,6 +64,7 @@ public sealed unsafe partial class PersistentHeap
             {
                 long offset = SegmentStart(s);
                 BlockState largeState = ClassifyBlock(offset, HeapLayout.DescriptorGeneration(descriptor), (payload * HeapLayout.SegmentSize) - HeapLayout.HeaderSize, out PayloadHeader header);
+                largeState = largeState == BlockState.Torn && options.TornIsDamaged ? BlockState.Damaged : largeState;
                 bool complete = largeState is BlockState.Allocated or BlockState.Sealed;
                 if (complete && HeapLayout.HeaderSize + (long)header.Size <= (payload - 1) * HeapLayout.SegmentSize)
                 {
@@ -91,10 +91,6 @@ public sealed unsafe partial class PersistentHeap
                 {
                     damaged.Add(offset);
                 }
-                else if (largeState == BlockState.Torn)
-                {
-                    torn.Add(offset);
-                }
 
                 // A torn, damaged or rejected large block: its whole span is freed durably (after the scan), so no
                 // stale descriptor inside it can resurface; its segments are free ones below.
@@ -118,6 +114,7 @@ public sealed unsafe partial class PersistentHeap
         bool acceptTorn = (_faults & HeapFaults.AcceptTornHeaders) != 0;
         bool loseInvalid = (_faults & HeapFaults.LoseInvalidBlocksAtRecovery) != 0;
         bool leaveTorn = (_faults & HeapFaults.LeaveTornHeaders) != 0;
+        bool tornIsDamaged = options.TornIsDamaged;
         Parallel.For(
             0,
             small.Count,
@@ -153,6 +150,7 @@ public sealed unsafe partial class PersistentHeap
                     else
                     {
                         BlockState blockState = ClassifyBlock(offset, generation, blockSize - HeapLayout.HeaderSize, out header);
+                        blockState = blockState == BlockState.Torn && tornIsDamaged ? BlockState.Damaged : blockState;
                         valid = blockState is BlockState.Allocated or BlockState.Sealed;
                         sealedBlock = blockState != BlockState.Allocated;
                         if (blockState == BlockState.Damaged)
@@ -168,7 +166,6 @@ public sealed unsafe partial class PersistentHeap
                             // missing words, and a crash then completes the old header — an old, durable-looking tag —
                             // over the new payload's bytes.
                             totals.FreeBlocks.Add(offset);
-                            totals.Torn.Add(offset);
                         }
                     }
 
@@ -238,7 +235,6 @@ public sealed unsafe partial class PersistentHeap
                     _overheadBytes += totals.Overhead;
                     maxUid = Math.Max(maxUid, totals.MaxUid);
                     damaged.AddRange(totals.Damaged);
-                    torn.AddRange(totals.Torn);
                     unsealed.AddRange(totals.Unsealed);
                     freeBlocks.AddRange(totals.FreeBlocks);
                     foreach (long segment in totals.FreeSegments)
@@ -251,8 +247,6 @@ public sealed unsafe partial class PersistentHeap
 
         damaged.Sort();
         RecoveryDamagedBlocks = damaged;
-        torn.Sort();
-        RecoveryTornBlocks = torn;
         unsealed.Sort();
         RecoveryUnsealedBlocks = unsealed;
         if (damaged.Count != 0 && !options.SalvageDamagedBlocks)
@@ -279,19 +273,12 @@ public sealed unsafe partial class PersistentHeap
     /// </summary>
     public IReadOnlyList<long> RecoveryDamagedBlocks { get; private set; } = Array.Empty<long>();
 
-    /// <summary>
-    /// The file offsets (sorted) of the blocks the full scan found torn — an allocation a crash interrupted: its commit
-    /// word says allocated, and the check over its header words fails — which recovery freed. Empty after a fast reopen.
-    /// </summary>
-    internal IReadOnlyList<long> RecoveryTornBlocks { get; private set; } = Array.Empty<long>();
-
     /// <summary>The file offsets (sorted) of the blocks the full scan kept that are allocated but not sealed (their payload unchecked). Empty after a fast reopen.</summary>
     internal List<long> RecoveryUnsealedBlocks { get; private set; } = new();
 
-    /// <summary>Drops the scan's lists of torn and unsealed blocks once the owner has used them.</summary>
+    /// <summary>Drops the scan's list of unsealed blocks once the owner has used it.</summary>
     internal void ReleaseRecoveryLists()
     {
-        RecoveryTornBlocks = Array.Empty<long>();
         RecoveryUnsealedBlocks = new List<long>();
     }
 
@@ -456,8 +443,6 @@ public sealed unsafe partial class PersistentHeap
         internal List<long> FreeBlocks { get; } = new();
 
         internal List<long> Damaged { get; } = new();
-
-        internal List<long> Torn { get; } = new();
 
         internal List<long> Unsealed { get; } = new();
     }

@@ -30,4 +30,11 @@ public sealed class PersistentHeapOptions
 
     /// <summary>Which heap kind opens the file (a buffered durable heap sets its own).</summary>
     internal long OwnerKind { get; set; } = HeapLayout.KindRaw;
+
+    /// <summary>
+    /// Whether a torn block (a header whose check fails, as an interrupted allocation leaves it) is damage: set by a
+    /// buffered heap whose sealed-frontier word is below its frontier, where a durable version may be unsealed and one
+    /// of its headers damaged cannot be told from an interrupted allocation.
+    /// </summary>
+    internal bool TornIsDamaged { get; set; }
 }

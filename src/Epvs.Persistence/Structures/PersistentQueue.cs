@@ -191,10 +191,9 @@ public sealed unsafe class PersistentQueue<T>
                 continue;
             }
 
-            // A gap is a dropped element only when recovery dropped damaged blocks (SalvageDamagedBlocks) or freed blocks
-            // it could not vouch for (UnverifiedBlocks); otherwise, or for two elements of one sequence number, the heap
-            // is not a consistent prefix.
-            if ((_heap.Recovery.DamagedBlocks.Count == 0 && _heap.Recovery.UnverifiedBlocks.Count == 0) || ordered[i].Sequence == ordered[i - 1].Sequence)
+            // A gap is a dropped element only when recovery dropped damaged blocks (SalvageDamagedBlocks); otherwise, or
+            // for two elements of one sequence number, the heap is not a consistent prefix.
+            if (_heap.Recovery.DamagedBlocks.Count == 0 || ordered[i].Sequence == ordered[i - 1].Sequence)
             {
                 throw new InvalidDataException($"The recovered elements of the queue with type id {_typeId & (StructureKind.TypeIdLimit - 1)} are not contiguous (sequence {ordered[i - 1].Sequence} is followed by {ordered[i].Sequence}): the heap is not a consistent prefix.");
             }

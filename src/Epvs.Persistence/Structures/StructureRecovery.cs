@@ -22,8 +22,7 @@ internal static class StructureRecovery
     }
 
     /// <summary>
-    /// After a salvage (recovery dropped damaged blocks) or a recovery that freed blocks it could not vouch for
-    /// (<see cref="DurableRecoveryReport.UnverifiedBlocks"/>), keeps one payload per key — the one of the newest version —
+    /// After a salvage (recovery dropped damaged blocks), keeps one payload per key — the one of the newest version —
     /// and returns the others in <paramref name="losers"/>. A dropped anti-payload leaves the payload it cancelled
     /// live: for a key removed and inserted again (a new uid), two payloads of one key, which the map would refuse as
     /// an inconsistent heap at this open and at every later one. The newer version is the key's last durable state.
@@ -35,7 +34,7 @@ internal static class StructureRecovery
         where TKey : notnull
     {
         losers = new List<RecoveredPayload>();
-        if (heap.Recovery.DamagedBlocks.Count == 0 && heap.Recovery.UnverifiedBlocks.Count == 0)
+        if (heap.Recovery.DamagedBlocks.Count == 0)
         {
             return payloads;
         }

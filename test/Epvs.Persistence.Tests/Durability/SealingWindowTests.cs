@@ -7,11 +7,14 @@ using Xunit;
 namespace Epvs.Persistence.Tests;
 
 /// <summary>
-/// Issue 10, the sealing window: a cycle persists the frontier of version F and then seals F's blocks. A crash in
-/// between leaves F durable but unsealed — checked by their headers only — and a header of F damaged then reads as an
-/// interrupted allocation (torn), which recovery freed without a word. Recovery now recognizes the window (kept blocks
-/// of durable versions that are not sealed), lists the torn blocks it had to free as unverified, and seals F, so the
-/// next recovery checks F whole. The control leaves F unsealed after recovery and must be caught.
+/// Issue 10, the sealing window. A cycle used to persist version F's frontier and then seal F's blocks: a crash in
+/// between left F durable but checked by its headers only, and a header of F damaged then read as an interrupted
+/// allocation (torn) — freed, with at most a list nobody had to read, and the key's previous value back. Each cycle now
+/// seals F, and makes the sealed-frontier word durable with the seals, before the frontier covers F: a crash before the
+/// frontier drops F whole (a consistent prefix), and every block a frontier covers is checked whole. Recovery still
+/// meets an open window in a file whose sealed-frontier word is below its frontier (written in the old order — the
+/// control <see cref="DurabilityFaults.PersistFrontierBeforeSeals"/> writes one — or with the word damaged): it takes
+/// every torn block for damage, refused unless salvaged, and seals the version's unsealed blocks.
 /// </summary>
 public sealed unsafe class SealingWindowTests
 {
@@ -21,67 +24,110 @@ public sealed unsafe class SealingWindowTests
     private static readonly BufferedDurableHeapOptions Manual = new() { AdvancePeriod = Timeout.InfiniteTimeSpan };
 
     [Fact]
-    public void ACrashBetweenTheFrontierAndTheSeals_IsSealedByRecovery_AndTheNextRecoveryFindsNoWindow()
+    public void WhenAVersionIsSealed_ItsFrontierIsNotYetDurable_SoACrashThereDropsTheVersionWhole()
     {
-        (byte[] image, long frontier) = CaptureWindow();
-        (byte[] after, DurableRecoveryReport first) = Recover(image, DurabilityFaults.None);
-        Assert.Equal(frontier, first.RecoveredVersion);
+        (byte[] image, long version) = CaptureAtTheSeals(DurabilityFaults.None);
+        Assert.True(DurableFrontierOf(image) < version, $"the frontier ({DurableFrontierOf(image)}) covered version {version} before its seals");
+
+        // A header of F damaged there: F is beyond the frontier, dropped whole with it; every key reads its value of the
+        // version before (a consistent prefix), and nothing the frontier covers is damaged.
+        long victim = DamageAnUnsealedBlockOf(image, version);
+        (_, DurableRecoveryReport report, Dictionary<long, long> values) = Recover(image, DurabilityFaults.None);
+        Assert.Equal(version - 1, report.RecoveredVersion);
+        Assert.Empty(report.DamagedBlocks);
+        Assert.Equal(Enumerable.Range(0, Keys).ToDictionary(k => (long)k, k => (long)k), values);
+    }
+
+    [Fact]
+    public void Control_FrontierPersistedBeforeTheSeals_IsCaught()
+    {
+        (byte[] image, long version) = CaptureAtTheSeals(DurabilityFaults.PersistFrontierBeforeSeals);
+        Assert.Equal(version, DurableFrontierOf(image));
+    }
+
+    [Fact]
+    public void AnOpenWindow_ADamagedHeaderIsRefusedAsDamage_AndRecoveryChangesNothing()
+    {
+        (byte[] image, long version) = CaptureAtTheSeals(DurabilityFaults.PersistFrontierBeforeSeals);
+        long victim = DamageAnUnsealedBlockOf(image, version);
+        byte[] before = (byte[])image.Clone();
+        using var domain = SimulatedPersistenceDomain.FromImage(image);
+        using (HeapFile file = HeapFile.Open(domain))
+        {
+            HeapFileException refused = Assert.Throws<HeapFileException>(() => BufferedDurableHeap.Open(file, Manual).Dispose());
+            Assert.Equal(HeapFileError.Corrupt, refused.Error);
+            Assert.Equal(new[] { victim }, refused.DamagedBlocks);
+        }
+
+        // Nothing but the open's own clean-shutdown word changed.
+        byte[] after = domain.GetDurableImage();
+        Assert.True(after.AsSpan(HeapLayout.SuperblockSize).SequenceEqual(before.AsSpan(HeapLayout.SuperblockSize)), "the refused recovery changed blocks");
+    }
+
+    [Fact]
+    public void Control_TornBlocksTrustedInAnOpenWindow_OpenSilentlyWithTheOldValue()
+    {
+        (byte[] image, long version) = CaptureAtTheSeals(DurabilityFaults.PersistFrontierBeforeSeals, OneUpdate);
+        DamageAnUnsealedBlockOf(image, version);
+        (_, DurableRecoveryReport report, Dictionary<long, long> values) = Recover(image, DurabilityFaults.TrustTornBlocksBelowTheSealedFrontier);
+        Assert.Equal(version, report.RecoveredVersion);
+        Assert.Empty(report.DamagedBlocks);
+        Assert.Equal(5, values[5]);
+    }
+
+    /// <summary>
+    /// The version's only block is the damaged one (an application that syncs after every write): no unsealed block of
+    /// it survives to show the window, so recovery must learn of it from the sealed-frontier word, not from the blocks.
+    /// </summary>
+    [Fact]
+    public void AnOpenWindow_ADamagedHeaderOfAVersionsOnlyBlock_IsDamage_AndSalvageListsIt()
+    {
+        (byte[] image, long version) = CaptureAtTheSeals(DurabilityFaults.PersistFrontierBeforeSeals, OneUpdate);
+        long victim = DamageAnUnsealedBlockOf(image, version);
+        using (var domain = SimulatedPersistenceDomain.FromImage(image))
+        using (HeapFile file = HeapFile.Open(domain))
+        {
+            HeapFileException refused = Assert.Throws<HeapFileException>(() => BufferedDurableHeap.Open(file, Manual).Dispose());
+            Assert.Equal(new[] { victim }, refused.DamagedBlocks);
+        }
+
+        (_, DurableRecoveryReport report, Dictionary<long, long> values) = Recover(image, DurabilityFaults.None, salvage: true);
+        Assert.Equal(new[] { victim }, report.DamagedBlocks);
+        Assert.Equal(5, values[5]);
+    }
+
+    [Fact]
+    public void AnOpenWindow_WithoutDamage_OpensAndIsSealedByRecovery_AndTheNextRecoveryFindsNoWindow()
+    {
+        (byte[] image, long version) = CaptureAtTheSeals(DurabilityFaults.PersistFrontierBeforeSeals);
+        (byte[] after, DurableRecoveryReport first, Dictionary<long, long> values) = Recover(image, DurabilityFaults.None);
+        Assert.Equal(version, first.RecoveredVersion);
+        Assert.Equal(-Updated + 1, values[Updated - 1]);
         Assert.True(first.SealedAtRecovery >= Updated, $"recovery sealed {first.SealedAtRecovery} blocks; the window version has at least {Updated}");
         Assert.Equal(0, UnsealedLiveBlocks(after));
 
-        (_, DurableRecoveryReport second) = Recover(after, DurabilityFaults.None);
+        (_, DurableRecoveryReport second, _) = Recover(after, DurabilityFaults.None);
         Assert.Equal(0, second.SealedAtRecovery);
-        Assert.Empty(second.UnverifiedBlocks);
     }
 
     [Fact]
     public void Control_RecoveryLeavingTheWindowUnsealed_IsCaught()
     {
-        (byte[] image, _) = CaptureWindow();
-        (byte[] after, DurableRecoveryReport first) = Recover(image, DurabilityFaults.LeaveRecoveredBlocksUnsealed);
+        (byte[] image, _) = CaptureAtTheSeals(DurabilityFaults.PersistFrontierBeforeSeals);
+        (byte[] after, DurableRecoveryReport first, _) = Recover(image, DurabilityFaults.LeaveRecoveredBlocksUnsealed);
         Assert.Equal(0, first.SealedAtRecovery);
         Assert.True(UnsealedLiveBlocks(after) >= Updated, "INCONCLUSIVE: the control's recovery left no block unsealed");
     }
 
-    [Fact]
-    public void ADamagedHeaderInTheWindow_IsListedAsUnverified_NotFreedWithoutAWord()
-    {
-        (byte[] image, long frontier) = CaptureWindow();
-
-        // Damage one block of the window version: a flipped bit of its epoch word (its header check then fails).
-        long victim = DamageAnUnsealedBlockOf(image, frontier);
-        (_, DurableRecoveryReport report) = Recover(image, DurabilityFaults.None);
-        Assert.Contains(victim, report.UnverifiedBlocks);
-    }
-
     /// <summary>
-    /// The version's only block is the damaged one (an application that syncs after every write): no unsealed block of
-    /// it survives to show the window, so recovery must learn of it from the sealed frontier, not from the blocks.
+    /// A queue element of an open window's version whose header was damaged: refused by default; salvaged, it is listed
+    /// and the queue opens with the gap (as after any salvage).
     /// </summary>
     [Fact]
-    public void ADamagedHeaderOfAVersionsOnlyBlock_IsListedAsUnverified()
-    {
-        (byte[] image, long version) = CaptureWindow(heap =>
-        {
-            PersistentHashMap<long, long> map = FilledMap(heap);
-            return () => map.Set(5, -5);
-        });
-
-        long victim = DamageAnUnsealedBlockOf(image, version);
-        (_, DurableRecoveryReport report) = Recover(image, DurabilityFaults.None);
-        Assert.Contains(victim, report.UnverifiedBlocks);
-    }
-
-    /// <summary>
-    /// A queue element of the window version whose header was damaged: recovery frees it as torn and lists it; the queue
-    /// then takes the gap for the lost element (as after a salvage) instead of refusing the heap at this open and every
-    /// later one.
-    /// </summary>
-    [Fact]
-    public void AQueueElementLostInTheWindow_IsListed_AndTheQueueOpensWithoutIt()
+    public void AnOpenWindow_AQueueElementSalvaged_IsListed_AndTheQueueOpensWithoutIt()
     {
         const int QueueType = 4;
-        (byte[] image, long version) = CaptureWindow(heap =>
+        (byte[] image, long version) = CaptureAtTheSeals(DurabilityFaults.PersistFrontierBeforeSeals, heap =>
         {
             var queue = new PersistentQueue<long>(heap, QueueType);
             for (long i = 0; i < 4; i++)
@@ -101,12 +147,29 @@ public sealed unsafe class SealingWindowTests
         long victim = DamageAnUnsealedBlockOf(image, version);
         using var recoveredDomain = SimulatedPersistenceDomain.FromImage(image);
         using HeapFile recoveredFile = HeapFile.Open(recoveredDomain);
-        using BufferedDurableHeap recovered = BufferedDurableHeap.Open(recoveredFile, Manual);
-        Assert.Contains(victim, recovered.Recovery.UnverifiedBlocks);
+        using BufferedDurableHeap recovered = BufferedDurableHeap.Open(recoveredFile, new BufferedDurableHeapOptions { AdvancePeriod = Timeout.InfiniteTimeSpan, SalvageDamagedBlocks = true });
+        Assert.Equal(new[] { victim }, recovered.Recovery.DamagedBlocks);
         long[] elements = new PersistentQueue<long>(recovered, QueueType).ToArray();
         Assert.Equal(6, elements.Length);
         Assert.Equal(elements.Order().ToArray(), elements);
         Assert.Equal(new long[] { 0, 1, 2, 3 }, elements[..4]);
+    }
+
+    [Fact]
+    public void ADamagedSealedFrontierWord_OpensAWindow_ATornBlockIsThenDamage()
+    {
+        byte[] image = SyncedImageWithATornBlock(out long torn);
+
+        // The word itself damaged: it fails its check (-1), below any frontier.
+        image[HeapLayout.SealedFrontierOffset + 2] ^= 0x10;
+        HeapFileException refused;
+        using (var domain = SimulatedPersistenceDomain.FromImage(image))
+        using (HeapFile file = HeapFile.Open(domain))
+        {
+            refused = Assert.Throws<HeapFileException>(() => BufferedDurableHeap.Open(file, Manual).Dispose());
+        }
+
+        Assert.Equal(new[] { torn }, refused.DamagedBlocks);
     }
 
     [Fact]
@@ -133,10 +196,20 @@ public sealed unsafe class SealingWindowTests
     }
 
     [Fact]
-    public void ATornAllocationOutsideTheWindow_IsNotListed()
+    public void ATornAllocationOutsideAWindow_IsFreedWithoutAReport()
     {
-        // A clean capture after the seals: nothing of the durable versions is unsealed, so a torn block (an allocation
-        // of a later version that never reached the file whole) is freed as before, with nothing to report.
+        // Every durable version sealed: a torn block (an allocation of a later version that never reached the file whole)
+        // is freed, with nothing to report.
+        byte[] image = SyncedImageWithATornBlock(out long target);
+        (byte[] after, DurableRecoveryReport report, _) = Recover(image, DurabilityFaults.None);
+        Assert.Equal(HeapLayout.StateFree, HeapLayout.CommitState(BitConverter.ToUInt64(after, (int)target + HeapLayout.CommitOffset)));
+        Assert.Equal(0, report.SealedAtRecovery);
+        Assert.Empty(report.DamagedBlocks);
+    }
+
+    /// <summary>A filled map, synced twice, as after a crash, with one free or unused block made to look like an interrupted allocation.</summary>
+    private static byte[] SyncedImageWithATornBlock(out long target)
+    {
         var domain = new SimulatedPersistenceDomain(4 << 20);
         using (HeapFile file = HeapFile.Create(domain))
         using (BufferedDurableHeap heap = BufferedDurableHeap.Open(file, Manual))
@@ -148,11 +221,9 @@ public sealed unsafe class SealingWindowTests
 
         byte[] image = AsAfterACrash(domain.GetDurableImage());
         domain.Dispose();
-        long target;
         fixed (byte* p = image)
         {
-            // Make one free or unused block look like an interrupted allocation: a commit word that says allocated, over
-            // header words its check does not match.
+            // A commit word that says allocated, over header words its check does not match.
             target = FirstEmptyBlockOfALiveSegment(image);
             ulong* h = (ulong*)(p + target);
             uint generation = HeapLayout.DescriptorGeneration(BitConverter.ToUInt64(image, HeapLayout.SuperblockSize + (int)((target - BitConverter.ToInt64(image, HeapLayout.DataStartOffset)) / HeapLayout.SegmentSize * sizeof(ulong))));
@@ -160,17 +231,27 @@ public sealed unsafe class SealingWindowTests
             h[0] = 54321;
         }
 
-        (byte[] after, DurableRecoveryReport report) = Recover(image, DurabilityFaults.None);
-        Assert.Equal(HeapLayout.StateFree, HeapLayout.CommitState(BitConverter.ToUInt64(after, (int)target + HeapLayout.CommitOffset)));
-        Assert.Equal(0, report.SealedAtRecovery);
-        Assert.Empty(report.UnverifiedBlocks);
+        return image;
+    }
+
+    /// <summary>The set-up of the single-block tests: one key updated in version F.</summary>
+    private static Action OneUpdate(BufferedDurableHeap heap)
+    {
+        PersistentHashMap<long, long> map = FilledMap(heap);
+        return () => map.Set(5, -5);
+    }
+
+    private static long DurableFrontierOf(byte[] image)
+    {
+        Assert.True(HeapLayout.TryUnseal(BitConverter.ToUInt64(image, HeapLayout.DurableFrontierOffset), HeapLayout.DurableFrontierOffset, out long frontier));
+        return frontier;
     }
 
     /// <summary>
-    /// A map written over a few versions, then <see cref="Updated"/> keys updated in version F; the durable image is
-    /// taken in F's cycle once the frontier covers F and before its blocks are sealed.
+    /// A map written over a few versions, then <see cref="Updated"/> keys updated in version F (key k to -k); the durable
+    /// image is taken in F's cycle just before its blocks are sealed.
     /// </summary>
-    private static (byte[] Image, long Frontier) CaptureWindow() => CaptureWindow(heap =>
+    private static (byte[] Image, long Version) CaptureAtTheSeals(DurabilityFaults faults) => CaptureAtTheSeals(faults, heap =>
     {
         PersistentHashMap<long, long> map = FilledMap(heap);
         return () =>
@@ -183,19 +264,19 @@ public sealed unsafe class SealingWindowTests
     });
 
     /// <summary>
-    /// Runs <paramref name="setUp"/> on a new heap (its writes made durable and sealed by a Sync), then the writes it
-    /// returns in the next version F, and takes the durable image in F's cycle once the frontier covers F and before
-    /// its blocks are sealed.
+    /// Runs <paramref name="setUp"/> on a new heap with <paramref name="faults"/> (its writes made durable and sealed by
+    /// a Sync), then the writes it returns in the next version F, and takes the durable image in F's cycle just before its
+    /// blocks are sealed.
     /// </summary>
-    private static (byte[] Image, long Frontier) CaptureWindow(Func<BufferedDurableHeap, Action> setUp)
+    private static (byte[] Image, long Version) CaptureAtTheSeals(DurabilityFaults faults, Func<BufferedDurableHeap, Action> setUp)
     {
         using var domain = new SimulatedPersistenceDomain(4 << 20);
         using HeapFile file = HeapFile.Create(domain);
-        using BufferedDurableHeap heap = BufferedDurableHeap.Open(file, Manual);
-        Action inWindow = setUp(heap);
+        using BufferedDurableHeap heap = BufferedDurableHeap.Open(file, new BufferedDurableHeapOptions { AdvancePeriod = Timeout.InfiniteTimeSpan, Faults = faults });
+        Action inVersion = setUp(heap);
         heap.Sync();
         long version = heap.CurrentVersion;
-        inWindow();
+        inVersion();
 
         byte[]? image = null;
         heap.BeforeSealForTesting = completed =>
@@ -250,21 +331,17 @@ public sealed unsafe class SealingWindowTests
         return -1;
     }
 
-    /// <summary>Opens <paramref name="image"/> (a copy), recovers the map, and returns the durable image after recovery with the report.</summary>
-    private static (byte[] After, DurableRecoveryReport Report) Recover(byte[] image, DurabilityFaults faults)
+    /// <summary>Opens <paramref name="image"/> (a copy), recovers the map, and returns the durable image after recovery with the report and the map's contents.</summary>
+    private static (byte[] After, DurableRecoveryReport Report, Dictionary<long, long> Values) Recover(byte[] image, DurabilityFaults faults, bool salvage = false)
     {
         using var domain = SimulatedPersistenceDomain.FromImage(image);
-        DurableRecoveryReport report;
-        using (HeapFile file = HeapFile.Open(domain))
-        using (BufferedDurableHeap heap = BufferedDurableHeap.Open(file, new BufferedDurableHeapOptions { AdvancePeriod = Timeout.InfiniteTimeSpan, Faults = faults }))
-        {
-            report = heap.Recovery;
+        using HeapFile file = HeapFile.Open(domain);
+        using BufferedDurableHeap heap = BufferedDurableHeap.Open(file, new BufferedDurableHeapOptions { AdvancePeriod = Timeout.InfiniteTimeSpan, Faults = faults, SalvageDamagedBlocks = salvage });
 
-            // The image as recovery left it (before this heap's own cycles or its clean close could seal anything).
-            byte[] after = domain.GetDurableImage();
-            _ = new PersistentHashMap<long, long>(heap, TypeId);
-            return (after, report);
-        }
+        // The image as recovery left it (before this heap's own cycles or its clean close could seal anything).
+        byte[] after = domain.GetDurableImage();
+        Dictionary<long, long> values = new PersistentHashMap<long, long>(heap, TypeId).ToDictionary();
+        return (after, heap.Recovery, values);
     }
 
     private static int UnsealedLiveBlocks(byte[] image)

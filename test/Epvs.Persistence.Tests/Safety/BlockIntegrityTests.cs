@@ -115,6 +115,60 @@ public sealed unsafe class BlockIntegrityTests
     }
 
     [Fact]
+    public void SealedCommit_WithItsStateSetToAllocated_IsDamageNotATornAllocation()
+    {
+        byte[] block = new byte[HeapLayout.HeaderSize + 16];
+        const long Offset = 4096 * 5;
+        const uint Generation = 77;
+        ulong uid = 9, epoch = 3, shape = HeapLayout.Shape(16, 5);
+        fixed (byte* p = block)
+        {
+            ulong* h = (ulong*)p;
+            h[0] = uid;
+            h[1] = epoch;
+            h[2] = shape;
+            block.AsSpan(HeapLayout.HeaderSize).Fill(0x5A);
+            ulong sealedCommit = HeapLayout.SealedCommit(uid, epoch, shape, Offset, Generation, PayloadKind.Update, block.AsSpan(HeapLayout.HeaderSize));
+
+            // Sealed (4) and allocated (1) are two bits apart: one damaged byte. An allocated word's check is a header
+            // hash, which fails here, but it is the seal's check of the same words: damage, which no crash leaves.
+            h[3] = (sealedCommit & ~(0xFUL << 52)) | (HeapLayout.StateAllocated << 52);
+            Assert.Equal(BlockState.Damaged, HeapLayout.Classify(p, Offset, Generation, 1024, out _));
+        }
+    }
+
+    /// <summary>The same damage on a file: recovery refuses it (clean close and crash alike) instead of freeing a live entry as torn.</summary>
+    [Theory]
+    [InlineData(false)]
+    [InlineData(true)]
+    public void Recovery_ASealedBlockWhoseStateReadsAllocated_IsRefusedAsDamage(bool crashed)
+    {
+        using var dir = new TempDirectory();
+        string path = dir.File("state.heap");
+        var fileOptions = new HeapFileOptions { Size = 4L << 20, Domain = PersistenceDomainKind.MappedFile };
+        var options = new BufferedDurableHeapOptions { AdvancePeriod = Timeout.InfiniteTimeSpan };
+        using (BufferedDurableHeap heap = BufferedDurableHeap.Create(path, fileOptions, options))
+        {
+            var map = new PersistentHashMap<long, long>(heap, 1);
+            for (long k = 0; k < 2000; k++)
+            {
+                map.Set(k, k * 3);
+            }
+        }
+
+        byte[] bytes = File.ReadAllBytes(path);
+        long victim = ZeroedWordDamageTests.LiveBlocks(bytes)[100];
+        Assert.Equal(HeapLayout.StateSealed, HeapLayout.CommitState(BitConverter.ToUInt64(bytes, (int)victim + HeapLayout.CommitOffset)));
+        int stateByte = (int)victim + HeapLayout.CommitOffset + 6;
+        bytes[stateByte] = (byte)((bytes[stateByte] & 0x0F) | (byte)(HeapLayout.StateAllocated << 4));
+        ZeroedWordDamageTests.WriteDamaged(path, bytes, crashed);
+
+        HeapFileException refused = Assert.Throws<HeapFileException>(() => BufferedDurableHeap.Open(path, fileOptions, options).Dispose());
+        Assert.Equal(HeapFileError.Corrupt, refused.Error);
+        Assert.Equal(new[] { victim }, refused.DamagedBlocks);
+    }
+
+    [Fact]
     public void TornAllocation_AnySubsetOfTheFourStoresDurableOverAnUnusedOrFreeWord_IsFreeNeverDamage()
     {
         var random = new Random(20261125);

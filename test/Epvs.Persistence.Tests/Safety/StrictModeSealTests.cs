@@ -135,6 +135,92 @@ public sealed class StrictModeSealTests
     /// version: in place), closes it cleanly, flips one bit of one live block and reopens: the outcome in words, the
     /// block, and the refusal if the open refused.
     /// </summary>
+    /// <summary>
+    /// A nested operation whose write-back fails hands its thread's pending blocks — the enclosing operation's too — to
+    /// the next cycle. That may be the cycle of the previous version, run while the enclosing operation is still open, so
+    /// the carried copy can reach the file before the enclosing operation's later stores: the enclosing operation's own
+    /// end must still write its blocks back (it used to find its list emptied, and the cycle of its version sealed over
+    /// bytes the file never got: a Synced operation refused as damage after a crash).
+    /// </summary>
+    [Fact]
+    public void ANestedOperationsFailedWriteBack_LeavesTheEnclosingOperationsLaterStoresToItsOwnEnd()
+    {
+        const int OwnType = 7;
+        var options = new BufferedDurableHeapOptions { Mode = DurabilityMode.Strict, AdvancePeriod = Timeout.InfiniteTimeSpan };
+        using var domain = new SimulatedPersistenceDomain(4 << 20);
+        using HeapFile file = HeapFile.Create(domain);
+        using BufferedDurableHeap heap = BufferedDurableHeap.Open(file, options);
+        using var firstOpen = new ManualResetEventSlim();
+        using var syncTimedOut = new ManualResetEventSlim();
+        using var nestedFailed = new ManualResetEventSlim();
+        using var cycleRan = new ManualResetEventSlim();
+        int failOnce = 0;
+        heap.BeforeStrictWriteBackForTesting = () =>
+        {
+            if (Interlocked.Exchange(ref failOnce, 0) == 1)
+            {
+                throw new IOException("simulated write-back failure");
+            }
+        };
+
+        Exception? workerError = null;
+        var worker = new Thread(() =>
+        {
+            try
+            {
+                // Holds the transition to the next version in flight (a Sync times out) until it leaves.
+                using (heap.BeginOperation())
+                {
+                    firstOpen.Set();
+                    Assert.True(syncTimedOut.Wait(10_000));
+                }
+
+                using DurableOperation enclosing = heap.BeginOperation();
+                PayloadRef own = enclosing.Allocate(4000, OwnType);
+                enclosing.GetPayload(own).Fill(0xAA);
+                Volatile.Write(ref failOnce, 1);
+                try
+                {
+                    using DurableOperation nested = heap.BeginOperation();
+                    nested.Allocate(16, OwnType + 1);
+                }
+                catch (IOException)
+                {
+                    // The nested operation's write-back failed; the caller carries on with its own operation.
+                }
+
+                nestedFailed.Set();
+                Assert.True(cycleRan.Wait(10_000));
+                enclosing.GetPayload(own).Fill(0xBB);
+            }
+            catch (Exception e)
+            {
+                workerError = e;
+                nestedFailed.Set();
+            }
+        });
+        worker.Start();
+        Assert.True(firstOpen.Wait(10_000));
+        Assert.Throws<TimeoutException>(() => heap.Sync(TimeSpan.FromMilliseconds(200)));
+        syncTimedOut.Set();
+        Assert.True(nestedFailed.Wait(10_000));
+
+        // The cycle of the previous version runs now (its transition completed when the first operation left), while
+        // the enclosing operation is open: it writes the carried blocks back.
+        Assert.Throws<TimeoutException>(() => heap.Sync(TimeSpan.FromMilliseconds(200)));
+        cycleRan.Set();
+        Assert.True(worker.Join(10_000));
+        Assert.Null(workerError);
+        heap.Sync();
+
+        // Power fails after Sync returned.
+        using var image = SimulatedPersistenceDomain.FromImage(domain.GetDurableImage());
+        using HeapFile again = HeapFile.Open(image);
+        using BufferedDurableHeap recovered = BufferedDurableHeap.Open(again, new BufferedDurableHeapOptions { AdvancePeriod = Timeout.InfiniteTimeSpan });
+        RecoveredPayload payload = Assert.Single(recovered.TakeRecoveredPayloads(OwnType));
+        Assert.True(recovered.Heap.GetPayload(payload.Block).IndexOfAnyExcept((byte)0xBB) < 0, "the enclosing operation's payload is not what it wrote");
+    }
+
     private static (string Outcome, long Victim, HeapFileException? Refused) FlipAndReopen(TempDirectory dir, Flip flip, bool crashed, DurabilityFaults faults)
     {
         string path = CreateStrictMap(dir, faults);
