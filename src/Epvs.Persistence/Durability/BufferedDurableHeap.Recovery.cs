@@ -59,6 +59,10 @@ public sealed unsafe partial class BufferedDurableHeap
         var heapOptions = new PersistentHeapOptions
         {
             TornIsDamaged = windowOpen,
+
+            // Durable before the salvage frees anything: a crash (or a failed open) after the frees leaves what they
+            // explain — a key's older payload live again, a queue gap — and the structures must still accept it.
+            BeforeSalvage = () => file.SalvagedThrough = Math.Max(file.SalvagedThrough, cut),
             RecoveryParallelism = options.RecoveryParallelism,
             // (The reuse-before-durable control breaks the heap's sweep of deferred frees the same way.)
             Faults = options.HeapFaults | ((_faults & DurabilityFaults.ReuseBeforeFreeIsDurable) != 0 ? HeapFaults.HandOutSweptFreesEarly : HeapFaults.None),

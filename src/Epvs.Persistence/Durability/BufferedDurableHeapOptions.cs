@@ -46,7 +46,9 @@ public sealed class BufferedDurableHeapOptions
     /// What recovery does with a damaged block (see <see cref="PersistentHeapOptions.SalvageDamagedBlocks"/>). False (the
     /// default): opening throws <see cref="HeapFileException"/> (<see cref="HeapFileError.Corrupt"/>, the blocks in
     /// <see cref="HeapFileException.DamagedBlocks"/>) and changes nothing. True: they are dropped and listed in
-    /// <see cref="DurableRecoveryReport.DamagedBlocks"/>; the operations they held are lost.
+    /// <see cref="DurableRecoveryReport.DamagedBlocks"/>; the operations they held are lost. The file records the salvage before
+    /// anything is freed, and the maps and queues resolve what it leaves (a key's older payload live again, a queue gap)
+    /// when they are constructed, durably — at the salvaging open or any later one.
     /// </summary>
     public bool SalvageDamagedBlocks { get; set; }
 

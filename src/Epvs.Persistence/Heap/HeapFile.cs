@@ -161,6 +161,31 @@ public sealed unsafe class HeapFile : IDisposable
     }
 
     /// <summary>
+    /// The last version a salvage of a buffered heap kept payloads of, persisted before it freed anything: what it left
+    /// (a key's older payload live again, a queue gap) stays on the file until each structure is opened and resolves it,
+    /// so the structures accept it among payloads of this version or older at any later open. 0 when the file was never
+    /// salvaged (also when the word fails its check, as in a file written before it existed: the structures then refuse
+    /// what they cannot explain).
+    /// </summary>
+    internal long SalvagedThrough
+    {
+        get
+        {
+            EnterOperation();
+            try
+            {
+                return HeapLayout.TryUnseal(VolatileWord(HeapLayout.SalvagedThroughOffset), HeapLayout.SalvagedThroughOffset, out long value) ? value : 0;
+            }
+            finally
+            {
+                ExitOperation();
+            }
+        }
+
+        set => StoreAndPersist(HeapLayout.SalvagedThroughOffset, HeapLayout.Seal(value, HeapLayout.SalvagedThroughOffset));
+    }
+
+    /// <summary>
     /// Stores <see cref="SealedFrontier"/> and writes it back without a fence of its own: it becomes durable with the
     /// next fence of any write-back (the next advance cycle's at the latest). Until then a crash leaves the previous
     /// value, which only makes recovery list more.
@@ -792,7 +817,7 @@ public sealed unsafe class HeapFile : IDisposable
 
         *(ulong*)(p + HeapLayout.FormatVersionOffset) = (ulong)HeapLayout.FormatVersion;
         *(ulong*)(p + HeapLayout.HeapSizeOffset) = HeapLayout.Seal(heapSize, HeapLayout.HeapSizeOffset);
-        foreach (int sealedZero in new[] { HeapLayout.CleanShutdownOffset, HeapLayout.EpochClockOffset, HeapLayout.DurableFrontierOffset, HeapLayout.HeapKindOffset, HeapLayout.SealedFrontierOffset })
+        foreach (int sealedZero in new[] { HeapLayout.CleanShutdownOffset, HeapLayout.EpochClockOffset, HeapLayout.DurableFrontierOffset, HeapLayout.HeapKindOffset, HeapLayout.SealedFrontierOffset, HeapLayout.SalvagedThroughOffset })
         {
             *(ulong*)(p + sealedZero) = HeapLayout.Seal(0, sealedZero);
         }

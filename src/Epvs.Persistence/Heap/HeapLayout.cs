@@ -131,6 +131,9 @@ internal static class HeapLayout
 
     /// <summary>The version through which every block is durably sealed (a sealed word; advisory: absent, 0, in files written before it existed).</summary>
     internal const int SealedFrontierOffset = 112;
+
+    /// <summary>The last version a salvage kept payloads of (a sealed word; 0 when the file was never salvaged, also in files written before it existed).</summary>
+    internal const int SalvagedThroughOffset = 120;
     internal const int RootsOffset = 128;
 
     /// <summary>Bits of a sealed word that carry the value; the 22 bits above carry its check.</summary>

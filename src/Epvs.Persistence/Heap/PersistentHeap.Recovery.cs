@@ -254,6 +254,11 @@ public sealed unsafe partial class PersistentHeap
             ThrowDamaged(damaged);
         }
 
+        if (damaged.Count != 0)
+        {
+            options.BeforeSalvage?.Invoke();
+        }
+
         WriteRecoveredFrees(freeBlocks, freeSpans);
         _recoveredLiveBlocks = liveBlocks;
         _recoveredLiveBytes = liveBytes;

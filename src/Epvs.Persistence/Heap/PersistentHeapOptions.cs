@@ -37,4 +37,7 @@ public sealed class PersistentHeapOptions
     /// of its headers damaged cannot be told from an interrupted allocation.
     /// </summary>
     internal bool TornIsDamaged { get; set; }
+
+    /// <summary>Runs when recovery salvages damaged blocks, after it classified every block and before it writes anything.</summary>
+    internal Action? BeforeSalvage { get; set; }
 }

@@ -11,8 +11,9 @@ namespace Epvs.Persistence;
 /// element is one payload [sequence number | value]; a dequeue writes an anti-payload. The order lives in DRAM and is
 /// rebuilt from the sequence numbers at recovery, which yields a contiguous FIFO prefix: exactly the enqueues and
 /// dequeues of the versions up to the durable frontier. After a salvage (<see cref="BufferedDurableHeapOptions.SalvageDamagedBlocks"/>)
-/// that dropped a damaged element, the survivors keep their order and are renumbered to close the gap, durably before
-/// the constructor returns (Sync; with the next advance when it is called inside an operation).
+/// that dropped a damaged element — at that open or a later one, if the queue was not opened in the salvaging session —
+/// the survivors keep their order and are renumbered to close the gap, durably before the constructor returns (Sync;
+/// with the next advance when it is called inside an operation).
 /// </summary>
 /// <typeparam name="T">An unmanaged element type; stored by its bytes.</typeparam>
 /// <remarks>All members are thread-safe (one lock, taken inside the operation's EPVS region, so lock order agrees with version order).</remarks>
@@ -152,7 +153,7 @@ public sealed unsafe class PersistentQueue<T>
     /// it. Left as it was, the gap would outlive the damaged block (which salvage frees), and every later open, seeing
     /// a gap with no damage reported, would refuse the queue.
     /// </summary>
-    private void CloseGaps((long Sequence, long Offset)[] ordered)
+    private void CloseGaps((long Sequence, long Offset, long Epoch)[] ordered)
     {
         // Nested in the constructor's rebuild operation; refused like any write after a failed advance cycle.
         using DurableOperation op = _heap.BeginOperation();
@@ -163,7 +164,7 @@ public sealed unsafe class PersistentQueue<T>
             {
                 PayloadRef copy = op.Replace(new PayloadRef(ordered[i].Offset), PayloadSize);
                 MemoryMarshal.Write(_heap.PayloadUnchecked(copy.Offset), in wanted);
-                ordered[i] = (wanted, copy.Offset);
+                ordered[i] = (wanted, copy.Offset, ordered[i].Epoch);
             }
         }
     }
@@ -171,7 +172,8 @@ public sealed unsafe class PersistentQueue<T>
     /// <returns>Whether elements were renumbered to close the gaps of a salvage.</returns>
     private bool Rebuild(IReadOnlyList<RecoveredPayload> payloads)
     {
-        var ordered = new (long Sequence, long Offset)[payloads.Count];
+        var ordered = new (long Sequence, long Offset, long Epoch)[payloads.Count];
+        long salvaged = _heap.SalvagedThrough;
         for (int i = 0; i < payloads.Count; i++)
         {
             if (payloads[i].Header.Size != PayloadSize)
@@ -179,7 +181,7 @@ public sealed unsafe class PersistentQueue<T>
                 throw new InvalidDataException($"The queue with type id {_typeId & (StructureKind.TypeIdLimit - 1)} expects elements of {PayloadSize} bytes (a sequence number and a {typeof(T).Name}), but recovery found one of {payloads[i].Header.Size} bytes: was it written with another element type?");
             }
 
-            ordered[i] = (MemoryMarshal.Read<long>(_heap.PayloadUnchecked(payloads[i].Block.Offset)), payloads[i].Block.Offset);
+            ordered[i] = (MemoryMarshal.Read<long>(_heap.PayloadUnchecked(payloads[i].Block.Offset)), payloads[i].Block.Offset, payloads[i].Header.EpochTag);
         }
 
         Array.Sort(ordered, (a, b) => a.Sequence.CompareTo(b.Sequence));
@@ -191,9 +193,10 @@ public sealed unsafe class PersistentQueue<T>
                 continue;
             }
 
-            // A gap is a dropped element only when recovery dropped damaged blocks (SalvageDamagedBlocks); otherwise, or
-            // for two elements of one sequence number, the heap is not a consistent prefix.
-            if (_heap.Recovery.DamagedBlocks.Count == 0 || ordered[i].Sequence == ordered[i - 1].Sequence)
+            // A gap is a dropped element only between elements a salvage kept (dropped damaged blocks, at this open or an
+            // earlier one, in whose session the queue may not have been opened); otherwise, or for two elements of one
+            // sequence number, the heap is not a consistent prefix.
+            if (Math.Max(ordered[i].Epoch, ordered[i - 1].Epoch) > salvaged || ordered[i].Sequence == ordered[i - 1].Sequence)
             {
                 throw new InvalidDataException($"The recovered elements of the queue with type id {_typeId & (StructureKind.TypeIdLimit - 1)} are not contiguous (sequence {ordered[i - 1].Sequence} is followed by {ordered[i].Sequence}): the heap is not a consistent prefix.");
             }
@@ -206,7 +209,7 @@ public sealed unsafe class PersistentQueue<T>
             CloseGaps(ordered);
         }
 
-        foreach ((_, long offset) in ordered)
+        foreach ((_, long offset, _) in ordered)
         {
             _items.Enqueue(offset);
         }

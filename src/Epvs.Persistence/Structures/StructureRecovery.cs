@@ -22,19 +22,21 @@ internal static class StructureRecovery
     }
 
     /// <summary>
-    /// After a salvage (recovery dropped damaged blocks), keeps one payload per key — the one of the newest version —
-    /// and returns the others in <paramref name="losers"/>. A dropped anti-payload leaves the payload it cancelled
-    /// live: for a key removed and inserted again (a new uid), two payloads of one key, which the map would refuse as
-    /// an inconsistent heap at this open and at every later one. The newer version is the key's last durable state.
-    /// Without a salvage, or with no duplicate, returns <paramref name="payloads"/> itself (nothing is read without a
-    /// salvage; with a payload whose size does not fit, nothing is resolved and the rebuild's size check reports it).
+    /// After a salvage (recovery dropped damaged blocks, at this open or an earlier one: the structure may not have been
+    /// opened in the salvaging session), among the payloads the salvage kept, keeps one payload per key — the one of the newest version, and of two in one
+    /// version the one with the larger uid — and returns the others in <paramref name="losers"/>. A dropped anti-payload
+    /// leaves the payload it cancelled live: for a key removed and inserted again (a new uid), two payloads of one key,
+    /// which the map would refuse as an inconsistent heap at this open and at every later one. The newer version is the
+    /// key's last durable state. Otherwise, or with no duplicate, returns <paramref name="payloads"/> itself (nothing is
+    /// read without a salvage; with a payload whose size does not fit, nothing is resolved and the rebuild's size check
+    /// reports it).
     /// </summary>
-    /// <exception cref="InvalidDataException">Two payloads of one key carry the same version (which is the key's state cannot be told).</exception>
     internal static IReadOnlyList<RecoveredPayload> KeepNewestPerKey<TKey>(BufferedDurableHeap heap, IReadOnlyList<RecoveredPayload> payloads, Func<int, bool> sizeFits, Func<RecoveredPayload, TKey> keyOf, string structure, out List<RecoveredPayload> losers)
         where TKey : notnull
     {
         losers = new List<RecoveredPayload>();
-        if (heap.Recovery.DamagedBlocks.Count == 0)
+        long salvaged = heap.SalvagedThrough;
+        if (salvaged == 0)
         {
             return payloads;
         }
@@ -58,13 +60,18 @@ internal static class StructureRecovery
                 continue;
             }
 
-            if (other.Header.EpochTag == payload.Header.EpochTag)
+            // Newer version first; in one version (a key removed and inserted again, the anti-payload dropped), the larger
+            // uid: the later insert when one thread made both, as in that example (uids rise on each thread); which of
+            // two threads' inserts was later cannot be told, and either was the key's value in that version.
+            if (Math.Max(other.Header.EpochTag, payload.Header.EpochTag) > salvaged)
             {
-                throw new InvalidDataException($"Recovery found two live payloads of one version for one key of the {structure} ({payload.Header} and the payload at 0x{other.Block.Offset:X}) after dropping damaged blocks: which one is the key's state cannot be told.");
+                // Not left by a salvage: the rebuild reports the inconsistent heap.
+                continue;
             }
 
-            losers.Add(other.Header.EpochTag < payload.Header.EpochTag ? other : payload);
-            newest[key] = other.Header.EpochTag < payload.Header.EpochTag ? payload : other;
+            bool otherIsOlder = other.Header.EpochTag != payload.Header.EpochTag ? other.Header.EpochTag < payload.Header.EpochTag : other.Header.Uid < payload.Header.Uid;
+            losers.Add(otherIsOlder ? other : payload);
+            newest[key] = otherIsOlder ? payload : other;
         }
 
         return losers.Count == 0 ? payloads : new List<RecoveredPayload>(newest.Values);

@@ -155,6 +155,106 @@ public sealed unsafe class SealingWindowTests
         Assert.Equal(new long[] { 0, 1, 2, 3 }, elements[..4]);
     }
 
+    /// <summary>
+    /// A salvage resolves a map's duplicates when the map is constructed: one not opened in the salvaging session used to
+    /// refuse the heap at every later open. The file records the salvage, so a later open resolves them (durably).
+    /// </summary>
+    [Fact]
+    public void AMapNotOpenedInTheSalvagingSession_ResolvesWhatTheSalvageLeft_AtALaterOpen()
+    {
+        (byte[] image, long version) = CaptureAtTheSeals(DurabilityFaults.PersistFrontierBeforeSeals, heap =>
+        {
+            PersistentHashMap<long, long> map = FilledMap(heap);
+            return () =>
+            {
+                map.Remove(7);
+                map.Set(7, 70);
+            };
+        });
+
+        // The removal's anti-payload damaged: salvaged, the key's old payload is live again beside its new one.
+        DamageAnUnsealedBlockOf(image, version, PayloadKind.Delete);
+        using var domain = SimulatedPersistenceDomain.FromImage(image);
+        using (HeapFile file = HeapFile.Open(domain))
+        using (BufferedDurableHeap salvaged = BufferedDurableHeap.Open(file, new BufferedDurableHeapOptions { AdvancePeriod = Timeout.InfiniteTimeSpan, SalvageDamagedBlocks = true }))
+        {
+            Assert.Single(salvaged.Recovery.DamagedBlocks);
+        }
+
+        using (HeapFile file = HeapFile.Open(domain))
+        using (BufferedDurableHeap later = BufferedDurableHeap.Open(file, Manual))
+        {
+            Assert.Empty(later.Recovery.DamagedBlocks);
+            Dictionary<long, long> values = new PersistentHashMap<long, long>(later, TypeId).ToDictionary();
+            Assert.Equal(70, values[7]);
+            Assert.Equal(Keys, values.Count);
+        }
+    }
+
+    /// <summary>The salvage is recorded before it frees anything: an open that fails after its frees still leaves the structures able to resolve what it left.</summary>
+    [Fact]
+    public void AQueueGapOfASalvageWhoseOpenFailed_IsClosedAtTheNextOpen()
+    {
+        const int QueueType = 4;
+        (byte[] image, long version) = CaptureAtTheSeals(DurabilityFaults.PersistFrontierBeforeSeals, heap =>
+        {
+            var queue = new PersistentQueue<long>(heap, QueueType);
+            for (long i = 0; i < 4; i++)
+            {
+                queue.Enqueue(i);
+            }
+
+            return () =>
+            {
+                for (long i = 4; i < 7; i++)
+                {
+                    queue.Enqueue(i);
+                }
+            };
+        });
+
+        DamageAnUnsealedBlockOf(image, version);
+        using var domain = SimulatedPersistenceDomain.FromImage(image);
+        using (HeapFile file = HeapFile.Open(domain))
+        {
+            var failing = new BufferedDurableHeapOptions { AdvancePeriod = TimeSpan.FromMilliseconds(20), SalvageDamagedBlocks = true, StartingAdvancerForTesting = () => throw new OutOfMemoryException("no thread") };
+            Assert.Throws<OutOfMemoryException>(() => BufferedDurableHeap.Open(file, failing));
+        }
+
+        using HeapFile reopened = HeapFile.Open(domain);
+        using BufferedDurableHeap heap = BufferedDurableHeap.Open(reopened, Manual);
+        Assert.Empty(heap.Recovery.DamagedBlocks);
+        long[] elements = new PersistentQueue<long>(heap, QueueType).ToArray();
+        Assert.Equal(6, elements.Length);
+        Assert.Equal(new long[] { 0, 1, 2, 3 }, elements[..4]);
+    }
+
+    /// <summary>
+    /// A key inserted, removed and inserted again in one version, the removal's anti-payload damaged: salvaged, two
+    /// payloads of the key carry that version. The map used to refuse the heap at every open, salvage or not; it keeps the
+    /// one with the larger uid (the later insert of one thread).
+    /// </summary>
+    [Fact]
+    public void ASalvagedKeyWithTwoPayloadsOfOneVersion_KeepsTheLaterInsertOfItsThread()
+    {
+        (byte[] image, long version) = CaptureAtTheSeals(DurabilityFaults.PersistFrontierBeforeSeals, heap =>
+        {
+            PersistentHashMap<long, long> map = FilledMap(heap);
+            return () =>
+            {
+                map.Set(1000, 1);
+                map.Remove(1000);
+                map.Set(1000, 2);
+            };
+        });
+
+        DamageAnUnsealedBlockOf(image, version, PayloadKind.Delete);
+        (_, DurableRecoveryReport report, Dictionary<long, long> values) = Recover(image, DurabilityFaults.None, salvage: true);
+        Assert.Single(report.DamagedBlocks);
+        Assert.Equal(2, values[1000]);
+        Assert.Equal(Keys + 1, values.Count);
+    }
+
     [Fact]
     public void ADamagedSealedFrontierWord_OpensAWindow_ATornBlockIsThenDamage()
     {
@@ -311,15 +411,15 @@ public sealed unsafe class SealingWindowTests
         return image;
     }
 
-    /// <summary>Flips a bit of the epoch word of an allocated, unsealed block of <paramref name="version"/> in <paramref name="image"/> (its header check then fails); returns its offset.</summary>
-    private static long DamageAnUnsealedBlockOf(byte[] image, long version)
+    /// <summary>Flips a bit of the epoch word of an allocated, unsealed block of <paramref name="version"/> (of <paramref name="kind"/>, if given) in <paramref name="image"/> (its header check then fails); returns its offset.</summary>
+    private static long DamageAnUnsealedBlockOf(byte[] image, long version, PayloadKind? kind = null)
     {
         fixed (byte* p = image)
         {
             foreach (long offset in LiveBlocks(image))
             {
                 ulong* h = (ulong*)(p + offset);
-                if ((long)h[1] == version && HeapLayout.CommitState(h[3]) == HeapLayout.StateAllocated)
+                if ((long)h[1] == version && HeapLayout.CommitState(h[3]) == HeapLayout.StateAllocated && (kind is null || HeapLayout.CommitKind(h[3]) == kind))
                 {
                     h[1] ^= 1UL << 17;
                     return offset;
