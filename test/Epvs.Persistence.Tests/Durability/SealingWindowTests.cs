@@ -127,22 +127,7 @@ public sealed unsafe class SealingWindowTests
     public void AnOpenWindow_AQueueElementSalvaged_IsListed_AndTheQueueOpensWithoutIt()
     {
         const int QueueType = 4;
-        (byte[] image, long version) = CaptureAtTheSeals(DurabilityFaults.PersistFrontierBeforeSeals, heap =>
-        {
-            var queue = new PersistentQueue<long>(heap, QueueType);
-            for (long i = 0; i < 4; i++)
-            {
-                queue.Enqueue(i);
-            }
-
-            return () =>
-            {
-                for (long i = 4; i < 7; i++)
-                {
-                    queue.Enqueue(i);
-                }
-            };
-        });
+        (byte[] image, long version) = CaptureAtTheSeals(DurabilityFaults.PersistFrontierBeforeSeals, heap => FourThenThreeElements(heap, QueueType));
 
         long victim = DamageAnUnsealedBlockOf(image, version);
         using var recoveredDomain = SimulatedPersistenceDomain.FromImage(image);
@@ -196,22 +181,7 @@ public sealed unsafe class SealingWindowTests
     public void AQueueGapOfASalvageWhoseOpenFailed_IsClosedAtTheNextOpen()
     {
         const int QueueType = 4;
-        (byte[] image, long version) = CaptureAtTheSeals(DurabilityFaults.PersistFrontierBeforeSeals, heap =>
-        {
-            var queue = new PersistentQueue<long>(heap, QueueType);
-            for (long i = 0; i < 4; i++)
-            {
-                queue.Enqueue(i);
-            }
-
-            return () =>
-            {
-                for (long i = 4; i < 7; i++)
-                {
-                    queue.Enqueue(i);
-                }
-            };
-        });
+        (byte[] image, long version) = CaptureAtTheSeals(DurabilityFaults.PersistFrontierBeforeSeals, heap => FourThenThreeElements(heap, QueueType));
 
         DamageAnUnsealedBlockOf(image, version);
         using var domain = SimulatedPersistenceDomain.FromImage(image);
@@ -332,6 +302,24 @@ public sealed unsafe class SealingWindowTests
         }
 
         return image;
+    }
+
+    /// <summary>A queue of elements 0 to 3; elements 4 to 6 are enqueued in version F.</summary>
+    private static Action FourThenThreeElements(BufferedDurableHeap heap, int queueType)
+    {
+        var queue = new PersistentQueue<long>(heap, queueType);
+        for (long i = 0; i < 4; i++)
+        {
+            queue.Enqueue(i);
+        }
+
+        return () =>
+        {
+            for (long i = 4; i < 7; i++)
+            {
+                queue.Enqueue(i);
+            }
+        };
     }
 
     /// <summary>The set-up of the single-block tests: one key updated in version F.</summary>
