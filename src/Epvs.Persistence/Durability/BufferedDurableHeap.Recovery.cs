@@ -117,13 +117,14 @@ public sealed unsafe partial class BufferedDurableHeap
             _frontier = start - 1;
             if (_mode != DurabilityMode.Transient)
             {
-                file.DurableFrontier = start - 1;
-                file.EpochClock = start;
                 if ((_faults & DurabilityFaults.LeaveRecoveredBlocksUnsealed) == 0)
                 {
                     // Every kept block is sealed now (above), the rest freed durably: no window left for the next recovery.
                     file.SealedFrontier = start - 1;
                 }
+
+                file.DurableFrontier = start - 1;
+                file.EpochClock = start;
             }
         }
         catch

@@ -186,9 +186,8 @@ public sealed unsafe class HeapFile : IDisposable
     }
 
     /// <summary>
-    /// Stores <see cref="SealedFrontier"/> and writes it back without a fence of its own: it becomes durable with the
-    /// next fence of any write-back (the next advance cycle's at the latest). Until then a crash leaves the previous
-    /// value, which only makes recovery list more.
+    /// Stores <see cref="SealedFrontier"/> and writes it back without a fence of its own: the caller fences it with the
+    /// seals it vouches for, before it persists the frontier.
     /// </summary>
     internal void WriteBackSealedFrontier(long value)
     {

@@ -251,7 +251,7 @@ public sealed unsafe partial class PersistentHeap
         RecoveryUnsealedBlocks = unsealed;
         if (damaged.Count != 0 && !options.SalvageDamagedBlocks)
         {
-            ThrowDamaged(damaged);
+            ThrowDamaged(damaged, options.TornIsDamaged);
         }
 
         if (damaged.Count != 0)
@@ -287,14 +287,17 @@ public sealed unsafe partial class PersistentHeap
         RecoveryUnsealedBlocks = new List<long>();
     }
 
-    private void ThrowDamaged(List<long> damaged)
+    private void ThrowDamaged(List<long> damaged, bool tornIsDamaged)
     {
+        string why = tornIsDamaged
+            ? " The file's sealed-frontier word is below its durable frontier (a file written by a version of this library that persisted the frontier before the seals, or the word is damaged), so blocks left torn by a crash count as damage: the scan cannot tell them from damaged headers of the last durable version."
+            : string.Empty;
         const int Shown = 16;
         string offsets = string.Join(", ", damaged.GetRange(0, Math.Min(Shown, damaged.Count)).ConvertAll(o => $"0x{o:X}"));
         string more = damaged.Count > Shown ? $" and {damaged.Count - Shown} more" : string.Empty;
         throw new HeapFileException(
             HeapFileError.Corrupt,
-            $"Cannot open heap file '{_file.Path}': {damaged.Count} block(s) fail their checks (at file offsets {offsets}{more}); their contents cannot be trusted, and recovery changed no block. Restore the file from a copy, or open it with SalvageDamagedBlocks = true to drop those blocks (each is listed in the recovery report).",
+            $"Cannot open heap file '{_file.Path}': {damaged.Count} block(s) fail their checks (at file offsets {offsets}{more}); their contents cannot be trusted, and recovery changed no block. Restore the file from a copy, or open it with SalvageDamagedBlocks = true to drop those blocks (each is listed in the recovery report).{why}",
             damagedBlocks: damaged);
     }
 

@@ -65,8 +65,9 @@ internal static class StructureRecovery
             // two threads' inserts was later cannot be told, and either was the key's value in that version.
             if (Math.Max(other.Header.EpochTag, payload.Header.EpochTag) > salvaged)
             {
-                // Not left by a salvage: the rebuild reports the inconsistent heap.
-                continue;
+                // Not left by a salvage: the rebuild reports the inconsistent heap (it must see every payload).
+                losers.Clear();
+                return payloads;
             }
 
             bool otherIsOlder = other.Header.EpochTag != payload.Header.EpochTag ? other.Header.EpochTag < payload.Header.EpochTag : other.Header.Uid < payload.Header.Uid;

@@ -176,6 +176,56 @@ public sealed unsafe class SealingWindowTests
         }
     }
 
+    /// <summary>
+    /// A salvage's duplicate (key 7, both payloads at or below the salvaged-through word) beside one no salvage explains
+    /// (key 3, one payload newer than the word): the map must refuse the heap, not resolve the first and lose the second
+    /// payload of key 3 — neither in the map nor freed.
+    /// </summary>
+    [Fact]
+    public void ADuplicateNewerThanTheSalvage_IsRefusedEvenBesideASalvagesDuplicate()
+    {
+        (byte[] image, long version) = CaptureAtTheSeals(DurabilityFaults.PersistFrontierBeforeSeals, heap =>
+        {
+            PersistentHashMap<long, long> map = FilledMap(heap);
+            return () =>
+            {
+                map.Remove(7);
+                map.Set(7, 70);
+            };
+        });
+
+        DamageAnUnsealedBlockOf(image, version, PayloadKind.Delete);
+        using var domain = SimulatedPersistenceDomain.FromImage(image);
+        long salvagedThrough;
+        using (HeapFile file = HeapFile.Open(domain))
+        using (BufferedDurableHeap salvaged = BufferedDurableHeap.Open(file, new BufferedDurableHeapOptions { AdvancePeriod = Timeout.InfiniteTimeSpan, SalvageDamagedBlocks = true }))
+        {
+            salvagedThrough = salvaged.SalvagedThrough;
+        }
+
+        // A later session (the map not opened) leaves a second live payload of key 3, newer than the salvage.
+        using (HeapFile file = HeapFile.Open(domain))
+        using (BufferedDurableHeap later = BufferedDurableHeap.Open(file, Manual))
+        {
+            using (DurableOperation op = later.BeginOperation())
+            {
+                Assert.True(op.Version > salvagedThrough);
+                PayloadRef block = op.Allocate(16, StructureKind.Encode(StructureKind.HashMap, TypeId, sizeof(long)));
+                Span<byte> bytes = op.GetPayload(block);
+                System.Runtime.InteropServices.MemoryMarshal.Write(bytes, 3L);
+                System.Runtime.InteropServices.MemoryMarshal.Write(bytes[8..], 999L);
+            }
+
+            later.Sync();
+        }
+
+        using (HeapFile file = HeapFile.Open(domain))
+        using (BufferedDurableHeap heap = BufferedDurableHeap.Open(file, Manual))
+        {
+            Assert.Throws<System.IO.InvalidDataException>(() => new PersistentHashMap<long, long>(heap, TypeId));
+        }
+    }
+
     /// <summary>The salvage is recorded before it frees anything: an open that fails after its frees still leaves the structures able to resolve what it left.</summary>
     [Fact]
     public void AQueueGapOfASalvageWhoseOpenFailed_IsClosedAtTheNextOpen()

@@ -131,11 +131,6 @@ public sealed class StrictModeSealTests
     }
 
     /// <summary>
-    /// Writes a strict map (every key set, then half of them updated in a later version, some of them twice in one
-    /// version: in place), closes it cleanly, flips one bit of one live block and reopens: the outcome in words, the
-    /// block, and the refusal if the open refused.
-    /// </summary>
-    /// <summary>
     /// A nested operation whose write-back fails hands its thread's pending blocks — the enclosing operation's too — to
     /// the next cycle. That may be the cycle of the previous version, run while the enclosing operation is still open, so
     /// the carried copy can reach the file before the enclosing operation's later stores: the enclosing operation's own
@@ -221,6 +216,11 @@ public sealed class StrictModeSealTests
         Assert.True(recovered.Heap.GetPayload(payload.Block).IndexOfAnyExcept((byte)0xBB) < 0, "the enclosing operation's payload is not what it wrote");
     }
 
+    /// <summary>
+    /// Writes a strict map (every key set, then half of them updated in a later version, some of them twice in one
+    /// version: in place), closes it cleanly, flips one bit of one live block and reopens: the outcome in words, the
+    /// block, and the refusal if the open refused.
+    /// </summary>
     private static (string Outcome, long Victim, HeapFileException? Refused) FlipAndReopen(TempDirectory dir, Flip flip, bool crashed, DurabilityFaults faults)
     {
         string path = CreateStrictMap(dir, faults);
