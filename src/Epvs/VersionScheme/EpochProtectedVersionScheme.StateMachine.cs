@@ -54,12 +54,13 @@ public sealed partial class EpochProtectedVersionScheme
     /// <exception cref="InvalidOperationException"><paramref name="stateMachine"/> has already been started; or it
     /// targets the next version and the version is at <see cref="VersionSchemeState.MaxVersion"/> (the machine is then
     /// completed with this exception as its <see cref="VersionSchemeStateMachine.Fault"/>).</exception>
-    /// <exception cref="ObjectDisposedException">The scheme has been disposed.</exception>
+    /// <exception cref="ObjectDisposedException">The scheme has been disposed, or the <see cref="LightEpoch"/> under it (a
+    /// shared one, or its own through <see cref="Epoch"/>), as <see cref="Enter"/> reports it.</exception>
     public StateMachineExecutionStatus TryExecuteStateMachine(VersionSchemeStateMachine stateMachine)
     {
         if (stateMachine is null)
             ThrowHelper.ThrowArgumentNull(nameof(stateMachine));
-        ThrowIfDisposed();
+        ThrowIfDisposedOrEpochClosed();
 
         long target = stateMachine.ToVersion;
         if (target != -1 && target <= CurrentState.Version)
@@ -105,7 +106,7 @@ public sealed partial class EpochProtectedVersionScheme
     /// and give the slot back (<see cref="StateMachineExecutionStatus.Retry"/>, not a false ObjectDisposedException).</summary>
     private StateMachineExecutionStatus DisposingStatus()
     {
-        ThrowIfDisposed();
+        ThrowIfDisposedOrEpochClosed();
         // On the disposing thread itself: a deferred action the epoch's Dispose runs once the epoch is closed, so that
         // Dispose can no longer fail, and nobody else can finish it while this thread waits.
         if (Volatile.Read(ref disposingThread) == Environment.CurrentManagedThreadId)
@@ -139,7 +140,8 @@ public sealed partial class EpochProtectedVersionScheme
     /// of this scheme's running machine (OnEnteringState, AfterEnteringState, GetNextStep), which ends only after the
     /// callback returns. Also when the machine targets the next version and the version is at
     /// <see cref="VersionSchemeState.MaxVersion"/>.</exception>
-    /// <exception cref="ObjectDisposedException">The scheme has been disposed.</exception>
+    /// <exception cref="ObjectDisposedException">The scheme has been disposed, or the <see cref="LightEpoch"/> under it (a
+    /// shared one, or its own through <see cref="Epoch"/>), as <see cref="Enter"/> reports it.</exception>
     /// <exception cref="ThreadInterruptedException">The calling thread was interrupted (<see cref="Thread.Interrupt"/>)
     /// while it waited. If it waited for another machine to end, <paramref name="stateMachine"/> has not started and
     /// may be passed again; if it waited with <paramref name="spin"/> for <paramref name="stateMachine"/> to complete,
@@ -209,12 +211,13 @@ public sealed partial class EpochProtectedVersionScheme
     /// <exception cref="ArgumentOutOfRangeException"><paramref name="targetVersion"/> is below -1 or too large.</exception>
     /// <exception cref="InvalidOperationException"><paramref name="targetVersion"/> is -1 (next) and the version is at
     /// <see cref="VersionSchemeState.MaxVersion"/>.</exception>
-    /// <exception cref="ObjectDisposedException">The scheme has been disposed.</exception>
+    /// <exception cref="ObjectDisposedException">The scheme has been disposed, or the <see cref="LightEpoch"/> under it (a
+    /// shared one, or its own through <see cref="Epoch"/>), as <see cref="Enter"/> reports it.</exception>
     public StateMachineExecutionStatus TryAdvanceVersionWithCriticalSection(Action<long, long> criticalSection, long targetVersion = -1)
     {
         if (criticalSection is null)
             ThrowHelper.ThrowArgumentNull(nameof(criticalSection));
-        ThrowIfDisposed();
+        ThrowIfDisposedOrEpochClosed();
         // Answer the common losing cases without allocating a machine (many threads asking for the same version).
         if (targetVersion != -1 && targetVersion <= CurrentState.Version)
             return StateMachineExecutionStatus.Fail;
@@ -238,7 +241,8 @@ public sealed partial class EpochProtectedVersionScheme
     /// <exception cref="ArgumentNullException"><paramref name="criticalSection"/> is null.</exception>
     /// <exception cref="InvalidOperationException">The calling thread is protected, or the version is at
     /// <see cref="VersionSchemeState.MaxVersion"/> (see <see cref="ExecuteStateMachine"/>).</exception>
-    /// <exception cref="ObjectDisposedException">The scheme has been disposed.</exception>
+    /// <exception cref="ObjectDisposedException">The scheme has been disposed, or the <see cref="LightEpoch"/> under it (a
+    /// shared one, or its own through <see cref="Epoch"/>), as <see cref="Enter"/> reports it.</exception>
     /// <exception cref="ThreadInterruptedException">The calling thread was interrupted while it waited (see
     /// <see cref="ExecuteStateMachine"/>): either the transition has not started, or, with <paramref name="spin"/>, it
     /// has started and carries on without the caller (a fault of its critical section is then reported only through
@@ -268,17 +272,18 @@ public sealed partial class EpochProtectedVersionScheme
     /// <param name="cancellationToken">Cancels waiting for another machine before this transition starts.</param>
     /// <returns>True once the transition has completed; false if its target was already reached or claimed. The task
     /// faults with <see cref="InvalidOperationException"/> if <paramref name="targetVersion"/> is -1 and the version is at
-    /// <see cref="VersionSchemeState.MaxVersion"/>, and with <see cref="ObjectDisposedException"/> if the scheme is
-    /// disposed while the call waits for another machine.</returns>
+    /// <see cref="VersionSchemeState.MaxVersion"/>, and with <see cref="ObjectDisposedException"/> if the scheme (or its
+    /// epoch) is disposed while the call waits for another machine.</returns>
     /// <exception cref="ArgumentNullException"><paramref name="criticalSection"/> is null.</exception>
     /// <exception cref="InvalidOperationException">The calling thread is protected.</exception>
-    /// <exception cref="ObjectDisposedException">The scheme has been disposed.</exception>
+    /// <exception cref="ObjectDisposedException">The scheme has been disposed, or the <see cref="LightEpoch"/> under it (a
+    /// shared one, or its own through <see cref="Epoch"/>), as <see cref="Enter"/> reports it.</exception>
     public Task<bool> AdvanceVersionAsync(Action<long, long> criticalSection, long targetVersion = -1, CancellationToken cancellationToken = default)
     {
         if (criticalSection is null)
             ThrowHelper.ThrowArgumentNull(nameof(criticalSection));
         ThrowIfProtected();
-        ThrowIfDisposed(); // at the call, as documented (inside the async method it would only fault the task)
+        ThrowIfDisposedOrEpochClosed(); // at the call, as documented (inside the async method it would only fault the task)
         return AdvanceVersionCoreAsync(new CriticalSectionStateMachine(criticalSection, targetVersion), cancellationToken);
     }
 
@@ -326,10 +331,11 @@ public sealed partial class EpochProtectedVersionScheme
     /// <see cref="VersionSchemeStateMachine.GetNextStep"/> returned false), so it can proceed without any thread
     /// entering or leaving. Unnecessary for machines whose steps are always available.
     /// </summary>
-    /// <exception cref="ObjectDisposedException">The scheme has been disposed.</exception>
+    /// <exception cref="ObjectDisposedException">The scheme has been disposed, or the <see cref="LightEpoch"/> under it (a
+    /// shared one, or its own through <see cref="Epoch"/>), as <see cref="Enter"/> reports it.</exception>
     public void SignalStepAvailable()
     {
-        ThrowIfDisposed();
+        ThrowIfDisposedOrEpochClosed();
         TryStepStateMachine(mustNotLose: true);
     }
 

@@ -405,6 +405,19 @@ public sealed partial class EpochProtectedVersionScheme : IDisposable
     }
 
     /// <summary>
+    /// For the calls that start or step a machine (cold paths): also throws when the epoch under the scheme is disposed (a
+    /// shared one, or the owned one through <see cref="Epoch"/>), as <see cref="Enter"/> does. Nothing can be protected on
+    /// a disposed epoch, so a critical section started there would exclude nothing. Steps of a machine already in flight
+    /// when the epoch closed still run (the epoch's final run, or its closed registrations, take them).
+    /// </summary>
+    private void ThrowIfDisposedOrEpochClosed()
+    {
+        ThrowIfDisposed();
+        if (epoch.IsClosed)
+            ThrowHelper.ThrowEpochDisposed(epoch.DisposedObjectName);
+    }
+
+    /// <summary>
     /// Retires the scheme: later calls throw <see cref="ObjectDisposedException"/>. Disposes the epoch if the scheme
     /// created it. Returns only once that is done: a call made while another Dispose is running waits for it, then does
     /// what a later call does. A call after a completed Dispose does nothing; a call after a refused one tries again.
