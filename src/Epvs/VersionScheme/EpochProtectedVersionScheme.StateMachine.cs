@@ -259,7 +259,8 @@ public sealed partial class EpochProtectedVersionScheme
     /// completed: the awaitable form of <see cref="AdvanceVersionWithCriticalSection"/> with <c>spin: true</c>.
     /// </summary>
     /// <remarks>
-    /// While another machine is active, waits (asynchronously) for it to end and tries again. The task's result is
+    /// While another machine is active, waits (asynchronously) for it to end and tries again; likewise while a
+    /// <see cref="Dispose"/> of the scheme is in progress (it may be refused, and the transition then runs). The task's result is
     /// false if the target version had already been reached or claimed; it faults with the critical section's
     /// exception if that threw (the version is then unchanged), or is canceled if that exception could not be given to the
     /// machine's <see cref="VersionSchemeStateMachine.Completion"/> for lack of memory. <paramref name="cancellationToken"/> cancels only
@@ -297,24 +298,49 @@ public sealed partial class EpochProtectedVersionScheme
                 return false;
             if (status == StateMachineExecutionStatus.Ok)
                 break;
-            // Retry: wait for the active machine to end (its fault is its requester's, not ours), then try again.
-            if (ActiveStateMachine is { } active)
+            AsyncRetryHookForTesting?.Invoke();
+            // Retry: wait for the active machine to end (its fault is its requester's, not ours), or for a Dispose that
+            // holds the machine slot to end (it may be refused and give the slot back), then try again.
+            VersionSchemeStateMachine? active = Volatile.Read(ref currentMachine);
+            Task? ended = active is null ? null
+                : active != DisposedSentinel ? active.Completion
+                : YieldWhileDisposingForTesting ? null
+                : DisposeEndedOrNull();
+            if (ended is null)
             {
-                Task ended = active.Completion;
-                if (!ended.IsCompleted)
-                {
-                    var cancelled = new TaskCompletionSource<bool>(TaskCreationOptions.RunContinuationsAsynchronously);
-                    using (cancellationToken.Register(static c => ((TaskCompletionSource<bool>)c!).TrySetResult(true), cancelled))
-                        await Task.WhenAny(ended, cancelled.Task).ConfigureAwait(false);
-                }
+                await Task.Yield(); // the active machine (or the Dispose) ended between our try and the read: try again now
             }
-            else
+            else if (!ended.IsCompleted)
             {
-                await Task.Yield(); // the active machine ended between our try and the read: try again at once
+                if (active == DisposedSentinel)
+                    AsyncWaitsForDisposeHookForTesting?.Invoke();
+                var cancelled = new TaskCompletionSource<bool>(TaskCreationOptions.RunContinuationsAsynchronously);
+                using (cancellationToken.Register(static c => ((TaskCompletionSource<bool>)c!).TrySetResult(true), cancelled))
+                    await Task.WhenAny(ended, cancelled.Task).ConfigureAwait(false);
             }
         }
         await machine.Completion.ConfigureAwait(false); // rethrows the critical section's exception
         return true;
+    }
+
+    /// <summary>
+    /// For a start that got <see cref="StateMachineExecutionStatus.Retry"/> because a Dispose holds the machine slot: a task
+    /// that completes when the Dispose running now ends (disposed or refused), or null if none is running any more. The
+    /// Dispose may run the epoch's pending actions, and wait for another Dispose of the epoch: polling it kept a thread
+    /// busy for all that time (it used to yield and try again at once).
+    /// </summary>
+    private Task? DisposeEndedOrNull()
+    {
+        TaskCompletionSource<bool>? ended = Volatile.Read(ref disposeEnded);
+        if (ended is null)
+        {
+            var created = new TaskCompletionSource<bool>(TaskCreationOptions.RunContinuationsAsynchronously);
+            // Full fence: published before the read of disposingThread below. Pairs with Dispose's release of
+            // disposingThread and then exchange of this field (see Dispose): either it takes our task and completes it,
+            // or we see it gone below.
+            ended = Interlocked.CompareExchange(ref disposeEnded, created, null) ?? created;
+        }
+        return Volatile.Read(ref disposingThread) != 0 ? ended.Task : null;
     }
 
     private void ThrowIfProtected()

@@ -2,6 +2,7 @@ using System;
 using System.Collections.Generic;
 using System.Runtime.CompilerServices;
 using System.Threading;
+using System.Threading.Tasks;
 
 namespace Epvs;
 
@@ -53,6 +54,10 @@ public sealed partial class EpochProtectedVersionScheme : IDisposable
 
     /// <summary>The thread running <see cref="Dispose"/> (0: none): one at a time.</summary>
     private int disposingThread;
+
+    /// <summary>Completed (and cleared) when a Dispose ends, disposed or refused; created by a waiter that found a Dispose
+    /// holding the machine slot (<see cref="DisposeEndedOrNull"/>), so a Dispose nobody waits for allocates nothing.</summary>
+    private TaskCompletionSource<bool>? disposeEnded;
 
     /// <summary>The <see cref="VersionSchemeState"/> word. Written by CAS (start of a step) or release store
     /// (end of a step); read with acquire.</summary>
@@ -470,6 +475,9 @@ public sealed partial class EpochProtectedVersionScheme : IDisposable
         finally
         {
             Volatile.Write(ref disposingThread, 0); // release: pairs with a waiter's CAS
+            // Full fence, after the release above: pairs with an async start's publication of its task, then read of
+            // disposingThread (DisposeEndedOrNull). Either we take its task here, or it sees us gone and does not wait.
+            Interlocked.Exchange(ref disposeEnded, null)?.TrySetResult(true); // its continuations run asynchronously
         }
     }
 
