@@ -45,13 +45,16 @@ public sealed partial class EpochProtectedVersionScheme
     /// <summary>
     /// Tries to start <paramref name="stateMachine"/>; never blocks. The machine then steps itself to completion.
     /// </summary>
-    /// <param name="stateMachine">A machine that has not run before.</param>
+    /// <param name="stateMachine">A machine that has not been started (or refused) before.</param>
     /// <returns><see cref="StateMachineExecutionStatus.Ok"/> if started; <see cref="StateMachineExecutionStatus.Retry"/>
-    /// if another machine is active (try again after leaving or refreshing protection);
-    /// <see cref="StateMachineExecutionStatus.Fail"/> if its target version has been reached or is the target of the
-    /// active machine.</returns>
+    /// if another machine is active (try again after leaving or refreshing protection; the machine is not started and
+    /// may be passed again); <see cref="StateMachineExecutionStatus.Fail"/> if its target version has been reached or is
+    /// the target of the active machine: the machine is then completed without running (its
+    /// <see cref="VersionSchemeStateMachine.Completion"/> completes successfully, its
+    /// <see cref="VersionSchemeStateMachine.ActualToVersion"/> stays -1) and cannot be passed again.</returns>
     /// <exception cref="ArgumentNullException"><paramref name="stateMachine"/> is null.</exception>
-    /// <exception cref="InvalidOperationException"><paramref name="stateMachine"/> has already been started; or it
+    /// <exception cref="InvalidOperationException"><paramref name="stateMachine"/> has already been started, or refused
+    /// with <see cref="StateMachineExecutionStatus.Fail"/>; or it
     /// targets the next version and the version is at <see cref="VersionSchemeState.MaxVersion"/> (the machine is then
     /// completed with this exception as its <see cref="VersionSchemeStateMachine.Fault"/>).</exception>
     /// <exception cref="ObjectDisposedException">The scheme has been disposed, or the <see cref="LightEpoch"/> under it (a
@@ -62,21 +65,28 @@ public sealed partial class EpochProtectedVersionScheme
             ThrowHelper.ThrowArgumentNull(nameof(stateMachine));
         ThrowIfDisposedOrEpochClosed();
 
+        // Mark before publishing: a machine that ran before (here or on another scheme) must never be visible as
+        // currentMachine, where a concurrent stepper would ask it for steps towards its old target. Marked before the
+        // first look at the target too, so that a refusal (Fail) is final for the instance on every path.
+        if (!stateMachine.TryMarkStarted())
+        {
+            ThrowHelper.ThrowInvalidOperation(
+                "This state machine has already been started, or refused with Fail (its target version reached or claimed); " +
+                "create a new instance for each transition.");
+        }
         long target = stateMachine.ToVersion;
         if (target != -1 && target <= CurrentState.Version)
-            return StateMachineExecutionStatus.Fail;
+            return Refuse(stateMachine);
 
-        // Mark before publishing: a machine that ran before (here or on another scheme) must never be visible as
-        // currentMachine, where a concurrent stepper would ask it for steps towards its old target.
-        if (!stateMachine.TryMarkStarted())
-            ThrowHelper.ThrowInvalidOperation("This state machine has already been started; create a new instance for each transition.");
         VersionSchemeStateMachine? active = Interlocked.CompareExchange(ref currentMachine, stateMachine, null);
         if (active is not null)
         {
+            if (active != DisposedSentinel && StatusAgainst(active, target) == StateMachineExecutionStatus.Fail)
+                return Refuse(stateMachine); // its target is claimed: final, as for a target reached
             stateMachine.UnmarkStarted(); // not started after all: the caller may retry with the same instance
             if (active == DisposedSentinel)
                 return DisposingStatus();
-            return StatusAgainst(active, target);
+            return StateMachineExecutionStatus.Retry;
         }
 
         // No machine was active, so no step is in flight and the state is settled.
@@ -84,8 +94,7 @@ public sealed partial class EpochProtectedVersionScheme
         if (target != -1 && target <= current.Version)
         {
             Volatile.Write(ref currentMachine, null);
-            _ = stateMachine.Complete(null); // a success: nothing can fail
-            return StateMachineExecutionStatus.Fail;
+            return Refuse(stateMachine); // reached by the machine that ended since our first look
         }
         if (target == -1 && current.Version == VersionSchemeState.MaxVersion)
         {
@@ -100,6 +109,18 @@ public sealed partial class EpochProtectedVersionScheme
         stateMachine.SetActualToVersion(target == -1 ? current.Version + 1 : target);
         TryStepStateMachine(mustNotLose: true);
         return StateMachineExecutionStatus.Ok;
+    }
+
+    /// <summary>
+    /// Ends a machine refused with <see cref="StateMachineExecutionStatus.Fail"/> (marked started, never published, or no
+    /// longer): completed, successfully and without having run (<see cref="VersionSchemeStateMachine.ActualToVersion"/>
+    /// stays -1), so that nobody awaiting its <see cref="VersionSchemeStateMachine.Completion"/> waits for ever, as for the
+    /// refusal at <see cref="VersionSchemeState.MaxVersion"/>; it stays marked started, so passing it again throws.
+    /// </summary>
+    private static StateMachineExecutionStatus Refuse(VersionSchemeStateMachine stateMachine)
+    {
+        _ = stateMachine.Complete(null); // a success: completing a task with a result allocates nothing, cannot fail
+        return StateMachineExecutionStatus.Fail;
     }
 
     /// <summary>The machine slot holds the sentinel: disposed (throws), or a Dispose is in progress that may still fail
@@ -125,9 +146,10 @@ public sealed partial class EpochProtectedVersionScheme
     /// Starts <paramref name="stateMachine"/>, retrying while another machine is active, and with
     /// <paramref name="spin"/> waits until it has completed.
     /// </summary>
-    /// <param name="stateMachine">A machine that has not run before.</param>
+    /// <param name="stateMachine">A machine that has not been started (or refused) before.</param>
     /// <param name="spin">Whether to wait for the machine to complete (rethrowing its fault, if any).</param>
-    /// <returns>False if the target version had already been reached or claimed (<see cref="StateMachineExecutionStatus.Fail"/>).</returns>
+    /// <returns>False if the target version had already been reached or claimed (<see cref="StateMachineExecutionStatus.Fail"/>:
+    /// the machine is then completed without running; see <see cref="TryExecuteStateMachine"/>).</returns>
     /// <remarks>
     /// While it waits (for another machine to end, or with <paramref name="spin"/> for this one), the calling thread
     /// takes the active machine's available steps and runs the epoch's deferred actions that have become safe, so the
