@@ -431,7 +431,8 @@ public sealed partial class EpochProtectedVersionScheme : IDisposable
     /// refused too while the reason stands. The wait is interruptible: <see cref="Thread.Interrupt"/> makes the waiting
     /// call throw <see cref="ThreadInterruptedException"/>, and the other Dispose carries on.</remarks>
     /// <exception cref="InvalidOperationException">A state machine is still running (wait for its
-    /// <see cref="VersionSchemeStateMachine.Completion"/> first), or a thread is still protected by the scheme's own
+    /// <see cref="VersionSchemeStateMachine.Completion"/> first; from inside one of that machine's own callbacks, which it
+    /// waits for, dispose from outside them instead), or a thread is still protected by the scheme's own
     /// epoch (a thread inside <see cref="Refresh"/>, stepped aside while a transition completes, counts as protected).
     /// Nothing is disposed. Or: called on the thread of a Dispose of this scheme that is still running (from a deferred
     /// action that the owned epoch's Dispose runs), which cannot complete before this call returns and so cannot be
@@ -488,7 +489,18 @@ public sealed partial class EpochProtectedVersionScheme : IDisposable
         // Claim the machine slot so no machine can start from now on (TryExecuteStateMachine sees the sentinel).
         VersionSchemeStateMachine? active = Interlocked.CompareExchange(ref currentMachine, DisposedSentinel, null);
         if (active is not null)
+        {
+            // From inside that machine's own callback, waiting for its Completion would never end: say what works instead.
+            if (InCallback())
+            {
+                ThrowHelper.ThrowInvalidOperation(
+                    $"Dispose was called from inside a callback of this scheme's running state machine {active.GetType().Name} " +
+                    "(OnEnteringState, AfterEnteringState or GetNextStep): the machine ends only after the callback returns, so the " +
+                    "scheme cannot be disposed from there (an exception escaping the callback faults the machine). Dispose it from " +
+                    "outside the machine's callbacks, once its Completion has completed.");
+            }
             ThrowHelper.ThrowInvalidOperation($"Dispose was called while state machine {active.GetType().Name} is still running; wait for its Completion first.");
+        }
         if (ownsEpoch)
         {
             try

@@ -241,6 +241,48 @@ public class MisuseTests
         scheme.Dispose();
     }
 
+    /// <summary>
+    /// Dispose from inside a callback of the scheme's own running machine used to say "wait for its Completion first",
+    /// advice that waits for ever there (the machine ends only after the callback returns). It now says so, as
+    /// ExecuteStateMachine does from a callback.
+    /// </summary>
+    [Theory]
+    [InlineData(false)]
+    [InlineData(true)]
+    public void Dispose_FromInsideTheRunningMachinesOwnCallback_ThrowsWithAdviceThatFits(bool fromTheCriticalSection)
+    {
+        var scheme = new EpochProtectedVersionScheme();
+        InvalidOperationException? seen = null;
+        void DisposeFromHere()
+        {
+            try
+            {
+                scheme.Dispose();
+            }
+            catch (InvalidOperationException ex)
+            {
+                seen ??= ex; // swallowed: the machine carries on
+            }
+        }
+        var machine = new PhaseMachine(2);
+        if (fromTheCriticalSection)
+            machine.OnEntering = (_, _) => DisposeFromHere();
+        else
+            machine.AfterEntering = _ => DisposeFromHere();
+
+        Assert.True(scheme.ExecuteStateMachine(machine, spin: true));
+        Assert.NotNull(seen);
+        Assert.DoesNotContain("wait for its Completion first", seen!.Message, StringComparison.Ordinal);
+        Assert.Contains("inside a callback", seen.Message, StringComparison.Ordinal);
+        Assert.Contains("outside", seen.Message, StringComparison.Ordinal);
+
+        // Refused, so nothing changed: the machine completed, and the scheme disposes from outside.
+        Assert.Null(machine.Fault);
+        Assert.Equal(2, scheme.CurrentState.Version);
+        scheme.Dispose();
+        Assert.Throws<ObjectDisposedException>(() => scheme.Enter());
+    }
+
     [Fact]
     public void BadArguments_Throw()
     {
