@@ -519,11 +519,12 @@ public sealed partial class EpochProtectedVersionScheme
         if (Volatile.Read(ref currentMachine) != machine || machine.IsCompleted)
             return null;
 
+        // Readers that see the intermediate state must not pair it with the previous step's epoch. Release, before the
+        // step's start (a stall check that reads the previous step's epoch, then this start, then sees this reset).
+        Volatile.Write(ref transitionPrior, UnknownPrior);
         // Before the state goes intermediate (the CAS below is a full fence): a waiter that sees the intermediate state
         // then reads this step's start, never the previous step's (a stall report timed from it).
         RecordStepStart();
-        // Readers that see the intermediate state must not pair it with the previous step's epoch.
-        Volatile.Write(ref transitionPrior, UnknownPrior);
         // Full fence. From here no thread can begin a region in `from` (Enter backs off on intermediate states).
         if (Interlocked.CompareExchange(ref state, VersionSchemeState.MakeIntermediate(from).Word, from.Word) != from.Word)
             return null;

@@ -106,6 +106,10 @@ public sealed partial class EpochProtectedVersionScheme
     /// machine slot.</summary>
     internal System.Action? AsyncWaitsForDisposeHookForTesting { get; set; }
 
+    /// <summary>Test hook: runs on a waiting thread that found the step in flight overdue, before it claims the step's
+    /// stall report.</summary>
+    internal System.Action? StallDueHookForTesting { get; set; }
+
     /// <summary>Test hook: runs on a thread whose Dispose waits for another thread's Dispose, on each turn.</summary>
     internal System.Action? DisposeWaitsHookForTesting { get; set; }
 
