@@ -60,6 +60,17 @@ public sealed partial class EpochProtectedVersionScheme
     /// <see cref="StallThreshold"/>. The arguments name the threads holding it back. Costs nothing when no step
     /// waits; handlers must not throw (exceptions from handlers are ignored) and must not wait for the step.
     /// </summary>
+    /// <remarks>
+    /// <para>Who reports (the <c>epvs.transition.stalls</c> counter too): a thread blocked in
+    /// <see cref="ExecuteStateMachine"/> or <see cref="AdvanceVersionWithCriticalSection"/> (waiting for another machine
+    /// to end, or with <c>spin: true</c> for its own), an <see cref="Enter"/> or <see cref="Refresh"/> waiting for the step,
+    /// and <see cref="AdvanceVersionAsync"/> while it awaits its transition (it checks every threshold, so it may report up
+    /// to one threshold late).</para>
+    /// <para>Nobody reports a step that nobody waits for: one started with <see cref="TryExecuteStateMachine"/> or
+    /// <see cref="TryAdvanceVersionWithCriticalSection"/>, with no other thread entering meanwhile, stays unreported however
+    /// long it is held back. Poll <see cref="GetThreadsBlockingTransition"/> for such steps (it names the same threads), or
+    /// request the transition with a form that waits for it (<c>spin: true</c>, or <see cref="AdvanceVersionAsync"/>).</para>
+    /// </remarks>
     public event EventHandler<TransitionStalledEventArgs>? TransitionStalled;
 
     /// <summary>

@@ -341,8 +341,34 @@ public sealed partial class EpochProtectedVersionScheme
                     await Task.WhenAny(ended, cancelled.Task).ConfigureAwait(false);
             }
         }
-        await machine.Completion.ConfigureAwait(false); // rethrows the critical section's exception
+        Task done = machine.Completion;
+        if (!done.IsCompleted)
+            await WaitReportingStallsAsync(done).ConfigureAwait(false);
+        await done.ConfigureAwait(false); // rethrows the critical section's exception
         return true;
+    }
+
+    /// <summary>
+    /// Awaits <paramref name="done"/> (a started machine's completion), checking every <see cref="StallThreshold"/> whether
+    /// its step in flight is overdue (<see cref="ReportStallIfDue"/>): with no thread blocked in a wait, nothing else
+    /// would report a step held back by a parked reader. A report may come up to one threshold late.
+    /// </summary>
+    private async Task WaitReportingStallsAsync(Task done)
+    {
+        using var stopTimer = new CancellationTokenSource();
+        while (true)
+        {
+            // Task.Delay takes at most int.MaxValue - 1 milliseconds (about 24 days); a threshold below 1 ms polls every 1 ms.
+            double threshold = StallThreshold.TotalMilliseconds;
+            int period = threshold >= int.MaxValue - 1 ? int.MaxValue - 1 : Math.Max(1, (int)Math.Ceiling(threshold));
+            Task timer = Task.Delay(period, stopTimer.Token);
+            if (await Task.WhenAny(done, timer).ConfigureAwait(false) == done)
+            {
+                stopTimer.Cancel(); // release the timer now rather than when it would have fired
+                return;
+            }
+            ReportStallIfDue();
+        }
     }
 
     /// <summary>

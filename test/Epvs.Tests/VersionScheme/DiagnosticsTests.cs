@@ -44,6 +44,33 @@ public class DiagnosticsTests
     }
 
     /// <summary>
+    /// Only threads blocked in a wait reported stalls, so a step held back by a parked reader and awaited through
+    /// <see cref="EpochProtectedVersionScheme.AdvanceVersionAsync"/> (the awaitable form, with no thread blocked) was never
+    /// reported, neither by the event nor by the counter. The awaiting call now checks every threshold while it waits.
+    /// </summary>
+    [Fact]
+    public void TransitionStalled_WhenTheRequesterAwaitsAdvanceVersionAsync_IsRaised_NamingTheReader()
+    {
+        var scheme = new EpochProtectedVersionScheme { StallThreshold = TimeSpan.FromMilliseconds(20) };
+        var stalled = new TaskCompletionSource<TransitionStalledEventArgs>(TaskCreationOptions.RunContinuationsAsynchronously);
+        scheme.TransitionStalled += (_, e) => stalled.TrySetResult(e);
+        var parked = new ParkedThread(() => scheme.Enter(), scheme.Leave);
+
+        Task<bool> advance = scheme.AdvanceVersionAsync((_, _) => { });
+        // Nobody else waits: the awaiting call must report. Bounded below the parked thread's own bound, which would hide
+        // the failure.
+        bool raised = stalled.Task.Wait(GuardedThread.DefaultTimeout / 2);
+        parked.Release();
+        Assert.True(advance.Wait(GuardedThread.DefaultTimeout));
+        Assert.True(advance.Result);
+        scheme.Dispose();
+
+        Assert.True(raised, "a step held back by a parked reader and awaited through AdvanceVersionAsync was never reported");
+        Assert.Equal(VersionSchemeState.Make(VersionSchemeState.Rest, 1), stalled.Task.Result.FromState);
+        Assert.Equal(parked.ManagedThreadId, Assert.Single(stalled.Task.Result.BlockingThreads).ManagedThreadId);
+    }
+
+    /// <summary>
     /// A waiter found step 1 overdue; before it claimed the step's report, step 1 completed and step 2 began. Its claim used
     /// up step 2's once-per-step flag (reset when step 2 began): the report paired step 1's elapsed time with step 2's
     /// state, and step 2, stalled for real, was never reported. The claim is now keyed to the step it timed.
