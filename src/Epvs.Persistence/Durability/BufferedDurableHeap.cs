@@ -970,11 +970,11 @@ public sealed unsafe partial class BufferedDurableHeap : IDisposable
     {
         // The heap's own ObjectDisposedException if it is disposed (or being disposed): the other objects are its parts.
         ThrowIfDisposed();
-        throw new InvalidOperationException($"No operation begins on this heap any more: its version scheme, or the scheme's epoch, was disposed under it (BufferedDurableHeap.VersionScheme is for diagnostics: dispose neither), so no operation can enter it. Dispose the heap (its last advance still makes the completed operations durable if only the epoch was disposed) and reopen the file: recovery keeps every version up to DurableFrontier ({DurableFrontier} now).", e);
+        throw new InvalidOperationException($"No operation begins on this heap any more: its version scheme, or the scheme's epoch, was disposed under it (BufferedDurableHeap.VersionScheme is for diagnostics: dispose neither), so no operation can enter it. Dispose the heap and reopen the file: recovery keeps every version up to DurableFrontier ({DurableFrontier} now).", e);
     }
 
-    /// <summary>What the heap says when its version scheme was disposed under it.</summary>
-    private const string SchemeDisposedUnderHeap = "The heap's version scheme was disposed under it (BufferedDurableHeap.VersionScheme is for diagnostics: do not dispose it), so no version can end and nothing more can become durable: dispose the heap and reopen the file.";
+    /// <summary>What the heap says when its version scheme, or the scheme's epoch, was disposed under it.</summary>
+    private const string SchemeDisposedUnderHeap = "The heap's version scheme was disposed under it, or the scheme's epoch was (BufferedDurableHeap.VersionScheme is for diagnostics: dispose neither), so no version can end and nothing more can become durable: dispose the heap and reopen the file.";
 
     [DoesNotReturn]
     [MethodImpl(MethodImplOptions.NoInlining)]

@@ -60,6 +60,13 @@ public sealed unsafe partial class LightEpoch
     /// </summary>
     internal static bool WaitingDrainFiltersAtInlineLimitForTesting;
 
+    /// <summary>
+    /// Test-only: a registration that finds the epoch Closed runs the pending actions itself at any depth (as before), one
+    /// stack level deeper per registration, so the test of a machine in flight when its epoch closes can show that it
+    /// catches the stack growing with every step. Read only on that path.
+    /// </summary>
+    internal static bool UnboundedClosedRunForTesting;
+
     /// <summary>Test-only: record <see cref="t_maxDrainDepthForTesting"/> (read only on the drain path).</summary>
     internal static bool RecordDrainDepthForTesting;
 

@@ -518,7 +518,7 @@ public sealed unsafe partial class LightEpoch : IDisposable
         int now = Volatile.Read(ref lifecycle);
         if (now == Closed || (LegacyDisposeForTesting && now != Live))
         {
-            drainList.RunEligible(long.MaxValue - 2, ref pendingActions.Value, reportFault);
+            RunClosed(final: false);
             return;
         }
         // Read before our scan of the table, after our count was published (Add): see below.
@@ -867,6 +867,91 @@ public sealed unsafe partial class LightEpoch : IDisposable
         return true;
     }
 
+    /// <summary>Every epoch is safe once the epoch is Closed (nobody can be protected any more): runs every published action.</summary>
+    private const long AllPublished = long.MaxValue - 2;
+
+    /// <summary>
+    /// Runs every pending action of a Closed epoch, inside the same per-thread nesting as <see cref="Drain(bool, Action?)"/>:
+    /// past the inline depth limit a registration made by an action of this run (a scheme's next step, registered by
+    /// the step before it) only asks the outermost level to look again, and returns. Each such registration used to run
+    /// the list itself, one stack level deeper than the last: a state machine in flight when its epoch closed ran every
+    /// step nested inside the one before, and a long one overflowed the stack. Never throws.
+    /// </summary>
+    /// <param name="final">Dispose's final run: runs whatever the depth (Dispose returns only once every pending action
+    /// has run; its thread may be deep inside drains of this epoch), and loops until no registration nested in it asked
+    /// for another look. Otherwise (a registration that found the epoch Closed) it runs only within the inline limit.</param>
+    private void RunClosed(bool final)
+    {
+        // The nesting entry may have to be allocated (this thread's first drain of an epoch with this id): should that fail,
+        // run the list here, unbounded, as before, rather than leave actions pending on an epoch nobody drains any more.
+        int index = SharedDrainDepthForTesting ? 0 : id;
+        if ((t_drainNesting is not { } all || all.Length <= index) && !TryGrowDrainNesting(index))
+        {
+            drainList.RunEligible(AllPublished, ref pendingActions.Value, reportFault);
+            return;
+        }
+
+        // As in Drain: an entry of a disposed instance that had our id is set aside, and put back when we return.
+        DrainNesting displaced = default;
+        bool restore = false;
+        ref DrainNesting entry = ref Nesting;
+        if (entry.Token != token && !SharedDrainDepthForTesting && !DrainNestingByIdForTesting)
+        {
+            restore = entry.Depth != 0;
+            displaced = entry;
+            entry = new DrainNesting { Token = token };
+        }
+        int depth = entry.Depth;
+        if (!final && depth >= MaxInlineDrainDepth && !UnboundedClosedRunForTesting)
+        {
+            // An outer level on this thread (a Drain, or a RunClosed) loops while Again. A Drain's safe epoch on a Closed
+            // epoch covers every registration: every slot is marked, or was grown after the marking pass and holds at most a
+            // Resume's claim until it backs out (ResumeSlow), which drains after clearing it.
+            entry.Again = true;
+            return;
+        }
+        bool outerAgain = entry.Again;
+        bool loops = final || depth == 1;
+        entry.Depth = ++depth;
+        if (RecordDrainDepthForTesting && depth > t_maxDrainDepthForTesting)
+            t_maxDrainDepthForTesting = depth;
+        try
+        {
+            do
+            {
+                if (loops)
+                    Nesting.Again = false;
+                drainList.RunEligible(AllPublished, ref pendingActions.Value, reportFault); // never throws
+            }
+            while (loops && Nesting.Again);
+        }
+        finally
+        {
+            // Indexed afresh, as in Drain. A request of an outer level that our loop cleared is put back (a final run nested
+            // in drains of this epoch); it costs that level one more look.
+            ref DrainNesting mine = ref Nesting;
+            mine.Depth--;
+            if (outerAgain)
+                mine.Again = true;
+            if (restore)
+                mine = displaced;
+        }
+    }
+
+    /// <summary><see cref="GrowDrainNesting"/>, reporting a failure (out of memory) instead of throwing.</summary>
+    private static bool TryGrowDrainNesting(int index)
+    {
+        try
+        {
+            GrowDrainNesting(index);
+            return true;
+        }
+        catch (Exception)
+        {
+            return false;
+        }
+    }
+
     private void PublishSafeEpoch(long safe)
     {
         long seen = Volatile.Read(ref safeToReclaimEpoch.Value);
@@ -936,6 +1021,10 @@ public sealed unsafe partial class LightEpoch : IDisposable
         if (Volatile.Read(ref pendingActions.Value) != 0)
             Drain(waiting: true, awaited);
     }
+
+    /// <summary>Whether the epoch is disposed (Closed, final; a Dispose that is still deciding does not count). Acquire:
+    /// pairs with Dispose's exchange to Closed.</summary>
+    internal bool IsClosed => Volatile.Read(ref lifecycle) == Closed;
 
     /// <summary>Whether any protected thread announced <paramref name="epoch"/> or older.</summary>
     internal bool IsHeldBack(long epoch) => table.AnyOtherAtOrBelow(epoch, null);
@@ -1073,7 +1162,7 @@ public sealed unsafe partial class LightEpoch : IDisposable
         try
         {
             ClosedHookForTesting?.Invoke();
-            drainList.RunEligible(long.MaxValue - 2, ref pendingActions.Value, reportFault); // never throws
+            RunClosed(final: true); // never throws
         }
         finally
         {

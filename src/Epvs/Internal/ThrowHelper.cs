@@ -21,6 +21,13 @@ internal static class ThrowHelper
         throw new ObjectDisposedException(typeName, $"This {typeName} has been disposed; create a new instance instead of reusing it.");
 
     [DoesNotReturn, MethodImpl(MethodImplOptions.NoInlining)]
+    public static void ThrowEpochDisposed(string objectName) =>
+        throw new ObjectDisposedException(
+            objectName,
+            "The LightEpoch under this EpochProtectedVersionScheme has been disposed, so no transition can run on it (no " +
+            "region can be protected to exclude it). Create a new epoch and scheme instead of reusing them.");
+
+    [DoesNotReturn, MethodImpl(MethodImplOptions.NoInlining)]
     public static void ThrowInvalidOperation(string message) => throw new InvalidOperationException(message);
 
     [DoesNotReturn, MethodImpl(MethodImplOptions.NoInlining)]

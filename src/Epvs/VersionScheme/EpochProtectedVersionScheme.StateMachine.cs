@@ -45,37 +45,48 @@ public sealed partial class EpochProtectedVersionScheme
     /// <summary>
     /// Tries to start <paramref name="stateMachine"/>; never blocks. The machine then steps itself to completion.
     /// </summary>
-    /// <param name="stateMachine">A machine that has not run before.</param>
+    /// <param name="stateMachine">A machine that has not been started (or refused) before.</param>
     /// <returns><see cref="StateMachineExecutionStatus.Ok"/> if started; <see cref="StateMachineExecutionStatus.Retry"/>
-    /// if another machine is active (try again after leaving or refreshing protection);
-    /// <see cref="StateMachineExecutionStatus.Fail"/> if its target version has been reached or is the target of the
-    /// active machine.</returns>
+    /// if another machine is active (try again after leaving or refreshing protection; the machine is not started and
+    /// may be passed again); <see cref="StateMachineExecutionStatus.Fail"/> if its target version has been reached or is
+    /// the target of the active machine: the machine is then completed without running (its
+    /// <see cref="VersionSchemeStateMachine.Completion"/> completes successfully, its
+    /// <see cref="VersionSchemeStateMachine.ActualToVersion"/> stays -1) and cannot be passed again.</returns>
     /// <exception cref="ArgumentNullException"><paramref name="stateMachine"/> is null.</exception>
-    /// <exception cref="InvalidOperationException"><paramref name="stateMachine"/> has already been started; or it
+    /// <exception cref="InvalidOperationException"><paramref name="stateMachine"/> has already been started, or refused
+    /// with <see cref="StateMachineExecutionStatus.Fail"/>; or it
     /// targets the next version and the version is at <see cref="VersionSchemeState.MaxVersion"/> (the machine is then
     /// completed with this exception as its <see cref="VersionSchemeStateMachine.Fault"/>).</exception>
-    /// <exception cref="ObjectDisposedException">The scheme has been disposed.</exception>
+    /// <exception cref="ObjectDisposedException">The scheme has been disposed, or the <see cref="LightEpoch"/> under it (a
+    /// shared one, or its own through <see cref="Epoch"/>), as <see cref="Enter"/> reports it.</exception>
     public StateMachineExecutionStatus TryExecuteStateMachine(VersionSchemeStateMachine stateMachine)
     {
         if (stateMachine is null)
             ThrowHelper.ThrowArgumentNull(nameof(stateMachine));
-        ThrowIfDisposed();
-
-        long target = stateMachine.ToVersion;
-        if (target != -1 && target <= CurrentState.Version)
-            return StateMachineExecutionStatus.Fail;
+        ThrowIfDisposedOrEpochClosed();
 
         // Mark before publishing: a machine that ran before (here or on another scheme) must never be visible as
-        // currentMachine, where a concurrent stepper would ask it for steps towards its old target.
+        // currentMachine, where a concurrent stepper would ask it for steps towards its old target. Marked before the
+        // first look at the target too, so that a refusal (Fail) is final for the instance on every path.
         if (!stateMachine.TryMarkStarted())
-            ThrowHelper.ThrowInvalidOperation("This state machine has already been started; create a new instance for each transition.");
+        {
+            ThrowHelper.ThrowInvalidOperation(
+                "This state machine has already been started, or refused with Fail (its target version reached or claimed); " +
+                "create a new instance for each transition.");
+        }
+        long target = stateMachine.ToVersion;
+        if (target != -1 && target <= CurrentState.Version)
+            return Refuse(stateMachine);
+
         VersionSchemeStateMachine? active = Interlocked.CompareExchange(ref currentMachine, stateMachine, null);
         if (active is not null)
         {
+            if (active != DisposedSentinel && StatusAgainst(active, target) == StateMachineExecutionStatus.Fail)
+                return Refuse(stateMachine); // its target is claimed: final, as for a target reached
             stateMachine.UnmarkStarted(); // not started after all: the caller may retry with the same instance
             if (active == DisposedSentinel)
                 return DisposingStatus();
-            return StatusAgainst(active, target);
+            return StateMachineExecutionStatus.Retry;
         }
 
         // No machine was active, so no step is in flight and the state is settled.
@@ -83,8 +94,7 @@ public sealed partial class EpochProtectedVersionScheme
         if (target != -1 && target <= current.Version)
         {
             Volatile.Write(ref currentMachine, null);
-            _ = stateMachine.Complete(null); // a success: nothing can fail
-            return StateMachineExecutionStatus.Fail;
+            return Refuse(stateMachine); // reached by the machine that ended since our first look
         }
         if (target == -1 && current.Version == VersionSchemeState.MaxVersion)
         {
@@ -101,11 +111,23 @@ public sealed partial class EpochProtectedVersionScheme
         return StateMachineExecutionStatus.Ok;
     }
 
+    /// <summary>
+    /// Ends a machine refused with <see cref="StateMachineExecutionStatus.Fail"/> (marked started, never published, or no
+    /// longer): completed, successfully and without having run (<see cref="VersionSchemeStateMachine.ActualToVersion"/>
+    /// stays -1), so that nobody awaiting its <see cref="VersionSchemeStateMachine.Completion"/> waits for ever, as for the
+    /// refusal at <see cref="VersionSchemeState.MaxVersion"/>; it stays marked started, so passing it again throws.
+    /// </summary>
+    private static StateMachineExecutionStatus Refuse(VersionSchemeStateMachine stateMachine)
+    {
+        _ = stateMachine.Complete(null); // a success: completing a task with a result allocates nothing, cannot fail
+        return StateMachineExecutionStatus.Fail;
+    }
+
     /// <summary>The machine slot holds the sentinel: disposed (throws), or a Dispose is in progress that may still fail
     /// and give the slot back (<see cref="StateMachineExecutionStatus.Retry"/>, not a false ObjectDisposedException).</summary>
     private StateMachineExecutionStatus DisposingStatus()
     {
-        ThrowIfDisposed();
+        ThrowIfDisposedOrEpochClosed();
         // On the disposing thread itself: a deferred action the epoch's Dispose runs once the epoch is closed, so that
         // Dispose can no longer fail, and nobody else can finish it while this thread waits.
         if (Volatile.Read(ref disposingThread) == Environment.CurrentManagedThreadId)
@@ -124,9 +146,10 @@ public sealed partial class EpochProtectedVersionScheme
     /// Starts <paramref name="stateMachine"/>, retrying while another machine is active, and with
     /// <paramref name="spin"/> waits until it has completed.
     /// </summary>
-    /// <param name="stateMachine">A machine that has not run before.</param>
+    /// <param name="stateMachine">A machine that has not been started (or refused) before.</param>
     /// <param name="spin">Whether to wait for the machine to complete (rethrowing its fault, if any).</param>
-    /// <returns>False if the target version had already been reached or claimed (<see cref="StateMachineExecutionStatus.Fail"/>).</returns>
+    /// <returns>False if the target version had already been reached or claimed (<see cref="StateMachineExecutionStatus.Fail"/>:
+    /// the machine is then completed without running; see <see cref="TryExecuteStateMachine"/>).</returns>
     /// <remarks>
     /// While it waits (for another machine to end, or with <paramref name="spin"/> for this one), the calling thread
     /// takes the active machine's available steps and runs the epoch's deferred actions that have become safe, so the
@@ -139,7 +162,8 @@ public sealed partial class EpochProtectedVersionScheme
     /// of this scheme's running machine (OnEnteringState, AfterEnteringState, GetNextStep), which ends only after the
     /// callback returns. Also when the machine targets the next version and the version is at
     /// <see cref="VersionSchemeState.MaxVersion"/>.</exception>
-    /// <exception cref="ObjectDisposedException">The scheme has been disposed.</exception>
+    /// <exception cref="ObjectDisposedException">The scheme has been disposed, or the <see cref="LightEpoch"/> under it (a
+    /// shared one, or its own through <see cref="Epoch"/>), as <see cref="Enter"/> reports it.</exception>
     /// <exception cref="ThreadInterruptedException">The calling thread was interrupted (<see cref="Thread.Interrupt"/>)
     /// while it waited. If it waited for another machine to end, <paramref name="stateMachine"/> has not started and
     /// may be passed again; if it waited with <paramref name="spin"/> for <paramref name="stateMachine"/> to complete,
@@ -209,12 +233,13 @@ public sealed partial class EpochProtectedVersionScheme
     /// <exception cref="ArgumentOutOfRangeException"><paramref name="targetVersion"/> is below -1 or too large.</exception>
     /// <exception cref="InvalidOperationException"><paramref name="targetVersion"/> is -1 (next) and the version is at
     /// <see cref="VersionSchemeState.MaxVersion"/>.</exception>
-    /// <exception cref="ObjectDisposedException">The scheme has been disposed.</exception>
+    /// <exception cref="ObjectDisposedException">The scheme has been disposed, or the <see cref="LightEpoch"/> under it (a
+    /// shared one, or its own through <see cref="Epoch"/>), as <see cref="Enter"/> reports it.</exception>
     public StateMachineExecutionStatus TryAdvanceVersionWithCriticalSection(Action<long, long> criticalSection, long targetVersion = -1)
     {
         if (criticalSection is null)
             ThrowHelper.ThrowArgumentNull(nameof(criticalSection));
-        ThrowIfDisposed();
+        ThrowIfDisposedOrEpochClosed();
         // Answer the common losing cases without allocating a machine (many threads asking for the same version).
         if (targetVersion != -1 && targetVersion <= CurrentState.Version)
             return StateMachineExecutionStatus.Fail;
@@ -238,7 +263,8 @@ public sealed partial class EpochProtectedVersionScheme
     /// <exception cref="ArgumentNullException"><paramref name="criticalSection"/> is null.</exception>
     /// <exception cref="InvalidOperationException">The calling thread is protected, or the version is at
     /// <see cref="VersionSchemeState.MaxVersion"/> (see <see cref="ExecuteStateMachine"/>).</exception>
-    /// <exception cref="ObjectDisposedException">The scheme has been disposed.</exception>
+    /// <exception cref="ObjectDisposedException">The scheme has been disposed, or the <see cref="LightEpoch"/> under it (a
+    /// shared one, or its own through <see cref="Epoch"/>), as <see cref="Enter"/> reports it.</exception>
     /// <exception cref="ThreadInterruptedException">The calling thread was interrupted while it waited (see
     /// <see cref="ExecuteStateMachine"/>): either the transition has not started, or, with <paramref name="spin"/>, it
     /// has started and carries on without the caller (a fault of its critical section is then reported only through
@@ -255,7 +281,8 @@ public sealed partial class EpochProtectedVersionScheme
     /// completed: the awaitable form of <see cref="AdvanceVersionWithCriticalSection"/> with <c>spin: true</c>.
     /// </summary>
     /// <remarks>
-    /// While another machine is active, waits (asynchronously) for it to end and tries again. The task's result is
+    /// While another machine is active, waits (asynchronously) for it to end and tries again; likewise while a
+    /// <see cref="Dispose"/> of the scheme is in progress (it may be refused, and the transition then runs). The task's result is
     /// false if the target version had already been reached or claimed; it faults with the critical section's
     /// exception if that threw (the version is then unchanged), or is canceled if that exception could not be given to the
     /// machine's <see cref="VersionSchemeStateMachine.Completion"/> for lack of memory. <paramref name="cancellationToken"/> cancels only
@@ -268,17 +295,18 @@ public sealed partial class EpochProtectedVersionScheme
     /// <param name="cancellationToken">Cancels waiting for another machine before this transition starts.</param>
     /// <returns>True once the transition has completed; false if its target was already reached or claimed. The task
     /// faults with <see cref="InvalidOperationException"/> if <paramref name="targetVersion"/> is -1 and the version is at
-    /// <see cref="VersionSchemeState.MaxVersion"/>, and with <see cref="ObjectDisposedException"/> if the scheme is
-    /// disposed while the call waits for another machine.</returns>
+    /// <see cref="VersionSchemeState.MaxVersion"/>, and with <see cref="ObjectDisposedException"/> if the scheme (or its
+    /// epoch) is disposed while the call waits for another machine.</returns>
     /// <exception cref="ArgumentNullException"><paramref name="criticalSection"/> is null.</exception>
     /// <exception cref="InvalidOperationException">The calling thread is protected.</exception>
-    /// <exception cref="ObjectDisposedException">The scheme has been disposed.</exception>
+    /// <exception cref="ObjectDisposedException">The scheme has been disposed, or the <see cref="LightEpoch"/> under it (a
+    /// shared one, or its own through <see cref="Epoch"/>), as <see cref="Enter"/> reports it.</exception>
     public Task<bool> AdvanceVersionAsync(Action<long, long> criticalSection, long targetVersion = -1, CancellationToken cancellationToken = default)
     {
         if (criticalSection is null)
             ThrowHelper.ThrowArgumentNull(nameof(criticalSection));
         ThrowIfProtected();
-        ThrowIfDisposed(); // at the call, as documented (inside the async method it would only fault the task)
+        ThrowIfDisposedOrEpochClosed(); // at the call, as documented (inside the async method it would only fault the task)
         return AdvanceVersionCoreAsync(new CriticalSectionStateMachine(criticalSection, targetVersion), cancellationToken);
     }
 
@@ -292,24 +320,75 @@ public sealed partial class EpochProtectedVersionScheme
                 return false;
             if (status == StateMachineExecutionStatus.Ok)
                 break;
-            // Retry: wait for the active machine to end (its fault is its requester's, not ours), then try again.
-            if (ActiveStateMachine is { } active)
+            AsyncRetryHookForTesting?.Invoke();
+            // Retry: wait for the active machine to end (its fault is its requester's, not ours), or for a Dispose that
+            // holds the machine slot to end (it may be refused and give the slot back), then try again.
+            VersionSchemeStateMachine? active = Volatile.Read(ref currentMachine);
+            Task? ended = active is null ? null
+                : active != DisposedSentinel ? active.Completion
+                : YieldWhileDisposingForTesting ? null
+                : DisposeEndedOrNull();
+            if (ended is null)
             {
-                Task ended = active.Completion;
-                if (!ended.IsCompleted)
-                {
-                    var cancelled = new TaskCompletionSource<bool>(TaskCreationOptions.RunContinuationsAsynchronously);
-                    using (cancellationToken.Register(static c => ((TaskCompletionSource<bool>)c!).TrySetResult(true), cancelled))
-                        await Task.WhenAny(ended, cancelled.Task).ConfigureAwait(false);
-                }
+                await Task.Yield(); // the active machine (or the Dispose) ended between our try and the read: try again now
             }
-            else
+            else if (!ended.IsCompleted)
             {
-                await Task.Yield(); // the active machine ended between our try and the read: try again at once
+                if (active == DisposedSentinel)
+                    AsyncWaitsForDisposeHookForTesting?.Invoke();
+                var cancelled = new TaskCompletionSource<bool>(TaskCreationOptions.RunContinuationsAsynchronously);
+                using (cancellationToken.Register(static c => ((TaskCompletionSource<bool>)c!).TrySetResult(true), cancelled))
+                    await Task.WhenAny(ended, cancelled.Task).ConfigureAwait(false);
             }
         }
-        await machine.Completion.ConfigureAwait(false); // rethrows the critical section's exception
+        Task done = machine.Completion;
+        if (!done.IsCompleted)
+            await WaitReportingStallsAsync(done).ConfigureAwait(false);
+        await done.ConfigureAwait(false); // rethrows the critical section's exception
         return true;
+    }
+
+    /// <summary>
+    /// Awaits <paramref name="done"/> (a started machine's completion), checking every <see cref="StallThreshold"/> whether
+    /// its step in flight is overdue (<see cref="ReportStallIfDue"/>): with no thread blocked in a wait, nothing else
+    /// would report a step held back by a parked reader. A report may come up to one threshold late.
+    /// </summary>
+    private async Task WaitReportingStallsAsync(Task done)
+    {
+        using var stopTimer = new CancellationTokenSource();
+        while (true)
+        {
+            // Task.Delay takes at most int.MaxValue - 1 milliseconds (about 24 days); a threshold below 1 ms polls every 1 ms.
+            double threshold = StallThreshold.TotalMilliseconds;
+            int period = threshold >= int.MaxValue - 1 ? int.MaxValue - 1 : Math.Max(1, (int)Math.Ceiling(threshold));
+            Task timer = Task.Delay(period, stopTimer.Token);
+            if (await Task.WhenAny(done, timer).ConfigureAwait(false) == done)
+            {
+                stopTimer.Cancel(); // release the timer now rather than when it would have fired
+                return;
+            }
+            ReportStallIfDue();
+        }
+    }
+
+    /// <summary>
+    /// For a start that got <see cref="StateMachineExecutionStatus.Retry"/> because a Dispose holds the machine slot: a task
+    /// that completes when the Dispose running now ends (disposed or refused), or null if none is running any more. The
+    /// Dispose may run the epoch's pending actions, and wait for another Dispose of the epoch: polling it kept a thread
+    /// busy for all that time (it used to yield and try again at once).
+    /// </summary>
+    private Task? DisposeEndedOrNull()
+    {
+        TaskCompletionSource<bool>? ended = Volatile.Read(ref disposeEnded);
+        if (ended is null)
+        {
+            var created = new TaskCompletionSource<bool>(TaskCreationOptions.RunContinuationsAsynchronously);
+            // Full fence: published before the read of disposingThread below. Pairs with Dispose's release of
+            // disposingThread and then exchange of this field (see Dispose): either it takes our task and completes it,
+            // or we see it gone below.
+            ended = Interlocked.CompareExchange(ref disposeEnded, created, null) ?? created;
+        }
+        return Volatile.Read(ref disposingThread) != 0 ? ended.Task : null;
     }
 
     private void ThrowIfProtected()
@@ -326,10 +405,11 @@ public sealed partial class EpochProtectedVersionScheme
     /// <see cref="VersionSchemeStateMachine.GetNextStep"/> returned false), so it can proceed without any thread
     /// entering or leaving. Unnecessary for machines whose steps are always available.
     /// </summary>
-    /// <exception cref="ObjectDisposedException">The scheme has been disposed.</exception>
+    /// <exception cref="ObjectDisposedException">The scheme has been disposed, or the <see cref="LightEpoch"/> under it (a
+    /// shared one, or its own through <see cref="Epoch"/>), as <see cref="Enter"/> reports it.</exception>
     public void SignalStepAvailable()
     {
-        ThrowIfDisposed();
+        ThrowIfDisposedOrEpochClosed();
         TryStepStateMachine(mustNotLose: true);
     }
 
@@ -465,11 +545,12 @@ public sealed partial class EpochProtectedVersionScheme
         if (Volatile.Read(ref currentMachine) != machine || machine.IsCompleted)
             return null;
 
+        // Readers that see the intermediate state must not pair it with the previous step's epoch. Release, before the
+        // step's start (a stall check that reads the previous step's epoch, then this start, then sees this reset).
+        Volatile.Write(ref transitionPrior, UnknownPrior);
         // Before the state goes intermediate (the CAS below is a full fence): a waiter that sees the intermediate state
         // then reads this step's start, never the previous step's (a stall report timed from it).
         RecordStepStart();
-        // Readers that see the intermediate state must not pair it with the previous step's epoch.
-        Volatile.Write(ref transitionPrior, UnknownPrior);
         // Full fence. From here no thread can begin a region in `from` (Enter backs off on intermediate states).
         if (Interlocked.CompareExchange(ref state, VersionSchemeState.MakeIntermediate(from).Word, from.Word) != from.Word)
             return null;

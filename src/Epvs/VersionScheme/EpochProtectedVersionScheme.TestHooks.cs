@@ -92,6 +92,24 @@ public sealed partial class EpochProtectedVersionScheme
     /// </summary>
     internal bool LegacyConcurrentDisposeForTesting { get; set; }
 
+    /// <summary>
+    /// Test-only: <see cref="AdvanceVersionAsync"/> that gets Retry while a Dispose holds the machine slot yields and tries
+    /// again at once (as before), so the test of a start waiting for a Dispose can show that it catches the busy loop.
+    /// Read only on that retry path.
+    /// </summary>
+    internal bool YieldWhileDisposingForTesting { get; set; }
+
+    /// <summary>Test hook: runs in <see cref="AdvanceVersionAsync"/> each time a start attempt gets Retry.</summary>
+    internal System.Action? AsyncRetryHookForTesting { get; set; }
+
+    /// <summary>Test hook: runs in <see cref="AdvanceVersionAsync"/> before it awaits the end of a Dispose that holds the
+    /// machine slot.</summary>
+    internal System.Action? AsyncWaitsForDisposeHookForTesting { get; set; }
+
+    /// <summary>Test hook: runs on a waiting thread that found the step in flight overdue, before it claims the step's
+    /// stall report.</summary>
+    internal System.Action? StallDueHookForTesting { get; set; }
+
     /// <summary>Test hook: runs on a thread whose Dispose waits for another thread's Dispose, on each turn.</summary>
     internal System.Action? DisposeWaitsHookForTesting { get; set; }
 

@@ -2,6 +2,7 @@ using System;
 using System.Collections.Generic;
 using System.Runtime.CompilerServices;
 using System.Threading;
+using System.Threading.Tasks;
 
 namespace Epvs;
 
@@ -53,6 +54,10 @@ public sealed partial class EpochProtectedVersionScheme : IDisposable
 
     /// <summary>The thread running <see cref="Dispose"/> (0: none): one at a time.</summary>
     private int disposingThread;
+
+    /// <summary>Completed (and cleared) when a Dispose ends, disposed or refused; created by a waiter that found a Dispose
+    /// holding the machine slot (<see cref="DisposeEndedOrNull"/>), so a Dispose nobody waits for allocates nothing.</summary>
+    private TaskCompletionSource<bool>? disposeEnded;
 
     /// <summary>The <see cref="VersionSchemeState"/> word. Written by CAS (start of a step) or release store
     /// (end of a step); read with acquire.</summary>
@@ -405,6 +410,19 @@ public sealed partial class EpochProtectedVersionScheme : IDisposable
     }
 
     /// <summary>
+    /// For the calls that start or step a machine (cold paths): also throws when the epoch under the scheme is disposed (a
+    /// shared one, or the owned one through <see cref="Epoch"/>), as <see cref="Enter"/> does. Nothing can be protected on
+    /// a disposed epoch, so a critical section started there would exclude nothing. Steps of a machine already in flight
+    /// when the epoch closed still run (the epoch's final run, or its closed registrations, take them).
+    /// </summary>
+    private void ThrowIfDisposedOrEpochClosed()
+    {
+        ThrowIfDisposed();
+        if (epoch.IsClosed)
+            ThrowHelper.ThrowEpochDisposed(epoch.DisposedObjectName);
+    }
+
+    /// <summary>
     /// Retires the scheme: later calls throw <see cref="ObjectDisposedException"/>. Disposes the epoch if the scheme
     /// created it. Returns only once that is done: a call made while another Dispose is running waits for it, then does
     /// what a later call does. A call after a completed Dispose does nothing; a call after a refused one tries again.
@@ -413,7 +431,8 @@ public sealed partial class EpochProtectedVersionScheme : IDisposable
     /// refused too while the reason stands. The wait is interruptible: <see cref="Thread.Interrupt"/> makes the waiting
     /// call throw <see cref="ThreadInterruptedException"/>, and the other Dispose carries on.</remarks>
     /// <exception cref="InvalidOperationException">A state machine is still running (wait for its
-    /// <see cref="VersionSchemeStateMachine.Completion"/> first), or a thread is still protected by the scheme's own
+    /// <see cref="VersionSchemeStateMachine.Completion"/> first; from inside one of that machine's own callbacks, which it
+    /// waits for, dispose from outside them instead), or a thread is still protected by the scheme's own
     /// epoch (a thread inside <see cref="Refresh"/>, stepped aside while a transition completes, counts as protected).
     /// Nothing is disposed. Or: called on the thread of a Dispose of this scheme that is still running (from a deferred
     /// action that the owned epoch's Dispose runs), which cannot complete before this call returns and so cannot be
@@ -457,6 +476,9 @@ public sealed partial class EpochProtectedVersionScheme : IDisposable
         finally
         {
             Volatile.Write(ref disposingThread, 0); // release: pairs with a waiter's CAS
+            // Full fence, after the release above: pairs with an async start's publication of its task, then read of
+            // disposingThread (DisposeEndedOrNull). Either we take its task here, or it sees us gone and does not wait.
+            Interlocked.Exchange(ref disposeEnded, null)?.TrySetResult(true); // its continuations run asynchronously
         }
     }
 
@@ -467,7 +489,18 @@ public sealed partial class EpochProtectedVersionScheme : IDisposable
         // Claim the machine slot so no machine can start from now on (TryExecuteStateMachine sees the sentinel).
         VersionSchemeStateMachine? active = Interlocked.CompareExchange(ref currentMachine, DisposedSentinel, null);
         if (active is not null)
+        {
+            // From inside that machine's own callback, waiting for its Completion would never end: say what works instead.
+            if (InCallback())
+            {
+                ThrowHelper.ThrowInvalidOperation(
+                    $"Dispose was called from inside a callback of this scheme's running state machine {active.GetType().Name} " +
+                    "(OnEnteringState, AfterEnteringState or GetNextStep): the machine ends only after the callback returns, so the " +
+                    "scheme cannot be disposed from there (an exception escaping the callback faults the machine). Dispose it from " +
+                    "outside the machine's callbacks, once its Completion has completed.");
+            }
             ThrowHelper.ThrowInvalidOperation($"Dispose was called while state machine {active.GetType().Name} is still running; wait for its Completion first.");
+        }
         if (ownsEpoch)
         {
             try

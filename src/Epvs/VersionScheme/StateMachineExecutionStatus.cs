@@ -9,7 +9,9 @@ public enum StateMachineExecutionStatus
     /// <summary>Another machine is active; try again after leaving or refreshing protection. Nothing was started.</summary>
     Retry,
 
-    /// <summary>The target version has already been reached or is claimed by the active machine; do not retry.</summary>
+    /// <summary>The target version has already been reached or is claimed by the active machine; do not retry. The machine
+    /// is completed without having run (its <see cref="VersionSchemeStateMachine.Completion"/> completes successfully, its
+    /// <see cref="VersionSchemeStateMachine.ActualToVersion"/> stays -1), and passing it again throws.</summary>
     Fail,
 
     /// <summary>FASTER.core's name for <see cref="Ok"/>.</summary>

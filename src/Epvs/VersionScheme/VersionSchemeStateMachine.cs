@@ -39,10 +39,11 @@ public abstract class VersionSchemeStateMachine
     /// <summary>The requested target version, or -1 for "the next version".</summary>
     public long ToVersion { get; }
 
-    /// <summary>The version this machine advances to, known once it has started (-1 before).</summary>
+    /// <summary>The version this machine advances to, known once it has started (-1 before, and for good for a machine
+    /// refused with <see cref="StateMachineExecutionStatus.Fail"/>).</summary>
     public long ActualToVersion => Volatile.Read(ref actualToVersion);
 
-    /// <summary>Whether the machine has finished, successfully or not.</summary>
+    /// <summary>Whether the machine has finished, successfully or not, or was refused (see <see cref="Completion"/>).</summary>
     public bool IsCompleted => Volatile.Read(ref completed) != 0; // acquire: pairs with Complete, publishes fault
 
     /// <summary>The exception a callback threw, if the machine stopped because of one; or the
@@ -52,7 +53,11 @@ public abstract class VersionSchemeStateMachine
 
     /// <summary>Completes when the machine ends; faults with <see cref="Fault"/> if it has one. Should giving the task that
     /// exception fail for lack of memory, the task is canceled instead (never left incomplete): <see cref="Fault"/> still
-    /// holds the exception.</summary>
+    /// holds the exception. A machine that a scheme refuses for good completes too, never having run: with
+    /// <see cref="StateMachineExecutionStatus.Fail"/> (its target version already reached or claimed) successfully, with
+    /// <see cref="ActualToVersion"/> still -1; at <see cref="VersionSchemeState.MaxVersion"/> with the refusal as its
+    /// <see cref="Fault"/>. A machine not started because of <see cref="StateMachineExecutionStatus.Retry"/> (or an
+    /// exception such as <see cref="ObjectDisposedException"/>) is not completed, and may be passed again.</summary>
     public Task Completion
     {
         get

@@ -109,4 +109,80 @@ public sealed class AdvanceVersionAsyncTests
         cts.Cancel();
         await Assert.ThrowsAnyAsync<OperationCanceledException>(() => scheme.AdvanceVersionAsync((_, _) => { }, cancellationToken: cts.Token));
     }
+
+    /// <summary>
+    /// A Dispose of the scheme holds the machine slot (held here in its epoch's closing hook, where it has not decided yet)
+    /// when <see cref="EpochProtectedVersionScheme.AdvanceVersionAsync"/> tries to start. Returns how many attempts the
+    /// call made before it either waited for the Dispose to end or reached 1,000 attempts (a busy loop), and whether it
+    /// waited; then lets the Dispose end (refused while a thread is protected, else completed) and checks the outcome.
+    /// </summary>
+    private static (int Attempts, bool Waited) AdvanceWhileADisposeIsHeld(bool refused, bool control)
+    {
+        var scheme = new EpochProtectedVersionScheme { YieldWhileDisposingForTesting = control };
+        using var inClosing = new ManualResetEventSlim();
+        using var release = new ManualResetEventSlim();
+        using var settled = new ManualResetEventSlim();
+        int attempts = 0;
+        bool waited = false;
+        scheme.Epoch.ClosingHookForTesting = () =>
+        {
+            inClosing.Set();
+            Assert.True(release.Wait(Bound));
+        };
+        scheme.AsyncRetryHookForTesting = () =>
+        {
+            if (Interlocked.Increment(ref attempts) >= 1000)
+                settled.Set();
+        };
+        scheme.AsyncWaitsForDisposeHookForTesting = () =>
+        {
+            Volatile.Write(ref waited, true);
+            settled.Set();
+        };
+        // A protected thread makes the Dispose refused once it decides (the scheme stays usable).
+        using var parked = refused ? new ParkedThread(() => scheme.Enter(), scheme.Leave) : null;
+        var disposer = GuardedThread.Start(() => Assert.Equal(refused, Record.Exception(scheme.Dispose) is InvalidOperationException), "disposer");
+        Assert.True(inClosing.Wait(Bound));
+
+        Task<bool> advance = scheme.AdvanceVersionAsync((_, _) => { });
+        Assert.True(settled.Wait(Bound), "the start neither waited nor kept trying");
+        int attemptsWhileHeld = Volatile.Read(ref attempts);
+
+        release.Set();
+        disposer.Join();
+        scheme.Epoch.ClosingHookForTesting = null;
+        scheme.AsyncRetryHookForTesting = null;
+        if (refused)
+        {
+            parked!.Release();
+            Assert.True(advance.Wait(Bound));
+            Assert.True(advance.Result);
+            Assert.Equal(2, scheme.CurrentState.Version);
+            scheme.Dispose();
+        }
+        else
+        {
+            // Woken by the end of the Dispose, the start finds the scheme disposed.
+            Assert.True(((IAsyncResult)advance).AsyncWaitHandle.WaitOne(Bound));
+            Assert.IsType<ObjectDisposedException>(advance.Exception?.InnerException);
+        }
+        return (attemptsWhileHeld, Volatile.Read(ref waited));
+    }
+
+    /// <summary>
+    /// While a Dispose held the machine slot, the start saw no active machine to wait for and tried again after a yield,
+    /// for as long as the Dispose took (the epoch's final run of user actions, a wait for another Dispose): a thread-pool
+    /// thread at full speed. It now awaits the end of that Dispose.
+    /// </summary>
+    [Theory]
+    [InlineData(true)]
+    [InlineData(false)]
+    public void AdvanceVersionAsync_WhileADisposeHoldsTheMachineSlot_WaitsForItToEnd_InsteadOfTryingAgainAndAgain(bool disposeRefused)
+    {
+        (int attempts, bool waited) = AdvanceWhileADisposeIsHeld(disposeRefused, control: false);
+        Assert.True(waited, $"the start made {attempts} attempts while the Dispose held the slot, without waiting for it");
+        Assert.Equal(1, attempts);
+        (int controlAttempts, bool controlWaited) = AdvanceWhileADisposeIsHeld(disposeRefused, control: true);
+        Assert.SkipWhen(controlWaited || controlAttempts < 1000, $"inconclusive: the control (yield and retry) made {controlAttempts} attempts");
+    }
 }

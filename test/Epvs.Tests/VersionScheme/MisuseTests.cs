@@ -135,6 +135,42 @@ public class MisuseTests
         Assert.True(scheme.Epoch.TryDispose()); // already disposed: still true, no throw
     }
 
+    [Theory]
+    [InlineData(false)]
+    [InlineData(true)]
+    public void StartsAndSignals_OnASchemeWhoseEpochIsDisposed_ThrowObjectDisposedAsEnterDoes_AndNothingRuns(bool sharedEpoch)
+    {
+        // The epoch, not the scheme, is disposed: a shared one under a scheme still in use, or an owned one through
+        // scheme.Epoch. Enter threw, but the starts returned Ok and ran their critical sections inline, on an epoch that no
+        // longer protects anything.
+        var scheme = sharedEpoch ? new EpochProtectedVersionScheme(new LightEpoch()) : new EpochProtectedVersionScheme();
+        scheme.Epoch.Dispose();
+        string expected = sharedEpoch ? nameof(LightEpoch) : nameof(EpochProtectedVersionScheme);
+        Assert.Equal(expected, Assert.Throws<ObjectDisposedException>(() => scheme.Enter()).ObjectName);
+
+        int ran = 0;
+        var machine = new PhaseMachine(2) { OnEntering = (_, _) => ran++ };
+        void Refused(Action call) => Assert.Equal(expected, Assert.Throws<ObjectDisposedException>(call).ObjectName);
+        Refused(() => scheme.TryExecuteStateMachine(machine));
+        Refused(() => scheme.ExecuteStateMachine(machine, spin: true));
+        Refused(() => scheme.TryAdvanceVersionWithCriticalSection((_, _) => ran++));
+        Refused(() => scheme.AdvanceVersionWithCriticalSection((_, _) => ran++, spin: true));
+        Refused(() => { _ = scheme.AdvanceVersionAsync((_, _) => ran++); });
+        Refused(scheme.SignalStepAvailable);
+        var disposed = Assert.Throws<ObjectDisposedException>(() => scheme.TryExecuteStateMachine(machine));
+        Assert.Contains("epoch", disposed.Message, StringComparison.OrdinalIgnoreCase);
+
+        Assert.Equal(0, ran);
+        Assert.False(machine.IsCompleted);
+        Assert.Null(scheme.ActiveStateMachine);
+        Assert.Equal(VersionSchemeState.Make(VersionSchemeState.Rest, 1), scheme.CurrentState);
+        scheme.Dispose();
+        // Refused before it was marked started: the instance can still run on a live scheme.
+        using var live = new EpochProtectedVersionScheme();
+        Assert.True(live.ExecuteStateMachine(machine, spin: true));
+        Assert.Equal(2, ran); // its two steps
+    }
+
     [Fact]
     public void UseAfterDispose_SchemeOnSharedEpoch_ThrowsAndEpochStaysUsable()
     {
@@ -203,6 +239,48 @@ public class MisuseTests
         scheme.SignalStepAvailable();
         Assert.True(machine.Completion.Wait(GuardedThread.DefaultTimeout));
         scheme.Dispose();
+    }
+
+    /// <summary>
+    /// Dispose from inside a callback of the scheme's own running machine used to say "wait for its Completion first",
+    /// advice that waits for ever there (the machine ends only after the callback returns). It now says so, as
+    /// ExecuteStateMachine does from a callback.
+    /// </summary>
+    [Theory]
+    [InlineData(false)]
+    [InlineData(true)]
+    public void Dispose_FromInsideTheRunningMachinesOwnCallback_ThrowsWithAdviceThatFits(bool fromTheCriticalSection)
+    {
+        var scheme = new EpochProtectedVersionScheme();
+        InvalidOperationException? seen = null;
+        void DisposeFromHere()
+        {
+            try
+            {
+                scheme.Dispose();
+            }
+            catch (InvalidOperationException ex)
+            {
+                seen ??= ex; // swallowed: the machine carries on
+            }
+        }
+        var machine = new PhaseMachine(2);
+        if (fromTheCriticalSection)
+            machine.OnEntering = (_, _) => DisposeFromHere();
+        else
+            machine.AfterEntering = _ => DisposeFromHere();
+
+        Assert.True(scheme.ExecuteStateMachine(machine, spin: true));
+        Assert.NotNull(seen);
+        Assert.DoesNotContain("wait for its Completion first", seen!.Message, StringComparison.Ordinal);
+        Assert.Contains("inside a callback", seen.Message, StringComparison.Ordinal);
+        Assert.Contains("outside", seen.Message, StringComparison.Ordinal);
+
+        // Refused, so nothing changed: the machine completed, and the scheme disposes from outside.
+        Assert.Null(machine.Fault);
+        Assert.Equal(2, scheme.CurrentState.Version);
+        scheme.Dispose();
+        Assert.Throws<ObjectDisposedException>(() => scheme.Enter());
     }
 
     [Fact]

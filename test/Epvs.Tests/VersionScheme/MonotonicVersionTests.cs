@@ -1,5 +1,6 @@
 using System;
 using System.Threading;
+using System.Threading.Tasks;
 using Xunit;
 
 namespace Epvs.Tests;
@@ -149,5 +150,50 @@ public class MonotonicVersionTests
         scheme.SignalStepAvailable();
         Assert.True(machine.Completion.Wait(GuardedThread.DefaultTimeout));
         Assert.Null(scheme.ActiveStateMachine);
+    }
+
+    /// <summary>
+    /// A machine refused with Fail can never run (versions only grow, and a claimed target is the active machine's). It
+    /// used to end in one of three states depending on the path, and on a race: neither started nor completed (its target
+    /// seen reached before it was published, or claimed by the active machine), so that whoever awaited its Completion
+    /// waited for ever; or completed and marked started (its target seen reached after it was published). Every path now
+    /// ends as the last did: completed successfully without having run, and refused loudly if passed again.
+    /// </summary>
+    [Theory]
+    [InlineData(false)]
+    [InlineData(true)]
+    public void MachineRefusedWithFail_IsCompletedWithoutRunning_AndCannotBePassedAgain(bool claimedByTheActiveMachine)
+    {
+        var scheme = new EpochProtectedVersionScheme(null, 5); // disposed at the end only: a failure here must not be hidden
+        PhaseMachine? active = null;
+        if (claimedByTheActiveMachine)
+        {
+            active = new PhaseMachine(3, toVersion: 7);
+            active.HoldStep(1);
+            Assert.Equal(StateMachineExecutionStatus.Ok, scheme.TryExecuteStateMachine(active));
+        }
+        int ran = 0;
+        var refused = new PhaseMachine(2, toVersion: claimedByTheActiveMachine ? 6 : 3) { OnEntering = (_, _) => ran++ };
+        Task completion = refused.Completion; // handed out before the start, as an awaiter would have it
+
+        Assert.Equal(StateMachineExecutionStatus.Fail, scheme.TryExecuteStateMachine(refused));
+        Assert.True(completion.IsCompletedSuccessfully, $"the refused machine's Completion is {completion.Status}");
+        Assert.True(refused.IsCompleted);
+        Assert.Null(refused.Fault);
+        Assert.Equal(-1, refused.ActualToVersion); // never ran: not mistaken for a machine that reached its target
+
+        // Final for the instance, as documented, and loud: passing it again is misuse, whatever happened since.
+        if (active is not null)
+        {
+            active.ReleaseStep();
+            scheme.SignalStepAvailable();
+            Assert.True(active.Completion.Wait(GuardedThread.DefaultTimeout));
+        }
+        var again = Assert.Throws<InvalidOperationException>(() => scheme.TryExecuteStateMachine(refused));
+        Assert.Contains("refused with Fail", again.Message, StringComparison.Ordinal);
+        Assert.Throws<InvalidOperationException>(() => scheme.ExecuteStateMachine(refused, spin: true));
+        Assert.Equal(0, ran);
+        Assert.Equal(claimedByTheActiveMachine ? 7 : 5, scheme.CurrentState.Version);
+        scheme.Dispose();
     }
 }

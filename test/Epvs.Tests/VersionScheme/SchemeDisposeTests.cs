@@ -1,4 +1,5 @@
 using System;
+using System.Diagnostics;
 using System.Threading;
 using Xunit;
 
@@ -10,6 +11,10 @@ namespace Epvs.Tests;
 /// </summary>
 public class SchemeDisposeTests
 {
+    private readonly ITestOutputHelper output;
+
+    public SchemeDisposeTests(ITestOutputHelper output) => this.output = output;
+
     [Fact]
     public void WhileADisposeThatWillFailIsClosing_ASecondDisposeWaitsThenTriesItself_AStartRetries_AndTheSchemeStaysUsable()
     {
@@ -198,5 +203,113 @@ public class SchemeDisposeTests
         Assert.Contains("own Dispose", nested!.Message, StringComparison.Ordinal);
         Assert.Throws<ObjectDisposedException>(() => scheme.Enter());
         scheme.Dispose();
+    }
+
+    /// <summary>Advances one version per step, recording how deep the stack is in each critical section.</summary>
+    private sealed class VersionByVersionMachine : VersionSchemeStateMachine
+    {
+        public VersionByVersionMachine(long toVersion)
+            : base(toVersion) => Frames = new int[toVersion];
+
+        /// <summary>The stack depth (frames) of the critical section that entered each version.</summary>
+        public int[] Frames { get; }
+
+        public int Steps { get; private set; }
+
+        public override bool GetNextStep(VersionSchemeState currentState, out VersionSchemeState nextState)
+        {
+            nextState = VersionSchemeState.Make(VersionSchemeState.Rest, currentState.Version + 1);
+            return true;
+        }
+
+        public override void OnEnteringState(VersionSchemeState fromState, VersionSchemeState toState)
+        {
+            Frames[Steps++] = new StackTrace(false).FrameCount;
+        }
+
+        public override void AfterEnteringState(VersionSchemeState state)
+        {
+        }
+    }
+
+    /// <summary>
+    /// A sharing scheme's machine is in flight (its first step registered, not yet run) when its epoch is disposed: the
+    /// epoch's final run takes every later step, each registered by the one before on an epoch that is Closed. Returns the
+    /// deepest stack (frames) of a critical section in the first quarter of the steps and in the rest.
+    /// </summary>
+    /// <param name="disposeOnTheDeepThread">Whether the thread 16 drains deep disposes the epoch itself (its final run then
+    /// nests in those drains) rather than another thread.</param>
+    /// <param name="control">Registrations on a Closed epoch run the list themselves at any depth (as before).</param>
+    private static (int Early, int Late) StackDepthOfAMachineInFlightWhenItsEpochCloses(bool disposeOnTheDeepThread, bool control)
+    {
+        const int Steps = 400;
+        var epoch = new LightEpoch();
+        var scheme = new EpochProtectedVersionScheme(epoch);
+        var machine = new VersionByVersionMachine(1 + Steps);
+        bool pendingAtClose = false;
+        Exception? dispose = null;
+
+        // The step stays pending with nobody protected: its registration is 16 drains deep (the inline limit), so it is
+        // left to the outermost drain on this thread, further up this stack. Meanwhile the epoch is disposed.
+        LightEpoch.UnboundedClosedRunForTesting = control;
+        try
+        {
+            StuckDrain.AtDrainDepth(epoch, 16, () =>
+            {
+                if (scheme.TryExecuteStateMachine(machine) != StateMachineExecutionStatus.Ok)
+                    return;
+                pendingAtClose = scheme.CurrentState.IsIntermediate && machine.Steps == 0;
+                if (disposeOnTheDeepThread)
+                {
+                    dispose = Record.Exception(epoch.Dispose);
+                    return;
+                }
+                // A large stack, so that the control does not overflow it.
+                var disposer = new GuardedThread(() => dispose = Record.Exception(epoch.Dispose), "disposer", maxStackSize: 64 * 1024 * 1024);
+                disposer.Start();
+                disposer.Join();
+            });
+        }
+        finally
+        {
+            LightEpoch.UnboundedClosedRunForTesting = false;
+        }
+
+        Assert.True(pendingAtClose, "setup: the first step was not pending when the epoch was disposed");
+        Assert.Null(dispose);
+        Assert.True(machine.IsCompleted);
+        Assert.Null(machine.Fault);
+        Assert.Equal(Steps, machine.Steps);
+        Assert.Equal(VersionSchemeState.Make(VersionSchemeState.Rest, 1 + Steps), scheme.CurrentState);
+        scheme.Dispose();
+
+        int early = 0, late = 0;
+        for (int i = 0; i < Steps; i++)
+        {
+            if (i < Steps / 4)
+                early = Math.Max(early, machine.Frames[i]);
+            else
+                late = Math.Max(late, machine.Frames[i]);
+        }
+        return (early, late);
+    }
+
+    /// <summary>
+    /// Registrations on a Closed epoch used to run the list themselves, one stack level deeper per registration: every
+    /// step of a machine in flight when its epoch closed ran nested in the one before (about six frames a step; a machine
+    /// of 100,000 steps overflowed a 1 MB stack and killed the process). They now go through the drain's nesting, whose
+    /// depth limit hands them back to the outermost level (the final run loops): bounded nesting repeats the same few
+    /// depths, so the stack stays as deep as the machine grows long.
+    /// </summary>
+    [Theory]
+    [InlineData(false)]
+    [InlineData(true)]
+    public void AMachineInFlightWhenItsSharedEpochIsDisposed_Completes_WithTheStackNotGrowingPerStep(bool disposeOnTheDeepThread)
+    {
+        (int early, int late) = StackDepthOfAMachineInFlightWhenItsEpochCloses(disposeOnTheDeepThread, control: false);
+        (int controlEarly, int controlLate) = StackDepthOfAMachineInFlightWhenItsEpochCloses(disposeOnTheDeepThread, control: true);
+        output.WriteLine($"deepest critical section, frames, first quarter / rest: {early} / {late}; control (unbounded): {controlEarly} / {controlLate}");
+        Assert.True(late <= early + 8, $"the stack grew with the machine: {early} frames deep in its first steps, {late} later");
+        Assert.SkipUnless(controlLate > controlEarly + 8, "inconclusive: the control (a run per registration, at any depth) did not grow either");
     }
 }
