@@ -745,6 +745,25 @@ public sealed unsafe partial class LightEpoch : IDisposable
         public bool Again;
     }
 
+    /// <summary>
+    /// This instance's drain-nesting entry on this thread. An entry of a disposed instance that had our id is taken over;
+    /// if it is in use (<paramref name="restore"/>), it is returned in <paramref name="displaced"/>, for the outermost
+    /// frame of ours to put back when it returns.
+    /// </summary>
+    private ref DrainNesting ClaimNesting(out DrainNesting displaced, out bool restore)
+    {
+        displaced = default;
+        restore = false;
+        ref DrainNesting entry = ref Nesting;
+        if (entry.Token != token && !SharedDrainDepthForTesting && !DrainNestingByIdForTesting)
+        {
+            restore = entry.Depth != 0;
+            displaced = entry;
+            entry = new DrainNesting { Token = token };
+        }
+        return ref entry;
+    }
+
     private ref DrainNesting Nesting
     {
         get
@@ -810,15 +829,7 @@ public sealed unsafe partial class LightEpoch : IDisposable
         // actions past the depth limit until another thread drained (G4). Drains nest as calls on one thread, so a
         // foreign entry that is in use is set aside here and put back when this outermost frame of ours returns; one
         // that is not in use (depth 0) is simply taken over. Touched only on the drain path, never by Resume/Suspend.
-        DrainNesting displaced = default;
-        bool restore = false;
-        ref DrainNesting entry = ref Nesting;
-        if (entry.Token != token && !SharedDrainDepthForTesting && !DrainNestingByIdForTesting)
-        {
-            restore = entry.Depth != 0;
-            displaced = entry;
-            entry = new DrainNesting { Token = token };
-        }
+        ref DrainNesting entry = ref ClaimNesting(out DrainNesting displaced, out bool restore);
         int depth = entry.Depth;
         if (depth >= MaxInlineDrainDepth && (!waiting || WaitingDrainHonoursDepthLimitForTesting))
         {
@@ -892,15 +903,7 @@ public sealed unsafe partial class LightEpoch : IDisposable
         }
 
         // As in Drain: an entry of a disposed instance that had our id is set aside, and put back when we return.
-        DrainNesting displaced = default;
-        bool restore = false;
-        ref DrainNesting entry = ref Nesting;
-        if (entry.Token != token && !SharedDrainDepthForTesting && !DrainNestingByIdForTesting)
-        {
-            restore = entry.Depth != 0;
-            displaced = entry;
-            entry = new DrainNesting { Token = token };
-        }
+        ref DrainNesting entry = ref ClaimNesting(out DrainNesting displaced, out bool restore);
         int depth = entry.Depth;
         if (!final && depth >= MaxInlineDrainDepth && !UnboundedClosedRunForTesting)
         {

@@ -147,24 +147,7 @@ public sealed unsafe class SealingWindowTests
     [Fact]
     public void AMapNotOpenedInTheSalvagingSession_ResolvesWhatTheSalvageLeft_AtALaterOpen()
     {
-        (byte[] image, long version) = CaptureAtTheSeals(DurabilityFaults.PersistFrontierBeforeSeals, heap =>
-        {
-            PersistentHashMap<long, long> map = FilledMap(heap);
-            return () =>
-            {
-                map.Remove(7);
-                map.Set(7, 70);
-            };
-        });
-
-        // The removal's anti-payload damaged: salvaged, the key's old payload is live again beside its new one.
-        DamageAnUnsealedBlockOf(image, version, PayloadKind.Delete);
-        using var domain = SimulatedPersistenceDomain.FromImage(image);
-        using (HeapFile file = HeapFile.Open(domain))
-        using (BufferedDurableHeap salvaged = BufferedDurableHeap.Open(file, new BufferedDurableHeapOptions { AdvancePeriod = Timeout.InfiniteTimeSpan, SalvageDamagedBlocks = true }))
-        {
-            Assert.Single(salvaged.Recovery.DamagedBlocks);
-        }
+        using SimulatedPersistenceDomain domain = SalvagedWithKeySevenTwice(out _);
 
         using (HeapFile file = HeapFile.Open(domain))
         using (BufferedDurableHeap later = BufferedDurableHeap.Open(file, Manual))
@@ -184,24 +167,7 @@ public sealed unsafe class SealingWindowTests
     [Fact]
     public void ADuplicateNewerThanTheSalvage_IsRefusedEvenBesideASalvagesDuplicate()
     {
-        (byte[] image, long version) = CaptureAtTheSeals(DurabilityFaults.PersistFrontierBeforeSeals, heap =>
-        {
-            PersistentHashMap<long, long> map = FilledMap(heap);
-            return () =>
-            {
-                map.Remove(7);
-                map.Set(7, 70);
-            };
-        });
-
-        DamageAnUnsealedBlockOf(image, version, PayloadKind.Delete);
-        using var domain = SimulatedPersistenceDomain.FromImage(image);
-        long salvagedThrough;
-        using (HeapFile file = HeapFile.Open(domain))
-        using (BufferedDurableHeap salvaged = BufferedDurableHeap.Open(file, new BufferedDurableHeapOptions { AdvancePeriod = Timeout.InfiniteTimeSpan, SalvageDamagedBlocks = true }))
-        {
-            salvagedThrough = salvaged.SalvagedThrough;
-        }
+        using SimulatedPersistenceDomain domain = SalvagedWithKeySevenTwice(out long salvagedThrough);
 
         // A later session (the map not opened) leaves a second live payload of key 3, newer than the salvage.
         using (HeapFile file = HeapFile.Open(domain))
@@ -370,6 +336,32 @@ public sealed unsafe class SealingWindowTests
                 queue.Enqueue(i);
             }
         };
+    }
+
+    /// <summary>
+    /// A map whose key 7 was removed and set again in version F, the removal's anti-payload damaged, salvaged by an open
+    /// that does not open the map: the key's old payload is live again beside its new one. Returns the file after that
+    /// open, and the salvaged-through word it left.
+    /// </summary>
+    private static SimulatedPersistenceDomain SalvagedWithKeySevenTwice(out long salvagedThrough)
+    {
+        (byte[] image, long version) = CaptureAtTheSeals(DurabilityFaults.PersistFrontierBeforeSeals, heap =>
+        {
+            PersistentHashMap<long, long> map = FilledMap(heap);
+            return () =>
+            {
+                map.Remove(7);
+                map.Set(7, 70);
+            };
+        });
+
+        DamageAnUnsealedBlockOf(image, version, PayloadKind.Delete);
+        var domain = SimulatedPersistenceDomain.FromImage(image);
+        using HeapFile file = HeapFile.Open(domain);
+        using BufferedDurableHeap salvaged = BufferedDurableHeap.Open(file, new BufferedDurableHeapOptions { AdvancePeriod = Timeout.InfiniteTimeSpan, SalvageDamagedBlocks = true });
+        Assert.Single(salvaged.Recovery.DamagedBlocks);
+        salvagedThrough = salvaged.SalvagedThrough;
+        return domain;
     }
 
     /// <summary>The set-up of the single-block tests: one key updated in version F.</summary>
