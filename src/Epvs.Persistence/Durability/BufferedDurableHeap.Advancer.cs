@@ -425,9 +425,10 @@ public sealed unsafe partial class BufferedDurableHeap
             catch (ObjectDisposedException e) when (Volatile.Read(ref _disposed) == 0 || disposing == Environment.CurrentManagedThreadId)
             {
                 // The version scheme, or its epoch, was disposed under the heap (through the public VersionScheme): no
-                // version can ever end again (a scheme whose epoch is disposed refuses to start a transition). Volatile.Read: pairs with the exchange in Dispose, whose own disposal of the scheme comes later
-                // (so in the last advance of Dispose, on its thread, the scheme can only have been disposed under the heap:
-                // it used to reach Dispose's caller as the scheme's bare ObjectDisposedException).
+                // version can ever end again (a scheme whose epoch is disposed refuses to start a transition).
+                // Volatile.Read: pairs with the exchange in Dispose, whose own disposal of the scheme comes later (so in
+                // the last advance of Dispose, on its thread, the scheme can only have been disposed under the heap: it
+                // used to reach Dispose's caller as the scheme's bare ObjectDisposedException).
                 var failed = new InvalidOperationException(SchemeDisposedUnderHeap, e);
                 RecordAdvancerFault(failed);
                 throw failed;
