@@ -95,6 +95,7 @@ public sealed unsafe partial class BufferedDurableHeap
             }
 
             heap.ReleaseRecoveryLists();
+            report.SalvagedThrough = file.SalvagedThrough;
 
             // Interlocked.Read: the scanning threads have been joined; an atomic read of their shared counter.
             if (heap.OpenedFromSavedState && Interlocked.Read(ref dropped) == 0 && !HasAntiPayloads(candidates.Values))

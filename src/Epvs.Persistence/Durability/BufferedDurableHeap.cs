@@ -655,11 +655,10 @@ public sealed unsafe partial class BufferedDurableHeap : IDisposable
     internal DurabilityFaults Faults => _faults;
 
     /// <summary>
-    /// The last version a salvage of this file kept payloads of — this open's or an earlier one's (see
-    /// <see cref="HeapFile.SalvagedThrough"/>); 0 when it was never salvaged. The structures resolve what a salvage
-    /// leaves among payloads of this version or older, whether or not they were opened in the salvaging session.
+    /// <see cref="DurableRecoveryReport.SalvagedThrough"/>: the structures resolve what a salvage left among payloads of
+    /// this version or older, whether or not they were opened in the salvaging session (the word changes only at recovery).
     /// </summary>
-    internal long SalvagedThrough => _heap.File.SalvagedThrough;
+    internal long SalvagedThrough => Recovery.SalvagedThrough;
 
     /// <summary>Bytes of replaced and deleted payloads not yet freed, over all threads (approximate while they run).</summary>
     internal long ReclaimBacklog

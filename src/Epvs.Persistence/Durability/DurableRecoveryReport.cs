@@ -56,6 +56,15 @@ public sealed class DurableRecoveryReport
     /// <summary>Kept blocks of durable versions that were found unsealed (a file written before each cycle sealed its version ahead of its frontier), sealed by this recovery (some may then be freed by it: superseded or cancelled copies).</summary>
     public long SealedAtRecovery { get; internal set; }
 
+    /// <summary>
+    /// The last version a salvage of this file kept payloads of — this open's (<see cref="DamagedBlocks"/> lists what it
+    /// dropped) or an earlier one's, recorded on the file before that salvage freed anything, so that a file once salvaged
+    /// says so at every later open, even when the open that salvaged failed or crashed before its report was read; 0 when
+    /// the file was never salvaged. The structures resolve a salvage's duplicates and gaps among payloads of this version
+    /// or older.
+    /// </summary>
+    public long SalvagedThrough { get; internal set; }
+
     /// <summary>Payloads handed to the structures.</summary>
     public long Live { get; internal set; }
 
@@ -68,5 +77,5 @@ public sealed class DurableRecoveryReport
     /// <inheritdoc/>
     public override string ToString() =>
         $"clean={WasCleanShutdown} fast={FastReopen} clock={PersistedClock} frontier={PersistedFrontier} recovered≤{RecoveredVersion} scanned={ScannedPayloads} " +
-        $"dropped={DroppedBeyondFrontier} superseded={Superseded} cancelled={Cancelled} damaged={DamagedBlocks.Count} sealed-at-recovery={SealedAtRecovery} live={Live} threads={Parallelism} time={Duration.TotalMilliseconds:F1} ms";
+        $"dropped={DroppedBeyondFrontier} superseded={Superseded} cancelled={Cancelled} damaged={DamagedBlocks.Count} sealed-at-recovery={SealedAtRecovery} salvaged≤{SalvagedThrough} live={Live} threads={Parallelism} time={Duration.TotalMilliseconds:F1} ms";
 }

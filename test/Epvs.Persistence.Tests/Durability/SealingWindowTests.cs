@@ -210,6 +210,9 @@ public sealed unsafe class SealingWindowTests
         using HeapFile reopened = HeapFile.Open(domain);
         using BufferedDurableHeap heap = BufferedDurableHeap.Open(reopened, Manual);
         Assert.Empty(heap.Recovery.DamagedBlocks);
+
+        // Not silent: the report of every later open says the file was salvaged, and through which version.
+        Assert.Equal(version, heap.Recovery.SalvagedThrough);
         long[] elements = new PersistentQueue<long>(heap, QueueType).ToArray();
         Assert.Equal(6, elements.Length);
         Assert.Equal(new long[] { 0, 1, 2, 3 }, elements[..4]);
@@ -291,6 +294,7 @@ public sealed unsafe class SealingWindowTests
         Assert.Equal(HeapLayout.StateFree, HeapLayout.CommitState(BitConverter.ToUInt64(after, (int)target + HeapLayout.CommitOffset)));
         Assert.Equal(0, report.SealedAtRecovery);
         Assert.Empty(report.DamagedBlocks);
+        Assert.Equal(0, report.SalvagedThrough);
     }
 
     /// <summary>A filled map, synced twice, as after a crash, with one free or unused block made to look like an interrupted allocation.</summary>
