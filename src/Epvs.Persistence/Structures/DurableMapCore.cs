@@ -41,7 +41,7 @@ internal sealed unsafe class DurableMapCore<TKey>
                 _shards[i] = new Shard();
             }
 
-            IReadOnlyList<RecoveredPayload> payloads = StructureRecovery.KeepNewestPerKey(heap, heap.TakeRecoveredPayloads(_typeId), size => size >= KeySize, payload => MemoryMarshal.Read<TKey>(heap.PayloadUnchecked(payload.Block.Offset)), $"byte map with type id {_typeId & (StructureKind.TypeIdLimit - 1)}", out losers);
+            IReadOnlyList<RecoveredPayload> payloads = StructureRecovery.KeepNewestPerKey(heap, heap.TakeRecoveredPayloads(_typeId), size => size >= KeySize, payload => MemoryMarshal.Read<TKey>(heap.PayloadUnchecked(payload.Block.Offset)), out losers);
             Rebuild(payloads, recoveryParallelism);
         }
 

@@ -31,7 +31,7 @@ internal static class StructureRecovery
     /// read without a salvage; with a payload whose size does not fit, nothing is resolved and the rebuild's size check
     /// reports it).
     /// </summary>
-    internal static IReadOnlyList<RecoveredPayload> KeepNewestPerKey<TKey>(BufferedDurableHeap heap, IReadOnlyList<RecoveredPayload> payloads, Func<int, bool> sizeFits, Func<RecoveredPayload, TKey> keyOf, string structure, out List<RecoveredPayload> losers)
+    internal static IReadOnlyList<RecoveredPayload> KeepNewestPerKey<TKey>(BufferedDurableHeap heap, IReadOnlyList<RecoveredPayload> payloads, Func<int, bool> sizeFits, Func<RecoveredPayload, TKey> keyOf, out List<RecoveredPayload> losers)
         where TKey : notnull
     {
         losers = new List<RecoveredPayload>();
