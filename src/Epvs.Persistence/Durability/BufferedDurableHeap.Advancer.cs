@@ -16,7 +16,7 @@ namespace Epvs.Persistence;
 /// </summary>
 public sealed unsafe partial class BufferedDurableHeap
 {
-    /// <summary>Bytes kept ready beyond two cycles' demand, for each size class in use (see <see cref="Reclaim"/>): one segment's worth.</summary>
+    /// <summary>Bytes kept ready beyond two cycles' demand, for each size class in use (see <see cref="StockAfterCycle"/>): one segment's worth.</summary>
     private const long StockReserveBytes = HeapLayout.SegmentSize;
 
     /// <summary>How many advance periods a version may run, by default, before threads beginning an operation end it themselves (see <see cref="HelpOldVersion"/> and <see cref="BufferedDurableHeapOptions.MaxVersionAge"/>).</summary>
@@ -687,7 +687,7 @@ public sealed unsafe partial class BufferedDurableHeap
     /// durable. Replaced and deleted payloads are deferred (<see cref="PersistentHeap.DeferFrees"/>: parked untouched,
     /// marked free and written back by the heap's sweep before they are handed out again). An anti-payload is freed only
     /// once every older copy of its uid is durably free, so when the version deleted anything, every deferred free is
-    /// made durable first. Then the heap's pools are stocked for the next versions (free segments first, then sweeps).
+    /// made durable first. Then the heap's pools are stocked for the next versions (<see cref="StockAfterCycle"/>).
     /// </summary>
     /// <param name="version">The version whose retired blocks become free.</param>
     /// <param name="allocated">How many blocks the cycle's version allocated (bounds the sweep of an excess of parked frees).</param>
@@ -737,22 +737,7 @@ public sealed unsafe partial class BufferedDurableHeap
             FreeAll(registry, b => b.AntiPayloads[slot], durable: true);
         }
 
-        // Keep about two cycles' allocations of each class ready, so allocating threads neither sweep nor format
-        // segments themselves: free segments first, then the class's densest parked frees (see PersistentHeap.StockPools).
-        // Not in Dispose's last cycles: nobody allocates any more, and a segment formatted for a class stays in it.
-        // Volatile.Read: as in RunCycle.
-        if (Volatile.Read(ref _disposingThread) == 0)
-        {
-            _heap.StockPools(StockReserveBytes);
-        }
-
-        // Bounded: at most three quarters of the file parked, so old copies do not stay on the file (and recoverable)
-        // for ever. Past the bound, each cycle sweeps a few cycles' worth more, not everything at once (one long pause).
-        long excess = _heap.PendingFreeBytes - (_heap.File.Size / 4 * 3);
-        if (excess > 0)
-        {
-            _heap.SweepPendingFrees(Math.Min(excess / HeapLayout.HeaderSize, 4 * ((2L * allocated) + 1024)));
-        }
+        StockAfterCycle(allocated);
     }
 
     /// <summary>Copies the offsets the lists <paramref name="select"/> picks into <see cref="_scratch"/>, clears the lists and counts their bytes as reclaimed.</summary>
@@ -869,8 +854,25 @@ public sealed unsafe partial class BufferedDurableHeap
         TimeSpan age = maxVersionAge ?? period * LagBoundPeriods;
         _lagBound = _mode == DurabilityMode.Buffered && age != Timeout.InfiniteTimeSpan ? Math.Max(1, (long)(age.TotalSeconds * Stopwatch.Frequency)) : 0;
 
-        _advancer = new Thread(AdvancerLoop) { IsBackground = true, Name = "epvs-advancer" };
-        _advancer.Start();
+        if (_mode != DurabilityMode.Transient)
+        {
+            StartStocker();
+        }
+
+        try
+        {
+            _advancer = new Thread(AdvancerLoop) { IsBackground = true, Name = "epvs-advancer" };
+            _advancer.Start();
+        }
+        catch
+        {
+            // The open fails (see the constructor): the stocker must not outlive it.
+            _advancer = null;
+            bool interrupted = false;
+            StopStocker(ref interrupted);
+            UninterruptedWait.Restore(interrupted);
+            throw;
+        }
     }
 
     private void AdvancerLoop()
@@ -908,7 +910,8 @@ public sealed unsafe partial class BufferedDurableHeap
             }
             catch (Exception e)
             {
-                _advancerFault = e;
+                // The first fault stays the one reported (a cycle refused after an earlier fault, or the stocker's, wraps it).
+                _advancerFault ??= e;
                 FailWaiters(new InvalidOperationException($"The heap's advancer failed: {e.Message}", e));
                 return;
             }
@@ -920,16 +923,29 @@ public sealed unsafe partial class BufferedDurableHeap
 
     private Exception? StopAdvancer(ref bool interrupted)
     {
-        StoppingAdvancerForTesting?.Invoke();
-        _stopping = true;
-        _wake.Set();
-        if (_advancer is { } thread && !UninterruptedWait.Join(thread, TimeSpan.FromSeconds(30), ref interrupted))
+        Exception? stocker = null;
+        try
         {
-            return new TimeoutException("The advancer thread did not stop within 30 s.");
+            StoppingAdvancerForTesting?.Invoke();
+            _stopping = true;
+            _wake.Set();
+            if (_advancer is { } thread && !UninterruptedWait.Join(thread, TimeSpan.FromSeconds(30), ref interrupted))
+            {
+                return new TimeoutException("The advancer thread did not stop within 30 s.");
+            }
+
+            _wake.Dispose();
+        }
+        finally
+        {
+            // After the advancer (a cycle it ran last may still have asked for a stocking), and whatever happened there:
+            // the stocker must not stock while the heap closes. (A cycle that a Sync runs meanwhile may ask again after
+            // the stocker stopped: nobody stocks then, and allocating threads sweep or format for themselves until
+            // Dispose's own cycles, which stock nothing.)
+            stocker = StopStocker(ref interrupted);
         }
 
-        _wake.Dispose();
-        return _advancerFault;
+        return stocker ?? _advancerFault;
     }
 
     private void ThrowIfProtected(string what)

@@ -94,4 +94,10 @@ internal enum DurabilityFaults
 
     /// <summary>Recovery frees the torn blocks it finds when the sealed-frontier word is below the frontier without reporting them (a damaged header of a durable version then reads as an interrupted allocation: freed without a word).</summary>
     TrustTornBlocksBelowTheSealedFrontier = 134217728,
+
+    /// <summary>With a background advancer, the cycle stocks the heap's pools itself instead of leaving it to the stocker thread (the old behaviour: the next transition waits for the stocking).</summary>
+    StockInsideTheCycle = 268435456,
+
+    /// <summary>Dispose stops the stocker thread without waiting for a stocking in progress (which then runs on while the heap closes under it).</summary>
+    DisposeWithoutWaitingForTheStocker = 536870912,
 }

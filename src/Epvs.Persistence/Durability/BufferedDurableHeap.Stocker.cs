@@ -1,0 +1,165 @@
+using System;
+using System.Threading;
+
+namespace Epvs.Persistence;
+
+/// <summary>
+/// The stocker: with a background advancer, a second thread stocks the heap's pools for the allocating threads after
+/// each cycle, off the cycle gate, so that the next transition does not wait for it.
+/// </summary>
+/// <remarks>
+/// <para>Why. Stocking is bursty: once the heap has no free segment left it sweeps parked frees in whole segments, a few
+/// cycles' demand at a time (a write-back and a fence of every page it frees). Inside the cycle, a cycle that swept
+/// took about twice the period under one full-speed writer through the page cache (a write-back of 4–9 ms, a seal of
+/// 4–9 ms, a sweep of 13–29 ms), so the next version started late and grew, its write-back grew in turn, and the
+/// durability lag's p99 was about three periods. Nothing of a version's durability depends on the stocking: the
+/// frontier is persisted and the waiters completed before it, and an allocating thread that finds its class's pool
+/// empty sweeps or formats for itself, as it did before the pools were stocked.</para>
+/// <para>Safety. The stocking takes the heap's own locks (the segment gate, the sweep's gate, the pools'), as the
+/// allocating threads' own sweeps and formats do while a cycle runs; one thread stocks at a time (this one, or without
+/// a background advancer the cycle itself, under its gate). A failure is recorded as the advancer's, as it was when the
+/// cycle stocked: nothing more becomes durable. Dispose stops this thread before its last cycles, which stock nothing.</para>
+/// </remarks>
+public sealed partial class BufferedDurableHeap
+{
+    private readonly object _stockGate = new();
+    private Thread? _stocker;
+
+    /// <summary>Set (under <see cref="_stockGate"/>) by a cycle that asks for stocking; cleared by the stocker when it starts one.</summary>
+    private bool _stockRequested;
+
+    /// <summary>Blocks the cycles allocated since the stocker's last run (bounds its sweep of an excess of parked frees); under <see cref="_stockGate"/>.</summary>
+    private long _allocatedSinceStock;
+
+    /// <summary>Set (under <see cref="_stockGate"/>) when Dispose stops the stocker.</summary>
+    private bool _stockerStopping;
+
+    /// <summary>Test hook: runs as a stocking begins, on the stocker's thread or in the cycle (a throw stands for a failure in it).</summary>
+    internal Action? StockingForTesting { get; set; }
+
+    /// <summary>Test hook: runs in Dispose as it stops the stocker, before it waits for a stocking in progress.</summary>
+    internal Action? StoppingStockerForTesting { get; set; }
+
+    /// <summary>The stocker's thread, null without one (tests).</summary>
+    internal Thread? StockerForTesting => _stocker;
+
+    /// <summary>Stockings the stocker thread finished (tests).</summary>
+    internal long StockerRunsForTesting => Volatile.Read(ref _stockerRuns);
+
+    private long _stockerRuns;
+
+    /// <summary>
+    /// After a cycle's reclamation: keeps about two cycles' allocations of each class ready, so allocating threads
+    /// neither sweep nor format segments themselves (free segments first, then the class's densest parked frees: see
+    /// <see cref="PersistentHeap.StockPools"/>), and sweeps a few cycles' worth of an excess of parked frees. With a
+    /// background advancer the stocker thread does it; without one, the cycle (the caller drives versions by hand).
+    /// Not in Dispose's last cycles: nobody allocates any more, and a segment formatted for a class stays in it.
+    /// </summary>
+    /// <param name="allocated">How many blocks the cycle's version allocated.</param>
+    private void StockAfterCycle(long allocated)
+    {
+        if (_stocker is null || (_faults & DurabilityFaults.StockInsideTheCycle) != 0)
+        {
+            // Volatile.Read: as in RunCycle.
+            if (Volatile.Read(ref _disposingThread) == 0)
+            {
+                Stock(allocated);
+            }
+
+            return;
+        }
+
+        lock (_stockGate)
+        {
+            _allocatedSinceStock += allocated;
+            _stockRequested = true;
+            Monitor.Pulse(_stockGate);
+        }
+    }
+
+    /// <summary>The stocking itself (one thread at a time: the stocker, or the cycle under its gate).</summary>
+    private void Stock(long allocated)
+    {
+        StockingForTesting?.Invoke();
+        _heap.StockPools(StockReserveBytes);
+
+        // Bounded: at most three quarters of the file parked, so old copies do not stay on the file (and recoverable)
+        // for ever. Past the bound, each stocking sweeps a few cycles' worth more, not everything at once (one long pause).
+        long excess = _heap.PendingFreeBytes - (_heap.File.Size / 4 * 3);
+        if (excess > 0)
+        {
+            _heap.SweepPendingFrees(Math.Min(excess / HeapLayout.HeaderSize, 4 * ((2L * allocated) + 1024)));
+        }
+    }
+
+    private void StartStocker()
+    {
+        _stocker = new Thread(StockerLoop) { IsBackground = true, Name = "epvs-stocker" };
+        _stocker.Start();
+    }
+
+    private void StockerLoop()
+    {
+        while (true)
+        {
+            long allocated;
+            lock (_stockGate)
+            {
+                while (!_stockRequested && !_stockerStopping)
+                {
+                    Monitor.Wait(_stockGate);
+                }
+
+                if (_stockerStopping)
+                {
+                    return;
+                }
+
+                _stockRequested = false;
+                allocated = _allocatedSinceStock;
+                _allocatedSinceStock = 0;
+            }
+
+            try
+            {
+                Stock(allocated);
+                Interlocked.Increment(ref _stockerRuns);
+            }
+            catch (Exception e)
+            {
+                // As when the cycle stocked (its failure was the cycle's): nothing more becomes durable, and Sync and
+                // SyncAsync report why. Under the cycle gate, as every advancer fault is recorded.
+                lock (_cycleGate)
+                {
+                    RecordAdvancerFault(new InvalidOperationException($"Stocking the heap's pools after an advance cycle failed: {e.Message}", e));
+                }
+
+                return;
+            }
+        }
+    }
+
+    /// <summary>Stops the stocker and waits for a stocking in progress to end (Dispose, before its last cycles).</summary>
+    /// <returns>A timeout when the stocker did not stop within 30 s; otherwise null.</returns>
+    private Exception? StopStocker(ref bool interrupted)
+    {
+        StoppingStockerForTesting?.Invoke();
+        lock (_stockGate)
+        {
+            _stockerStopping = true;
+            Monitor.Pulse(_stockGate);
+        }
+
+        if ((_faults & DurabilityFaults.DisposeWithoutWaitingForTheStocker) != 0)
+        {
+            return null;
+        }
+
+        if (_stocker is { } thread && !UninterruptedWait.Join(thread, TimeSpan.FromSeconds(30), ref interrupted))
+        {
+            return new TimeoutException("The stocker thread did not stop within 30 s.");
+        }
+
+        return null;
+    }
+}

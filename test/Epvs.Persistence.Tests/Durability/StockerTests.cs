@@ -1,0 +1,198 @@
+using System;
+using System.IO;
+using System.Threading;
+using System.Threading.Tasks;
+using Xunit;
+
+namespace Epvs.Persistence.Tests;
+
+/// <summary>
+/// Issue 10, the stocker: with a background advancer the heap's pools are stocked on a thread of their own, after each
+/// cycle and off its gate, so the next transition (and every Sync) never waits for a sweep; Dispose waits for a
+/// stocking in progress before it closes the heap; a failed stocking is the advancer's fault, as it was in the cycle.
+/// </summary>
+public sealed class StockerTests
+{
+    private const int TypeId = 23;
+    private static readonly TimeSpan Wait = TimeSpan.FromSeconds(30);
+    private static readonly TimeSpan Period = TimeSpan.FromMilliseconds(5);
+
+    [Fact]
+    public void WithABackgroundAdvancer_SyncDoesNotWaitForAStockingInProgress()
+    {
+        Assert.True(SyncWhileAStockingIsHeld(DurabilityFaults.None), "Sync timed out while a stocking was held: the cycle waited for it");
+    }
+
+    [Fact]
+    public void StockingInsideTheCycle_IsCaughtHoldingUpSync()
+    {
+        Assert.False(SyncWhileAStockingIsHeld(DurabilityFaults.StockInsideTheCycle), "the control (the cycle stocks) was not caught: Sync completed while the cycle's stocking was held");
+    }
+
+    [Fact]
+    public void Dispose_WaitsForAStockingInProgress_ThenClosesCleanly()
+    {
+        (bool early, Exception? failure) = DisposeDuringAStocking(DurabilityFaults.None);
+        Assert.False(early, "Dispose completed while the stocker was still inside a stocking");
+        Assert.Null(failure);
+    }
+
+    [Fact]
+    public void DisposeWithoutWaitingForTheStocker_IsCaught()
+    {
+        (bool early, _) = DisposeDuringAStocking(DurabilityFaults.DisposeWithoutWaitingForTheStocker);
+        Assert.SkipWhen(!early, "inconclusive: the control's Dispose did not complete within 300 ms on this run");
+        Assert.True(early);
+    }
+
+    [Fact]
+    public void AFailedStocking_IsTheAdvancersFault_AndWhatWasSyncedSurvives()
+    {
+        using var domain = new SimulatedPersistenceDomain(8 << 20);
+        using (HeapFile file = HeapFile.Create(domain))
+        {
+            BufferedDurableHeap heap = BufferedDurableHeap.Open(file, new BufferedDurableHeapOptions { AdvancePeriod = Period });
+            InvalidOperationException sync;
+            try
+            {
+                var map = new PersistentHashMap<long, long>(heap, TypeId);
+                map.Set(1, 10);
+                heap.Sync();
+                heap.StockingForTesting = () => throw new IOException("simulated medium error in a sweep");
+
+                // The next background cycle asks for a stocking; the stocker records the failure and stops.
+                Assert.True(heap.StockerForTesting!.Join(Wait), "the stocker did not stop after its stocking failed");
+                Assert.Throws<InvalidOperationException>(() => map.Set(2, 20));
+                sync = Assert.Throws<InvalidOperationException>(() => heap.Sync());
+            }
+            finally
+            {
+                Assert.Throws<InvalidOperationException>(heap.Dispose);
+            }
+
+            Assert.Contains("Stocking the heap's pools", sync.Message, StringComparison.Ordinal);
+            Exception? cause = sync;
+            while (cause is not null and not IOException)
+            {
+                cause = cause.InnerException;
+            }
+
+            Assert.NotNull(cause);
+        }
+
+        using HeapFile reopened = HeapFile.Open(domain);
+        using BufferedDurableHeap again = BufferedDurableHeap.Open(reopened, new BufferedDurableHeapOptions { AdvancePeriod = Timeout.InfiniteTimeSpan });
+        var recovered = new PersistentHashMap<long, long>(again, TypeId);
+        Assert.True(recovered.TryGetValue(1, out long value));
+        Assert.Equal(10, value);
+    }
+
+    [Fact]
+    public void TheStocker_StocksThePoolsForTheWriters()
+    {
+        using var domain = new SimulatedPersistenceDomain(8 << 20);
+        using HeapFile file = HeapFile.Create(domain);
+        using BufferedDurableHeap heap = BufferedDurableHeap.Open(file, new BufferedDurableHeapOptions { AdvancePeriod = Period });
+        var map = new PersistentHashMap<long, long>(heap, TypeId);
+        for (long k = 0; k < 20_000; k++)
+        {
+            map.Set(k, k);
+        }
+
+        heap.Sync();
+        Assert.True(SpinWait.SpinUntil(() => heap.Heap.StockFormattedSegments > 0, Wait), "no segment was formatted for the pools after a version of 20,000 allocations");
+        Assert.True(heap.StockerRunsForTesting > 0);
+    }
+
+    /// <summary>
+    /// Holds the first stocking (the stocker's, or with the control the cycle's) and runs a Sync meanwhile, bounded to 2
+    /// s. Returns whether the Sync completed (its version durable) while the stocking was still held.
+    /// </summary>
+    private static bool SyncWhileAStockingIsHeld(DurabilityFaults faults)
+    {
+        using var domain = new SimulatedPersistenceDomain(8 << 20);
+        using HeapFile file = HeapFile.Create(domain);
+        using var entered = new ManualResetEventSlim();
+        using var release = new ManualResetEventSlim();
+        BufferedDurableHeap heap = BufferedDurableHeap.Open(file, new BufferedDurableHeapOptions { AdvancePeriod = Period, Faults = faults });
+        try
+        {
+            heap.StockingForTesting = () =>
+            {
+                entered.Set();
+                release.Wait();
+            };
+            var map = new PersistentHashMap<long, long>(heap, TypeId);
+            map.Set(1, 1);
+            Assert.True(entered.Wait(Wait), "no stocking began");
+            map.Set(2, 2);
+            long target = heap.CurrentVersion;
+            try
+            {
+                heap.Sync(TimeSpan.FromSeconds(2));
+            }
+            catch (TimeoutException)
+            {
+                return false;
+            }
+
+            Assert.True(heap.DurableFrontier >= target);
+            Assert.False(release.IsSet);
+            return true;
+        }
+        finally
+        {
+            release.Set();
+            heap.Dispose();
+        }
+    }
+
+    /// <summary>
+    /// Holds a stocking of the stocker and disposes the heap on another thread; once Dispose is stopping the stocker,
+    /// gives it 300 ms to complete before the stocking is released. Returns whether it completed in that time, and what
+    /// it threw.
+    /// </summary>
+    private static (bool Early, Exception? Failure) DisposeDuringAStocking(DurabilityFaults faults)
+    {
+        using var domain = new SimulatedPersistenceDomain(8 << 20);
+        using HeapFile file = HeapFile.Create(domain);
+        using var entered = new ManualResetEventSlim();
+        using var stopping = new ManualResetEventSlim();
+        using var release = new ManualResetEventSlim();
+        BufferedDurableHeap heap = BufferedDurableHeap.Open(file, new BufferedDurableHeapOptions { AdvancePeriod = Period, Faults = faults });
+        heap.StockingForTesting = () =>
+        {
+            entered.Set();
+            release.Wait();
+        };
+        heap.StoppingStockerForTesting = stopping.Set;
+        var map = new PersistentHashMap<long, long>(heap, TypeId);
+        map.Set(1, 1);
+        Assert.True(entered.Wait(Wait), "no stocking began");
+        Task dispose = Task.Run(heap.Dispose);
+        bool early;
+        try
+        {
+            Assert.True(stopping.Wait(Wait), "Dispose never stopped the stocker");
+            early = dispose.Wait(TimeSpan.FromMilliseconds(300));
+        }
+        catch (AggregateException)
+        {
+            early = true;
+        }
+        finally
+        {
+            release.Set();
+        }
+
+        try
+        {
+            Assert.True(dispose.Wait(Wait), "Dispose did not complete once the stocking was released");
+            return (early, null);
+        }
+        catch (AggregateException e)
+        {
+            return (early, e.InnerException);
+        }
+    }
+}
