@@ -1,12 +1,16 @@
 using System;
+using System.Diagnostics;
+using System.Numerics;
 
 namespace Epvs.Persistence;
 
 /// <summary>
 /// Sorts offsets that mostly come in a few ascending runs — a version's write-back list: each thread allocates from
 /// pools handed out in address order, so its list is a few ascending stretches — by merging the runs (a natural merge
-/// sort: linear when the list is one run, n log k for k runs), and falls back to <see cref="Array.Sort{T}(T[], int, int)"/>
-/// when there are many.
+/// sort: linear when the list is one run, n log k for k runs), and falls back to a least-significant-digit radix sort
+/// when there are many (every pool refill from a sweep starts a new run: under two writers through the page cache a
+/// version's 50,000–100,000 offsets came in more than a thousand, and the comparison sort this fell back to took about
+/// 9% of the advancer's time; the radix sort takes two or three linear passes over offsets of a heap up to 16 GiB).
 /// </summary>
 internal static class AscendingRuns
 {
@@ -29,7 +33,7 @@ internal static class AscendingRuns
             {
                 if (runs == MaxRunsToMerge)
                 {
-                    Array.Sort(items, 0, count);
+                    RadixSort(items, count, ref scratch);
                     return MaxRunsToMerge + 1;
                 }
 
@@ -72,6 +76,63 @@ internal static class AscendingRuns
         }
 
         return found;
+    }
+
+    /// <summary>Digits of the radix sort, in bits: a 16 KB count table.</summary>
+    private const int RadixBits = 12;
+
+    /// <summary>
+    /// Sorts the first <paramref name="count"/> items (non-negative: file offsets) by their bits above the lowest set in
+    /// any of them (offsets are multiples of 64), <see cref="RadixBits"/> at a time, lowest digit first (each pass stable).
+    /// </summary>
+    private static void RadixSort(long[] items, int count, ref long[] scratch)
+    {
+        ulong any = 0;
+        for (int i = 0; i < count; i++)
+        {
+            Debug.Assert(items[i] >= 0, "offsets are non-negative");
+            any |= (ulong)items[i];
+        }
+
+        if (scratch.Length < count)
+        {
+            scratch = new long[Math.Max(count, scratch.Length * 2)];
+        }
+
+        int low = any == 0 ? 0 : BitOperations.TrailingZeroCount(any);
+        int high = 64 - BitOperations.LeadingZeroCount(any);
+        Span<int> starts = stackalloc int[1 << RadixBits];
+        const int Mask = (1 << RadixBits) - 1;
+        long[] from = items, to = scratch;
+        for (int shift = low; shift < high; shift += RadixBits)
+        {
+            starts.Clear();
+            for (int i = 0; i < count; i++)
+            {
+                starts[(int)((ulong)from[i] >> shift) & Mask]++;
+            }
+
+            int sum = 0;
+            for (int digit = 0; digit < starts.Length; digit++)
+            {
+                int n = starts[digit];
+                starts[digit] = sum;
+                sum += n;
+            }
+
+            for (int i = 0; i < count; i++)
+            {
+                long item = from[i];
+                to[starts[(int)((ulong)item >> shift) & Mask]++] = item;
+            }
+
+            (from, to) = (to, from);
+        }
+
+        if (!ReferenceEquals(from, items))
+        {
+            Array.Copy(from, items, count);
+        }
     }
 
     private static void Merge(long[] from, int lo, int mid, int hi, long[] to)

@@ -35,6 +35,32 @@ public sealed class AscendingRunsTests
         }
     }
 
+    [Theory]
+    [InlineData(100_000, 6, 40)]
+    [InlineData(100_000, 0, 31)]
+    [InlineData(20_000, 6, 62)]
+    [InlineData(3_000, 0, 3)]
+    public void Sort_ManyRuns_OrdersOffsetsOfAnyMagnitude(int count, int alignmentBits, int magnitudeBits)
+    {
+        // Random order (far more runs than the merge takes): the radix sort, over offsets up to 2^magnitudeBits,
+        // multiples of 2^alignmentBits (block offsets are multiples of 64), with duplicates and zeros.
+        var random = new Random(count + alignmentBits + magnitudeBits);
+        long[] items = new long[count + 1];
+        for (int i = 0; i < count; i++)
+        {
+            long value = random.NextInt64(0, 1L << (magnitudeBits - 1)) << 1 >> alignmentBits << alignmentBits;
+            items[i] = i % 97 == 0 ? 0 : (i % 89 == 0 ? items[i / 2] : value);
+        }
+
+        items[count] = -7;
+        long[] expected = items.Take(count).ToArray();
+        Array.Sort(expected);
+        long[] scratch = new long[1];
+        Assert.Equal(AscendingRuns.MaxRunsToMerge + 1, AscendingRuns.Sort(items, count, ref scratch));
+        Assert.Equal(expected, items.Take(count));
+        Assert.Equal(-7L, items[count]);
+    }
+
     /// <summary><paramref name="count"/> offsets (with duplicates) in <paramref name="runs"/> ascending stretches starting at random places.</summary>
     private static long[] Runs(Random random, int count, int runs)
     {
