@@ -83,7 +83,7 @@ internal static class AscendingRuns
 
     /// <summary>
     /// Sorts the first <paramref name="count"/> items (non-negative: file offsets) by their bits above the lowest set in
-    /// any of them (offsets are multiples of 64), <see cref="RadixBits"/> at a time, lowest digit first (each pass stable).
+    /// any of them (block offsets are multiples of 32), <see cref="RadixBits"/> at a time, lowest digit first (each pass stable).
     /// </summary>
     private static void RadixSort(long[] items, int count, ref long[] scratch)
     {

@@ -708,9 +708,10 @@ public sealed unsafe partial class BufferedDurableHeap
 
         int n = Collect(registry, b => b.Retired[slot]);
         _largeScratch.Clear();
-        _heap.DeferFrees(_scratch, n, _largeScratch);
         if (n != 0)
         {
+            // (Skipped when nothing was retired: parking takes the sweep's lock, however briefly.)
+            _heap.DeferFrees(_scratch, n, _largeScratch);
             AfterReclaimMarkedForTesting?.Invoke();
         }
 
@@ -842,7 +843,7 @@ public sealed unsafe partial class BufferedDurableHeap
     private Task WaitWithTimeout(Task task, long target, CancellationToken cancellationToken) =>
         SyncWaits.WaitAsync(task, _syncTimeout, cancellationToken, () => ThrowSyncTimeout(target, _syncTimeout));
 
-    private void StartAdvancer(TimeSpan period, TimeSpan? maxVersionAge)
+    private void StartAdvancer(TimeSpan period, TimeSpan? maxVersionAge, Action<Thread?>? startingForTesting)
     {
         _period = period;
         if (period == Timeout.InfiniteTimeSpan)
@@ -861,6 +862,7 @@ public sealed unsafe partial class BufferedDurableHeap
 
         try
         {
+            startingForTesting?.Invoke(_stocker);
             _advancer = new Thread(AdvancerLoop) { IsBackground = true, Name = "epvs-advancer" };
             _advancer.Start();
         }

@@ -15,6 +15,12 @@ namespace Epvs.Persistence;
 /// durability lag's p99 was about three periods. Nothing of a version's durability depends on the stocking: the
 /// frontier is persisted and the waiters completed before it, and an allocating thread that finds its class's pool
 /// empty sweeps or formats for itself, as it did before the pools were stocked.</para>
+/// <para>What a cycle may still wait for. A sweep holds the sweep's lock only while it takes its blocks off the bitmaps
+/// (it writes them back outside it: see <see cref="PersistentHeap.FlushPendingFrees"/>), so a cycle parking its frees
+/// waits for that much at most. A cycle whose version deleted something flushes every parked free before it frees the
+/// anti-payloads, and so waits for the sweeps in flight (an anti-payload's free must not reach the file before a
+/// cancelled copy's). Freeing a large block takes the segment gate, which a stocking holds while it formats free
+/// segments.</para>
 /// <para>Safety. The stocking takes the heap's own locks (the segment gate, the sweep's gate, the pools'), as the
 /// allocating threads' own sweeps and formats do while a cycle runs; one thread stocks at a time (this one, or without
 /// a background advancer the cycle itself, under its gate). A failure is recorded as the advancer's, as it was when the
@@ -128,12 +134,13 @@ public sealed partial class BufferedDurableHeap
             catch (Exception e)
             {
                 // As when the cycle stocked (its failure was the cycle's): nothing more becomes durable, and Sync and
-                // SyncAsync report why. Under the cycle gate, as every advancer fault is recorded.
-                lock (_cycleGate)
-                {
-                    RecordAdvancerFault(new InvalidOperationException($"Stocking the heap's pools after an advance cycle failed: {e.Message}", e));
-                }
-
+                // SyncAsync report why. Not under the cycle gate, which a Sync may hold for as long as a thread stays
+                // inside an operation (Dispose then waited for this thread, and reported it, instead of the straggler):
+                // a cycle that runs meanwhile is sound (no stocking is part of a version's durability), and the next one
+                // refuses. Interlocked.CompareExchange: the first fault stays the one reported.
+                var fault = new InvalidOperationException($"Stocking the heap's pools after an advance cycle failed: {e.Message}", e);
+                Interlocked.CompareExchange(ref _advancerFault, fault, null);
+                FailWaiters(new InvalidOperationException($"The heap's advancer failed: {fault.Message}", fault));
                 return;
             }
         }
@@ -144,10 +151,17 @@ public sealed partial class BufferedDurableHeap
     private Exception? StopStocker(ref bool interrupted)
     {
         StoppingStockerForTesting?.Invoke();
-        lock (_stockGate)
+
+        // Uninterruptible, as every wait of Dispose: an interrupt must not leave the stocker running.
+        UninterruptedWait.TryEnter(_stockGate, Timeout.InfiniteTimeSpan, ref interrupted);
+        try
         {
             _stockerStopping = true;
             Monitor.Pulse(_stockGate);
+        }
+        finally
+        {
+            Monitor.Exit(_stockGate);
         }
 
         if ((_faults & DurabilityFaults.DisposeWithoutWaitingForTheStocker) != 0)

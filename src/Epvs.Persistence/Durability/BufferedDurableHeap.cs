@@ -89,7 +89,7 @@ public sealed unsafe partial class BufferedDurableHeap : IDisposable
         try
         {
             options.StartingAdvancerForTesting?.Invoke();
-            StartAdvancer(options.AdvancePeriod, options.MaxVersionAge);
+            StartAdvancer(options.AdvancePeriod, options.MaxVersionAge, options.StartingAdvancerThreadForTesting);
         }
         catch
         {

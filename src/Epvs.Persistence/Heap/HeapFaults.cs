@@ -46,4 +46,10 @@ internal enum HeapFaults
 
     /// <summary>The caches of threads that have exited are kept with their free blocks (the old behaviour: a heap used by short-lived threads fills up and its memory grows with every thread).</summary>
     KeepExitedThreadCaches = 2048,
+
+    /// <summary>A sweep marks, writes back, fences and hands out its blocks under the sweep's lock (the old behaviour: a thread that needs a sweep of its own, or parks frees, waits for the whole of another's).</summary>
+    SweepUnderTheGate = 4096,
+
+    /// <summary>A flush of every parked free returns without waiting for sweeps in flight on other threads (whose frees are not durable yet: an anti-payload freed after it could reach the file first).</summary>
+    FlushWithoutWaitingForSweepsInFlight = 8192,
 }

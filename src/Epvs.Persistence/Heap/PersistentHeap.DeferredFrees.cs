@@ -20,10 +20,15 @@ namespace Epvs.Persistence;
 /// reaches the file over an old seal). Its replacement is durable already, so after a crash recovery finds both copies
 /// of the uid and keeps the newer. An anti-payload may be freed only once every older copy of its uid is durably free:
 /// <see cref="FlushPendingFrees"/> (all of them) comes first.</para>
-/// <para>Threads. Guarded by <see cref="_pendingGate"/>; the write-back and fence run under it (slow path only: the
-/// advancer each cycle, an allocating thread only when no block is ready and no free segment is left, before it
-/// grows the file, and under the segment gate when the heap cannot grow and gives segments back to the free list;
-/// lock order: the segment gate, then this one).</para>
+/// <para>Threads. The bitmaps and counters are guarded by <see cref="_pendingGate"/>. A sweep takes its blocks off the
+/// bitmaps under it, then marks them, writes them back, fences and hands them out outside it (counted in
+/// <see cref="_sweepsInFlight"/>), so that parking frees and other sweeps — an allocating thread's, when no block of its
+/// class is ready — go on meanwhile: a sweep of a stocking took 20–30 ms through the page cache, and a writer that waited
+/// for it inside its operation held up the next version transition as long. <see cref="FlushPendingFrees"/> waits for
+/// the sweeps in flight too, since their blocks are neither parked nor durably free until they end. Sweeps run on slow
+/// paths only: the stocking (the stocker thread, or the advancer's cycle), an allocating thread when no block is ready,
+/// and under the segment gate when the heap cannot grow and gives segments back to the free list (lock order: the
+/// segment gate, then this one).</para>
 /// </remarks>
 public sealed unsafe partial class PersistentHeap
 {
@@ -38,10 +43,13 @@ public sealed unsafe partial class PersistentHeap
     private long _pendingBlocks;
     private long _pendingBytes;
 
-    /// <summary>Why a sweep failed after it had taken blocks off the pending lists; every later sweep then throws (fail-stop).</summary>
+    /// <summary>Why a sweep failed after it had taken blocks off the pending lists; every later sweep then throws (fail-stop). Under <see cref="_pendingGate"/>.</summary>
     private Exception? _sweepFailure;
 
-    /// <summary>Test hook: runs inside a sweep after its frees are marked and before they are written back (the window in which an early reuse would race the free to the file). May allocate from the pools only when they have blocks (an allocation that needs a segment takes the segment gate, which a releasing thread holds while it waits for this sweep); must not sweep or flush (it runs under the sweep's lock).</summary>
+    /// <summary>Sweeps that took their blocks off the bitmaps and have not handed them out yet (under <see cref="_pendingGate"/>, which is pulsed when one ends).</summary>
+    private int _sweepsInFlight;
+
+    /// <summary>Test hook: runs inside a sweep after its frees are marked and before they are written back (the window in which an early reuse would race the free to the file), outside the sweep's lock. May allocate from the pools only when they have blocks (an allocation that needs a segment takes the segment gate, which a releasing thread holds while it waits for this sweep); must not flush (a flush waits for this sweep).</summary>
     internal Action? AfterSweepMarkedForTesting { get; set; }
 
     /// <summary>Small blocks freed but parked for the sweep: not marked free yet, not handed out (approximate while the advancer runs).</summary>
@@ -184,10 +192,26 @@ public sealed unsafe partial class PersistentHeap
         _file.EnterOperation();
         try
         {
+            Sweep? sweep;
+            long swept = 0;
             lock (_pendingGate)
             {
-                return SweepLocked(minimumBlocks, onlyClass);
+                sweep = TakeSweepLocked(minimumBlocks, onlyClass);
+                if (sweep is not null && (_faults & HeapFaults.SweepUnderTheGate) != 0)
+                {
+                    swept = Complete(sweep);
+                    sweep = null;
+                }
             }
+
+            swept += sweep is null ? 0 : Complete(sweep);
+            if (minimumBlocks == long.MaxValue && (_faults & HeapFaults.FlushWithoutWaitingForSweepsInFlight) == 0)
+            {
+                // A flush: the blocks other sweeps took before this one are not durably free until they end.
+                WaitForSweepsInFlight();
+            }
+
+            return swept;
         }
         finally
         {
@@ -197,8 +221,10 @@ public sealed unsafe partial class PersistentHeap
 
     /// <summary>
     /// An allocating thread found no block of class <paramref name="cls"/> ready: if enough of that class are parked,
-    /// sweeps them (densest segments first) rather than take a free segment for the class, and refills the cache. A
-    /// thread that waited for another's sweep takes that sweep's blocks instead of sweeping again.
+    /// sweeps them (densest segments first) rather than take a free segment for the class, and refills the cache. It
+    /// does not wait for another thread's sweep in flight (the stocker's, typically) while parked frees of the class are
+    /// left for its own; when none are, it waits for the sweeps in flight and takes their blocks (rather than take a
+    /// free segment or grow the file while they are about to join the pool).
     /// </summary>
     private bool TrySweepForRefill(ThreadCache cache, int cls)
     {
@@ -210,6 +236,7 @@ public sealed unsafe partial class PersistentHeap
         _file.EnterOperation();
         try
         {
+            Sweep? sweep;
             lock (_pendingGate)
             {
                 if (TryTakeBatch(cache, cls))
@@ -217,7 +244,21 @@ public sealed unsafe partial class PersistentHeap
                     return true;
                 }
 
-                SweepLocked(8 * BatchSize, cls);
+                sweep = TakeSweepLocked(8 * BatchSize, cls);
+                if (sweep is not null && (_faults & HeapFaults.SweepUnderTheGate) != 0)
+                {
+                    Complete(sweep);
+                    return TryTakeBatch(cache, cls);
+                }
+            }
+
+            if (sweep is not null)
+            {
+                Complete(sweep);
+            }
+            else
+            {
+                WaitForSweepsInFlight();
             }
         }
         finally
@@ -231,18 +272,22 @@ public sealed unsafe partial class PersistentHeap
     /// <summary>Makes every pending free durable and hands the blocks out (before an anti-payload is freed, and at a clean shutdown).</summary>
     internal void FlushPendingFrees() => SweepPendingFrees(long.MaxValue);
 
-    private long SweepLocked(long minimumBlocks, int onlyClass)
-    {
-        if (_sweepFailure is { } failure)
-        {
-            // The failed sweep's blocks are marked free in memory but their frees may not be durable: freeing anything
-            // that relies on them (an anti-payload) could bring a deleted key back after a crash. Stop instead.
-            throw new System.IO.IOException($"An earlier sweep of deferred frees failed ({failure.Message}); no more frees can be made durable.", failure);
-        }
+    /// <summary>A sweep's blocks, taken off the bitmaps (in address order) and grouped by segment: see <see cref="Complete"/>.</summary>
+    private sealed record Sweep(List<long> Offsets, List<(long Segment, int Start, int Count)> Segments);
 
+    /// <summary>
+    /// Under <see cref="_pendingGate"/>: takes the parked blocks of the densest segments (of class
+    /// <paramref name="onlyClass"/>, or of every class for -1) off the bitmaps, at least <paramref name="minimumBlocks"/>
+    /// of them (<see cref="long.MaxValue"/>: all), and counts the sweep in flight.
+    /// </summary>
+    /// <returns>The sweep for <see cref="Complete"/> (outside the gate), or null when nothing is parked.</returns>
+    /// <exception cref="System.IO.IOException">An earlier sweep failed (fail-stop).</exception>
+    private Sweep? TakeSweepLocked(long minimumBlocks, int onlyClass)
+    {
+        ThrowIfASweepFailed();
         if (_pendingBlocks == 0)
         {
-            return 0;
+            return null;
         }
 
         // The densest segments first (most blocks per page written back), then in address order for the write-back.
@@ -299,13 +344,74 @@ public sealed unsafe partial class PersistentHeap
                 System.Threading.Volatile.Write(ref _pendingBytes, _pendingBytes - ((long)pending * SizeClasses.BlockSizes[cls]));
                 swept.Add((segment, first, pending));
             }
-
-            return MarkWriteBackAndHandOut(offsets, swept);
         }
         catch (Exception e)
         {
             _sweepFailure = e;
             throw;
+        }
+
+        if (offsets.Count == 0)
+        {
+            return null;
+        }
+
+        _sweepsInFlight++;
+        return new Sweep(offsets, swept);
+    }
+
+    /// <summary>
+    /// Outside <see cref="_pendingGate"/>: marks the sweep's blocks free, writes them back, fences and hands them out;
+    /// then ends the sweep in flight. A failure stops every later sweep (fail-stop).
+    /// </summary>
+    /// <returns>How many blocks were handed out.</returns>
+    private long Complete(Sweep sweep)
+    {
+        try
+        {
+            return MarkWriteBackAndHandOut(sweep.Offsets, sweep.Segments);
+        }
+        catch (Exception e)
+        {
+            lock (_pendingGate)
+            {
+                _sweepFailure ??= e;
+            }
+
+            throw;
+        }
+        finally
+        {
+            lock (_pendingGate)
+            {
+                _sweepsInFlight--;
+                System.Threading.Monitor.PulseAll(_pendingGate);
+            }
+        }
+    }
+
+    /// <summary>Waits until no sweep is in flight; throws if one failed (its frees may not be durable).</summary>
+    private void WaitForSweepsInFlight()
+    {
+        lock (_pendingGate)
+        {
+            while (_sweepsInFlight != 0)
+            {
+                System.Threading.Monitor.Wait(_pendingGate);
+            }
+
+            ThrowIfASweepFailed();
+        }
+    }
+
+    /// <summary>Under <see cref="_pendingGate"/>.</summary>
+    private void ThrowIfASweepFailed()
+    {
+        if (_sweepFailure is { } failure)
+        {
+            // The failed sweep's blocks are marked free in memory but their frees may not be durable: freeing anything
+            // that relies on them (an anti-payload) could bring a deleted key back after a crash. Stop instead.
+            throw new System.IO.IOException($"An earlier sweep of deferred frees failed ({failure.Message}); no more frees can be made durable.", failure);
         }
     }
 

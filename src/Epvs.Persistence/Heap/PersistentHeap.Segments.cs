@@ -284,8 +284,9 @@ public sealed unsafe partial class PersistentHeap
     private long ReleasePooledSegmentsLocked()
     {
         // Parked frees first (a buffered heap parks its frees for the sweep): made durable, their blocks join the pools.
-        // (Lock order: the segment gate, then the sweep's. No code of the heap takes them the other way round; the test
-        // hook AfterSweepMarkedForTesting runs under the sweep's and must not take the segment gate.)
+        // (Lock order: the segment gate, then the sweep's. No code of the heap takes them the other way round. The flush
+        // waits, under the segment gate, for sweeps in flight on other threads, which take no gate but a pool's; the
+        // test hook AfterSweepMarkedForTesting runs inside a sweep and must not take the segment gate.)
         if (_sweepFailure is not null)
         {
             // An earlier sweep failed: no free can be made durable any more (fail-stop); the allocation fails as before.

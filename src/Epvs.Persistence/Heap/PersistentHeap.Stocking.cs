@@ -6,7 +6,7 @@ using System.Threading;
 namespace Epvs.Persistence;
 
 /// <summary>
-/// Stocking the class pools for a <see cref="BufferedDurableHeap"/>'s allocating threads: once per advance cycle,
+/// Stocking the class pools for a <see cref="BufferedDurableHeap"/>'s allocating threads: after each advance cycle,
 /// each class gets about two cycles' worth of its own demand ready, from free segments first (formatted in a batch),
 /// and only then from the densest parked frees of that class.
 /// </summary>
@@ -53,7 +53,8 @@ public sealed unsafe partial class PersistentHeap
     /// <summary>
     /// Stocks each class's pool with about two intervals' worth of the blocks its allocating threads took since the
     /// previous call (plus <paramref name="reserveBytes"/>): free segments first, without growing the file, then the
-    /// densest parked frees of the class. Called by one thread at a time (the advancer, under its cycle gate).
+    /// densest parked frees of the class. Called by one thread at a time (a buffered heap's stocker thread, or without a
+    /// background advancer its cycle, under the cycle gate), while allocating threads and cycles run.
     /// </summary>
     /// <param name="reserveBytes">Bytes of blocks to keep ready beyond the demand, for each class that had any (in bytes,
     /// so that a class of large blocks does not take a segment per reserved block).</param>

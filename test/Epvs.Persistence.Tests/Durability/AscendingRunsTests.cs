@@ -39,6 +39,7 @@ public sealed class AscendingRunsTests
     [InlineData(100_000, 6, 40)]
     [InlineData(100_000, 0, 31)]
     [InlineData(20_000, 6, 62)]
+    [InlineData(50_000, 6, 30)]
     [InlineData(3_000, 0, 3)]
     public void Sort_ManyRuns_OrdersOffsetsOfAnyMagnitude(int count, int alignmentBits, int magnitudeBits)
     {

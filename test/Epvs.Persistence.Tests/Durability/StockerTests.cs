@@ -30,6 +30,41 @@ public sealed class StockerTests
     }
 
     [Fact]
+    public void ASyncThatRunsTheCycle_DoesNotWaitForTheStockersSweepInFlight()
+    {
+        Assert.True(SyncWhileTheStockersSweepIsHeld(HeapFaults.None, Wait), "Sync did not return while the stocker's sweep was held");
+    }
+
+    [Fact]
+    public void SweepingUnderTheGate_IsCaughtHoldingUpTheCycleBehindTheStocker()
+    {
+        Assert.False(SyncWhileTheStockersSweepIsHeld(HeapFaults.SweepUnderTheGate, TimeSpan.FromSeconds(3)), "the control (the stocker's sweep holds the sweep's lock) was not caught");
+    }
+
+    [Fact]
+    public void AnOpenWhoseAdvancerThreadCannotStart_StopsTheStocker()
+    {
+        using var domain = new SimulatedPersistenceDomain(8 << 20);
+        using HeapFile file = HeapFile.Create(domain);
+        Thread? stocker = null;
+        var failing = new BufferedDurableHeapOptions
+        {
+            AdvancePeriod = Period,
+            StartingAdvancerThreadForTesting = started =>
+            {
+                stocker = started;
+                throw new OutOfMemoryException("simulated: no thread for the advancer");
+            },
+        };
+        Assert.Throws<OutOfMemoryException>(() => BufferedDurableHeap.Open(file, failing));
+        Assert.NotNull(stocker);
+        Assert.True(stocker.Join(Wait), "the stocker outlived the failed open");
+        using BufferedDurableHeap again = BufferedDurableHeap.Open(file, new BufferedDurableHeapOptions { AdvancePeriod = Period });
+        new PersistentHashMap<long, long>(again, TypeId).Set(1, 1);
+        again.Sync();
+    }
+
+    [Fact]
     public void Dispose_WaitsForAStockingInProgress_ThenClosesCleanly()
     {
         (bool early, Exception? failure) = DisposeDuringAStocking(DurabilityFaults.None);
@@ -105,6 +140,64 @@ public sealed class StockerTests
     }
 
     /// <summary>
+    /// A background advancer that does not fire during the test (cycles run on Sync only, but the heap has a stocker):
+    /// writes and syncs until the stocker sweeps, holds its first sweep in flight (after its marks, before its
+    /// write-back), then runs a Sync on another thread. Returns whether that Sync returned within
+    /// <paramref name="bound"/> while the sweep was held (it covers its version either way: the frontier moves before
+    /// the reclamation). Adapted from review D's demonstration that the cycle used to wait for the stocker's sweep.
+    /// </summary>
+    private static bool SyncWhileTheStockersSweepIsHeld(HeapFaults faults, TimeSpan bound)
+    {
+        const int Keys = 2048;
+        using var domain = new SimulatedPersistenceDomain(1 << 20);
+        using HeapFile file = HeapFile.Create(domain);
+        using var entered = new ManualResetEventSlim();
+        using var release = new ManualResetEventSlim();
+        int once = 0;
+        BufferedDurableHeap heap = BufferedDurableHeap.Open(file, new BufferedDurableHeapOptions { AdvancePeriod = TimeSpan.FromHours(1), HeapFaults = faults });
+        Thread? sync = null;
+        try
+        {
+            Assert.NotNull(heap.StockerForTesting);
+            heap.Heap.AfterSweepMarkedForTesting = () =>
+            {
+                if (Thread.CurrentThread == heap.StockerForTesting && Interlocked.Exchange(ref once, 1) == 0)
+                {
+                    entered.Set();
+                    release.Wait();
+                }
+            };
+
+            var map = new PersistentHashMap<long, long>(heap, TypeId);
+            for (int round = 0; round < 200 && !entered.IsSet; round++)
+            {
+                for (long k = 0; k < Keys; k++)
+                {
+                    map.Set(k, k + round);
+                }
+
+                long runs = heap.StockerRunsForTesting;
+                heap.Sync();
+                Assert.True(SpinWait.SpinUntil(() => entered.IsSet || heap.StockerRunsForTesting > runs, Wait));
+            }
+
+            Assert.True(entered.IsSet, "the stocker never swept");
+            map.Set(0, -1);
+            long target = heap.CurrentVersion;
+            sync = new Thread(() => heap.Sync(TimeSpan.FromSeconds(30))) { IsBackground = true };
+            sync.Start();
+            Assert.True(SpinWait.SpinUntil(() => heap.DurableFrontier >= target, Wait), "the frontier never covered the target");
+            return sync.Join(bound);
+        }
+        finally
+        {
+            release.Set();
+            sync?.Join(Wait);
+            heap.Dispose();
+        }
+    }
+
+    /// <summary>
     /// Holds the first stocking (the stocker's, or with the control the cycle's) and runs a Sync meanwhile, bounded to 2
     /// s. Returns whether the Sync completed (its version durable) while the stocking was still held.
     /// </summary>
@@ -115,12 +208,18 @@ public sealed class StockerTests
         using var entered = new ManualResetEventSlim();
         using var release = new ManualResetEventSlim();
         BufferedDurableHeap heap = BufferedDurableHeap.Open(file, new BufferedDurableHeapOptions { AdvancePeriod = Period, Faults = faults });
+        int testThread = Environment.CurrentManagedThreadId;
+        int held = 0;
         try
         {
+            // Held once, never on this thread: with the control, a cycle this thread runs (helping an old version) stocks too.
             heap.StockingForTesting = () =>
             {
-                entered.Set();
-                release.Wait();
+                if (Environment.CurrentManagedThreadId != testThread && Interlocked.Exchange(ref held, 1) == 0)
+                {
+                    entered.Set();
+                    release.Wait();
+                }
             };
             var map = new PersistentHashMap<long, long>(heap, TypeId);
             map.Set(1, 1);

@@ -354,7 +354,7 @@ public sealed unsafe class BlockIntegrityTests
     /// writer owns 5,000 keys and replaces all of them every third round and 50 otherwise, so the advancer's sweep, sized
     /// by the last version, leaves frees parked. At the start of each round the second writer sweeps them on its own
     /// thread (<see cref="PersistentHeap.FlushPendingFrees"/>: the sweep an allocation runs when nothing is ready and
-    /// no segment is free) while the first writer allocates. The first eight sweeps by a writer (this one's, or the
+    /// no segment is free) while the first writer allocates. The first sixteen sweeps by a writer (this one's, or the
     /// other's own sweep when its allocation finds nothing ready) arm power failures at 14 crash points 48 apart from a
     /// little past the current one (2 adversarial seeds each), inside the window between marking the frees and making
     /// them durable. Returns what reopening each image reported.
@@ -379,7 +379,7 @@ public sealed unsafe class BlockIntegrityTests
             heap.Heap.AfterSweepMarkedForTesting = () =>
             {
                 // Interlocked.Increment: writers sweep concurrently; atomicity only.
-                if (Thread.CurrentThread != advancing && Interlocked.Increment(ref sweeps) <= 8)
+                if (Thread.CurrentThread != advancing && Interlocked.Increment(ref sweeps) <= 16)
                 {
                     // Spread over the sweep's write-backs (one crash point per block here), so that some images fall after
                     // the other writer has taken blocks from this sweep. Each point is taken from the count at that step
