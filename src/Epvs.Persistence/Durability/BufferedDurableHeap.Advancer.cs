@@ -486,7 +486,8 @@ public sealed unsafe partial class BufferedDurableHeap
     /// <summary>Records the first failed cycle (under the cycle gate): from then on nothing more becomes durable, and every SyncAsync waiting fails.</summary>
     private void RecordAdvancerFault(Exception fault)
     {
-        _advancerFault ??= fault;
+        // Interlocked.CompareExchange: the stocker records its faults without the cycle gate; the first one stays.
+        Interlocked.CompareExchange(ref _advancerFault, fault, null);
         FailWaiters(new InvalidOperationException($"The heap's advancer failed: {fault.Message}", fault));
     }
 
@@ -913,7 +914,7 @@ public sealed unsafe partial class BufferedDurableHeap
             catch (Exception e)
             {
                 // The first fault stays the one reported (a cycle refused after an earlier fault, or the stocker's, wraps it).
-                _advancerFault ??= e;
+                Interlocked.CompareExchange(ref _advancerFault, e, null);
                 FailWaiters(new InvalidOperationException($"The heap's advancer failed: {e.Message}", e));
                 return;
             }

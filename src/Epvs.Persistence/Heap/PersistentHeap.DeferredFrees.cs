@@ -49,6 +49,24 @@ public sealed unsafe partial class PersistentHeap
     /// <summary>Sweeps that took their blocks off the bitmaps and have not handed them out yet (under <see cref="_pendingGate"/>, which is pulsed when one ends).</summary>
     private int _sweepsInFlight;
 
+    /// <summary>Sweeps that ended, handed out or failed (under <see cref="_pendingGate"/>; tests).</summary>
+    private long _sweepsEnded;
+
+    /// <summary>Sweeps that ended since the heap opened (tests).</summary>
+    internal long SweepsEndedForTesting
+    {
+        get
+        {
+            lock (_pendingGate)
+            {
+                return _sweepsEnded;
+            }
+        }
+    }
+
+    /// <summary>The sweep's lock (tests hold it to make a sweep's end wait).</summary>
+    internal object PendingGateForTesting => _pendingGate;
+
     /// <summary>Test hook: runs inside a sweep after its frees are marked and before they are written back (the window in which an early reuse would race the free to the file), outside the sweep's lock. May allocate from the pools only when they have blocks (an allocation that needs a segment takes the segment gate, which a releasing thread holds while it waits for this sweep); must not flush (a flush waits for this sweep).</summary>
     internal Action? AfterSweepMarkedForTesting { get; set; }
 
@@ -356,8 +374,9 @@ public sealed unsafe partial class PersistentHeap
             return null;
         }
 
+        var sweep = new Sweep(offsets, swept);
         _sweepsInFlight++;
-        return new Sweep(offsets, swept);
+        return sweep;
     }
 
     /// <summary>
@@ -367,26 +386,45 @@ public sealed unsafe partial class PersistentHeap
     /// <returns>How many blocks were handed out.</returns>
     private long Complete(Sweep sweep)
     {
+        Exception? failure = null;
         try
         {
             return MarkWriteBackAndHandOut(sweep.Offsets, sweep.Segments);
         }
         catch (Exception e)
         {
-            lock (_pendingGate)
-            {
-                _sweepFailure ??= e;
-            }
-
+            failure = e;
             throw;
         }
         finally
         {
-            lock (_pendingGate)
+            EndSweep(failure);
+        }
+    }
+
+    /// <summary>
+    /// Ends a sweep in flight: records its failure (if any) and uncounts it in one critical section, entered
+    /// uninterruptibly (a Thread.Interrupt here used to leave the sweep counted for ever, or its failure unrecorded).
+    /// </summary>
+    private void EndSweep(Exception? failure)
+    {
+        bool interrupted = false;
+        UninterruptedWait.TryEnter(_pendingGate, System.Threading.Timeout.InfiniteTimeSpan, ref interrupted);
+        try
+        {
+            if (failure is not null)
             {
-                _sweepsInFlight--;
-                System.Threading.Monitor.PulseAll(_pendingGate);
+                _sweepFailure ??= failure;
             }
+
+            _sweepsInFlight--;
+            _sweepsEnded++;
+            System.Threading.Monitor.PulseAll(_pendingGate);
+        }
+        finally
+        {
+            System.Threading.Monitor.Exit(_pendingGate);
+            UninterruptedWait.Restore(interrupted);
         }
     }
 

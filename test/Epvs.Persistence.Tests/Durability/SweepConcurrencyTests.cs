@@ -13,8 +13,6 @@ namespace Epvs.Persistence.Tests;
 /// </summary>
 public sealed class SweepConcurrencyTests
 {
-    private const int TypeId = 29;
-    private const int Keys = 4096;
     private static readonly TimeSpan Wait = TimeSpan.FromSeconds(30);
 
     [Fact]
@@ -75,8 +73,8 @@ public sealed class SweepConcurrencyTests
     }
 
     /// <summary>
-    /// Holds one thread's sweep in flight and flushes every parked free on another thread; gives the flush 300 ms to
-    /// return before the sweep is released. Returns whether it returned in that time, and the parked frees left after.
+    /// Holds one thread's sweep in flight and flushes every parked free on another thread; once the flush's own sweep
+    /// has ended, gives the flush 300 ms to return before the held sweep is released. Returns whether it returned in that time, and the parked frees left after.
     /// </summary>
     private static (bool Early, long PendingAfter) FlushBesideASweepInFlight(HeapFaults faults)
     {
@@ -87,6 +85,8 @@ public sealed class SweepConcurrencyTests
         bool early;
         try
         {
+            // Once the flush's own sweep has ended (the held one cannot), a flush that does not wait returns at once.
+            Assert.True(SpinWait.SpinUntil(() => heap.SweepsEndedForTesting >= 1, Wait), "the flush's own sweep never ended");
             early = flush.Wait(TimeSpan.FromMilliseconds(300));
         }
         finally
@@ -99,63 +99,4 @@ public sealed class SweepConcurrencyTests
         return (early, heap.PendingFreeBlocks);
     }
 
-    /// <summary>A buffered heap (versions advanced by hand) whose map replaced every one of its keys three times: about three rounds of frees parked, in several segments of the smallest class.</summary>
-    private sealed class ParkedFrees : IDisposable
-    {
-        private readonly SimulatedPersistenceDomain _domain = new(8 << 20);
-        private readonly HeapFile _file;
-        private readonly ManualResetEventSlim _entered = new();
-        private readonly ManualResetEventSlim _release = new();
-        private int _held;
-
-        public ParkedFrees(HeapFaults faults)
-        {
-            _file = HeapFile.Create(_domain);
-            Heap = BufferedDurableHeap.Open(_file, new BufferedDurableHeapOptions { AdvancePeriod = Timeout.InfiniteTimeSpan, HeapFaults = faults });
-            var map = new PersistentHashMap<long, long>(Heap, TypeId);
-            for (int round = 0; round < 4; round++)
-            {
-                for (long k = 0; k < Keys; k++)
-                {
-                    map.Set(k, k + round);
-                }
-
-                Heap.AdvanceVersion(Wait);
-            }
-
-            Assert.True(Heap.Heap.PendingFreeBlocks >= 2 * Keys, $"only {Heap.Heap.PendingFreeBlocks} frees parked");
-
-            // The first sweep to mark its frees waits there until released; later ones pass.
-            Heap.Heap.AfterSweepMarkedForTesting = () =>
-            {
-                if (Interlocked.Exchange(ref _held, 1) == 0)
-                {
-                    _entered.Set();
-                    _release.Wait();
-                }
-            };
-        }
-
-        public BufferedDurableHeap Heap { get; }
-
-        /// <summary>Starts a sweep of one segment's parked frees on another thread and returns once it is held in flight.</summary>
-        public Task StartHeldSweep()
-        {
-            Task sweep = Task.Run(() => Heap.Heap.SweepPendingFrees(1, 0));
-            Assert.True(_entered.Wait(Wait), "the sweep never marked its frees");
-            return sweep;
-        }
-
-        public void Release() => _release.Set();
-
-        public void Dispose()
-        {
-            _release.Set();
-            Heap.Dispose();
-            _file.Dispose();
-            _domain.Dispose();
-            _entered.Dispose();
-            _release.Dispose();
-        }
-    }
 }

@@ -16,6 +16,7 @@ namespace Epvs.Persistence.Tests;
 /// the wait has seen the interrupt (a hook). The control (<see cref="UninterruptedWait.InterruptibleForTesting"/>, the
 /// waits as before) must be caught.
 /// </summary>
+[Collection(nameof(InterruptedDisposeTests))]
 public sealed class InterruptedDisposeTests
 {
     private static readonly HeapFileOptions Small = new() { Size = 4L << 20, Domain = PersistenceDomainKind.MappedFile };
