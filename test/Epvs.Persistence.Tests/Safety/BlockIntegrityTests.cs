@@ -349,6 +349,103 @@ public sealed unsafe class BlockIntegrityTests
         AssertDamageCaught(violations, images, $" ({writerSweeps} sweeps by a writer)");
     }
 
+    [Fact]
+    public void Sweep_OnAWriterThread_WithAnotherWritersReuseInsideItsWindow_LeavesNoDamage()
+    {
+        List<string> violations = WriterSweepWithHandshake(DurabilityFaults.None, out int images);
+        AssertNoDamage(violations, images);
+    }
+
+    [Fact]
+    public void Sweep_OnAWriterThread_HandingBlocksOutEarly_IsCaughtEveryRun()
+    {
+        // Deterministic: the other writer's reuse falls inside the sweep's window by a handshake, not by timing.
+        List<string> violations = WriterSweepWithHandshake(DurabilityFaults.ReuseBeforeFreeIsDurable, out int images);
+        Assert.True(violations.Count != 0, $"none of {images} crash images of the control showed damage");
+        Assert.Contains("damaged", violations[0], StringComparison.Ordinal);
+    }
+
+    /// <summary>
+    /// The writer-thread sweep made deterministic (review E): a writer thread flushes the parked frees; in the sweep's
+    /// hook (after the marks, before the write-back) a second writer writes 512 new keys on its own thread and finishes
+    /// (with the control, into the sweep's own blocks, handed out early); only then are the next 64 crash points armed
+    /// (4 adversarial seeds each), all of them inside the sweep's write-back. Returns what reopening each image reported.
+    /// </summary>
+    private static List<string> WriterSweepWithHandshake(DurabilityFaults faults, out int images)
+    {
+        const long Capacity = 16 << 20;
+        const int Keys = 2_000;
+        using var domain = new SimulatedPersistenceDomain(1 << 20, Capacity);
+        using (HeapFile file = HeapFile.Create(domain))
+        {
+            using BufferedDurableHeap heap = BufferedDurableHeap.Open(file, new BufferedDurableHeapOptions { AdvancePeriod = Timeout.InfiniteTimeSpan, Faults = faults });
+            var map = new PersistentHashMap<long, long>(heap, TypeId);
+            for (long k = 0; k < Keys; k++)
+            {
+                map.Set(k, k);
+            }
+
+            // Two replacements and their reclamation: the version-0 copies (sealed, durable) are parked.
+            for (int round = 1; round <= 2; round++)
+            {
+                heap.AdvanceVersion(TimeSpan.FromSeconds(30));
+                for (long k = 0; k < Keys; k++)
+                {
+                    map.Set(k, k + round);
+                }
+            }
+
+            for (int i = 0; i < 3; i++)
+            {
+                heap.AdvanceVersion(TimeSpan.FromSeconds(30));
+            }
+
+            Assert.True(heap.Heap.PendingFreeBlocks > 256, $"only {heap.Heap.PendingFreeBlocks} frees parked");
+            Thread? sweeper = null;
+            int done = 0;
+            Exception? failure = null;
+            heap.Heap.AfterSweepMarkedForTesting = () =>
+            {
+                if (Thread.CurrentThread != sweeper || Interlocked.Exchange(ref done, 1) != 0)
+                {
+                    return;
+                }
+
+                var writer = new Thread(() => failure = Record.Exception(() =>
+                {
+                    for (long k = Keys; k < Keys + 512; k++)
+                    {
+                        map.Set(k, -k);
+                    }
+                }))
+                { IsBackground = true };
+                writer.Start();
+                if (!writer.Join(TimeSpan.FromSeconds(30)))
+                {
+                    throw new TimeoutException("the other writer did not finish (it waited for this sweep?)");
+                }
+
+                for (long p = domain.CrashPointCount; p < domain.CrashPointCount + 64; p++)
+                {
+                    for (int seed = 0; seed < 4; seed++)
+                    {
+                        domain.ArmCrash(p, (int)(p * 4) + seed);
+                    }
+                }
+            };
+
+            sweeper = new Thread(() => failure ??= Record.Exception(heap.Heap.FlushPendingFrees)) { IsBackground = true };
+            sweeper.Start();
+            Assert.True(sweeper.Join(TimeSpan.FromSeconds(60)));
+            Assert.Null(failure);
+            Assert.Equal(1, done);
+            heap.Heap.AfterSweepMarkedForTesting = null;
+        }
+
+        images = domain.CapturedCrashes.Count;
+        return DamagedCrashImages(domain, Capacity);
+    }
+
     /// <summary>
     /// Two writer threads in lock-step rounds (a barrier; a third thread advances the version after each round): each
     /// writer owns 5,000 keys and replaces all of them every third round and 50 otherwise, so the advancer's sweep, sized
