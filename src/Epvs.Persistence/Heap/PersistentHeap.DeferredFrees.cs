@@ -25,7 +25,7 @@ namespace Epvs.Persistence;
 /// <see cref="_sweepsInFlight"/>), so that parking frees and other sweeps — an allocating thread's, when no block of its
 /// class is ready — go on meanwhile: a sweep of a stocking took 20–30 ms through the page cache, and a writer that waited
 /// for it inside its operation held up the next version transition as long. <see cref="FlushPendingFrees"/> waits for
-/// the sweeps in flight too, since their blocks are neither parked nor durably free until they end. Sweeps run on slow
+/// the sweeps taken before its own too, since their blocks are neither parked nor durably free until they end. Sweeps run on slow
 /// paths only: the stocking (the stocker thread, or the advancer's cycle), an allocating thread when no block is ready,
 /// and under the segment gate when the heap cannot grow and gives segments back to the free list (lock order: the
 /// segment gate, then this one).</para>
@@ -46,8 +46,16 @@ public sealed unsafe partial class PersistentHeap
     /// <summary>Why a sweep failed after it had taken blocks off the pending lists; every later sweep then throws (fail-stop). Under <see cref="_pendingGate"/>.</summary>
     private Exception? _sweepFailure;
 
-    /// <summary>Sweeps that took their blocks off the bitmaps and have not handed them out yet (under <see cref="_pendingGate"/>, which is pulsed when one ends).</summary>
-    private int _sweepsInFlight;
+    /// <summary>
+    /// The tickets of the sweeps that took their blocks off the bitmaps and have not ended yet (under
+    /// <see cref="_pendingGate"/>, which is pulsed when one ends). A thread waits only for the sweeps taken before its
+    /// look (<see cref="WaitForSweepsTakenBy"/>): waiting for none to be in flight could wait for ever while other
+    /// threads keep sweeping.
+    /// </summary>
+    private readonly SortedSet<long> _sweepsInFlight = new();
+
+    /// <summary>The last ticket handed to a sweep (under <see cref="_pendingGate"/>).</summary>
+    private long _lastSweepTicket;
 
     /// <summary>Sweeps that ended, handed out or failed (under <see cref="_pendingGate"/>; tests).</summary>
     private long _sweepsEnded;
@@ -212,9 +220,11 @@ public sealed unsafe partial class PersistentHeap
         {
             Sweep? sweep;
             long swept = 0;
+            long takenBefore;
             lock (_pendingGate)
             {
                 sweep = TakeSweepLocked(minimumBlocks, onlyClass);
+                takenBefore = _lastSweepTicket;
                 if (sweep is not null && (_faults & HeapFaults.SweepUnderTheGate) != 0)
                 {
                     swept = Complete(sweep);
@@ -225,8 +235,9 @@ public sealed unsafe partial class PersistentHeap
             swept += sweep is null ? 0 : Complete(sweep);
             if (minimumBlocks == long.MaxValue && (_faults & HeapFaults.FlushWithoutWaitingForSweepsInFlight) == 0)
             {
-                // A flush: the blocks other sweeps took before this one are not durably free until they end.
-                WaitForSweepsInFlight();
+                // A flush: the blocks other sweeps took before this one are not durably free until they end. (Not the
+                // sweeps taken after: they took frees parked after this flush began.)
+                WaitForSweepsTakenBy(takenBefore);
             }
 
             return swept;
@@ -255,6 +266,7 @@ public sealed unsafe partial class PersistentHeap
         try
         {
             Sweep? sweep;
+            long takenBefore;
             lock (_pendingGate)
             {
                 if (TryTakeBatch(cache, cls))
@@ -263,6 +275,7 @@ public sealed unsafe partial class PersistentHeap
                 }
 
                 sweep = TakeSweepLocked(8 * BatchSize, cls);
+                takenBefore = _lastSweepTicket;
                 if (sweep is not null && (_faults & HeapFaults.SweepUnderTheGate) != 0)
                 {
                     Complete(sweep);
@@ -276,7 +289,7 @@ public sealed unsafe partial class PersistentHeap
             }
             else
             {
-                WaitForSweepsInFlight();
+                WaitForSweepsTakenBy(takenBefore);
             }
         }
         finally
@@ -291,7 +304,7 @@ public sealed unsafe partial class PersistentHeap
     internal void FlushPendingFrees() => SweepPendingFrees(long.MaxValue);
 
     /// <summary>A sweep's blocks, taken off the bitmaps (in address order) and grouped by segment: see <see cref="Complete"/>.</summary>
-    private sealed record Sweep(List<long> Offsets, List<(long Segment, int Start, int Count)> Segments);
+    private sealed record Sweep(List<long> Offsets, List<(long Segment, int Start, int Count)> Segments, long Ticket);
 
     /// <summary>
     /// Under <see cref="_pendingGate"/>: takes the parked blocks of the densest segments (of class
@@ -374,8 +387,9 @@ public sealed unsafe partial class PersistentHeap
             return null;
         }
 
-        var sweep = new Sweep(offsets, swept);
-        _sweepsInFlight++;
+        var sweep = new Sweep(offsets, swept, _lastSweepTicket + 1);
+        _sweepsInFlight.Add(sweep.Ticket);
+        _lastSweepTicket = sweep.Ticket;
         return sweep;
     }
 
@@ -398,7 +412,7 @@ public sealed unsafe partial class PersistentHeap
         }
         finally
         {
-            EndSweep(failure);
+            EndSweep(sweep.Ticket, failure);
         }
     }
 
@@ -406,7 +420,7 @@ public sealed unsafe partial class PersistentHeap
     /// Ends a sweep in flight: records its failure (if any) and uncounts it in one critical section, entered
     /// uninterruptibly (a Thread.Interrupt here used to leave the sweep counted for ever, or its failure unrecorded).
     /// </summary>
-    private void EndSweep(Exception? failure)
+    private void EndSweep(long ticket, Exception? failure)
     {
         bool interrupted = false;
         UninterruptedWait.TryEnter(_pendingGate, System.Threading.Timeout.InfiniteTimeSpan, ref interrupted);
@@ -417,7 +431,7 @@ public sealed unsafe partial class PersistentHeap
                 _sweepFailure ??= failure;
             }
 
-            _sweepsInFlight--;
+            _sweepsInFlight.Remove(ticket);
             _sweepsEnded++;
             System.Threading.Monitor.PulseAll(_pendingGate);
         }
@@ -428,12 +442,15 @@ public sealed unsafe partial class PersistentHeap
         }
     }
 
-    /// <summary>Waits until no sweep is in flight; throws if one failed (its frees may not be durable).</summary>
-    private void WaitForSweepsInFlight()
+    /// <summary>
+    /// Waits until every sweep whose ticket is at most <paramref name="lastTicket"/> has ended; throws if a sweep failed
+    /// (its frees may not be durable).
+    /// </summary>
+    private void WaitForSweepsTakenBy(long lastTicket)
     {
         lock (_pendingGate)
         {
-            while (_sweepsInFlight != 0)
+            while (_sweepsInFlight.Count != 0 && _sweepsInFlight.Min <= lastTicket)
             {
                 System.Threading.Monitor.Wait(_pendingGate);
             }

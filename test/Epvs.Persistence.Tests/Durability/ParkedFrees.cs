@@ -21,7 +21,8 @@ internal sealed class ParkedFrees : IDisposable
     {
         _file = HeapFile.Create(_domain);
         Heap = BufferedDurableHeap.Open(_file, new BufferedDurableHeapOptions { AdvancePeriod = Timeout.InfiniteTimeSpan, HeapFaults = faults });
-        var map = new PersistentHashMap<long, long>(Heap, TypeId);
+        Map = new PersistentHashMap<long, long>(Heap, TypeId);
+        PersistentHashMap<long, long> map = Map;
         for (int round = 0; round < 4; round++)
         {
             for (long k = 0; k < Keys; k++)
@@ -46,6 +47,9 @@ internal sealed class ParkedFrees : IDisposable
     }
 
     public BufferedDurableHeap Heap { get; }
+
+    /// <summary>The map whose replaced copies are parked (keys 0 to 4,095).</summary>
+    public PersistentHashMap<long, long> Map { get; }
 
     /// <summary>Starts a sweep of one segment's parked frees on another thread and returns once it is held in flight.</summary>
     public Task StartHeldSweep()

@@ -43,6 +43,71 @@ public sealed class SweepConcurrencyTests
         Assert.True(early);
     }
 
+    [Fact]
+    public void AFlush_DoesNotWaitForSweepsTakenAfterIt()
+    {
+        // Review E: a flush used to wait until no sweep at all was in flight, so sweeps that other threads keep starting
+        // (the stocker, writers refilling) could hold it for ever. It waits for those taken before its own only.
+        using var fixture = new ParkedFrees(HeapFaults.None);
+        PersistentHeap heap = fixture.Heap.Heap;
+        using var heldA = new ManualResetEventSlim();
+        using var heldB = new ManualResetEventSlim();
+        using var releaseA = new ManualResetEventSlim();
+        using var releaseB = new ManualResetEventSlim();
+        Thread? a = null;
+        Thread? b = null;
+        heap.AfterSweepMarkedForTesting = () =>
+        {
+            if (Thread.CurrentThread == a)
+            {
+                heldA.Set();
+                releaseA.Wait();
+            }
+            else if (Thread.CurrentThread == b)
+            {
+                heldB.Set();
+                releaseB.Wait();
+            }
+        };
+        a = new Thread(() => heap.SweepPendingFrees(1, 0)) { IsBackground = true };
+        b = new Thread(() => heap.SweepPendingFrees(1, 0)) { IsBackground = true };
+        var flush = new Thread(heap.FlushPendingFrees) { IsBackground = true };
+        try
+        {
+            a.Start();
+            Assert.True(heldA.Wait(Wait), "sweep A never marked its frees");
+            flush.Start();
+            Assert.True(SpinWait.SpinUntil(() => heap.SweepsEndedForTesting >= 1, Wait), "the flush's own sweep never ended");
+
+            // New parked frees after the flush took everything: one more round of replacements, reclaimed two versions on.
+            PersistentHashMap<long, long> map = fixture.Map;
+            for (long k = 0; k < 4096; k++)
+            {
+                map.Set(k, -k);
+            }
+
+            fixture.Heap.AdvanceVersion(Wait);
+            fixture.Heap.AdvanceVersion(Wait);
+            Assert.True(heap.PendingFreeBlocks > 0, "no frees parked after the flush");
+            b.Start();
+            Assert.True(heldB.Wait(Wait), "sweep B never marked its frees");
+            releaseA.Set();
+            Assert.True(flush.Join(TimeSpan.FromSeconds(10)), "the flush waited for a sweep taken after it");
+        }
+        finally
+        {
+            releaseA.Set();
+            releaseB.Set();
+            foreach (Thread thread in new[] { a, b, flush })
+            {
+                if ((thread.ThreadState & ThreadState.Unstarted) == 0)
+                {
+                    thread.Join(Wait);
+                }
+            }
+        }
+    }
+
     /// <summary>
     /// Holds one thread's sweep in flight (after its marks, before its write-back) and runs a second sweep of the same
     /// class on another thread, bounded to 2 s. Returns whether the second one completed while the first was held.
