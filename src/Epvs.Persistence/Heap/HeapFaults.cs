@@ -52,4 +52,7 @@ internal enum HeapFaults
 
     /// <summary>A flush of every parked free returns without waiting for sweeps in flight on other threads (whose frees are not durable yet: an anti-payload freed after it could reach the file first).</summary>
     FlushWithoutWaitingForSweepsInFlight = 8192,
+
+    /// <summary>A flush or a refill waits until no sweep at all is in flight, not only for those taken before its own look (the first version: sweeps other threads keep starting can hold it for ever).</summary>
+    WaitForEverySweepInFlight = 16384,
 }

@@ -450,7 +450,9 @@ public sealed unsafe partial class PersistentHeap
     {
         lock (_pendingGate)
         {
-            while (_sweepsInFlight.Count != 0 && _sweepsInFlight.Min <= lastTicket)
+            // (The broken control waits for every sweep in flight.)
+            long upTo = (_faults & HeapFaults.WaitForEverySweepInFlight) != 0 ? long.MaxValue : lastTicket;
+            while (_sweepsInFlight.Count != 0 && _sweepsInFlight.Min <= upTo)
             {
                 System.Threading.Monitor.Wait(_pendingGate);
             }

@@ -46,9 +46,24 @@ public sealed class SweepConcurrencyTests
     [Fact]
     public void AFlush_DoesNotWaitForSweepsTakenAfterIt()
     {
-        // Review E: a flush used to wait until no sweep at all was in flight, so sweeps that other threads keep starting
-        // (the stocker, writers refilling) could hold it for ever. It waits for those taken before its own only.
-        using var fixture = new ParkedFrees(HeapFaults.None);
+        Assert.True(FlushBesideALaterSweep(HeapFaults.None, TimeSpan.FromSeconds(30)), "the flush waited for a sweep taken after it");
+    }
+
+    [Fact]
+    public void AFlushWaitingForEverySweepInFlight_IsCaught()
+    {
+        Assert.False(FlushBesideALaterSweep(HeapFaults.WaitForEverySweepInFlight, TimeSpan.FromSeconds(2)), "the control (a flush waits for every sweep in flight) was not caught");
+    }
+
+    /// <summary>
+    /// Review E: a flush used to wait until no sweep at all was in flight, so sweeps that other threads keep starting
+    /// (the stocker, writers refilling) could hold it for ever. Holds sweep A in flight, starts a flush (its own sweep
+    /// takes every parked free and ends), parks new frees, holds sweep B (taken after the flush) in flight, releases A.
+    /// Returns whether the flush returned within <paramref name="bound"/> while B was still held.
+    /// </summary>
+    private static bool FlushBesideALaterSweep(HeapFaults faults, TimeSpan bound)
+    {
+        using var fixture = new ParkedFrees(faults);
         PersistentHeap heap = fixture.Heap.Heap;
         using var heldA = new ManualResetEventSlim();
         using var heldB = new ManualResetEventSlim();
@@ -92,7 +107,7 @@ public sealed class SweepConcurrencyTests
             b.Start();
             Assert.True(heldB.Wait(Wait), "sweep B never marked its frees");
             releaseA.Set();
-            Assert.True(flush.Join(TimeSpan.FromSeconds(10)), "the flush waited for a sweep taken after it");
+            return flush.Join(bound);
         }
         finally
         {
