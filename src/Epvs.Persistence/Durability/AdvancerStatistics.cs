@@ -3,8 +3,8 @@ using System;
 namespace Epvs.Persistence;
 
 /// <summary>
-/// Where a <see cref="BufferedDurableHeap"/>'s advance cycles have spent their time since the heap opened: writing back
-/// each finished version (and persisting the frontier), sealing its blocks, and reclaiming (freeing what older versions
+/// Where a <see cref="BufferedDurableHeap"/>'s advance cycles have spent their time since the heap opened: sealing each
+/// finished version's blocks, writing them back (and persisting the frontier), and reclaiming (freeing what older versions
 /// replaced, sweeping deferred frees). Read with <see cref="BufferedDurableHeap.GetAdvancerStatistics"/>; subtract two
 /// readings for an interval.
 /// </summary>
@@ -15,8 +15,8 @@ public readonly struct AdvancerStatistics
     /// <summary>Creates a statistics value.</summary>
     /// <param name="cycles">Completed cycles that found a version to finish.</param>
     /// <param name="blocksWrittenBack">Blocks those cycles finished: written back by the cycle (<see cref="DurabilityMode.Buffered"/>) or by their operations (<see cref="DurabilityMode.Strict"/>), and sealed.</param>
-    /// <param name="writeBackTime">Time spent writing back versions and persisting the frontier.</param>
-    /// <param name="sealTime">Time spent sealing written-back blocks and making the seals durable.</param>
+    /// <param name="writeBackTime">Time spent writing back versions (in <see cref="DurabilityMode.Buffered"/> with their seals, under one fence) and persisting the frontier.</param>
+    /// <param name="sealTime">Time spent sealing blocks: computing their checks (in <see cref="DurabilityMode.Strict"/>, also making the seals durable).</param>
     /// <param name="reclaimTime">Time spent reclaiming: deferring and sweeping frees, freeing anti-payloads.</param>
     public AdvancerStatistics(long cycles, long blocksWrittenBack, TimeSpan writeBackTime, TimeSpan sealTime, TimeSpan reclaimTime)
     {
@@ -33,10 +33,10 @@ public readonly struct AdvancerStatistics
     /// <summary>Blocks those cycles finished: written back by the cycle (<see cref="DurabilityMode.Buffered"/>) or by their operations (<see cref="DurabilityMode.Strict"/>), and sealed.</summary>
     public long BlocksWrittenBack { get; }
 
-    /// <summary>Time spent writing back versions and persisting the frontier.</summary>
+    /// <summary>Time spent writing back versions (in <see cref="DurabilityMode.Buffered"/> with their seals, under one fence) and persisting the frontier.</summary>
     public TimeSpan WriteBackTime { get; }
 
-    /// <summary>Time spent sealing written-back blocks and making the seals durable.</summary>
+    /// <summary>Time spent sealing blocks: computing their checks (in <see cref="DurabilityMode.Strict"/>, also making the seals durable).</summary>
     public TimeSpan SealTime { get; }
 
     /// <summary>Time spent reclaiming: deferring and sweeping frees, freeing anti-payloads.</summary>

@@ -73,8 +73,11 @@ public sealed unsafe partial class BufferedDurableHeap
     /// <summary>Test hook: with <see cref="DurabilityFaults.PersistFrontierBeforeWriteBack"/>, runs once the broken order has persisted the frontier (the version) and before it writes the version back.</summary>
     internal Action<long>? AfterFrontierPersistedFirstForTesting { get; set; }
 
-    /// <summary>Test hook: runs in a cycle once the version (the argument) is written back and fenced, before its blocks are sealed and its frontier persisted.</summary>
+    /// <summary>Test hook: runs in a cycle once the version's (the argument's) cut has passed, before its blocks are sealed (in <see cref="DurabilityMode.Buffered"/>, in the pass that writes them back; in <see cref="DurabilityMode.Strict"/> or the broken control's order, after their write-back) and before its frontier is persisted (unless a broken control persists it first).</summary>
     internal Action<long>? BeforeSealForTesting { get; set; }
+
+    /// <summary>Test hook (<see cref="DurabilityMode.Buffered"/>): runs in a cycle once the version (the argument) is sealed, written back and fenced, before its frontier is persisted.</summary>
+    internal Action<long>? SealedBeforeTheFrontierForTesting { get; set; }
 
     /// <summary>Test hook: runs in a hash map update or remove once it holds the key's index slot, before it allocates the new payload (or the anti-payload).</summary>
     internal Action? InsideSlotLockForTesting { get; set; }
@@ -513,12 +516,14 @@ public sealed unsafe partial class BufferedDurableHeap
         }
     }
 
-    /// <summary>Version <paramref name="completed"/> has no region left: write it back, seal it, persist it as the frontier, reclaim.</summary>
+    /// <summary>Version <paramref name="completed"/> has no region left: seal it, write it back, persist it as the frontier, reclaim.</summary>
     private void AfterTransition(long completed)
     {
         CheckNoOperationOutlivedItsCut(completed);
         long start = Stopwatch.GetTimestamp();
+        long sealTicks = 0;
         int written = 0;
+        bool frontierFirst = (_faults & DurabilityFaults.PersistFrontierBeforeSeals) != 0;
         if (_mode == DurabilityMode.Buffered)
         {
             if ((_faults & DurabilityFaults.PersistFrontierBeforeWriteBack) != 0)
@@ -527,7 +532,27 @@ public sealed unsafe partial class BufferedDurableHeap
                 AfterFrontierPersistedFirstForTesting?.Invoke(completed);
             }
 
-            written = WriteBackVersion(completed);
+            if (frontierFirst)
+            {
+                // The broken control's order: written back and fenced unsealed, the frontier, then the seals (a crash
+                // between leaves a durable version checked by its headers only, and the sealed-frontier word below it).
+                written = WriteBackVersion(completed, seal: false, ref sealTicks);
+                _heap.File.DurableFrontier = completed;
+                BeforeSealForTesting?.Invoke(completed);
+                sealTicks += SealVersion(completed, written);
+            }
+            else
+            {
+                // Sealed in the pass that writes the version back, under one fence, before the frontier covers it: every
+                // block a frontier covers is whole and checked whole at recovery, and a seal a crash left over bytes
+                // that are not durable belongs to this version, beyond the frontier (see HeapLayout, sealing).
+                BeforeSealForTesting?.Invoke(completed);
+                written = WriteBackVersion(completed, seal: true, ref sealTicks);
+                SealedBeforeTheFrontierForTesting?.Invoke(completed);
+
+                // Store and persist: the payloads and their seals were fenced first.
+                _heap.File.DurableFrontier = completed;
+            }
         }
         else if (_mode == DurabilityMode.Strict)
         {
@@ -535,33 +560,21 @@ public sealed unsafe partial class BufferedDurableHeap
             // whose write-back failed are written back here. All are durable before the seals and the frontier.
             WriteBackCarriedStrictPayloads();
             written = CollectVersion(completed);
-        }
-
-        long writtenBack = Stopwatch.GetTimestamp();
-        bool frontierFirst = (_faults & DurabilityFaults.PersistFrontierBeforeSeals) != 0;
-        if (_mode != DurabilityMode.Transient)
-        {
             if (frontierFirst)
             {
                 _heap.File.DurableFrontier = completed;
             }
 
-            // Sealed before the frontier covers the version, so that every block a frontier covers is checked whole at
-            // recovery: a header damaged in a durable version is damage, never taken for an interrupted allocation (an
-            // unsealed block is checked by its header only, and its header holds its version). The sealed-frontier word
-            // goes in the seals' fence, so it never says less than the frontier.
+            // Sealed over durable payloads, before the frontier covers the version (see Buffered above).
             BeforeSealForTesting?.Invoke(completed);
-            SealVersion(completed, written);
-
-            // Store and persist: the payloads and their seals were fenced first, so the frontier never covers a payload
-            // that is not durable, or not sealed.
+            sealTicks += SealVersion(completed, written);
             _heap.File.DurableFrontier = completed;
         }
 
         // Volatile.Write: release; pairs with the acquire in DurableFrontier (Sync's loop, SyncAsync).
         Volatile.Write(ref _frontier, completed);
         CompleteWaiters(completed);
-        long sealedAt = Stopwatch.GetTimestamp();
+        long durableAt = Stopwatch.GetTimestamp();
         Reclaim(completed - 1, written);
         ForgetExitedThreads();
         long reclaimed = Stopwatch.GetTimestamp();
@@ -570,34 +583,44 @@ public sealed unsafe partial class BufferedDurableHeap
         // (one writer), so a plain read-modify-write of each counter is enough.
         Volatile.Write(ref _statCycles, _statCycles + 1);
         Volatile.Write(ref _statBlocks, _statBlocks + written);
-        Volatile.Write(ref _statWriteBackTicks, _statWriteBackTicks + (writtenBack - start));
-        Volatile.Write(ref _statSealTicks, _statSealTicks + (sealedAt - writtenBack));
-        Volatile.Write(ref _statReclaimTicks, _statReclaimTicks + (reclaimed - sealedAt));
+        Volatile.Write(ref _statWriteBackTicks, _statWriteBackTicks + (durableAt - start - sealTicks));
+        Volatile.Write(ref _statSealTicks, _statSealTicks + sealTicks);
+        Volatile.Write(ref _statReclaimTicks, _statReclaimTicks + (reclaimed - durableAt));
     }
 
     /// <summary>
     /// Writes back <paramref name="version"/>'s payloads (no thread writes them any more: the version's cut has
-    /// passed) and fences. Leaves their offsets in <see cref="_sealScratch"/> for <see cref="SealVersion"/>.
+    /// passed) — sealed first when <paramref name="seal"/> is set, with the sealed-frontier word — and fences once.
+    /// Leaves their offsets in <see cref="_sealScratch"/>.
     /// </summary>
+    /// <param name="version">The version whose cut has passed.</param>
+    /// <param name="seal">Whether to seal the blocks in this pass (format 6), or leave them for <see cref="SealVersion"/>.</param>
+    /// <param name="sealTicks">Accumulates the time spent computing the seals.</param>
     /// <returns>How many blocks it wrote back.</returns>
-    private int WriteBackVersion(long version)
+    private int WriteBackVersion(long version, bool seal, ref long sealTicks)
     {
         int n = CollectVersion(version);
         long[] offsets = _sealScratch;
-        // (The broken control seals first, so a seal can reach the file before the payload it covers.)
-        bool sealFirst = (_faults & DurabilityFaults.SealBeforeWriteBack) != 0;
+        if (seal && n != 0)
+        {
+            long sealing = Stopwatch.GetTimestamp();
+            _heap.Seal(offsets.AsSpan(0, n), version);
+            sealTicks += Stopwatch.GetTimestamp() - sealing;
+        }
+
         var ranges = new WriteBackRuns(_domain);
         for (int i = 0; i < n; i++)
         {
-            if (sealFirst)
-            {
-                _heap.Seal(offsets.AsSpan(i, 1), version);
-            }
-
             ranges.Add(offsets[i], HeapLayout.HeaderSize + (long)PayloadSize(offsets[i]));
         }
 
         ranges.Flush();
+        if (seal)
+        {
+            // In the seals' fence, so it never says less than the frontier, persisted after it.
+            _heap.File.WriteBackSealedFrontier(version);
+        }
+
         _domain.Fence();
         return n;
     }
@@ -645,18 +668,17 @@ public sealed unsafe partial class BufferedDurableHeap
     }
 
     /// <summary>
-    /// Seals the blocks of the version, which <see cref="WriteBackVersion"/> wrote back and fenced (or, in
-    /// <see cref="DurabilityMode.Strict"/>, their operations did) — each commit word becomes a check over header and
-    /// payload — writes back the commit words and the sealed-frontier word, and fences. The payloads were durable
-    /// already, so a seal never reaches the file before what it covers: after any crash a sealed block whose check fails
-    /// is damage, never an interrupted write. Runs before the frontier moves: a crash first leaves the version beyond
-    /// the frontier, dropped whole, sealed or not.
+    /// Seals the blocks of a version whose payloads are durable already (<see cref="DurabilityMode.Strict"/>: their
+    /// operations wrote them back and fenced; or the broken control's order) — each commit word becomes a check over
+    /// header and payload — writes back the commit words and the sealed-frontier word, and fences.
     /// </summary>
-    private void SealVersion(long version, int count)
+    /// <returns>The time it took, in timestamp ticks.</returns>
+    private long SealVersion(long version, int count)
     {
+        long started = Stopwatch.GetTimestamp();
         long[] offsets = _sealScratch;
         var ranges = new WriteBackRuns(_domain);
-        if (count != 0 && (_faults & DurabilityFaults.SealBeforeWriteBack) == 0)
+        if (count != 0)
         {
             _heap.Seal(offsets.AsSpan(0, count), version);
             for (int i = 0; i < count; i++)
@@ -668,9 +690,10 @@ public sealed unsafe partial class BufferedDurableHeap
         ranges.Flush();
 
         // Durable with the seals (one fence), before the frontier: recovery takes a sealed frontier below the frontier
-        // for a window between the two (a file written before this order, or a damaged word).
+        // for a window between the two (a file written in the broken control's order, or a damaged word).
         _heap.File.WriteBackSealedFrontier(version);
         _domain.Fence();
+        return Stopwatch.GetTimestamp() - started;
     }
 
     private long[] Scratch(int count)
@@ -806,6 +829,7 @@ public sealed unsafe partial class BufferedDurableHeap
         WriteBackRuns.WriteBackHeadersAndFence(_domain, offsets);
         if (holdUntilDurable)
         {
+            _heap.ZeroEpochWordsDurably(offsets);
             foreach (long offset in offsets)
             {
                 _heap.ReleaseFreed(new PayloadRef(offset));

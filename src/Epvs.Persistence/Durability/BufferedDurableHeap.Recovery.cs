@@ -60,6 +60,10 @@ public sealed unsafe partial class BufferedDurableHeap
         {
             TornIsDamaged = windowOpen,
 
+            // The one version whose cycle can have been in flight: its blocks are sealed in the pass that writes them
+            // back, so a seal may be durable over bytes that are not. Beyond the cut, they are dropped anyway.
+            InFlightVersion = (_faults & DurabilityFaults.TornSealsAreDamage) != 0 ? 0 : cut + 1,
+
             // Durable before the salvage frees anything: a crash (or a failed open) after the frees leaves what they
             // explain — a key's older payload live again, a queue gap — and the structures must still accept it.
             BeforeSalvage = () => file.SalvagedThrough = Math.Max(file.SalvagedThrough, cut),
@@ -315,21 +319,24 @@ public sealed unsafe partial class BufferedDurableHeap
             }
         });
 
+        var freed = new List<long>();
+        foreach (PartitionResult result in results)
+        {
+            freed.AddRange(first ? result.FreeFirst : result.FreeSecond);
+        }
+
         if (_pageWriteBack && _domain.WritesBackByCopy)
         {
             // A private mapping copies whole ranges: the freed headers only, merged into runs per page.
-            var freed = new List<long>();
-            foreach (PartitionResult result in results)
-            {
-                freed.AddRange(first ? result.FreeFirst : result.FreeSecond);
-            }
-
             WriteBackRuns.WriteBackHeadersAndFence(_domain, CollectionsMarshal.AsSpan(freed));
         }
         else if (_pageWriteBack)
         {
             _domain.Persist(0, heap.File.Size);
         }
+
+        // The second half of each free, once the frees are durable (see PersistentHeap.ZeroEpochWordsDurably).
+        heap.ZeroEpochWordsDurably(CollectionsMarshal.AsSpan(freed));
     }
 
     private readonly struct Candidate

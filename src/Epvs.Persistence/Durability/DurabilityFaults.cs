@@ -38,8 +38,8 @@ internal enum DurabilityFaults
     /// <summary>Reclamation hands freed blocks out again before their frees are durable (a reuse can reach the file over an old seal).</summary>
     ReuseBeforeFreeIsDurable = 256,
 
-    /// <summary>The advancer seals a version's blocks before their write-back instead of after it (a seal can reach the file before its payload).</summary>
-    SealBeforeWriteBack = 512,
+    /// <summary>Recovery takes every sealed block whose check fails for damage, those of the version whose cycle the crash interrupted too (sealed in the pass that writes them back, their seals may be durable over bytes that are not: a plain crash then reads as damage).</summary>
+    TornSealsAreDamage = 512,
 
     /// <summary>The hash map's lock-free reads skip the slot's sequence check (they may return a torn value).</summary>
     TornIndexReads = 1024,

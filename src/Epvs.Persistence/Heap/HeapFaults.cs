@@ -55,4 +55,13 @@ internal enum HeapFaults
 
     /// <summary>A flush or a refill waits until no sweep at all is in flight, not only for those taken before its own look (the first version: sweeps other threads keep starting can hold it for ever).</summary>
     WaitForEverySweepInFlight = 16384,
+
+    /// <summary>Recovery takes a sealed block whose check fails for a torn write of the version in flight by its version tag alone, whatever its Epoch word holds (damage to a block of the last durable version that flips its tag to the next version's is then freed without a word).</summary>
+    TornSealsByVersionTagOnly = 32768,
+
+    /// <summary>Recovery takes a sealed block whose check fails for a torn write of the version in flight by its Epoch word alone (0 or that version), whatever its version tag (a durable block whose Epoch word was zeroed is then freed without a word).</summary>
+    TornSealsByEpochWordOnly = 65536,
+
+    /// <summary>Frees leave the block's Epoch word as it was, and recovery leaves it in free and unused blocks (a torn seal over a reused block can then hold an older version there, and a plain crash reads as damage).</summary>
+    KeepEpochWordOnFree = 131072,
 }

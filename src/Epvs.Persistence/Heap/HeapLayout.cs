@@ -4,10 +4,11 @@ using System.Runtime.CompilerServices;
 namespace Epvs.Persistence;
 
 /// <summary>
-/// The persistent layout of an EPVS heap file, format version 5 (older files are refused: version 2 added the
+/// The persistent layout of an EPVS heap file, format version 6 (older files are refused: version 2 added the
 /// sealed superblock words and the heap kind, version 3 the sealed blocks, XxHash3 block checks and zeroed segments,
 /// version 4 a checked word in every state: no all-zero descriptor or commit word is valid, version 5 descriptors
-/// bound to their slot: a descriptor copied or moved into another slot of the table fails its check). Every persistent field is an 8-byte little-endian
+/// bound to their slot: a descriptor copied or moved into another slot of the table fails its check, version 6 sealed
+/// words carrying their version's low bits, so that a buffered heap seals a version in the pass that writes it back). Every persistent field is an 8-byte little-endian
 /// word at an 8-byte aligned offset, written with a single aligned store, so it is failure-atomic: after a crash it
 /// holds an old or a new value, never a mix. Persistent data holds offsets from the start of the file, never pointers.
 /// </summary>
@@ -22,7 +23,7 @@ namespace Epvs.Persistence;
 ///
 /// Superblock (offset: word)
 ///     0  Magic            0x5041_4548_5356_5045, "EPVSHEAP" in ASCII; written last at creation
-///     8  FormatVersion    4
+///     8  FormatVersion    6
 ///    16  HeapSize         bytes in use: DataStart + SegmentCount*65536; grows (store + persist) after the file grew (sealed)
 ///    24  SegmentSize      65536
 ///    32  MaxSegments      capacity of the segment table
@@ -57,19 +58,31 @@ namespace Epvs.Persistence;
 ///   +0   Uid     word 0: the payload's logical identity (kept by UPDATE copies and by DELETE anti-payloads)
 ///   +8   Epoch   word 1: the EPVS version the payload was written in (part 2); 0 when unused
 ///   +16  Shape   word 2: bits 0..31 payload size in bytes, bits 32..63 type id
-///   +24  Commit  word 3: bits 0..31 check, 32..47 generation (low 16 bits), 48..51 kind (1 alloc, 2 update,
-///                3 delete; 0 when unused or free), 52..55 state (1 allocated, 2 free, 4 sealed, 8 unused: pairwise
-///                two bits apart), 56..63 tag 0xB7
+///   +24  Commit  word 3: bits 0..31 check, 32..47 generation (low 16 bits; in a sealed word the low 16 bits of
+///                the Epoch word instead: the version tag), 48..51 kind (1 alloc, 2 update, 3 delete; 0 when unused or
+///                free), 52..55 state (1 allocated, 2 free, 4 sealed, 8 unused: pairwise two bits apart), 56..63 tag 0xB7
 ///   +32  payload (size bytes)
 /// </code>
 /// <para>Checks (XxHash3 of System.IO.Hashing, low 32 bits). Allocated: of Uid, Epoch, Shape, the block's offset, the
 /// segment's full generation and the commit's other bits. Sealed: of the payload bytes, seeded with that header hash,
-/// so it covers header and payload. Unused and free: of two words, the block's offset XOR (full generation &lt;&lt; 40)
+/// so it covers header and payload (the segment's full generation included, which a sealed word's bits 32..47 no longer
+/// name). Unused and free: of two words, the block's offset XOR (full generation &lt;&lt; 40)
 /// and the commit's other bits (tag, state, generation; kind 0), so they bind the word to its block and segment use
-/// but not to Uid, Epoch or Shape, which an interrupted allocation may have overwritten. A
-/// <see cref="BufferedDurableHeap"/> seals every block of a version once the version
-/// is written back and fenced, and makes the seals durable in a second write-back before it persists the version's
-/// frontier: a seal never reaches the file before what it covers, and every block a frontier covers is sealed.</para>
+/// but not to Uid, Epoch or Shape, which an interrupted allocation may have overwritten.</para>
+/// <para>Sealing (format 6). A <see cref="BufferedDurableHeap"/> seals every block of version V in V's cycle, after
+/// V's quiescent cut, in the same pass that writes the version back: seals and payloads reach the file under one
+/// fence, and only then is V's frontier persisted. Every block a frontier covers is therefore sealed and whole. A crash
+/// inside that fence can leave a durable seal over a payload (or header words) that is not: such a block belongs to
+/// V = frontier + 1, the one version whose cycle can be in flight (cycles run one at a time, each persisting its
+/// frontier before the next seals anything). Recovery takes a sealed block whose check fails for that torn write —
+/// freed, with the rest of V — only if both its version tag equals V's low 16 bits and its Epoch word holds V or 0;
+/// otherwise it is damage. A block's Epoch word is 0 in the file before the block is handed out: formatting zeroes it,
+/// every free zeroes it and a free is durable before its block is reused (the sweep, recovery's frees), and recovery
+/// rewrites every free or unused block whose Epoch word is not 0 (an interrupted allocation's). So a torn block of V
+/// holds V or 0 there, while a damaged durable block of version v ≤ frontier holds v, and its tag is v's: damage is
+/// taken for a torn write only if it both rewrites the Epoch word to 0 or V and hits a block whose tag equals V's
+/// (a one in 65,536 coincidence of versions) or is rewritten to it. <see cref="DurabilityMode.Strict"/> operations
+/// write their payloads back and fence before their version's cut, so their seals follow what they cover.</para>
 /// <para>Every state is checked, so no zero or stale word stands for "nothing here". Formatting a segment zeroes it
 /// and writes an unused commit word of the new generation into every block, durably, before its descriptor; a large
 /// block writes its header as unused of the new generation, durably, before its descriptors. So after a crash every
@@ -114,7 +127,7 @@ namespace Epvs.Persistence;
 internal static class HeapLayout
 {
     internal const ulong Magic = 0x5041_4548_5356_5045UL;
-    internal const long FormatVersion = 5;
+    internal const long FormatVersion = 6;
     internal const int SuperblockSize = 4096;
     internal const int SegmentSize = 64 * 1024;
     internal const int RootSlotCount = 16;
@@ -292,12 +305,18 @@ internal static class HeapLayout
         return meta | (uint)HeaderHash(uid, epoch, shape, offset, generation, meta);
     }
 
-    /// <summary>The sealed commit of a complete block: its check covers the header and <paramref name="payload"/>.</summary>
+    /// <summary>
+    /// The sealed commit of a complete block: its check covers the header, <paramref name="payload"/>, the block's
+    /// offset and the segment's full generation; bits 32..47 carry the version tag, the low 16 bits of <paramref name="epoch"/>.
+    /// </summary>
     internal static ulong SealedCommit(ulong uid, ulong epoch, ulong shape, long offset, uint generation, PayloadKind kind, ReadOnlySpan<byte> payload)
     {
-        ulong meta = Meta(StateSealed, kind, generation);
+        ulong meta = Meta(StateSealed, kind, (ushort)epoch);
         return meta | SealCheck(uid, epoch, shape, offset, generation, meta, payload);
     }
+
+    /// <summary>A sealed commit word's version tag: the low 16 bits of the version it was sealed in.</summary>
+    internal static ushort VersionTag(ulong commit) => (ushort)(commit >> 32);
 
     /// <summary>The free commit word of the block at <paramref name="offset"/> in a segment of <paramref name="generation"/> (checked: kind 0, check of offset, generation and state).</summary>
     [MethodImpl(MethodImplOptions.AggressiveInlining)]
@@ -306,7 +325,7 @@ internal static class HeapLayout
     /// <summary>The commit word formatting writes into the block at <paramref name="offset"/> of a segment of <paramref name="generation"/>: never allocated since.</summary>
     internal static ulong UnusedWord(long offset, uint generation) => EmptyWord(StateUnused, offset, generation);
 
-    /// <summary>Whether a commit word names the segment's generation (low 16 bits).</summary>
+    /// <summary>Whether a commit word that is not sealed names the segment's generation (low 16 bits).</summary>
     internal static bool SameGeneration(ulong commit, uint generation) => (ushort)(commit >> 32) == (ushort)generation;
 
     internal static ulong CommitState(ulong commit) => (commit >> 52) & 0xF;
@@ -321,12 +340,14 @@ internal static class HeapLayout
     /// <summary>Whether the four header words form one complete allocation of the block at <paramref name="offset"/> in a segment of <paramref name="generation"/> (header check only; a sealed block's structure only).</summary>
     internal static bool IsValidAllocated(ulong uid, ulong epoch, ulong shape, ulong commit, long offset, uint generation)
     {
-        if (!InUse(commit) || !SameGeneration(commit, generation) || CommitKind(commit) is < PayloadKind.Alloc or > PayloadKind.Delete)
+        if (!InUse(commit) || CommitKind(commit) is < PayloadKind.Alloc or > PayloadKind.Delete)
         {
             return false;
         }
 
-        return CommitState(commit) == StateSealed || (uint)commit == (uint)HeaderHash(uid, epoch, shape, offset, generation, commit & ~0xFFFF_FFFFUL);
+        return CommitState(commit) == StateSealed
+            ? VersionTag(commit) == (ushort)epoch
+            : SameGeneration(commit, generation) && (uint)commit == (uint)HeaderHash(uid, epoch, shape, offset, generation, commit & ~0xFFFF_FFFFUL);
     }
 
     /// <summary>
@@ -334,17 +355,26 @@ internal static class HeapLayout
     /// <paramref name="generation"/>, for recovery: reads the commit word first and hashes a payload only after its size
     /// was checked against <paramref name="maxPayload"/>.
     /// </summary>
-    internal static unsafe BlockState Classify(byte* block, long offset, uint generation, long maxPayload, out PayloadHeader header)
+    /// <param name="block">The block's first byte.</param>
+    /// <param name="offset">The block's file offset.</param>
+    /// <param name="generation">The segment's full generation.</param>
+    /// <param name="maxPayload">The largest payload the block holds.</param>
+    /// <param name="header">The header, for an allocated or sealed block.</param>
+    /// <param name="inFlightVersion">The version whose cycle a crash may have interrupted (a buffered heap's frontier + 1),
+    /// whose blocks may be sealed over bytes that are not durable; 0 when no block can be (a raw heap).</param>
+    /// <param name="faults">The broken controls of the in-flight rule (tests only).</param>
+    internal static unsafe BlockState Classify(byte* block, long offset, uint generation, long maxPayload, out PayloadHeader header, long inFlightVersion = 0, HeapFaults faults = HeapFaults.None)
     {
         ulong* h = (ulong*)block;
         ulong uid = h[0], epoch = h[1], shape = h[2], commit = h[3];
         header = default;
         ulong state = CommitState(commit);
-        if ((commit & (0xFFUL << 56)) != CommitTag || !SameGeneration(commit, generation)
+        if ((commit & (0xFFUL << 56)) != CommitTag || (state != StateSealed && !SameGeneration(commit, generation))
             || (state != StateAllocated && state != StateFree && state != StateSealed && state != StateUnused))
         {
             // Commit words are written whole, and formatting writes a checked one into every block before the
-            // descriptor: no crash leaves this (a zeroed word included).
+            // descriptor: no crash leaves this (a zeroed word included). (A sealed word names its version, not the
+            // generation: its check covers the full generation.)
             return HeapFileTestHooks.IgnoreSeals ? BlockState.Free : BlockState.Damaged;
         }
 
@@ -389,19 +419,44 @@ internal static class HeapLayout
             return BlockState.Allocated;
         }
 
-        if (!shapeFits)
+        if (shapeFits && (uint)commit == SealCheck(uid, epoch, shape, offset, generation, commit & ~0xFFFF_FFFFUL, new ReadOnlySpan<byte>(block + HeaderSize, ShapeSize(shape))))
         {
-            return HeapFileTestHooks.IgnoreSeals ? BlockState.Free : BlockState.Damaged;
+            header = new PayloadHeader((long)uid, (long)epoch, kind, ShapeSize(shape), ShapeTypeId(shape));
+            return BlockState.Sealed;
         }
 
-        header = new PayloadHeader((long)uid, (long)epoch, kind, ShapeSize(shape), ShapeTypeId(shape));
-        var payload = new ReadOnlySpan<byte>(block + HeaderSize, ShapeSize(shape));
-        if ((uint)commit != SealCheck(uid, epoch, shape, offset, generation, commit & ~0xFFFF_FFFFUL, payload) && !HeapFileTestHooks.IgnoreSeals)
+        if (HeapFileTestHooks.IgnoreSeals)
         {
-            return BlockState.Damaged;
+            if (shapeFits)
+            {
+                header = new PayloadHeader((long)uid, (long)epoch, kind, ShapeSize(shape), ShapeTypeId(shape));
+                return BlockState.Sealed;
+            }
+
+            return BlockState.Free;
         }
 
-        return BlockState.Sealed;
+        // Sealed in the cycle a crash interrupted, in the pass that writes the version back: the seal reached the file,
+        // some of what it covers did not. The version is beyond the frontier, dropped whole.
+        return IsTornSealOfTheVersionInFlight(commit, epoch, inFlightVersion, faults) ? BlockState.Torn : BlockState.Damaged;
+    }
+
+    /// <summary>
+    /// Whether a sealed block whose check fails is a torn write of the version in flight (see the remarks on sealing):
+    /// its version tag is that version's and its Epoch word holds that version or 0 — a block sealed in a durable
+    /// version v holds v in both, so damage there is taken for a torn write only if it rewrites the Epoch word too and
+    /// the tags agree.
+    /// </summary>
+    private static bool IsTornSealOfTheVersionInFlight(ulong commit, ulong epoch, long inFlightVersion, HeapFaults faults)
+    {
+        if (inFlightVersion <= 0)
+        {
+            return false;
+        }
+
+        bool tagMatches = VersionTag(commit) == (ushort)inFlightVersion || (faults & HeapFaults.TornSealsByEpochWordOnly) != 0;
+        bool epochMatches = epoch == 0 || epoch == (ulong)inFlightVersion || (faults & HeapFaults.TornSealsByVersionTagOnly) != 0;
+        return tagMatches && epochMatches;
     }
 
     [MethodImpl(MethodImplOptions.AggressiveInlining)]

@@ -525,6 +525,8 @@ public sealed unsafe partial class PersistentHeap
         _file.Domain.Fence();
         if (!early)
         {
+            // The frees are durable: now the Epoch words, before anyone can reuse the blocks.
+            ZeroEpochWordsDurably(offsets);
             HandOut(offsets, swept);
         }
 

@@ -115,6 +115,7 @@ public sealed unsafe partial class PersistentHeap
         bool loseInvalid = (_faults & HeapFaults.LoseInvalidBlocksAtRecovery) != 0;
         bool leaveTorn = (_faults & HeapFaults.LeaveTornHeaders) != 0;
         bool tornIsDamaged = options.TornIsDamaged;
+        bool scrubEpochWords = listUnsealed && (_faults & HeapFaults.KeepEpochWordOnFree) == 0;
         Parallel.For(
             0,
             small.Count,
@@ -156,6 +157,14 @@ public sealed unsafe partial class PersistentHeap
                         if (blockState == BlockState.Damaged)
                         {
                             totals.Damaged.Add(offset);
+                            totals.FreeBlocks.Add(offset);
+                        }
+                        else if (blockState is BlockState.Free or BlockState.Unused && scrubEpochWords && ((ulong*)(_base + offset))[1] != 0)
+                        {
+                            // A free block whose Epoch word is not 0 (an allocation a crash interrupted before its commit
+                            // word, or a free whose second half it interrupted): rewritten as free and then its Epoch word
+                            // zeroed, durably, before it is handed out, so that a seal over its next use that a crash
+                            // tears holds that use's version or 0 there, never this one (see HeapLayout, sealing).
                             totals.FreeBlocks.Add(offset);
                         }
                         else if (blockState == BlockState.Torn && !leaveTorn)
@@ -373,11 +382,18 @@ public sealed unsafe partial class PersistentHeap
             {
                 _file.Domain.Persist(0, _file.Size);
             }
+
+            if (_ownerKind == HeapLayout.KindBufferedDurable)
+            {
+                // Once the frees are durable (a crash in between leaves free blocks with old Epoch words, which the
+                // next recovery rewrites like these).
+                ZeroEpochWordsDurably(CollectionsMarshal.AsSpan(freeBlocks));
+            }
         }
     }
 
     private BlockState ClassifyBlock(long offset, uint generation, long maxPayload, out PayloadHeader header) =>
-        HeapLayout.Classify(_base + offset, offset, generation, maxPayload, out header);
+        HeapLayout.Classify(_base + offset, offset, generation, maxPayload, out header, _inFlightVersion, _faults);
 
     private void Scan(Action<PayloadRef, PayloadHeader> visitor, int degreeOfParallelism)
     {

@@ -42,6 +42,9 @@ public sealed unsafe partial class PersistentHeap : IDisposable
     private readonly long _dataStart;
     private readonly HeapFaults _faults;
 
+    /// <summary>See <see cref="PersistentHeapOptions.InFlightVersion"/>: the version recovery takes torn seals of for torn writes.</summary>
+    private readonly long _inFlightVersion;
+
     /// <summary>Which heap kind uses this allocator: a <see cref="BufferedDurableHeap"/>'s refuses the public Dispose.</summary>
     private readonly long _ownerKind;
     private readonly ClassPool[] _pools;
@@ -80,6 +83,7 @@ public sealed unsafe partial class PersistentHeap : IDisposable
         _table = (ulong*)(_base + HeapLayout.SuperblockSize);
         _dataStart = file.DataStart;
         _faults = options.Faults;
+        _inFlightVersion = options.InFlightVersion;
         _ownerKind = options.OwnerKind;
         _pools = new ClassPool[SizeClasses.Count];
         for (int i = 0; i < _pools.Length; i++)
@@ -357,6 +361,37 @@ public sealed unsafe partial class PersistentHeap : IDisposable
         }
 
         return (segment, descriptor);
+    }
+
+    /// <summary>
+    /// The second half of a durable free, for blocks whose frees are durable already and that are not handed out yet:
+    /// zeroes their Epoch words, writes them back and fences. A seal over a block's next use that a crash tears then
+    /// holds that use's version or 0 there, which recovery tells from a damaged durable block (see
+    /// <see cref="HeapLayout"/>, sealing). Not in the free's own write-back: a crash could then make the zero durable
+    /// without the free, and leave a sealed block of a durable version with its Epoch word zeroed — damage at recovery.
+    /// Sorts <paramref name="offsets"/> in place.
+    /// </summary>
+    internal void ZeroEpochWordsDurably(Span<long> offsets)
+    {
+        if ((_faults & HeapFaults.KeepEpochWordOnFree) != 0 || offsets.IsEmpty)
+        {
+            return;
+        }
+
+        _file.EnterOperation();
+        try
+        {
+            foreach (long offset in offsets)
+            {
+                ((ulong*)(_base + offset))[1] = 0;
+            }
+
+            WriteBackRuns.WriteBackHeadersAndFence(_file.Domain, offsets);
+        }
+        finally
+        {
+            _file.ExitOperation();
+        }
     }
 
     private void ReleaseCore(PayloadRef block, long segment, ulong descriptor)

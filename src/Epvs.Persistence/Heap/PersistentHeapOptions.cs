@@ -38,6 +38,13 @@ public sealed class PersistentHeapOptions
     /// </summary>
     internal bool TornIsDamaged { get; set; }
 
+    /// <summary>
+    /// The version whose cycle a crash may have interrupted (a buffered heap's recovered cut + 1): its blocks may be
+    /// sealed over bytes that never reached the file, and recovery frees such a block as torn instead of reporting it
+    /// (see <see cref="HeapLayout"/>, sealing). 0: no block can be (a raw heap never seals).
+    /// </summary>
+    internal long InFlightVersion { get; set; }
+
     /// <summary>Runs when recovery salvages damaged blocks, after it classified every block and before it writes anything.</summary>
     internal Action? BeforeSalvage { get; set; }
 }

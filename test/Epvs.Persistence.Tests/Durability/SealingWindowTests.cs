@@ -29,13 +29,50 @@ public sealed unsafe class SealingWindowTests
         (byte[] image, long version) = CaptureAtTheSeals(DurabilityFaults.None);
         Assert.True(DurableFrontierOf(image) < version, $"the frontier ({DurableFrontierOf(image)}) covered version {version} before its seals");
 
-        // A header of F damaged there: F is beyond the frontier, dropped whole with it; every key reads its value of the
-        // version before (a consistent prefix), and nothing the frontier covers is damaged.
-        long victim = DamageAnUnsealedBlockOf(image, version);
+        // Sealed, written back and fenced in one pass (format 6): still not covered by the frontier.
+        (image, version) = CaptureSealedBeforeTheFrontier();
+        Assert.True(DurableFrontierOf(image) < version, $"the frontier ({DurableFrontierOf(image)}) covered version {version} before its seals were durable");
+        Assert.Equal(0, UnsealedLiveBlocks(image));
+
+        // A payload of F damaged there (or torn: the same to recovery): F is beyond the frontier, and the block's tag and
+        // Epoch word name F, the version in flight: dropped whole with it; every key reads its value of the version
+        // before (a consistent prefix), and nothing the frontier covers is damaged.
+        DamageAPayloadOf(image, version);
         (_, DurableRecoveryReport report, Dictionary<long, long> values) = Recover(image, DurabilityFaults.None);
         Assert.Equal(version - 1, report.RecoveredVersion);
         Assert.Empty(report.DamagedBlocks);
         Assert.Equal(Enumerable.Range(0, Keys).ToDictionary(k => (long)k, k => (long)k), values);
+    }
+
+    /// <summary>
+    /// A sealed block of the version in flight whose Epoch word holds neither that version nor 0 is no torn write (the
+    /// allocation wrote the version there, and a free zeroed it durably before): damage, reported although the version
+    /// is beyond the frontier — recovery cannot tell it from a damaged block of a durable version otherwise.
+    /// </summary>
+    [Fact]
+    public void ASealedBlockOfTheVersionInFlightWithADamagedEpochWord_IsReportedAsDamage()
+    {
+        (byte[] image, long version) = CaptureSealedBeforeTheFrontier();
+        long victim = -1;
+        fixed (byte* p = image)
+        {
+            foreach (long offset in LiveBlocks(image))
+            {
+                ulong* h = (ulong*)(p + offset);
+                if ((long)h[1] == version && HeapLayout.CommitState(h[3]) == HeapLayout.StateSealed)
+                {
+                    h[1] ^= 1UL << 17;
+                    victim = offset;
+                    break;
+                }
+            }
+        }
+
+        Assert.True(victim > 0, $"no sealed block of version {version} in the image");
+        using var domain = SimulatedPersistenceDomain.FromImage(image);
+        using HeapFile file = HeapFile.Open(domain);
+        HeapFileException refused = Assert.Throws<HeapFileException>(() => BufferedDurableHeap.Open(file, Manual).Dispose());
+        Assert.Equal(new[] { victim }, refused.DamagedBlocks);
     }
 
     [Fact]
@@ -385,7 +422,10 @@ public sealed unsafe class SealingWindowTests
     /// A map written over a few versions, then <see cref="Updated"/> keys updated in version F (key k to -k); the durable
     /// image is taken in F's cycle just before its blocks are sealed.
     /// </summary>
-    private static (byte[] Image, long Version) CaptureAtTheSeals(DurabilityFaults faults) => CaptureAtTheSeals(faults, heap =>
+    private static (byte[] Image, long Version) CaptureAtTheSeals(DurabilityFaults faults) => CaptureAtTheSeals(faults, UpdateSome);
+
+    /// <summary>The set-up of the window tests: a filled map, then <see cref="Updated"/> keys updated in version F (key k to -k).</summary>
+    private static Action UpdateSome(BufferedDurableHeap heap)
     {
         PersistentHashMap<long, long> map = FilledMap(heap);
         return () =>
@@ -395,7 +435,7 @@ public sealed unsafe class SealingWindowTests
                 map.Set(k, -k);
             }
         };
-    });
+    }
 
     /// <summary>
     /// Runs <paramref name="setUp"/> on a new heap with <paramref name="faults"/> (its writes made durable and sealed by
@@ -424,6 +464,54 @@ public sealed unsafe class SealingWindowTests
         heap.BeforeSealForTesting = null;
         Assert.NotNull(image);
         return (image!, version);
+    }
+
+    /// <summary>
+    /// <see cref="CaptureAtTheSeals(DurabilityFaults, Func{BufferedDurableHeap, Action})"/>'s workload, the durable image
+    /// taken once version F is sealed, written back and fenced, before its frontier is persisted.
+    /// </summary>
+    private static (byte[] Image, long Version) CaptureSealedBeforeTheFrontier()
+    {
+        using var domain = new SimulatedPersistenceDomain(4 << 20);
+        using HeapFile file = HeapFile.Create(domain);
+        using BufferedDurableHeap heap = BufferedDurableHeap.Open(file, Manual);
+        Action inVersion = UpdateSome(heap);
+        heap.Sync();
+        long version = heap.CurrentVersion;
+        inVersion();
+
+        byte[]? image = null;
+        heap.SealedBeforeTheFrontierForTesting = completed =>
+        {
+            if (completed == version)
+            {
+                image = domain.GetDurableImage();
+            }
+        };
+        heap.Sync();
+        heap.SealedBeforeTheFrontierForTesting = null;
+        Assert.NotNull(image);
+        return (image!, version);
+    }
+
+    /// <summary>Flips a payload bit of a sealed block of <paramref name="version"/> in <paramref name="image"/>; returns its offset.</summary>
+    private static long DamageAPayloadOf(byte[] image, long version)
+    {
+        fixed (byte* p = image)
+        {
+            foreach (long offset in LiveBlocks(image))
+            {
+                ulong* h = (ulong*)(p + offset);
+                if ((long)h[1] == version && HeapLayout.CommitState(h[3]) == HeapLayout.StateSealed && HeapLayout.ShapeSize(h[2]) > 0)
+                {
+                    p[offset + HeapLayout.HeaderSize] ^= 0x10;
+                    return offset;
+                }
+            }
+        }
+
+        Assert.Fail($"no sealed block of version {version} in the image");
+        return -1;
     }
 
     /// <summary>A map of <see cref="Keys"/> keys, each set to itself.</summary>

@@ -1,0 +1,246 @@
+using System;
+using System.Collections.Generic;
+using System.Linq;
+using System.Threading;
+using Xunit;
+
+namespace Epvs.Persistence.Tests;
+
+/// <summary>
+/// Issue 10, format 6: a buffered heap seals a version in the pass that writes it back, under one fence, so a crash can
+/// leave a durable seal over bytes that are not. Recovery frees such a block as a torn write of the version in flight
+/// (the durable frontier + 1) only when its version tag names that version and its Epoch word holds that version or 0;
+/// a damaged block of a durable version holds its own version in both, so damage is never taken for a torn write by one
+/// coincidence. Freed blocks get their Epoch word zeroed durably before they are handed out again (after the free
+/// itself is durable), and recovery rewrites free blocks that still hold one. Each rule has a broken control.
+/// </summary>
+public sealed unsafe class TornSealTests
+{
+    private const int TypeId = 12;
+    private const int PayloadSize = 40;
+
+    [Fact]
+    public void ASealOfTheVersionInFlight_OverBytesThatDidNotReachTheFile_IsTorn_WithThatVersionOrZeroInTheEpochWord()
+    {
+        const long InFlight = 1000;
+        byte[] block = SealedBlock(InFlight, out long offset, out uint generation);
+        fixed (byte* p = block)
+        {
+            ulong* h = (ulong*)p;
+            p[HeapLayout.HeaderSize + 3] ^= 0x40;
+            Assert.Equal(BlockState.Torn, HeapLayout.Classify(p, offset, generation, 1024, out _, InFlight));
+
+            // The Epoch word as a free left it (0), or as an older use left it, or the payload of a durable version.
+            h[1] = 0;
+            Assert.Equal(BlockState.Torn, HeapLayout.Classify(p, offset, generation, 1024, out _, InFlight));
+            h[1] = InFlight - 3;
+            Assert.Equal(BlockState.Damaged, HeapLayout.Classify(p, offset, generation, 1024, out _, InFlight));
+            h[1] = InFlight;
+            Assert.Equal(BlockState.Damaged, HeapLayout.Classify(p, offset, generation, 1024, out _, InFlight + 1));
+            Assert.Equal(BlockState.Damaged, HeapLayout.Classify(p, offset, generation, 1024, out _));
+            Assert.Equal(BlockState.Damaged, HeapLayout.Classify(p, offset, generation, 1024, out _, InFlight + 65536));
+        }
+    }
+
+    /// <summary>
+    /// The block of the last durable version F (even, so that flipping the tag's lowest bit names F + 1, the version in
+    /// flight): every single-bit flip of header or payload is still damage. The control trusts the tag alone.
+    /// </summary>
+    [Fact]
+    public void ABlockOfTheLastDurableVersion_EverySingleBitFlip_IsDamage_WhileTheNextVersionIsInFlight()
+    {
+        Assert.Empty(FlipsNotTakenForDamage(HeapFaults.None));
+    }
+
+    [Fact]
+    public void Control_TornSealsRecognisedByTheVersionTagAlone_IsCaught()
+    {
+        List<string> missed = FlipsNotTakenForDamage(HeapFaults.TornSealsByVersionTagOnly);
+        Assert.True(missed.Count > 0, "INCONCLUSIVE: the control took every flip for damage");
+    }
+
+    /// <summary>A zeroed Epoch word (a zeroed range of the file) in a block of the last durable version is damage: its tag names its own version, not the one in flight. The control trusts the Epoch word alone.</summary>
+    [Fact]
+    public void ABlockOfTheLastDurableVersion_WithItsEpochWordZeroed_IsDamage()
+    {
+        Assert.Equal(BlockState.Damaged, ZeroedEpochWord(HeapFaults.None));
+        Assert.Equal(BlockState.Torn, ZeroedEpochWord(HeapFaults.TornSealsByEpochWordOnly));
+    }
+
+    /// <summary>
+    /// After the frees are swept (marked, durable, then the Epoch words zeroed durably), every free block in the durable
+    /// image holds 0 in its Epoch word. The control leaves the Epoch word as it was.
+    /// </summary>
+    [Fact]
+    public void AfterASweep_EveryFreeBlockInTheDurableImage_HoldsZeroInItsEpochWord()
+    {
+        Assert.Equal(0, FreeBlocksWithAnEpoch(HeapFaults.None, out int free));
+        Assert.True(free > 0, "no block was freed: the scenario exercised nothing");
+        Assert.True(FreeBlocksWithAnEpoch(HeapFaults.KeepEpochWordOnFree, out _) > 0, "INCONCLUSIVE: the control's frees left no Epoch word behind");
+    }
+
+    /// <summary>
+    /// An allocation a crash interrupted before its commit word leaves its Epoch word in a free (or unused) block:
+    /// recovery rewrites it to 0, durably, before the block is handed out.
+    /// </summary>
+    [Fact]
+    public void Recovery_ZeroesTheEpochWordOfAFreeBlockThatHoldsOne()
+    {
+        Assert.Equal(0UL, EpochWordAfterRecovery(HeapFaults.None));
+        Assert.NotEqual(0UL, EpochWordAfterRecovery(HeapFaults.KeepEpochWordOnFree));
+    }
+
+    /// <summary>
+    /// The chain of the rule end to end: in the enumerated crash images of the small run (whose blocks are freed and
+    /// reused), frees that keep the Epoch word make some torn seal over a reused block read as damage after a plain
+    /// crash. (The enumeration without the control, which must report nothing, is in <see cref="BufferedDurabilityCrashTests"/>.)
+    /// </summary>
+    [Fact]
+    public void Control_FreesKeepingTheEpochWord_MakeAPlainCrashReadAsDamage()
+    {
+        List<string> violations = BufferedDurabilityCrashTests.EnumerateCrashes(DurabilityFaults.None, DurabilityFaults.None, out int images, out _, heapFaults: HeapFaults.KeepEpochWordOnFree);
+        Assert.True(images > 100, $"only {images} crash images");
+        Assert.True(violations.Any(v => v.Contains("damaged blocks", StringComparison.Ordinal)), $"INCONCLUSIVE: no image of the control reported damage ({violations.Count} violations)");
+    }
+
+    private static byte[] SealedBlock(long version, out long offset, out uint generation)
+    {
+        var random = new Random((int)version);
+        offset = 4096 * 3 + (64L * random.Next(1000));
+        generation = (uint)random.Next(1, 1 << 24);
+        byte[] block = new byte[HeapLayout.HeaderSize + PayloadSize];
+        random.NextBytes(block.AsSpan(HeapLayout.HeaderSize));
+        ulong uid = (ulong)random.NextInt64(1, long.MaxValue), shape = HeapLayout.Shape(PayloadSize, random.Next(1 << 20));
+        ulong commit = HeapLayout.SealedCommit(uid, (ulong)version, shape, offset, generation, (PayloadKind)random.Next(1, 4), block.AsSpan(HeapLayout.HeaderSize));
+        BitConverter.TryWriteBytes(block.AsSpan(0), uid);
+        BitConverter.TryWriteBytes(block.AsSpan(8), (ulong)version);
+        BitConverter.TryWriteBytes(block.AsSpan(16), shape);
+        BitConverter.TryWriteBytes(block.AsSpan(24), commit);
+        return block;
+    }
+
+    private static List<string> FlipsNotTakenForDamage(HeapFaults faults)
+    {
+        var missed = new List<string>();
+        foreach (long durable in new long[] { 2, 1000, 65534, 65536, 1L << 33 })
+        {
+            byte[] block = SealedBlock(durable, out long offset, out uint generation);
+            fixed (byte* p = block)
+            {
+                Assert.Equal(BlockState.Sealed, HeapLayout.Classify(p, offset, generation, 1024, out _, durable + 1, faults));
+                for (int bit = 0; bit < block.Length * 8; bit++)
+                {
+                    p[bit / 8] ^= (byte)(1 << (bit % 8));
+                    BlockState state = HeapLayout.Classify(p, offset, generation, 1024, out _, durable + 1, faults);
+                    p[bit / 8] ^= (byte)(1 << (bit % 8));
+                    if (state != BlockState.Damaged)
+                    {
+                        missed.Add($"version {durable}, bit {bit}: {state}");
+                    }
+                }
+            }
+        }
+
+        return missed;
+    }
+
+    private static BlockState ZeroedEpochWord(HeapFaults faults)
+    {
+        const long Durable = 4242;
+        byte[] block = SealedBlock(Durable, out long offset, out uint generation);
+        fixed (byte* p = block)
+        {
+            ((ulong*)p)[1] = 0;
+            return HeapLayout.Classify(p, offset, generation, 1024, out _, Durable + 1, faults);
+        }
+    }
+
+    /// <summary>Fills a map, replaces every value over a few versions, flushes the parked frees; counts the free blocks of the durable image that hold an Epoch word.</summary>
+    private static int FreeBlocksWithAnEpoch(HeapFaults faults, out int free)
+    {
+        using var domain = new SimulatedPersistenceDomain(4 << 20);
+        using HeapFile file = HeapFile.Create(domain);
+        using BufferedDurableHeap heap = BufferedDurableHeap.Open(file, new BufferedDurableHeapOptions { AdvancePeriod = Timeout.InfiniteTimeSpan, HeapFaults = faults });
+        var map = new PersistentHashMap<long, long>(heap, TypeId);
+        for (int round = 0; round < 4; round++)
+        {
+            for (long k = 0; k < 200; k++)
+            {
+                map.Set(k, k + round);
+            }
+
+            heap.Sync();
+        }
+
+        heap.Sync();
+        heap.Sync();
+        heap.Heap.FlushPendingFrees();
+        byte[] image = domain.GetDurableImage();
+        free = 0;
+        int withEpoch = 0;
+        foreach (long offset in SmallBlocks(image))
+        {
+            ulong commit = BitConverter.ToUInt64(image, (int)offset + HeapLayout.CommitOffset);
+            if (HeapLayout.CommitState(commit) == HeapLayout.StateFree)
+            {
+                free++;
+                withEpoch += BitConverter.ToUInt64(image, (int)offset + HeapLayout.EpochOffset) != 0 ? 1 : 0;
+            }
+        }
+
+        return withEpoch;
+    }
+
+    /// <summary>Writes an Epoch word into a never-used block of a live segment of a crashed image, recovers, and returns that word as recovery left it in the file.</summary>
+    private static ulong EpochWordAfterRecovery(HeapFaults faults)
+    {
+        byte[] image;
+        using (var domain = new SimulatedPersistenceDomain(4 << 20))
+        {
+            using HeapFile file = HeapFile.Create(domain);
+            using BufferedDurableHeap heap = BufferedDurableHeap.Open(file, new BufferedDurableHeapOptions { AdvancePeriod = Timeout.InfiniteTimeSpan });
+            var map = new PersistentHashMap<long, long>(heap, TypeId);
+            for (long k = 0; k < 20; k++)
+            {
+                map.Set(k, k);
+            }
+
+            heap.Sync();
+            image = domain.GetDurableImage();
+        }
+
+        long victim = SmallBlocks(image).Last(o => HeapLayout.CommitState(BitConverter.ToUInt64(image, (int)o + HeapLayout.CommitOffset)) == HeapLayout.StateUnused);
+        BitConverter.GetBytes(77UL).CopyTo(image, (int)victim + HeapLayout.EpochOffset);
+        using (var domain = SimulatedPersistenceDomain.FromImage(image))
+        {
+            using HeapFile file = HeapFile.Open(domain);
+            using (BufferedDurableHeap heap = BufferedDurableHeap.Open(file, new BufferedDurableHeapOptions { AdvancePeriod = Timeout.InfiniteTimeSpan, HeapFaults = faults }))
+            {
+                Assert.False(heap.Recovery.FastReopen, "the image was reopened from its saved state: no scan looked at the block");
+                return BitConverter.ToUInt64(domain.GetDurableImage(), (int)victim + HeapLayout.EpochOffset);
+            }
+        }
+    }
+
+    /// <summary>Every block of the small-block segments of <paramref name="image"/>.</summary>
+    private static IEnumerable<long> SmallBlocks(byte[] image)
+    {
+        long dataStart = BitConverter.ToInt64(image, HeapLayout.DataStartOffset);
+        long segments = (image.Length - dataStart) / HeapLayout.SegmentSize;
+        for (long s = 0; s < segments; s++)
+        {
+            ulong descriptor = BitConverter.ToUInt64(image, HeapLayout.SuperblockSize + (int)(s * sizeof(ulong)));
+            if (!HeapLayout.IsValidDescriptor(descriptor, s) || HeapLayout.DescriptorRole(descriptor) != HeapLayout.RoleSmall)
+            {
+                continue;
+            }
+
+            int cls = (int)HeapLayout.DescriptorPayload(descriptor);
+            long start = dataStart + (s * HeapLayout.SegmentSize);
+            for (int k = 0; k < SizeClasses.BlocksPerSegment[cls]; k++)
+            {
+                yield return start + ((long)k * SizeClasses.BlockSizes[cls]);
+            }
+        }
+    }
+}
