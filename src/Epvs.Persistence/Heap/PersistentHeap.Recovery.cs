@@ -443,14 +443,14 @@ public sealed unsafe partial class PersistentHeap
     private bool TryReadHeader(long offset, uint generation, long maxPayload, out PayloadHeader header) =>
         ClassifyBlock(offset, generation, maxPayload, out header) is BlockState.Allocated or BlockState.Sealed;
 
-    /// <summary>The broken check of <see cref="HeapFaults.AcceptTornHeaders"/>: state bits and generation only.</summary>
+    /// <summary>The broken check of <see cref="HeapFaults.AcceptTornHeaders"/>: state bits and generation (the version tag of a sealed word is not checked) only.</summary>
     private bool LooksAllocated(long offset, uint generation, out PayloadHeader header)
     {
         ulong* h = (ulong*)(_base + offset);
         ulong commit = h[3];
         bool looks = (commit & (0xFFUL << 56)) == HeapLayout.CommitTag
             && HeapLayout.InUse(commit)
-            && HeapLayout.SameGeneration(commit, generation);
+            && (HeapLayout.CommitState(commit) == HeapLayout.StateSealed || HeapLayout.SameGeneration(commit, generation));
         header = looks ? new PayloadHeader((long)h[0], (long)h[1], HeapLayout.CommitKind(commit), HeapLayout.ShapeSize(h[2]), HeapLayout.ShapeTypeId(h[2])) : default;
         return looks;
     }

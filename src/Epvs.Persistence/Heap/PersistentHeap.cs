@@ -369,9 +369,10 @@ public sealed unsafe partial class PersistentHeap : IDisposable
     /// holds that use's version or 0 there, which recovery tells from a damaged durable block (see
     /// <see cref="HeapLayout"/>, sealing). Not in the free's own write-back: a crash could then make the zero durable
     /// without the free, and leave a sealed block of a durable version with its Epoch word zeroed — damage at recovery.
-    /// Sorts <paramref name="offsets"/> in place.
+    /// Leaves <paramref name="offsets"/> in its order (the sweep hands its blocks out by position afterwards); callers
+    /// pass them sorted, so through the page cache the headers merge into runs of pages.
     /// </summary>
-    internal void ZeroEpochWordsDurably(Span<long> offsets)
+    internal void ZeroEpochWordsDurably(ReadOnlySpan<long> offsets)
     {
         if ((_faults & HeapFaults.KeepEpochWordOnFree) != 0 || offsets.IsEmpty)
         {
@@ -381,12 +382,15 @@ public sealed unsafe partial class PersistentHeap : IDisposable
         _file.EnterOperation();
         try
         {
+            var runs = new WriteBackRuns(_file.Domain);
             foreach (long offset in offsets)
             {
                 ((ulong*)(_base + offset))[1] = 0;
+                runs.Add(offset, HeapLayout.HeaderSize);
             }
 
-            WriteBackRuns.WriteBackHeadersAndFence(_file.Domain, offsets);
+            runs.Flush();
+            _file.Domain.Fence();
         }
         finally
         {
