@@ -440,9 +440,10 @@ public sealed unsafe class SealingWindowTests
     /// <summary>
     /// Runs <paramref name="setUp"/> on a new heap with <paramref name="faults"/> (its writes made durable and sealed by
     /// a Sync), then the writes it returns in the next version F, and takes the durable image in F's cycle just before its
-    /// blocks are sealed.
+    /// blocks are sealed — or, with <paramref name="afterTheFence"/>, once they are sealed, written back and fenced,
+    /// before F's frontier is persisted.
     /// </summary>
-    private static (byte[] Image, long Version) CaptureAtTheSeals(DurabilityFaults faults, Func<BufferedDurableHeap, Action> setUp)
+    private static (byte[] Image, long Version) CaptureAtTheSeals(DurabilityFaults faults, Func<BufferedDurableHeap, Action> setUp, bool afterTheFence = false)
     {
         using var domain = new SimulatedPersistenceDomain(4 << 20);
         using HeapFile file = HeapFile.Create(domain);
@@ -453,46 +454,30 @@ public sealed unsafe class SealingWindowTests
         inVersion();
 
         byte[]? image = null;
-        heap.BeforeSealForTesting = completed =>
+        Action<long> capture = completed =>
         {
             if (completed == version)
             {
                 image = domain.GetDurableImage();
             }
         };
-        heap.Sync();
-        heap.BeforeSealForTesting = null;
-        Assert.NotNull(image);
-        return (image!, version);
-    }
-
-    /// <summary>
-    /// <see cref="CaptureAtTheSeals(DurabilityFaults, Func{BufferedDurableHeap, Action})"/>'s workload, the durable image
-    /// taken once version F is sealed, written back and fenced, before its frontier is persisted.
-    /// </summary>
-    private static (byte[] Image, long Version) CaptureSealedBeforeTheFrontier()
-    {
-        using var domain = new SimulatedPersistenceDomain(4 << 20);
-        using HeapFile file = HeapFile.Create(domain);
-        using BufferedDurableHeap heap = BufferedDurableHeap.Open(file, Manual);
-        Action inVersion = UpdateSome(heap);
-        heap.Sync();
-        long version = heap.CurrentVersion;
-        inVersion();
-
-        byte[]? image = null;
-        heap.SealedBeforeTheFrontierForTesting = completed =>
+        if (afterTheFence)
         {
-            if (completed == version)
-            {
-                image = domain.GetDurableImage();
-            }
-        };
+            heap.SealedBeforeTheFrontierForTesting = capture;
+        }
+        else
+        {
+            heap.BeforeSealForTesting = capture;
+        }
+
         heap.Sync();
-        heap.SealedBeforeTheFrontierForTesting = null;
+        heap.BeforeSealForTesting = heap.SealedBeforeTheFrontierForTesting = null;
         Assert.NotNull(image);
         return (image!, version);
     }
+
+    /// <summary>The window tests' workload, the durable image taken once version F is sealed, written back and fenced, before its frontier is persisted.</summary>
+    private static (byte[] Image, long Version) CaptureSealedBeforeTheFrontier() => CaptureAtTheSeals(DurabilityFaults.None, UpdateSome, afterTheFence: true);
 
     /// <summary>Flips a payload bit of a sealed block of <paramref name="version"/> in <paramref name="image"/>; returns its offset.</summary>
     private static long DamageAPayloadOf(byte[] image, long version)
