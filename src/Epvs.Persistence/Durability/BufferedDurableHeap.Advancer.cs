@@ -829,7 +829,7 @@ public sealed unsafe partial class BufferedDurableHeap
         WriteBackRuns.WriteBackHeadersAndFence(_domain, offsets);
         if (holdUntilDurable)
         {
-            _heap.ZeroEpochWordsDurably(offsets);
+            _heap.MarkEpochWordsEmptyDurably(offsets);
             foreach (long offset in offsets)
             {
                 _heap.ReleaseFreed(new PayloadRef(offset));

@@ -335,8 +335,8 @@ public sealed unsafe partial class BufferedDurableHeap
             _domain.Persist(0, heap.File.Size);
         }
 
-        // The second half of each free, once the frees are durable (see PersistentHeap.ZeroEpochWordsDurably).
-        heap.ZeroEpochWordsDurably(CollectionsMarshal.AsSpan(freed));
+        // The second half of each free, once the frees are durable (see PersistentHeap.MarkEpochWordsEmptyDurably).
+        heap.MarkEpochWordsEmptyDurably(CollectionsMarshal.AsSpan(freed));
     }
 
     private readonly struct Candidate

@@ -4,11 +4,12 @@ using System.Runtime.CompilerServices;
 namespace Epvs.Persistence;
 
 /// <summary>
-/// The persistent layout of an EPVS heap file, format version 6 (older files are refused: version 2 added the
+/// The persistent layout of an EPVS heap file, format version 7 (older files are refused: version 2 added the
 /// sealed superblock words and the heap kind, version 3 the sealed blocks, XxHash3 block checks and zeroed segments,
 /// version 4 a checked word in every state: no all-zero descriptor or commit word is valid, version 5 descriptors
 /// bound to their slot: a descriptor copied or moved into another slot of the table fails its check, version 6 sealed
-/// words carrying their version's low bits, so that a buffered heap seals a version in the pass that writes it back). Every persistent field is an 8-byte little-endian
+/// words carrying their version's low bits, so that a buffered heap seals a version in the pass that writes it back,
+/// version 7 an empty mark bound to the offset, not 0, in the Epoch word of every block that holds no payload). Every persistent field is an 8-byte little-endian
 /// word at an 8-byte aligned offset, written with a single aligned store, so it is failure-atomic: after a crash it
 /// holds an old or a new value, never a mix. Persistent data holds offsets from the start of the file, never pointers.
 /// </summary>
@@ -23,7 +24,7 @@ namespace Epvs.Persistence;
 ///
 /// Superblock (offset: word)
 ///     0  Magic            0x5041_4548_5356_5045, "EPVSHEAP" in ASCII; written last at creation
-///     8  FormatVersion    6
+///     8  FormatVersion    7
 ///    16  HeapSize         bytes in use: DataStart + SegmentCount*65536; grows (store + persist) after the file grew (sealed)
 ///    24  SegmentSize      65536
 ///    32  MaxSegments      capacity of the segment table
@@ -56,7 +57,9 @@ namespace Epvs.Persistence;
 ///
 /// Block (small: at segment start + k*BlockSize; large: at the start of its first segment)
 ///   +0   Uid     word 0: the payload's logical identity (kept by UPDATE copies and by DELETE anti-payloads)
-///   +8   Epoch   word 1: the EPVS version the payload was written in (part 2); 0 when unused
+///   +8   Epoch   word 1: the EPVS version the payload was written in (part 2); when the block holds no payload, its
+///                empty mark EmptyEpoch(offset) = 0xE9E7 &lt;&lt; 48 XOR offset (formatting and a buffered heap's frees
+///                write it; a raw heap's frees leave the version)
 ///   +16  Shape   word 2: bits 0..31 payload size in bytes, bits 32..63 type id
 ///   +24  Commit  word 3: bits 0..31 check, 32..47 generation (low 16 bits; in a sealed word the low 16 bits of
 ///                the Epoch word instead: the version tag), 48..51 kind (1 alloc, 2 update, 3 delete; 0 when unused or
@@ -75,17 +78,21 @@ namespace Epvs.Persistence;
 /// inside that fence can leave a durable seal over a payload (or header words) that is not: such a block belongs to
 /// V = frontier + 1, the one version whose cycle can be in flight (cycles run one at a time, each persisting its
 /// frontier before the next seals anything). Recovery takes a sealed block whose check fails for that torn write —
-/// freed, with the rest of V — only if both its version tag equals V's low 16 bits and its Epoch word holds V or 0;
-/// otherwise it is damage. A block's Epoch word is 0 in the file before the block is handed out: formatting zeroes it,
-/// every free zeroes it and a free is durable before its block is reused (the sweep, recovery's frees), and recovery
-/// rewrites every free or unused block whose Epoch word is not 0 (an interrupted allocation's). So a torn block of V
-/// holds V or 0 there, while a damaged durable block of version v ≤ frontier holds v, and its tag is v's: damage is
-/// taken for a torn write only if it both rewrites the Epoch word to 0 or V and hits a block whose tag equals V's
-/// (a one in 65,536 coincidence of versions) or is rewritten to it. <see cref="DurabilityMode.Strict"/> operations
-/// write their payloads back and fence before their version's cut, so their seals follow what they cover.</para>
+/// freed, with the rest of V — only if both its version tag equals V's low 16 bits and its Epoch word holds V or the
+/// block's empty mark (format 7); otherwise it is damage. A block's Epoch word holds its empty mark in the file before
+/// the block is handed out: formatting writes it, every free writes it and a free is durable before its block is
+/// reused (the sweep, recovery's frees), and recovery rewrites every free or unused block whose Epoch word holds
+/// anything else (an interrupted allocation's). So a torn block of V holds V or its empty mark there, while a damaged
+/// durable block of version v ≤ frontier holds v, and its tag is v's: damage is taken for a torn write only if it
+/// rewrites the Epoch word into exactly V or the empty mark of that offset and hits a block whose tag equals V's (a one
+/// in 65,536 coincidence of versions) or is rewritten to it. A zeroed Epoch word, the usual shape of lost bytes, is
+/// never either (in format 6 the empty mark was 0, and damage zeroing only the Epoch word of one live block in 65,536
+/// was freed silently). <see cref="DurabilityMode.Strict"/> operations write their payloads back and fence before
+/// their version's cut, so their seals follow what they cover.</para>
 /// <para>Every state is checked, so no zero or stale word stands for "nothing here". Formatting a segment zeroes it
-/// and writes an unused commit word of the new generation into every block, durably, before its descriptor; a large
-/// block writes its header as unused of the new generation, durably, before its descriptors. So after a crash every
+/// and writes an unused commit word of the new generation (and the empty mark in the Epoch word) into every block,
+/// durably, before its descriptor; a large block writes its header as unused of the new generation, durably, before
+/// its descriptors. So after a crash every
 /// commit word of a segment in use is one whole checked word of this segment's generation — unused, allocated, sealed
 /// or free — and anything else (zero, another tag, an unknown state, another generation, an unused or free word whose
 /// check fails) is damage, and so is a sealed block whose check fails. Likewise every descriptor below SegmentCount is
@@ -127,7 +134,7 @@ namespace Epvs.Persistence;
 internal static class HeapLayout
 {
     internal const ulong Magic = 0x5041_4548_5356_5045UL;
-    internal const long FormatVersion = 6;
+    internal const long FormatVersion = 7;
     internal const int SuperblockSize = 4096;
     internal const int SegmentSize = 64 * 1024;
     internal const int RootSlotCount = 16;
@@ -318,6 +325,16 @@ internal static class HeapLayout
     /// <summary>A sealed commit word's version tag: the low 16 bits of the version it was sealed in.</summary>
     internal static ushort VersionTag(ulong commit) => (ushort)(commit >> 32);
 
+    /// <summary>
+    /// The Epoch word of the block at <paramref name="offset"/> while it holds no payload (format 7): formatting writes
+    /// it, and so does the second half of every free of a buffered heap. Bound to the offset, and never a version (its
+    /// high bits are set; versions fit in a sealed word's 42 bits), so neither a zeroed word nor a version is taken for it.
+    /// </summary>
+    [MethodImpl(MethodImplOptions.AggressiveInlining)]
+    internal static ulong EmptyEpoch(long offset) => EmptyEpochSeed ^ (ulong)offset;
+
+    private const ulong EmptyEpochSeed = 0xE9E7_0000_0000_0000UL;
+
     /// <summary>The free commit word of the block at <paramref name="offset"/> in a segment of <paramref name="generation"/> (checked: kind 0, check of offset, generation and state).</summary>
     [MethodImpl(MethodImplOptions.AggressiveInlining)]
     internal static ulong FreeWord(long offset, uint generation) => EmptyWord(StateFree, offset, generation);
@@ -438,16 +455,16 @@ internal static class HeapLayout
 
         // Sealed in the cycle a crash interrupted, in the pass that writes the version back: the seal reached the file,
         // some of what it covers did not. The version is beyond the frontier, dropped whole.
-        return IsTornSealOfTheVersionInFlight(commit, epoch, inFlightVersion, faults) ? BlockState.Torn : BlockState.Damaged;
+        return IsTornSealOfTheVersionInFlight(commit, epoch, offset, inFlightVersion, faults) ? BlockState.Torn : BlockState.Damaged;
     }
 
     /// <summary>
     /// Whether a sealed block whose check fails is a torn write of the version in flight (see the remarks on sealing):
-    /// its version tag is that version's and its Epoch word holds that version or 0 — a block sealed in a durable
-    /// version v holds v in both, so damage there is taken for a torn write only if it rewrites the Epoch word too and
-    /// the tags agree.
+    /// its version tag is that version's and its Epoch word holds that version or the block's empty mark — a block
+    /// sealed in a durable version v holds v in both, so damage there is taken for a torn write only if it rewrites the
+    /// Epoch word into one of those two exact values too (a zeroed word is neither) and the tags agree.
     /// </summary>
-    private static bool IsTornSealOfTheVersionInFlight(ulong commit, ulong epoch, long inFlightVersion, HeapFaults faults)
+    private static bool IsTornSealOfTheVersionInFlight(ulong commit, ulong epoch, long offset, long inFlightVersion, HeapFaults faults)
     {
         if (inFlightVersion <= 0)
         {
@@ -455,7 +472,7 @@ internal static class HeapLayout
         }
 
         bool tagMatches = VersionTag(commit) == (ushort)inFlightVersion || (faults & HeapFaults.TornSealsByEpochWordOnly) != 0;
-        bool epochMatches = epoch == 0 || epoch == (ulong)inFlightVersion || (faults & HeapFaults.TornSealsByVersionTagOnly) != 0;
+        bool epochMatches = epoch == EmptyEpoch(offset) || epoch == (ulong)inFlightVersion || (faults & HeapFaults.TornSealsByVersionTagOnly) != 0;
         return tagMatches && epochMatches;
     }
 

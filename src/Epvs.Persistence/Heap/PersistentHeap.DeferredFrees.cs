@@ -526,7 +526,7 @@ public sealed unsafe partial class PersistentHeap
         if (!early)
         {
             // The frees are durable: now the Epoch words, before anyone can reuse the blocks.
-            ZeroEpochWordsDurably(offsets);
+            MarkEpochWordsEmptyDurably(offsets);
             HandOut(offsets, swept);
         }
 

@@ -115,7 +115,7 @@ public sealed unsafe partial class PersistentHeap
         bool loseInvalid = (_faults & HeapFaults.LoseInvalidBlocksAtRecovery) != 0;
         bool leaveTorn = (_faults & HeapFaults.LeaveTornHeaders) != 0;
         bool tornIsDamaged = options.TornIsDamaged;
-        bool scrubEpochWords = listUnsealed && (_faults & HeapFaults.KeepEpochWordOnFree) == 0;
+        bool scrubEpochWords = listUnsealed && (_faults & HeapFaults.LeaveEpochWordsUnmarked) == 0;
         Parallel.For(
             0,
             small.Count,
@@ -159,12 +159,12 @@ public sealed unsafe partial class PersistentHeap
                             totals.Damaged.Add(offset);
                             totals.FreeBlocks.Add(offset);
                         }
-                        else if (blockState is BlockState.Free or BlockState.Unused && scrubEpochWords && ((ulong*)(_base + offset))[1] != 0)
+                        else if (blockState is BlockState.Free or BlockState.Unused && scrubEpochWords && ((ulong*)(_base + offset))[1] != HeapLayout.EmptyEpoch(offset))
                         {
-                            // A free block whose Epoch word is not 0 (an allocation a crash interrupted before its commit
-                            // word, or a free whose second half it interrupted): rewritten as free and then its Epoch word
-                            // zeroed, durably, before it is handed out, so that a seal over its next use that a crash
-                            // tears holds that use's version or 0 there, never this one (see HeapLayout, sealing).
+                            // A free block whose Epoch word is not its empty mark (an allocation a crash interrupted
+                            // before its commit word, or a free whose second half it interrupted): rewritten as free and
+                            // then marked empty, durably, before it is handed out, so that a seal over its next use that a
+                            // crash tears holds that use's version or the mark there, never this one (see HeapLayout, sealing).
                             totals.FreeBlocks.Add(offset);
                         }
                         else if (blockState == BlockState.Torn && !leaveTorn)
@@ -387,7 +387,7 @@ public sealed unsafe partial class PersistentHeap
             {
                 // Once the frees are durable (a crash in between leaves free blocks with old Epoch words, which the
                 // next recovery rewrites like these).
-                ZeroEpochWordsDurably(CollectionsMarshal.AsSpan(freeBlocks));
+                MarkEpochWordsEmptyDurably(CollectionsMarshal.AsSpan(freeBlocks));
             }
         }
     }

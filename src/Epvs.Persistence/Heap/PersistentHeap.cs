@@ -365,16 +365,17 @@ public sealed unsafe partial class PersistentHeap : IDisposable
 
     /// <summary>
     /// The second half of a durable free, for blocks whose frees are durable already and that are not handed out yet:
-    /// zeroes their Epoch words, writes them back and fences. A seal over a block's next use that a crash tears then
-    /// holds that use's version or 0 there, which recovery tells from a damaged durable block (see
-    /// <see cref="HeapLayout"/>, sealing). Not in the free's own write-back: a crash could then make the zero durable
-    /// without the free, and leave a sealed block of a durable version with its Epoch word zeroed — damage at recovery.
+    /// writes their empty marks (<see cref="HeapLayout.EmptyEpoch"/>) into their Epoch words, writes them back and
+    /// fences. A seal over a block's next use that a crash tears then holds that use's version or the mark there, which
+    /// recovery tells from a damaged durable block (see <see cref="HeapLayout"/>, sealing). Not in the free's own
+    /// write-back: a crash could then make the mark durable without the free, and leave a sealed block of a durable
+    /// version with its Epoch word overwritten — damage at recovery.
     /// Leaves <paramref name="offsets"/> in its order (the sweep hands its blocks out by position afterwards); callers
     /// pass them sorted, so through the page cache the headers merge into runs of pages.
     /// </summary>
-    internal void ZeroEpochWordsDurably(ReadOnlySpan<long> offsets)
+    internal void MarkEpochWordsEmptyDurably(ReadOnlySpan<long> offsets)
     {
-        if ((_faults & HeapFaults.KeepEpochWordOnFree) != 0 || offsets.IsEmpty)
+        if ((_faults & HeapFaults.LeaveEpochWordsUnmarked) != 0 || offsets.IsEmpty)
         {
             return;
         }
@@ -385,7 +386,7 @@ public sealed unsafe partial class PersistentHeap : IDisposable
             var runs = new WriteBackRuns(_file.Domain);
             foreach (long offset in offsets)
             {
-                ((ulong*)(_base + offset))[1] = 0;
+                ((ulong*)(_base + offset))[1] = HeapLayout.EmptyEpoch(offset);
                 runs.Add(offset, HeapLayout.HeaderSize);
             }
 

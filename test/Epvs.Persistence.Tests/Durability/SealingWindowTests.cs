@@ -45,8 +45,8 @@ public sealed unsafe class SealingWindowTests
     }
 
     /// <summary>
-    /// A sealed block of the version in flight whose Epoch word holds neither that version nor 0 is no torn write (the
-    /// allocation wrote the version there, and a free zeroed it durably before): damage, reported although the version
+    /// A sealed block of the version in flight whose Epoch word holds neither that version nor its empty mark is no torn
+    /// write (the allocation wrote the version there, and formatting or a free the mark durably before): damage, reported although the version
     /// is beyond the frontier — recovery cannot tell it from a damaged block of a durable version otherwise.
     /// </summary>
     [Fact]

@@ -7,12 +7,14 @@ using Xunit;
 namespace Epvs.Persistence.Tests;
 
 /// <summary>
-/// Issue 10, format 6: a buffered heap seals a version in the pass that writes it back, under one fence, so a crash can
-/// leave a durable seal over bytes that are not. Recovery frees such a block as a torn write of the version in flight
-/// (the durable frontier + 1) only when its version tag names that version and its Epoch word holds that version or 0;
-/// a damaged block of a durable version holds its own version in both, so damage is never taken for a torn write by one
-/// coincidence. Freed blocks get their Epoch word zeroed durably before they are handed out again (after the free
-/// itself is durable), and recovery rewrites free blocks that still hold one. Each rule has a broken control.
+/// Issue 10, formats 6 and 7: a buffered heap seals a version in the pass that writes it back, under one fence, so a
+/// crash can leave a durable seal over bytes that are not. Recovery frees such a block as a torn write of the version in
+/// flight (the durable frontier + 1) only when its version tag names that version and its Epoch word holds that version
+/// or the block's empty mark (<see cref="HeapLayout.EmptyEpoch"/>, bound to the offset; 0 in format 6); a damaged block
+/// of a durable version holds its own version in both, so damage is never taken for a torn write by one coincidence,
+/// and a zeroed Epoch word never passes. Formatting writes the empty mark; freed blocks get it durably before they are
+/// handed out again (after the free itself is durable), and recovery rewrites free blocks that hold anything else. Each
+/// rule has a broken control.
 /// </summary>
 public sealed unsafe class TornSealTests
 {
@@ -20,7 +22,7 @@ public sealed unsafe class TornSealTests
     private const int PayloadSize = 40;
 
     [Fact]
-    public void ASealOfTheVersionInFlight_OverBytesThatDidNotReachTheFile_IsTorn_WithThatVersionOrZeroInTheEpochWord()
+    public void ASealOfTheVersionInFlight_OverBytesThatDidNotReachTheFile_IsTorn_WithThatVersionOrTheEmptyMarkInTheEpochWord()
     {
         const long InFlight = 1000;
         byte[] block = SealedBlock(InFlight, out long offset, out uint generation);
@@ -30,9 +32,14 @@ public sealed unsafe class TornSealTests
             p[HeapLayout.HeaderSize + 3] ^= 0x40;
             Assert.Equal(BlockState.Torn, HeapLayout.Classify(p, offset, generation, 1024, out _, InFlight));
 
-            // The Epoch word as a free left it (0), or as an older use left it, or the payload of a durable version.
-            h[1] = 0;
+            // The Epoch word as formatting or a free left it (the empty mark), or zeroed, or as an older use left it,
+            // or the empty mark of another block, or the payload of a durable version.
+            h[1] = HeapLayout.EmptyEpoch(offset);
             Assert.Equal(BlockState.Torn, HeapLayout.Classify(p, offset, generation, 1024, out _, InFlight));
+            h[1] = 0;
+            Assert.Equal(BlockState.Damaged, HeapLayout.Classify(p, offset, generation, 1024, out _, InFlight));
+            h[1] = HeapLayout.EmptyEpoch(offset + 64);
+            Assert.Equal(BlockState.Damaged, HeapLayout.Classify(p, offset, generation, 1024, out _, InFlight));
             h[1] = InFlight - 3;
             Assert.Equal(BlockState.Damaged, HeapLayout.Classify(p, offset, generation, 1024, out _, InFlight));
             h[1] = InFlight;
@@ -59,46 +66,61 @@ public sealed unsafe class TornSealTests
         Assert.True(missed.Count > 0, "INCONCLUSIVE: the control took every flip for damage");
     }
 
-    /// <summary>A zeroed Epoch word (a zeroed range of the file) in a block of the last durable version is damage: its tag names its own version, not the one in flight. The control trusts the Epoch word alone.</summary>
+    /// <summary>An Epoch word overwritten with the block's empty mark in a block of the last durable version is damage: its tag names its own version, not the one in flight. The control trusts the Epoch word alone.</summary>
     [Fact]
-    public void ABlockOfTheLastDurableVersion_WithItsEpochWordZeroed_IsDamage()
+    public void ABlockOfTheLastDurableVersion_WithItsEpochWordMarkedEmpty_IsDamage()
     {
-        Assert.Equal(BlockState.Damaged, ZeroedEpochWord(HeapFaults.None));
-        Assert.Equal(BlockState.Torn, ZeroedEpochWord(HeapFaults.TornSealsByEpochWordOnly));
+        Assert.Equal(BlockState.Damaged, OverwrittenEpochWord(4242, markEmpty: true, HeapFaults.None));
+        Assert.Equal(BlockState.Torn, OverwrittenEpochWord(4242, markEmpty: true, HeapFaults.TornSealsByEpochWordOnly));
     }
 
     /// <summary>
-    /// After the frees are swept (marked, durable, then the Epoch words zeroed durably), every free block in the durable
-    /// image holds 0 in its Epoch word. The control leaves the Epoch word as it was.
+    /// Format 6's residual case, closed by the empty mark: a live block of a durable version whose tag equals the tag of
+    /// the version in flight (65,536 versions older) and whose Epoch word was zeroed (a zeroed range of the file) is
+    /// damage, as the word is neither that version nor the block's mark. The control trusts the tag alone.
     /// </summary>
     [Fact]
-    public void AfterASweep_EveryFreeBlockInTheDurableImage_HoldsZeroInItsEpochWord()
+    public void AnOlderBlockWithTheTagOfTheVersionInFlight_WithItsEpochWordZeroed_IsDamage()
     {
-        Assert.Equal(0, FreeBlocksWithAnEpoch(HeapFaults.None, out int free));
-        Assert.True(free > 0, "no block was freed: the scenario exercised nothing");
-        Assert.True(FreeBlocksWithAnEpoch(HeapFaults.KeepEpochWordOnFree, out _) > 0, "INCONCLUSIVE: the control's frees left no Epoch word behind");
+        Assert.Equal(BlockState.Damaged, OverwrittenEpochWord(4242, markEmpty: false, HeapFaults.None, inFlight: 4242 + 65536));
+        Assert.Equal(BlockState.Torn, OverwrittenEpochWord(4242, markEmpty: false, HeapFaults.TornSealsByVersionTagOnly, inFlight: 4242 + 65536));
+    }
+
+    /// <summary>
+    /// After the frees are swept (marked, durable, then the Epoch words marked empty durably), every free block in the
+    /// durable image holds its empty mark in its Epoch word, and so does every unused block (formatting writes it). The
+    /// control leaves the Epoch word as it was (0 after formatting).
+    /// </summary>
+    [Fact]
+    public void AfterASweep_EveryFreeOrUnusedBlockInTheDurableImage_HoldsItsEmptyMark()
+    {
+        Assert.Equal((0, 0), UnmarkedEmptyBlocks(HeapFaults.None, out int free, out int unused));
+        Assert.True(free > 0 && unused > 0, $"{free} free and {unused} unused blocks: the scenario exercised too little");
+        (int controlFree, int controlUnused) = UnmarkedEmptyBlocks(HeapFaults.LeaveEpochWordsUnmarked, out _, out _);
+        Assert.True(controlFree > 0 && controlUnused > 0, $"INCONCLUSIVE: the control left {controlFree} free and {controlUnused} unused blocks unmarked");
     }
 
     /// <summary>
     /// An allocation a crash interrupted before its commit word leaves its Epoch word in a free (or unused) block:
-    /// recovery rewrites it to 0, durably, before the block is handed out.
+    /// recovery rewrites it to the block's empty mark, durably, before the block is handed out.
     /// </summary>
     [Fact]
-    public void Recovery_ZeroesTheEpochWordOfAFreeBlockThatHoldsOne()
+    public void Recovery_MarksEmptyTheEpochWordOfAFreeBlockThatHoldsAVersion()
     {
-        Assert.Equal(0UL, EpochWordAfterRecovery(HeapFaults.None));
-        Assert.NotEqual(0UL, EpochWordAfterRecovery(HeapFaults.KeepEpochWordOnFree));
+        ulong recovered = EpochWordAfterRecovery(HeapFaults.None, out long victim);
+        Assert.Equal(HeapLayout.EmptyEpoch(victim), recovered);
+        Assert.Equal(77UL, EpochWordAfterRecovery(HeapFaults.LeaveEpochWordsUnmarked, out _));
     }
 
     /// <summary>
     /// The chain of the rule end to end: in the enumerated crash images of the small run (whose blocks are freed and
-    /// reused), frees that keep the Epoch word make some torn seal over a reused block read as damage after a plain
+    /// reused), Epoch words left unmarked (0 after formatting, a freed block's version) make some torn seal read as damage after a plain
     /// crash. (The enumeration without the control, which must report nothing, is in <see cref="BufferedDurabilityCrashTests"/>.)
     /// </summary>
     [Fact]
-    public void Control_FreesKeepingTheEpochWord_MakeAPlainCrashReadAsDamage()
+    public void Control_EpochWordsLeftUnmarked_MakeAPlainCrashReadAsDamage()
     {
-        List<string> violations = BufferedDurabilityCrashTests.EnumerateCrashes(DurabilityFaults.None, DurabilityFaults.None, out int images, out _, heapFaults: HeapFaults.KeepEpochWordOnFree);
+        List<string> violations = BufferedDurabilityCrashTests.EnumerateCrashes(DurabilityFaults.None, DurabilityFaults.None, out int images, out _, heapFaults: HeapFaults.LeaveEpochWordsUnmarked);
         Assert.True(images > 100, $"only {images} crash images");
         Assert.True(violations.Any(v => v.Contains("damaged blocks", StringComparison.Ordinal)), $"INCONCLUSIVE: no image of the control reported damage ({violations.Count} violations)");
     }
@@ -144,19 +166,19 @@ public sealed unsafe class TornSealTests
         return missed;
     }
 
-    private static BlockState ZeroedEpochWord(HeapFaults faults)
+    /// <summary>Classifies a sealed block of <paramref name="durable"/> whose Epoch word was overwritten (with its empty mark, or 0) while <paramref name="inFlight"/> (default: the next version) is in flight.</summary>
+    private static BlockState OverwrittenEpochWord(long durable, bool markEmpty, HeapFaults faults, long inFlight = 0)
     {
-        const long Durable = 4242;
-        byte[] block = SealedBlock(Durable, out long offset, out uint generation);
+        byte[] block = SealedBlock(durable, out long offset, out uint generation);
         fixed (byte* p = block)
         {
-            ((ulong*)p)[1] = 0;
-            return HeapLayout.Classify(p, offset, generation, 1024, out _, Durable + 1, faults);
+            ((ulong*)p)[1] = markEmpty ? HeapLayout.EmptyEpoch(offset) : 0;
+            return HeapLayout.Classify(p, offset, generation, 1024, out _, inFlight == 0 ? durable + 1 : inFlight, faults);
         }
     }
 
-    /// <summary>Fills a map, replaces every value over a few versions, flushes the parked frees; counts the free blocks of the durable image that hold an Epoch word.</summary>
-    private static int FreeBlocksWithAnEpoch(HeapFaults faults, out int free)
+    /// <summary>Fills a map, replaces every value over a few versions, flushes the parked frees; counts the free and the unused blocks of the durable image whose Epoch word is not their empty mark.</summary>
+    private static (int Free, int Unused) UnmarkedEmptyBlocks(HeapFaults faults, out int free, out int unused)
     {
         using var domain = new SimulatedPersistenceDomain(4 << 20);
         using HeapFile file = HeapFile.Create(domain);
@@ -177,22 +199,29 @@ public sealed unsafe class TornSealTests
         heap.Heap.FlushPendingFrees();
         byte[] image = domain.GetDurableImage();
         free = 0;
-        int withEpoch = 0;
+        unused = 0;
+        int unmarkedFree = 0, unmarkedUnused = 0;
         foreach (long offset in SmallBlocks(image))
         {
             ulong commit = BitConverter.ToUInt64(image, (int)offset + HeapLayout.CommitOffset);
+            bool unmarked = BitConverter.ToUInt64(image, (int)offset + HeapLayout.EpochOffset) != HeapLayout.EmptyEpoch(offset);
             if (HeapLayout.CommitState(commit) == HeapLayout.StateFree)
             {
                 free++;
-                withEpoch += BitConverter.ToUInt64(image, (int)offset + HeapLayout.EpochOffset) != 0 ? 1 : 0;
+                unmarkedFree += unmarked ? 1 : 0;
+            }
+            else if (HeapLayout.CommitState(commit) == HeapLayout.StateUnused)
+            {
+                unused++;
+                unmarkedUnused += unmarked ? 1 : 0;
             }
         }
 
-        return withEpoch;
+        return (unmarkedFree, unmarkedUnused);
     }
 
     /// <summary>Writes an Epoch word into a never-used block of a live segment of a crashed image, recovers, and returns that word as recovery left it in the file.</summary>
-    private static ulong EpochWordAfterRecovery(HeapFaults faults)
+    private static ulong EpochWordAfterRecovery(HeapFaults faults, out long victim)
     {
         byte[] image;
         using (var domain = new SimulatedPersistenceDomain(4 << 20))
@@ -209,7 +238,7 @@ public sealed unsafe class TornSealTests
             image = domain.GetDurableImage();
         }
 
-        long victim = SmallBlocks(image).Last(o => HeapLayout.CommitState(BitConverter.ToUInt64(image, (int)o + HeapLayout.CommitOffset)) == HeapLayout.StateUnused);
+        victim = SmallBlocks(image).Last(o => HeapLayout.CommitState(BitConverter.ToUInt64(image, (int)o + HeapLayout.CommitOffset)) == HeapLayout.StateUnused);
         BitConverter.GetBytes(77UL).CopyTo(image, (int)victim + HeapLayout.EpochOffset);
         using (var domain = SimulatedPersistenceDomain.FromImage(image))
         {

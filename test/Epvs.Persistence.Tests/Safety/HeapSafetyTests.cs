@@ -337,6 +337,7 @@ public sealed class HeapSafetyTests
     [Theory]
     [InlineData(1L)]
     [InlineData(3L)]
+    [InlineData(6L)]
     public void Open_AnOlderFormatVersion_IsRefusedAsOlderAndUnchanged(long version)
     {
         using var dir = new TempDirectory();
