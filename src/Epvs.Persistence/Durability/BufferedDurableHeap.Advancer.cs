@@ -82,6 +82,9 @@ public sealed unsafe partial class BufferedDurableHeap
     /// <summary>Test hook: runs in a hash map update or remove once it holds the key's index slot, before it allocates the new payload (or the anti-payload).</summary>
     internal Action? InsideSlotLockForTesting { get; set; }
 
+    /// <summary>Test hook: runs under the cycle gate as a cycle begins to wait for its version's operations to end.</summary>
+    internal Action? WaitingForTheCutForTesting { get; set; }
+
     /// <summary>Test hook: runs in <see cref="DurableOperation.Replace(PayloadRef, int)"/> when a same-version replace has allocated and filled its copy (with its offset), before it deletes the original.</summary>
     internal Action<long>? AfterReplaceCopiedForTesting { get; set; }
 
@@ -101,7 +104,9 @@ public sealed unsafe partial class BufferedDurableHeap
     /// <exception cref="System.IO.IOException">The cycle this call ran failed to write the version back (the medium's
     /// error). Nothing of that version or any later one becomes durable in this heap any more: later calls throw
     /// <see cref="InvalidOperationException"/>, and a reopen recovers up to <see cref="DurableFrontier"/>.</exception>
-    /// <exception cref="ObjectDisposedException">The heap has been disposed.</exception>
+    /// <exception cref="ObjectDisposedException">The heap has been disposed, or Dispose began on another thread while
+    /// this call waited for a version's operations to end (Dispose's last advance then makes that version durable or
+    /// reports why not).</exception>
     public void Sync() => Sync(_syncTimeout);
 
     /// <summary>Like <see cref="Sync()"/>, with an explicit bound on the wait.</summary>
@@ -110,7 +115,7 @@ public sealed unsafe partial class BufferedDurableHeap
     /// <exception cref="InvalidOperationException">See <see cref="Sync()"/>.</exception>
     /// <exception cref="TimeoutException">See <see cref="Sync()"/>.</exception>
     /// <exception cref="System.IO.IOException">See <see cref="Sync()"/>.</exception>
-    /// <exception cref="ObjectDisposedException">The heap has been disposed.</exception>
+    /// <exception cref="ObjectDisposedException">See <see cref="Sync()"/>.</exception>
     public void Sync(TimeSpan timeout)
     {
         ValidateTimeout(timeout);
@@ -188,6 +193,8 @@ public sealed unsafe partial class BufferedDurableHeap
     /// <exception cref="ArgumentOutOfRangeException"><paramref name="timeout"/> is negative (other than <see cref="Timeout.InfiniteTimeSpan"/>) or longer than int.MaxValue milliseconds.</exception>
     /// <exception cref="InvalidOperationException">The calling thread is inside an operation.</exception>
     /// <exception cref="TimeoutException">Another thread stayed inside an operation for the whole timeout.</exception>
+    /// <exception cref="ObjectDisposedException">The heap has been disposed, or Dispose began on another thread while
+    /// this call waited for the operations of v to end (Dispose's last advance then completes it or reports why not).</exception>
     public long AdvanceVersion(TimeSpan timeout)
     {
         ValidateTimeout(timeout);
@@ -440,11 +447,18 @@ public sealed unsafe partial class BufferedDurableHeap
             bool done;
             try
             {
-                done = machine.Completion.Wait(Remaining(deadline));
+                // Not on Dispose's own thread: a Sync elsewhere stops waiting once Dispose begins (see _disposeRequested).
+                WaitingForTheCutForTesting?.Invoke();
+                done = machine.Completion.Wait(Remaining(deadline), disposing == 0 ? _disposeRequested.Token : CancellationToken.None);
             }
             catch (AggregateException)
             {
                 done = true;
+            }
+            catch (OperationCanceledException)
+            {
+                // Left in flight, as after a timeout: Dispose's last advance completes it, within its own timeout.
+                throw new ObjectDisposedException(nameof(BufferedDurableHeap), "The heap is being disposed: this wait for the version's operations to end was given up; Dispose's last advance completes the version or reports why not.");
             }
 
             if (!done)

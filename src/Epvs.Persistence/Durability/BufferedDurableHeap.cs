@@ -54,6 +54,13 @@ public sealed unsafe partial class BufferedDurableHeap : IDisposable
     /// <summary>The thread disposing the heap, the only one that may still run advance cycles (0: not disposing).</summary>
     private int _disposingThread;
 
+    /// <summary>
+    /// Cancelled as Dispose begins: a Sync on another thread that holds the cycle gate while it waits for the version's
+    /// operations to end (for ever, with an infinite timeout) stops waiting, so that Dispose takes the gate and closes
+    /// the heap within its own timeout instead of behind that wait.
+    /// </summary>
+    private readonly CancellationTokenSource _disposeRequested = new();
+
     private BufferedDurableHeap(HeapFile file, bool ownsFile, BufferedDurableHeapOptions? options)
     {
         options ??= new BufferedDurableHeapOptions();
@@ -374,6 +381,11 @@ public sealed unsafe partial class BufferedDurableHeap : IDisposable
         bool interrupted = false;
         try
         {
+            if ((_faults & DurabilityFaults.SyncWaitsThroughDispose) == 0)
+            {
+                _disposeRequested.Cancel();
+            }
+
             DisposeCore(ref interrupted);
         }
         finally

@@ -100,4 +100,7 @@ internal enum DurabilityFaults
 
     /// <summary>Dispose stops the stocker thread without waiting for a stocking in progress (which then runs on while the heap closes under it).</summary>
     DisposeWithoutWaitingForTheStocker = 536870912,
+
+    /// <summary>A Sync holding the cycle gate keeps waiting for the version's operations when Dispose begins (the old behaviour: Dispose waits behind it, for ever behind a Sync with an infinite timeout and an operation that does not end).</summary>
+    SyncWaitsThroughDispose = 1073741824,
 }
