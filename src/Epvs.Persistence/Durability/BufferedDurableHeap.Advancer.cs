@@ -104,9 +104,10 @@ public sealed unsafe partial class BufferedDurableHeap
     /// <exception cref="System.IO.IOException">The cycle this call ran failed to write the version back (the medium's
     /// error). Nothing of that version or any later one becomes durable in this heap any more: later calls throw
     /// <see cref="InvalidOperationException"/>, and a reopen recovers up to <see cref="DurableFrontier"/>.</exception>
-    /// <exception cref="ObjectDisposedException">The heap has been disposed, or Dispose began on another thread while
-    /// this call waited for a version's operations to end (Dispose's last advance then makes that version durable or
-    /// reports why not).</exception>
+    /// <exception cref="ObjectDisposedException">The heap has been disposed; or Dispose began on another thread while
+    /// this call waited, and its last advance could not make the operations durable (when it could, this call returns
+    /// normally once Dispose has completed: a Sync that holds the heap's cycle gate gives it up to Dispose, which
+    /// closes within its own timeout).</exception>
     public void Sync() => Sync(_syncTimeout);
 
     /// <summary>Like <see cref="Sync()"/>, with an explicit bound on the wait.</summary>
@@ -393,9 +394,46 @@ public sealed unsafe partial class BufferedDurableHeap
                 ThrowHelper.ThrowInvalidOperation($"The heap's advancer failed, so nothing more can become durable: {fault.Message}", fault);
             }
 
-            // Helping: run the cycle here rather than wait for the background period. The gate serializes it with
-            // the background advancer; whoever holds it moves the frontier for both.
-            RunCycle(target, deadline, timeout);
+            try
+            {
+                // Helping: run the cycle here rather than wait for the background period. The gate serializes it with
+                // the background advancer; whoever holds it moves the frontier for both.
+                RunCycle(target, deadline, timeout);
+            }
+            catch (ObjectDisposedException) when (Volatile.Read(ref _disposed) != 0 && Volatile.Read(ref _disposingThread) != Environment.CurrentManagedThreadId && (_faults & DurabilityFaults.SyncWaitsThroughDispose) == 0)
+            {
+                // Dispose began (and took the cycles over, or made this wait give up): its last advance makes durable
+                // what it can. This call's outcome is that one: wait for Dispose (within this call's timeout).
+                if ((_faults & DurabilityFaults.SyncFailsWhenDisposeOvertakesIt) != 0)
+                {
+                    throw;
+                }
+
+                WaitForDisposeToDecide(target, deadline, timeout);
+                return;
+            }
+        }
+    }
+
+    /// <summary>
+    /// A Sync that Dispose overtook: returns once Dispose has completed and the frontier covers
+    /// <paramref name="target"/> (Dispose's last advance made it durable); otherwise throws.
+    /// </summary>
+    /// <exception cref="TimeoutException">Dispose did not complete within the Sync's timeout.</exception>
+    /// <exception cref="ObjectDisposedException">The heap closed before <paramref name="target"/> became durable.</exception>
+    private void WaitForDisposeToDecide(long target, long deadline, TimeSpan timeout)
+    {
+        while (!_disposal.TryWaitForCompletion(Remaining(deadline)))
+        {
+            if (Remaining(deadline) == TimeSpan.Zero)
+            {
+                ThrowSyncTimeout(target, timeout);
+            }
+        }
+
+        if (DurableFrontier < target)
+        {
+            throw new ObjectDisposedException(nameof(BufferedDurableHeap), $"The heap was disposed before version {target} became durable (the durable frontier is {DurableFrontier}): Dispose's last advance could not make it durable, and its exception says why.");
         }
     }
 
@@ -457,7 +495,8 @@ public sealed unsafe partial class BufferedDurableHeap
             }
             catch (OperationCanceledException)
             {
-                // Left in flight, as after a timeout: Dispose's last advance completes it, within its own timeout.
+                // Left in flight, as after a timeout: Dispose's last advance completes it, within its own timeout (a Sync
+                // then waits for that outcome: see SyncCore).
                 throw new ObjectDisposedException(nameof(BufferedDurableHeap), "The heap is being disposed: this wait for the version's operations to end was given up; Dispose's last advance completes the version or reports why not.");
             }
 

@@ -7,7 +7,7 @@ namespace Epvs.Persistence;
 /// concurrency check is shown to catch the bug it exists for. None is reachable through the public API.
 /// </summary>
 [Flags]
-internal enum DurabilityFaults
+internal enum DurabilityFaults : long
 {
     None = 0,
 
@@ -103,4 +103,7 @@ internal enum DurabilityFaults
 
     /// <summary>A Sync holding the cycle gate keeps waiting for the version's operations when Dispose begins (the old behaviour: Dispose waits behind it, for ever behind a Sync with an infinite timeout and an operation that does not end).</summary>
     SyncWaitsThroughDispose = 1073741824,
+
+    /// <summary>A Sync that Dispose overtook fails at once instead of waiting for Dispose's outcome (although Dispose's last advance may make its operations durable).</summary>
+    SyncFailsWhenDisposeOvertakesIt = 2147483648,
 }

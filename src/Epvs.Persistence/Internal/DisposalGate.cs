@@ -61,6 +61,26 @@ internal sealed class DisposalGate
     }
 
     /// <summary>
+    /// Waits at most <paramref name="timeout"/> (or for ever: <see cref="Timeout.InfiniteTimeSpan"/>) for the disposal in
+    /// progress to complete, without the checks of <see cref="WaitForCompletion"/>: for a caller that is neither the
+    /// disposing thread nor inside an operation the disposal waits for. Interruptible.
+    /// </summary>
+    /// <returns>Whether the disposal is complete.</returns>
+    internal bool TryWaitForCompletion(TimeSpan timeout)
+    {
+        lock (_gate)
+        {
+            if (!IsCompleted)
+            {
+                // One wait (the caller loops with its own deadline); pulsed by Complete.
+                Monitor.Wait(_gate, timeout == Timeout.InfiniteTimeSpan || timeout > TimeSpan.FromMilliseconds(100) ? TimeSpan.FromMilliseconds(100) : timeout);
+            }
+        }
+
+        return IsCompleted;
+    }
+
+    /// <summary>
     /// Returns once the disposal that another call began is complete. Interruptible: <see cref="Thread.Interrupt"/> makes
     /// it throw <see cref="ThreadInterruptedException"/> (the disposal carries on).
     /// </summary>

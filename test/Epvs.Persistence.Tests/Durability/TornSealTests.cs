@@ -101,6 +101,19 @@ public sealed unsafe class TornSealTests
     }
 
     /// <summary>
+    /// A large block's segment is formatted with the empty mark in its header's Epoch word, durably, before the block is
+    /// handed out: in the durable image taken before the version is written back, the header is the formatted one. The
+    /// control leaves 0 there.
+    /// </summary>
+    [Fact]
+    public void ALargeBlock_IsFormattedWithItsEmptyMark()
+    {
+        (long offset, ulong word) = LargeHeaderEpochWordBeforeWriteBack(HeapFaults.None);
+        Assert.Equal(HeapLayout.EmptyEpoch(offset), word);
+        Assert.Equal(0UL, LargeHeaderEpochWordBeforeWriteBack(HeapFaults.LeaveEpochWordsUnmarked).Word);
+    }
+
+    /// <summary>
     /// An allocation a crash interrupted before its commit word leaves its Epoch word in a free (or unused) block:
     /// recovery rewrites it to the block's empty mark, durably, before the block is handed out.
     /// </summary>
@@ -249,6 +262,30 @@ public sealed unsafe class TornSealTests
                 return BitConverter.ToUInt64(domain.GetDurableImage(), (int)victim + HeapLayout.EpochOffset);
             }
         }
+    }
+
+    /// <summary>Sets a value too large for a small block, and returns its block's offset and the Epoch word of its header in the durable image before the version is written back.</summary>
+    private static (long Offset, ulong Word) LargeHeaderEpochWordBeforeWriteBack(HeapFaults faults)
+    {
+        using var domain = new SimulatedPersistenceDomain(4 << 20);
+        using HeapFile file = HeapFile.Create(domain);
+        using BufferedDurableHeap heap = BufferedDurableHeap.Open(file, new BufferedDurableHeapOptions { AdvancePeriod = Timeout.InfiniteTimeSpan, HeapFaults = faults });
+        var map = new PersistentByteMap<long>(heap, TypeId);
+        map.Set(1, new byte[SizeClasses.MaxSmallPayload + 1000]);
+        byte[] image = domain.GetDurableImage();
+        long dataStart = BitConverter.ToInt64(image, HeapLayout.DataStartOffset);
+        for (long s = 0; s < (image.Length - dataStart) / HeapLayout.SegmentSize; s++)
+        {
+            ulong descriptor = BitConverter.ToUInt64(image, HeapLayout.SuperblockSize + (int)(s * sizeof(ulong)));
+            if (HeapLayout.IsValidDescriptor(descriptor, s) && HeapLayout.DescriptorRole(descriptor) == HeapLayout.RoleLargeStart)
+            {
+                long offset = dataStart + (s * HeapLayout.SegmentSize);
+                Assert.Equal(HeapLayout.StateUnused, HeapLayout.CommitState(BitConverter.ToUInt64(image, (int)offset + HeapLayout.CommitOffset)));
+                return (offset, BitConverter.ToUInt64(image, (int)offset + HeapLayout.EpochOffset));
+            }
+        }
+
+        throw new Xunit.Sdk.XunitException("no large block in the durable image");
     }
 
     /// <summary>Every block of the small-block segments of <paramref name="image"/>.</summary>
