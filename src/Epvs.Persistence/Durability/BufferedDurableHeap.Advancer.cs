@@ -219,7 +219,11 @@ public sealed unsafe partial class BufferedDurableHeap
 
     /// <summary>
     /// Called by <see cref="AdvanceStateMachine"/> in the critical section: checks that the transition starts where the
-    /// heap's last one ended, persists the clock (one word) and dates the new version.
+    /// heap's last one ended, dates the new version, and makes sure the persisted clock covers it. Each cycle persists
+    /// the clock of the next transition with its frontier (see <see cref="PersistFrontier"/>), so the clock is persisted
+    /// here only in the first transition after the heap opened: a persist through the page cache is a pwrite and an
+    /// fdatasync, which every thread beginning an operation waited for (1–2 ms on average, up to 250 ms behind another
+    /// fdatasync, under two writers).
     /// </summary>
     /// <exception cref="InvalidOperationException">A state machine the heap did not run (on the public
     /// <see cref="VersionScheme"/>) advanced the version since the heap's last transition: the versions it ended were
@@ -236,13 +240,43 @@ public sealed unsafe partial class BufferedDurableHeap
 
         // Volatile.Write: atomic 64-bit store; read without the cycle gate by HelpOldVersion.
         Volatile.Write(ref _versionStartedAt, Now());
-        if (_mode != DurabilityMode.Transient)
+        long version = _versionBase + schemeVersion;
+        // Volatile.Read/Write: written here and by PersistFrontier (under the cycle gate); the transitions and cycles are
+        // ordered (a cycle persists its frontier before the next transition starts), the volatile accesses make each
+        // write visible to the next reader on whichever thread runs the next critical section.
+        if (_mode != DurabilityMode.Transient && version > Volatile.Read(ref _persistedClock) && (_faults & DurabilityFaults.ClockLeftBehind) == 0)
         {
-            _heap.File.EpochClock = _versionBase + schemeVersion;
+            // Before any operation of the version can write a tag of it: recovery starts new versions above the clock.
+            _heap.File.EpochClock = version;
+            Volatile.Write(ref _persistedClock, version);
+            ClockPersistsInTransitionsForTesting++;
         }
 
+        VersionBeginsForTesting?.Invoke(version);
         InsideCriticalSectionForTesting?.Invoke();
         _schemeVersion = schemeVersion;
+        EndedVersion(version - 1);
+    }
+
+    /// <summary>The clock this heap last persisted (0 before any): the critical section persists it again only for a version above it.</summary>
+    private long _persistedClock;
+
+    /// <summary>How many transitions' critical sections persisted the clock (tests; written in critical sections only).</summary>
+    internal int ClockPersistsInTransitionsForTesting { get; private set; }
+
+    /// <summary>
+    /// Persists <paramref name="frontier"/> (its version written back, sealed and fenced) and, in the same write-back
+    /// and fence, the clock of the next transition (frontier + 2: the current version is frontier + 1), so that the
+    /// transition's critical section need not persist anything. A crash may leave either word without the other: the
+    /// frontier without the clock leaves the clock at frontier + 1 (the previous cycle's) or above, and the clock without
+    /// the frontier leaves frontier − 1 and clock − 2 = frontier; recovery's cut, max(frontier, clock − 2), is this
+    /// frontier or the previous one, both written back whole, and its first version lies above every tag on the file.
+    /// </summary>
+    private void PersistFrontier(long frontier)
+    {
+        long clock = (_faults & DurabilityFaults.ClockLeftBehind) != 0 ? frontier + 1 : frontier + 2;
+        _heap.File.PersistFrontierAndClock(frontier, clock);
+        Volatile.Write(ref _persistedClock, Math.Max(Volatile.Read(ref _persistedClock), clock));
     }
 
     /// <summary>The scheme version the heap's last transition moved to (the scheme's first version before any): see <see cref="PersistClockInCriticalSection"/>.</summary>
@@ -282,6 +316,9 @@ public sealed unsafe partial class BufferedDurableHeap
     /// <summary>Test hook: runs at the end of the transition's critical section (after the clock is persisted); a throw is a fault of the critical section.</summary>
     internal Action? InsideCriticalSectionForTesting { get; set; }
 
+    /// <summary>Test hook: runs in the transition's critical section with the version that begins, once the clock covers it.</summary>
+    internal Action<long>? VersionBeginsForTesting { get; set; }
+
     /// <summary>
     /// Back-pressure on the durability lag: when the current version has run for longer than
     /// <see cref="BufferedDurableHeapOptions.MaxVersionAge"/>, the advancer has fallen behind (its cycles take longer than a period, so each version grows and
@@ -310,9 +347,9 @@ public sealed unsafe partial class BufferedDurableHeap
             return;
         }
 
-        // One helper at a time; the others wait for the advance in progress too, so that the lag stays bounded instead
-        // of growing with the overload (more writers than the advancer keeps up with). They used to carry on writing up
-        // to twice the bound: the next version then grew while this one was written back, and under two full-speed
+        // One helper at a time; the others wait until the old version has ended too (not for the helper's whole cycle),
+        // so that the lag stays bounded instead of growing with the overload (more writers than the advancer keeps up
+        // with). They used to carry on writing into the old version up to twice the bound, and under two full-speed
         // writers through the page cache Sync's median was about 3.8 periods and the lag's p99 about 3.4, against
         // about 1.6 and 2.4-2.9 with every writer waiting (benchmark --lag-writers 2), at no throughput the benchmark
         // could tell apart. A background advancer that keeps to its period never lets a version reach the bound.
@@ -320,7 +357,7 @@ public sealed unsafe partial class BufferedDurableHeap
         {
             if ((_faults & DurabilityFaults.OnlyTheHelperWaits) == 0)
             {
-                WaitForCycle();
+                WaitForTheVersionToEnd(version);
             }
 
             return;
@@ -347,23 +384,66 @@ public sealed unsafe partial class BufferedDurableHeap
         {
             // Volatile.Write: release; the next helper's compare-exchange sees it.
             Volatile.Write(ref _lagHelper, 0);
+            WakeVersionWaiters();
         }
     }
 
-    /// <summary>Waits (at most <see cref="HelpWait"/>) for the advance cycle another thread runs or is about to run.</summary>
-    private void WaitForCycle()
+    /// <summary>
+    /// Waits (at most <see cref="HelpWait"/>) until <paramref name="version"/> has ended — the helper's transition moved
+    /// past it — or the helper gave up. Not for the rest of the helper's cycle (write-back, seal, reclamation), nor for
+    /// a cycle of the background advancer that the helper waits for first: the version then ends as soon as it can, and
+    /// the writers add to the next one meanwhile, as they do while the background advancer writes a version back. (They
+    /// used to wait for the cycle gate: under two writers through the page cache one core sat idle for 10–25 ms several
+    /// times a second.)
+    /// </summary>
+    private void WaitForTheVersionToEnd(long version)
     {
-        if (Monitor.TryEnter(_cycleGate, HelpWait()))
+        long deadline = Deadline(HelpWait());
+        lock (_versionWaitGate)
         {
-            Monitor.Exit(_cycleGate);
+            // Volatile.Read: written before the pulse, under this lock (EndedVersion, WakeVersionWaiters).
+            while (Volatile.Read(ref _lastEndedVersion) < version && Volatile.Read(ref _lagHelper) != 0 && _advancerFault is null)
+            {
+                TimeSpan left = Remaining(deadline);
+                if (left == TimeSpan.Zero)
+                {
+                    return;
+                }
+
+                Monitor.Wait(_versionWaitGate, left);
+            }
         }
     }
+
+    /// <summary>In the transition's critical section: <paramref name="ended"/> is over; wakes the writers waiting for it.</summary>
+    private void EndedVersion(long ended)
+    {
+        Volatile.Write(ref _lastEndedVersion, ended);
+        WakeVersionWaiters();
+    }
+
+    private void WakeVersionWaiters()
+    {
+        lock (_versionWaitGate)
+        {
+            Monitor.PulseAll(_versionWaitGate);
+        }
+    }
+
+    private readonly object _versionWaitGate = new();
+
+    /// <summary>The last version whose transition has begun (its successor began): see <see cref="WaitForTheVersionToEnd"/>.</summary>
+    private long _lastEndedVersion;
 
     /// <summary>The gate advance cycles run under (tests hold it to stand for a long cycle).</summary>
     internal object CycleGateForTesting => _cycleGate;
 
     /// <summary>Test hook: marks a thread as helping (see <see cref="HelpOldVersion"/>), as if one were running a cycle.</summary>
-    internal void SetHelperForTesting(bool helping) => Volatile.Write(ref _lagHelper, helping ? 1 : 0);
+    internal void SetHelperForTesting(bool helping)
+    {
+        Volatile.Write(ref _lagHelper, helping ? 1 : 0);
+        WakeVersionWaiters();
+    }
 
     /// <summary>How long the background advancer, or a thread helping it, waits for a cycle: five periods, at least 100 ms.</summary>
     /// <remarks>Capped at what <see cref="Monitor.TryEnter(object, TimeSpan)"/> takes (about 24.8 days), since a valid period may be longer than a fifth of that.</remarks>
@@ -581,7 +661,7 @@ public sealed unsafe partial class BufferedDurableHeap
         {
             if ((_faults & DurabilityFaults.PersistFrontierBeforeWriteBack) != 0)
             {
-                _heap.File.DurableFrontier = completed;
+                PersistFrontier(completed);
                 AfterFrontierPersistedFirstForTesting?.Invoke(completed);
             }
 
@@ -590,7 +670,7 @@ public sealed unsafe partial class BufferedDurableHeap
                 // The broken control's order: written back and fenced unsealed, the frontier, then the seals (a crash
                 // between leaves a durable version checked by its headers only, and the sealed-frontier word below it).
                 written = WriteBackVersion(completed, seal: false, ref sealTicks);
-                _heap.File.DurableFrontier = completed;
+                PersistFrontier(completed);
                 BeforeSealForTesting?.Invoke(completed);
                 sealTicks += SealVersion(completed, written);
             }
@@ -604,7 +684,7 @@ public sealed unsafe partial class BufferedDurableHeap
                 SealedBeforeTheFrontierForTesting?.Invoke(completed);
 
                 // Store and persist: the payloads and their seals were fenced first.
-                _heap.File.DurableFrontier = completed;
+                PersistFrontier(completed);
             }
         }
         else if (_mode == DurabilityMode.Strict)
@@ -615,13 +695,13 @@ public sealed unsafe partial class BufferedDurableHeap
             written = CollectVersion(completed);
             if (frontierFirst)
             {
-                _heap.File.DurableFrontier = completed;
+                PersistFrontier(completed);
             }
 
             // Sealed over durable payloads, before the frontier covers the version (see Buffered above).
             BeforeSealForTesting?.Invoke(completed);
             sealTicks += SealVersion(completed, written);
-            _heap.File.DurableFrontier = completed;
+            PersistFrontier(completed);
         }
 
         // Volatile.Write: release; pairs with the acquire in DurableFrontier (Sync's loop, SyncAsync).

@@ -130,6 +130,7 @@ public sealed unsafe partial class BufferedDurableHeap
 
                 file.DurableFrontier = start - 1;
                 file.EpochClock = start;
+                _persistedClock = start;
             }
         }
         catch

@@ -106,4 +106,7 @@ internal enum DurabilityFaults : long
 
     /// <summary>A Sync that Dispose overtook fails at once instead of waiting for Dispose's outcome (although Dispose's last advance may make its operations durable).</summary>
     SyncFailsWhenDisposeOvertakesIt = 2147483648,
+
+    /// <summary>Each frontier is persisted with clock = frontier + 1 and the transition never persists the clock: a version runs with the durable clock below it (after a crash, recovery's new versions can repeat tags still on the file).</summary>
+    ClockLeftBehind = 4294967296,
 }

@@ -104,8 +104,10 @@ public sealed unsafe class HeapFile : IDisposable
     public long SegmentCount => (Size - DataStart) / HeapLayout.SegmentSize;
 
     /// <summary>
-    /// The persisted epoch clock (buffered durability, part 2): the version of the last transition a
-    /// <see cref="BufferedDurableHeap"/> began on this file. Read-only outside the library.
+    /// The persisted epoch clock (buffered durability, part 2): an upper bound on the versions a
+    /// <see cref="BufferedDurableHeap"/> has begun on this file — at least the version of its last transition, and at
+    /// most two above <see cref="DurableFrontier"/> (each cycle persists frontier v with clock v + 2, the version the next
+    /// transition moves to). Read-only outside the library.
     /// </summary>
     /// <remarks>
     /// Only the buffered heap's advancer and its recovery write it (internal setter: stores and persists the word,
@@ -183,6 +185,27 @@ public sealed unsafe class HeapFile : IDisposable
         }
 
         set => StoreAndPersist(HeapLayout.SalvagedThroughOffset, HeapLayout.Seal(value, HeapLayout.SalvagedThroughOffset));
+    }
+
+    /// <summary>
+    /// Stores <see cref="DurableFrontier"/> and <see cref="EpochClock"/> (adjacent words) and persists both with one
+    /// write-back and one fence. Each word is failure-atomic on its own; the caller keeps every subset a crash can leave
+    /// valid (see BufferedDurableHeap.PersistFrontier).
+    /// </summary>
+    internal void PersistFrontierAndClock(long frontier, long clock)
+    {
+        EnterOperation();
+        try
+        {
+            // Volatile.Write: release, as in StoreAndPersistCore; one aligned 8-byte store each.
+            Volatile.Write(ref *(ulong*)(Pointer + HeapLayout.DurableFrontierOffset), HeapLayout.Seal(frontier, HeapLayout.DurableFrontierOffset));
+            Volatile.Write(ref *(ulong*)(Pointer + HeapLayout.EpochClockOffset), HeapLayout.Seal(clock, HeapLayout.EpochClockOffset));
+            Domain.Persist(HeapLayout.EpochClockOffset, HeapLayout.DurableFrontierOffset + sizeof(ulong) - HeapLayout.EpochClockOffset);
+        }
+        finally
+        {
+            ExitOperation();
+        }
     }
 
     /// <summary>
