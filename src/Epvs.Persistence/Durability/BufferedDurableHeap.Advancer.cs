@@ -962,7 +962,6 @@ public sealed unsafe partial class BufferedDurableHeap
         WriteBackRuns.WriteBackHeadersAndFence(_domain, offsets);
         if (holdUntilDurable)
         {
-            _heap.MarkEpochWordsEmptyDurably(offsets);
             foreach (long offset in offsets)
             {
                 _heap.ReleaseFreed(new PayloadRef(offset));

@@ -335,9 +335,6 @@ public sealed unsafe partial class BufferedDurableHeap
         {
             _domain.Persist(0, heap.File.Size);
         }
-
-        // The second half of each free, once the frees are durable (see PersistentHeap.MarkEpochWordsEmptyDurably).
-        heap.MarkEpochWordsEmptyDurably(CollectionsMarshal.AsSpan(freed));
     }
 
     private readonly struct Candidate

@@ -21,7 +21,7 @@ public sealed class BufferedDurableHeapOptions
     /// Back-pressure on the durability lag (<see cref="DurabilityMode.Buffered"/> with a background advancer): when a
     /// version has run longer than this — writers produce faster than the advancer writes back, so its cycles overrun
     /// the period — a thread beginning an operation first runs the advance that ends it (one thread at a time; the other
-    /// threads beginning operations meanwhile wait for that advance). Writers then slow down to what the
+    /// threads beginning operations meanwhile wait until the old version has ended, not for the advance's write-back). Writers then slow down to what the
     /// medium takes, instead of letting versions, and the time until an operation is durable, grow without bound. Null (the default): 1.25 × <see cref="AdvancePeriod"/>, which a background
     /// advancer keeping to its period never reaches. <see cref="Timeout.InfiniteTimeSpan"/>: no bound (throughput
     /// first; the lag then grows with the overload).

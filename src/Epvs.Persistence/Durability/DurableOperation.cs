@@ -102,7 +102,6 @@ public ref struct DurableOperation
                     heap.Allocator.MarkFree(fresh);
                     heap.Allocator.WriteBackHeader(fresh);
                     heap.Allocator.Fence();
-                    heap.Allocator.MarkEpochWordsEmptyDurably(new[] { fresh.Offset });
                     heap.Allocator.ReleaseFreed(fresh);
                 }
 

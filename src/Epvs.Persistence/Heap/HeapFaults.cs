@@ -59,9 +59,12 @@ internal enum HeapFaults
     /// <summary>Recovery takes a sealed block whose check fails for a torn write of the version in flight by its version tag alone, whatever its Epoch word holds (damage to a block of the last durable version that flips its tag to the next version's is then freed without a word).</summary>
     TornSealsByVersionTagOnly = 32768,
 
-    /// <summary>Recovery takes a sealed block whose check fails for a torn write of the version in flight by its Epoch word alone (the empty mark or that version), whatever its version tag (a durable block whose Epoch word was overwritten with its empty mark is then freed without a word).</summary>
+    /// <summary>Recovery takes a sealed block whose check fails for a torn write of the version in flight by its Epoch word alone (that version), whatever its version tag (a durable block whose Epoch word was damaged into the next version is then freed without a word).</summary>
     TornSealsByEpochWordOnly = 65536,
 
     /// <summary>Formatting leaves 0 in the Epoch words (format 6's empty mark), frees leave the block's Epoch word as it was, and recovery leaves it in free and unused blocks (a torn seal over a formatted or reused block can then hold 0 or an older version there, and a plain crash reads as damage).</summary>
     LeaveEpochWordsUnmarked = 131072,
+
+    /// <summary>Recovery takes a sealed block whose Epoch word holds its empty mark for damage, not for a free a crash interrupted (its mark durable, its free word not): a plain crash then reads as damage.</summary>
+    MarkedFreesAreDamage = 262144,
 }

@@ -78,18 +78,20 @@ namespace Epvs.Persistence;
 /// fence, and only then is V's frontier persisted. Every block a frontier covers is therefore sealed and whole. A crash
 /// inside that fence can leave a durable seal over a payload (or header words) that is not: such a block belongs to
 /// V = frontier + 1, the one version whose cycle can be in flight (cycles run one at a time, each persisting its
-/// frontier before the next seals anything). Recovery takes a sealed block whose check fails for that torn write —
-/// freed, with the rest of V — only if both its version tag equals V's low 16 bits and its Epoch word holds V or the
-/// block's empty mark (format 7); otherwise it is damage. A block's Epoch word holds its empty mark in the file before
-/// the block is handed out: formatting writes it, every free writes it and a free is durable before its block is
-/// reused (the sweep, recovery's frees), and recovery rewrites every free or unused block whose Epoch word holds
-/// anything else (an interrupted allocation's). So a torn block of V holds V or its empty mark there, while a damaged
-/// durable block of version v ≤ frontier holds v, and its tag is v's: damage is taken for a torn write only if it
-/// rewrites the Epoch word into exactly V or the empty mark of that offset and hits a block whose tag equals V's (a one
-/// in 65,536 coincidence of versions) or is rewritten to it. A zeroed Epoch word, the usual shape of lost bytes, is
-/// never either (in format 6 the empty mark was 0, and damage zeroing only the Epoch word of one live block in 65,536
-/// was freed silently). <see cref="DurabilityMode.Strict"/> operations write their payloads back and fence before
-/// their version's cut, so their seals follow what they cover.</para>
+/// frontier before the next seals anything). Recovery takes a sealed block whose check fails for a torn write — freed
+/// — only if its Epoch word holds the block's empty mark (format 7), or both its version tag equals V's low 16 bits
+/// and its Epoch word holds V; otherwise it is damage. The empty mark is in the file before a block is handed out:
+/// formatting writes it, every free writes it next to its free word and the free's own write-back makes both durable
+/// before the block is reused (the sweep, recovery's frees), and recovery rewrites every free or unused block whose
+/// Epoch word holds anything else (an interrupted allocation's). So a torn seal of V holds V or the mark there; a crash
+/// can also leave a free's mark durable without its free word, over a block sealed in a durable version, which the
+/// free was making garbage (its replacement or deletion is durable): freed too. A damaged durable block of version
+/// v ≤ frontier holds v and v's tag: damage is taken for a torn write only if it rewrites the Epoch word into exactly
+/// the empty mark of that offset (a 64-bit value no version takes), or into V while the block's tag equals V's (a one
+/// in 65,536 coincidence of versions) or is rewritten to it. A zeroed Epoch word, the usual shape of lost bytes, never
+/// passes (in format 6 the empty mark was 0, and damage zeroing only the Epoch word of one live block in 65,536 was
+/// freed silently). <see cref="DurabilityMode.Strict"/> operations write their payloads back and fence before their
+/// version's cut, so their seals follow what they cover.</para>
 /// <para>Every state is checked, so no zero or stale word stands for "nothing here". Formatting a segment zeroes it
 /// and writes an unused commit word of the new generation (and the empty mark in the Epoch word) into every block,
 /// durably, before its descriptor; a large block writes its header as unused of the new generation, durably, before
@@ -328,7 +330,7 @@ internal static class HeapLayout
 
     /// <summary>
     /// The Epoch word of the block at <paramref name="offset"/> while it holds no payload (format 7): formatting writes
-    /// it, and so does the second half of every free of a buffered heap. Bound to the offset, and never a version (its
+    /// it, and so does every free, next to the free word. Bound to the offset, and never a version (its
     /// high bits are set; versions fit in a sealed word's 42 bits), so neither a zeroed word nor a version is taken for it.
     /// </summary>
     [MethodImpl(MethodImplOptions.AggressiveInlining)]
@@ -455,25 +457,33 @@ internal static class HeapLayout
         }
 
         // Sealed in the cycle a crash interrupted, in the pass that writes the version back: the seal reached the file,
-        // some of what it covers did not. The version is beyond the frontier, dropped whole.
-        return IsTornSealOfTheVersionInFlight(commit, epoch, offset, inFlightVersion, faults) ? BlockState.Torn : BlockState.Damaged;
+        // some of what it covers did not (the version is beyond the frontier, dropped whole). Or freed, and the free's
+        // empty mark reached the file without its free word.
+        return IsTornWrite(commit, epoch, offset, inFlightVersion, faults) ? BlockState.Torn : BlockState.Damaged;
     }
 
     /// <summary>
-    /// Whether a sealed block whose check fails is a torn write of the version in flight (see the remarks on sealing):
-    /// its version tag is that version's and its Epoch word holds that version or the block's empty mark — a block
-    /// sealed in a durable version v holds v in both, so damage there is taken for a torn write only if it rewrites the
-    /// Epoch word into one of those two exact values too (a zeroed word is neither) and the tags agree.
+    /// Whether a sealed block whose check fails is a torn write (see the remarks on sealing) of a buffered heap
+    /// (<paramref name="inFlightVersion"/> &gt; 0): its Epoch word holds the block's empty mark — a free interrupted
+    /// before its free word reached the file, or a seal of the version in flight over an Epoch word that did not — or
+    /// its version tag and its Epoch word both name the version in flight. A block sealed in a durable version v holds v
+    /// in both, so damage there is taken for a torn write only if it rewrites the Epoch word into one of those exact
+    /// values (a zeroed word is neither, nor is v ± a bit) and, for the version in flight, the tags agree.
     /// </summary>
-    private static bool IsTornSealOfTheVersionInFlight(ulong commit, ulong epoch, long offset, long inFlightVersion, HeapFaults faults)
+    private static bool IsTornWrite(ulong commit, ulong epoch, long offset, long inFlightVersion, HeapFaults faults)
     {
         if (inFlightVersion <= 0)
         {
             return false;
         }
 
+        if (epoch == EmptyEpoch(offset) && (faults & HeapFaults.MarkedFreesAreDamage) == 0)
+        {
+            return true;
+        }
+
         bool tagMatches = VersionTag(commit) == (ushort)inFlightVersion || (faults & HeapFaults.TornSealsByEpochWordOnly) != 0;
-        bool epochMatches = epoch == EmptyEpoch(offset) || epoch == (ulong)inFlightVersion || (faults & HeapFaults.TornSealsByVersionTagOnly) != 0;
+        bool epochMatches = epoch == (ulong)inFlightVersion || (faults & HeapFaults.TornSealsByVersionTagOnly) != 0;
         return tagMatches && epochMatches;
     }
 

@@ -525,8 +525,7 @@ public sealed unsafe partial class PersistentHeap
         _file.Domain.Fence();
         if (!early)
         {
-            // The frees are durable: now the Epoch words, before anyone can reuse the blocks.
-            MarkEpochWordsEmptyDurably(offsets);
+            // The frees (free words and empty marks) are durable: the blocks can be reused.
             HandOut(offsets, swept);
         }
 

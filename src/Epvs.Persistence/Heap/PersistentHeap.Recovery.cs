@@ -162,8 +162,8 @@ public sealed unsafe partial class PersistentHeap
                         else if (blockState is BlockState.Free or BlockState.Unused && scrubEpochWords && ((ulong*)(_base + offset))[1] != HeapLayout.EmptyEpoch(offset))
                         {
                             // A free block whose Epoch word is not its empty mark (an allocation a crash interrupted
-                            // before its commit word, or a free whose second half it interrupted): rewritten as free and
-                            // then marked empty, durably, before it is handed out, so that a seal over its next use that a
+                            // before its commit word, or a free whose mark did not reach the file): rewritten as free
+                            // with its mark, durably, before it is handed out, so that a seal over its next use that a
                             // crash tears holds that use's version or the mark there, never this one (see HeapLayout, sealing).
                             totals.FreeBlocks.Add(offset);
                         }
@@ -339,8 +339,13 @@ public sealed unsafe partial class PersistentHeap
         {
             ulong* commit = (ulong*)(_base + offset + HeapLayout.CommitOffset);
             uint generation = HeapLayout.DescriptorGeneration(_table[SegmentOf(offset)]);
-            // Volatile.Write: one aligned 8-byte store (failure-atomic); written back below.
+            // Volatile.Write: one aligned 8-byte store (failure-atomic); written back below, with the empty mark.
             Volatile.Write(ref *commit, HeapLayout.FreeWord(offset, generation));
+            if (_marksEmptyEpochs)
+            {
+                *(ulong*)(_base + offset + HeapLayout.EpochOffset) = HeapLayout.EmptyEpoch(offset);
+            }
+
             if (perBlockWriteBack)
             {
                 _file.Domain.WriteBack(offset, HeapLayout.HeaderSize);
@@ -381,13 +386,6 @@ public sealed unsafe partial class PersistentHeap
             else
             {
                 _file.Domain.Persist(0, _file.Size);
-            }
-
-            if (_ownerKind == HeapLayout.KindBufferedDurable)
-            {
-                // Once the frees are durable (a crash in between leaves free blocks with old Epoch words, which the
-                // next recovery rewrites like these).
-                MarkEpochWordsEmptyDurably(CollectionsMarshal.AsSpan(freeBlocks));
             }
         }
     }

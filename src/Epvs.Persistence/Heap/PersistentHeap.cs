@@ -42,6 +42,9 @@ public sealed unsafe partial class PersistentHeap : IDisposable
     private readonly long _dataStart;
     private readonly HeapFaults _faults;
 
+    /// <summary>Whether a free writes the block's empty mark into its Epoch word (always, but for the broken control).</summary>
+    private readonly bool _marksEmptyEpochs;
+
     /// <summary>See <see cref="PersistentHeapOptions.InFlightVersion"/>: the version recovery takes torn seals of for torn writes.</summary>
     private readonly long _inFlightVersion;
 
@@ -83,6 +86,7 @@ public sealed unsafe partial class PersistentHeap : IDisposable
         _table = (ulong*)(_base + HeapLayout.SuperblockSize);
         _dataStart = file.DataStart;
         _faults = options.Faults;
+        _marksEmptyEpochs = (_faults & HeapFaults.LeaveEpochWordsUnmarked) == 0;
         _inFlightVersion = options.InFlightVersion;
         _ownerKind = options.OwnerKind;
         _pools = new ClassPool[SizeClasses.Count];
@@ -360,43 +364,15 @@ public sealed unsafe partial class PersistentHeap : IDisposable
             ThrowHelper.ThrowInvalidPayloadRef(block, "another thread freed it concurrently (double free)");
         }
 
+        if (_marksEmptyEpochs)
+        {
+            // After the free word (a failed double free leaves a live block alone), in the same header: the free's own
+            // write-back makes both durable before the block is handed out again, in either order — a crash can leave
+            // the mark without the free word, which recovery takes for a free it interrupted (see HeapLayout, sealing).
+            *(ulong*)(_base + block.Offset + HeapLayout.EpochOffset) = HeapLayout.EmptyEpoch(block.Offset);
+        }
+
         return (segment, descriptor);
-    }
-
-    /// <summary>
-    /// The second half of a durable free, for blocks whose frees are durable already and that are not handed out yet:
-    /// writes their empty marks (<see cref="HeapLayout.EmptyEpoch"/>) into their Epoch words, writes them back and
-    /// fences. A seal over a block's next use that a crash tears then holds that use's version or the mark there, which
-    /// recovery tells from a damaged durable block (see <see cref="HeapLayout"/>, sealing). Not in the free's own
-    /// write-back: a crash could then make the mark durable without the free, and leave a sealed block of a durable
-    /// version with its Epoch word overwritten — damage at recovery.
-    /// Leaves <paramref name="offsets"/> in its order (the sweep hands its blocks out by position afterwards); callers
-    /// pass them sorted, so through the page cache the headers merge into runs of pages.
-    /// </summary>
-    internal void MarkEpochWordsEmptyDurably(ReadOnlySpan<long> offsets)
-    {
-        if ((_faults & HeapFaults.LeaveEpochWordsUnmarked) != 0 || offsets.IsEmpty)
-        {
-            return;
-        }
-
-        _file.EnterOperation();
-        try
-        {
-            var runs = new WriteBackRuns(_file.Domain);
-            foreach (long offset in offsets)
-            {
-                ((ulong*)(_base + offset))[1] = HeapLayout.EmptyEpoch(offset);
-                runs.Add(offset, HeapLayout.HeaderSize);
-            }
-
-            runs.Flush();
-            _file.Domain.Fence();
-        }
-        finally
-        {
-            _file.ExitOperation();
-        }
     }
 
     private void ReleaseCore(PayloadRef block, long segment, ulong descriptor)

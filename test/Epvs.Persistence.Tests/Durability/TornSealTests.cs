@@ -8,13 +8,14 @@ namespace Epvs.Persistence.Tests;
 
 /// <summary>
 /// Issue 10, formats 6 and 7: a buffered heap seals a version in the pass that writes it back, under one fence, so a
-/// crash can leave a durable seal over bytes that are not. Recovery frees such a block as a torn write of the version in
-/// flight (the durable frontier + 1) only when its version tag names that version and its Epoch word holds that version
-/// or the block's empty mark (<see cref="HeapLayout.EmptyEpoch"/>, bound to the offset; 0 in format 6); a damaged block
-/// of a durable version holds its own version in both, so damage is never taken for a torn write by one coincidence,
-/// and a zeroed Epoch word never passes. Formatting writes the empty mark; freed blocks get it durably before they are
-/// handed out again (after the free itself is durable), and recovery rewrites free blocks that hold anything else. Each
-/// rule has a broken control.
+/// crash can leave a durable seal over bytes that are not. Recovery frees a sealed block whose check fails as a torn
+/// write only when its Epoch word holds the block's empty mark (<see cref="HeapLayout.EmptyEpoch"/>, bound to the
+/// offset; 0 in format 6) — a free whose mark reached the file without its free word, or a seal over an Epoch word that
+/// did not — or its version tag and Epoch word both name the version in flight (the durable frontier + 1). A damaged
+/// block of a durable version holds its own version in both, so damage is never taken for a torn write by one
+/// coincidence, and a zeroed Epoch word never passes. Formatting writes the empty mark, every free writes it with its
+/// free word (durable together before the block is handed out again), and recovery rewrites free blocks that hold
+/// anything else. Each rule has a broken control.
 /// </summary>
 public sealed unsafe class TornSealTests
 {
@@ -66,12 +67,23 @@ public sealed unsafe class TornSealTests
         Assert.True(missed.Count > 0, "INCONCLUSIVE: the control took every flip for damage");
     }
 
-    /// <summary>An Epoch word overwritten with the block's empty mark in a block of the last durable version is damage: its tag names its own version, not the one in flight. The control trusts the Epoch word alone.</summary>
+    /// <summary>
+    /// A block of the last durable version whose Epoch word holds its empty mark: a free of it (garbage, its replacement
+    /// durable) whose mark reached the file without its free word — torn, freed. The control takes it for damage.
+    /// </summary>
     [Fact]
-    public void ABlockOfTheLastDurableVersion_WithItsEpochWordMarkedEmpty_IsDamage()
+    public void ABlockOfTheLastDurableVersion_WithItsEmptyMarkInTheEpochWord_IsAFreeTheCrashInterrupted()
     {
-        Assert.Equal(BlockState.Damaged, OverwrittenEpochWord(4242, markEmpty: true, HeapFaults.None));
-        Assert.Equal(BlockState.Torn, OverwrittenEpochWord(4242, markEmpty: true, HeapFaults.TornSealsByEpochWordOnly));
+        Assert.Equal(BlockState.Torn, OverwrittenEpochWord(4242, HeapLayout.EmptyEpoch, HeapFaults.None));
+        Assert.Equal(BlockState.Damaged, OverwrittenEpochWord(4242, HeapLayout.EmptyEpoch, HeapFaults.MarkedFreesAreDamage));
+    }
+
+    /// <summary>An Epoch word damaged into the version in flight, in a block of the last durable version, is damage: its tag names its own version. The control trusts the Epoch word alone.</summary>
+    [Fact]
+    public void ABlockOfTheLastDurableVersion_WithTheVersionInFlightInItsEpochWord_IsDamage()
+    {
+        Assert.Equal(BlockState.Damaged, OverwrittenEpochWord(4242, _ => 4243, HeapFaults.None));
+        Assert.Equal(BlockState.Torn, OverwrittenEpochWord(4242, _ => 4243, HeapFaults.TornSealsByEpochWordOnly));
     }
 
     /// <summary>
@@ -82,8 +94,8 @@ public sealed unsafe class TornSealTests
     [Fact]
     public void AnOlderBlockWithTheTagOfTheVersionInFlight_WithItsEpochWordZeroed_IsDamage()
     {
-        Assert.Equal(BlockState.Damaged, OverwrittenEpochWord(4242, markEmpty: false, HeapFaults.None, inFlight: 4242 + 65536));
-        Assert.Equal(BlockState.Torn, OverwrittenEpochWord(4242, markEmpty: false, HeapFaults.TornSealsByVersionTagOnly, inFlight: 4242 + 65536));
+        Assert.Equal(BlockState.Damaged, OverwrittenEpochWord(4242, _ => 0, HeapFaults.None, inFlight: 4242 + 65536));
+        Assert.Equal(BlockState.Torn, OverwrittenEpochWord(4242, _ => 0, HeapFaults.TornSealsByVersionTagOnly, inFlight: 4242 + 65536));
     }
 
     /// <summary>
@@ -98,6 +110,19 @@ public sealed unsafe class TornSealTests
         Assert.True(free > 0 && unused > 0, $"{free} free and {unused} unused blocks: the scenario exercised too little");
         (int controlFree, int controlUnused) = UnmarkedEmptyBlocks(HeapFaults.LeaveEpochWordsUnmarked, out _, out _);
         Assert.True(controlFree > 0 && controlUnused > 0, $"INCONCLUSIVE: the control left {controlFree} free and {controlUnused} unused blocks unmarked");
+    }
+
+    /// <summary>
+    /// Frees write the empty mark next to the free word, in the same write-back: some enumerated crash image of the small
+    /// run holds a mark without its free word. Recovery frees such a block; the control, which takes it for damage, makes
+    /// a plain crash read as damage.
+    /// </summary>
+    [Fact]
+    public void Control_MarkedFreesTakenForDamage_MakeAPlainCrashReadAsDamage()
+    {
+        List<string> violations = BufferedDurabilityCrashTests.EnumerateCrashes(DurabilityFaults.None, DurabilityFaults.None, out int images, out _, heapFaults: HeapFaults.MarkedFreesAreDamage);
+        Assert.True(images > 100, $"only {images} crash images");
+        Assert.True(violations.Any(v => v.Contains("damaged blocks", StringComparison.Ordinal)), $"INCONCLUSIVE: no image of the control reported damage ({violations.Count} violations)");
     }
 
     /// <summary>
@@ -179,13 +204,13 @@ public sealed unsafe class TornSealTests
         return missed;
     }
 
-    /// <summary>Classifies a sealed block of <paramref name="durable"/> whose Epoch word was overwritten (with its empty mark, or 0) while <paramref name="inFlight"/> (default: the next version) is in flight.</summary>
-    private static BlockState OverwrittenEpochWord(long durable, bool markEmpty, HeapFaults faults, long inFlight = 0)
+    /// <summary>Classifies a sealed block of <paramref name="durable"/> whose Epoch word was overwritten (with <paramref name="word"/> of the block's offset) while <paramref name="inFlight"/> (default: the next version) is in flight.</summary>
+    private static BlockState OverwrittenEpochWord(long durable, Func<long, ulong> word, HeapFaults faults, long inFlight = 0)
     {
         byte[] block = SealedBlock(durable, out long offset, out uint generation);
         fixed (byte* p = block)
         {
-            ((ulong*)p)[1] = markEmpty ? HeapLayout.EmptyEpoch(offset) : 0;
+            ((ulong*)p)[1] = word(offset);
             return HeapLayout.Classify(p, offset, generation, 1024, out _, inFlight == 0 ? durable + 1 : inFlight, faults);
         }
     }
