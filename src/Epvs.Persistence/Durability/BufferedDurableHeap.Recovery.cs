@@ -38,9 +38,10 @@ public sealed unsafe partial class BufferedDurableHeap
             ThrowHelper.ThrowInvalidOperation($"Cannot open heap file '{file.Path}' in DurabilityMode.Transient: it holds durable data (frontier {report.PersistedFrontier}, clock {report.PersistedClock}), which a transient heap would overwrite in place. Open it with DurabilityMode.Buffered or Strict, or give the transient heap a new file.");
         }
 
-        // Montage's rule (clock − 2) and ours (the frontier): the advancer persists frontier v before the clock can
-        // reach v + 2, so the frontier is never below clock − 2; taking the max keeps the Montage guarantee even for
-        // a file whose frontier word was never written.
+        // Montage's rule (clock − 2) and ours (the frontier): the advancer writes back and fences version v before it
+        // persists frontier v with clock v + 2, so every version up to clock − 2 is whole even when a crash left the
+        // clock word of that pair durable without its frontier word (frontier v − 1, clock v + 2); taking the max keeps
+        // the Montage guarantee then, and for a file whose frontier word was never written.
         long cut = Math.Max(report.PersistedFrontier, report.PersistedClock - 2);
         report.RecoveredVersion = cut;
         bool keepBeyond = (_faults & DurabilityFaults.KeepTagsBeyondFrontier) != 0;

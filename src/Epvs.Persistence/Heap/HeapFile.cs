@@ -105,9 +105,10 @@ public sealed unsafe class HeapFile : IDisposable
 
     /// <summary>
     /// The persisted epoch clock (buffered durability, part 2): an upper bound on the versions a
-    /// <see cref="BufferedDurableHeap"/> has begun on this file — at least the version of its last transition, and at
-    /// most two above <see cref="DurableFrontier"/> (each cycle persists frontier v with clock v + 2, the version the next
-    /// transition moves to). Read-only outside the library.
+    /// <see cref="BufferedDurableHeap"/> has begun on this file — at least the version of its last transition; each cycle
+    /// persists frontier v with clock v + 2, the version the next transition moves to, so it is two above
+    /// <see cref="DurableFrontier"/> (three, when a crash left the clock word of that pair durable and not the frontier
+    /// word). Read-only outside the library.
     /// </summary>
     /// <remarks>
     /// Only the buffered heap's advancer and its recovery write it (internal setter: stores and persists the word,

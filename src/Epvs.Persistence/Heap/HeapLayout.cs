@@ -31,8 +31,8 @@ namespace Epvs.Persistence;
 ///    40  DataStart        offset of segment 0
 ///    48  GeometryCheck    XxHash3 of words 0, 8, 24, 32, 40 (detects a damaged superblock)
 ///    56  CleanShutdown    1 after an orderly Dispose, set to 0 (and persisted) as soon as a heap is opened (sealed)
-///    64  EpochClock       the persisted epoch clock of buffered durability (part 2): at least every version begun, at
-///                         most DurableFrontier + 2 (persisted with it); 0 at creation (sealed)
+///    64  EpochClock       the persisted epoch clock of buffered durability (part 2): at least every version begun;
+///                         DurableFrontier + 2 (persisted with it: + 3 if a crash split the pair); 0 at creation (sealed)
 ///    72  DurableFrontier  the persisted durable frontier (part 2); 0 at creation (sealed)
 ///    80  SavedState       offset of the saved allocator state of a clean shutdown (0: none); cleared durably at open
 ///    88  SavedStateWords  its length in 8-byte words
