@@ -100,16 +100,21 @@ internal static class MapComparison
         string[] cells = ["ConcurrentDictionary upsert", "PersistentHashMap upsert", "PersistentHashMap upsert, transient heap", "ConcurrentDictionary read", "PersistentHashMap read", BatchBaselineCell, BatchCell];
         var results = new Dictionary<(string, int), List<double>>();
         var cores = new Dictionary<(string, int), List<double>>();
+        var workerCores = new Dictionary<(string, int), List<double>>();
+        var perWorkerCore = new Dictionary<(string, int), List<double>>();
         foreach (int threads in s.Threads)
         {
             for (int rep = 0; rep < s.Repetitions; rep++)
             {
                 Progress(output, $"throughput, {threads} thread(s), repetition {rep + 1}/{s.Repetitions}");
-                foreach (string cell in cells)
+                for (int c = 0; c < cells.Length; c++)
                 {
-                    (double mops, double used) = Measure(threads, s.Duration, s.KeyRange, () => Body(cell, map, transientMap, dictionary));
+                    string cell = cells[c];
+                    (double mops, double used, double byWorkers) = Measure(threads, s.Duration, s.KeyRange, $"cell{c}", () => Body(cell, map, transientMap, dictionary));
                     (CollectionsMarshal.GetValueRefOrAddDefault(results, (cell, threads), out _) ??= new List<double>()).Add(mops);
                     (CollectionsMarshal.GetValueRefOrAddDefault(cores, (cell, threads), out _) ??= new List<double>()).Add(used);
+                    (CollectionsMarshal.GetValueRefOrAddDefault(workerCores, (cell, threads), out _) ??= new List<double>()).Add(byWorkers);
+                    (CollectionsMarshal.GetValueRefOrAddDefault(perWorkerCore, (cell, threads), out _) ??= new List<double>()).Add(byWorkers > 0 ? mops / byWorkers : double.NaN);
                 }
             }
         }
@@ -144,16 +149,20 @@ internal static class MapComparison
             output.WriteLine(FormattableString.Invariant($"| upsert in batches of {BatchSize} (map: SetMany; ConcurrentDictionary: its indexer over the batch) | {threads} | {Median(baseline):0.00} | {Median(batched):0.00} | {ratio:0.00} | (another API: not the target) |"));
         }
 
-        // The process's CPU time per second of a cell: the workers plus the heaps' advancers (the map's writes its
-        // blocks back, seals and reclaims them). Where the workers cannot use every core, this shows who does.
+        // The process's CPU time per second of a cell: the workers plus the heaps' own threads (the map's advancer writes
+        // its blocks back, seals and reclaims them; its stocker formats and sweeps for the pools). Where the workers cannot
+        // use every core, this shows who does. The workers' own CPU time is read per thread (Linux: schedstat), so the
+        // last column is each cell's throughput per core its workers ran on.
         output.WriteLine();
-        output.WriteLine("| upsert cell | threads | process CPU during the cell (cores, median of repetitions) |");
-        output.WriteLine("|---|---:|---:|");
+        output.WriteLine("| upsert cell | threads | process CPU during the cell (cores, median of repetitions) | worker threads (cores) | other threads (cores) | Mops/s per worker core |");
+        output.WriteLine("|---|---:|---:|---:|---:|---:|");
         foreach (string cell in new[] { "ConcurrentDictionary upsert", "PersistentHashMap upsert", "PersistentHashMap upsert, transient heap", BatchBaselineCell, BatchCell })
         {
             foreach (int threads in s.Threads)
             {
-                output.WriteLine(FormattableString.Invariant($"| {cell} | {threads} | {Median(cores[(cell, threads)]):0.00} |"));
+                double process = Median(cores[(cell, threads)]);
+                double workers = Median(workerCores[(cell, threads)]);
+                output.WriteLine(FormattableString.Invariant($"| {cell} | {threads} | {process:0.00} | {Cell(workers)} | {Cell(process - workers)} | {Cell(Median(perWorkerCore[(cell, threads)]))} |"));
             }
         }
 
@@ -236,11 +245,20 @@ internal static class MapComparison
         output.WriteLine();
     }
 
-    /// <summary>Runs <paramref name="threads"/> workers for <paramref name="duration"/>: millions of calls per second, and the process's CPU cores used meanwhile.</summary>
-    private static (double Mops, double Cores) Measure(int threads, TimeSpan duration, int keyRange, Func<Action<long, long>> newBody)
+    /// <summary>A CPU figure, or "n/a" where the workers' own CPU time cannot be read (not Linux).</summary>
+    private static string Cell(double value) => double.IsNaN(value) ? "n/a" : value.ToString("0.00", System.Globalization.CultureInfo.InvariantCulture);
+
+    /// <summary>
+    /// Runs <paramref name="threads"/> workers for <paramref name="duration"/>: millions of calls per second, the
+    /// process's CPU cores used meanwhile, and the workers' own (NaN where it cannot be read). The workers are named
+    /// <paramref name="name"/>-0, -1, … (what a profiler such as perf shows as their command, so that each cell's samples
+    /// can be told apart).
+    /// </summary>
+    private static (double Mops, double Cores, double WorkerCores) Measure(int threads, TimeSpan duration, int keyRange, string name, Func<Action<long, long>> newBody)
     {
         int stop = 0;
         long total = 0;
+        long workerNanoseconds = 0;
         using var start = new Barrier(threads + 1);
         var workers = new Thread[threads];
         for (int t = 0; t < threads; t++)
@@ -252,6 +270,7 @@ internal static class MapComparison
                 ulong x = (ulong)(seed + 1) * 0x9E37_79B9_7F4A_7C15UL;
                 long ops = 0;
                 start.SignalAndWait();
+                long cpuAtStart = ThreadCpuNanoseconds();
                 // Volatile.Read: acquire; pairs with the Volatile.Write of the timing thread.
                 while (Volatile.Read(ref stop) == 0)
                 {
@@ -268,8 +287,10 @@ internal static class MapComparison
 
                 // Interlocked.Add: the workers' totals meet here; atomicity only.
                 Interlocked.Add(ref total, ops);
+                long cpuAtEnd = ThreadCpuNanoseconds();
+                Interlocked.Add(ref workerNanoseconds, cpuAtStart < 0 || cpuAtEnd < 0 ? long.MinValue / 64 : cpuAtEnd - cpuAtStart);
             })
-            { IsBackground = true };
+            { IsBackground = true, Name = $"{name}-{t}" };
             workers[t].Start();
         }
 
@@ -286,7 +307,26 @@ internal static class MapComparison
 
         double seconds = watch.Elapsed.TotalSeconds;
         cpu = Process.GetCurrentProcess().TotalProcessorTime - cpu;
-        return (Interlocked.Read(ref total) / seconds / 1e6, cpu.TotalSeconds / seconds);
+        long onCpu = Interlocked.Read(ref workerNanoseconds);
+        return (Interlocked.Read(ref total) / seconds / 1e6, cpu.TotalSeconds / seconds, onCpu < 0 ? double.NaN : onCpu / 1e9 / seconds);
+    }
+
+    /// <summary>
+    /// The calling thread's time on a CPU so far, in nanoseconds (Linux: the first field of /proc/thread-self/schedstat),
+    /// or -1 where it cannot be read.
+    /// </summary>
+    private static long ThreadCpuNanoseconds()
+    {
+        try
+        {
+            string text = File.ReadAllText("/proc/thread-self/schedstat");
+            int space = text.IndexOf(' ', StringComparison.Ordinal);
+            return long.Parse(space < 0 ? text : text[..space], System.Globalization.CultureInfo.InvariantCulture);
+        }
+        catch (Exception e) when (e is IOException or UnauthorizedAccessException or FormatException)
+        {
+            return -1;
+        }
     }
 
     private static void SyncAndLag(ComparisonSettings s, BufferedDurableHeap heap, PersistentHashMap<long, long> map, TextWriter output)
@@ -362,7 +402,7 @@ internal static class MapComparison
         // blocks, reclamation (deferring and sweeping frees).
         AdvancerStatistics cycles = heap.GetAdvancerStatistics().Since(before);
         double n = Math.Max(1, cycles.Cycles);
-        output.WriteLine(FormattableString.Invariant($"# per cycle ({cycles.Cycles} cycles): {cycles.BlocksWrittenBack / n:0} blocks written back; write-back {cycles.WriteBackTime.TotalMilliseconds / n:0.0} ms, seal {cycles.SealTime.TotalMilliseconds / n:0.0} ms, reclaim {cycles.ReclaimTime.TotalMilliseconds / n:0.0} ms"));
+        output.WriteLine(FormattableString.Invariant($"# per cycle ({cycles.Cycles} cycles): {cycles.BlocksWrittenBack / n:0} blocks written back; write-back {cycles.WriteBackTime.TotalMilliseconds / n:0.0} ms, seal {cycles.SealTime.TotalMilliseconds / n:0.0} ms, reclaim {cycles.ReclaimTime.TotalMilliseconds / n:0.0} ms; {cycles.AllocatorRefills} refills by the writer itself"));
         string age = s.MaxVersionAge is { } a ? (a == Timeout.InfiniteTimeSpan ? ", no MaxVersionAge" : FormattableString.Invariant($", MaxVersionAge {a.TotalMilliseconds:0} ms")) : string.Empty;
         output.WriteLine(FormattableString.Invariant($"| under {Writers(s.LagWriters)}, {p:0} ms advance period{age} | p50 (ms) | p90 (ms) | p99 (ms) | max (ms) | p50 (periods) | p99 (periods) | target |"));
         output.WriteLine("|---|---:|---:|---:|---:|---:|---:|---|");

@@ -64,7 +64,8 @@ public sealed unsafe partial class BufferedDurableHeap
             Volatile.Read(ref _statBlocks),
             Stopwatch.GetElapsedTime(0, Volatile.Read(ref _statWriteBackTicks)),
             Stopwatch.GetElapsedTime(0, Volatile.Read(ref _statSealTicks)),
-            Stopwatch.GetElapsedTime(0, Volatile.Read(ref _statReclaimTicks)));
+            Stopwatch.GetElapsedTime(0, Volatile.Read(ref _statReclaimTicks)),
+            _heap.AllocatorRefills);
     }
 
     /// <summary>Test hook: runs in reclamation once the version's frees are handed to the heap (deferred: see <see cref="PersistentHeap.AfterSweepMarkedForTesting"/> for the window in which an early reuse would race the free to the file).</summary>

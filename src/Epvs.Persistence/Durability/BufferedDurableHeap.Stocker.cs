@@ -87,7 +87,11 @@ public sealed partial class BufferedDurableHeap
     private void Stock(long allocated)
     {
         StockingForTesting?.Invoke();
-        _heap.StockPools(StockReserveBytes);
+
+        // With a background advancer, the demand's rate over a few periods (PersistentHeap.StockHorizonPeriods: half of
+        // it, the low-water mark, covers a stocking's own formatting and fences under load); cycles driven by hand have
+        // no rate.
+        _heap.StockPools(StockReserveBytes, _stocker is null || (_faults & DurabilityFaults.StockOnlyAfterCycles) != 0 ? TimeSpan.Zero : _period);
 
         // Bounded: at most three quarters of the file parked, so old copies do not stay on the file (and recoverable)
         // for ever. Past the bound, each stocking sweeps a few cycles' worth more, not everything at once (one long pause).
@@ -102,6 +106,21 @@ public sealed partial class BufferedDurableHeap
     {
         _stocker = new Thread(StockerLoop) { IsBackground = true, Name = "epvs-stocker" };
         _stocker.Start();
+        // (Both broken controls stock after cycles only: StockInsideTheCycle in the cycle, as before the stocker.)
+        if ((_faults & (DurabilityFaults.StockOnlyAfterCycles | DurabilityFaults.StockInsideTheCycle)) == 0)
+        {
+            _heap.PoolRunningLow = WakeStocker;
+        }
+    }
+
+    /// <summary>An allocating thread left a class's pool below its low-water mark (see <see cref="PersistentHeap.PoolRunningLow"/>): stock now, not after the next cycle.</summary>
+    private void WakeStocker()
+    {
+        lock (_stockGate)
+        {
+            _stockRequested = true;
+            Monitor.Pulse(_stockGate);
+        }
     }
 
     private void StockerLoop()

@@ -109,4 +109,7 @@ internal enum DurabilityFaults : long
 
     /// <summary>Each frontier is persisted with clock = frontier + 1 and the transition never persists the clock: a version runs with the durable clock below it (after a crash, recovery's new versions can repeat tags still on the file).</summary>
     ClockLeftBehind = 4294967296,
+
+    /// <summary>The stocker stocks the pools only after each cycle, for twice the demand since its previous stocking (the old behaviour: allocating threads whose pool ran dry in a burst formatted segments themselves, a write-back and a fence inside their operations).</summary>
+    StockOnlyAfterCycles = 8589934592,
 }

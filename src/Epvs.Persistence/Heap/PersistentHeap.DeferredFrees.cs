@@ -286,6 +286,7 @@ public sealed unsafe partial class PersistentHeap
             if (sweep is not null)
             {
                 Complete(sweep);
+                CountAllocatorRefill();
             }
             else
             {

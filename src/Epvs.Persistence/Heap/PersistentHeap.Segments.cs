@@ -38,6 +38,12 @@ public sealed unsafe partial class PersistentHeap
         long segment;
         lock (_segmentGate)
         {
+            // A stocking holds the gate while it formats: the blocks it put in the pool meanwhile come first.
+            if (TryTakeBatch(cache, cls))
+            {
+                return true;
+            }
+
             segment = TakeRunLocked(1, allowGrowth);
             if (segment < 0)
             {
@@ -46,6 +52,7 @@ public sealed unsafe partial class PersistentHeap
 
             // The same durable format as the advancer's stocking (zeroed with unused commit words, then a new generation).
             FormatSegmentsLocked(cls, new List<long>(1) { segment });
+            CountAllocatorRefill();
 
             long start = SegmentStart(segment);
             int blockSize = SizeClasses.BlockSizes[cls];

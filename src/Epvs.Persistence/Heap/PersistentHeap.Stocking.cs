@@ -1,16 +1,27 @@
 using System;
 using System.Collections.Generic;
+using System.Diagnostics;
 using System.Runtime.InteropServices;
 using System.Threading;
 
 namespace Epvs.Persistence;
 
 /// <summary>
-/// Stocking the class pools for a <see cref="BufferedDurableHeap"/>'s allocating threads: after each advance cycle,
-/// each class gets about two cycles' worth of its own demand ready, from free segments first (formatted in a batch),
-/// and only then from the densest parked frees of that class.
+/// Stocking the class pools for a <see cref="BufferedDurableHeap"/>'s allocating threads: after each advance cycle, and
+/// whenever an allocating thread finds its class's pool below its low-water mark, each class gets its demand over the
+/// stocking horizon ready, from free segments first (formatted in a batch), and only then from the densest parked frees
+/// of that class.
 /// </summary>
 /// <remarks>
+/// <para>Why a horizon and a low-water mark. An allocating thread whose pool is empty formats a segment or sweeps for
+/// itself: a write-back and a fence (through the page cache, an <c>fdatasync</c> of milliseconds) inside its operation,
+/// which every other thread's next transition waits for. Stocked only after each cycle, for twice the last cycle's
+/// demand, the pools ran dry whenever the demand grew (a burst after a quiet spell, a writer speeding up) or a stocking
+/// took longer than a cycle: under two full-speed writers through the page cache, hundreds of such fences per second on
+/// the writers' threads (their time off the CPU, measured with <c>perf sched</c>). The stocking now keeps
+/// <see cref="StockHorizonPeriods"/> periods of each class's demand ready, at the rate measured since the previous
+/// stocking (at least twice the demand since then); a thread that takes a batch and leaves the pool below half of that
+/// wakes the stocker at once instead of waiting for the next cycle.</para>
 /// <para>Why free segments first. A sweep hands out the parked blocks of segments whose live blocks sit between them,
 /// so a version's new payloads share their pages with blocks nobody touched, and through the page cache every such page
 /// is copied to the file whole: for the payloads, again for their seals, and again when they are freed. Swept every cycle
@@ -31,8 +42,31 @@ public sealed unsafe partial class PersistentHeap
     /// <summary><see cref="_takenByClass"/> at the last <see cref="StockPools"/> (its caller serializes the calls).</summary>
     private readonly long[] _takenAtLastStock = new long[SizeClasses.Count];
 
+    /// <summary>Per class: below this many ready blocks, an allocating thread taking a batch wakes the stocker (<see cref="PoolRunningLow"/>); set by <see cref="StockPools"/>.</summary>
+    private readonly long[] _lowWater = new long[SizeClasses.Count];
+
+    /// <summary>Per class: 1 once an allocating thread has woken the stocker since the last stocking of the class (one wake per stocking).</summary>
+    private readonly int[] _lowWaterSignalled = new int[SizeClasses.Count];
+
+    /// <summary><see cref="Stopwatch.GetTimestamp"/> at the last <see cref="StockPools"/> (its caller serializes the calls).</summary>
+    private long _lastStockTimestamp;
+
     private long _stockFormattedSegments;
     private long _stockSweptBlocks;
+    private long _allocatorRefills;
+
+    /// <summary>
+    /// Called on an allocating thread, outside every lock of the heap, when it took a batch from a class pool and left it
+    /// below the class's low-water mark (once per stocking of the class), or found the pool empty: the owner's stocker
+    /// should stock now. Null (the default): nobody stocks between cycles.
+    /// </summary>
+    internal Action? PoolRunningLow { get; set; }
+
+    /// <summary>
+    /// How many times an allocating thread found its class's pool empty and formatted a segment or swept parked frees for
+    /// itself (a write-back and a fence on its own thread), since the heap opened.
+    /// </summary>
+    internal long AllocatorRefills => Volatile.Read(ref _allocatorRefills);
 
     /// <summary>Segments <see cref="StockPools"/> formatted so far (diagnostic, tests).</summary>
     internal long StockFormattedSegments => Volatile.Read(ref _stockFormattedSegments);
@@ -50,28 +84,54 @@ public sealed unsafe partial class PersistentHeap
         }
     }
 
+    /// <summary>How many advance periods of each class's demand a stocking keeps ready (see <see cref="StockPools"/>).</summary>
+    internal const int StockHorizonPeriods = 4;
+
     /// <summary>
-    /// Stocks each class's pool with about two intervals' worth of the blocks its allocating threads took since the
-    /// previous call (plus <paramref name="reserveBytes"/>): free segments first, without growing the file, then the
-    /// densest parked frees of the class. Called by one thread at a time (a buffered heap's stocker thread, or without a
-    /// background advancer its cycle, under the cycle gate), while allocating threads and cycles run.
+    /// Stocks each class's pool with the blocks its allocating threads take over <see cref="StockHorizonPeriods"/>
+    /// periods at the rate they took them since the previous call (measured over at least one period), and at least
+    /// twice as many as they took since then (plus <paramref name="reserveBytes"/>): free segments first, without growing
+    /// the file, then the densest parked frees of the class; and sets the class's low-water mark to half of that. Called
+    /// by one thread at a time (a buffered heap's stocker thread, or without a background advancer its cycle, under the
+    /// cycle gate), while allocating threads and cycles run.
     /// </summary>
+    /// <remarks>
+    /// Stocked once a period, that is four times the period's demand. Woken sooner by a pool below its mark (a burst),
+    /// the rate is measured over one period whatever the interval, so each stocking keeps four times the blocks taken
+    /// since the previous one ready: about twice as long an interval each time, until it reaches a period. Never more
+    /// than four times the demand since the previous stocking, however often cycles run (a caller's Syncs).
+    /// </remarks>
     /// <param name="reserveBytes">Bytes of blocks to keep ready beyond the demand, for each class that had any (in bytes,
     /// so that a class of large blocks does not take a segment per reserved block).</param>
-    internal void StockPools(long reserveBytes)
+    /// <param name="period">The advance period; <see cref="TimeSpan.Zero"/>: twice the demand since the previous call only
+    /// (cycles driven by hand, at no particular rate).</param>
+    internal void StockPools(long reserveBytes, TimeSpan period)
     {
+        long now = Stopwatch.GetTimestamp();
+        long periodTicks = (long)(period.TotalSeconds * Stopwatch.Frequency);
+        long elapsed = Math.Max(now - _lastStockTimestamp, Math.Max(1, periodTicks));
+        _lastStockTimestamp = now;
         for (int cls = 0; cls < SizeClasses.Count; cls++)
         {
             // Volatile.Read: atomicity only; allocating threads add to it under the pool lock or the segment gate.
             long taken = Volatile.Read(ref _takenByClass[cls]);
             long demand = taken - _takenAtLastStock[cls];
             _takenAtLastStock[cls] = taken;
+
+            // Volatile.Write: release, after the reading of the demand; pairs with the Volatile.Read in
+            // SignalIfRunningLow. A wake from now on asks for the next stocking.
+            Volatile.Write(ref _lowWaterSignalled[cls], 0);
             if (demand == 0)
             {
                 continue;
             }
 
-            long missing = (2 * demand) + (reserveBytes / SizeClasses.BlockSizes[cls]) - ReadyBlocks(cls);
+            long atRate = periodTicks == 0 ? 0 : (long)((double)demand * StockHorizonPeriods * periodTicks / elapsed);
+            long target = Math.Max(2 * demand, atRate) + (reserveBytes / SizeClasses.BlockSizes[cls]);
+
+            // Volatile.Write: atomicity only; read by allocating threads under the pool lock.
+            Volatile.Write(ref _lowWater[cls], target / 2);
+            long missing = target - ReadyBlocks(cls);
             if (missing <= 0)
             {
                 continue;
@@ -88,6 +148,22 @@ public sealed unsafe partial class PersistentHeap
 
     /// <summary>Counts blocks an allocating thread took for class <paramref name="cls"/> (the demand <see cref="StockPools"/> stocks for).</summary>
     private void CountTaken(int cls, long blocks) => Interlocked.Add(ref _takenByClass[cls], blocks);
+
+    /// <summary>Whether a pool left with <paramref name="ready"/> blocks is below the low-water mark of class <paramref name="cls"/> (under the pool's lock).</summary>
+    private bool IsRunningLow(int cls, long ready) => PoolRunningLow is not null && ready < Volatile.Read(ref _lowWater[cls]);
+
+    /// <summary>Wakes the stocker through <see cref="PoolRunningLow"/>, once per stocking of class <paramref name="cls"/>; outside every lock of the heap.</summary>
+    private void SignalRunningLow(int cls)
+    {
+        // Interlocked.Exchange: one thread wakes the stocker per stocking; pairs with the reset in StockPools.
+        if (PoolRunningLow is { } wake && Volatile.Read(ref _lowWaterSignalled[cls]) == 0 && Interlocked.Exchange(ref _lowWaterSignalled[cls], 1) == 0)
+        {
+            wake();
+        }
+    }
+
+    /// <summary>Counts a refill an allocating thread did for itself (a format or a sweep).</summary>
+    private void CountAllocatorRefill() => Interlocked.Increment(ref _allocatorRefills);
 
     /// <summary>
     /// Formats free segments (never growing the file) for class <paramref name="cls"/> until they hold at least

@@ -867,9 +867,20 @@ public sealed unsafe partial class PersistentHeap : IDisposable
 
     private bool TryRefill(ThreadCache cache, int cls)
     {
-        // A free segment first (fresh and dense, no write-back on this thread), then parked frees of this class before
-        // growing the file (a sweep is a few write-backs on this thread).
-        if (TryTakeBatch(cache, cls) || TryFormatSmallSegment(cache, cls, allowGrowth: false) || TrySweepForRefill(cache, cls))
+        if (TryTakeBatch(cache, cls, out bool low))
+        {
+            if (low)
+            {
+                SignalRunningLow(cls);
+            }
+
+            return true;
+        }
+
+        // The pool is empty: the stocker (if any) is woken, and this thread formats a free segment (fresh and dense) or
+        // sweeps parked frees of this class for itself before growing the file (a write-back and a fence on this thread).
+        SignalRunningLow(cls);
+        if (TryFormatSmallSegment(cache, cls, allowGrowth: false) || TrySweepForRefill(cache, cls))
         {
             return true;
         }
@@ -899,13 +910,20 @@ public sealed unsafe partial class PersistentHeap : IDisposable
         return TryTakeBatch(cache, cls);
     }
 
-    private bool TryTakeBatch(ThreadCache cache, int cls)
+    private bool TryTakeBatch(ThreadCache cache, int cls) => TryTakeBatch(cache, cls, out _);
+
+    /// <summary>Takes a batch of class <paramref name="cls"/> from its pool into the thread's cache, if the pool has one.</summary>
+    /// <param name="cache">The thread's cache, whose class <paramref name="cls"/> is empty.</param>
+    /// <param name="cls">The size class.</param>
+    /// <param name="runningLow">Whether the pool is below its low-water mark afterwards (see <see cref="PoolRunningLow"/>).</param>
+    private bool TryTakeBatch(ThreadCache cache, int cls, out bool runningLow)
     {
         ClassPool pool = _pools[cls];
         lock (pool)
         {
             if (pool.Batches.Count == 0)
             {
+                runningLow = false;
                 return false;
             }
 
@@ -918,6 +936,7 @@ public sealed unsafe partial class PersistentHeap : IDisposable
             batch.CopyTo(cache.Blocks[cls], 0);
             cache.Counts[cls] = batch.Length;
             CountTaken(cls, batch.Length);
+            runningLow = IsRunningLow(cls, pool.BlockCount);
             return true;
         }
     }

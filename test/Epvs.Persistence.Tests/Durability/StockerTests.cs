@@ -140,11 +140,11 @@ public sealed class StockerTests
     }
 
     /// <summary>
-    /// A background advancer that does not fire during the test (cycles run on Sync only, but the heap has a stocker):
-    /// writes and syncs until the stocker sweeps, holds its first sweep in flight (after its marks, before its
-    /// write-back), then runs a Sync on another thread. Returns whether that Sync returned within
-    /// <paramref name="bound"/> while the sweep was held (it covers its version either way: the frontier moves before
-    /// the reclamation). Adapted from review D's demonstration that the cycle used to wait for the stocker's sweep.
+    /// A background advancer that does not fire during the test (cycles run by hand, one at a time, but the heap has a
+    /// stocker, which stocks after them only here): writes and advances until the stocker sweeps, holds its first sweep
+    /// in flight (after its marks, before its write-back), then writes and syncs on another thread. Returns whether that
+    /// thread's write and Sync returned within <paramref name="bound"/> while the sweep was held (and checks that the
+    /// Sync covered the write). Adapted from review D's demonstration that the cycle used to wait for the stocker's sweep.
     /// </summary>
     private static bool SyncWhileTheStockersSweepIsHeld(HeapFaults faults, TimeSpan bound)
     {
@@ -154,11 +154,16 @@ public sealed class StockerTests
         using var entered = new ManualResetEventSlim();
         using var release = new ManualResetEventSlim();
         int once = 0;
-        BufferedDurableHeap heap = BufferedDurableHeap.Open(file, new BufferedDurableHeapOptions { AdvancePeriod = TimeSpan.FromHours(1), HeapFaults = faults });
+        // No back-pressure: a write would run a cycle to help reclaim, behind a held sweep with the broken control.
+        BufferedDurableHeap heap = BufferedDurableHeap.Open(file, new BufferedDurableHeapOptions { AdvancePeriod = TimeSpan.FromHours(1), ReclaimBacklogLimit = long.MaxValue, HeapFaults = faults });
         Thread? sync = null;
         try
         {
             Assert.NotNull(heap.StockerForTesting);
+
+            // The stocker sweeps after cycles only here (no writer wakes it between them: see LowWaterStockingTests), so
+            // no sweep is held while this thread's Sync runs a cycle, which with the broken control would wait for it.
+            heap.Heap.PoolRunningLow = null;
             heap.Heap.AfterSweepMarkedForTesting = () =>
             {
                 if (Thread.CurrentThread == heap.StockerForTesting && Interlocked.Exchange(ref once, 1) == 0)
@@ -176,18 +181,31 @@ public sealed class StockerTests
                     map.Set(k, k + round);
                 }
 
+                // One cycle (a Sync may run two, the second behind a sweep the first one's stocking holds: with the
+                // broken control it would wait for ever), then the stocking it asked for, ended or held.
                 long runs = heap.StockerRunsForTesting;
-                heap.Sync();
+                heap.AdvanceVersion(Wait);
                 Assert.True(SpinWait.SpinUntil(() => entered.IsSet || heap.StockerRunsForTesting > runs, Wait));
             }
 
             Assert.True(entered.IsSet, "the stocker never swept");
-            map.Set(0, -1);
-            long target = heap.CurrentVersion;
-            sync = new Thread(() => heap.Sync(TimeSpan.FromSeconds(30))) { IsBackground = true };
+
+            long target = 0;
+            sync = new Thread(() =>
+            {
+                map.Set(0, -1);
+                Volatile.Write(ref target, heap.CurrentVersion);
+                heap.Sync(TimeSpan.FromSeconds(30));
+            })
+            { IsBackground = true };
             sync.Start();
-            Assert.True(SpinWait.SpinUntil(() => heap.DurableFrontier >= target, Wait), "the frontier never covered the target");
-            return sync.Join(bound);
+            if (!sync.Join(bound))
+            {
+                return false;
+            }
+
+            Assert.True(heap.DurableFrontier >= Volatile.Read(ref target), "Sync returned before the frontier covered its write");
+            return true;
         }
         finally
         {
