@@ -48,8 +48,11 @@ public sealed unsafe partial class PersistentHeap
     /// <summary>Per class: 1 once an allocating thread has woken the stocker since the last stocking of the class (one wake per stocking).</summary>
     private readonly int[] _lowWaterSignalled = new int[SizeClasses.Count];
 
-    /// <summary><see cref="Stopwatch.GetTimestamp"/> at the last <see cref="StockPools"/> (its caller serializes the calls).</summary>
-    private long _lastStockTimestamp;
+    /// <summary><see cref="Stopwatch.GetTimestamp"/> at the last <see cref="StockPools"/> (its caller serializes the calls), or when the heap opened.</summary>
+    private long _lastStockTimestamp = Stopwatch.GetTimestamp();
+
+    /// <summary>Test hook: the clock <see cref="StockPools"/> measures the demand's rate with, instead of <see cref="Stopwatch.GetTimestamp"/>.</summary>
+    internal Func<long>? StockClockForTesting { get; set; }
 
     private long _stockFormattedSegments;
     private long _stockSweptBlocks;
@@ -107,7 +110,7 @@ public sealed unsafe partial class PersistentHeap
     /// (cycles driven by hand, at no particular rate).</param>
     internal void StockPools(long reserveBytes, TimeSpan period)
     {
-        long now = Stopwatch.GetTimestamp();
+        long now = StockClockForTesting?.Invoke() ?? Stopwatch.GetTimestamp();
         long periodTicks = (long)(period.TotalSeconds * Stopwatch.Frequency);
         long elapsed = Math.Max(now - _lastStockTimestamp, Math.Max(1, periodTicks));
         _lastStockTimestamp = now;
@@ -117,31 +120,38 @@ public sealed unsafe partial class PersistentHeap
             long taken = Volatile.Read(ref _takenByClass[cls]);
             long demand = taken - _takenAtLastStock[cls];
             _takenAtLastStock[cls] = taken;
-
-            // Volatile.Write: release, after the reading of the demand; pairs with the Volatile.Read in
-            // SignalIfRunningLow. A wake from now on asks for the next stocking.
-            Volatile.Write(ref _lowWaterSignalled[cls], 0);
             if (demand == 0)
             {
+                // Volatile.Write: see below (a class first used after its demand was read above is stocked next time).
+                Volatile.Write(ref _lowWaterSignalled[cls], 0);
                 continue;
             }
 
             long atRate = periodTicks == 0 ? 0 : (long)((double)demand * StockHorizonPeriods * periodTicks / elapsed);
             long target = Math.Max(2 * demand, atRate) + (reserveBytes / SizeClasses.BlockSizes[cls]);
-
-            // Volatile.Write: atomicity only; read by allocating threads under the pool lock.
-            Volatile.Write(ref _lowWater[cls], target / 2);
-            long missing = target - ReadyBlocks(cls);
-            if (missing <= 0)
+            try
             {
-                continue;
+                long missing = target - ReadyBlocks(cls);
+                if (missing > 0)
+                {
+                    missing -= FormatIntoPool(cls, missing);
+                    if (missing > 0 && Volatile.Read(ref _pendingByClass[cls]) != 0)
+                    {
+                        long swept = SweepPendingFrees(missing, cls);
+                        Volatile.Write(ref _stockSweptBlocks, _stockSweptBlocks + swept);
+                    }
+                }
             }
-
-            missing -= FormatIntoPool(cls, missing);
-            if (missing > 0 && Volatile.Read(ref _pendingByClass[cls]) != 0)
+            finally
             {
-                long swept = SweepPendingFrees(missing, cls);
-                Volatile.Write(ref _stockSweptBlocks, _stockSweptBlocks + swept);
+                // The new mark and the next wake only once the class is stocked: a batch taken during the refill (the
+                // pool still below the mark) would otherwise ask for another stocking at once, which would measure
+                // only the demand during this one and lower the mark while the pool holds this target. A wake during
+                // the refill is not lost: it asked for the next stocking (the stocker's flag), which runs after this one.
+                // Volatile.Write: atomicity only (the mark is read under the pool lock); the flag pairs with the
+                // Interlocked.Exchange in SignalRunningLow.
+                Volatile.Write(ref _lowWater[cls], target / 2);
+                Volatile.Write(ref _lowWaterSignalled[cls], 0);
             }
         }
     }

@@ -70,6 +70,57 @@ public sealed class LowWaterStockingTests
     }
 
     /// <summary>
+    /// The horizon, on a clock of the test's (no stocker thread: the stocking called directly, period 1 s): a demand
+    /// taken over half a period is measured over a whole one (four times that demand stocked, not eight), over two periods
+    /// at its rate (half of four times), and never below twice the demand since the previous stocking. Each stocking
+    /// formats whole segments (1,024 blocks of the map's class) until the pool holds its target.
+    /// </summary>
+    [Fact]
+    public void AStocking_KeepsFourPeriodsOfTheMeasuredRateReady_MeasuredOverAtLeastAPeriod()
+    {
+        using var domain = new SimulatedPersistenceDomain(32 << 20);
+        using HeapFile file = HeapFile.Create(domain);
+        using BufferedDurableHeap heap = BufferedDurableHeap.Open(file, new BufferedDurableHeapOptions { AdvancePeriod = Timeout.InfiniteTimeSpan });
+        PersistentHeap allocator = heap.Heap;
+        var map = new PersistentHashMap<long, long>(heap, TypeId);
+        long clock = 0;
+        allocator.StockClockForTesting = () => clock;
+        TimeSpan period = TimeSpan.FromSeconds(1);
+        long periodTicks = System.Diagnostics.Stopwatch.Frequency;
+        int segment = SizeClasses.BlocksPerSegment[MapClass];
+        allocator.StockPools(0, period);
+        long key = 0;
+
+        // 8,000 blocks in half a period: measured over one, 4 × 8,000 ready.
+        key = Insert(map, key, 8_000);
+        clock += periodTicks / 2;
+        allocator.StockPools(0, period);
+        Assert.InRange(allocator.ReadyBlocks(MapClass), 32_000, 32_000 + segment - 1);
+
+        // 20,000 more in two periods: the rate is half as high, 2 × 20,000 ready (and twice the demand, the floor, agrees).
+        key = Insert(map, key, 20_000);
+        clock += 2 * periodTicks;
+        allocator.StockPools(0, period);
+        Assert.InRange(allocator.ReadyBlocks(MapClass), 40_000, 40_000 + segment - 1);
+
+        // 30,000 more in eight periods: at the rate, 15,000; never below twice the demand, 60,000.
+        key = Insert(map, key, 30_000);
+        clock += 8 * periodTicks;
+        allocator.StockPools(0, period);
+        Assert.InRange(allocator.ReadyBlocks(MapClass), 60_000, 60_000 + segment - 1);
+    }
+
+    private static long Insert(PersistentHashMap<long, long> map, long from, int count)
+    {
+        for (long k = from; k < from + count; k++)
+        {
+            map.Set(k, k);
+        }
+
+        return from + count;
+    }
+
+    /// <summary>
     /// The low-water mark, without a stocker thread (cycles by hand, the stocking called directly): a stocking for a
     /// demand over a horizon sets the mark at half of what it stocks; the first batch that leaves the pool below it wakes
     /// the stocker while the pool still holds blocks, and only once until the next stocking.
