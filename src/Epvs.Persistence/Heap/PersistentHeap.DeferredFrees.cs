@@ -335,16 +335,7 @@ public sealed unsafe partial class PersistentHeap
 
         if (!all)
         {
-            candidates.Sort((a, b) => b.Count.CompareTo(a.Count));
-            long take = 0;
-            int chosen = 0;
-            while (chosen < candidates.Count && take < minimumBlocks)
-            {
-                take += candidates[chosen++].Count;
-            }
-
-            candidates.RemoveRange(chosen, candidates.Count - chosen);
-            candidates.Sort((a, b) => a.Segment.CompareTo(b.Segment));
+            candidates = DensestInAddressOrder(candidates, minimumBlocks);
         }
 
         long total = 0;
@@ -471,6 +462,55 @@ public sealed unsafe partial class PersistentHeap
             // that relies on them (an anti-payload) could bring a deleted key back after a crash. Stop instead.
             throw new System.IO.IOException($"An earlier sweep of deferred frees failed ({failure.Message}); no more frees can be made durable.", failure);
         }
+    }
+
+    /// <summary>
+    /// The densest of <paramref name="candidates"/> (in address order, each with its count of parked blocks), as few as
+    /// hold at least <paramref name="minimumBlocks"/> blocks together (all of them when they hold fewer), in address
+    /// order; of segments with equal counts at the threshold, the lowest addresses. A histogram of the counts (at most
+    /// the blocks of a segment) finds the threshold in one pass over the segments, where sorting them by count took
+    /// O(n log n) delegate comparisons under the sweep's lock, at every stocking's sweep of a large heap.
+    /// </summary>
+    internal static List<(int Count, long Segment)> DensestInAddressOrder(List<(int Count, long Segment)> candidates, long minimumBlocks)
+    {
+        int max = 0;
+        foreach ((int count, _) in candidates)
+        {
+            max = Math.Max(max, count);
+        }
+
+        // Blocks held by the segments of each count.
+        var blocksByCount = new long[max + 1];
+        foreach ((int count, _) in candidates)
+        {
+            blocksByCount[count] += count;
+        }
+
+        // The threshold: every segment denser than it is taken, and they hold fewer than the minimum.
+        long denser = 0;
+        int threshold = max;
+        while (threshold > 0 && denser + blocksByCount[threshold] < minimumBlocks)
+        {
+            denser += blocksByCount[threshold];
+            threshold--;
+        }
+
+        var chosen = new List<(int Count, long Segment)>();
+        long taken = denser;
+        foreach ((int count, long segment) candidate in candidates)
+        {
+            if (candidate.count > threshold)
+            {
+                chosen.Add(candidate);
+            }
+            else if (candidate.count == threshold && threshold > 0 && taken < minimumBlocks)
+            {
+                chosen.Add(candidate);
+                taken += candidate.count;
+            }
+        }
+
+        return chosen;
     }
 
     /// <summary>Appends the parked blocks of <paramref name="segment"/> to <paramref name="offsets"/> in address order and clears its bitmap.</summary>
