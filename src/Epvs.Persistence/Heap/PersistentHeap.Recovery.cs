@@ -115,7 +115,7 @@ public sealed unsafe partial class PersistentHeap
         bool loseInvalid = (_faults & HeapFaults.LoseInvalidBlocksAtRecovery) != 0;
         bool leaveTorn = (_faults & HeapFaults.LeaveTornHeaders) != 0;
         bool tornIsDamaged = options.TornIsDamaged;
-        bool scrubEpochWords = listUnsealed && (_faults & HeapFaults.LeaveEpochWordsUnmarked) == 0;
+        bool scrubEpochWords = listUnsealed && _marksEmptyEpochs;
         Parallel.For(
             0,
             small.Count,
@@ -341,10 +341,7 @@ public sealed unsafe partial class PersistentHeap
             uint generation = HeapLayout.DescriptorGeneration(_table[SegmentOf(offset)]);
             // Volatile.Write: one aligned 8-byte store (failure-atomic); written back below, with the empty mark.
             Volatile.Write(ref *commit, HeapLayout.FreeWord(offset, generation));
-            if (_marksEmptyEpochs)
-            {
-                *(ulong*)(_base + offset + HeapLayout.EpochOffset) = HeapLayout.EmptyEpoch(offset);
-            }
+            MarkEpochWordEmpty(offset);
 
             if (perBlockWriteBack)
             {

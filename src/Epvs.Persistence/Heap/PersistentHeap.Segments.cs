@@ -111,7 +111,7 @@ public sealed unsafe partial class PersistentHeap
     {
         ulong* h = (ulong*)(_base + offset);
         h[0] = 0;
-        h[1] = (_faults & HeapFaults.LeaveEpochWordsUnmarked) == 0 ? HeapLayout.EmptyEpoch(offset) : 0;
+        h[1] = FormattedEpochWord(offset);
         h[2] = 0;
         h[3] = HeapLayout.UnusedWord(offset, generation);
         _file.Domain.Persist(offset, HeapLayout.HeaderSize);

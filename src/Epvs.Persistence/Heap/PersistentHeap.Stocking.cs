@@ -235,7 +235,6 @@ public sealed unsafe partial class PersistentHeap
         {
             // (The broken control leaves the zeroing in the working image only.)
             bool durable = (_faults & HeapFaults.StockWithoutDurableZeroing) == 0;
-            bool emptyMarks = (_faults & HeapFaults.LeaveEpochWordsUnmarked) == 0;
             FreeClaimingDescriptorsLocked(segments);
             var zeroed = new WriteBackRuns(_file.Domain);
             int blockSize = SizeClasses.BlockSizes[cls];
@@ -248,7 +247,7 @@ public sealed unsafe partial class PersistentHeap
                 for (int k = 0; k < blocks; k++)
                 {
                     long offset = start + ((long)k * blockSize);
-                    *(ulong*)(_base + offset + HeapLayout.EpochOffset) = emptyMarks ? HeapLayout.EmptyEpoch(offset) : 0;
+                    *(ulong*)(_base + offset + HeapLayout.EpochOffset) = FormattedEpochWord(offset);
                     *(ulong*)(_base + offset + HeapLayout.CommitOffset) = HeapLayout.UnusedWord(offset, generation);
                 }
 

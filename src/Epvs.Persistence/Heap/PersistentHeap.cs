@@ -42,7 +42,7 @@ public sealed unsafe partial class PersistentHeap : IDisposable
     private readonly long _dataStart;
     private readonly HeapFaults _faults;
 
-    /// <summary>Whether a free writes the block's empty mark into its Epoch word (always, but for the broken control).</summary>
+    /// <summary>Whether formatting, frees and recovery's scrub write a block's empty mark into its Epoch word (always, but for the broken control <see cref="HeapFaults.LeaveEpochWordsUnmarked"/>).</summary>
     private readonly bool _marksEmptyEpochs;
 
     /// <summary>See <see cref="PersistentHeapOptions.InFlightVersion"/>: the version recovery takes torn seals of for torn writes.</summary>
@@ -364,16 +364,27 @@ public sealed unsafe partial class PersistentHeap : IDisposable
             ThrowHelper.ThrowInvalidPayloadRef(block, "another thread freed it concurrently (double free)");
         }
 
-        if (_marksEmptyEpochs)
-        {
-            // After the free word (a failed double free leaves a live block alone), in the same header: the free's own
-            // write-back makes both durable before the block is handed out again, in either order — a crash can leave
-            // the mark without the free word, which recovery takes for a free it interrupted (see HeapLayout, sealing).
-            *(ulong*)(_base + block.Offset + HeapLayout.EpochOffset) = HeapLayout.EmptyEpoch(block.Offset);
-        }
-
+        // After the free word (a failed double free leaves a live block alone).
+        MarkEpochWordEmpty(block.Offset);
         return (segment, descriptor);
     }
+
+    /// <summary>
+    /// The second store of a free: the block's empty mark into its Epoch word, in the same header as the free word just
+    /// stored, so the free's own write-back makes both durable before the block is handed out again, in either order — a
+    /// crash can leave the mark without the free word, which recovery takes for a free it interrupted (see
+    /// <see cref="HeapLayout"/>, sealing). The broken control leaves the word as it was.
+    /// </summary>
+    private void MarkEpochWordEmpty(long offset)
+    {
+        if (_marksEmptyEpochs)
+        {
+            *(ulong*)(_base + offset + HeapLayout.EpochOffset) = HeapLayout.EmptyEpoch(offset);
+        }
+    }
+
+    /// <summary>The Epoch word a formatted block gets: its empty mark (0, format 6's, with the broken control).</summary>
+    private ulong FormattedEpochWord(long offset) => _marksEmptyEpochs ? HeapLayout.EmptyEpoch(offset) : 0;
 
     private void ReleaseCore(PayloadRef block, long segment, ulong descriptor)
     {
