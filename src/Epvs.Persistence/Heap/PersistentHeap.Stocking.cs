@@ -239,6 +239,7 @@ public sealed unsafe partial class PersistentHeap
             var zeroed = new WriteBackRuns(_file.Domain);
             int blockSize = SizeClasses.BlockSizes[cls];
             int blocks = SizeClasses.BlocksPerSegment[cls];
+            PrepareOverwrite(segments);
             foreach (long segment in segments)
             {
                 long start = SegmentStart(segment);
@@ -286,6 +287,26 @@ public sealed unsafe partial class PersistentHeap
 
         table.Flush();
         _file.Domain.Fence();
+    }
+
+    /// <summary>
+    /// Before <paramref name="segments"/> (free, durably; in ascending order) are zeroed and written back whole: tells the
+    /// domain their bytes are not needed (see <see cref="PersistenceDomain.PrepareOverwrite"/>), once per run of
+    /// adjacent segments.
+    /// </summary>
+    private void PrepareOverwrite(List<long> segments)
+    {
+        for (int i = 0; i < segments.Count;)
+        {
+            int j = i + 1;
+            while (j < segments.Count && segments[j] == segments[j - 1] + 1)
+            {
+                j++;
+            }
+
+            _file.Domain.PrepareOverwrite(SegmentStart(segments[i]), (long)(j - i) * HeapLayout.SegmentSize);
+            i = j;
+        }
     }
 
     /// <summary>Takes up to <paramref name="count"/> free segments (without growing the file), lowest first, into <paramref name="taken"/>.</summary>
