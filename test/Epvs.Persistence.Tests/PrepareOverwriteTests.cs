@@ -122,6 +122,36 @@ public sealed class PrepareOverwriteTests : IDisposable
         Assert.True(memory.IndexOfAnyExcept((byte)0x5A) < 0, "a copied page changed under its owner");
     }
 
+    /// <summary>
+    /// After a failed write-back (fail-stop) nothing is written any more: a segment whose release failed may still be
+    /// formatted on the file, where zeros would read as damage.
+    /// </summary>
+    [Fact]
+    public void AfterAFailedWriteBack_NothingIsWritten()
+    {
+        Assert.SkipUnless(OperatingSystem.IsLinux(), "private mappings are Linux only");
+        HeapFile file = HeapFile.Create(_directory.File("failed.heap"), new HeapFileOptions { Size = 8L << 20, Domain = PersistenceDomainKind.MappedFile, MappedFileWriteBack = MappedFileWriteBack.PrivateMapping });
+        try
+        {
+            var domain = (MappedFilePersistenceDomain)file.Domain;
+            long offset = FreshSegment(domain);
+            domain.GetSpan(offset, 4096).Fill(0x5A);
+            domain.Persist(offset, 4096);
+            domain.FailFileCallsForTesting = 5;
+            Assert.Throws<System.IO.IOException>(() => domain.Persist(offset, 4096));
+            domain.FailFileCallsForTesting = 0;
+
+            domain.PrepareOverwrite(offset, HeapLayout.SegmentSize);
+
+            Assert.True(FileBytes(domain, offset, 4096).AsSpan().IndexOfAnyExcept((byte)0x5A) < 0, "zeros were written after the domain failed");
+        }
+        finally
+        {
+            // (Its clean-shutdown store reports the failed domain, and the file is released all the same.)
+            Assert.Throws<System.IO.IOException>(file.Dispose);
+        }
+    }
+
     /// <summary>Grows the domain by a segment (page-aligned) and returns where that segment starts.</summary>
     private static long FreshSegment(PersistenceDomain domain)
     {

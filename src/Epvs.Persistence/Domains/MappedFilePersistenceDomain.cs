@@ -354,7 +354,9 @@ internal sealed unsafe class MappedFilePersistenceDomain : PersistenceDomain
     {
         // Never past the process's file size limit (SIGXFSZ would kill it): a shared mapping of a file larger than the
         // limit stores there through the mapping, which the limit does not cover.
-        if (_windowsView is not null || offset + length > _fileSizeLimit)
+        // Nor after a failed write-back or fence (fail-stop): a segment whose release failed may still be formatted on
+        // the file, and zeros reaching it there would read as damage.
+        if (_windowsView is not null || offset + length > _fileSizeLimit || _failure is not null)
         {
             return;
         }
