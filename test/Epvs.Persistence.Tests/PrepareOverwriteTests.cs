@@ -55,6 +55,58 @@ public sealed class PrepareOverwriteTests : IDisposable
         Assert.True(ranges.Count < segments, $"{ranges.Count} calls for {segments} adjacent segments");
     }
 
+    /// <summary>
+    /// The zeros may reach the file at any time (the kernel writes dirty pages back when it likes), so a segment's bytes
+    /// may only be given up once its durable descriptor is free: a segment that recovery found without a live block,
+    /// whose descriptor on the medium still claims it for its old size class, is freed durably first. Checked in the
+    /// durable image at the moment of the call.
+    /// </summary>
+    [Fact]
+    public void ASegmentWhoseDurableDescriptorStillClaimsIt_IsFreedDurablyBeforeItsBytesAreGivenUp()
+    {
+        byte[] image;
+        using (var domain = new SimulatedPersistenceDomain(4 << 20))
+        {
+            using HeapFile file = HeapFile.Create(domain);
+            using var heap = new PersistentHeap(file);
+            PayloadRef block = heap.Allocate(16, TypeId);
+            heap.WriteBackHeader(block);
+            domain.Fence();
+            heap.Free(block);
+            heap.WriteBackHeader(block);
+            domain.Fence();
+
+            // As after a crash: the durable image only (no clean shutdown).
+            image = domain.GetDurableImage();
+        }
+
+        using SimulatedPersistenceDomain recovered = SimulatedPersistenceDomain.FromImage(image);
+        using HeapFile reopened = HeapFile.Open(recovered);
+        using var recoveredHeap = new PersistentHeap(reopened);
+        long dataStart = BitConverter.ToInt64(image, HeapLayout.DataStartOffset);
+        long firstSegment = (image.Length - dataStart) / HeapLayout.SegmentSize;
+        var claimedAtTheCall = new List<string>();
+        recovered.PrepareOverwriteHookForTesting = (offset, length) =>
+        {
+            byte[] durable = recovered.GetDurableImage();
+            for (long segment = (offset - dataStart) / HeapLayout.SegmentSize; segment < (offset + length - dataStart) / HeapLayout.SegmentSize; segment++)
+            {
+                firstSegment = Math.Min(firstSegment, segment);
+                ulong descriptor = BitConverter.ToUInt64(durable, HeapLayout.SuperblockSize + (int)(segment * sizeof(ulong)));
+                if (HeapLayout.DescriptorRole(descriptor) != HeapLayout.RoleFree)
+                {
+                    claimedAtTheCall.Add($"segment {segment}: role {HeapLayout.DescriptorRole(descriptor)}");
+                }
+            }
+        };
+
+        // Another size class: the segment the first block used is the lowest free one, formatted anew.
+        recoveredHeap.Allocate(1000, TypeId);
+
+        Assert.Equal(0, firstSegment);
+        Assert.Empty(claimedAtTheCall);
+    }
+
     /// <summary>An allocating thread that formats a segment for itself prepares that segment.</summary>
     [Fact]
     public void AnAllocationThatFormatsASegment_PreparesThatSegment()
@@ -74,7 +126,7 @@ public sealed class PrepareOverwriteTests : IDisposable
 
     /// <summary>
     /// What it does through the page cache: the range's pages are in the page cache before any store reaches them
-    /// (<c>mincore</c>), holding zeros. The control (the call disabled) leaves them out of it.
+    /// (<c>mincore</c>). The control (the call disabled) leaves them out of it.
     /// </summary>
     [Theory]
     [InlineData(MappedFileWriteBack.PrivateMapping, false)]
@@ -90,14 +142,13 @@ public sealed class PrepareOverwriteTests : IDisposable
         // A segment's worth the file has just grown by: untouched, and past every readahead so far (the kernel reads
         // ahead of a fault by up to read_ahead_kb, 8 MiB on the development machine: the whole of the file as created).
         long offset = FreshSegment(domain);
-        Assert.Equal(0, ResidentPages(domain, offset));
+        Assert.SkipWhen(ResidentPages(domain, offset) != 0, "inconclusive: the file's fresh pages are in the page cache already (a file system without fallocate, whose preallocation writes them)");
         domain.PrepareOverwriteDisabledForTesting = control;
 
         domain.PrepareOverwrite(offset, HeapLayout.SegmentSize);
 
         long pages = HeapLayout.SegmentSize / Environment.SystemPageSize;
         Assert.Equal(control ? 0 : pages, ResidentPages(domain, offset));
-        Assert.Equal(new byte[HeapLayout.SegmentSize], FileBytes(domain, offset, HeapLayout.SegmentSize));
     }
 
     /// <summary>

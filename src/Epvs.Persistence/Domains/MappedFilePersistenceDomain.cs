@@ -47,7 +47,7 @@ internal sealed unsafe class MappedFilePersistenceDomain : PersistenceDomain
     /// <summary>The process's file size limit when the file was mapped: the file never grows past it (SIGXFSZ).</summary>
     private readonly long _fileSizeLimit = Interop.Libc.FileSizeLimit();
 
-    /// <summary>pwrite/fdatasync calls in progress (private mapping): quarantine and dispose wait for them.</summary>
+    /// <summary>pwrite/fdatasync/fallocate calls in progress (the write-back of a private mapping, growth, <see cref="PrepareOverwriteCore"/>): quarantine and dispose wait for them.</summary>
     private int _fileCalls;
 
     /// <summary>How long a quarantine or dispose waits for pwrite, fdatasync and fallocate calls in flight (tests shorten it).</summary>

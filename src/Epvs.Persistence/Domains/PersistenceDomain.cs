@@ -85,8 +85,11 @@ public abstract unsafe class PersistenceDomain : IDisposable
     /// <summary>
     /// Before the allocator stores to every byte of a range and writes the whole range back (formatting segments that
     /// are free, durably): the range's current bytes, in memory and on the medium, are not needed any more. A domain
-    /// may use that to make the stores cheaper; by default nothing happens. A hint: it never fails.
+    /// may use that to make the stores cheaper; by default nothing happens. A hint: a failure of what it does is not
+    /// reported (the caller's write-back of the range reports the medium's).
     /// </summary>
+    /// <exception cref="ArgumentOutOfRangeException">The range is not inside <see cref="Length"/>.</exception>
+    /// <exception cref="ObjectDisposedException">The domain was disposed.</exception>
     internal void PrepareOverwrite(long offset, long length)
     {
         CheckRange(offset, length);
