@@ -343,7 +343,7 @@ internal sealed unsafe class MappedFilePersistenceDomain : PersistenceDomain
     /// had not been read, that zero-filling was most of a segment's format: a perf profile of two writers on a growing
     /// heap found a third of the stocker's time under <c>zero_user_segments</c>. Written first, the pages come from the
     /// write path, which needs no zero-filling of what it overwrites: the heap's threads took 0.51–0.53 cores instead of
-    /// 0.60–0.62 under two writers on a growing heap, and the writers did 20% more upserts (benchmark/RESULTS.md).</para>
+    /// 0.60–0.62 under two writers on a growing heap, and the writers did about an eighth more upserts (benchmark/RESULTS.md).</para>
     /// <para>Safe because the caller's range holds free segments, durably (their descriptors are free, so recovery never
     /// reads their bytes), which it overwrites and writes back whole next. In a private mapping a page already copied
     /// keeps its bytes until the caller's stores; one not copied yet reads the zeros. A failed call is not recorded: the
