@@ -1081,6 +1081,16 @@ public sealed unsafe partial class BufferedDurableHeap
     /// <summary>Test hook: runs first when Dispose stops the advancer; a hook that throws stands for a failure there.</summary>
     internal Action? StoppingAdvancerForTesting { get; set; }
 
+    /// <summary>How long Dispose waits for the advancer and for the stocker to stop, each (tests shorten it).</summary>
+    internal TimeSpan BackgroundStopWait { get; set; } = TimeSpan.FromSeconds(30);
+
+    /// <summary>
+    /// Set by Dispose when the advancer or the stocker did not stop within <see cref="BackgroundStopWait"/> (stuck in the
+    /// kernel on a failing disk, say): it may still write through the heap's file, so the file is closed as with a
+    /// thread still inside an operation — quarantined, never unmapped, and refused to any other heap.
+    /// </summary>
+    private bool _backgroundStillRunning;
+
     private Exception? StopAdvancer(ref bool interrupted)
     {
         Exception? stocker = null;
@@ -1089,9 +1099,10 @@ public sealed unsafe partial class BufferedDurableHeap
             StoppingAdvancerForTesting?.Invoke();
             _stopping = true;
             _wake.Set();
-            if (_advancer is { } thread && !UninterruptedWait.Join(thread, TimeSpan.FromSeconds(30), ref interrupted))
+            if (_advancer is { } thread && !UninterruptedWait.Join(thread, BackgroundStopWait, ref interrupted))
             {
-                return new TimeoutException("The advancer thread did not stop within 30 s.");
+                _backgroundStillRunning = true;
+                return new TimeoutException($"The advancer thread did not stop within {BackgroundStopWait.TotalSeconds:0.#} s.");
             }
 
             _wake.Dispose();

@@ -166,7 +166,7 @@ public sealed partial class BufferedDurableHeap
     }
 
     /// <summary>Stops the stocker and waits for a stocking in progress to end (Dispose, before its last cycles).</summary>
-    /// <returns>A timeout when the stocker did not stop within 30 s; otherwise null.</returns>
+    /// <returns>A timeout when the stocker did not stop within <see cref="BackgroundStopWait"/> (30 s); otherwise null.</returns>
     private Exception? StopStocker(ref bool interrupted)
     {
         StoppingStockerForTesting?.Invoke();
@@ -188,9 +188,10 @@ public sealed partial class BufferedDurableHeap
             return null;
         }
 
-        if (_stocker is { } thread && !UninterruptedWait.Join(thread, TimeSpan.FromSeconds(30), ref interrupted))
+        if (_stocker is { } thread && !UninterruptedWait.Join(thread, BackgroundStopWait, ref interrupted))
         {
-            return new TimeoutException("The stocker thread did not stop within 30 s.");
+            _backgroundStillRunning = true;
+            return new TimeoutException($"The stocker thread did not stop within {BackgroundStopWait.TotalSeconds:0.#} s.");
         }
 
         return null;

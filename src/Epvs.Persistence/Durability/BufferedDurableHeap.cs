@@ -345,7 +345,10 @@ public sealed unsafe partial class BufferedDurableHeap : IDisposable
     /// closed either way; that caller gets the exception, if any), and a call after that does nothing. That wait is
     /// interruptible: <see cref="Thread.Interrupt"/> makes the waiting call throw <see cref="ThreadInterruptedException"/>,
     /// and the other one carries on.</remarks>
-    /// <exception cref="TimeoutException">A thread is still inside an operation, so the last advance could not run within <see cref="BufferedDurableHeapOptions.SyncTimeout"/>; the heap is closed anyway and recovery keeps the frontier prefix.</exception>
+    /// <exception cref="TimeoutException">A thread is still inside an operation, so the last advance could not run within <see cref="BufferedDurableHeapOptions.SyncTimeout"/>; the heap is closed anyway and recovery keeps the frontier prefix.
+    /// Or the heap's advancer or stocker thread did not stop within 30 s (stuck in a system call on a failing disk, say):
+    /// the heap is closed without it, and as with a thread left inside an operation its file is quarantined rather than
+    /// unmapped under it, and a file the caller owns hosts no other heap (dispose it and open the file again).</exception>
     /// <exception cref="InvalidOperationException">Called on a thread that is running one of the heap's advance cycles
     /// (from a callback such as a <see cref="EpochProtectedVersionScheme.StateMachineFaulted"/> handler on the advancer's
     /// thread): nothing is disposed, and the heap can be disposed from another thread. Or: called on the thread of a
@@ -441,6 +444,7 @@ public sealed unsafe partial class BufferedDurableHeap : IDisposable
 
         bool machineInFlight = false;
         bool drained = false;
+        bool released = false;
         try
         {
             if (_mode != DurabilityMode.Transient && failure is null)
@@ -501,12 +505,15 @@ public sealed unsafe partial class BufferedDurableHeap : IDisposable
                     _heap.File.ForgoCleanShutdown();
                 }
 
-                if (!machineInFlight && drained)
+                // A background thread that did not stop may still run a cycle or a stocking through all of it: closed as
+                // with a thread still inside an operation (the file quarantined, not unmapped, and no other heap on it).
+                released = drained && (!_backgroundStillRunning || (_faults & DurabilityFaults.ReleaseTheFileUnderARunningBackgroundThread) != 0);
+                if (!machineInFlight && released)
                 {
                     DisposeScheme(ref interrupted);
                 }
 
-                if (drained)
+                if (released)
                 {
                     _local.Dispose();
                 }
@@ -515,16 +522,21 @@ public sealed unsafe partial class BufferedDurableHeap : IDisposable
             {
                 try
                 {
-                    _heap.Dispose(drained, fileClosesNext: _ownsFile);
+                    _heap.Dispose(released, fileClosesNext: _ownsFile);
                 }
                 finally
                 {
                     if (_ownsFile)
                     {
-                        _heap.File.Dispose(drained);
+                        _heap.File.Dispose(released);
                     }
                 }
             }
+        }
+
+        if (failure is TimeoutException && _backgroundStillRunning)
+        {
+            throw new TimeoutException($"{failure.Message} The heap is closed without it: its file was quarantined, not unmapped under it, and hosts no other heap (dispose the file and open it again; the file has no clean-shutdown mark, and a reopen recovers up to version {DurableFrontier}).", failure);
         }
 
         if (failure is TimeoutException)

@@ -112,4 +112,7 @@ internal enum DurabilityFaults : long
 
     /// <summary>The stocker stocks the pools only after each cycle, for twice the demand since its previous stocking (the old behaviour: allocating threads whose pool ran dry in a burst formatted segments themselves, a write-back and a fence inside their operations).</summary>
     StockOnlyAfterCycles = 8589934592,
+
+    /// <summary>Dispose releases the heap's file although the advancer or the stocker did not stop within its wait: another heap may then open on the file while the old thread still formats and writes through it.</summary>
+    ReleaseTheFileUnderARunningBackgroundThread = 17179869184,
 }
