@@ -479,9 +479,22 @@ public sealed unsafe partial class BufferedDurableHeap : IDisposable
             // operations are known to have drained, closing quarantines the mapping and leaves no clean-shutdown mark.
             try
             {
-                lock (_cycleGate)
+                // Bounded: an advancer that did not stop may hold the gate inside its cycle for ever (a stuck system
+                // call); then a transition may be in flight, so the scheme is left undisposed (to the collector).
+                if (UninterruptedWait.TryEnter(_cycleGate, _backgroundStillRunning ? TimeSpan.Zero : Timeout.InfiniteTimeSpan, ref interrupted))
                 {
-                    machineInFlight = _inflight is not null;
+                    try
+                    {
+                        machineInFlight = _inflight is not null;
+                    }
+                    finally
+                    {
+                        Monitor.Exit(_cycleGate);
+                    }
+                }
+                else
+                {
+                    machineInFlight = true;
                 }
 
                 AfterDisposeClosedCyclesForTesting?.Invoke();

@@ -142,6 +142,54 @@ public sealed class StockerTests
         }
     }
 
+    /// <summary>
+    /// The same for the advancer, stuck inside its cycle (holding the cycle gate): Dispose used to wait for the gate
+    /// without a bound once the advancer had not stopped, for as long as the cycle stayed stuck. It now closes the heap
+    /// without it (the scheme left undisposed, a transition may be in flight), the file quarantined and refused to
+    /// another heap, and says so.
+    /// </summary>
+    [Fact]
+    public void AnAdvancerStuckInItsCycle_DoesNotHoldDisposeForEver_NorLetAnotherHeapOpen()
+    {
+        var domain = new SimulatedPersistenceDomain(8 << 20);
+        HeapFile file = HeapFile.Create(domain);
+        using var entered = new ManualResetEventSlim();
+        using var release = new ManualResetEventSlim();
+        BufferedDurableHeap heap = BufferedDurableHeap.Open(file, new BufferedDurableHeapOptions { AdvancePeriod = Period, SyncTimeout = TimeSpan.FromSeconds(1) });
+        heap.BackgroundStopWait = TimeSpan.FromMilliseconds(100);
+        Thread? advancer = null;
+        heap.VersionBeginsForTesting = _ =>
+        {
+            if (Thread.CurrentThread.Name == "epvs-advancer" && !entered.IsSet)
+            {
+                advancer = Thread.CurrentThread;
+                entered.Set();
+                release.Wait();
+            }
+        };
+        try
+        {
+            Assert.True(entered.Wait(Wait), "the advancer ran no cycle");
+            Exception? failure = null;
+            var disposer = new Thread(() => failure = Record.Exception(heap.Dispose));
+            disposer.Start();
+            Assert.True(disposer.Join(Wait), "Dispose waited for the stuck advancer's cycle");
+            TimeoutException stuck = Assert.IsType<TimeoutException>(failure);
+            Assert.Contains("advancer", stuck.Message);
+            Assert.Throws<InvalidOperationException>(() => BufferedDurableHeap.Open(file));
+        }
+        finally
+        {
+            release.Set();
+        }
+
+        Assert.True(advancer!.Join(Wait), "the advancer did not stop once released");
+        file.Dispose();
+
+        // Quarantined, as after a straggler: the domain stays mapped.
+        Assert.Throws<InvalidOperationException>(domain.Dispose);
+    }
+
     [Fact]
     public void AFailedStocking_IsTheAdvancersFault_AndWhatWasSyncedSurvives()
     {
