@@ -346,9 +346,10 @@ public sealed unsafe partial class BufferedDurableHeap : IDisposable
     /// interruptible: <see cref="Thread.Interrupt"/> makes the waiting call throw <see cref="ThreadInterruptedException"/>,
     /// and the other one carries on.</remarks>
     /// <exception cref="TimeoutException">A thread is still inside an operation, so the last advance could not run within <see cref="BufferedDurableHeapOptions.SyncTimeout"/>; the heap is closed anyway and recovery keeps the frontier prefix.
-    /// Or the heap's advancer or stocker thread did not stop within 30 s (stuck in a system call on a failing disk, say):
-    /// the heap is closed without it, and as with a thread left inside an operation its file is quarantined rather than
-    /// unmapped under it, and a file the caller owns hosts no other heap (dispose it and open the file again).</exception>
+    /// Or the heap's advancer or stocker thread did not stop within 30 s (each; stuck in a system call on a failing disk,
+    /// say): the heap is closed without it, as with a thread left inside an operation — a file the heap opened is
+    /// quarantined rather than unmapped under it, and a file the caller owns hosts no other heap (dispose it; the file
+    /// can be opened again by its path).</exception>
     /// <exception cref="InvalidOperationException">Called on a thread that is running one of the heap's advance cycles
     /// (from a callback such as a <see cref="EpochProtectedVersionScheme.StateMachineFaulted"/> handler on the advancer's
     /// thread): nothing is disposed, and the heap can be disposed from another thread. Or: called on the thread of a
@@ -427,7 +428,9 @@ public sealed unsafe partial class BufferedDurableHeap : IDisposable
         bool gated;
         try
         {
-            gated = UninterruptedWait.TryEnter(_cycleGate, Remaining(deadline), ref interrupted);
+            // (Not at all for an advancer that did not stop: stuck inside its cycle it would hold the gate for ever, and
+            // no last advance runs after it anyway.)
+            gated = UninterruptedWait.TryEnter(_cycleGate, _backgroundStillRunning ? TimeSpan.Zero : Remaining(deadline), ref interrupted);
         }
         catch (Exception e)
         {
@@ -549,7 +552,7 @@ public sealed unsafe partial class BufferedDurableHeap : IDisposable
 
         if (failure is TimeoutException && _backgroundStillRunning)
         {
-            throw new TimeoutException($"{failure.Message} The heap is closed without it: its file was quarantined, not unmapped under it, and hosts no other heap (dispose the file and open it again; the file has no clean-shutdown mark, and a reopen recovers up to version {DurableFrontier}).", failure);
+            throw new TimeoutException($"{failure.Message} The heap is closed without it, as with a thread left inside an operation: a file the heap opened is quarantined (not unmapped under the thread), a file of the caller's hosts no other heap (dispose it; the file can be opened again by its path). The file has no clean-shutdown mark; a reopen recovers at least up to version {DurableFrontier}.", failure);
         }
 
         if (failure is TimeoutException)

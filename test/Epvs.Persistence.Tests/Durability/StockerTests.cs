@@ -144,7 +144,8 @@ public sealed class StockerTests
 
     /// <summary>
     /// The same for the advancer, stuck inside its cycle (holding the cycle gate): Dispose used to wait for the gate
-    /// without a bound once the advancer had not stopped, for as long as the cycle stayed stuck. It now closes the heap
+    /// without a bound once the advancer had not stopped (twice: before its last advance, for SyncTimeout, here infinite,
+    /// and at its close), for as long as the cycle stayed stuck. It now closes the heap
     /// without it (the scheme left undisposed, a transition may be in flight), the file quarantined and refused to
     /// another heap, and says so.
     /// </summary>
@@ -155,7 +156,8 @@ public sealed class StockerTests
         HeapFile file = HeapFile.Create(domain);
         using var entered = new ManualResetEventSlim();
         using var release = new ManualResetEventSlim();
-        BufferedDurableHeap heap = BufferedDurableHeap.Open(file, new BufferedDurableHeapOptions { AdvancePeriod = Period, SyncTimeout = TimeSpan.FromSeconds(1) });
+        // An infinite SyncTimeout: no wait of Dispose may fall back on it.
+        BufferedDurableHeap heap = BufferedDurableHeap.Open(file, new BufferedDurableHeapOptions { AdvancePeriod = Period, SyncTimeout = Timeout.InfiniteTimeSpan });
         heap.BackgroundStopWait = TimeSpan.FromMilliseconds(100);
         Thread? advancer = null;
         heap.VersionBeginsForTesting = _ =>
@@ -171,7 +173,7 @@ public sealed class StockerTests
         {
             Assert.True(entered.Wait(Wait), "the advancer ran no cycle");
             Exception? failure = null;
-            var disposer = new Thread(() => failure = Record.Exception(heap.Dispose));
+            var disposer = new Thread(() => failure = Record.Exception(heap.Dispose)) { IsBackground = true };
             disposer.Start();
             Assert.True(disposer.Join(Wait), "Dispose waited for the stuck advancer's cycle");
             TimeoutException stuck = Assert.IsType<TimeoutException>(failure);
