@@ -428,9 +428,7 @@ public sealed unsafe partial class BufferedDurableHeap : IDisposable
         bool gated;
         try
         {
-            // (Not at all for an advancer that did not stop: stuck inside its cycle it would hold the gate for ever, and
-            // no last advance runs after it anyway.)
-            gated = UninterruptedWait.TryEnter(_cycleGate, _backgroundStillRunning ? TimeSpan.Zero : Remaining(deadline), ref interrupted);
+            gated = UninterruptedWait.TryEnter(_cycleGate, CycleGateWait(Remaining(deadline)), ref interrupted);
         }
         catch (Exception e)
         {
@@ -482,9 +480,8 @@ public sealed unsafe partial class BufferedDurableHeap : IDisposable
             // operations are known to have drained, closing quarantines the mapping and leaves no clean-shutdown mark.
             try
             {
-                // Bounded: an advancer that did not stop may hold the gate inside its cycle for ever (a stuck system
-                // call); then a transition may be in flight, so the scheme is left undisposed (to the collector).
-                if (UninterruptedWait.TryEnter(_cycleGate, _backgroundStillRunning ? TimeSpan.Zero : Timeout.InfiniteTimeSpan, ref interrupted))
+                // Not taken (see CycleGateWait): a transition may be in flight, so the scheme is left to the collector.
+                if (UninterruptedWait.TryEnter(_cycleGate, CycleGateWait(Timeout.InfiniteTimeSpan), ref interrupted))
                 {
                     try
                     {
@@ -566,6 +563,12 @@ public sealed unsafe partial class BufferedDurableHeap : IDisposable
             throw new InvalidOperationException($"BufferedDurableHeap.Dispose: the heap is closed, but operations after version {DurableFrontier} were not made durable: {failure.Message} (The file has no clean-shutdown mark; a reopen recovers up to that version.){straggler}", failure);
         }
     }
+
+    /// <summary>
+    /// How long Dispose waits for the cycle gate: <paramref name="wait"/>, or not at all once the advancer or the stocker
+    /// did not stop (an advancer stuck inside its cycle holds the gate for ever, and no last advance runs after it anyway).
+    /// </summary>
+    private TimeSpan CycleGateWait(TimeSpan wait) => _backgroundStillRunning ? TimeSpan.Zero : wait;
 
     /// <summary>
     /// Disposes the version scheme once the operations have drained. A thread that begins an operation after the wait

@@ -236,10 +236,12 @@ public sealed unsafe partial class PersistentHeap
             // (The broken control leaves the zeroing in the working image only.)
             bool durable = (_faults & HeapFaults.StockWithoutDurableZeroing) == 0;
             FreeClaimingDescriptorsLocked(segments);
+
+            // Only now, every segment free on the medium too: their bytes may reach the file from here on.
+            PrepareOverwrite(segments);
             var zeroed = new WriteBackRuns(_file.Domain);
             int blockSize = SizeClasses.BlockSizes[cls];
             int blocks = SizeClasses.BlocksPerSegment[cls];
-            PrepareOverwrite(segments);
             foreach (long segment in segments)
             {
                 long start = SegmentStart(segment);
