@@ -1001,7 +1001,7 @@ public sealed unsafe partial class BufferedDurableHeap
     private Task WaitWithTimeout(Task task, long target, CancellationToken cancellationToken) =>
         SyncWaits.WaitAsync(task, _syncTimeout, cancellationToken, () => ThrowSyncTimeout(target, _syncTimeout));
 
-    private void StartAdvancer(TimeSpan period, TimeSpan? maxVersionAge, Action<Thread?>? startingForTesting)
+    private void StartAdvancer(TimeSpan period, TimeSpan? maxVersionAge, Action<BufferedDurableHeap>? startingForTesting)
     {
         _period = period;
         if (period == Timeout.InfiniteTimeSpan)
@@ -1020,7 +1020,7 @@ public sealed unsafe partial class BufferedDurableHeap
 
         try
         {
-            startingForTesting?.Invoke(_stocker);
+            startingForTesting?.Invoke(this);
             _advancer = new Thread(AdvancerLoop) { IsBackground = true, Name = "epvs-advancer" };
             _advancer.Start();
         }
@@ -1029,7 +1029,8 @@ public sealed unsafe partial class BufferedDurableHeap
             // The open fails (see the constructor): the stocker must not outlive it.
             _advancer = null;
             bool interrupted = false;
-            StopStocker(ref interrupted);
+            SignalStockerToStop(ref interrupted);
+            _backgroundStillRunning = !StockerStopped(BackgroundStopWait, ref interrupted);
             UninterruptedWait.Restore(interrupted);
             throw;
         }
@@ -1081,7 +1082,7 @@ public sealed unsafe partial class BufferedDurableHeap
     /// <summary>Test hook: runs first when Dispose stops the advancer; a hook that throws stands for a failure there.</summary>
     internal Action? StoppingAdvancerForTesting { get; set; }
 
-    /// <summary>How long Dispose waits for the advancer and for the stocker to stop, each (tests shorten it).</summary>
+    /// <summary>How long Dispose waits for the advancer and the stocker to stop, both together (tests shorten it).</summary>
     internal TimeSpan BackgroundStopWait { get; set; } = TimeSpan.FromSeconds(30);
 
     /// <summary>
@@ -1091,32 +1092,43 @@ public sealed unsafe partial class BufferedDurableHeap
     /// </summary>
     private bool _backgroundStillRunning;
 
-    private Exception? StopAdvancer(ref bool interrupted)
+    /// <summary>
+    /// Stops the advancer and the stocker and waits for both (Dispose, before its last cycles), together at most
+    /// <see cref="BackgroundStopWait"/>.
+    /// </summary>
+    /// <returns>A timeout that names each thread that did not stop (<see cref="_backgroundStillRunning"/> is then set);
+    /// otherwise the advancer's fault, if any.</returns>
+    private Exception? StopBackgroundThreads(ref bool interrupted)
     {
-        Exception? stocker = null;
+        Exception? stuck;
         try
         {
             StoppingAdvancerForTesting?.Invoke();
-            _stopping = true;
-            _wake.Set();
-            if (_advancer is { } thread && !UninterruptedWait.Join(thread, BackgroundStopWait, ref interrupted))
-            {
-                _backgroundStillRunning = true;
-                return new TimeoutException($"The advancer thread did not stop within {BackgroundStopWait.TotalSeconds:0.#} s.");
-            }
-
-            _wake.Dispose();
         }
         finally
         {
-            // After the advancer (a cycle it ran last may still have asked for a stocking), and whatever happened there:
-            // the stocker must not stock while the heap closes. (A cycle that a Sync runs meanwhile may ask again after
-            // the stocker stopped: nobody stocks then, and allocating threads sweep or format for themselves until
-            // Dispose's own cycles, which stock nothing.)
-            stocker = StopStocker(ref interrupted);
+            // Whatever happened there, both threads are told to stop and waited for: neither may write through the heap
+            // while it closes. The stocker after the advancer's flag (a cycle the advancer ran last may still ask for a
+            // stocking, which then runs nowhere: a cycle a Sync runs meanwhile may too, and allocating threads sweep or
+            // format for themselves until Dispose's own cycles, which stock nothing). One wait for both: a disk that
+            // holds one of them in the kernel likely holds the other too, and Dispose waited for each in turn.
+            _stopping = true;
+            _wake.Set();
+            SignalStockerToStop(ref interrupted);
+            long deadline = Deadline(BackgroundStopWait);
+            bool advancerStopped = _advancer is not { } thread || UninterruptedWait.Join(thread, Remaining(deadline), ref interrupted);
+            if (advancerStopped)
+            {
+                _wake.Dispose();
+            }
+
+            bool stockerStopped = StockerStopped(Remaining(deadline), ref interrupted);
+            _backgroundStillRunning = !advancerStopped || !stockerStopped;
+            string which = advancerStopped ? "stocker thread" : stockerStopped ? "advancer thread" : "advancer and stocker threads";
+            stuck = _backgroundStillRunning ? new TimeoutException($"The {which} did not stop within {BackgroundStopWait.TotalSeconds:0.#} s.") : null;
         }
 
-        return stocker ?? _advancerFault;
+        return stuck ?? _advancerFault;
     }
 
     private void ThrowIfProtected(string what)

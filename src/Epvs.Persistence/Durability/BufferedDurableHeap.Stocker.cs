@@ -113,6 +113,9 @@ public sealed partial class BufferedDurableHeap
         }
     }
 
+    /// <summary>Asks the stocker for a stocking now (tests).</summary>
+    internal void WakeStockerForTesting() => WakeStocker();
+
     /// <summary>An allocating thread left a class's pool below its low-water mark (see <see cref="PersistentHeap.PoolRunningLow"/>): stock now, not after the next cycle.</summary>
     private void WakeStocker()
     {
@@ -165,9 +168,8 @@ public sealed partial class BufferedDurableHeap
         }
     }
 
-    /// <summary>Stops the stocker and waits for a stocking in progress to end (Dispose, before its last cycles).</summary>
-    /// <returns>A timeout when the stocker did not stop within <see cref="BackgroundStopWait"/> (30 s); otherwise null.</returns>
-    private Exception? StopStocker(ref bool interrupted)
+    /// <summary>Tells the stocker to stop after a stocking in progress (Dispose, before its last cycles; a failed open).</summary>
+    private void SignalStockerToStop(ref bool interrupted)
     {
         StoppingStockerForTesting?.Invoke();
 
@@ -182,18 +184,10 @@ public sealed partial class BufferedDurableHeap
         {
             Monitor.Exit(_stockGate);
         }
-
-        if ((_faults & DurabilityFaults.DisposeWithoutWaitingForTheStocker) != 0)
-        {
-            return null;
-        }
-
-        if (_stocker is { } thread && !UninterruptedWait.Join(thread, BackgroundStopWait, ref interrupted))
-        {
-            _backgroundStillRunning = true;
-            return new TimeoutException($"The stocker thread did not stop within {BackgroundStopWait.TotalSeconds:0.#} s.");
-        }
-
-        return null;
     }
+
+    /// <summary>Waits up to <paramref name="wait"/> for the stocker, told to stop, to end (a stocking in progress first).</summary>
+    /// <returns>Whether it ended (or there is none).</returns>
+    private bool StockerStopped(TimeSpan wait, ref bool interrupted) =>
+        (_faults & DurabilityFaults.DisposeWithoutWaitingForTheStocker) != 0 || _stocker is not { } thread || UninterruptedWait.Join(thread, wait, ref interrupted);
 }

@@ -104,10 +104,16 @@ public sealed unsafe partial class BufferedDurableHeap : IDisposable
             // exception, and the recovered allocator detaches from the file first. Left attached, the owner's cleanup
             // could not dispose the file (a heap still used it): it threw InvalidOperationException in place of this
             // exception and left the file mapped and locked, so every later open in the process failed as AlreadyOpen.
-            // Recovery's writes are complete and durable; the file is as a later open will find it.
-            _heap.Dispose(operationsDrained: true);
-            _scheme.Dispose();
-            _local.Dispose();
+            // Recovery's writes are complete and durable; the file is as a later open will find it. A stocker that did not
+            // stop (StartAdvancer waited for it) may still write through the file: closed as Dispose closes it then
+            // (quarantined, refused to another heap, the scheme left to the collector).
+            _heap.Dispose(operationsDrained: !BackgroundMayStillWrite);
+            if (!BackgroundMayStillWrite)
+            {
+                _scheme.Dispose();
+                _local.Dispose();
+            }
+
             throw;
         }
     }
@@ -346,8 +352,8 @@ public sealed unsafe partial class BufferedDurableHeap : IDisposable
     /// interruptible: <see cref="Thread.Interrupt"/> makes the waiting call throw <see cref="ThreadInterruptedException"/>,
     /// and the other one carries on.</remarks>
     /// <exception cref="TimeoutException">A thread is still inside an operation, so the last advance could not run within <see cref="BufferedDurableHeapOptions.SyncTimeout"/>; the heap is closed anyway and recovery keeps the frontier prefix.
-    /// Or the heap's advancer or stocker thread did not stop within 30 s (each; stuck in a system call on a failing disk,
-    /// say): the heap is closed without it, as with a thread left inside an operation — a file the heap opened is
+    /// Or the heap's advancer or stocker thread did not stop within 30 s (both together; the message names which: stuck
+    /// in a system call on a failing disk, say): the heap is closed without it, as with a thread left inside an operation — a file the heap opened is
     /// quarantined rather than unmapped under it, and a file the caller owns hosts no other heap (dispose it; the file
     /// can be opened again by its path).</exception>
     /// <exception cref="InvalidOperationException">Called on a thread that is running one of the heap's advance cycles
@@ -412,7 +418,7 @@ public sealed unsafe partial class BufferedDurableHeap : IDisposable
         Exception? failure;
         try
         {
-            failure = StopAdvancer(ref interrupted);
+            failure = StopBackgroundThreads(ref interrupted);
         }
         catch (Exception e)
         {
@@ -520,7 +526,7 @@ public sealed unsafe partial class BufferedDurableHeap : IDisposable
 
                 // A background thread that did not stop may still run a cycle or a stocking through all of it: closed as
                 // with a thread still inside an operation (the file quarantined, not unmapped, and no other heap on it).
-                released = drained && (!_backgroundStillRunning || (_faults & DurabilityFaults.ReleaseTheFileUnderARunningBackgroundThread) != 0);
+                released = drained && !BackgroundMayStillWrite;
                 if (!machineInFlight && released)
                 {
                     DisposeScheme(ref interrupted);
@@ -563,6 +569,9 @@ public sealed unsafe partial class BufferedDurableHeap : IDisposable
             throw new InvalidOperationException($"BufferedDurableHeap.Dispose: the heap is closed, but operations after version {DurableFrontier} were not made durable: {failure.Message} (The file has no clean-shutdown mark; a reopen recovers up to that version.){straggler}", failure);
         }
     }
+
+    /// <summary>An advancer or stocker that did not stop may still write through the file (the broken control says not).</summary>
+    private bool BackgroundMayStillWrite => _backgroundStillRunning && (_faults & DurabilityFaults.ReleaseTheFileUnderARunningBackgroundThread) == 0;
 
     /// <summary>
     /// How long Dispose waits for the cycle gate: <paramref name="wait"/>, or not at all once the advancer or the stocker

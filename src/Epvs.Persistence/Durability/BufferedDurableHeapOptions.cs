@@ -61,8 +61,8 @@ public sealed class BufferedDurableHeapOptions
     /// <summary>Test hook: runs as the open starts the advancer's thread, after recovery (a throw stands for a thread the process cannot create).</summary>
     internal Action? StartingAdvancerForTesting { get; set; }
 
-    /// <summary>Test hook: runs once the stocker's thread has started (the argument), as the advancer's is about to start (a throw stands for an advancer thread the process cannot create).</summary>
-    internal Action<System.Threading.Thread?>? StartingAdvancerThreadForTesting { get; set; }
+    /// <summary>Test hook: runs once the stocker's thread has started (<see cref="BufferedDurableHeap.StockerForTesting"/> of the argument), as the advancer's is about to start (a throw stands for an advancer thread the process cannot create).</summary>
+    internal Action<BufferedDurableHeap>? StartingAdvancerThreadForTesting { get; set; }
 
     internal void Validate()
     {

@@ -50,9 +50,9 @@ public sealed class StockerTests
         var failing = new BufferedDurableHeapOptions
         {
             AdvancePeriod = Period,
-            StartingAdvancerThreadForTesting = started =>
+            StartingAdvancerThreadForTesting = starting =>
             {
-                stocker = started;
+                stocker = starting.StockerForTesting;
                 throw new OutOfMemoryException("simulated: no thread for the advancer");
             },
         };
@@ -208,6 +208,119 @@ public sealed class StockerTests
         else
         {
             // Quarantined, as after a straggler: the domain stays mapped.
+            Assert.Throws<InvalidOperationException>(domain.Dispose);
+        }
+    }
+
+    /// <summary>
+    /// Both background threads stuck at once (a failing disk holds both in the kernel): Dispose waited for each in turn
+    /// and reported the advancer only. It now waits for both together and names both.
+    /// </summary>
+    [Fact]
+    public void AnAdvancerAndAStockerBothStuck_AreBothReported_AndTheFileKept()
+    {
+        var domain = new SimulatedPersistenceDomain(8 << 20);
+        HeapFile file = HeapFile.Create(domain);
+        using var stocking = new ManualResetEventSlim();
+        using var cycling = new ManualResetEventSlim();
+        using var release = new ManualResetEventSlim();
+        BufferedDurableHeap heap = BufferedDurableHeap.Open(file, new BufferedDurableHeapOptions { AdvancePeriod = Period });
+        heap.BackgroundStopWait = TimeSpan.FromMilliseconds(100);
+        Thread stocker = heap.StockerForTesting!;
+        Thread? advancer = null;
+        heap.StockingForTesting = () =>
+        {
+            stocking.Set();
+            release.Wait();
+        };
+        try
+        {
+            heap.WakeStockerForTesting();
+            Assert.True(stocking.Wait(Wait), "no stocking began");
+            heap.VersionBeginsForTesting = _ =>
+            {
+                if (Thread.CurrentThread.Name == "epvs-advancer" && !cycling.IsSet)
+                {
+                    advancer = Thread.CurrentThread;
+                    cycling.Set();
+                    release.Wait();
+                }
+            };
+            Assert.True(cycling.Wait(Wait), "the advancer ran no cycle");
+
+            TimeoutException stuck = Assert.Throws<TimeoutException>(heap.Dispose);
+            Assert.Contains("advancer and stocker threads did not stop", stuck.Message);
+            Assert.Throws<InvalidOperationException>(() => BufferedDurableHeap.Open(file));
+        }
+        finally
+        {
+            release.Set();
+        }
+
+        Assert.True(stocker.Join(Wait), "the stocker did not stop once released");
+        Assert.True(advancer!.Join(Wait), "the advancer did not stop once released");
+        file.Dispose();
+        Assert.Throws<InvalidOperationException>(domain.Dispose);
+    }
+
+    /// <summary>
+    /// An open that fails after it started the stocker (no thread for the advancer) while the stocker is stuck in a
+    /// stocking: it released the file (and, on a file it opened itself, unmapped it) under the stocker. It now keeps the
+    /// file as Dispose does then: another heap is refused while the stocker may still write. The control releases it.
+    /// </summary>
+    [Theory]
+    [InlineData(false)]
+    [InlineData(true)]
+    public void AFailedOpenWhoseStockerDoesNotStop_KeepsTheFileFromAnotherHeap(bool control)
+    {
+        var domain = new SimulatedPersistenceDomain(8 << 20);
+        HeapFile file = HeapFile.Create(domain);
+        using var entered = new ManualResetEventSlim();
+        using var release = new ManualResetEventSlim();
+        Thread? stocker = null;
+        var failing = new BufferedDurableHeapOptions
+        {
+            AdvancePeriod = Period,
+            Faults = control ? DurabilityFaults.ReleaseTheFileUnderARunningBackgroundThread : DurabilityFaults.None,
+            StartingAdvancerThreadForTesting = starting =>
+            {
+                stocker = starting.StockerForTesting;
+                starting.BackgroundStopWait = TimeSpan.FromMilliseconds(100);
+                starting.StockingForTesting = () =>
+                {
+                    entered.Set();
+                    release.Wait();
+                };
+                starting.WakeStockerForTesting();
+                Assert.True(entered.Wait(Wait), "no stocking began");
+                throw new OutOfMemoryException("simulated: no thread for the advancer");
+            },
+        };
+        try
+        {
+            Assert.Throws<OutOfMemoryException>(() => BufferedDurableHeap.Open(file, failing));
+            if (control)
+            {
+                BufferedDurableHeap.Open(file).Dispose();
+            }
+            else
+            {
+                Assert.Throws<InvalidOperationException>(() => BufferedDurableHeap.Open(file));
+            }
+        }
+        finally
+        {
+            release.Set();
+        }
+
+        Assert.True(stocker!.Join(Wait), "the stocker did not stop once released");
+        file.Dispose();
+        if (control)
+        {
+            domain.Dispose();
+        }
+        else
+        {
             Assert.Throws<InvalidOperationException>(domain.Dispose);
         }
     }
