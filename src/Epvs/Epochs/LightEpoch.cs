@@ -1029,6 +1029,29 @@ public sealed unsafe partial class LightEpoch : IDisposable
     /// pairs with Dispose's exchange to Closed.</summary>
     internal bool IsClosed => Volatile.Read(ref lifecycle) == Closed;
 
+    /// <summary>Completed once the epoch is Closed; created by the first <see cref="WhenClosed"/>.</summary>
+    private TaskCompletionSource<bool>? closedSignal;
+
+    /// <summary>
+    /// A task that completes (asynchronously) once the epoch is Closed: for a wait that must end when the epoch under it
+    /// is disposed (the scheme's asynchronous start, waiting for another machine that may never end once nothing can
+    /// be protected).
+    /// </summary>
+    internal Task WhenClosed()
+    {
+        TaskCompletionSource<bool>? signal = Volatile.Read(ref closedSignal);
+        if (signal is null)
+        {
+            var created = new TaskCompletionSource<bool>(TaskCreationOptions.RunContinuationsAsynchronously);
+            // Full fence: published before the read of lifecycle below. Pairs with Dispose's exchange to Closed, then
+            // read of this field: either it completes our task, or we see Closed here.
+            signal = Interlocked.CompareExchange(ref closedSignal, created, null) ?? created;
+        }
+        if (IsClosed)
+            signal.TrySetResult(true);
+        return signal.Task;
+    }
+
     /// <summary>Whether any protected thread announced <paramref name="epoch"/> or older.</summary>
     internal bool IsHeldBack(long epoch) => table.AnyOtherAtOrBelow(epoch, null);
 
@@ -1173,6 +1196,8 @@ public sealed unsafe partial class LightEpoch : IDisposable
             GC.SuppressFinalize(this);
             // Release: the final run and the id's release happen-before a waiting Dispose returns (WaitForClose).
             Volatile.Write(ref closeCompleted, 1);
+            // After the exchange to Closed above (full fence): see WhenClosed. Its continuations run asynchronously.
+            Volatile.Read(ref closedSignal)?.TrySetResult(true);
         }
         return 0;
     }

@@ -337,8 +337,12 @@ public sealed partial class EpochProtectedVersionScheme
                 if (active == DisposedSentinel)
                     AsyncWaitsForDisposeHookForTesting?.Invoke();
                 var cancelled = new TaskCompletionSource<bool>(TaskCreationOptions.RunContinuationsAsynchronously);
+                // Or for the epoch under the scheme to close (a shared one, or the owned one through Epoch): the next try
+                // then faults the task with ObjectDisposedException, as documented, instead of waiting for a machine
+                // that may never end (one whose delayed step nobody signals any more).
+                Task closed = LegacyAsyncWaitIgnoresEpochCloseForTesting ? cancelled.Task : epoch.WhenClosed();
                 using (cancellationToken.Register(static c => ((TaskCompletionSource<bool>)c!).TrySetResult(true), cancelled))
-                    await Task.WhenAny(ended, cancelled.Task).ConfigureAwait(false);
+                    await Task.WhenAny(ended, cancelled.Task, closed).ConfigureAwait(false);
             }
         }
         Task done = machine.Completion;
@@ -405,11 +409,23 @@ public sealed partial class EpochProtectedVersionScheme
     /// <see cref="VersionSchemeStateMachine.GetNextStep"/> returned false), so it can proceed without any thread
     /// entering or leaving. Unnecessary for machines whose steps are always available.
     /// </summary>
-    /// <exception cref="ObjectDisposedException">The scheme has been disposed, or the <see cref="LightEpoch"/> under it (a
-    /// shared one, or its own through <see cref="Epoch"/>), as <see cref="Enter"/> reports it.</exception>
+    /// <remarks>After the <see cref="LightEpoch"/> under the scheme was disposed (a shared one, or its own through
+    /// <see cref="Epoch"/>), a machine already in flight still takes its steps here: nobody can be protected any more, so
+    /// each is safe at once, and nothing else would take a delayed one (its <see cref="VersionSchemeStateMachine.Completion"/>,
+    /// which <see cref="Dispose"/> waits for, would never come).</remarks>
+    /// <exception cref="ObjectDisposedException">The scheme has been disposed; or the <see cref="LightEpoch"/> under it was,
+    /// and no machine is in flight (as <see cref="Enter"/> reports it).</exception>
     public void SignalStepAvailable()
     {
-        ThrowIfDisposedOrEpochClosed();
+        if (LegacySignalOnClosedEpochForTesting)
+            ThrowIfDisposedOrEpochClosed();
+        ThrowIfDisposed();
+        if (epoch.IsClosed)
+        {
+            VersionSchemeStateMachine? active = Volatile.Read(ref currentMachine);
+            if (active is null || active == DisposedSentinel)
+                ThrowHelper.ThrowEpochDisposed(epoch.DisposedObjectName);
+        }
         TryStepStateMachine(mustNotLose: true);
     }
 

@@ -123,4 +123,12 @@ public sealed partial class EpochProtectedVersionScheme
     /// <summary>Test hook: runs on a thread that has just stepped aside inside Enter or Refresh (its slot free), before
     /// it first looks whether the transition it waits for has moved on.</summary>
     internal System.Action? AfterStepAsideHookForTesting { get; set; }
+
+    /// <summary>Test-only: <see cref="SignalStepAvailable"/> refuses on a closed epoch even with a machine in flight (as
+    /// before), so a delayed step can never be taken once the epoch under the scheme is disposed.</summary>
+    internal bool LegacySignalOnClosedEpochForTesting { get; set; }
+
+    /// <summary>Test-only: an asynchronous start waiting for another machine does not wake when the epoch closes (as
+    /// before): it waits for that machine's end, which may never come.</summary>
+    internal bool LegacyAsyncWaitIgnoresEpochCloseForTesting { get; set; }
 }
