@@ -298,6 +298,15 @@ public sealed unsafe partial class BufferedDurableHeap : IDisposable
         }
     }
 
+    /// <summary>The payloads recovery kept for <paramref name="typeId"/> that nobody has taken yet, without taking them (a copy).</summary>
+    internal RecoveredPayload[] PeekRecoveredPayloads(int typeId)
+    {
+        lock (_recoveredGate)
+        {
+            return _recovered.TryGetValue(typeId, out List<RecoveredPayload>? payloads) ? payloads.ToArray() : Array.Empty<RecoveredPayload>();
+        }
+    }
+
     /// <summary>Whether recovery kept payloads of <paramref name="typeId"/> that nobody has taken yet.</summary>
     internal bool HasRecoveredPayloads(int typeId)
     {

@@ -115,4 +115,7 @@ internal enum DurabilityFaults : long
 
     /// <summary>Dispose releases the heap's file although the advancer or the stocker did not stop within its wait: another heap may then open on the file while the old thread still formats and writes through it.</summary>
     ReleaseTheFileUnderARunningBackgroundThread = 17179869184,
+
+    /// <summary>A structure with keys of 31 bytes or more writes no key-size record: a reopen with another such key size is accepted, and its payloads misread (as before the record).</summary>
+    SkipKeySizeRecord = 34359738368,
 }

@@ -32,7 +32,7 @@ internal sealed unsafe class DurableMapCore<TKey>
         List<RecoveredPayload> losers;
         using (DurableOperation op = heap.BeginRebuildOperation())
         {
-            _typeId = StructureKind.Claim(heap, StructureKind.ByteMap, typeId, KeySize);
+            _typeId = StructureKind.Claim(heap, op, StructureKind.ByteMap, typeId, KeySize);
             int shards = StructureRecovery.StripeCount();
             _shards = new Shard[shards];
             _mask = shards - 1;

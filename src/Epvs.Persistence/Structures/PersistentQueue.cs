@@ -45,7 +45,7 @@ public sealed unsafe class PersistentQueue<T>
         bool renumbered;
         using (DurableOperation op = heap.BeginRebuildOperation())
         {
-            _typeId = StructureKind.Claim(heap, StructureKind.Queue, typeId, keySize: 0);
+            _typeId = StructureKind.Claim(heap, op, StructureKind.Queue, typeId, keySize: 0);
             renumbered = Rebuild(heap.TakeRecoveredPayloads(_typeId));
         }
 

@@ -1,4 +1,5 @@
 using System;
+using System.Buffers.Binary;
 using System.IO;
 
 namespace Epvs.Persistence;
@@ -8,7 +9,9 @@ namespace Epvs.Persistence;
 /// <c>((kind | keyCode &lt;&lt; 2) &lt;&lt; 24) | typeId</c> as the payload's type id, so a structure opened over another
 /// kind's payloads of the same type id (a queue over a map's data, whose payload sizes may well match), or over a map
 /// written with another key size whose key and value sizes add up to the same payload size, is refused at open
-/// instead of misreading them.
+/// instead of misreading them. The code holds key sizes up to 30 bytes; a structure with larger keys also keeps a
+/// <em>key-size record</em>, a 4-byte payload of its own (see <see cref="RecordId"/>), written when the structure is
+/// first opened and checked at every later open (the code alone read a map of 40-byte keys as one of 32-byte keys).
 /// </summary>
 internal static class StructureKind
 {
@@ -17,8 +20,14 @@ internal static class StructureKind
     internal const int Queue = 3;
     internal const int TypeIdLimit = 1 << 24;
 
-    /// <summary>Key sizes up to this are recorded exactly; larger ones all record this value.</summary>
+    /// <summary>Key sizes below this are recorded exactly in the code; this value stands for every larger one, whose exact size the key-size record holds.</summary>
     private const int MaxKeyCode = 31;
+
+    /// <summary>
+    /// The type id of the key-size record of the structure stored as <paramref name="stored"/>: the stored id with the
+    /// sign bit set, which no structure's payloads carry (their stored ids are positive).
+    /// </summary>
+    internal static int RecordId(int stored) => stored | int.MinValue;
 
     /// <summary>The stored type id of structure <paramref name="kind"/> with the user's <paramref name="typeId"/> and key size.</summary>
     internal static int Encode(int kind, int typeId, int keySize)
@@ -39,7 +48,7 @@ internal static class StructureKind
     /// </summary>
     /// <exception cref="InvalidDataException">The type id's payloads on the heap are another structure's, or were written with another key size.</exception>
     /// <exception cref="InvalidOperationException">A structure with this type id was already opened on the heap (of any kind or key size).</exception>
-    internal static int Claim(BufferedDurableHeap heap, int kind, int typeId, int keySize)
+    internal static int Claim(BufferedDurableHeap heap, in DurableOperation op, int kind, int typeId, int keySize)
     {
         int stored = Encode(kind, typeId, keySize);
         foreach (int other in new[] { HashMap, ByteMap, Queue })
@@ -61,8 +70,41 @@ internal static class StructureKind
             }
         }
 
+        if (keySize >= MaxKeyCode)
+        {
+            // Checked before the type id is taken, so that a refused open leaves the heap as it was.
+            foreach (RecoveredPayload record in heap.PeekRecoveredPayloads(RecordId(stored)))
+            {
+                int recorded = RecordedKeySize(heap, record);
+                if (recorded != keySize)
+                {
+                    throw new InvalidDataException($"Type id {typeId} on this heap holds a {Name(kind)} written with keys of {recorded} bytes, but this one's keys are {keySize} bytes: open it with the key type it was written with (payloads of the same size would otherwise be misread).");
+                }
+            }
+        }
+
         heap.ReserveStructureTypeId(typeId);
+        if (keySize >= MaxKeyCode && heap.TakeRecoveredPayloads(RecordId(stored)).Count == 0 && (heap.Faults & DurabilityFaults.SkipKeySizeRecord) == 0)
+        {
+            // First open (or a file whose structure predates the record): record the key size, in this open's version,
+            // before any payload of the structure: no payload of it can be durable without the record.
+            PayloadRef record = op.Allocate(sizeof(int), RecordId(stored));
+            BinaryPrimitives.WriteInt32LittleEndian(op.GetPayload(record), keySize);
+        }
+
         return stored;
+    }
+
+    /// <summary>The key size a recovered key-size record holds (a record of another size is reported as damage).</summary>
+    private static int RecordedKeySize(BufferedDurableHeap heap, RecoveredPayload record)
+    {
+        Span<byte> bytes = heap.PayloadUnchecked(record.Block.Offset);
+        if (bytes.Length != sizeof(int))
+        {
+            throw new InvalidDataException($"The key-size record at file offset {record.Block.Offset} holds {bytes.Length} bytes, not 4: the heap is not as a structure left it.");
+        }
+
+        return BinaryPrimitives.ReadInt32LittleEndian(bytes);
     }
 
     private static string KeySize(int code) => code == MaxKeyCode ? $"{MaxKeyCode} bytes or more" : code == 1 ? "1 byte" : $"{code} bytes";

@@ -163,6 +163,78 @@ public sealed class StructureConsistencyTests
 
     private readonly record struct TwelveBytes(int A, int B, int C);
 
+    /// <summary>
+    /// Keys of 31 bytes or more: the stored type id's key code holds sizes up to 30 bytes, so a map of 40-byte keys
+    /// reopened with 32-byte keys was read without a word (a key's fifth field became part of the value). Each such
+    /// structure now keeps a key-size record, checked at every open. The control writes none.
+    /// </summary>
+    [Theory]
+    [InlineData(false)]
+    [InlineData(true)]
+    public void Reopen_WithAnotherKeySizeOf31BytesOrMore_IsRefused(bool control)
+    {
+        using var dir = new TempDirectory();
+        string path = dir.File("wide.heap");
+        var options = new BufferedDurableHeapOptions { AdvancePeriod = Timeout.InfiniteTimeSpan, Faults = control ? DurabilityFaults.SkipKeySizeRecord : DurabilityFaults.None };
+        var key40 = new Key40(1, 2, 3, 4, 5);
+        var key32 = new Key32(1, 2, 3, 4);
+        using (BufferedDurableHeap heap = BufferedDurableHeap.Create(path, new HeapFileOptions { Size = 1L << 20, Domain = PersistenceDomainKind.MappedFile }, options))
+        {
+            new PersistentByteMap<Key40>(heap, typeId: 1).Set(key40, new byte[] { 9, 9, 9 });
+            new PersistentHashMap<Key32, (long, long)>(heap, typeId: 2).Set(key32, (5, 6)); // 48-byte payloads, as Key40 + long
+        }
+
+        using (BufferedDurableHeap heap = BufferedDurableHeap.Open(path, null, options))
+        {
+            Exception? bytes = Record.Exception(() => new PersistentByteMap<Key32>(heap, typeId: 1));
+            Exception? map = Record.Exception(() => new PersistentHashMap<Key40, long>(heap, typeId: 2));
+            if (control)
+            {
+                Assert.Null(bytes);
+                Assert.Null(map);
+                return;
+            }
+
+            Assert.Contains("keys of 40 bytes, but this one's keys are 32 bytes", Assert.IsType<InvalidDataException>(bytes).Message, StringComparison.Ordinal);
+            Assert.Contains("keys of 32 bytes, but this one's keys are 40 bytes", Assert.IsType<InvalidDataException>(map).Message, StringComparison.Ordinal);
+
+            // Refused before anything was taken: with the types they were written with, both open on the same heap.
+            Assert.Equal(new byte[] { 9, 9, 9 }, new PersistentByteMap<Key40>(heap, typeId: 1).Get(key40));
+            Assert.True(new PersistentHashMap<Key32, (long, long)>(heap, typeId: 2).TryGetValue(key32, out (long, long) value) && value == (5, 6));
+        }
+    }
+
+    /// <summary>
+    /// A file whose wide-key structure has no key-size record (written before there was one; here by the control): the
+    /// first open with its key type records it, and from then on another key size is refused.
+    /// </summary>
+    [Fact]
+    public void AWideKeyStructureWithoutARecord_IsRecordedAtItsNextOpen()
+    {
+        using var dir = new TempDirectory();
+        string path = dir.File("legacy.heap");
+        var key40 = new Key40(1, 2, 3, 4, 5);
+        using (BufferedDurableHeap heap = BufferedDurableHeap.Create(path, new HeapFileOptions { Size = 1L << 20, Domain = PersistenceDomainKind.MappedFile }, new BufferedDurableHeapOptions { AdvancePeriod = Timeout.InfiniteTimeSpan, Faults = DurabilityFaults.SkipKeySizeRecord }))
+        {
+            new PersistentByteMap<Key40>(heap, typeId: 1).Set(key40, new byte[] { 7 });
+        }
+
+        using (BufferedDurableHeap heap = BufferedDurableHeap.Open(path, null, NoAdvancer))
+        {
+            Assert.Equal(new byte[] { 7 }, new PersistentByteMap<Key40>(heap, typeId: 1).Get(key40));
+        }
+
+        using (BufferedDurableHeap heap = BufferedDurableHeap.Open(path, null, NoAdvancer))
+        {
+            Assert.Throws<InvalidDataException>(() => new PersistentByteMap<Key32>(heap, typeId: 1));
+            Assert.Equal(new byte[] { 7 }, new PersistentByteMap<Key40>(heap, typeId: 1).Get(key40));
+        }
+    }
+
+    private readonly record struct Key40(long A, long B, long C, long D, long E);
+
+    private readonly record struct Key32(long A, long B, long C, long D);
+
     [Fact]
     public void Reopen_AMapsTypeIdAsAQueue_IsRefused()
     {
