@@ -76,4 +76,28 @@ public sealed class DisposeFaultTests
         Assert.False(reopened.Heap.File.WasCleanShutdown);
         Assert.Equal(new Dictionary<int, int> { [1] = 10 }, new PersistentHashMap<int, int>(reopened, typeId: 1).ToDictionary());
     }
+
+    /// <summary>
+    /// A Dispose that stops the advancer between SyncAsync's disposed check and its wake of the advancer: the wake threw
+    /// the advancer's event's ObjectDisposedException (naming a wait handle) although Dispose's last advance had made
+    /// the operations durable. Now the call returns a completed task (or reports the heap as disposed).
+    /// </summary>
+    [Fact]
+    public void SyncAsync_RacingADispose_ReportsTheHeap_NotItsWakeEvent()
+    {
+        using var dir = new TempDirectory();
+        BufferedDurableHeap heap = BufferedDurableHeap.Create(dir.File("sync-dispose.heap"), Small, new BufferedDurableHeapOptions { AdvancePeriod = TimeSpan.FromHours(1) });
+        new PersistentHashMap<int, int>(heap, typeId: 1).Set(1, 10);
+        heap.SyncAsyncWakingForTesting = () =>
+        {
+            heap.SyncAsyncWakingForTesting = null;
+            heap.Dispose();
+        };
+
+        System.Threading.Tasks.Task? sync = null;
+        Exception? failure = Record.Exception(() => { sync = heap.SyncAsync(); });
+
+        Assert.Null(failure);
+        Assert.True(sync!.IsCompletedSuccessfully, $"SyncAsync's task is {sync.Status}");
+    }
 }
