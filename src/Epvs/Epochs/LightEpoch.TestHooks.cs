@@ -73,6 +73,13 @@ public sealed unsafe partial class LightEpoch
     /// <summary>Test-only: the deepest drain nesting (of any epoch) seen on the calling thread while recording.</summary>
     [System.ThreadStatic] internal static int t_maxDrainDepthForTesting;
 
+    /// <summary>Test-only: with <see cref="RecordDrainDepthForTesting"/>, the deepest nesting of drains of all instances together on this thread.</summary>
+    [System.ThreadStatic] internal static int t_maxThreadDrainDepthForTesting;
+
+    /// <summary>Test-only: drains are bounded per instance only (as before), so a chain of actions across many epochs
+    /// nests 16 levels per epoch on one thread's stack.</summary>
+    internal static bool PerInstanceDrainDepthOnlyForTesting;
+
     /// <summary>
     /// Test-only: a Resume that claimed a slot and then found the epoch no longer Live keeps the slot as its record's
     /// hint (as before the fix), so the Dispose-versus-growth test can show that it catches a later fast-path Resume

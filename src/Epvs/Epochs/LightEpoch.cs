@@ -800,6 +800,84 @@ public sealed unsafe partial class LightEpoch : IDisposable
     private const int MaxInlineDrainDepth = 16;
 
     /// <summary>
+    /// Beyond this many drains on a thread's stack, of all instances together, a drain is left to the outermost drain on
+    /// the thread (<see cref="LeaveToOutermostDrain"/>): <see cref="MaxInlineDrainDepth"/> bounds each instance, so a chain
+    /// of actions that each register with the next of many epochs (one per shard, say) nested 16 levels per epoch, and
+    /// 128 epochs overflowed a 1.5 MB thread stack.
+    /// </summary>
+    private const int MaxThreadDrainDepth = 64;
+
+    /// <summary>Drains (of every instance; waiting ones and final runs too) on this thread's stack.</summary>
+    [ThreadStatic] private static int t_threadDrainDepth;
+
+    /// <summary>Instances whose drain was left to the outermost drain on this thread (<see cref="LeaveToOutermostDrain"/>); null until first needed.</summary>
+    [ThreadStatic] private static LightEpoch?[]? t_leftToOutermost;
+
+    [ThreadStatic] private static int t_leftToOutermostCount;
+
+    /// <summary>Whether <see cref="LeaveThreadDrain"/> is running the drains left to the outermost one on this thread (further up its stack).</summary>
+    [ThreadStatic] private static bool t_runningLeftDrains;
+
+    /// <summary>
+    /// Whether a drain of this instance, with <paramref name="depth"/> of its own drains on this thread, is past
+    /// <see cref="MaxThreadDrainDepth"/>; if so, leaves it to this instance's own outermost drain on the thread when there
+    /// is one (which looks again), or else to the outermost drain on the thread, which runs it before it returns.
+    /// </summary>
+    private bool LeftPastThreadDepth(ref DrainNesting entry, int depth, in DrainNesting displaced, bool restore)
+    {
+        if (t_threadDrainDepth < MaxThreadDrainDepth || PerInstanceDrainDepthOnlyForTesting)
+            return false;
+        if (depth != 0)
+        {
+            entry.Again = true;
+            return true;
+        }
+        if (restore)
+            entry = displaced; // nothing of ours ran: the entry we set aside is put back at once
+        LeaveToOutermostDrain(this);
+        return true;
+    }
+
+    /// <summary>Queues <paramref name="epoch"/>'s drain for the outermost drain on this thread. Allocates only when a
+    /// thread first goes this deep (an out-of-memory failure leaves the registration pending for a later drain).</summary>
+    private static void LeaveToOutermostDrain(LightEpoch epoch)
+    {
+        LightEpoch?[]? left = t_leftToOutermost;
+        if (left is null || t_leftToOutermostCount == left.Length)
+        {
+            var grown = new LightEpoch?[Math.Max(8, (left?.Length ?? 0) * 2)];
+            left?.AsSpan().CopyTo(grown);
+            t_leftToOutermost = left = grown;
+        }
+        left[t_leftToOutermostCount++] = epoch;
+    }
+
+    /// <summary>
+    /// Counts a drain out of this thread's stack; the outermost one (the count back at 0) then runs the drains left to it,
+    /// one at a time from this depth, in a loop (a drain it runs may leave more).
+    /// </summary>
+    private static void LeaveThreadDrain()
+    {
+        if (--t_threadDrainDepth != 0 || t_leftToOutermostCount == 0 || t_runningLeftDrains)
+            return;
+        t_runningLeftDrains = true;
+        try
+        {
+            while (t_leftToOutermostCount != 0)
+            {
+                int last = --t_leftToOutermostCount;
+                LightEpoch epoch = t_leftToOutermost![last]!;
+                t_leftToOutermost[last] = null;
+                epoch.Drain(); // on a Closed epoch too: its safe epoch then covers every registration
+            }
+        }
+        finally
+        {
+            t_runningLeftDrains = false;
+        }
+    }
+
+    /// <summary>
     /// How deep a waiting drain (<see cref="DrainWhileWaiting"/>) still runs every eligible action; past it, only what its
     /// waiter waits for. Each level takes well under 1 KB of stack (about 3,000 levels overflowed a 1.5 MB thread stack),
     /// so this bounds the recursion far below that, while a wait that depends on another eligible action (a step a user's
@@ -836,10 +914,13 @@ public sealed unsafe partial class LightEpoch : IDisposable
             entry.Again = true;
             return false;
         }
+        if (!waiting && LeftPastThreadDepth(ref entry, depth, displaced, restore))
+            return false;
         Action? only = depth >= (WaitingDrainFiltersAtInlineLimitForTesting ? MaxInlineDrainDepth : MaxWaitingDrainDepth) && !WaitingDrainRunsEverythingForTesting ? awaited : null;
         entry.Depth = ++depth;
         if (RecordDrainDepthForTesting && depth > t_maxDrainDepthForTesting)
             t_maxDrainDepthForTesting = depth;
+        EnterThreadDrain();
         try
         {
             do
@@ -874,8 +955,17 @@ public sealed unsafe partial class LightEpoch : IDisposable
             mine.Depth--;
             if (restore)
                 mine = displaced;
+            LeaveThreadDrain();
         }
         return true;
+    }
+
+    /// <summary>Counts a drain into this thread's stack (see <see cref="MaxThreadDrainDepth"/>).</summary>
+    private static void EnterThreadDrain()
+    {
+        int deep = ++t_threadDrainDepth;
+        if (RecordDrainDepthForTesting && deep > t_maxThreadDrainDepthForTesting)
+            t_maxThreadDrainDepthForTesting = deep;
     }
 
     /// <summary>Every epoch is safe once the epoch is Closed (nobody can be protected any more): runs every published action.</summary>
@@ -913,11 +1003,14 @@ public sealed unsafe partial class LightEpoch : IDisposable
             entry.Again = true;
             return;
         }
+        if (!final && !UnboundedClosedRunForTesting && LeftPastThreadDepth(ref entry, depth, displaced, restore))
+            return;
         bool outerAgain = entry.Again;
         bool loops = final || depth == 1;
         entry.Depth = ++depth;
         if (RecordDrainDepthForTesting && depth > t_maxDrainDepthForTesting)
             t_maxDrainDepthForTesting = depth;
+        EnterThreadDrain();
         try
         {
             do
@@ -938,6 +1031,7 @@ public sealed unsafe partial class LightEpoch : IDisposable
                 mine.Again = true;
             if (restore)
                 mine = displaced;
+            LeaveThreadDrain();
         }
     }
 

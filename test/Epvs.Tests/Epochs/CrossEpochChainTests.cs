@@ -1,0 +1,91 @@
+using System;
+using System.Runtime.CompilerServices;
+using Xunit;
+
+namespace Epvs.Tests;
+
+/// <summary>
+/// A chain of deferred actions, each registering the next with another of many epochs (one per shard, say), with
+/// nobody protected: each registration runs its action at once, inside the registering drain. The inline limit was
+/// counted per epoch, so the chain nested 16 drains per epoch on one stack, and 128 epochs overflowed a 1.5 MB thread
+/// stack (the process died). Drains of all epochs together are now bounded per thread; past the bound a drain is left
+/// to the outermost one on the thread, which runs it before it returns, so the chain still runs to its end inside the
+/// first registration.
+/// </summary>
+public class CrossEpochChainTests
+{
+    private const int ThreadLimit = 64; // LightEpoch.MaxThreadDrainDepth
+
+    private sealed class Chain
+    {
+        public LightEpoch[] Epochs = Array.Empty<LightEpoch>();
+        public int Remaining;
+        public int Ran;
+        public int Next;
+        public bool StackNearlyExhausted;
+
+        public void Link()
+        {
+            Ran++;
+            if (!RuntimeHelpers.TryEnsureSufficientExecutionStack())
+            {
+                StackNearlyExhausted = true; // stop rather than kill the test host
+                return;
+            }
+            if (--Remaining > 0)
+                Epochs[Next++ % Epochs.Length].BumpCurrentEpoch(Link);
+        }
+    }
+
+    /// <summary>Runs a chain of <paramref name="links"/> actions across <paramref name="epochs"/> epochs on a thread with a
+    /// 1.5 MB stack; returns how many ran inside the first registration, and the deepest drain nesting on the thread.</summary>
+    private static (int Ran, int Deepest, bool NearlyExhausted) RunChain(int epochs, int links, bool control)
+    {
+        var chain = new Chain { Remaining = links, Epochs = new LightEpoch[epochs] };
+        for (int i = 0; i < epochs; i++)
+            chain.Epochs[i] = new LightEpoch();
+        int ranInsideFirst = 0;
+        int deepest = 0;
+        LightEpoch.RecordDrainDepthForTesting = true;
+        LightEpoch.PerInstanceDrainDepthOnlyForTesting = control;
+        try
+        {
+            var worker = new GuardedThread(() =>
+            {
+                LightEpoch.t_maxThreadDrainDepthForTesting = 0;
+                chain.Epochs[chain.Next++ % epochs].BumpCurrentEpoch(chain.Link);
+                ranInsideFirst = chain.Ran;
+                deepest = LightEpoch.t_maxThreadDrainDepthForTesting;
+            }, "chain across epochs", 1536 * 1024);
+            worker.Start();
+            worker.Join();
+        }
+        finally
+        {
+            LightEpoch.RecordDrainDepthForTesting = false;
+            LightEpoch.PerInstanceDrainDepthOnlyForTesting = false;
+        }
+        foreach (LightEpoch epoch in chain.Epochs)
+            epoch.Dispose();
+        return (ranInsideFirst, deepest, chain.StackNearlyExhausted);
+    }
+
+    [Fact]
+    public void AChainAcrossManyEpochs_StaysWithinTheThreadBound_AndRunsToItsEnd()
+    {
+        (int ran, int deepest, bool exhausted) = RunChain(epochs: 256, links: 20_000, control: false);
+        Assert.False(exhausted, "the stack was nearly exhausted");
+        Assert.Equal(20_000, ran);
+        Assert.InRange(deepest, 1, ThreadLimit);
+    }
+
+    [Fact]
+    public void BoundingEachEpochOnly_IsCaught()
+    {
+        // 32 epochs: deep enough to pass the thread bound many times over, shallow enough not to overflow the stack.
+        (int ran, int deepest, bool exhausted) = RunChain(epochs: 32, links: 5_000, control: true);
+        Assert.False(exhausted);
+        Assert.Equal(5_000, ran);
+        Assert.True(deepest > ThreadLimit, $"the control nested only {deepest} drains");
+    }
+}
