@@ -72,6 +72,12 @@ public sealed unsafe partial class BufferedDurableHeap
             // (The reuse-before-durable control breaks the heap's sweep of deferred frees the same way.)
             Faults = options.HeapFaults | ((_faults & DurabilityFaults.ReuseBeforeFreeIsDurable) != 0 ? HeapFaults.HandOutSweptFreesEarly : HeapFaults.None),
             OwnerKind = HeapLayout.KindBufferedDurable,
+
+            // Every tag on the file was written after the clock covering it was persisted (the first transition after an
+            // open persists it before any operation of the version; each cycle persists the next one with its frontier),
+            // so an intact block tagged above the clock means the superblock is older than the blocks. (A clock of 0: a
+            // file no durable heap has advanced, such as a transient heap's.)
+            TagBound = (_faults & (DurabilityFaults.TrustTheClockOverTheBlocks | DurabilityFaults.ClockLeftBehind)) != 0 ? 0 : report.PersistedClock,
             SalvageDamagedBlocks = options.SalvageDamagedBlocks,
             RecoveryFilter = (block, header) =>
             {

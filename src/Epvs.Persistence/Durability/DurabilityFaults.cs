@@ -118,4 +118,7 @@ internal enum DurabilityFaults : long
 
     /// <summary>A structure with keys of 31 bytes or more writes no key-size record: a reopen with another such key size is accepted, and its payloads misread (as before the record).</summary>
     SkipKeySizeRecord = 34359738368,
+
+    /// <summary>Recovery trusts the superblock's clock over the blocks: an intact block tagged above it is dropped and freed as a payload beyond the frontier (a stale superblock then loses durable data without a word), not reported as damage.</summary>
+    TrustTheClockOverTheBlocks = 68719476736,
 }

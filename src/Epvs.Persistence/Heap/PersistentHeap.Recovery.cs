@@ -17,6 +17,8 @@ public sealed unsafe partial class PersistentHeap
         var small = new List<long>();
         long liveBlocks = 0, liveBytes = 0, maxUid = 0;
         Func<PayloadRef, PayloadHeader, bool>? filter = options.RecoveryFilter;
+        long tagBound = options.TagBound;
+        long beyondBound = 0, maxBeyond = 0;
 
         // Every descriptor of the heap is checked before anything is written: a damaged one is reported, never trusted
         // (a flipped role or class would silently drop or misread a whole segment of blocks, and a zeroed one — which
@@ -71,6 +73,15 @@ public sealed unsafe partial class PersistentHeap
                     // A checked header whose size does not need its whole span: no crash leaves this.
                     largeState = HeapFileTestHooks.IgnoreSeals ? BlockState.Torn : BlockState.Damaged;
                     complete = false;
+                }
+
+                if (complete && tagBound > 0 && header.EpochTag > tagBound)
+                {
+                    // Intact, but newer than anything the superblock says the file can hold (see TagBound).
+                    largeState = BlockState.Damaged;
+                    complete = false;
+                    beyondBound++;
+                    maxBeyond = Math.Max(maxBeyond, header.EpochTag);
                 }
 
                 if (complete && (filter is null || filter(new PayloadRef(offset), header)))
@@ -181,6 +192,17 @@ public sealed unsafe partial class PersistentHeap
                     // A size read from the file is checked against the block before anyone reads that many bytes.
                     valid &= (uint)header.Size <= (uint)(blockSize - HeapLayout.HeaderSize);
 
+                    if (valid && tagBound > 0 && header.EpochTag > tagBound)
+                    {
+                        // Intact, but newer than anything the superblock says the file can hold (see TagBound): damage,
+                        // reported before anything is written, never a payload beyond the frontier to drop and free.
+                        totals.Damaged.Add(offset);
+                        totals.FreeBlocks.Add(offset);
+                        totals.BeyondTagBound++;
+                        totals.MaxBeyondTagBound = Math.Max(totals.MaxBeyondTagBound, header.EpochTag);
+                        valid = false;
+                    }
+
                     if (valid && filter is not null && !filter(new PayloadRef(offset), header))
                     {
                         totals.FreeBlocks.Add(offset);
@@ -244,6 +266,8 @@ public sealed unsafe partial class PersistentHeap
                     _overheadBytes += totals.Overhead;
                     maxUid = Math.Max(maxUid, totals.MaxUid);
                     damaged.AddRange(totals.Damaged);
+                    beyondBound += totals.BeyondTagBound;
+                    maxBeyond = Math.Max(maxBeyond, totals.MaxBeyondTagBound);
                     unsealed.AddRange(totals.Unsealed);
                     freeBlocks.AddRange(totals.FreeBlocks);
                     foreach (long segment in totals.FreeSegments)
@@ -260,7 +284,7 @@ public sealed unsafe partial class PersistentHeap
         RecoveryUnsealedBlocks = unsealed;
         if (damaged.Count != 0 && !options.SalvageDamagedBlocks)
         {
-            ThrowDamaged(damaged, options.TornIsDamaged);
+            ThrowDamaged(damaged, options.TornIsDamaged, beyondBound, maxBeyond, tagBound);
         }
 
         if (damaged.Count != 0)
@@ -296,11 +320,16 @@ public sealed unsafe partial class PersistentHeap
         RecoveryUnsealedBlocks = new List<long>();
     }
 
-    private void ThrowDamaged(List<long> damaged, bool tornIsDamaged)
+    private void ThrowDamaged(List<long> damaged, bool tornIsDamaged, long beyondBound, long maxBeyond, long tagBound)
     {
         string why = tornIsDamaged
             ? " The file's sealed-frontier word is below its durable frontier (a file written by a version of this library that persisted the frontier before the seals, or the word is damaged), so blocks left torn by a crash count as damage: the scan cannot tell them from damaged headers of the last durable version."
             : string.Empty;
+        if (beyondBound != 0)
+        {
+            why += $" {beyondBound} of them pass their checks but carry versions up to {maxBeyond}, above the epoch clock {tagBound} that the superblock holds, which is persisted before any block of a version is written: the superblock is older than the blocks (a lost write of its page, or an old copy of it), and the durable frontier it holds would drop data that was durable. Restore the superblock (the file's first page) from a copy rather than salvage.";
+        }
+
         const int Shown = 16;
         string offsets = string.Join(", ", damaged.GetRange(0, Math.Min(Shown, damaged.Count)).ConvertAll(o => $"0x{o:X}"));
         string more = damaged.Count > Shown ? $" and {damaged.Count - Shown} more" : string.Empty;
@@ -464,5 +493,10 @@ public sealed unsafe partial class PersistentHeap
         internal List<long> Damaged { get; } = new();
 
         internal List<long> Unsealed { get; } = new();
+
+        /// <summary>Blocks that pass their checks with a tag above <see cref="PersistentHeapOptions.TagBound"/>, and the largest such tag.</summary>
+        internal long BeyondTagBound;
+
+        internal long MaxBeyondTagBound;
     }
 }

@@ -47,4 +47,11 @@ public sealed class PersistentHeapOptions
 
     /// <summary>Runs when recovery salvages damaged blocks, after it classified every block and before it writes anything.</summary>
     internal Action? BeforeSalvage { get; set; }
+
+    /// <summary>
+    /// Recovery of a buffered heap: the persisted epoch clock, which precedes every tag written to the file. A block that
+    /// passes its check with an epoch tag above it is damage — the superblock is older than the blocks (a lost write of
+    /// its page, an old copy of it restored) — and not a payload beyond the frontier to drop and free. 0: no bound.
+    /// </summary>
+    internal long TagBound { get; set; }
 }
