@@ -24,7 +24,7 @@ namespace Epvs.Persistence;
 ///
 /// Superblock (offset: word)
 ///     0  Magic            0x5041_4548_5356_5045, "EPVSHEAP" in ASCII; written last at creation
-///     8  FormatVersion    7
+///     8  FormatVersion    8 (8: structures with keys of 31 bytes or more keep a key-size record)
 ///    16  HeapSize         bytes in use: DataStart + SegmentCount*65536; grows (store + persist) after the file grew (sealed)
 ///    24  SegmentSize      65536
 ///    32  MaxSegments      capacity of the segment table
@@ -137,7 +137,7 @@ namespace Epvs.Persistence;
 internal static class HeapLayout
 {
     internal const ulong Magic = 0x5041_4548_5356_5045UL;
-    internal const long FormatVersion = 7;
+    internal const long FormatVersion = 8;
     internal const int SuperblockSize = 4096;
     internal const int SegmentSize = 64 * 1024;
     internal const int RootSlotCount = 16;

@@ -11,7 +11,8 @@ namespace Epvs.Persistence;
 /// written with another key size whose key and value sizes add up to the same payload size, is refused at open
 /// instead of misreading them. The code holds key sizes up to 30 bytes; a structure with larger keys also keeps a
 /// <em>key-size record</em>, a 4-byte payload of its own (see <see cref="RecordId"/>), written when the structure is
-/// first opened and checked at every later open (the code alone read a map of 40-byte keys as one of 32-byte keys).
+/// first opened and checked at every later open (the code alone read a map of 40-byte keys as one of 32-byte keys);
+/// payloads without their record (a salvage dropped it) are refused (file format 8: every such structure has one).
 /// </summary>
 internal static class StructureKind
 {
@@ -83,14 +84,31 @@ internal static class StructureKind
             }
         }
 
-        heap.ReserveStructureTypeId(typeId);
-        if (keySize >= MaxKeyCode && heap.TakeRecoveredPayloads(RecordId(stored)).Count == 0 && (heap.Faults & DurabilityFaults.SkipKeySizeRecord) == 0)
+        if (keySize >= MaxKeyCode && (heap.Faults & DurabilityFaults.SkipKeySizeRecord) == 0)
         {
-            // First open (or a file whose structure predates the record): record the key size, in this open's version,
-            // before any payload of the structure: no payload of it can be durable without the record.
-            PayloadRef record = op.Allocate(sizeof(int), RecordId(stored));
-            BinaryPrimitives.WriteInt32LittleEndian(op.GetPayload(record), keySize);
+            bool recorded = heap.PeekRecoveredPayloads(RecordId(stored)).Length != 0;
+            if (!recorded && heap.HasRecoveredPayloads(stored))
+            {
+                // Every structure with such keys wrote its record (format 8) in the version it was first opened in, before
+                // any payload of its own: payloads without it mean the record was lost (a damaged block a salvage dropped,
+                // say). Opened with whatever key type the caller names, they would be misread, and the record written
+                // now would lock that misreading in.
+                throw new InvalidDataException($"Type id {typeId} on this heap holds a {Name(kind)} whose key-size record is missing (damaged and dropped by a salvage, or lost with a stale page): the key size its payloads were written with ({MaxKeyCode} bytes or more) cannot be checked against this one's {keySize} bytes, and a wrong one would misread every entry. Restore the file from a copy, or read the payloads raw (BufferedDurableHeap.TakeRecoveredPayloads).");
+            }
+
+            heap.ReserveStructureTypeId(typeId);
+            if (heap.TakeRecoveredPayloads(RecordId(stored)).Count == 0)
+            {
+                // First open: the key size is recorded in this open's version, before any payload of the structure, so no
+                // payload of it can be durable without the record.
+                PayloadRef record = op.Allocate(sizeof(int), RecordId(stored));
+                BinaryPrimitives.WriteInt32LittleEndian(op.GetPayload(record), keySize);
+            }
+
+            return stored;
         }
+
+        heap.ReserveStructureTypeId(typeId);
 
         return stored;
     }

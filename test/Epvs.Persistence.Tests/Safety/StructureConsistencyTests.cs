@@ -205,29 +205,44 @@ public sealed class StructureConsistencyTests
     }
 
     /// <summary>
-    /// A file whose wide-key structure has no key-size record (written before there was one; here by the control): the
-    /// first open with its key type records it, and from then on another key size is refused.
+    /// A wide-key structure whose key-size record was damaged, and dropped by a salvage: the structure used to open with
+    /// whatever key type the caller named (and record it, locking a misreading in). Its payloads without their record
+    /// are refused now, whatever the key type.
     /// </summary>
     [Fact]
-    public void AWideKeyStructureWithoutARecord_IsRecordedAtItsNextOpen()
+    public void AWideKeyStructureWhoseRecordASalvageDropped_IsRefused()
     {
         using var dir = new TempDirectory();
-        string path = dir.File("legacy.heap");
+        string path = dir.File("salvaged.heap");
         var key40 = new Key40(1, 2, 3, 4, 5);
-        using (BufferedDurableHeap heap = BufferedDurableHeap.Create(path, new HeapFileOptions { Size = 1L << 20, Domain = PersistenceDomainKind.MappedFile }, new BufferedDurableHeapOptions { AdvancePeriod = Timeout.InfiniteTimeSpan, Faults = DurabilityFaults.SkipKeySizeRecord }))
+        using (BufferedDurableHeap heap = BufferedDurableHeap.Create(path, new HeapFileOptions { Size = 1L << 20, Domain = PersistenceDomainKind.MappedFile }, NoAdvancer))
         {
             new PersistentByteMap<Key40>(heap, typeId: 1).Set(key40, new byte[] { 7 });
         }
 
+        long record = -1;
         using (BufferedDurableHeap heap = BufferedDurableHeap.Open(path, null, NoAdvancer))
         {
-            Assert.Equal(new byte[] { 7 }, new PersistentByteMap<Key40>(heap, typeId: 1).Get(key40));
+            heap.Heap.ForEachAllocated((block, header) =>
+            {
+                if (header.TypeId < 0)
+                {
+                    record = block.Offset;
+                }
+            });
         }
 
-        using (BufferedDurableHeap heap = BufferedDurableHeap.Open(path, null, NoAdvancer))
+        Assert.True(record > 0, "no key-size record on the file");
+        using (FileStream f = File.OpenWrite(path))
         {
-            Assert.Throws<InvalidDataException>(() => new PersistentByteMap<Key32>(heap, typeId: 1));
-            Assert.Equal(new byte[] { 7 }, new PersistentByteMap<Key40>(heap, typeId: 1).Get(key40));
+            RandomAccess.Write(f.SafeFileHandle, new byte[] { 0x55 }, record + HeapLayout.HeaderSize);
+        }
+
+        using (BufferedDurableHeap heap = BufferedDurableHeap.Open(path, null, new BufferedDurableHeapOptions { AdvancePeriod = Timeout.InfiniteTimeSpan, SalvageDamagedBlocks = true }))
+        {
+            Assert.Equal(new[] { record }, heap.Recovery.DamagedBlocks);
+            Assert.Contains("key-size record is missing", Assert.Throws<InvalidDataException>(() => new PersistentByteMap<Key32>(heap, typeId: 1)).Message, StringComparison.Ordinal);
+            Assert.Contains("key-size record is missing", Assert.Throws<InvalidDataException>(() => new PersistentByteMap<Key40>(heap, typeId: 1)).Message, StringComparison.Ordinal);
         }
     }
 
