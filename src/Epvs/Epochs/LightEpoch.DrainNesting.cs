@@ -13,8 +13,26 @@ public sealed unsafe partial class LightEpoch
     /// epoch never stops another epoch's drain: that epoch has its own outermost drain on this thread (or none, and runs
     /// inline). Indexed by <see cref="id"/>, which a disposed instance gives back for reuse, so each entry also names its
     /// instance (<see cref="DrainNesting.Token"/>): see <see cref="Drain(bool, Action?)"/>. A managed array, indexed afresh on
-    /// every access, because an action may grow it.</summary>
-    [ThreadStatic] private static DrainNesting[]? t_drainNesting;
+    /// every access, because an action may grow it. With it, the thread's count of drains of all instances together.</summary>
+    [ThreadStatic] private static DrainStack? t_drains;
+
+    /// <summary>One thread's drains (one thread-static field, read once per drain: each read of a thread-static costs a call).</summary>
+    private sealed class DrainStack
+    {
+        /// <summary>Per instance id; replaced by a longer copy when it grows (an action may grow it while a drain runs).</summary>
+        internal DrainNesting[] Entries = Array.Empty<DrainNesting>();
+
+        /// <summary>Drains (of every instance; waiting ones and final runs too) on this thread's stack.</summary>
+        internal int Depth;
+
+        /// <summary>Instances whose drain was left to the outermost drain on this thread (<see cref="LeaveToOutermostDrain"/>); null until first needed.</summary>
+        internal LightEpoch?[]? Left;
+
+        internal int LeftCount;
+
+        /// <summary>Whether <see cref="LeaveThreadDrain"/> is running the drains left to the outermost one (further up this stack).</summary>
+        internal bool RunningLeft;
+    }
 
     private struct DrainNesting
     {
@@ -29,11 +47,11 @@ public sealed unsafe partial class LightEpoch
     /// if it is in use (<paramref name="restore"/>), it is returned in <paramref name="displaced"/>, for the outermost
     /// frame of ours to put back when it returns.
     /// </summary>
-    private ref DrainNesting ClaimNesting(out DrainNesting displaced, out bool restore)
+    private ref DrainNesting ClaimNesting(DrainStack stack, out DrainNesting displaced, out bool restore)
     {
         displaced = default;
         restore = false;
-        ref DrainNesting entry = ref Nesting;
+        ref DrainNesting entry = ref NestingIn(stack);
         if (entry.Token != token && !SharedDrainDepthForTesting && !DrainNestingByIdForTesting)
         {
             restore = entry.Depth != 0;
@@ -43,17 +61,22 @@ public sealed unsafe partial class LightEpoch
         return ref entry;
     }
 
-    private ref DrainNesting Nesting
+    /// <summary>This instance's index in a thread's <see cref="DrainStack.Entries"/>.</summary>
+    private int NestingIndex => SharedDrainDepthForTesting ? 0 : id;
+
+    /// <summary>This thread's drains, with an entry for this instance (allocated if need be: see <see cref="GrowDrainNesting"/>).</summary>
+    private DrainStack Drains
     {
         get
         {
-            int index = SharedDrainDepthForTesting ? 0 : id;
-            DrainNesting[]? all = t_drainNesting;
-            if (all is null || all.Length <= index)
-                all = GrowDrainNesting(index);
-            return ref all[index];
+            int index = NestingIndex;
+            DrainStack? stack = t_drains;
+            return stack is not null && stack.Entries.Length > index ? stack : GrowDrainNesting(index);
         }
     }
+
+    /// <summary>This instance's entry in <paramref name="stack"/> (indexed afresh: an action may have grown the array).</summary>
+    private ref DrainNesting NestingIn(DrainStack stack) => ref stack.Entries[NestingIndex];
 
     /// <summary>
     /// Makes this thread's drain-nesting array long enough for <paramref name="index"/>. Allocates: called where a failure
@@ -62,16 +85,19 @@ public sealed unsafe partial class LightEpoch
     /// actions it made safe pending), and by a drain of a thread that never was (a bump, a registration).
     /// </summary>
     [MethodImpl(MethodImplOptions.NoInlining)]
-    private static DrainNesting[] GrowDrainNesting(int index)
+    private static DrainStack GrowDrainNesting(int index)
     {
-        DrainNesting[]? all = t_drainNesting;
-        if (all is not null && all.Length > index)
-            return all;
+        DrainStack? stack = t_drains;
+        if (stack is not null && stack.Entries.Length > index)
+            return stack;
         DrainNestingGrowHookForTesting?.Invoke();
-        var grown = new DrainNesting[Math.Max(index + 1, Math.Max(4, (all?.Length ?? 0) * 2))];
-        all?.AsSpan().CopyTo(grown);
-        t_drainNesting = grown;
-        return grown;
+        DrainNesting[] all = stack?.Entries ?? Array.Empty<DrainNesting>();
+        var grown = new DrainNesting[Math.Max(index + 1, Math.Max(4, all.Length * 2))];
+        all.AsSpan().CopyTo(grown);
+        // The stack itself stays: drains further up this thread's stack hold it, and read their entries from it afresh.
+        stack ??= t_drains = new DrainStack();
+        stack.Entries = grown;
+        return stack;
     }
 
     /// <summary>Beyond this depth a drain only asks the outermost one to look again, so a chain of actions that
@@ -86,25 +112,14 @@ public sealed unsafe partial class LightEpoch
     /// </summary>
     private const int MaxThreadDrainDepth = 64;
 
-    /// <summary>Drains (of every instance; waiting ones and final runs too) on this thread's stack.</summary>
-    [ThreadStatic] private static int t_threadDrainDepth;
-
-    /// <summary>Instances whose drain was left to the outermost drain on this thread (<see cref="LeaveToOutermostDrain"/>); null until first needed.</summary>
-    [ThreadStatic] private static LightEpoch?[]? t_leftToOutermost;
-
-    [ThreadStatic] private static int t_leftToOutermostCount;
-
-    /// <summary>Whether <see cref="LeaveThreadDrain"/> is running the drains left to the outermost one on this thread (further up its stack).</summary>
-    [ThreadStatic] private static bool t_runningLeftDrains;
-
     /// <summary>
     /// Whether a drain of this instance, with <paramref name="depth"/> of its own drains on this thread, is past
     /// <see cref="MaxThreadDrainDepth"/>; if so, leaves it to this instance's own outermost drain on the thread when there
     /// is one (which looks again), or else to the outermost drain on the thread, which runs it before it returns.
     /// </summary>
-    private bool LeftPastThreadDepth(ref DrainNesting entry, int depth, in DrainNesting displaced, bool restore)
+    private bool LeftPastThreadDepth(DrainStack stack, ref DrainNesting entry, int depth, in DrainNesting displaced, bool restore)
     {
-        if (t_threadDrainDepth < MaxThreadDrainDepth || PerInstanceDrainDepthOnlyForTesting)
+        if (stack.Depth < MaxThreadDrainDepth || PerInstanceDrainDepthOnlyForTesting)
             return false;
         if (depth != 0)
         {
@@ -113,53 +128,53 @@ public sealed unsafe partial class LightEpoch
         }
         if (restore)
             entry = displaced; // nothing of ours ran: the entry we set aside is put back at once
-        LeaveToOutermostDrain(this);
+        LeaveToOutermostDrain(stack, this);
         return true;
     }
 
     /// <summary>Queues <paramref name="epoch"/>'s drain for the outermost drain on this thread. Allocates only when a
     /// thread first goes this deep (an out-of-memory failure leaves the registration pending for a later drain).</summary>
-    private static void LeaveToOutermostDrain(LightEpoch epoch)
+    private static void LeaveToOutermostDrain(DrainStack stack, LightEpoch epoch)
     {
-        LightEpoch?[]? left = t_leftToOutermost;
-        if (left is null || t_leftToOutermostCount == left.Length)
+        LightEpoch?[]? left = stack.Left;
+        if (left is null || stack.LeftCount == left.Length)
         {
             var grown = new LightEpoch?[Math.Max(8, (left?.Length ?? 0) * 2)];
             left?.AsSpan().CopyTo(grown);
-            t_leftToOutermost = left = grown;
+            stack.Left = left = grown;
         }
-        left[t_leftToOutermostCount++] = epoch;
+        left[stack.LeftCount++] = epoch;
     }
 
     /// <summary>
     /// Counts a drain out of this thread's stack; the outermost one (the count back at 0) then runs the drains left to it,
     /// one at a time from this depth, in a loop (a drain it runs may leave more).
     /// </summary>
-    private static void LeaveThreadDrain()
+    private static void LeaveThreadDrain(DrainStack stack)
     {
-        if (--t_threadDrainDepth != 0 || t_leftToOutermostCount == 0 || t_runningLeftDrains)
+        if (--stack.Depth != 0 || stack.LeftCount == 0 || stack.RunningLeft)
             return;
-        t_runningLeftDrains = true;
+        stack.RunningLeft = true;
         try
         {
-            while (t_leftToOutermostCount != 0)
+            while (stack.LeftCount != 0)
             {
-                int last = --t_leftToOutermostCount;
-                LightEpoch epoch = t_leftToOutermost![last]!;
-                t_leftToOutermost[last] = null;
+                int last = --stack.LeftCount;
+                LightEpoch epoch = stack.Left![last]!;
+                stack.Left[last] = null;
                 epoch.Drain(); // on a Closed epoch too: its safe epoch then covers every registration
             }
         }
         finally
         {
-            t_runningLeftDrains = false;
+            stack.RunningLeft = false;
         }
     }
 
     /// <summary>Counts a drain into this thread's stack (see <see cref="MaxThreadDrainDepth"/>).</summary>
-    private static void EnterThreadDrain()
+    private static void EnterThreadDrain(DrainStack stack)
     {
-        int deep = ++t_threadDrainDepth;
+        int deep = ++stack.Depth;
         if (RecordDrainDepthForTesting && deep > t_maxThreadDrainDepthForTesting)
             t_maxThreadDrainDepthForTesting = deep;
     }

@@ -759,26 +759,27 @@ public sealed unsafe partial class LightEpoch : IDisposable
         // actions past the depth limit until another thread drained (G4). Drains nest as calls on one thread, so a
         // foreign entry that is in use is set aside here and put back when this outermost frame of ours returns; one
         // that is not in use (depth 0) is simply taken over. Touched only on the drain path, never by Resume/Suspend.
-        ref DrainNesting entry = ref ClaimNesting(out DrainNesting displaced, out bool restore);
+        DrainStack stack = Drains;
+        ref DrainNesting entry = ref ClaimNesting(stack, out DrainNesting displaced, out bool restore);
         int depth = entry.Depth;
         if (depth >= MaxInlineDrainDepth && (!waiting || WaitingDrainHonoursDepthLimitForTesting))
         {
             entry.Again = true;
             return false;
         }
-        if (!waiting && LeftPastThreadDepth(ref entry, depth, displaced, restore))
+        if (!waiting && LeftPastThreadDepth(stack, ref entry, depth, displaced, restore))
             return false;
         Action? only = depth >= (WaitingDrainFiltersAtInlineLimitForTesting ? MaxInlineDrainDepth : MaxWaitingDrainDepth) && !WaitingDrainRunsEverythingForTesting ? awaited : null;
         entry.Depth = ++depth;
         if (RecordDrainDepthForTesting && depth > t_maxDrainDepthForTesting)
             t_maxDrainDepthForTesting = depth;
-        EnterThreadDrain();
+        EnterThreadDrain(stack);
         try
         {
             do
             {
                 if (depth == 1)
-                    Nesting.Again = false;
+                    NestingIn(stack).Again = false;
                 // Acquire: pairs with the increment; the scan below reads slots after it.
                 long current = Volatile.Read(ref currentEpoch.Value);
                 long safe = table.OldestAnnounced(current) - 1;
@@ -791,23 +792,23 @@ public sealed unsafe partial class LightEpoch : IDisposable
                     drainList.RunEligible(safe, ref pendingActions.Value, reportFault, only);
                     // A filtered pass leaves the other eligible actions to the outermost drain: make it look again.
                     if (only is not null)
-                        Nesting.Again = true;
+                        NestingIn(stack).Again = true;
                     // Whether we ran something or found the hint stale (another drain ran it, or a raise that lost to
                     // ours computed its value before our claims): recompute it, so later drains skip again.
                     RaisePendingHint();
                 }
             }
-            while (depth == 1 && Nesting.Again);
+            while (depth == 1 && NestingIn(stack).Again);
         }
         finally
         {
             // Indexed afresh (an action may have grown the array). Every frame that nested inside ours has put back what
             // it set aside, so this is our entry again.
-            ref DrainNesting mine = ref Nesting;
+            ref DrainNesting mine = ref NestingIn(stack);
             mine.Depth--;
             if (restore)
                 mine = displaced;
-            LeaveThreadDrain();
+            LeaveThreadDrain(stack);
         }
         return true;
     }
@@ -829,15 +830,15 @@ public sealed unsafe partial class LightEpoch : IDisposable
     {
         // The nesting entry may have to be allocated (this thread's first drain of an epoch with this id): should that fail,
         // run the list here, unbounded, as before, rather than leave actions pending on an epoch nobody drains any more.
-        int index = SharedDrainDepthForTesting ? 0 : id;
-        if ((t_drainNesting is not { } all || all.Length <= index) && !TryGrowDrainNesting(index))
+        int index = NestingIndex;
+        if ((t_drains is not { } stack || stack.Entries.Length <= index) && !TryGrowDrainNesting(index, out stack))
         {
             drainList.RunEligible(AllPublished, ref pendingActions.Value, reportFault);
             return;
         }
 
         // As in Drain: an entry of a disposed instance that had our id is set aside, and put back when we return.
-        ref DrainNesting entry = ref ClaimNesting(out DrainNesting displaced, out bool restore);
+        ref DrainNesting entry = ref ClaimNesting(stack, out DrainNesting displaced, out bool restore);
         int depth = entry.Depth;
         if (!final && depth >= MaxInlineDrainDepth && !UnboundedClosedRunForTesting)
         {
@@ -847,48 +848,49 @@ public sealed unsafe partial class LightEpoch : IDisposable
             entry.Again = true;
             return;
         }
-        if (!final && !UnboundedClosedRunForTesting && LeftPastThreadDepth(ref entry, depth, displaced, restore))
+        if (!final && !UnboundedClosedRunForTesting && LeftPastThreadDepth(stack, ref entry, depth, displaced, restore))
             return;
         bool outerAgain = entry.Again;
         bool loops = final || depth == 1;
         entry.Depth = ++depth;
         if (RecordDrainDepthForTesting && depth > t_maxDrainDepthForTesting)
             t_maxDrainDepthForTesting = depth;
-        EnterThreadDrain();
+        EnterThreadDrain(stack);
         try
         {
             do
             {
                 if (loops)
-                    Nesting.Again = false;
+                    NestingIn(stack).Again = false;
                 drainList.RunEligible(AllPublished, ref pendingActions.Value, reportFault); // never throws
             }
-            while (loops && Nesting.Again);
+            while (loops && NestingIn(stack).Again);
         }
         finally
         {
             // Indexed afresh, as in Drain. A request of an outer level that our loop cleared is put back (a final run nested
             // in drains of this epoch); it costs that level one more look.
-            ref DrainNesting mine = ref Nesting;
+            ref DrainNesting mine = ref NestingIn(stack);
             mine.Depth--;
             if (outerAgain)
                 mine.Again = true;
             if (restore)
                 mine = displaced;
-            LeaveThreadDrain();
+            LeaveThreadDrain(stack);
         }
     }
 
     /// <summary><see cref="GrowDrainNesting"/>, reporting a failure (out of memory) instead of throwing.</summary>
-    private static bool TryGrowDrainNesting(int index)
+    private static bool TryGrowDrainNesting(int index, out DrainStack stack)
     {
         try
         {
-            GrowDrainNesting(index);
+            stack = GrowDrainNesting(index);
             return true;
         }
         catch (Exception)
         {
+            stack = null!;
             return false;
         }
     }
