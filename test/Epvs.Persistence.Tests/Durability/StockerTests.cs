@@ -114,14 +114,7 @@ public sealed class StockerTests
 
             TimeoutException stuck = Assert.Throws<TimeoutException>(heap.Dispose);
             Assert.Contains("stocker", stuck.Message);
-            if (control)
-            {
-                BufferedDurableHeap.Open(file).Dispose();
-            }
-            else
-            {
-                Assert.Throws<InvalidOperationException>(() => BufferedDurableHeap.Open(file));
-            }
+            AssertTheFileHostsNoOtherHeap(file, control);
         }
         finally
         {
@@ -130,16 +123,7 @@ public sealed class StockerTests
         }
 
         Assert.True(stocker.Join(Wait), "the stocker did not stop once released");
-        file.Dispose();
-        if (control)
-        {
-            domain.Dispose();
-        }
-        else
-        {
-            // Quarantined, as after a straggler: the domain stays mapped (the file cannot know the thread has gone).
-            Assert.Throws<InvalidOperationException>(domain.Dispose);
-        }
+        DisposeTheQuarantinedFile(file, domain, control);
     }
 
     /// <summary>
@@ -185,14 +169,7 @@ public sealed class StockerTests
             Assert.True(disposer.Join(Wait), "Dispose waited for the stuck advancer's cycle");
             TimeoutException stuck = Assert.IsType<TimeoutException>(failure);
             Assert.Contains("advancer", stuck.Message);
-            if (control)
-            {
-                BufferedDurableHeap.Open(file).Dispose();
-            }
-            else
-            {
-                Assert.Throws<InvalidOperationException>(() => BufferedDurableHeap.Open(file));
-            }
+            AssertTheFileHostsNoOtherHeap(file, control);
         }
         finally
         {
@@ -200,16 +177,7 @@ public sealed class StockerTests
         }
 
         Assert.True(advancer!.Join(Wait), "the advancer did not stop once released");
-        file.Dispose();
-        if (control)
-        {
-            domain.Dispose();
-        }
-        else
-        {
-            // Quarantined, as after a straggler: the domain stays mapped.
-            Assert.Throws<InvalidOperationException>(domain.Dispose);
-        }
+        DisposeTheQuarantinedFile(file, domain, control);
     }
 
     /// <summary>
@@ -250,7 +218,7 @@ public sealed class StockerTests
 
             TimeoutException stuck = Assert.Throws<TimeoutException>(heap.Dispose);
             Assert.Contains("advancer and stocker threads did not stop", stuck.Message);
-            Assert.Throws<InvalidOperationException>(() => BufferedDurableHeap.Open(file));
+            AssertTheFileHostsNoOtherHeap(file, control: false);
         }
         finally
         {
@@ -259,8 +227,7 @@ public sealed class StockerTests
 
         Assert.True(stocker.Join(Wait), "the stocker did not stop once released");
         Assert.True(advancer!.Join(Wait), "the advancer did not stop once released");
-        file.Dispose();
-        Assert.Throws<InvalidOperationException>(domain.Dispose);
+        DisposeTheQuarantinedFile(file, domain, control: false);
     }
 
     /// <summary>
@@ -299,14 +266,7 @@ public sealed class StockerTests
         try
         {
             Assert.Throws<OutOfMemoryException>(() => BufferedDurableHeap.Open(file, failing));
-            if (control)
-            {
-                BufferedDurableHeap.Open(file).Dispose();
-            }
-            else
-            {
-                Assert.Throws<InvalidOperationException>(() => BufferedDurableHeap.Open(file));
-            }
+            AssertTheFileHostsNoOtherHeap(file, control);
         }
         finally
         {
@@ -314,15 +274,7 @@ public sealed class StockerTests
         }
 
         Assert.True(stocker!.Join(Wait), "the stocker did not stop once released");
-        file.Dispose();
-        if (control)
-        {
-            domain.Dispose();
-        }
-        else
-        {
-            Assert.Throws<InvalidOperationException>(domain.Dispose);
-        }
+        DisposeTheQuarantinedFile(file, domain, control);
     }
 
     [Fact]
@@ -547,6 +499,35 @@ public sealed class StockerTests
         catch (AggregateException e)
         {
             return (early, e.InnerException);
+        }
+    }
+
+    /// <summary>While a thread of the closed heap may still write through <paramref name="file"/>: it hosts no other heap
+    /// (the control released it: another heap opens).</summary>
+    private static void AssertTheFileHostsNoOtherHeap(HeapFile file, bool control)
+    {
+        if (control)
+        {
+            BufferedDurableHeap.Open(file).Dispose();
+        }
+        else
+        {
+            Assert.Throws<InvalidOperationException>(() => BufferedDurableHeap.Open(file));
+        }
+    }
+
+    /// <summary>Once that thread has stopped: the file is disposed, its domain stays mapped, quarantined as after a
+    /// straggler (the file cannot know the thread has gone); the control's is released.</summary>
+    private static void DisposeTheQuarantinedFile(HeapFile file, SimulatedPersistenceDomain domain, bool control)
+    {
+        file.Dispose();
+        if (control)
+        {
+            domain.Dispose();
+        }
+        else
+        {
+            Assert.Throws<InvalidOperationException>(domain.Dispose);
         }
     }
 }
