@@ -25,8 +25,9 @@ public sealed unsafe partial class LightEpoch
         /// <summary>Drains (of every instance; waiting ones and final runs too) on this thread's stack.</summary>
         internal int Depth;
 
-        /// <summary>Instances whose drain was left to the outermost drain on this thread (<see cref="LeaveToOutermostDrain"/>); null until first needed.</summary>
-        internal LightEpoch?[]? Left;
+        /// <summary>Instances whose drain was left to the outermost drain on this thread (<see cref="LeaveToOutermostDrain"/>),
+        /// each once; sized ahead, so that leaving a drain allocates only past eight epochs at once.</summary>
+        internal LightEpoch?[] Left = new LightEpoch?[8];
 
         internal int LeftCount;
 
@@ -132,15 +133,21 @@ public sealed unsafe partial class LightEpoch
         return true;
     }
 
-    /// <summary>Queues <paramref name="epoch"/>'s drain for the outermost drain on this thread. Allocates only when a
-    /// thread first goes this deep (an out-of-memory failure leaves the registration pending for a later drain).</summary>
+    /// <summary>Queues <paramref name="epoch"/>'s drain for the outermost drain on this thread, once however many
+    /// registrations leave it (one drain runs them all). Allocates only past eight epochs at once (an out-of-memory
+    /// failure leaves the registration pending for a later drain).</summary>
     private static void LeaveToOutermostDrain(DrainStack stack, LightEpoch epoch)
     {
-        LightEpoch?[]? left = stack.Left;
-        if (left is null || stack.LeftCount == left.Length)
+        LightEpoch?[] left = stack.Left;
+        for (int i = 0; i < stack.LeftCount; i++)
         {
-            var grown = new LightEpoch?[Math.Max(8, (left?.Length ?? 0) * 2)];
-            left?.AsSpan().CopyTo(grown);
+            if (ReferenceEquals(left[i], epoch))
+                return;
+        }
+        if (stack.LeftCount == left.Length)
+        {
+            var grown = new LightEpoch?[left.Length * 2];
+            left.AsSpan().CopyTo(grown);
             stack.Left = left = grown;
         }
         left[stack.LeftCount++] = epoch;
@@ -160,7 +167,7 @@ public sealed unsafe partial class LightEpoch
             while (stack.LeftCount != 0)
             {
                 int last = --stack.LeftCount;
-                LightEpoch epoch = stack.Left![last]!;
+                LightEpoch epoch = stack.Left[last]!;
                 stack.Left[last] = null;
                 epoch.Drain(); // on a Closed epoch too: its safe epoch then covers every registration
             }
@@ -168,6 +175,26 @@ public sealed unsafe partial class LightEpoch
         finally
         {
             stack.RunningLeft = false;
+        }
+    }
+
+    /// <summary>
+    /// For a thread that waits in a loop (<see cref="DrainWhileWaiting"/>): runs the drains it left to its outermost drain
+    /// (past <see cref="MaxThreadDrainDepth"/>), which is further up its own stack and stopped until the wait ends, while
+    /// the wait may be for one of their actions (another epoch's action that signals a step). Waiting drains, as
+    /// <see cref="DrainWhileWaiting"/>'s own: not bounded per thread, only per instance.
+    /// </summary>
+    private static void RunDrainsLeftWhileWaiting()
+    {
+        DrainStack? stack = t_drains;
+        if (stack is null)
+            return;
+        while (stack.LeftCount != 0)
+        {
+            int last = --stack.LeftCount;
+            LightEpoch epoch = stack.Left[last]!;
+            stack.Left[last] = null;
+            epoch.Drain(waiting: true);
         }
     }
 

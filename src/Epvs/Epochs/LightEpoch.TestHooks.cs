@@ -80,6 +80,10 @@ public sealed unsafe partial class LightEpoch
     /// nests 16 levels per epoch on one thread's stack.</summary>
     internal static bool PerInstanceDrainDepthOnlyForTesting;
 
+    /// <summary>Test-only: a thread that waits in a loop inside drains does not run the drains it left to its outermost one
+    /// (the first version of the per-thread bound), so a wait for another epoch's action left there never ends.</summary>
+    internal static bool WaitIgnoresDrainsLeftToTheOutermostForTesting;
+
     /// <summary>
     /// Test-only: a Resume that claimed a slot and then found the epoch no longer Live keeps the slot as its record's
     /// hint (as before the fix), so the Dispose-versus-growth test can show that it catches a later fast-path Resume

@@ -963,6 +963,8 @@ public sealed unsafe partial class LightEpoch : IDisposable
         // Acquire, as in DrainWithoutRefresh; the caller loops, so a registration this read misses is seen next time.
         if (Volatile.Read(ref pendingActions.Value) != 0)
             Drain(waiting: true, awaited);
+        if (!WaitIgnoresDrainsLeftToTheOutermostForTesting)
+            RunDrainsLeftWhileWaiting();
     }
 
     /// <summary>Whether the epoch is disposed (Closed, final; a Dispose that is still deciding does not count). Acquire:

@@ -411,8 +411,8 @@ public sealed partial class EpochProtectedVersionScheme
     /// </summary>
     /// <remarks>After the <see cref="LightEpoch"/> under the scheme was disposed (a shared one, or its own through
     /// <see cref="Epoch"/>), a machine already in flight still takes its steps here: nobody can be protected any more, so
-    /// each is safe at once, and nothing else would take a delayed one (its <see cref="VersionSchemeStateMachine.Completion"/>,
-    /// which <see cref="Dispose"/> waits for, would never come).</remarks>
+    /// each is safe at once, and nothing else would take a delayed one (its <see cref="VersionSchemeStateMachine.Completion"/>
+    /// would never come, and <see cref="Dispose"/> refuses while the machine runs).</remarks>
     /// <exception cref="ObjectDisposedException">The scheme has been disposed; or the <see cref="LightEpoch"/> under it was,
     /// and no machine is in flight (as <see cref="Enter"/> reports it).</exception>
     public void SignalStepAvailable()

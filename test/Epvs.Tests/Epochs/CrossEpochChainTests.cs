@@ -1,4 +1,5 @@
 using System;
+using System.Diagnostics;
 using System.Runtime.CompilerServices;
 using Xunit;
 
@@ -87,5 +88,91 @@ public class CrossEpochChainTests
         Assert.False(exhausted);
         Assert.Equal(5_000, ran);
         Assert.True(deepest > ThreadLimit, $"the control nested only {deepest} drains");
+    }
+
+    /// <summary>A machine whose phase-1 step waits for <see cref="Gate"/>; it gives up waiting after <see cref="Patience"/>
+    /// (and says so), so that a test of a wait that never ends ends.</summary>
+    private sealed class GatedMachine : VersionSchemeStateMachine
+    {
+        private static readonly TimeSpan Patience = TimeSpan.FromSeconds(2);
+        private readonly Stopwatch watch = Stopwatch.StartNew();
+
+        public volatile bool Gate;
+
+        public volatile bool GaveUp;
+
+        public override bool GetNextStep(VersionSchemeState currentState, out VersionSchemeState nextState)
+        {
+            if (currentState.Phase == 1 && !Gate)
+            {
+                if (watch.Elapsed < Patience)
+                {
+                    nextState = default;
+                    return false;
+                }
+                GaveUp = true;
+            }
+            nextState = currentState.Phase + 1 >= 2
+                ? VersionSchemeState.Make(VersionSchemeState.Rest, ActualToVersion)
+                : VersionSchemeState.Make((byte)(currentState.Phase + 1), currentState.Version);
+            return true;
+        }
+
+        public override void OnEnteringState(VersionSchemeState fromState, VersionSchemeState toState)
+        {
+        }
+
+        public override void AfterEnteringState(VersionSchemeState state)
+        {
+        }
+    }
+
+    /// <summary>
+    /// Past the thread bound, an action registered with another epoch (Y) is left to the outermost drain on the thread;
+    /// if the thread then waits in a loop for it there (a blocking machine whose step the action releases), that
+    /// outermost drain is stopped under the wait: the first version of the bound left the wait spinning for ever (unless
+    /// another thread happened to drain Y). A waiting thread now runs the drains it left. The control does not.
+    /// </summary>
+    [Theory]
+    [InlineData(false)]
+    [InlineData(true)]
+    public void AWaitDeepInsideDrains_RunsTheDrainsItLeftToTheOutermost(bool control)
+    {
+        var epochs = new LightEpoch[ThreadLimit + 2];
+        for (int i = 0; i < epochs.Length; i++)
+            epochs[i] = new LightEpoch();
+        var y = new LightEpoch();
+        var scheme = new EpochProtectedVersionScheme();
+        var machine = new GatedMachine();
+        int level = 0;
+        Action? link = null;
+        link = () =>
+        {
+            if (++level < ThreadLimit)
+            {
+                epochs[level].BumpCurrentEpoch(link!);
+                return;
+            }
+            y.BumpCurrentEpoch(() => machine.Gate = true); // past the bound: left to the outermost drain
+            scheme.ExecuteStateMachine(machine, spin: true); // waits, deep inside drains, for that action
+        };
+        LightEpoch.WaitIgnoresDrainsLeftToTheOutermostForTesting = control;
+        try
+        {
+            var worker = new GuardedThread(() => epochs[0].BumpCurrentEpoch(link), "wait deep inside drains", 16 << 20);
+            worker.Start();
+            worker.Join();
+        }
+        finally
+        {
+            LightEpoch.WaitIgnoresDrainsLeftToTheOutermostForTesting = false;
+        }
+
+        Assert.True(machine.Gate, "the other epoch's action never ran");
+        Assert.Equal(control, machine.GaveUp);
+        foreach (LightEpoch epoch in epochs)
+            epoch.Dispose();
+        y.Dispose();
+        scheme.Dispose();
     }
 }
