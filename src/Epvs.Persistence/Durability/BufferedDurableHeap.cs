@@ -269,7 +269,43 @@ public sealed unsafe partial class BufferedDurableHeap : IDisposable
 
         // Volatile.Read: acquire; the base is written once in the constructor before any operation can begin.
         long version = Volatile.Read(ref _versionBase) + state.Version;
+
+        // Volatile.Read: the critical section that began the version persisted the clock over it before publishing the
+        // version, which Enter (a full fence) observed. Above the clock only after a transition the heap did not run.
+        if (version > Volatile.Read(ref _persistedClock) && refuseAfterFault && _mode != DurabilityMode.Transient && (_faults & DurabilityFaults.BeginAboveTheClock) == 0)
+        {
+            RefuseForeignVersion(version);
+        }
+
         return new DurableOperation(this, buffers, version, buffers.OpenOperation(version));
+    }
+
+    /// <summary>
+    /// Whether an operation of <paramref name="version"/> that began without the writers' checks (a structure's rebuild)
+    /// may still write: the heap has not failed, and the version is one the heap began (see <see cref="RefuseForeignVersion"/>).
+    /// </summary>
+    internal bool MayWriteIn(long version) =>
+        _mode == DurabilityMode.Transient || (Volatile.Read(ref _advancerFault) is null && version <= Volatile.Read(ref _persistedClock));
+
+    /// <summary>
+    /// A writing operation is beginning in a version above the persisted epoch clock: one a state machine the heap did not
+    /// run began (the heap's own transitions persist the clock before any operation of their version). Nothing of it can
+    /// become durable (the heap's next cycle fails on that transition), and its blocks could reach the file tagged above
+    /// the clock — through a shared mapping or on persistent memory — which recovery takes for a stale superblock (see
+    /// <see cref="PersistentHeapOptions.TagBound"/>). So the operation is refused, and the heap fails now, as that cycle
+    /// would: reads go on, nothing more is written. Inside the operation's region: leaves it first.
+    /// </summary>
+    [MethodImpl(MethodImplOptions.NoInlining)]
+    [DoesNotReturn]
+    private void RefuseForeignVersion(long version)
+    {
+        _scheme.Leave();
+        var fault = new InvalidOperationException($"The heap's version scheme was advanced to version {version}, past the persisted epoch clock {Volatile.Read(ref _persistedClock)}, by a state machine the heap did not run (BufferedDurableHeap.VersionScheme is for diagnostics: do not run state machines on it). Nothing of those versions can become durable, so no operation writes in them: dispose the heap and reopen the file (recovery keeps every version up to DurableFrontier, {DurableFrontier}).");
+
+        // As a failed cycle records its fault: the first one stays the one reported.
+        Interlocked.CompareExchange(ref _advancerFault, fault, null);
+        FailWaiters(new InvalidOperationException($"The heap's advancer failed: {fault.Message}", fault));
+        throw fault;
     }
 
     [MethodImpl(MethodImplOptions.NoInlining)]

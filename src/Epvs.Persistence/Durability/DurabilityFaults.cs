@@ -121,4 +121,7 @@ internal enum DurabilityFaults : long
 
     /// <summary>Recovery trusts the superblock's clock over the blocks: an intact block tagged above it is dropped and freed as a payload beyond the frontier (a stale superblock then loses durable data without a word), not reported as damage.</summary>
     TrustTheClockOverTheBlocks = 68719476736,
+
+    /// <summary>An operation may begin in a version a foreign transition began (above the persisted clock), as before: its blocks may reach the file tagged above the clock, and a reopen after a crash is refused as a stale superblock.</summary>
+    BeginAboveTheClock = 137438953472,
 }

@@ -71,49 +71,45 @@ internal static class StructureKind
             }
         }
 
-        if (keySize >= MaxKeyCode)
+        if (keySize < MaxKeyCode || (heap.Faults & DurabilityFaults.SkipKeySizeRecord) != 0)
         {
-            // Checked before the type id is taken, so that a refused open leaves the heap as it was.
-            foreach (RecoveredPayload record in heap.PeekRecoveredPayloads(RecordId(stored)))
-            {
-                int recorded = RecordedKeySize(heap, record);
-                if (recorded != keySize)
-                {
-                    throw new InvalidDataException($"Type id {typeId} on this heap holds a {Name(kind)} written with keys of {recorded} bytes, but this one's keys are {keySize} bytes: open it with the key type it was written with (payloads of the same size would otherwise be misread).");
-                }
-            }
-        }
-
-        if (keySize >= MaxKeyCode && (heap.Faults & DurabilityFaults.SkipKeySizeRecord) == 0)
-        {
-            bool recorded = heap.PeekRecoveredPayloads(RecordId(stored)).Length != 0;
-            if (!recorded && heap.HasRecoveredPayloads(stored))
-            {
-                // Every structure with such keys wrote its record (format 8) in the version it was first opened in, before
-                // any payload of its own: payloads without it mean the record was lost (a damaged block a salvage dropped,
-                // say). Opened with whatever key type the caller names, they would be misread, and the record written
-                // now would lock that misreading in.
-                throw new InvalidDataException($"Type id {typeId} on this heap holds a {Name(kind)} whose key-size record is missing (damaged and dropped by a salvage, or lost with a stale page): the key size its payloads were written with ({MaxKeyCode} bytes or more) cannot be checked against this one's {keySize} bytes, and a wrong one would misread every entry. Restore the file from a copy, or read the payloads raw (BufferedDurableHeap.TakeRecoveredPayloads).");
-            }
-
             heap.ReserveStructureTypeId(typeId);
-            if (heap.TakeRecoveredPayloads(RecordId(stored)).Count == 0)
-            {
-                // First open: the key size is recorded in this open's version, before any payload of the structure, so no
-                // payload of it can be durable without the record.
-                PayloadRef record = op.Allocate(sizeof(int), RecordId(stored));
-                BinaryPrimitives.WriteInt32LittleEndian(op.GetPayload(record), keySize);
-            }
-
             return stored;
         }
 
+        // Checked before the type id is taken, so that a refused open leaves the heap as it was.
+        RecoveredPayload[] records = heap.PeekRecoveredPayloads(RecordId(stored));
+        foreach (RecoveredPayload record in records)
+        {
+            int recorded = RecordedKeySize(heap, record);
+            if (recorded != keySize)
+            {
+                throw new InvalidDataException($"Type id {typeId} on this heap holds a {Name(kind)} written with keys of {recorded} bytes, but this one's keys are {keySize} bytes: open it with the key type it was written with (payloads of the same size would otherwise be misread).");
+            }
+        }
+
+        if (records.Length == 0 && heap.HasRecoveredPayloads(stored))
+        {
+            // Every structure with such keys wrote its record (format 8) in the version it was first opened in, before
+            // any payload of its own: payloads without it mean the record was lost (a damaged block a salvage dropped,
+            // say). Opened with whatever key type the caller names, they would be misread, and the record written
+            // now would lock that misreading in.
+            throw new InvalidDataException($"Type id {typeId} on this heap holds a {Name(kind)} whose key-size record is missing (damaged and dropped by a salvage, or lost with a stale page): the key size its payloads were written with ({MaxKeyCode} bytes or more) cannot be checked against this one's {keySize} bytes, and a wrong one would misread every entry. Restore the file from a copy, or read the payloads raw (BufferedDurableHeap.TakeRecoveredPayloads).");
+        }
+
         heap.ReserveStructureTypeId(typeId);
+        if (heap.TakeRecoveredPayloads(RecordId(stored)).Count == 0 && heap.MayWriteIn(op.Version))
+        {
+            // First open: the key size is recorded in this open's version, before any payload of the structure, so no
+            // payload of it can be durable without the record.
+            PayloadRef record = op.Allocate(sizeof(int), RecordId(stored));
+            BinaryPrimitives.WriteInt32LittleEndian(op.GetPayload(record), keySize);
+        }
 
         return stored;
     }
 
-    /// <summary>The key size a recovered key-size record holds (a record of another size is reported as damage).</summary>
+    /// <summary>The key size a recovered key-size record holds (a record of another size is refused as not a structure's).</summary>
     private static int RecordedKeySize(BufferedDurableHeap heap, RecoveredPayload record)
     {
         Span<byte> bytes = heap.PayloadUnchecked(record.Block.Offset);

@@ -101,4 +101,63 @@ public sealed class StaleSuperblockTests
         Assert.NotEmpty(heap.Recovery.DamagedBlocks);
         Assert.Equal(50, new PersistentHashMap<long, long>(heap, TypeId).Count);
     }
+
+    /// <summary>
+    /// The check's legitimate case: a state machine run on the heap's public scheme (misuse the heap reports, advising a
+    /// reopen) advances the version past the persisted clock. Operations went on writing in those versions until the
+    /// heap's next cycle failed on the transition, and a crash image could hold their blocks tagged above the clock (the
+    /// simulated domain lets unflushed lines reach the media, as persistent memory and a shared mapping do): the reopen
+    /// the heap advised was refused as a stale superblock. A writing operation is now refused in such a version (reads go
+    /// on), so every crash image reopens; the control lets them write, and has images refused.
+    /// </summary>
+    [Theory]
+    [InlineData(false)]
+    [InlineData(true)]
+    public void NoOperationWritesInAForeignVersion_SoEveryCrashImageReopens(bool control)
+    {
+        using var domain = new SimulatedPersistenceDomain(1 << 20);
+        using HeapFile file = HeapFile.Create(domain);
+        var options = new BufferedDurableHeapOptions { AdvancePeriod = Timeout.InfiniteTimeSpan, Faults = control ? DurabilityFaults.BeginAboveTheClock : DurabilityFaults.None };
+        BufferedDurableHeap heap = BufferedDurableHeap.Open(file, options);
+        var map = new PersistentHashMap<long, long>(heap, TypeId);
+        map.Set(1, 10);
+        heap.Sync();
+        heap.VersionScheme.AdvanceVersionWithCriticalSection((_, _) => { }, spin: true);
+        heap.VersionScheme.AdvanceVersionWithCriticalSection((_, _) => { }, spin: true);
+        for (long k = 100; k < 200; k++)
+        {
+            Exception? refused = Record.Exception(() => map.Set(k, k));
+            if (!control)
+            {
+                Assert.Contains("by a state machine the heap did not run", Assert.IsType<InvalidOperationException>(refused).Message, StringComparison.Ordinal);
+            }
+        }
+
+        Assert.True(map.TryGetValue(1, out long kept) && kept == 10, "reads stopped");
+        int refusedImages = 0;
+        for (int seed = 0; seed < 40; seed++)
+        {
+            using var image = SimulatedPersistenceDomain.FromImage(domain.Crash(seed));
+            using HeapFile reopened = HeapFile.Open(image);
+            try
+            {
+                using BufferedDurableHeap recovered = BufferedDurableHeap.Open(reopened, NoAdvancer);
+                Assert.True(new PersistentHashMap<long, long>(recovered, TypeId).TryGetValue(1, out long value) && value == 10);
+            }
+            catch (HeapFileException e) when (e.Error == HeapFileError.Corrupt)
+            {
+                refusedImages++;
+            }
+        }
+
+        Record.Exception(heap.Dispose); // the heap failed on the foreign transitions
+        if (control)
+        {
+            Assert.True(refusedImages > 0, "the control's crash images all reopened");
+        }
+        else
+        {
+            Assert.Equal(0, refusedImages);
+        }
+    }
 }
