@@ -101,11 +101,7 @@ public sealed class StockerTests
             Faults = control ? DurabilityFaults.ReleaseTheFileUnderARunningBackgroundThread : DurabilityFaults.None,
         });
         heap.BackgroundStopWait = TimeSpan.FromMilliseconds(100);
-        heap.StockingForTesting = () =>
-        {
-            entered.Set();
-            release.Wait();
-        };
+        heap.StockingForTesting = Hold(entered, release);
         Thread stocker = heap.StockerForTesting!;
         try
         {
@@ -150,16 +146,7 @@ public sealed class StockerTests
             Faults = control ? DurabilityFaults.ReleaseTheFileUnderARunningBackgroundThread : DurabilityFaults.None,
         });
         heap.BackgroundStopWait = TimeSpan.FromMilliseconds(100);
-        Thread? advancer = null;
-        heap.VersionBeginsForTesting = _ =>
-        {
-            if (Thread.CurrentThread.Name == "epvs-advancer" && !entered.IsSet)
-            {
-                advancer = Thread.CurrentThread;
-                entered.Set();
-                release.Wait();
-            }
-        };
+        Func<Thread?> advancer = HoldTheAdvancersNextCycle(heap, entered, release);
         try
         {
             Assert.True(entered.Wait(Wait), "the advancer ran no cycle");
@@ -176,7 +163,7 @@ public sealed class StockerTests
             release.Set();
         }
 
-        Assert.True(advancer!.Join(Wait), "the advancer did not stop once released");
+        Assert.True(advancer()!.Join(Wait), "the advancer did not stop once released");
         DisposeTheQuarantinedFile(file, domain, control);
     }
 
@@ -195,25 +182,13 @@ public sealed class StockerTests
         BufferedDurableHeap heap = BufferedDurableHeap.Open(file, new BufferedDurableHeapOptions { AdvancePeriod = Period });
         heap.BackgroundStopWait = TimeSpan.FromMilliseconds(100);
         Thread stocker = heap.StockerForTesting!;
-        Thread? advancer = null;
-        heap.StockingForTesting = () =>
-        {
-            stocking.Set();
-            release.Wait();
-        };
+        heap.StockingForTesting = Hold(stocking, release);
+        Func<Thread?> advancer = () => null;
         try
         {
             heap.WakeStockerForTesting();
             Assert.True(stocking.Wait(Wait), "no stocking began");
-            heap.VersionBeginsForTesting = _ =>
-            {
-                if (Thread.CurrentThread.Name == "epvs-advancer" && !cycling.IsSet)
-                {
-                    advancer = Thread.CurrentThread;
-                    cycling.Set();
-                    release.Wait();
-                }
-            };
+            advancer = HoldTheAdvancersNextCycle(heap, cycling, release);
             Assert.True(cycling.Wait(Wait), "the advancer ran no cycle");
 
             TimeoutException stuck = Assert.Throws<TimeoutException>(heap.Dispose);
@@ -226,7 +201,7 @@ public sealed class StockerTests
         }
 
         Assert.True(stocker.Join(Wait), "the stocker did not stop once released");
-        Assert.True(advancer!.Join(Wait), "the advancer did not stop once released");
+        Assert.True(advancer()!.Join(Wait), "the advancer did not stop once released");
         DisposeTheQuarantinedFile(file, domain, control: false);
     }
 
@@ -253,11 +228,7 @@ public sealed class StockerTests
             {
                 stocker = starting.StockerForTesting;
                 starting.BackgroundStopWait = TimeSpan.FromMilliseconds(100);
-                starting.StockingForTesting = () =>
-                {
-                    entered.Set();
-                    release.Wait();
-                };
+                starting.StockingForTesting = Hold(entered, release);
                 starting.WakeStockerForTesting();
                 Assert.True(entered.Wait(Wait), "no stocking began");
                 throw new OutOfMemoryException("simulated: no thread for the advancer");
@@ -466,11 +437,7 @@ public sealed class StockerTests
         using var stopping = new ManualResetEventSlim();
         using var release = new ManualResetEventSlim();
         BufferedDurableHeap heap = BufferedDurableHeap.Open(file, new BufferedDurableHeapOptions { AdvancePeriod = Period, Faults = faults });
-        heap.StockingForTesting = () =>
-        {
-            entered.Set();
-            release.Wait();
-        };
+        heap.StockingForTesting = Hold(entered, release);
         heap.StoppingStockerForTesting = stopping.Set;
         var map = new PersistentHashMap<long, long>(heap, TypeId);
         map.Set(1, 1);
@@ -529,5 +496,29 @@ public sealed class StockerTests
         {
             Assert.Throws<InvalidOperationException>(domain.Dispose);
         }
+    }
+
+    /// <summary>A hook that holds the thread running it: signals <paramref name="entered"/>, then waits for <paramref name="release"/>.</summary>
+    private static Action Hold(ManualResetEventSlim entered, ManualResetEventSlim release) => () =>
+    {
+        entered.Set();
+        release.Wait();
+    };
+
+    /// <summary>Holds the advancer inside the next cycle it begins (the transition's critical section) until
+    /// <paramref name="release"/>; returns the advancer's thread once <paramref name="entered"/> is set.</summary>
+    private static Func<Thread?> HoldTheAdvancersNextCycle(BufferedDurableHeap heap, ManualResetEventSlim entered, ManualResetEventSlim release)
+    {
+        Thread? advancer = null;
+        heap.VersionBeginsForTesting = _ =>
+        {
+            if (Thread.CurrentThread.Name == "epvs-advancer" && !entered.IsSet)
+            {
+                advancer = Thread.CurrentThread;
+                entered.Set();
+                release.Wait();
+            }
+        };
+        return () => advancer;
     }
 }
