@@ -124,13 +124,28 @@ public sealed unsafe partial class LightEpoch
             return false;
         if (depth != 0)
         {
-            entry.Again = true;
+            LeaveToOuterDrains(stack, ref entry);
             return true;
         }
         if (restore)
             entry = displaced; // nothing of ours ran: the entry we set aside is put back at once
         LeaveToOutermostDrain(stack, this);
         return true;
+    }
+
+    /// <summary>
+    /// A drain of this instance refused by a depth bound while the instance has a drain further up this thread's stack:
+    /// that drain looks again when control returns to it (<see cref="DrainNesting.Again"/>). The instance also goes on
+    /// the thread's list of drains left to the outermost one, because the thread may wait in a loop below that drain for
+    /// one of the actions refused here (a blocking machine start whose step an action signals): the drain up the stack
+    /// is stopped until the wait ends, and the wait runs the list (<see cref="RunDrainsLeftWhileWaiting"/>). Only the
+    /// flag, and such a wait spun until another thread drained the instance, for ever when nobody else used it.
+    /// </summary>
+    private void LeaveToOuterDrains(DrainStack stack, ref DrainNesting entry)
+    {
+        entry.Again = true;
+        if (!RefusedDrainOnlyAsksTheOuterOneForTesting)
+            LeaveToOutermostDrain(stack, this);
     }
 
     /// <summary>Queues <paramref name="epoch"/>'s drain for the outermost drain on this thread, once however many
@@ -194,8 +209,20 @@ public sealed unsafe partial class LightEpoch
             int last = --stack.LeftCount;
             LightEpoch epoch = stack.Left[last]!;
             stack.Left[last] = null;
-            epoch.Drain(waiting: true);
+
+            // An instance already MaxWaitingDrainDepth deep on this thread is not drained deeper (its own drains up the
+            // stack look again for it: their Again flag stays set). Unbounded, a wait inside each of its actions nested
+            // one more drain for every action pending.
+            if (epoch.DrainDepthOn(stack) < MaxWaitingDrainDepth)
+                epoch.Drain(waiting: true);
         }
+    }
+
+    /// <summary>This instance's drains on <paramref name="stack"/> (0 when its entry belongs to a disposed instance that had its id).</summary>
+    private int DrainDepthOn(DrainStack stack)
+    {
+        int index = NestingIndex;
+        return index < stack.Entries.Length && stack.Entries[index].Token == token ? stack.Entries[index].Depth : 0;
     }
 
     /// <summary>Counts a drain into this thread's stack (see <see cref="MaxThreadDrainDepth"/>).</summary>

@@ -84,6 +84,11 @@ public sealed unsafe partial class LightEpoch
     /// (the first version of the per-thread bound), so a wait for another epoch's action left there never ends.</summary>
     internal static bool WaitIgnoresDrainsLeftToTheOutermostForTesting;
 
+    /// <summary>Test-only: a drain refused by a depth bound while its instance has a drain further up the thread only asks
+    /// that drain to look again (as before the fix), so a thread that then waits in a loop below it, for one of the
+    /// actions it refused, spins until another thread drains the instance (for ever when nobody else does).</summary>
+    internal static bool RefusedDrainOnlyAsksTheOuterOneForTesting;
+
     /// <summary>
     /// Test-only: a Resume that claimed a slot and then found the epoch no longer Live keeps the slot as its record's
     /// hint (as before the fix), so the Dispose-versus-growth test can show that it catches a later fast-path Resume

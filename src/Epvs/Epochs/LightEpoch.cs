@@ -764,7 +764,7 @@ public sealed unsafe partial class LightEpoch : IDisposable
         int depth = entry.Depth;
         if (depth >= MaxInlineDrainDepth && (!waiting || WaitingDrainHonoursDepthLimitForTesting))
         {
-            entry.Again = true;
+            LeaveToOuterDrains(stack, ref entry);
             return false;
         }
         if (!waiting && LeftPastThreadDepth(stack, ref entry, depth, displaced, restore))
@@ -844,8 +844,9 @@ public sealed unsafe partial class LightEpoch : IDisposable
         {
             // An outer level on this thread (a Drain, or a RunClosed) loops while Again. A Drain's safe epoch on a Closed
             // epoch covers every registration: every slot is marked, or was grown after the marking pass and holds at most a
-            // Resume's claim until it backs out (ResumeSlow), which drains after clearing it.
-            entry.Again = true;
+            // Resume's claim until it backs out (ResumeSlow), which drains after clearing it. A Closed epoch has no other
+            // thread to drain it: a wait below that level must find it on the thread's list (LeaveToOuterDrains).
+            LeaveToOuterDrains(stack, ref entry);
             return;
         }
         if (!final && !UnboundedClosedRunForTesting && LeftPastThreadDepth(stack, ref entry, depth, displaced, restore))

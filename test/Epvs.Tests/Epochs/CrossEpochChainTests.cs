@@ -1,5 +1,4 @@
 using System;
-using System.Diagnostics;
 using System.Runtime.CompilerServices;
 using Xunit;
 
@@ -90,12 +89,13 @@ public class CrossEpochChainTests
         Assert.True(deepest > ThreadLimit, $"the control nested only {deepest} drains");
     }
 
-    /// <summary>A machine whose phase-1 step waits for <see cref="Gate"/>; it gives up waiting after <see cref="Patience"/>
-    /// (and says so), so that a test of a wait that never ends ends.</summary>
+    /// <summary>A machine whose phase-1 step waits for <see cref="Gate"/>; it gives up after <see cref="Patience"/> polls of
+    /// that step without it (and says so), so that a test of a wait that never ends ends. A wait that runs the action it
+    /// waits for opens the gate within its first few polls (the action runs in its first drain).</summary>
     private sealed class GatedMachine : VersionSchemeStateMachine
     {
-        private static readonly TimeSpan Patience = TimeSpan.FromSeconds(2);
-        private readonly Stopwatch watch = Stopwatch.StartNew();
+        private const int Patience = 2_000;
+        private int polls;
 
         public volatile bool Gate;
 
@@ -105,7 +105,7 @@ public class CrossEpochChainTests
         {
             if (currentState.Phase == 1 && !Gate)
             {
-                if (watch.Elapsed < Patience)
+                if (++polls < Patience)
                 {
                     nextState = default;
                     return false;
@@ -174,5 +174,94 @@ public class CrossEpochChainTests
             epoch.Dispose();
         y.Dispose();
         scheme.Dispose();
+    }
+
+    /// <summary>
+    /// Past the thread bound, a registration with an epoch that already has a drain further up this thread's stack (here
+    /// the chain's first epoch) is refused and left to that drain, which looks again when control returns to it. If the
+    /// thread then waits in a loop for the action (a blocking machine whose step the action signals), that drain is
+    /// stopped under the wait, and the epoch was not on the list the wait runs: the wait spun until another thread drained
+    /// the epoch, for ever when nobody else did (G4). The control leaves the refused drain to the outer one only.
+    /// </summary>
+    [Theory]
+    [InlineData(false)]
+    [InlineData(true)]
+    public void AWaitDeepInsideDrains_RunsARefusedDrainOfAnEpochDrainingUpTheStack(bool control)
+    {
+        var epochs = new LightEpoch[ThreadLimit + 2];
+        for (int i = 0; i < epochs.Length; i++)
+            epochs[i] = new LightEpoch();
+        var scheme = new EpochProtectedVersionScheme();
+        var machine = new GatedMachine();
+        int level = 0;
+        Action? link = null;
+        link = () =>
+        {
+            if (++level < ThreadLimit)
+            {
+                epochs[level].BumpCurrentEpoch(link!);
+                return;
+            }
+            epochs[0].BumpCurrentEpoch(() => // its outermost drain is at the bottom of this stack
+            {
+                machine.Gate = true;
+                scheme.SignalStepAvailable();
+            });
+            scheme.ExecuteStateMachine(machine, spin: true); // waits, deep inside drains, for that action
+        };
+        RunRefusingDrains(() => epochs[0].BumpCurrentEpoch(link), control);
+
+        Assert.Equal(control, machine.GaveUp);
+        foreach (LightEpoch epoch in epochs)
+            epoch.Dispose();
+        scheme.Dispose();
+    }
+
+    /// <summary>The same past the per-instance inline limit: 16 nested drains of one epoch, a registration with it (refused,
+    /// left to its outermost drain), then a wait for that action on a scheme of another epoch.</summary>
+    [Theory]
+    [InlineData(false)]
+    [InlineData(true)]
+    public void AWaitPastTheInlineLimit_RunsARefusedDrainOfTheEpochDrainingUpTheStack(bool control)
+    {
+        var x = new LightEpoch();
+        var scheme = new EpochProtectedVersionScheme();
+        var machine = new GatedMachine();
+        int level = 0;
+        Action? link = null;
+        link = () =>
+        {
+            if (++level < 16) // LightEpoch.MaxInlineDrainDepth
+            {
+                x.BumpCurrentEpoch(link!);
+                return;
+            }
+            x.BumpCurrentEpoch(() =>
+            {
+                machine.Gate = true;
+                scheme.SignalStepAvailable();
+            });
+            scheme.ExecuteStateMachine(machine, spin: true);
+        };
+        RunRefusingDrains(() => x.BumpCurrentEpoch(link), control);
+
+        Assert.Equal(control, machine.GaveUp);
+        x.Dispose();
+        scheme.Dispose();
+    }
+
+    private static void RunRefusingDrains(Action start, bool control)
+    {
+        LightEpoch.RefusedDrainOnlyAsksTheOuterOneForTesting = control;
+        try
+        {
+            var worker = new GuardedThread(start, "wait below a refused drain", 16 << 20);
+            worker.Start();
+            worker.Join();
+        }
+        finally
+        {
+            LightEpoch.RefusedDrainOnlyAsksTheOuterOneForTesting = false;
+        }
     }
 }

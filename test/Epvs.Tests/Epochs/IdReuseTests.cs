@@ -100,10 +100,13 @@ public class IdReuseTests
         Assert.SkipWhen(control.State == done || !control.SameId, "inconclusive: the control (drain depth keyed by id) completed the machine anyway");
     }
 
-    /// <summary>Runs <paramref name="run"/> as the control: per-thread drain depth keyed by the reusable id (the old behaviour).</summary>
+    /// <summary>Runs <paramref name="run"/> as the control: per-thread drain depth keyed by the reusable id, and a refused
+    /// drain only flagged for an outer drain of its instance (the code before both fixes: since the second, a drain
+    /// refused on the inherited depth is also left to the outermost drain on the thread, which runs it before it returns).</summary>
     private static T WithDrainNestingById<T>(Func<T> run)
     {
         LightEpoch.DrainNestingByIdForTesting = true;
+        LightEpoch.RefusedDrainOnlyAsksTheOuterOneForTesting = true;
         try
         {
             return run();
@@ -111,6 +114,7 @@ public class IdReuseTests
         finally
         {
             LightEpoch.DrainNestingByIdForTesting = false;
+            LightEpoch.RefusedDrainOnlyAsksTheOuterOneForTesting = false;
         }
     }
 }

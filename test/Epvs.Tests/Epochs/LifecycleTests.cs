@@ -40,7 +40,11 @@ public class LifecycleTests
     public void DeepNestingOnOneEpoch_NeverStrandsAnotherEpochsAction()
     {
         bool controlRan;
+        // The control is the code before both fixes: depth shared across instances, and a refused drain only asks the
+        // outer drain of its own instance to look again (B has none; since the second fix it is left to A's, the
+        // outermost on the thread, so sharing the depth alone no longer strands B's action).
         LightEpoch.SharedDrainDepthForTesting = true;
+        LightEpoch.RefusedDrainOnlyAsksTheOuterOneForTesting = true;
         try
         {
             controlRan = true;
@@ -50,8 +54,9 @@ public class LifecycleTests
         finally
         {
             LightEpoch.SharedDrainDepthForTesting = false;
+            LightEpoch.RefusedDrainOnlyAsksTheOuterOneForTesting = false;
         }
-        output.WriteLine($"control (depth shared across instances): B's action ran inline = {controlRan}");
+        output.WriteLine($"control (depth shared across instances, refused drains only flagged): B's action ran inline = {controlRan}");
         for (int n = 12; n <= 20; n++)
             Assert.True(NestedOnA_ActionOnBRuns(n), $"nesting {n}: B's action stayed pending with nobody protected on B");
         Assert.SkipWhen(controlRan, "inconclusive: the control (shared drain depth) ran B's action anyway");
