@@ -14,7 +14,7 @@ public enum EpvsMode
 }
 
 /// <summary>
-/// EPVS (this library): operations run inside <see cref="EpochProtectedVersionScheme.Enter"/> … <c>Leave</c> (or
+/// EPVS (this library): operations run inside <see cref="EpochProtectedVersionScheme.Enter()"/> … <c>Leave</c> (or
 /// between <c>Refresh</c> calls when pinned); a version change is requested from inside the region with
 /// <c>TryAdvanceVersionWithCriticalSection(cs, v + 1)</c> (or a <see cref="PhasedMachine"/>) and runs once the
 /// requester and everyone else have left or refreshed.

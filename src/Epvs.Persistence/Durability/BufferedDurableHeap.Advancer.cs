@@ -1160,6 +1160,11 @@ public sealed unsafe partial class BufferedDurableHeap
     [DoesNotReturn]
     private void ThrowSyncTimeout(long target, TimeSpan timeout)
     {
+        if (FailIfAThreadExitedInsideAnOperation() is { } exited)
+        {
+            throw new TimeoutException($"Waited {timeout} for version {target} to become durable, and it never will: {exited}");
+        }
+
         IReadOnlyList<EpochSlotInfo> blocking = _scheme.GetThreadsBlockingTransition();
         string who = blocking.Count == 0 ? "no thread is inside an operation now (it may just have left)" : "still inside an operation: " + string.Join("; ", blocking.Select(b => b.ToString()));
         throw new TimeoutException(

@@ -79,6 +79,7 @@ public sealed unsafe partial class BufferedDurableHeap : IDisposable
         _pageWriteBack = !_domain.IsPersistentMemory;
         _local = new ThreadLocal<ThreadBuffers>(RegisterThread);
         _scheme = new EpochProtectedVersionScheme();
+        _scheme.TransitionStalled += OnTransitionStalled;
         _schemeVersion = _scheme.CurrentState.Version;
         try
         {
@@ -247,7 +248,14 @@ public sealed unsafe partial class BufferedDurableHeap : IDisposable
                 GrowOpenRecord(buffers);
             }
 
-            state = _scheme.Enter();
+            // With the heap's token: a transition behind a thread that exited inside an operation never completes (see
+            // BufferedDurableHeap.ExitedThreads.cs), and only the token ends the wait for it.
+            state = _scheme.Enter(_entryRefused.Token);
+        }
+        catch (OperationCanceledException e)
+        {
+            ThrowEntryRefused(e);
+            throw;
         }
         catch (ObjectDisposedException e)
         {
@@ -441,6 +449,9 @@ public sealed unsafe partial class BufferedDurableHeap : IDisposable
                 _disposeRequested.Cancel();
             }
 
+            // Operations waiting in the scheme for a transition give up (they would find the heap disposed once in).
+            RefuseEntry();
+
             DisposeCore(ref interrupted);
         }
         finally
@@ -556,10 +567,15 @@ public sealed unsafe partial class BufferedDurableHeap : IDisposable
 
                 // No operation may still be inside the mapping when it is unmapped: wait (briefly if the sync already
                 // waited its full timeout) until every thread that entered before the flag has left.
-                drained = WaitForOperations(failure is TimeoutException ? TimeSpan.FromMilliseconds(100) : _syncTimeout, ref interrupted);
+                // (Not for a thread that exited inside an operation: it never ends its operation.)
+                string? exited = FailIfAThreadExitedInsideAnOperation();
+                drained = exited is null && WaitForOperations(failure is TimeoutException ? TimeSpan.FromMilliseconds(100) : _syncTimeout, ref interrupted);
                 if (!drained)
                 {
-                    failure ??= new TimeoutException($"BufferedDurableHeap.Dispose: a thread stayed inside an operation for {_syncTimeout.TotalSeconds:0.#} s; the heap was closed without unmapping under it (see the remarks of Dispose).");
+                    exited ??= FailIfAThreadExitedInsideAnOperation();
+                    failure ??= new TimeoutException(exited is null
+                        ? $"BufferedDurableHeap.Dispose: a thread stayed inside an operation for {_syncTimeout.TotalSeconds:0.#} s; the heap was closed without unmapping under it (see the remarks of Dispose)."
+                        : $"BufferedDurableHeap.Dispose: the heap was closed without unmapping under the operation left open. {exited}");
                 }
 
                 if (failure is not null)

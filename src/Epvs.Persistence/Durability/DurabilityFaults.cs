@@ -124,4 +124,10 @@ internal enum DurabilityFaults : long
 
     /// <summary>An operation may begin in a version a foreign transition began (above the persisted clock), as before: its blocks may reach the file tagged above the clock, and a reopen after a crash is refused as a stale superblock.</summary>
     BeginAboveTheClock = 137438953472,
+
+    /// <summary>The heap does not look for threads that exited inside an operation (as before): operations blocked behind the transition that waits for one wait until Dispose, and Sync's and Dispose's timeouts advise waiting for the thread to end its operation.</summary>
+    IgnoreThreadsExitedInsideOperations = 274877906944,
+
+    /// <summary>Operations blocked in the version scheme behind a transition wait through the heap's refusal of entry (as before): an operation waiting behind a thread that exited inside an operation waits for ever, past Dispose.</summary>
+    OperationsWaitThroughRefusedEntry = 549755813888,
 }

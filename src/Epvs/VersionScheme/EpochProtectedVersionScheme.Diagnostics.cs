@@ -63,7 +63,7 @@ public sealed partial class EpochProtectedVersionScheme
     /// <remarks>
     /// <para>Who reports (the <c>epvs.transition.stalls</c> counter too): a thread blocked in
     /// <see cref="ExecuteStateMachine"/> or <see cref="AdvanceVersionWithCriticalSection"/> (waiting for another machine
-    /// to end, or with <c>spin: true</c> for its own), an <see cref="Enter"/> or <see cref="Refresh"/> waiting for the step,
+    /// to end, or with <c>spin: true</c> for its own), an <see cref="Enter()"/> or <see cref="Refresh"/> waiting for the step,
     /// and <see cref="AdvanceVersionAsync"/> while it awaits its transition (it checks every threshold, so it may report up
     /// to one threshold late).</para>
     /// <para>Nobody reports a step that nobody waits for: one started with <see cref="TryExecuteStateMachine"/> or

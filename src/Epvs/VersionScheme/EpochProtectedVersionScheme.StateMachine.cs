@@ -58,7 +58,7 @@ public sealed partial class EpochProtectedVersionScheme
     /// targets the next version and the version is at <see cref="VersionSchemeState.MaxVersion"/> (the machine is then
     /// completed with this exception as its <see cref="VersionSchemeStateMachine.Fault"/>).</exception>
     /// <exception cref="ObjectDisposedException">The scheme has been disposed, or the <see cref="LightEpoch"/> under it (a
-    /// shared one, or its own through <see cref="Epoch"/>), as <see cref="Enter"/> reports it.</exception>
+    /// shared one, or its own through <see cref="Epoch"/>), as <see cref="Enter()"/> reports it.</exception>
     public StateMachineExecutionStatus TryExecuteStateMachine(VersionSchemeStateMachine stateMachine)
     {
         if (stateMachine is null)
@@ -163,7 +163,7 @@ public sealed partial class EpochProtectedVersionScheme
     /// callback returns. Also when the machine targets the next version and the version is at
     /// <see cref="VersionSchemeState.MaxVersion"/>.</exception>
     /// <exception cref="ObjectDisposedException">The scheme has been disposed, or the <see cref="LightEpoch"/> under it (a
-    /// shared one, or its own through <see cref="Epoch"/>), as <see cref="Enter"/> reports it.</exception>
+    /// shared one, or its own through <see cref="Epoch"/>), as <see cref="Enter()"/> reports it.</exception>
     /// <exception cref="ThreadInterruptedException">The calling thread was interrupted (<see cref="Thread.Interrupt"/>)
     /// while it waited. If it waited for another machine to end, <paramref name="stateMachine"/> has not started and
     /// may be passed again; if it waited with <paramref name="spin"/> for <paramref name="stateMachine"/> to complete,
@@ -234,7 +234,7 @@ public sealed partial class EpochProtectedVersionScheme
     /// <exception cref="InvalidOperationException"><paramref name="targetVersion"/> is -1 (next) and the version is at
     /// <see cref="VersionSchemeState.MaxVersion"/>.</exception>
     /// <exception cref="ObjectDisposedException">The scheme has been disposed, or the <see cref="LightEpoch"/> under it (a
-    /// shared one, or its own through <see cref="Epoch"/>), as <see cref="Enter"/> reports it.</exception>
+    /// shared one, or its own through <see cref="Epoch"/>), as <see cref="Enter()"/> reports it.</exception>
     public StateMachineExecutionStatus TryAdvanceVersionWithCriticalSection(Action<long, long> criticalSection, long targetVersion = -1)
     {
         if (criticalSection is null)
@@ -264,7 +264,7 @@ public sealed partial class EpochProtectedVersionScheme
     /// <exception cref="InvalidOperationException">The calling thread is protected, or the version is at
     /// <see cref="VersionSchemeState.MaxVersion"/> (see <see cref="ExecuteStateMachine"/>).</exception>
     /// <exception cref="ObjectDisposedException">The scheme has been disposed, or the <see cref="LightEpoch"/> under it (a
-    /// shared one, or its own through <see cref="Epoch"/>), as <see cref="Enter"/> reports it.</exception>
+    /// shared one, or its own through <see cref="Epoch"/>), as <see cref="Enter()"/> reports it.</exception>
     /// <exception cref="ThreadInterruptedException">The calling thread was interrupted while it waited (see
     /// <see cref="ExecuteStateMachine"/>): either the transition has not started, or, with <paramref name="spin"/>, it
     /// has started and carries on without the caller (a fault of its critical section is then reported only through
@@ -300,7 +300,7 @@ public sealed partial class EpochProtectedVersionScheme
     /// <exception cref="ArgumentNullException"><paramref name="criticalSection"/> is null.</exception>
     /// <exception cref="InvalidOperationException">The calling thread is protected.</exception>
     /// <exception cref="ObjectDisposedException">The scheme has been disposed, or the <see cref="LightEpoch"/> under it (a
-    /// shared one, or its own through <see cref="Epoch"/>), as <see cref="Enter"/> reports it.</exception>
+    /// shared one, or its own through <see cref="Epoch"/>), as <see cref="Enter()"/> reports it.</exception>
     public Task<bool> AdvanceVersionAsync(Action<long, long> criticalSection, long targetVersion = -1, CancellationToken cancellationToken = default)
     {
         if (criticalSection is null)
@@ -414,7 +414,7 @@ public sealed partial class EpochProtectedVersionScheme
     /// each is safe at once, and nothing else would take a delayed one (its <see cref="VersionSchemeStateMachine.Completion"/>
     /// would never come, and <see cref="Dispose"/> refuses while the machine runs).</remarks>
     /// <exception cref="ObjectDisposedException">The scheme has been disposed; or the <see cref="LightEpoch"/> under it was,
-    /// and no machine is in flight (as <see cref="Enter"/> reports it).</exception>
+    /// and no machine is in flight (as <see cref="Enter()"/> reports it).</exception>
     public void SignalStepAvailable()
     {
         if (LegacySignalOnClosedEpochForTesting)

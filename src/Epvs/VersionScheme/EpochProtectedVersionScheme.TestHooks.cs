@@ -131,4 +131,8 @@ public sealed partial class EpochProtectedVersionScheme
     /// <summary>Test-only: an asynchronous start waiting for another machine does not wake when the epoch closes (as
     /// before): it waits for that machine's end, which may never come.</summary>
     internal bool LegacyAsyncWaitIgnoresEpochCloseForTesting { get; set; }
+
+    /// <summary>Test-only: <see cref="Enter(System.Threading.CancellationToken)"/> waits as <see cref="Enter()"/> does,
+    /// whatever its token (the broken control of the cancellable wait).</summary>
+    internal static bool EnterIgnoresCancellationForTesting;
 }

@@ -8,7 +8,7 @@ namespace Epvs;
 
 /// <summary>
 /// The Epoch-Protected Version Scheme (EPVS) of Li, Chandramouli and Madden (VLDB Journal 2024), after Microsoft
-/// FASTER's: threads run latch-free inside protected regions (<see cref="Enter"/> ... <see cref="Leave"/>) that each
+/// FASTER's: threads run latch-free inside protected regions (<see cref="Enter()"/> ... <see cref="Leave"/>) that each
 /// observe one stable <see cref="VersionSchemeState"/>, and state machines move the scheme between states with
 /// critical sections that run in mutual exclusion with every protected region.
 /// </summary>
@@ -17,7 +17,7 @@ namespace Epvs;
 /// <list type="bullet">
 /// <item><description>Mutual exclusion: <see cref="VersionSchemeStateMachine.OnEnteringState"/> runs only after every
 /// region that observed the old state has left, and no region observes the new state before it has run.</description></item>
-/// <item><description>Stable view: the state returned by <see cref="Enter"/> or <see cref="Refresh"/> holds until the
+/// <item><description>Stable view: the state returned by <see cref="Enter()"/> or <see cref="Refresh"/> holds until the
 /// matching <see cref="Leave"/> or the next <see cref="Refresh"/>.</description></item>
 /// <item><description>Monotonic versions: a version is advanced to at most once; see
 /// <see cref="StateMachineExecutionStatus"/>.</description></item>
@@ -33,7 +33,7 @@ namespace Epvs;
 /// <see cref="ExecuteStateMachine"/>/<see cref="AdvanceVersionWithCriticalSection"/> with <c>spin: true</c>, and is
 /// reported through <see cref="StateMachineFaulted"/>.</description></item>
 /// <item><description>Re-entrant: regions nest, on one scheme or on several schemes sharing a <see cref="LightEpoch"/>. A
-/// nested <see cref="Enter"/> or <see cref="Refresh"/> never releases the outer region's protection.</description></item>
+/// nested <see cref="Enter()"/> or <see cref="Refresh"/> never releases the outer region's protection.</description></item>
 /// </list>
 /// <para>Protection belongs to a thread: do not <c>await</c> inside a region.</para>
 /// <para>Nesting is counted per <see cref="LightEpoch"/>, not per scheme: a region of scheme B inside a region of
@@ -156,7 +156,22 @@ public sealed partial class EpochProtectedVersionScheme : IDisposable
     /// <returns>The stable state this region observes.</returns>
     /// <exception cref="ObjectDisposedException">The scheme (or its epoch) has been disposed.</exception>
     [MethodImpl(MethodImplOptions.AggressiveInlining)]
-    public VersionSchemeState Enter()
+    public VersionSchemeState Enter() => Enter(CancellationToken.None);
+
+    /// <summary>
+    /// <see cref="Enter()"/>, with a wait for a pending transition that <paramref name="cancellationToken"/> can end: for a
+    /// caller that must be able to give up on a transition that may never complete (a thread that exited inside a
+    /// region of the old version, which nothing can make leave, holds it back for ever).
+    /// </summary>
+    /// <remarks>The token is observed only while the call waits: a call that need not wait (no transition pending) enters
+    /// even when the token is cancelled, at the cost of <see cref="Enter()"/>. A cancelled call has entered nothing: do
+    /// not <see cref="Leave"/> for it.</remarks>
+    /// <param name="cancellationToken">Ends the wait for a pending transition.</param>
+    /// <returns>The stable state this region observes.</returns>
+    /// <exception cref="OperationCanceledException">The token was cancelled while the call waited.</exception>
+    /// <exception cref="ObjectDisposedException">The scheme (or its epoch) has been disposed.</exception>
+    [MethodImpl(MethodImplOptions.AggressiveInlining)]
+    public VersionSchemeState Enter(CancellationToken cancellationToken)
     {
         epoch.Resume();
         // Acquire: pairs with the release store that ends a step, so the critical section's writes are visible.
@@ -164,11 +179,11 @@ public sealed partial class EpochProtectedVersionScheme : IDisposable
         long s = Volatile.Read(ref state);
         if ((s & VersionSchemeState.IntermediateMask) == 0 && currentMachine is null)
             return new VersionSchemeState(s);
-        return EnterSlow();
+        return EnterSlow(cancellationToken);
     }
 
     [MethodImpl(MethodImplOptions.NoInlining)]
-    private VersionSchemeState EnterSlow()
+    private VersionSchemeState EnterSlow(CancellationToken cancellationToken)
     {
         int depth = epoch.ProtectionDepth; // with the level Resume just added
         bool waiting = false;
@@ -177,7 +192,7 @@ public sealed partial class EpochProtectedVersionScheme : IDisposable
             ThrowIfDisposed();
             TryStepStateMachine(mustNotLose: false);
             waiting = true;
-            return WaitForStableState(addedLevel: true);
+            return WaitForStableState(addedLevel: true, cancellationToken);
         }
         catch
         {
@@ -192,7 +207,7 @@ public sealed partial class EpochProtectedVersionScheme : IDisposable
     }
 
     /// <summary>
-    /// Equivalent to <see cref="Leave"/> then <see cref="Enter"/>, but cheaper: lets pending transitions pass and
+    /// Equivalent to <see cref="Leave"/> then <see cref="Enter()"/>, but cheaper: lets pending transitions pass and
     /// returns the new stable state. When nested, the outer regions' protection is kept: the call returns the state
     /// those regions observe.
     /// </summary>
@@ -227,7 +242,7 @@ public sealed partial class EpochProtectedVersionScheme : IDisposable
         return WaitForStableState(addedLevel: false);
     }
 
-    /// <summary>Leaves the protected region entered by the matching <see cref="Enter"/>.</summary>
+    /// <summary>Leaves the protected region entered by the matching <see cref="Enter()"/>.</summary>
     /// <exception cref="InvalidOperationException">The calling thread is not in a protected region of the
     /// underlying epoch (unbalanced <see cref="Leave"/>, or a call from another thread than the one that
     /// entered).</exception>
@@ -252,7 +267,7 @@ public sealed partial class EpochProtectedVersionScheme : IDisposable
     /// for it. Called with the thread protected (depth ≥ 1); <paramref name="addedLevel"/> says whether the caller
     /// (Enter) added the innermost level, which a failure must then take away again (Refresh added none).
     /// </summary>
-    private VersionSchemeState WaitForStableState(bool addedLevel)
+    private VersionSchemeState WaitForStableState(bool addedLevel, CancellationToken cancellationToken = default)
     {
         var spinner = new SpinWait();
         while (true)
@@ -260,6 +275,14 @@ public sealed partial class EpochProtectedVersionScheme : IDisposable
             long s = Volatile.Read(ref state);
             if ((s & VersionSchemeState.IntermediateMask) == 0)
                 return new VersionSchemeState(s);
+
+            if (Cancelled(cancellationToken))
+            {
+                // As for a disposed scheme below: the Enter gives its level back and has entered nothing.
+                if (addedLevel)
+                    epoch.Suspend();
+                cancellationToken.ThrowIfCancellationRequested();
+            }
 
             if (Volatile.Read(ref disposed) != 0 || t_inCriticalSectionOf == this)
             {
@@ -308,7 +331,7 @@ public sealed partial class EpochProtectedVersionScheme : IDisposable
                 // entered nothing: EnterSlow finds the level gone. A Suspend that throws (its drain) has already left.
                 epoch.Suspend();
                 AfterStepAsideHookForTesting?.Invoke();
-                WaitWhileUnchanged(s, ref spinner);
+                WaitWhileUnchanged(s, ref spinner, cancellationToken);
                 BeforeComingBackHookForTesting?.Invoke();
                 epoch.Resume();
                 continue;
@@ -373,13 +396,17 @@ public sealed partial class EpochProtectedVersionScheme : IDisposable
     /// critical section failed and restored it; the flag is set before the mark, so a read that sees the mark sees it).
     /// The outermost Enter's wait: <see cref="Thread.Interrupt"/> can make it throw (the Enter has entered nothing).
     /// </summary>
-    private void WaitWhileUnchanged(long s, ref SpinWait spinner)
+    private void WaitWhileUnchanged(long s, ref SpinWait spinner, CancellationToken cancellationToken = default)
     {
-        while (StillUnchanged(s))
+        while (StillUnchanged(s) && !Cancelled(cancellationToken))
             spinner.SpinOnce(); // sleeps at times: Thread.Interrupt can make it throw
     }
 
-    /// <summary>The stepped-aside Refresh's wait: as <see cref="WaitWhileUnchanged(long, ref SpinWait)"/>, but an
+    /// <summary>Whether an <see cref="Enter(CancellationToken)"/>'s wait is to end (the broken control never ends it).</summary>
+    private static bool Cancelled(CancellationToken cancellationToken) =>
+        cancellationToken.IsCancellationRequested && !EnterIgnoresCancellationForTesting;
+
+    /// <summary>The stepped-aside Refresh's wait: as <see cref="WaitWhileUnchanged(long, ref SpinWait, CancellationToken)"/>, but an
     /// interrupt is absorbed (see <see cref="UninterruptibleSpinWait.End"/>).</summary>
     private void WaitWhileUnchanged(long s, ref UninterruptibleSpinWait patient)
     {
@@ -411,7 +438,7 @@ public sealed partial class EpochProtectedVersionScheme : IDisposable
 
     /// <summary>
     /// For the calls that start or step a machine (cold paths): also throws when the epoch under the scheme is disposed (a
-    /// shared one, or the owned one through <see cref="Epoch"/>), as <see cref="Enter"/> does. Nothing can be protected on
+    /// shared one, or the owned one through <see cref="Epoch"/>), as <see cref="Enter()"/> does. Nothing can be protected on
     /// a disposed epoch, so a critical section started there would exclude nothing. Steps of a machine already in flight
     /// when the epoch closed still run (the epoch's final run, or its closed registrations, take them).
     /// </summary>

@@ -1,0 +1,145 @@
+using System;
+using System.Threading;
+using Xunit;
+
+namespace Epvs.Tests;
+
+/// <summary>
+/// <see cref="EpochProtectedVersionScheme.Enter(CancellationToken)"/>: a wait for a pending transition that may never
+/// complete (a thread that exited inside a region of the old version holds it back for ever, and nothing else ends the
+/// wait: the scheme cannot be disposed while a thread is protected) ends when the token is cancelled, and the failed
+/// Enter has entered nothing (G6: a level kept would hold back every later transition). Deterministic: a parked thread
+/// holds the transition back, and the token is cancelled before the call or from the wait itself (a hook).
+/// </summary>
+public class CancelledEnterTests
+{
+    /// <summary>A scheme whose transition to version 2 waits for <paramref name="holder"/>, parked inside a region.</summary>
+    private static EpochProtectedVersionScheme SchemeWithAPendingTransition(out ParkedThread holder)
+    {
+        var scheme = new EpochProtectedVersionScheme();
+        holder = new ParkedThread(() => scheme.Enter(), scheme.Leave);
+        Assert.Equal(StateMachineExecutionStatus.Ok, scheme.TryAdvanceVersionWithCriticalSection((_, _) => { }));
+        Assert.True(scheme.CurrentState.IsIntermediate);
+        return scheme;
+    }
+
+    [Fact]
+    public void OutermostEnter_WithACancelledToken_ThrowsWhileTheTransitionIsHeldBack_AndEntersNothing()
+    {
+        using var cancelled = new CancellationTokenSource();
+        cancelled.Cancel();
+        EpochProtectedVersionScheme scheme = SchemeWithAPendingTransition(out ParkedThread holder);
+        Exception? failure = null;
+        bool protectedAfter = true;
+        GuardedThread.Start(() =>
+        {
+            failure = Record.Exception(() => scheme.Enter(cancelled.Token));
+            protectedAfter = scheme.Epoch.ThisInstanceProtected();
+        }, "cancelled enter").Join(); // while the holder is still inside: only the token can end the wait
+
+        Assert.IsType<OperationCanceledException>(failure);
+        Assert.False(protectedAfter, "the cancelled Enter left its thread protected");
+        holder.Dispose();
+        Assert.Equal(2, scheme.CurrentState.Version); // the holder's Leave completed the transition: nothing else held it
+        scheme.Dispose();
+    }
+
+    [Fact]
+    public void OutermostEnter_CancelledWhileSteppedAside_Throws()
+    {
+        using var cancel = new CancellationTokenSource();
+        EpochProtectedVersionScheme scheme = SchemeWithAPendingTransition(out ParkedThread holder);
+        int waiter = 0;
+        scheme.SteppedAsideWaitHookForTesting = () =>
+        {
+            if (Environment.CurrentManagedThreadId == Volatile.Read(ref waiter))
+                cancel.Cancel(); // the wait's first turn, with the thread stepped aside
+        };
+        Exception? failure = null;
+        GuardedThread.Start(() =>
+        {
+            Volatile.Write(ref waiter, Environment.CurrentManagedThreadId);
+            failure = Record.Exception(() => scheme.Enter(cancel.Token));
+        }, "enter cancelled while waiting").Join();
+
+        Assert.IsType<OperationCanceledException>(failure);
+        scheme.SteppedAsideWaitHookForTesting = null;
+        holder.Dispose();
+        Assert.Equal(2, scheme.CurrentState.Version);
+        scheme.Dispose();
+    }
+
+    [Fact]
+    public void NestedEnter_WithACancelledToken_Throws_AndAddsNoLevel()
+    {
+        using var cancelled = new CancellationTokenSource();
+        cancelled.Cancel();
+        using var epoch = new LightEpoch();
+        var outer = new EpochProtectedVersionScheme(epoch);
+        var inner = new EpochProtectedVersionScheme(epoch);
+        Exception? failure = null;
+        int depthAfter = -1;
+        using (var holder = new ParkedThread(() => inner.Enter(), inner.Leave))
+        {
+            Assert.Equal(StateMachineExecutionStatus.Ok, inner.TryAdvanceVersionWithCriticalSection((_, _) => { }));
+            GuardedThread.Start(() =>
+            {
+                outer.Enter(); // announced after the step's bump: the step does not wait for it, the nested Enter waits for the step
+                failure = Record.Exception(() => inner.Enter(cancelled.Token));
+                depthAfter = epoch.ProtectionDepth;
+                outer.Leave();
+            }, "nested cancelled enter").Join();
+        }
+
+        Assert.IsType<OperationCanceledException>(failure);
+        Assert.Equal(1, depthAfter);
+        Assert.Equal(2, inner.CurrentState.Version);
+        inner.Dispose();
+        outer.Dispose();
+    }
+
+    [Fact]
+    public void EnterWithoutATransitionPending_EntersWhateverItsToken()
+    {
+        using var cancelled = new CancellationTokenSource();
+        cancelled.Cancel();
+        using var scheme = new EpochProtectedVersionScheme();
+        Assert.Equal(1, scheme.Enter(cancelled.Token).Version); // the token is observed only by a wait
+        scheme.Leave();
+    }
+
+    /// <summary>The control: a wait that ignores its token goes on until the holder leaves, and the Enter then returns
+    /// as if nothing had been cancelled; the check above (a throw while the holder is inside) catches it.</summary>
+    [Fact]
+    public void EnterThatIgnoresItsToken_IsCaught()
+    {
+        using var cancelled = new CancellationTokenSource();
+        cancelled.Cancel();
+        EpochProtectedVersionScheme scheme = SchemeWithAPendingTransition(out ParkedThread holder);
+        using var waiting = new ManualResetEventSlim();
+        scheme.SteppedAsideWaitHookForTesting = waiting.Set;
+        EpochProtectedVersionScheme.EnterIgnoresCancellationForTesting = true;
+        try
+        {
+            Exception? failure = null;
+            GuardedThread worker = GuardedThread.Start(() =>
+            {
+                failure = Record.Exception(() =>
+                {
+                    scheme.Enter(cancelled.Token);
+                    scheme.Leave();
+                });
+            }, "enter ignoring its token");
+            Assert.True(waiting.Wait(GuardedThread.DefaultTimeout), "the control's Enter never waited");
+            holder.Dispose(); // the control waits on: only the holder's leaving ends its wait
+            worker.Join();
+            Assert.Null(failure);
+        }
+        finally
+        {
+            EpochProtectedVersionScheme.EnterIgnoresCancellationForTesting = false;
+            scheme.SteppedAsideWaitHookForTesting = null;
+        }
+        scheme.Dispose();
+    }
+}
