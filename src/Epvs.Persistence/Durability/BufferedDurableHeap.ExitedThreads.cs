@@ -26,6 +26,9 @@ public sealed partial class BufferedDurableHeap
     /// ends the waits of operations blocked in the scheme behind a transition that may never complete.</summary>
     private readonly CancellationTokenSource _entryRefused = new();
 
+    /// <summary><see cref="_entryRefused"/>'s token, read once (its property checks for disposal on every read).</summary>
+    private readonly CancellationToken _entryToken;
+
     /// <summary>The threads that exited with an operation of this heap open (empty almost always).</summary>
     private List<int> ThreadsExitedInsideOperations()
     {

@@ -80,6 +80,7 @@ public sealed unsafe partial class BufferedDurableHeap : IDisposable
         _local = new ThreadLocal<ThreadBuffers>(RegisterThread);
         _scheme = new EpochProtectedVersionScheme();
         _scheme.TransitionStalled += OnTransitionStalled;
+        _entryToken = _entryRefused.Token;
         _schemeVersion = _scheme.CurrentState.Version;
         try
         {
@@ -250,7 +251,7 @@ public sealed unsafe partial class BufferedDurableHeap : IDisposable
 
             // With the heap's token: a transition behind a thread that exited inside an operation never completes (see
             // BufferedDurableHeap.ExitedThreads.cs), and only the token ends the wait for it.
-            state = _scheme.Enter(_entryRefused.Token);
+            state = _scheme.Enter(_entryToken);
         }
         catch (OperationCanceledException e)
         {
