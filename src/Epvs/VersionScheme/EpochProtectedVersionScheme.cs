@@ -276,14 +276,6 @@ public sealed partial class EpochProtectedVersionScheme : IDisposable
             if ((s & VersionSchemeState.IntermediateMask) == 0)
                 return new VersionSchemeState(s);
 
-            if (Cancelled(cancellationToken))
-            {
-                // As for a disposed scheme below: the Enter gives its level back and has entered nothing.
-                if (addedLevel)
-                    epoch.Suspend();
-                cancellationToken.ThrowIfCancellationRequested();
-            }
-
             if (Volatile.Read(ref disposed) != 0 || t_inCriticalSectionOf == this)
             {
                 if (addedLevel)
@@ -304,13 +296,14 @@ public sealed partial class EpochProtectedVersionScheme : IDisposable
                 long prior = Volatile.Read(ref transitionPrior);
                 if (Volatile.Read(ref state) != s)
                     continue;
+                // Our announcement is at or below the step's epoch: the critical section cannot run until we leave, so
+                // the state the step started from holds for us (this is always the case for a nested Enter on the scheme
+                // whose outer region observed that state).
+                if (prior != UnknownPrior && epoch.AnnouncedEpoch <= prior)
+                    return new VersionSchemeState(s).WithoutIntermediate();
+                ThrowIfCancelled(addedLevel, cancellationToken); // from here on the call waits
                 if (prior != UnknownPrior)
                 {
-                    // Our announcement is at or below the step's epoch: the critical section cannot run until we
-                    // leave, so the state the step started from holds for us (this is always the case for a nested
-                    // Enter on the scheme whose outer region observed that state).
-                    if (epoch.AnnouncedEpoch <= prior)
-                        return new VersionSchemeState(s).WithoutIntermediate();
                     // The step does not wait for us. Wait for it, running its critical section if it is due (also
                     // deeper inside drains than the inline limit: the drain we would leave it to may be this thread's).
                     if (StepAsideWithoutDrainingForTesting)
@@ -329,6 +322,7 @@ public sealed partial class EpochProtectedVersionScheme : IDisposable
                 // Outermost Enter: it has no region yet, so it leaves, waits for the transition and enters again. A failure
                 // anywhere here (an interrupted wait, a Resume that cannot claim a slot) is an Enter that throws having
                 // entered nothing: EnterSlow finds the level gone. A Suspend that throws (its drain) has already left.
+                ThrowIfCancelled(addedLevel, cancellationToken);
                 epoch.Suspend();
                 AfterStepAsideHookForTesting?.Invoke();
                 WaitWhileUnchanged(s, ref spinner, cancellationToken);
@@ -400,6 +394,17 @@ public sealed partial class EpochProtectedVersionScheme : IDisposable
     {
         while (StillUnchanged(s) && !Cancelled(cancellationToken))
             spinner.SpinOnce(); // sleeps at times: Thread.Interrupt can make it throw
+    }
+
+    /// <summary>An <see cref="Enter(CancellationToken)"/> about to wait (again) whose token is cancelled: gives back the
+    /// level it added, as for a disposed scheme, and throws, having entered nothing.</summary>
+    private void ThrowIfCancelled(bool addedLevel, CancellationToken cancellationToken)
+    {
+        if (!Cancelled(cancellationToken))
+            return;
+        if (addedLevel)
+            epoch.Suspend();
+        cancellationToken.ThrowIfCancellationRequested();
     }
 
     /// <summary>Whether an <see cref="Enter(CancellationToken)"/>'s wait is to end (the broken control never ends it).</summary>

@@ -108,6 +108,33 @@ public class CancelledEnterTests
         scheme.Leave();
     }
 
+    /// <summary>A nested Enter inside a region the pending step waits for need not wait (the step's critical section
+    /// cannot run before the outer region leaves): it enters at the old state whatever its token.</summary>
+    [Fact]
+    public void NestedEnter_ThatNeedNotWait_EntersWhateverItsToken()
+    {
+        using var cancelled = new CancellationTokenSource();
+        cancelled.Cancel();
+        using var scheme = new EpochProtectedVersionScheme();
+        Exception? failure = null;
+        long nestedVersion = 0;
+        GuardedThread.Start(() =>
+        {
+            scheme.Enter();
+            Assert.Equal(StateMachineExecutionStatus.Ok, scheme.TryAdvanceVersionWithCriticalSection((_, _) => { })); // waits for this region
+            failure = Record.Exception(() =>
+            {
+                nestedVersion = scheme.Enter(cancelled.Token).Version;
+                scheme.Leave();
+            });
+            scheme.Leave(); // the step runs now
+        }, "nested enter that need not wait").Join();
+
+        Assert.Null(failure);
+        Assert.Equal(1, nestedVersion);
+        Assert.Equal(2, scheme.CurrentState.Version);
+    }
+
     /// <summary>The control: a wait that ignores its token goes on until the holder leaves, and the Enter then returns
     /// as if nothing had been cancelled; the check above (a throw while the holder is inside) catches it.</summary>
     [Fact]
