@@ -212,7 +212,9 @@ public sealed unsafe partial class BufferedDurableHeap : IDisposable
     /// scheme disposed under the heap): nothing more can become durable in this heap, so no
     /// operation begins any more rather than complete without ever being durable. Dispose the heap and reopen the
     /// file: recovery keeps every version up to <see cref="DurableFrontier"/>. Also when the version scheme, or its
-    /// epoch, was disposed under the heap (the message says so).</exception>
+    /// epoch, was disposed under the heap (the message says so), and when a thread exited inside an operation, which
+    /// can never end: the heap fails then, naming the thread, and an operation waiting for the version transition
+    /// behind it throws this instead of waiting for ever.</exception>
     [MethodImpl(MethodImplOptions.AggressiveInlining)]
     public DurableOperation BeginOperation() => Begin(refuseAfterFault: true);
 
@@ -1095,7 +1097,7 @@ public sealed unsafe partial class BufferedDurableHeap : IDisposable
     {
         ThrowIfDisposed();
         Exception fault = _advancerFault!;
-        throw new InvalidOperationException($"No operation begins on this heap any more: an advance cycle failed, so nothing more can become durable (DurableFrontier stays at {DurableFrontier}; dispose the heap and reopen the file to recover up to it): {fault.Message}", fault);
+        throw new InvalidOperationException($"No operation begins on this heap any more: the heap failed (an advance cycle, or what it found), so nothing more can become durable (DurableFrontier stays at {DurableFrontier}; dispose the heap and reopen the file to recover up to it): {fault.Message}", fault);
     }
 
     [DoesNotReturn]
