@@ -584,13 +584,20 @@ public sealed unsafe partial class BufferedDurableHeap
             bool done;
             try
             {
-                // Not on Dispose's own thread: a Sync elsewhere stops waiting once Dispose begins (see _disposeRequested).
+                // Not on Dispose's own thread: a Sync elsewhere stops waiting once Dispose begins (see _cycleWaitsEnd), or
+                // once the heap fails for a thread that exited inside an operation (the version can never end then).
                 WaitingForTheCutForTesting?.Invoke();
-                done = machine.Completion.Wait(Remaining(deadline), disposing == 0 ? _disposeRequested.Token : CancellationToken.None);
+                done = machine.Completion.Wait(Remaining(deadline), disposing == 0 ? _cycleWaitsEnd.Token : CancellationToken.None);
             }
             catch (AggregateException)
             {
                 done = true;
+            }
+            catch (OperationCanceledException) when (Volatile.Read(ref _disposed) == 0 && _advancerFault is { } failed)
+            {
+                // Volatile.Read: pairs with the exchange in Dispose. The heap failed (a thread exited inside an operation):
+                // left in flight for good; the waiter gets the reason, as a SyncAsync does.
+                throw new InvalidOperationException($"The heap's advancer failed, so nothing more can become durable: {failed.Message}", failed);
             }
             catch (OperationCanceledException)
             {

@@ -70,6 +70,14 @@ public sealed partial class BufferedDurableHeap
         Interlocked.CompareExchange(ref _advancerFault, fault, null);
         FailWaiters(new InvalidOperationException($"The heap's advancer failed: {fault.Message}", fault));
         RefuseEntry();
+
+        // A Sync's (or a writer's help's) wait for the version in a cycle, which can never end now: it gets the reason.
+        if ((_faults & DurabilityFaults.SyncWaitsThroughHeapFailure) == 0)
+        {
+            _cycleWaitsEnd.Cancel();
+        }
+
+        StopWatchingTheStall();
         return why;
     }
 
@@ -83,8 +91,67 @@ public sealed partial class BufferedDurableHeap
     }
 
     /// <summary>The scheme reports a transition waiting past its stall threshold (on a thread waiting for it): a thread
-    /// that exited inside an operation is one reason, and the only one that never ends.</summary>
-    private void OnTransitionStalled(object? sender, TransitionStalledEventArgs e) => FailIfAThreadExitedInsideAnOperation();
+    /// that exited inside an operation is one reason, and the only one that never ends. The scheme reports each step
+    /// once; if the threads holding it are alive now, one may still exit inside its operation later, so the stall is
+    /// watched until the transition completes (without a background advancer nothing else would look again).</summary>
+    private void OnTransitionStalled(object? sender, TransitionStalledEventArgs e)
+    {
+        if (FailIfAThreadExitedInsideAnOperation() is null && (_faults & DurabilityFaults.StallWatchedOnce) == 0)
+        {
+            WatchTheStall();
+        }
+    }
+
+    private readonly object _stallWatchGate = new();
+
+    /// <summary>Looks again every stall threshold while a stalled transition is pending; null when none is watched.</summary>
+    private Timer? _stallWatch;
+
+    /// <summary>Starts watching the stalled transition (one watch at a time; the next stall report starts another once this
+    /// one ended).</summary>
+    private void WatchTheStall()
+    {
+        lock (_stallWatchGate)
+        {
+            if (_stallWatch is not null || Volatile.Read(ref _disposed) != 0)
+            {
+                return;
+            }
+
+            TimeSpan period = _scheme.StallThreshold < TimeSpan.FromMilliseconds(10) ? TimeSpan.FromMilliseconds(10) : _scheme.StallThreshold;
+            _stallWatch = new Timer(static state => ((BufferedDurableHeap)state!).LookAgain(), this, period, period);
+            _stalled = _scheme.CurrentState;
+        }
+    }
+
+    /// <summary>The (intermediate) state of the watched transition.</summary>
+    private VersionSchemeState _stalled;
+
+    /// <summary>A tick of the stall watch (on a thread-pool thread): fails the heap if a thread exited inside an operation,
+    /// and stops once the watched transition has completed, or the heap is disposed or failed.</summary>
+    private void LookAgain()
+    {
+        VersionSchemeState now = _scheme.CurrentState;
+        bool moved;
+        lock (_stallWatchGate)
+        {
+            moved = !now.IsIntermediate || now.Version != _stalled.Version || now.Phase != _stalled.Phase;
+        }
+
+        if (moved || Volatile.Read(ref _disposed) != 0 || Volatile.Read(ref _advancerFault) is not null || FailIfAThreadExitedInsideAnOperation() is not null)
+        {
+            StopWatchingTheStall();
+        }
+    }
+
+    private void StopWatchingTheStall()
+    {
+        lock (_stallWatchGate)
+        {
+            _stallWatch?.Dispose();
+            _stallWatch = null;
+        }
+    }
 
     /// <summary>An operation's wait to enter ended because the heap refuses entry: disposed, or failed (see above).</summary>
     [DoesNotReturn]

@@ -57,9 +57,10 @@ public sealed unsafe partial class BufferedDurableHeap : IDisposable
     /// <summary>
     /// Cancelled as Dispose begins: a Sync on another thread that holds the cycle gate while it waits for the version's
     /// operations to end (for ever, with an infinite timeout) stops waiting, so that Dispose takes the gate and closes
-    /// the heap within its own timeout instead of behind that wait.
+    /// the heap within its own timeout instead of behind that wait. Also when the heap fails because a thread exited
+    /// inside an operation: that wait can never end then (see BufferedDurableHeap.ExitedThreads.cs).
     /// </summary>
-    private readonly CancellationTokenSource _disposeRequested = new();
+    private readonly CancellationTokenSource _cycleWaitsEnd = new();
 
     private BufferedDurableHeap(HeapFile file, bool ownsFile, BufferedDurableHeapOptions? options)
     {
@@ -449,11 +450,12 @@ public sealed unsafe partial class BufferedDurableHeap : IDisposable
         {
             if ((_faults & DurabilityFaults.SyncWaitsThroughDispose) == 0)
             {
-                _disposeRequested.Cancel();
+                _cycleWaitsEnd.Cancel();
             }
 
             // Operations waiting in the scheme for a transition give up (they would find the heap disposed once in).
             RefuseEntry();
+            StopWatchingTheStall();
 
             DisposeCore(ref interrupted);
         }
@@ -513,6 +515,12 @@ public sealed unsafe partial class BufferedDurableHeap : IDisposable
         bool released = false;
         try
         {
+            // Not for an operation that can never end (a thread exited inside it): the heap fails instead, at once.
+            if (_mode != DurabilityMode.Transient && failure is null && (_faults & DurabilityFaults.DisposeAdvancesPastAnExitedThread) == 0 && FailIfAThreadExitedInsideAnOperation() is not null)
+            {
+                failure = _advancerFault;
+            }
+
             if (_mode != DurabilityMode.Transient && failure is null)
             {
                 // An interrupt breaks the cycle's waits, not the cycle (a transition left in flight is the next one's):
@@ -1097,7 +1105,7 @@ public sealed unsafe partial class BufferedDurableHeap : IDisposable
     {
         ThrowIfDisposed();
         Exception fault = _advancerFault!;
-        throw new InvalidOperationException($"No operation begins on this heap any more: the heap failed (an advance cycle, or what it found), so nothing more can become durable (DurableFrontier stays at {DurableFrontier}; dispose the heap and reopen the file to recover up to it): {fault.Message}", fault);
+        throw new InvalidOperationException($"No operation begins on this heap any more: an advance cycle failed or can never complete, so nothing more can become durable (DurableFrontier stays at {DurableFrontier}; dispose the heap and reopen the file to recover up to it): {fault.Message}", fault);
     }
 
     [DoesNotReturn]

@@ -130,4 +130,13 @@ internal enum DurabilityFaults : long
 
     /// <summary>Operations blocked in the version scheme behind a transition wait through the heap's refusal of entry (as before): an operation waiting behind a thread that exited inside an operation waits for ever, past Dispose.</summary>
     OperationsWaitThroughRefusedEntry = 549755813888,
+
+    /// <summary>A Sync (or a writer's help) waiting for a version behind a thread that exited inside an operation waits through the heap's failure (as before): with an infinite timeout, until Dispose.</summary>
+    SyncWaitsThroughHeapFailure = 1099511627776,
+
+    /// <summary>The heap looks for threads that exited inside an operation only on a transition's one stall report (as before): a thread that exits after it leaves writers waiting until a Sync or Dispose.</summary>
+    StallWatchedOnce = 2199023255552,
+
+    /// <summary>Dispose runs its last advance before it looks for threads that exited inside an operation (as before): it waits its whole SyncTimeout (for ever, if infinite) for an operation that can never end.</summary>
+    DisposeAdvancesPastAnExitedThread = 4398046511104,
 }

@@ -1,4 +1,5 @@
 using System;
+using System.Collections.Generic;
 using System.Runtime.CompilerServices;
 using System.Threading;
 
@@ -204,17 +205,26 @@ public sealed unsafe partial class LightEpoch
         DrainStack? stack = t_drains;
         if (stack is null)
             return;
+        List<LightEpoch>? skipped = null;
         while (stack.LeftCount != 0)
         {
             int last = --stack.LeftCount;
             LightEpoch epoch = stack.Left[last]!;
             stack.Left[last] = null;
 
-            // An instance already MaxWaitingDrainDepth deep on this thread is not drained deeper (its own drains up the
-            // stack look again for it: their Again flag stays set). Unbounded, a wait inside each of its actions nested
-            // one more drain for every action pending.
+            // An instance already MaxWaitingDrainDepth deep on this thread is not drained deeper: unbounded, a wait inside
+            // each of its actions nested one more drain for every action pending. It stays on the list (put back below,
+            // so that this loop ends), for a shallower wait further up the stack, or the outermost drain: its own drains
+            // up the stack are stopped under those waits, so dropped it was stranded (G4).
             if (epoch.DrainDepthOn(stack) < MaxWaitingDrainDepth)
                 epoch.Drain(waiting: true);
+            else if (!SkippedLeftDrainDroppedForTesting)
+                (skipped ??= new List<LightEpoch>()).Add(epoch);
+        }
+        if (skipped is not null)
+        {
+            foreach (LightEpoch epoch in skipped)
+                LeaveToOutermostDrain(stack, epoch);
         }
     }
 

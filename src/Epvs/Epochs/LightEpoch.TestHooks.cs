@@ -89,6 +89,11 @@ public sealed unsafe partial class LightEpoch
     /// actions it refused, spins until another thread drains the instance (for ever when nobody else does).</summary>
     internal static bool RefusedDrainOnlyAsksTheOuterOneForTesting;
 
+    /// <summary>Test-only: a wait that runs the drains left to the outermost one drops an instance already
+    /// MaxWaitingDrainDepth deep instead of keeping it on the list (the first version of the skip), so a shallower wait
+    /// for one of its actions spins until another thread drains the instance.</summary>
+    internal static bool SkippedLeftDrainDroppedForTesting;
+
     /// <summary>
     /// Test-only: a Resume that claimed a slot and then found the epoch no longer Live keeps the slot as its record's
     /// hint (as before the fix), so the Dispose-versus-growth test can show that it catches a later fast-path Resume

@@ -135,4 +135,9 @@ public sealed partial class EpochProtectedVersionScheme
     /// <summary>Test-only: <see cref="Enter(System.Threading.CancellationToken)"/> waits as <see cref="Enter()"/> does,
     /// whatever its token (the broken control of the cancellable wait).</summary>
     internal static bool EnterIgnoresCancellationForTesting;
+
+    /// <summary>Test-only: a nested <see cref="Enter(System.Threading.CancellationToken)"/> looks at its token before the
+    /// pending step's epoch is published (the first version), so it may throw although the step waits for its outer
+    /// region and it need not wait.</summary>
+    internal static bool CancelledEnterThrowsBeforeThePriorIsKnownForTesting;
 }

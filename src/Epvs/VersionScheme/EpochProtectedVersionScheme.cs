@@ -301,7 +301,10 @@ public sealed partial class EpochProtectedVersionScheme : IDisposable
                 // whose outer region observed that state).
                 if (prior != UnknownPrior && epoch.AnnouncedEpoch <= prior)
                     return new VersionSchemeState(s).WithoutIntermediate();
-                ThrowIfCancelled(addedLevel, cancellationToken); // from here on the call waits
+                // Unknown: the stepping thread has published the intermediate state and not yet the step's epoch (a few
+                // instructions): whether the call waits is not known yet, so the token is not looked at.
+                if (prior != UnknownPrior || CancelledEnterThrowsBeforeThePriorIsKnownForTesting)
+                    ThrowIfCancelled(addedLevel, cancellationToken); // from here on the call waits
                 if (prior != UnknownPrior)
                 {
                     // The step does not wait for us. Wait for it, running its critical section if it is due (also

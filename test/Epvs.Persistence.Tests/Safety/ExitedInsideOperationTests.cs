@@ -150,4 +150,139 @@ public sealed class ExitedInsideOperationTests
 
         return failure();
     }
+
+    /// <summary>
+    /// The scheme reports a stalled step once. Driven by hand (no background advancer, whose cycles look again every
+    /// period), a thread alive inside its operation at that report and exiting later left the writers waiting until a
+    /// Sync or Dispose: the heap now watches a stalled transition until it completes. Found by the second adversarial
+    /// round (session 15). The control looks only at the report.
+    /// </summary>
+    [Theory]
+    [InlineData(false)]
+    [InlineData(true)]
+    public void AWriterWaitingBehindAThreadThatExitsAfterTheStallReport_IsReleased(bool control)
+    {
+        using var dir = new TempDirectory();
+        var heap = BufferedDurableHeap.Create(dir.File("late-exit.heap"), Small, new BufferedDurableHeapOptions
+        {
+            AdvancePeriod = Timeout.InfiniteTimeSpan,
+            SyncTimeout = TimeSpan.FromMilliseconds(300),
+            Faults = control ? DurabilityFaults.StallWatchedOnce : DurabilityFaults.None,
+        });
+        heap.VersionScheme.StallThreshold = TimeSpan.FromMilliseconds(50);
+        using var reported = new ManualResetEventSlim();
+        heap.VersionScheme.TransitionStalled += (_, _) => reported.Set();
+        var map = new PersistentHashMap<int, int>(heap, TypeId);
+
+        // A thread inside an operation, alive until told to exit (without ending it).
+        using var inside = new ManualResetEventSlim();
+        using var exit = new ManualResetEventSlim();
+        int leaver = 0;
+        var thread = new Thread(() =>
+        {
+            leaver = Environment.CurrentManagedThreadId;
+            _ = heap.BeginOperation().Version;
+            inside.Set();
+            exit.Wait();
+        })
+        { IsBackground = true };
+        thread.Start();
+        inside.Wait();
+        Assert.Throws<TimeoutException>(() => heap.Sync()); // begins the transition; the thread is alive: nothing to fail
+
+        (Thread writer, Func<Exception?> failure) = StartWriter(heap, map);
+        Assert.True(reported.Wait(Workers.JoinTimeout), "no stall report"); // made by the writer's wait, the thread still alive
+        exit.Set();
+        thread.Join();
+
+        bool released = writer.Join(control ? TimeSpan.FromSeconds(1) : Workers.JoinTimeout);
+        Record.Exception(heap.Dispose); // ends a control's wait
+        Assert.True(writer.Join(Workers.JoinTimeout));
+        if (control)
+        {
+            Assert.False(released, "the control's writer was released before Dispose (the check would not catch it)");
+            return;
+        }
+
+        Assert.True(released, "the writer still waited after the thread exited inside its operation");
+        Assert.Contains($"Thread {leaver} exited inside an operation", Assert.IsType<InvalidOperationException>(failure()).Message);
+    }
+
+    /// <summary>
+    /// A Sync with an infinite timeout waiting behind a thread that exited inside an operation waited for ever once the
+    /// heap had failed for it (until Dispose): it now fails with the reason, as a SyncAsync does. Found by the second
+    /// adversarial round. The control waits through the failure.
+    /// </summary>
+    [Theory]
+    [InlineData(false)]
+    [InlineData(true)]
+    public void AnInfiniteSyncBehindAThreadThatExitedInsideAnOperation_FailsOnceTheHeapHasFailed(bool control)
+    {
+        using var dir = new TempDirectory();
+        var heap = BufferedDurableHeap.Create(dir.File("sync-forever.heap"), Small, new BufferedDurableHeapOptions
+        {
+            AdvancePeriod = Timeout.InfiniteTimeSpan,
+            SyncTimeout = TimeSpan.FromMilliseconds(300), // Dispose's, in the control
+            Faults = control ? DurabilityFaults.SyncWaitsThroughHeapFailure : DurabilityFaults.None,
+        });
+        heap.VersionScheme.StallThreshold = TimeSpan.FromMilliseconds(50);
+        var map = new PersistentHashMap<int, int>(heap, TypeId);
+        int leaver = LeaveAnOperationOpen(heap, map);
+
+        Exception? syncFailure = null;
+        var syncer = new Thread(() => syncFailure = Record.Exception(() => heap.Sync(Timeout.InfiniteTimeSpan))) { IsBackground = true };
+        syncer.Start();
+
+        // A writer behind the Sync's transition: its wait reports the stall, and the heap fails for the exited thread.
+        (Thread writer, Func<Exception?> writeFailure) = StartWriter(heap, map);
+        Assert.True(writer.Join(Workers.JoinTimeout));
+        Assert.Contains("exited inside an operation", Assert.IsType<InvalidOperationException>(writeFailure()).Message);
+
+        bool ended = syncer.Join(control ? TimeSpan.FromSeconds(1) : Workers.JoinTimeout);
+        Record.Exception(heap.Dispose); // ends a control's wait
+        Assert.True(syncer.Join(Workers.JoinTimeout));
+        if (control)
+        {
+            Assert.False(ended, "the control's Sync ended before Dispose (the check would not catch it)");
+            return;
+        }
+
+        Assert.True(ended, "Sync(Timeout.InfiniteTimeSpan) still waited after the heap failed");
+        Assert.Contains($"Thread {leaver} exited inside an operation", Assert.IsType<InvalidOperationException>(syncFailure).Message);
+    }
+
+    /// <summary>
+    /// Dispose ran its last advance first, waiting its whole SyncTimeout (for ever, if infinite) for the operation the
+    /// exited thread can never end. It now finds the thread first and does not wait for the version's cut. Found by the
+    /// second adversarial round. The control advances first (its wait seen by a hook).
+    /// </summary>
+    [Theory]
+    [InlineData(false)]
+    [InlineData(true)]
+    public void Dispose_FindsAThreadThatExitedInsideAnOperation_BeforeWaitingForItsVersion(bool control)
+    {
+        using var dir = new TempDirectory();
+        var heap = BufferedDurableHeap.Create(dir.File("dispose-first.heap"), Small, new BufferedDurableHeapOptions
+        {
+            AdvancePeriod = Timeout.InfiniteTimeSpan,
+            SyncTimeout = control ? TimeSpan.FromMilliseconds(300) : Timeout.InfiniteTimeSpan,
+            Faults = control ? DurabilityFaults.DisposeAdvancesPastAnExitedThread : DurabilityFaults.None,
+        });
+        var map = new PersistentHashMap<int, int>(heap, TypeId);
+        map.Set(1, 1);
+        heap.Sync();
+        int leaver = LeaveAnOperationOpen(heap, map);
+        int waits = 0;
+        heap.WaitingForTheCutForTesting = () => Interlocked.Increment(ref waits);
+
+        Exception? failure = null;
+        var disposer = new Thread(() => failure = Record.Exception(heap.Dispose)) { IsBackground = true };
+        disposer.Start();
+        Assert.True(disposer.Join(Workers.JoinTimeout), "Dispose waited for the version of an operation that can never end");
+        Assert.Contains($"Thread {leaver} exited inside an operation", failure!.Message);
+        Assert.Equal(control ? 1 : 0, Volatile.Read(ref waits));
+
+        using BufferedDurableHeap reopened = BufferedDurableHeap.Open(dir.File("dispose-first.heap"), Small);
+        Assert.True(new PersistentHashMap<int, int>(reopened, TypeId).TryGetValue(1, out int one) && one == 1);
+    }
 }

@@ -169,4 +169,89 @@ public class CancelledEnterTests
         }
         scheme.Dispose();
     }
+
+    /// <summary>
+    /// The same nested Enter, racing the step's start: between the stepping thread's publication of the intermediate state
+    /// and of the step's epoch (a few instructions), whether the call must wait is not known yet, and the first version
+    /// threw for its token there. Found by the second adversarial round on the core. A race: bounded to 3 s or 20,000
+    /// rounds; the control (the token looked at before the step's epoch is known) is reported inconclusive if it never
+    /// throws.
+    /// </summary>
+    [Theory]
+    [InlineData(false)]
+    [InlineData(true)]
+    public void NestedEnter_RacingTheStepsStart_NeverThrowsForItsToken(bool control)
+    {
+        using var cancelled = new CancellationTokenSource();
+        cancelled.Cancel();
+        using var scheme = new EpochProtectedVersionScheme();
+        int round = 0; // odd: the reader is inside its outer region for that round
+        int stop = 0;
+        Exception? nestedFailure = null;
+        int rounds = 0;
+        EpochProtectedVersionScheme.CancelledEnterThrowsBeforeThePriorIsKnownForTesting = control;
+        try
+        {
+            GuardedThread stepper = GuardedThread.Start(() =>
+            {
+                int next = 1;
+                var spinner = new SpinWait();
+                while (Volatile.Read(ref stop) == 0)
+                {
+                    if (Volatile.Read(ref round) != next)
+                    {
+                        spinner.SpinOnce();
+                        continue; // the reader's region for this round has not begun
+                    }
+                    scheme.TryAdvanceVersionWithCriticalSection((_, _) => { }); // waits for the reader's outer region
+                    next += 2;
+                }
+            }, "stepper");
+
+            GuardedThread reader = GuardedThread.Start(() =>
+            {
+                var clock = System.Diagnostics.Stopwatch.StartNew();
+                for (int r = 1; rounds < 20_000 && clock.Elapsed < TimeSpan.FromSeconds(3) && nestedFailure is null; r += 2)
+                {
+                    scheme.Enter(); // outer region, announced before this round's step starts
+                    Volatile.Write(ref round, r);
+                    while (nestedFailure is null)
+                    {
+                        try
+                        {
+                            scheme.Enter(cancelled.Token); // the step waits for the outer region: never needs to wait
+                            scheme.Leave();
+                        }
+                        catch (Exception ex)
+                        {
+                            nestedFailure = ex;
+                        }
+                        if (scheme.CurrentState.IsIntermediate)
+                            break;
+                    }
+                    Volatile.Write(ref round, r + 1);
+                    scheme.Leave(); // the step runs here
+                    rounds++;
+                }
+                Volatile.Write(ref stop, 1);
+            }, "reader");
+
+            reader.Join();
+            Volatile.Write(ref stop, 1);
+            stepper.Join();
+        }
+        finally
+        {
+            EpochProtectedVersionScheme.CancelledEnterThrowsBeforeThePriorIsKnownForTesting = false;
+        }
+
+        if (control)
+        {
+            Assert.SkipWhen(nestedFailure is null, $"inconclusive: the control never threw in {rounds} rounds");
+            Assert.IsType<OperationCanceledException>(nestedFailure);
+            return;
+        }
+
+        Assert.True(nestedFailure is null, $"after {rounds} rounds a nested Enter inside a region the step waits for threw: {nestedFailure}");
+    }
 }
