@@ -94,6 +94,10 @@ public sealed unsafe partial class LightEpoch
     /// for one of its actions spins until another thread drains the instance.</summary>
     internal static bool SkippedLeftDrainDroppedForTesting;
 
+    /// <summary>Test-only: waits nest inside drains without the per-thread bound (as before), so a chain of blocking
+    /// starts across many schemes grows the stack until it overflows.</summary>
+    internal static bool UnboundedWaitingNestingForTesting;
+
     /// <summary>
     /// Test-only: a Resume that claimed a slot and then found the epoch no longer Live keeps the slot as its record's
     /// hint (as before the fix), so the Dispose-versus-growth test can show that it catches a later fast-path Resume

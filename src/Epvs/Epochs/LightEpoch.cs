@@ -1,4 +1,5 @@
 using System;
+using System.Diagnostics.CodeAnalysis;
 using System.Runtime.CompilerServices;
 using System.Threading;
 using System.Threading.Tasks;
@@ -738,6 +739,28 @@ public sealed unsafe partial class LightEpoch : IDisposable
     private const int MaxWaitingDrainDepth = 256;
 
     /// <summary>
+    /// How many drains (of all instances together) may be on a thread's stack when it begins another turn of a wait
+    /// (<see cref="DrainWhileWaiting"/>). A chain of deferred actions that each make a blocking start on another scheme,
+    /// whose wait runs the next action, nests one waiting drain per scheme: <see cref="MaxWaitingDrainDepth"/> bounds each
+    /// instance only, and about 2,000 such levels overflowed a 1.5 MB thread stack (the process died). Past this bound
+    /// the wait throws (<see cref="InvalidOperationException"/>, which the action's drain reports through
+    /// <see cref="DeferredActionFailed"/>) rather than nest deeper: running the next action there is the nesting, and not
+    /// running it could leave the wait spinning for ever on an action only this thread would run. Above
+    /// <see cref="MaxWaitingDrainDepth"/> plus <see cref="MaxThreadDrainDepth"/>, so that the per-instance bound (which
+    /// lets waits on one scheme go on, running only their own step) acts first.
+    /// </summary>
+    private const int MaxThreadWaitingDepth = 512;
+
+    [MethodImpl(MethodImplOptions.NoInlining)]
+    [DoesNotReturn]
+    private static void ThrowWaitTooDeep(int depth) =>
+        throw new InvalidOperationException(
+            $"A blocking wait (a blocking state-machine start, a version advance, or an Enter waiting for a transition) began " +
+            $"{depth} drains deep on this thread: blocking waits nest inside deferred actions (each wait runs the pending actions, " +
+            $"and an action that waits again nests one level deeper), and past {MaxThreadWaitingDepth} levels the thread's stack " +
+            "could overflow. Start machines from actions with TryExecuteStateMachine or AdvanceVersionAsync instead of waiting there.");
+
+    /// <summary>
     /// Computes the safe epoch from a scan of the table and runs the actions it allows. Returns false if it was too
     /// deep inside other drains on this thread to run now (the outermost drain will).
     /// </summary>
@@ -961,6 +984,10 @@ public sealed unsafe partial class LightEpoch : IDisposable
     /// registrations run (see <see cref="Drain(bool, Action?)"/>).</param>
     internal void DrainWhileWaiting(Action awaited)
     {
+        // A wait this deep inside drains on this thread (of all instances) throws instead of draining deeper: see
+        // MaxThreadWaitingDepth. Only here: a thread never waits in a loop this deep unless waits nest inside actions.
+        if (t_drains is { } stack && stack.Depth >= MaxThreadWaitingDepth && !UnboundedWaitingNestingForTesting)
+            ThrowWaitTooDeep(stack.Depth);
         // Acquire, as in DrainWithoutRefresh; the caller loops, so a registration this read misses is seen next time.
         if (Volatile.Read(ref pendingActions.Value) != 0)
             Drain(waiting: true, awaited);

@@ -34,6 +34,7 @@ public class WaitingDrainBoundTests
         StateMachineExecutionStatus first = StateMachineExecutionStatus.Fail;
         LightEpoch.RecordDrainDepthForTesting = true;
         LightEpoch.WaitingDrainRunsEverythingForTesting = control;
+        LightEpoch.UnboundedWaitingNestingForTesting = control; // the code before both bounds (the per-thread one throws at 512)
         try
         {
             GuardedThread worker = GuardedThread.Start(() =>
@@ -65,6 +66,7 @@ public class WaitingDrainBoundTests
         {
             LightEpoch.RecordDrainDepthForTesting = false;
             LightEpoch.WaitingDrainRunsEverythingForTesting = false;
+            LightEpoch.UnboundedWaitingNestingForTesting = false;
         }
 
         Assert.Equal(StateMachineExecutionStatus.Ok, first);

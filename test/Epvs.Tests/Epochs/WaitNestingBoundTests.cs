@@ -1,0 +1,108 @@
+using System;
+using System.Runtime.CompilerServices;
+using System.Threading;
+using Xunit;
+
+namespace Epvs.Tests;
+
+/// <summary>
+/// A chain of deferred actions, each making a blocking state-machine start on the next of many schemes, whose wait runs
+/// the next action (registered just before, past the per-thread drain bound, and so left to the waits): one waiting drain
+/// per scheme, and the per-instance waiting bound never applies. About 2,000 levels exhausted a 1.5 MB thread stack (a
+/// stack overflow kills the process). Past a per-thread bound a wait now throws instead of nesting deeper; the action
+/// that waited reports it through <see cref="LightEpoch.DeferredActionFailed"/>, and the chain goes on from the
+/// outermost drain. Found while reviewing the waiting-drain residual (session 15). Deterministic, on one thread.
+/// </summary>
+public class WaitNestingBoundTests
+{
+    private sealed class Gated : VersionSchemeStateMachine
+    {
+        public volatile bool Gate;
+
+        public override bool GetNextStep(VersionSchemeState currentState, out VersionSchemeState nextState)
+        {
+            nextState = VersionSchemeState.Make(VersionSchemeState.Rest, ActualToVersion);
+            return Gate;
+        }
+
+        public override void OnEnteringState(VersionSchemeState fromState, VersionSchemeState toState)
+        {
+        }
+
+        public override void AfterEnteringState(VersionSchemeState state)
+        {
+        }
+    }
+
+    [Theory]
+    [InlineData(false)]
+    [InlineData(true)]
+    public void AChainOfBlockingStartsAcrossManySchemes_NeverExhaustsTheStack(bool control)
+    {
+        const int Links = 3000;
+        var schemes = new EpochProtectedVersionScheme[Links + 1];
+        var machines = new Gated[Links + 1];
+        int tooDeep = 0, otherFailures = 0;
+        for (int i = 0; i <= Links; i++)
+        {
+            schemes[i] = new EpochProtectedVersionScheme();
+            machines[i] = new Gated();
+            schemes[i].Epoch.DeferredActionFailed += (_, e) =>
+            {
+                if (e.Exception is InvalidOperationException ex && ex.Message.Contains("drains deep on this thread", StringComparison.Ordinal))
+                    tooDeep++;
+                else
+                    otherFailures++;
+            };
+        }
+
+        int ran = 0;
+        bool stackLow = false;
+        Action<int>? link = null;
+        link = i =>
+        {
+            machines[i].Gate = true; // the wait for this machine (one level up) may now complete
+            ran++;
+            if (!RuntimeHelpers.TryEnsureSufficientExecutionStack())
+            {
+                stackLow = true; // stop rather than kill the test host
+                return;
+            }
+            if (i == Links)
+                return;
+            schemes[i + 1].Epoch.BumpCurrentEpoch(() => link!(i + 1)); // inline, or (deep) left to the waits
+            schemes[i + 1].ExecuteStateMachine(machines[i + 1], spin: true); // its wait runs the action just registered
+        };
+
+        LightEpoch.UnboundedWaitingNestingForTesting = control;
+        try
+        {
+            var worker = new GuardedThread(() => schemes[0].Epoch.BumpCurrentEpoch(() => link(0)), "blocking starts across schemes", 1536 * 1024);
+            worker.Start();
+            worker.Join();
+        }
+        finally
+        {
+            LightEpoch.UnboundedWaitingNestingForTesting = false;
+        }
+
+        // Machines whose start threw are still active (their gates open): step them, then dispose everything.
+        foreach (EpochProtectedVersionScheme scheme in schemes)
+            scheme.SignalStepAvailable();
+        for (int i = 1; i <= Links; i++) // machine i was started by action i - 1 if action i ran (machine 0 never is)
+            Assert.True(!machines[i].Gate || machines[i].Completion.Wait(GuardedThread.DefaultTimeout), $"machine {i} did not complete");
+        foreach (EpochProtectedVersionScheme scheme in schemes)
+            scheme.Dispose();
+
+        Assert.Equal(0, otherFailures);
+        if (control)
+        {
+            Assert.True(stackLow, "the control's chain never ran low on stack (the check would not catch it)");
+            return;
+        }
+
+        Assert.False(stackLow, $"the stack ran low after {ran} links");
+        Assert.Equal(Links + 1, ran); // every action ran
+        Assert.InRange(tooDeep, 1, Links); // some waits threw instead of nesting deeper
+    }
+}
