@@ -526,7 +526,7 @@ public sealed unsafe partial class BufferedDurableHeap
         {
             if (Remaining(deadline) == TimeSpan.Zero)
             {
-                ThrowSyncTimeout(target, timeout);
+                ThrowSyncTimeout(target, timeout, FailIfAThreadExitedInsideAnOperation());
             }
         }
 
@@ -540,7 +540,7 @@ public sealed unsafe partial class BufferedDurableHeap
     {
         if (!Monitor.TryEnter(_cycleGate, Remaining(deadline)))
         {
-            ThrowSyncTimeout(target, timeout);
+            ThrowSyncTimeout(target, timeout, FailIfAThreadExitedInsideAnOperation());
         }
 
         try
@@ -587,7 +587,7 @@ public sealed unsafe partial class BufferedDurableHeap
                 // Not on Dispose's own thread: a Sync elsewhere stops waiting once Dispose begins (see _cycleWaitsEnd), or
                 // once the heap fails for a thread that exited inside an operation (the version can never end then).
                 WaitingForTheCutForTesting?.Invoke();
-                done = machine.Completion.Wait(Remaining(deadline), disposing == 0 ? _cycleWaitsEnd.Token : CancellationToken.None);
+                done = WaitForTheCut(machine.Completion, deadline, disposing == 0 ? _cycleWaitsEnd.Token : CancellationToken.None);
             }
             catch (AggregateException)
             {
@@ -608,8 +608,9 @@ public sealed unsafe partial class BufferedDurableHeap
 
             if (!done)
             {
-                // Left in flight: the next cycle (or the operation that finally ends) completes it.
-                ThrowSyncTimeout(target, timeout);
+                // Left in flight: the next cycle (or the operation that finally ends) completes it. Unless a thread exited
+                // inside an operation: the heap fails then (the background advancer looks here every period).
+                ThrowSyncTimeout(target, timeout, FailIfAThreadExitedInsideAnOperation());
             }
 
             _inflight = null;
@@ -668,7 +669,7 @@ public sealed unsafe partial class BufferedDurableHeap
             // Retry: a machine someone else started on the scheme (the heap's own machines run under the gate).
             if (Remaining(deadline) == TimeSpan.Zero)
             {
-                ThrowSyncTimeout(target, timeout);
+                ThrowSyncTimeout(target, timeout, FailIfAThreadExitedInsideAnOperation());
             }
 
             spinner.SpinOnce();
@@ -1024,7 +1025,7 @@ public sealed unsafe partial class BufferedDurableHeap
     }
 
     private Task WaitWithTimeout(Task task, long target, CancellationToken cancellationToken) =>
-        SyncWaits.WaitAsync(task, _syncTimeout, cancellationToken, () => ThrowSyncTimeout(target, _syncTimeout));
+        SyncWaits.WaitAsync(task, _syncTimeout, cancellationToken, () => ThrowSyncTimeout(target, _syncTimeout, FailIfAThreadExitedInsideAnOperation()));
 
     private void StartAdvancer(TimeSpan period, TimeSpan? maxVersionAge, Action<BufferedDurableHeap>? startingForTesting)
     {
@@ -1165,9 +1166,9 @@ public sealed unsafe partial class BufferedDurableHeap
     }
 
     [DoesNotReturn]
-    private void ThrowSyncTimeout(long target, TimeSpan timeout)
+    private void ThrowSyncTimeout(long target, TimeSpan timeout, string? exited)
     {
-        if (FailIfAThreadExitedInsideAnOperation() is { } exited)
+        if (exited is not null)
         {
             throw new TimeoutException($"Waited {timeout} for version {target} to become durable, and it never will: {exited}");
         }

@@ -4,6 +4,7 @@ using System.Diagnostics.CodeAnalysis;
 using System.Linq;
 using System.Runtime.CompilerServices;
 using System.Threading;
+using System.Threading.Tasks;
 
 namespace Epvs.Persistence;
 
@@ -33,6 +34,7 @@ public sealed partial class BufferedDurableHeap
     private List<int> ThreadsExitedInsideOperations()
     {
         var exited = new List<int>();
+        // Volatile.Read: acquire; pairs with the release publication of a thread's buffers (RegisterThread).
         foreach (ThreadBuffers buffers in Volatile.Read(ref _registry))
         {
             // Join(0): true once the thread has terminated, and a synchronization with its end (its operation count is
@@ -48,27 +50,79 @@ public sealed partial class BufferedDurableHeap
 
     /// <summary>Why the heap fails when <paramref name="threads"/> exited inside an operation.</summary>
     private string ExitedInsideOperations(List<int> threads) =>
-        $"{(threads.Count == 1 ? "Thread" : "Threads")} {string.Join(", ", threads)} exited inside an operation of this heap (a DurableOperation that was never disposed). A thread that has exited can never end its operation, so the version transition that waits for it never completes and nothing after version {DurableFrontier} can become durable. No operation begins on this heap any more: dispose it and reopen the file (recovery keeps every version up to the durable frontier; the unfinished operation's version is not among them).";
+        $"{(threads.Count == 1 ? "Thread" : "Threads")} {string.Join(", ", threads)} exited inside an operation of this heap (a DurableOperation that was never disposed). A thread that has exited can never end its operation, so the version transition that waits for it never completes" +
+        (_mode == DurabilityMode.Transient
+            ? ". No operation begins on this heap any more: dispose it."
+            : $" and nothing after version {DurableFrontier} can become durable. No operation begins on this heap any more: dispose it and reopen the file (recovery keeps every version up to the durable frontier; the unfinished operation's version is not among them).");
+
+    /// <summary>Why the heap failed if a thread exited inside an operation (null otherwise): what a refused entry says.</summary>
+    private string? _exitedInsideOperation;
+
+    /// <summary>How often the heap's own waits look for a thread that exited inside an operation (see <see cref="Slice"/>).</summary>
+    private static readonly TimeSpan ExitedThreadLookPeriod = TimeSpan.FromMilliseconds(100);
+
+    /// <summary>The next slice of a wait until <paramref name="deadline"/>: at most <see cref="ExitedThreadLookPeriod"/>.</summary>
+    private static TimeSpan Slice(long deadline)
+    {
+        TimeSpan left = Remaining(deadline);
+        return left == Timeout.InfiniteTimeSpan || left > ExitedThreadLookPeriod ? ExitedThreadLookPeriod : left;
+    }
+
+    /// <summary>
+    /// A cycle's wait for its version's cut (<paramref name="cut"/>), until <paramref name="deadline"/>: in slices, looking
+    /// between them for a thread that exited inside an operation, whose cut never comes — with an infinite timeout and no
+    /// stall report (no writer waiting in the scheme) the wait lasted until Dispose, and Dispose's own last advance for
+    /// ever. Then throws the heap's failure.
+    /// </summary>
+    /// <returns>Whether the cut came (false: the deadline passed).</returns>
+    private bool WaitForTheCut(Task cut, long deadline, CancellationToken cancellationToken)
+    {
+        while (true)
+        {
+            if (cut.Wait(Slice(deadline), cancellationToken))
+            {
+                return true;
+            }
+
+            if (Remaining(deadline) == TimeSpan.Zero)
+            {
+                return false;
+            }
+
+            if (FailIfAThreadExitedInsideAnOperation(looking: true) is { } why)
+            {
+                throw new InvalidOperationException($"The heap's advancer failed, so nothing more can become durable: {why}", _advancerFault);
+            }
+        }
+    }
 
     /// <summary>
     /// If a thread exited inside an operation: fails the heap (as a failed cycle does: Sync and writes fail with the
     /// reason), and ends the waits of operations blocked behind the transition that waits for it. Returns the reason, or
     /// null if no such thread was found.
     /// </summary>
-    private string? FailIfAThreadExitedInsideAnOperation()
+    /// <param name="looking">Called between the slices of one of the heap's own waits (the broken control does not look there).</param>
+    private string? FailIfAThreadExitedInsideAnOperation(bool looking = false)
     {
+        if ((_faults & DurabilityFaults.IgnoreThreadsExitedInsideOperations) != 0 || (looking && (_faults & DurabilityFaults.HeapWaitsDoNotLookForExitedThreads) != 0))
+        {
+            return null;
+        }
+
         List<int> exited = ThreadsExitedInsideOperations();
-        if (exited.Count == 0 || (_faults & DurabilityFaults.IgnoreThreadsExitedInsideOperations) != 0)
+        if (exited.Count == 0)
         {
             return null;
         }
 
         string why = ExitedInsideOperations(exited);
-        var fault = new InvalidOperationException(why);
 
-        // As a failed cycle records its fault: the first one stays the one reported.
-        Interlocked.CompareExchange(ref _advancerFault, fault, null);
-        FailWaiters(new InvalidOperationException($"The heap's advancer failed: {fault.Message}", fault));
+        // Volatile.Write: release; read by ThrowEntryRefused on the threads whose wait the cancellation below ends (the
+        // cancellation's own interlocked write orders it before them).
+        Volatile.Write(ref _exitedInsideOperation, why);
+
+        // As a failed cycle records its fault (the first one stays the one reported): Sync and writes fail with it.
+        RecordAdvancerFault(new InvalidOperationException(why));
         RefuseEntry();
 
         // A Sync's (or a writer's help's) wait for the version in a cycle, which can never end now: it gets the reason.
@@ -107,40 +161,63 @@ public sealed partial class BufferedDurableHeap
     /// <summary>Looks again every stall threshold while a stalled transition is pending; null when none is watched.</summary>
     private Timer? _stallWatch;
 
-    /// <summary>Starts watching the stalled transition (one watch at a time; the next stall report starts another once this
-    /// one ended).</summary>
+    /// <summary>Starts watching stalled transitions: one watch at a time, which goes on while transitions are pending. A
+    /// report while it runs makes it look at least once more (the watched transition may have completed and this one
+    /// begun since its last tick, which may find the scheme at rest in between).</summary>
     private void WatchTheStall()
     {
         lock (_stallWatchGate)
         {
-            if (_stallWatch is not null || Volatile.Read(ref _disposed) != 0)
+            // Volatile.Read: Dispose sets the flag before it stops the watch under this lock: either it finds the watch
+            // made here, or this finds the flag.
+            if (Volatile.Read(ref _disposed) != 0)
             {
                 return;
             }
 
-            TimeSpan period = _scheme.StallThreshold < TimeSpan.FromMilliseconds(10) ? TimeSpan.FromMilliseconds(10) : _scheme.StallThreshold;
-            _stallWatch = new Timer(static state => ((BufferedDurableHeap)state!).LookAgain(), this, period, period);
-            _stalled = _scheme.CurrentState;
+            _stallReportedSinceTick = true;
+            if (_stallWatch is null)
+            {
+                // Not the reporting thread's ExecutionContext (a user's thread: its AsyncLocals would live as long as the watch).
+                using (ExecutionContext.SuppressFlow())
+                {
+                    _stallWatch = new Timer(static state => ((BufferedDurableHeap)state!).LookAgain(), this, ExitedThreadLookPeriod, ExitedThreadLookPeriod);
+                }
+            }
         }
     }
 
-    /// <summary>The (intermediate) state of the watched transition.</summary>
-    private VersionSchemeState _stalled;
+    /// <summary>Whether a stall was reported since the watch's last tick (under <see cref="_stallWatchGate"/>).</summary>
+    private bool _stallReportedSinceTick;
 
     /// <summary>A tick of the stall watch (on a thread-pool thread): fails the heap if a thread exited inside an operation,
-    /// and stops once the watched transition has completed, or the heap is disposed or failed.</summary>
+    /// and stops once no transition is pending and none was reported since the last tick (a later stall is reported
+    /// anew), or the heap is disposed or failed. (It stopped at the first change of state, and dropped a report of the
+    /// next transition's stall that came while it still existed.)</summary>
     private void LookAgain()
     {
-        VersionSchemeState now = _scheme.CurrentState;
-        bool moved;
-        lock (_stallWatchGate)
+        bool done;
+        try
         {
-            moved = !now.IsIntermediate || now.Version != _stalled.Version || now.Phase != _stalled.Phase;
+            // Volatile.Read: acquire; pairs with the exchange in Dispose, and with the interlocked recording of a fault.
+            done = Volatile.Read(ref _disposed) != 0 || Volatile.Read(ref _advancerFault) is not null || FailIfAThreadExitedInsideAnOperation() is not null;
+        }
+        catch (Exception)
+        {
+            // An exception escaping a timer's callback ends the process. Nothing here is known to throw (an allocation
+            // might): the watch stops, and the heap's own waits and Dispose still look.
+            done = true;
         }
 
-        if (moved || Volatile.Read(ref _disposed) != 0 || Volatile.Read(ref _advancerFault) is not null || FailIfAThreadExitedInsideAnOperation() is not null)
+        lock (_stallWatchGate)
         {
-            StopWatchingTheStall();
+            bool reported = _stallReportedSinceTick;
+            _stallReportedSinceTick = false;
+            if (done || (!reported && !_scheme.CurrentState.IsIntermediate))
+            {
+                _stallWatch?.Dispose();
+                _stallWatch = null;
+            }
         }
     }
 
@@ -159,8 +236,9 @@ public sealed partial class BufferedDurableHeap
     private void ThrowEntryRefused(OperationCanceledException e)
     {
         ThrowIfDisposed();
-        Exception fault = _advancerFault ?? e;
-        throw new InvalidOperationException($"No operation begins on this heap any more: {fault.Message}", fault);
+
+        // Volatile.Read: acquire; pairs with the release write before the cancellation that ended our wait.
+        throw new InvalidOperationException(Volatile.Read(ref _exitedInsideOperation) ?? "No operation begins on this heap any more.", Volatile.Read(ref _advancerFault) ?? e);
     }
 
     /// <summary>Test-only: ends the waits of operations blocked in the scheme whatever the faults (a control's writer, left

@@ -455,6 +455,7 @@ public sealed unsafe partial class BufferedDurableHeap : IDisposable
 
             // Operations waiting in the scheme for a transition give up (they would find the heap disposed once in).
             RefuseEntry();
+            _scheme.TransitionStalled -= OnTransitionStalled;
             StopWatchingTheStall();
 
             DisposeCore(ref interrupted);
@@ -703,9 +704,22 @@ public sealed unsafe partial class BufferedDurableHeap : IDisposable
 
         try
         {
-            // The action runs once every thread protected before the bump has left.
+            // The action runs once every thread protected before the bump has left: waited for in slices, looking between
+            // them for a thread that exited inside an operation (it never leaves: no use waiting the whole timeout).
             Task left = _scheme.Epoch.BumpCurrentEpochAsync(static () => { });
-            return UninterruptedWait.Wait(left, timeout, ref interrupted);
+            long deadline = Deadline(timeout);
+            while (true)
+            {
+                if (UninterruptedWait.Wait(left, Slice(deadline), ref interrupted))
+                {
+                    return true;
+                }
+
+                if (Remaining(deadline) == TimeSpan.Zero || FailIfAThreadExitedInsideAnOperation(looking: true) is not null)
+                {
+                    return false;
+                }
+            }
         }
         catch (AggregateException)
         {

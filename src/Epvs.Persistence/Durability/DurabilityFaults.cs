@@ -139,4 +139,7 @@ internal enum DurabilityFaults : long
 
     /// <summary>Dispose runs its last advance before it looks for threads that exited inside an operation (as before): it waits its whole SyncTimeout (for ever, if infinite) for an operation that can never end.</summary>
     DisposeAdvancesPastAnExitedThread = 4398046511104,
+
+    /// <summary>The heap's own waits (a cycle's wait for its version's cut, Dispose's wait for operations) do not look for threads that exited inside an operation between their slices (as before): with an infinite timeout and no writer to report a stall, they wait until Dispose, or for ever.</summary>
+    HeapWaitsDoNotLookForExitedThreads = 8796093022208,
 }

@@ -34,6 +34,9 @@ public sealed unsafe partial class LightEpoch
 
         /// <summary>Whether <see cref="LeaveThreadDrain"/> is running the drains left to the outermost one (further up this stack).</summary>
         internal bool RunningLeft;
+
+        /// <summary>Reused by <see cref="RunDrainsLeftWhileWaiting"/> for the instances it keeps on the list (null while in use).</summary>
+        internal List<LightEpoch>? SkippedScratch;
     }
 
     private struct DrainNesting
@@ -145,8 +148,17 @@ public sealed unsafe partial class LightEpoch
     private void LeaveToOuterDrains(DrainStack stack, ref DrainNesting entry)
     {
         entry.Again = true;
-        if (!RefusedDrainOnlyAsksTheOuterOneForTesting)
-            LeaveToOutermostDrain(stack, this);
+        if (RefusedDrainOnlyAsksTheOuterOneForTesting)
+            return;
+        try
+        {
+            LeaveToOutermostDrain(stack, this); // allocates only past eight epochs at once
+        }
+        catch (OutOfMemoryException)
+        {
+            // The flag is set: the drain up the stack still looks again when the wait (if any) ends. A drain that only
+            // flagged the outer one used to allocate nothing; it still never fails for want of memory.
+        }
     }
 
     /// <summary>Queues <paramref name="epoch"/>'s drain for the outermost drain on this thread, once however many
@@ -205,6 +217,8 @@ public sealed unsafe partial class LightEpoch
         DrainStack? stack = t_drains;
         if (stack is null)
             return;
+        // The thread's scratch list (taken while in use: a drain below may wait, and run this again, with its own list), so
+        // that a wait that skips an instance on every turn does not allocate on every turn.
         List<LightEpoch>? skipped = null;
         while (stack.LeftCount != 0)
         {
@@ -219,13 +233,25 @@ public sealed unsafe partial class LightEpoch
             if (epoch.DrainDepthOn(stack) < MaxWaitingDrainDepth)
                 epoch.Drain(waiting: true);
             else if (!SkippedLeftDrainDroppedForTesting)
-                (skipped ??= new List<LightEpoch>()).Add(epoch);
+            {
+                skipped ??= TakeSkippedScratch(stack);
+                skipped.Add(epoch);
+            }
         }
         if (skipped is not null)
         {
             foreach (LightEpoch epoch in skipped)
                 LeaveToOutermostDrain(stack, epoch);
+            skipped.Clear();
+            stack.SkippedScratch = skipped;
         }
+    }
+
+    private static List<LightEpoch> TakeSkippedScratch(DrainStack stack)
+    {
+        List<LightEpoch> scratch = stack.SkippedScratch ?? new List<LightEpoch>();
+        stack.SkippedScratch = null;
+        return scratch;
     }
 
     /// <summary>This instance's drains on <paramref name="stack"/> (0 when its entry belongs to a disposed instance that had its id).</summary>

@@ -5,7 +5,7 @@ namespace Epvs;
 public sealed partial class EpochProtectedVersionScheme
 {
     /// <summary>
-    /// A protected region entered by <see cref="EnterScope"/>; <see cref="Dispose"/> leaves it. A ref struct, so it
+    /// A protected region entered by <see cref="EnterScope(out VersionSchemeState)"/>; <see cref="Dispose"/> leaves it. A ref struct, so it
     /// cannot escape the thread that entered, and it allocates nothing.
     /// </summary>
     public ref struct Scope

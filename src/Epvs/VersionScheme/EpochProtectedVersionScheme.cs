@@ -262,6 +262,19 @@ public sealed partial class EpochProtectedVersionScheme : IDisposable
         return new Scope(this);
     }
 
+    /// <summary><see cref="EnterScope(out VersionSchemeState)"/> with <see cref="Enter(CancellationToken)"/>'s cancellable wait.</summary>
+    /// <param name="state">The stable state the region observes.</param>
+    /// <param name="cancellationToken">Ends the wait for a pending transition.</param>
+    /// <returns>The guard; use with <c>using</c>.</returns>
+    /// <exception cref="OperationCanceledException">The token was cancelled while the call waited (nothing was entered).</exception>
+    /// <exception cref="ObjectDisposedException">The scheme has been disposed.</exception>
+    [MethodImpl(MethodImplOptions.AggressiveInlining)]
+    public Scope EnterScope(out VersionSchemeState state, CancellationToken cancellationToken)
+    {
+        state = Enter(cancellationToken);
+        return new Scope(this);
+    }
+
     /// <summary>
     /// Returns once the state is not intermediate, with the calling thread protected and the returned state stable
     /// for it. Called with the thread protected (depth ≥ 1); <paramref name="addedLevel"/> says whether the caller

@@ -33,6 +33,26 @@ public sealed class ExitedInsideOperationTests
         return id;
     }
 
+    /// <summary>Begins an operation on a thread that stays inside it, alive, until <paramref name="exit"/> is set, then exits
+    /// without ending it. Returns once the operation has begun.</summary>
+    private static Thread StartAThreadThatWillExitInsideAnOperation(BufferedDurableHeap heap, ManualResetEventSlim exit, out int id)
+    {
+        using var inside = new ManualResetEventSlim();
+        int managedId = 0;
+        var thread = new Thread(() =>
+        {
+            managedId = Environment.CurrentManagedThreadId;
+            _ = heap.BeginOperation().Version;
+            inside.Set();
+            exit.Wait();
+        })
+        { IsBackground = true };
+        thread.Start();
+        inside.Wait();
+        id = managedId;
+        return thread;
+    }
+
     /// <summary>Once a transition is pending (it waits for the exited thread), starts <c>map.Set(2, 2)</c> on a thread,
     /// which waits for the transition; returns the thread and where its outcome goes.</summary>
     private static (Thread Writer, Func<Exception?> Failure) StartWriter(BufferedDurableHeap heap, PersistentHashMap<int, int> map)
@@ -44,19 +64,24 @@ public sealed class ExitedInsideOperationTests
         return (writer, () => failure);
     }
 
+    /// <summary>Driven by hand (no background advancer, whose cycles look every period): a Sync begins a transition and
+    /// times out while the thread inside is alive; the thread then exits; a writer waits behind the transition, and its
+    /// wait's stall report is what finds the thread.</summary>
     [Fact]
     public void AWriterWaitingBehindIt_FailsNamingTheThread_WhenTheTransitionStalls()
     {
         using var dir = new TempDirectory();
-        var heap = BufferedDurableHeap.Create(dir.File("stall.heap"), Small, new BufferedDurableHeapOptions { AdvancePeriod = TimeSpan.FromMilliseconds(5) });
+        var heap = BufferedDurableHeap.Create(dir.File("stall.heap"), Small, new BufferedDurableHeapOptions { AdvancePeriod = Timeout.InfiniteTimeSpan, SyncTimeout = TimeSpan.FromMilliseconds(300) });
         heap.VersionScheme.StallThreshold = TimeSpan.FromMilliseconds(50);
         var map = new PersistentHashMap<int, int>(heap, TypeId);
         map.Set(1, 1);
         heap.Sync();
-        int leaver = LeaveAnOperationOpen(heap, map);
+        using var exit = new ManualResetEventSlim();
+        Thread thread = StartAThreadThatWillExitInsideAnOperation(heap, exit, out int leaver);
+        Assert.DoesNotContain("exited", Assert.Throws<TimeoutException>(() => heap.Sync()).Message); // alive: nothing to fail yet
+        exit.Set();
+        thread.Join();
 
-        // The advancer's next transition waits for the exited thread; the writer waits for the transition, and its wait
-        // reports the stall (no Sync, no Dispose).
         (Thread writer, Func<Exception?> failure) = StartWriter(heap, map);
         Assert.True(writer.Join(Workers.JoinTimeout), "the writer still waits behind the exited thread's operation");
         InvalidOperationException e = Assert.IsType<InvalidOperationException>(failure());
@@ -92,16 +117,32 @@ public sealed class ExitedInsideOperationTests
         Assert.IsType<ObjectDisposedException>(failure());
     }
 
-    [Fact]
-    public void ASyncThatTimesOut_SaysTheThreadExited_AndLaterOperationsFailAtOnce()
+    [Theory]
+    [InlineData(false)]
+    [InlineData(true)]
+    public void ASyncBehindAThreadThatExitedInsideAnOperation_FailsNamingIt_AndLaterOperationsFailAtOnce(bool control)
     {
         using var dir = new TempDirectory();
-        var heap = BufferedDurableHeap.Create(dir.File("sync.heap"), Small, new BufferedDurableHeapOptions { AdvancePeriod = Timeout.InfiniteTimeSpan, SyncTimeout = TimeSpan.FromMilliseconds(300) });
+        var heap = BufferedDurableHeap.Create(dir.File("sync.heap"), Small, new BufferedDurableHeapOptions
+        {
+            AdvancePeriod = Timeout.InfiniteTimeSpan,
+            SyncTimeout = TimeSpan.FromMilliseconds(300),
+            Faults = control ? DurabilityFaults.IgnoreThreadsExitedInsideOperations : DurabilityFaults.None,
+        });
         var map = new PersistentHashMap<int, int>(heap, TypeId);
         map.Set(1, 1);
         int leaver = LeaveAnOperationOpen(heap, map);
 
-        TimeoutException sync = Assert.Throws<TimeoutException>(() => heap.Sync());
+        if (control)
+        {
+            // As before: the Sync times out, the thread is "still inside an operation", and the advice is to wait.
+            Assert.Contains("wait longer", Assert.Throws<TimeoutException>(() => heap.Sync()).Message);
+            Record.Exception(heap.Dispose);
+            return;
+        }
+
+        // Its wait finds the thread (between slices, before its timeout) and fails with the reason.
+        InvalidOperationException sync = Assert.Throws<InvalidOperationException>(() => heap.Sync());
         Assert.Contains($"Thread {leaver} exited inside an operation", sync.Message);
         Assert.DoesNotContain("wait longer", sync.Message);
 
@@ -223,7 +264,8 @@ public sealed class ExitedInsideOperationTests
         {
             AdvancePeriod = Timeout.InfiniteTimeSpan,
             SyncTimeout = TimeSpan.FromMilliseconds(300), // Dispose's, in the control
-            Faults = control ? DurabilityFaults.SyncWaitsThroughHeapFailure : DurabilityFaults.None,
+            // (The control's Sync must not find the thread itself between the slices of its wait either.)
+            Faults = control ? DurabilityFaults.SyncWaitsThroughHeapFailure | DurabilityFaults.HeapWaitsDoNotLookForExitedThreads : DurabilityFaults.None,
         });
         heap.VersionScheme.StallThreshold = TimeSpan.FromMilliseconds(50);
         var map = new PersistentHashMap<int, int>(heap, TypeId);
@@ -284,5 +326,112 @@ public sealed class ExitedInsideOperationTests
 
         using BufferedDurableHeap reopened = BufferedDurableHeap.Open(dir.File("dispose-first.heap"), Small);
         Assert.True(new PersistentHashMap<int, int>(reopened, TypeId).TryGetValue(1, out int one) && one == 1);
+    }
+
+    /// <summary>
+    /// With no background advancer and no writer waiting in the scheme (no stall report), a Sync with an infinite timeout
+    /// behind a thread that exited inside an operation waited until Dispose: the heap's own wait for the version's cut now
+    /// looks for such a thread between its slices. Found by the third adversarial round and a review (session 15). The
+    /// control does not look there.
+    /// </summary>
+    [Theory]
+    [InlineData(false)]
+    [InlineData(true)]
+    public void AnInfiniteSyncWithNoWriter_BehindAThreadThatExitedInsideAnOperation_Fails(bool control)
+    {
+        using var dir = new TempDirectory();
+        var heap = BufferedDurableHeap.Create(dir.File("sync-alone.heap"), Small, new BufferedDurableHeapOptions
+        {
+            AdvancePeriod = Timeout.InfiniteTimeSpan,
+            SyncTimeout = TimeSpan.FromMilliseconds(300), // Dispose's, in the control
+            Faults = control ? DurabilityFaults.HeapWaitsDoNotLookForExitedThreads : DurabilityFaults.None,
+        });
+        var map = new PersistentHashMap<int, int>(heap, TypeId);
+        int leaver = LeaveAnOperationOpen(heap, map);
+
+        Exception? syncFailure = null;
+        var syncer = new Thread(() => syncFailure = Record.Exception(() => heap.Sync(Timeout.InfiniteTimeSpan))) { IsBackground = true };
+        syncer.Start();
+        bool ended = syncer.Join(control ? TimeSpan.FromSeconds(1) : Workers.JoinTimeout);
+        Record.Exception(heap.Dispose); // ends a control's wait
+        Assert.True(syncer.Join(Workers.JoinTimeout));
+        if (control)
+        {
+            Assert.False(ended, "the control's Sync ended before Dispose (the check would not catch it)");
+            return;
+        }
+
+        Assert.True(ended, "Sync(Timeout.InfiniteTimeSpan) still waited for the version of an operation that can never end");
+        Assert.Contains($"Thread {leaver} exited inside an operation", Assert.IsType<InvalidOperationException>(syncFailure).Message);
+    }
+
+    /// <summary>
+    /// A thread alive inside an operation when Dispose begins exits while Dispose's last advance waits for its version:
+    /// Dispose looked for such a thread only before that wait, and waited its whole SyncTimeout (for ever, if infinite).
+    /// Its wait now looks between slices and fails with the reason; the control's times out. Found by the third
+    /// adversarial round and a review (session 15).
+    /// </summary>
+    [Theory]
+    [InlineData(false)]
+    [InlineData(true)]
+    public void ADisposeWhoseLastAdvanceWaitsForAThreadThatThenExits_FailsWithTheReason(bool control)
+    {
+        using var dir = new TempDirectory();
+        var heap = BufferedDurableHeap.Create(dir.File("dispose-exit.heap"), Small, new BufferedDurableHeapOptions
+        {
+            AdvancePeriod = Timeout.InfiniteTimeSpan,
+            SyncTimeout = TimeSpan.FromSeconds(3),
+            Faults = control ? DurabilityFaults.HeapWaitsDoNotLookForExitedThreads : DurabilityFaults.None,
+        });
+        var map = new PersistentHashMap<int, int>(heap, TypeId);
+        map.Set(1, 1);
+        heap.Sync();
+        using var exit = new ManualResetEventSlim();
+        Thread thread = StartAThreadThatWillExitInsideAnOperation(heap, exit, out int leaver);
+        heap.WaitingForTheCutForTesting = () =>
+        {
+            exit.Set(); // the thread exits while Dispose's last advance waits for its version
+            thread.Join();
+        };
+
+        Exception? failure = Record.Exception(heap.Dispose);
+        Assert.Contains($"Thread {leaver} exited inside an operation", failure!.Message);
+        if (control)
+        {
+            Assert.IsType<TimeoutException>(failure); // it waited its whole SyncTimeout, then found the thread
+            return;
+        }
+
+        Assert.IsType<InvalidOperationException>(failure); // the wait found the thread between its slices
+        using BufferedDurableHeap reopened = BufferedDurableHeap.Open(dir.File("dispose-exit.heap"), Small);
+        Assert.True(new PersistentHashMap<int, int>(reopened, TypeId).TryGetValue(1, out int one) && one == 1);
+    }
+
+    /// <summary>A transient heap's Dispose waits for operations (no advance): a thread that exits inside one during that
+    /// wait, with an infinite SyncTimeout, left Dispose waiting for ever. Found by the third adversarial round.</summary>
+    [Fact]
+    public void ATransientDisposeWaitingForAThreadThatThenExitsInsideItsOperation_Returns()
+    {
+        using var dir = new TempDirectory();
+        var heap = BufferedDurableHeap.Create(dir.File("transient-exit.heap"), Small, new BufferedDurableHeapOptions
+        {
+            Mode = DurabilityMode.Transient,
+            AdvancePeriod = Timeout.InfiniteTimeSpan,
+            SyncTimeout = Timeout.InfiniteTimeSpan,
+        });
+        using var exit = new ManualResetEventSlim();
+        Thread thread = StartAThreadThatWillExitInsideAnOperation(heap, exit, out int leaver);
+        heap.AfterDisposeClosedCyclesForTesting = () =>
+        {
+            exit.Set(); // the thread exits just before Dispose waits for the operations
+            thread.Join();
+        };
+
+        Exception? failure = null;
+        var disposer = new Thread(() => failure = Record.Exception(heap.Dispose)) { IsBackground = true };
+        disposer.Start();
+        Assert.True(disposer.Join(Workers.JoinTimeout), "Dispose still waits for an operation that can never end");
+        Assert.Contains($"Thread {leaver} exited inside an operation", failure!.Message);
+        Assert.DoesNotContain("durable", failure.Message); // a transient heap promises nothing durable
     }
 }
