@@ -434,4 +434,58 @@ public sealed class ExitedInsideOperationTests
         Assert.Contains($"Thread {leaver} exited inside an operation", failure!.Message);
         Assert.DoesNotContain("durable", failure.Message); // a transient heap promises nothing durable
     }
+
+    /// <summary>The other waits for a version with an infinite timeout and no writer to report a stall (the Sync's, with
+    /// its control, is above): each looks between slices too. From the third adversarial round.</summary>
+    [Theory]
+    [InlineData("AdvanceVersion")]
+    [InlineData("SyncAsync")]
+    [InlineData("BackPressure")] // a writer over ReclaimBacklogLimit runs a cycle before it enters: no stall report
+    public void AnInfiniteWaitWithNoWriter_BehindAThreadThatExitedInsideAnOperation_Fails(string call)
+    {
+        using var dir = new TempDirectory();
+        var heap = BufferedDurableHeap.Create(dir.File("infinite.heap"), Small, new BufferedDurableHeapOptions
+        {
+            AdvancePeriod = Timeout.InfiniteTimeSpan,
+            SyncTimeout = Timeout.InfiniteTimeSpan,
+            ReclaimBacklogLimit = call == "BackPressure" ? 1 : 0,
+        });
+        var map = new PersistentHashMap<int, int>(heap, TypeId);
+        for (int k = 0; k < 1000; k++)
+        {
+            map.Set(100 + k, k); // payloads that updates in a later version retire
+        }
+
+        heap.Sync();
+        LeaveAnOperationOpen(heap, map);
+
+        Exception? failure = null;
+        var waiter = new Thread(() => failure = Record.Exception(() =>
+        {
+            switch (call)
+            {
+                case "AdvanceVersion":
+                    heap.AdvanceVersion(Timeout.InfiniteTimeSpan);
+                    break;
+                case "BackPressure":
+                    for (int k = 0; k < 1000; k++)
+                    {
+                        map.Set(100 + k, -k);
+                    }
+
+                    break;
+                default:
+                    heap.SyncAsync().GetAwaiter().GetResult();
+                    break;
+            }
+        }))
+        { IsBackground = true };
+        waiter.Start();
+
+        bool ended = waiter.Join(Workers.JoinTimeout);
+        Record.Exception(heap.Dispose); // ends the wait either way
+        Assert.True(waiter.Join(Workers.JoinTimeout));
+        Assert.True(ended, $"{call} waited (until Dispose) behind a thread that had exited inside an operation");
+        Assert.Contains("exited inside an operation", failure!.Message);
+    }
 }
