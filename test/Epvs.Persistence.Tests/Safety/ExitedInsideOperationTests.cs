@@ -58,11 +58,38 @@ public sealed class ExitedInsideOperationTests
     private static (Thread Writer, Func<Exception?> Failure) StartWriter(BufferedDurableHeap heap, PersistentHashMap<int, int> map)
     {
         Assert.True(SpinWait.SpinUntil(() => heap.VersionScheme.CurrentState.IsIntermediate, Workers.JoinTimeout), "no transition began");
-        Exception? failure = null;
-        var writer = new Thread(() => failure = Record.Exception(() => map.Set(2, 2))) { IsBackground = true };
-        writer.Start();
-        return (writer, () => failure);
+        return StartWaiter(() => map.Set(2, 2));
     }
+
+    /// <summary>Runs <paramref name="call"/> on a background thread; returns the thread and where its outcome goes.</summary>
+    private static (Thread Waiter, Func<Exception?> Failure) StartWaiter(Action call)
+    {
+        Exception? failure = null;
+        var waiter = new Thread(() => failure = Record.Exception(call)) { IsBackground = true };
+        waiter.Start();
+        return (waiter, () => failure);
+    }
+
+    /// <summary>Whether <paramref name="waiter"/> ended by itself, within a bound (a second for a control, whose wait only
+    /// Dispose ends); then disposes the heap, which ends a control's wait, and joins the waiter.</summary>
+    private static bool EndedBeforeDispose(BufferedDurableHeap heap, Thread waiter, bool control)
+    {
+        bool ended = waiter.Join(control ? TimeSpan.FromSeconds(1) : Workers.JoinTimeout);
+        Record.Exception(heap.Dispose);
+        Assert.True(waiter.Join(Workers.JoinTimeout));
+        return ended;
+    }
+
+    /// <summary>A heap driven by hand (no background advancer, whose cycles look for exited threads every period).</summary>
+    private static BufferedDurableHeap ManualHeap(string path, TimeSpan syncTimeout, DurabilityFaults faults = DurabilityFaults.None, DurabilityMode mode = DurabilityMode.Buffered, long reclaimBacklogLimit = 0) =>
+        BufferedDurableHeap.Create(path, Small, new BufferedDurableHeapOptions
+        {
+            AdvancePeriod = Timeout.InfiniteTimeSpan,
+            SyncTimeout = syncTimeout,
+            Faults = faults,
+            Mode = mode,
+            ReclaimBacklogLimit = reclaimBacklogLimit,
+        });
 
     /// <summary>Driven by hand (no background advancer, whose cycles look every period): a Sync begins a transition and
     /// times out while the thread inside is alive; the thread then exits; a writer waits behind the transition, and its
@@ -71,7 +98,7 @@ public sealed class ExitedInsideOperationTests
     public void AWriterWaitingBehindIt_FailsNamingTheThread_WhenTheTransitionStalls()
     {
         using var dir = new TempDirectory();
-        var heap = BufferedDurableHeap.Create(dir.File("stall.heap"), Small, new BufferedDurableHeapOptions { AdvancePeriod = Timeout.InfiniteTimeSpan, SyncTimeout = TimeSpan.FromMilliseconds(300) });
+        BufferedDurableHeap heap = ManualHeap(dir.File("stall.heap"), TimeSpan.FromMilliseconds(300));
         heap.VersionScheme.StallThreshold = TimeSpan.FromMilliseconds(50);
         var map = new PersistentHashMap<int, int>(heap, TypeId);
         map.Set(1, 1);
@@ -123,12 +150,7 @@ public sealed class ExitedInsideOperationTests
     public void ASyncBehindAThreadThatExitedInsideAnOperation_FailsNamingIt_AndLaterOperationsFailAtOnce(bool control)
     {
         using var dir = new TempDirectory();
-        var heap = BufferedDurableHeap.Create(dir.File("sync.heap"), Small, new BufferedDurableHeapOptions
-        {
-            AdvancePeriod = Timeout.InfiniteTimeSpan,
-            SyncTimeout = TimeSpan.FromMilliseconds(300),
-            Faults = control ? DurabilityFaults.IgnoreThreadsExitedInsideOperations : DurabilityFaults.None,
-        });
+        BufferedDurableHeap heap = ManualHeap(dir.File("sync.heap"), TimeSpan.FromMilliseconds(300), control ? DurabilityFaults.IgnoreThreadsExitedInsideOperations : DurabilityFaults.None);
         var map = new PersistentHashMap<int, int>(heap, TypeId);
         map.Set(1, 1);
         int leaver = LeaveAnOperationOpen(heap, map);
@@ -175,7 +197,7 @@ public sealed class ExitedInsideOperationTests
     /// control's is then let go through a test hook, so that it does not spin until the test process ends).</summary>
     private static Exception? DisposeWithAWriterBlocked(string path, DurabilityFaults faults, out bool endedByDispose)
     {
-        var heap = BufferedDurableHeap.Create(path, Small, new BufferedDurableHeapOptions { AdvancePeriod = Timeout.InfiniteTimeSpan, SyncTimeout = TimeSpan.FromMilliseconds(300), Faults = faults });
+        BufferedDurableHeap heap = ManualHeap(path, TimeSpan.FromMilliseconds(300), faults);
         var map = new PersistentHashMap<int, int>(heap, TypeId);
         LeaveAnOperationOpen(heap, map);
         Assert.Throws<TimeoutException>(() => heap.Sync()); // begins the transition, which stays pending
@@ -204,31 +226,14 @@ public sealed class ExitedInsideOperationTests
     public void AWriterWaitingBehindAThreadThatExitsAfterTheStallReport_IsReleased(bool control)
     {
         using var dir = new TempDirectory();
-        var heap = BufferedDurableHeap.Create(dir.File("late-exit.heap"), Small, new BufferedDurableHeapOptions
-        {
-            AdvancePeriod = Timeout.InfiniteTimeSpan,
-            SyncTimeout = TimeSpan.FromMilliseconds(300),
-            Faults = control ? DurabilityFaults.StallWatchedOnce : DurabilityFaults.None,
-        });
+        BufferedDurableHeap heap = ManualHeap(dir.File("late-exit.heap"), TimeSpan.FromMilliseconds(300), control ? DurabilityFaults.StallWatchedOnce : DurabilityFaults.None);
         heap.VersionScheme.StallThreshold = TimeSpan.FromMilliseconds(50);
         using var reported = new ManualResetEventSlim();
         heap.VersionScheme.TransitionStalled += (_, _) => reported.Set();
         var map = new PersistentHashMap<int, int>(heap, TypeId);
 
-        // A thread inside an operation, alive until told to exit (without ending it).
-        using var inside = new ManualResetEventSlim();
         using var exit = new ManualResetEventSlim();
-        int leaver = 0;
-        var thread = new Thread(() =>
-        {
-            leaver = Environment.CurrentManagedThreadId;
-            _ = heap.BeginOperation().Version;
-            inside.Set();
-            exit.Wait();
-        })
-        { IsBackground = true };
-        thread.Start();
-        inside.Wait();
+        Thread thread = StartAThreadThatWillExitInsideAnOperation(heap, exit, out int leaver);
         Assert.Throws<TimeoutException>(() => heap.Sync()); // begins the transition; the thread is alive: nothing to fail
 
         (Thread writer, Func<Exception?> failure) = StartWriter(heap, map);
@@ -236,9 +241,7 @@ public sealed class ExitedInsideOperationTests
         exit.Set();
         thread.Join();
 
-        bool released = writer.Join(control ? TimeSpan.FromSeconds(1) : Workers.JoinTimeout);
-        Record.Exception(heap.Dispose); // ends a control's wait
-        Assert.True(writer.Join(Workers.JoinTimeout));
+        bool released = EndedBeforeDispose(heap, writer, control);
         if (control)
         {
             Assert.False(released, "the control's writer was released before Dispose (the check would not catch it)");
@@ -260,29 +263,20 @@ public sealed class ExitedInsideOperationTests
     public void AnInfiniteSyncBehindAThreadThatExitedInsideAnOperation_FailsOnceTheHeapHasFailed(bool control)
     {
         using var dir = new TempDirectory();
-        var heap = BufferedDurableHeap.Create(dir.File("sync-forever.heap"), Small, new BufferedDurableHeapOptions
-        {
-            AdvancePeriod = Timeout.InfiniteTimeSpan,
-            SyncTimeout = TimeSpan.FromMilliseconds(300), // Dispose's, in the control
-            // (The control's Sync must not find the thread itself between the slices of its wait either.)
-            Faults = control ? DurabilityFaults.SyncWaitsThroughHeapFailure | DurabilityFaults.HeapWaitsDoNotLookForExitedThreads : DurabilityFaults.None,
-        });
+        // (The control's Sync must not find the thread itself between the slices of its wait either.)
+        BufferedDurableHeap heap = ManualHeap(dir.File("sync-forever.heap"), TimeSpan.FromMilliseconds(300), control ? DurabilityFaults.SyncWaitsThroughHeapFailure | DurabilityFaults.HeapWaitsDoNotLookForExitedThreads : DurabilityFaults.None);
         heap.VersionScheme.StallThreshold = TimeSpan.FromMilliseconds(50);
         var map = new PersistentHashMap<int, int>(heap, TypeId);
         int leaver = LeaveAnOperationOpen(heap, map);
 
-        Exception? syncFailure = null;
-        var syncer = new Thread(() => syncFailure = Record.Exception(() => heap.Sync(Timeout.InfiniteTimeSpan))) { IsBackground = true };
-        syncer.Start();
+        (Thread syncer, Func<Exception?> syncFailure) = StartWaiter(() => heap.Sync(Timeout.InfiniteTimeSpan));
 
         // A writer behind the Sync's transition: its wait reports the stall, and the heap fails for the exited thread.
         (Thread writer, Func<Exception?> writeFailure) = StartWriter(heap, map);
         Assert.True(writer.Join(Workers.JoinTimeout));
         Assert.Contains("exited inside an operation", Assert.IsType<InvalidOperationException>(writeFailure()).Message);
 
-        bool ended = syncer.Join(control ? TimeSpan.FromSeconds(1) : Workers.JoinTimeout);
-        Record.Exception(heap.Dispose); // ends a control's wait
-        Assert.True(syncer.Join(Workers.JoinTimeout));
+        bool ended = EndedBeforeDispose(heap, syncer, control);
         if (control)
         {
             Assert.False(ended, "the control's Sync ended before Dispose (the check would not catch it)");
@@ -290,7 +284,7 @@ public sealed class ExitedInsideOperationTests
         }
 
         Assert.True(ended, "Sync(Timeout.InfiniteTimeSpan) still waited after the heap failed");
-        Assert.Contains($"Thread {leaver} exited inside an operation", Assert.IsType<InvalidOperationException>(syncFailure).Message);
+        Assert.Contains($"Thread {leaver} exited inside an operation", Assert.IsType<InvalidOperationException>(syncFailure()).Message);
     }
 
     /// <summary>
@@ -304,12 +298,7 @@ public sealed class ExitedInsideOperationTests
     public void Dispose_FindsAThreadThatExitedInsideAnOperation_BeforeWaitingForItsVersion(bool control)
     {
         using var dir = new TempDirectory();
-        var heap = BufferedDurableHeap.Create(dir.File("dispose-first.heap"), Small, new BufferedDurableHeapOptions
-        {
-            AdvancePeriod = Timeout.InfiniteTimeSpan,
-            SyncTimeout = control ? TimeSpan.FromMilliseconds(300) : Timeout.InfiniteTimeSpan,
-            Faults = control ? DurabilityFaults.DisposeAdvancesPastAnExitedThread : DurabilityFaults.None,
-        });
+        BufferedDurableHeap heap = ManualHeap(dir.File("dispose-first.heap"), control ? TimeSpan.FromMilliseconds(300) : Timeout.InfiniteTimeSpan, control ? DurabilityFaults.DisposeAdvancesPastAnExitedThread : DurabilityFaults.None);
         var map = new PersistentHashMap<int, int>(heap, TypeId);
         map.Set(1, 1);
         heap.Sync();
@@ -317,11 +306,9 @@ public sealed class ExitedInsideOperationTests
         int waits = 0;
         heap.WaitingForTheCutForTesting = () => Interlocked.Increment(ref waits);
 
-        Exception? failure = null;
-        var disposer = new Thread(() => failure = Record.Exception(heap.Dispose)) { IsBackground = true };
-        disposer.Start();
+        (Thread disposer, Func<Exception?> failure) = StartWaiter(heap.Dispose);
         Assert.True(disposer.Join(Workers.JoinTimeout), "Dispose waited for the version of an operation that can never end");
-        Assert.Contains($"Thread {leaver} exited inside an operation", failure!.Message);
+        Assert.Contains($"Thread {leaver} exited inside an operation", failure()!.Message);
         Assert.Equal(control ? 1 : 0, Volatile.Read(ref waits));
 
         using BufferedDurableHeap reopened = BufferedDurableHeap.Open(dir.File("dispose-first.heap"), Small);
@@ -340,21 +327,12 @@ public sealed class ExitedInsideOperationTests
     public void AnInfiniteSyncWithNoWriter_BehindAThreadThatExitedInsideAnOperation_Fails(bool control)
     {
         using var dir = new TempDirectory();
-        var heap = BufferedDurableHeap.Create(dir.File("sync-alone.heap"), Small, new BufferedDurableHeapOptions
-        {
-            AdvancePeriod = Timeout.InfiniteTimeSpan,
-            SyncTimeout = TimeSpan.FromMilliseconds(300), // Dispose's, in the control
-            Faults = control ? DurabilityFaults.HeapWaitsDoNotLookForExitedThreads : DurabilityFaults.None,
-        });
+        BufferedDurableHeap heap = ManualHeap(dir.File("sync-alone.heap"), TimeSpan.FromMilliseconds(300), control ? DurabilityFaults.HeapWaitsDoNotLookForExitedThreads : DurabilityFaults.None);
         var map = new PersistentHashMap<int, int>(heap, TypeId);
         int leaver = LeaveAnOperationOpen(heap, map);
 
-        Exception? syncFailure = null;
-        var syncer = new Thread(() => syncFailure = Record.Exception(() => heap.Sync(Timeout.InfiniteTimeSpan))) { IsBackground = true };
-        syncer.Start();
-        bool ended = syncer.Join(control ? TimeSpan.FromSeconds(1) : Workers.JoinTimeout);
-        Record.Exception(heap.Dispose); // ends a control's wait
-        Assert.True(syncer.Join(Workers.JoinTimeout));
+        (Thread syncer, Func<Exception?> syncFailure) = StartWaiter(() => heap.Sync(Timeout.InfiniteTimeSpan));
+        bool ended = EndedBeforeDispose(heap, syncer, control);
         if (control)
         {
             Assert.False(ended, "the control's Sync ended before Dispose (the check would not catch it)");
@@ -362,7 +340,7 @@ public sealed class ExitedInsideOperationTests
         }
 
         Assert.True(ended, "Sync(Timeout.InfiniteTimeSpan) still waited for the version of an operation that can never end");
-        Assert.Contains($"Thread {leaver} exited inside an operation", Assert.IsType<InvalidOperationException>(syncFailure).Message);
+        Assert.Contains($"Thread {leaver} exited inside an operation", Assert.IsType<InvalidOperationException>(syncFailure()).Message);
     }
 
     /// <summary>
@@ -377,12 +355,7 @@ public sealed class ExitedInsideOperationTests
     public void ADisposeWhoseLastAdvanceWaitsForAThreadThatThenExits_FailsWithTheReason(bool control)
     {
         using var dir = new TempDirectory();
-        var heap = BufferedDurableHeap.Create(dir.File("dispose-exit.heap"), Small, new BufferedDurableHeapOptions
-        {
-            AdvancePeriod = Timeout.InfiniteTimeSpan,
-            SyncTimeout = TimeSpan.FromSeconds(3),
-            Faults = control ? DurabilityFaults.HeapWaitsDoNotLookForExitedThreads : DurabilityFaults.None,
-        });
+        BufferedDurableHeap heap = ManualHeap(dir.File("dispose-exit.heap"), TimeSpan.FromSeconds(3), control ? DurabilityFaults.HeapWaitsDoNotLookForExitedThreads : DurabilityFaults.None);
         var map = new PersistentHashMap<int, int>(heap, TypeId);
         map.Set(1, 1);
         heap.Sync();
@@ -413,12 +386,7 @@ public sealed class ExitedInsideOperationTests
     public void ATransientDisposeWaitingForAThreadThatThenExitsInsideItsOperation_Returns()
     {
         using var dir = new TempDirectory();
-        var heap = BufferedDurableHeap.Create(dir.File("transient-exit.heap"), Small, new BufferedDurableHeapOptions
-        {
-            Mode = DurabilityMode.Transient,
-            AdvancePeriod = Timeout.InfiniteTimeSpan,
-            SyncTimeout = Timeout.InfiniteTimeSpan,
-        });
+        BufferedDurableHeap heap = ManualHeap(dir.File("transient-exit.heap"), Timeout.InfiniteTimeSpan, mode: DurabilityMode.Transient);
         using var exit = new ManualResetEventSlim();
         Thread thread = StartAThreadThatWillExitInsideAnOperation(heap, exit, out int leaver);
         heap.AfterDisposeClosedCyclesForTesting = () =>
@@ -427,12 +395,10 @@ public sealed class ExitedInsideOperationTests
             thread.Join();
         };
 
-        Exception? failure = null;
-        var disposer = new Thread(() => failure = Record.Exception(heap.Dispose)) { IsBackground = true };
-        disposer.Start();
+        (Thread disposer, Func<Exception?> failure) = StartWaiter(heap.Dispose);
         Assert.True(disposer.Join(Workers.JoinTimeout), "Dispose still waits for an operation that can never end");
-        Assert.Contains($"Thread {leaver} exited inside an operation", failure!.Message);
-        Assert.DoesNotContain("durable", failure.Message); // a transient heap promises nothing durable
+        Assert.Contains($"Thread {leaver} exited inside an operation", failure()!.Message);
+        Assert.DoesNotContain("durable", failure()!.Message); // a transient heap promises nothing durable
     }
 
     /// <summary>The other waits for a version with an infinite timeout and no writer to report a stall (the Sync's, with
@@ -444,12 +410,7 @@ public sealed class ExitedInsideOperationTests
     public void AnInfiniteWaitWithNoWriter_BehindAThreadThatExitedInsideAnOperation_Fails(string call)
     {
         using var dir = new TempDirectory();
-        var heap = BufferedDurableHeap.Create(dir.File("infinite.heap"), Small, new BufferedDurableHeapOptions
-        {
-            AdvancePeriod = Timeout.InfiniteTimeSpan,
-            SyncTimeout = Timeout.InfiniteTimeSpan,
-            ReclaimBacklogLimit = call == "BackPressure" ? 1 : 0,
-        });
+        BufferedDurableHeap heap = ManualHeap(dir.File("infinite.heap"), Timeout.InfiniteTimeSpan, reclaimBacklogLimit: call == "BackPressure" ? 1 : 0);
         var map = new PersistentHashMap<int, int>(heap, TypeId);
         for (int k = 0; k < 1000; k++)
         {
@@ -459,8 +420,7 @@ public sealed class ExitedInsideOperationTests
         heap.Sync();
         LeaveAnOperationOpen(heap, map);
 
-        Exception? failure = null;
-        var waiter = new Thread(() => failure = Record.Exception(() =>
+        (Thread waiter, Func<Exception?> failure) = StartWaiter(() =>
         {
             switch (call)
             {
@@ -478,14 +438,9 @@ public sealed class ExitedInsideOperationTests
                     heap.SyncAsync().GetAwaiter().GetResult();
                     break;
             }
-        }))
-        { IsBackground = true };
-        waiter.Start();
+        });
 
-        bool ended = waiter.Join(Workers.JoinTimeout);
-        Record.Exception(heap.Dispose); // ends the wait either way
-        Assert.True(waiter.Join(Workers.JoinTimeout));
-        Assert.True(ended, $"{call} waited (until Dispose) behind a thread that had exited inside an operation");
-        Assert.Contains("exited inside an operation", failure!.Message);
+        Assert.True(EndedBeforeDispose(heap, waiter, control: false), $"{call} waited (until Dispose) behind a thread that had exited inside an operation");
+        Assert.Contains("exited inside an operation", failure()!.Message);
     }
 }

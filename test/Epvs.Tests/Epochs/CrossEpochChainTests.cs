@@ -138,42 +138,12 @@ public class CrossEpochChainTests
     [InlineData(true)]
     public void AWaitDeepInsideDrains_RunsTheDrainsItLeftToTheOutermost(bool control)
     {
-        var epochs = new LightEpoch[ThreadLimit + 2];
-        for (int i = 0; i < epochs.Length; i++)
-            epochs[i] = new LightEpoch();
-        var y = new LightEpoch();
-        var scheme = new EpochProtectedVersionScheme();
-        var machine = new GatedMachine();
-        int level = 0;
-        Action? link = null;
-        link = () =>
-        {
-            if (++level < ThreadLimit)
-            {
-                epochs[level].BumpCurrentEpoch(link!);
-                return;
-            }
-            y.BumpCurrentEpoch(() => machine.Gate = true); // past the bound: left to the outermost drain
-            scheme.ExecuteStateMachine(machine, spin: true); // waits, deep inside drains, for that action
-        };
-        LightEpoch.WaitIgnoresDrainsLeftToTheOutermostForTesting = control;
-        try
-        {
-            var worker = new GuardedThread(() => epochs[0].BumpCurrentEpoch(link), "wait deep inside drains", 16 << 20);
-            worker.Start();
-            worker.Join();
-        }
-        finally
-        {
-            LightEpoch.WaitIgnoresDrainsLeftToTheOutermostForTesting = false;
-        }
-
-        Assert.True(machine.Gate, "the other epoch's action never ran");
-        Assert.Equal(control, machine.GaveUp);
-        foreach (LightEpoch epoch in epochs)
-            epoch.Dispose();
-        y.Dispose();
-        scheme.Dispose();
+        using var y = new LightEpoch();
+        bool gaveUp = WaitBelowAChainOfDrains(
+            (_, machine, _) => y.BumpCurrentEpoch(() => machine.Gate = true), // past the bound: left to the outermost drain
+            on => LightEpoch.WaitIgnoresDrainsLeftToTheOutermostForTesting = on,
+            control);
+        Assert.Equal(control, gaveUp);
     }
 
     /// <summary>
@@ -187,6 +157,25 @@ public class CrossEpochChainTests
     [InlineData(false)]
     [InlineData(true)]
     public void AWaitDeepInsideDrains_RunsARefusedDrainOfAnEpochDrainingUpTheStack(bool control)
+    {
+        bool gaveUp = WaitBelowAChainOfDrains(
+            (epochs, machine, scheme) => epochs[0].BumpCurrentEpoch(() => // its outermost drain is at the bottom of this stack
+            {
+                machine.Gate = true;
+                scheme.SignalStepAvailable();
+            }),
+            on => LightEpoch.RefusedDrainOnlyAsksTheOuterOneForTesting = on,
+            control);
+        Assert.Equal(control, gaveUp);
+    }
+
+    /// <summary>
+    /// Nests drains of <see cref="ThreadLimit"/> epochs on one thread (a chain of actions, nobody protected), then at the
+    /// bottom registers with <paramref name="register"/> the action that opens a gated machine's gate, and waits for the
+    /// machine (a blocking start), with the test-only switch <paramref name="setControl"/> set to <paramref name="control"/>.
+    /// Returns whether the wait gave up (it polled the machine's step past its patience: the action never ran meanwhile).
+    /// </summary>
+    private static bool WaitBelowAChainOfDrains(Action<LightEpoch[], GatedMachine, EpochProtectedVersionScheme> register, Action<bool> setControl, bool control)
     {
         var epochs = new LightEpoch[ThreadLimit + 2];
         for (int i = 0; i < epochs.Length; i++)
@@ -202,19 +191,26 @@ public class CrossEpochChainTests
                 epochs[level].BumpCurrentEpoch(link!);
                 return;
             }
-            epochs[0].BumpCurrentEpoch(() => // its outermost drain is at the bottom of this stack
-            {
-                machine.Gate = true;
-                scheme.SignalStepAvailable();
-            });
+            register(epochs, machine, scheme);
             scheme.ExecuteStateMachine(machine, spin: true); // waits, deep inside drains, for that action
         };
-        RunRefusingDrains(() => epochs[0].BumpCurrentEpoch(link), control);
+        setControl(control);
+        try
+        {
+            var worker = new GuardedThread(() => epochs[0].BumpCurrentEpoch(link), "wait deep inside drains", 16 << 20);
+            worker.Start();
+            worker.Join();
+        }
+        finally
+        {
+            setControl(false);
+        }
 
-        Assert.Equal(control, machine.GaveUp);
+        Assert.True(machine.Gate, "the action never ran");
         foreach (LightEpoch epoch in epochs)
             epoch.Dispose();
         scheme.Dispose();
+        return machine.GaveUp;
     }
 
     /// <summary>The same past the per-instance inline limit: 16 nested drains of one epoch, a registration with it (refused,

@@ -19,26 +19,6 @@ public class SkippedLeftDrainTests
 {
     private const int WaitingLimit = 256; // LightEpoch.MaxWaitingDrainDepth
 
-    /// <summary>A machine whose first step is available only once <see cref="Gate"/> is set.</summary>
-    private sealed class GatedMachine : VersionSchemeStateMachine
-    {
-        public volatile bool Gate;
-
-        public override bool GetNextStep(VersionSchemeState currentState, out VersionSchemeState nextState)
-        {
-            nextState = VersionSchemeState.Make(VersionSchemeState.Rest, ActualToVersion);
-            return Gate;
-        }
-
-        public override void OnEnteringState(VersionSchemeState fromState, VersionSchemeState toState)
-        {
-        }
-
-        public override void AfterEnteringState(VersionSchemeState state)
-        {
-        }
-    }
-
     [Theory]
     [InlineData(false)]
     [InlineData(true)]
@@ -47,7 +27,7 @@ public class SkippedLeftDrainTests
         var e = new LightEpoch(); // the chain's epoch: nobody else drains it
         var f = new EpochProtectedVersionScheme(); // the blocking starts wait for f's gated machine
         var g = new EpochProtectedVersionScheme(); // the deepest wait: an Enter(token) on g, cancelled
-        var gated = new GatedMachine();
+        var gated = new GateMachine();
         using var cancel = new CancellationTokenSource();
         var holder = new ParkedThread(() => g.Enter(), g.Leave);
         Assert.Equal(StateMachineExecutionStatus.Ok, g.TryAdvanceVersionWithCriticalSection((_, _) => { }));

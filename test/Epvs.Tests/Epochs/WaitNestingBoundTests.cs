@@ -15,25 +15,6 @@ namespace Epvs.Tests;
 /// </summary>
 public class WaitNestingBoundTests
 {
-    private sealed class Gated : VersionSchemeStateMachine
-    {
-        public volatile bool Gate;
-
-        public override bool GetNextStep(VersionSchemeState currentState, out VersionSchemeState nextState)
-        {
-            nextState = VersionSchemeState.Make(VersionSchemeState.Rest, ActualToVersion);
-            return Gate;
-        }
-
-        public override void OnEnteringState(VersionSchemeState fromState, VersionSchemeState toState)
-        {
-        }
-
-        public override void AfterEnteringState(VersionSchemeState state)
-        {
-        }
-    }
-
     [Theory]
     [InlineData(false)]
     [InlineData(true)]
@@ -41,12 +22,12 @@ public class WaitNestingBoundTests
     {
         const int Links = 3000;
         var schemes = new EpochProtectedVersionScheme[Links + 1];
-        var machines = new Gated[Links + 1];
+        var machines = new GateMachine[Links + 1];
         int tooDeep = 0, otherFailures = 0;
         for (int i = 0; i <= Links; i++)
         {
             schemes[i] = new EpochProtectedVersionScheme();
-            machines[i] = new Gated();
+            machines[i] = new GateMachine();
             schemes[i].Epoch.DeferredActionFailed += (_, e) =>
             {
                 if (e.Exception is InvalidOperationException ex && ex.Message.Contains("drains deep on this thread", StringComparison.Ordinal))
