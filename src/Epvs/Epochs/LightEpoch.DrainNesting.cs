@@ -13,7 +13,7 @@ public sealed unsafe partial class LightEpoch
     /// whether a drain too deep to run inline asked the outermost one to look again. Per instance, so deep nesting on one
     /// epoch never stops another epoch's drain: that epoch has its own outermost drain on this thread (or none, and runs
     /// inline). Indexed by <see cref="id"/>, which a disposed instance gives back for reuse, so each entry also names its
-    /// instance (<see cref="DrainNesting.Token"/>): see <see cref="Drain(bool, Action?)"/>. A managed array, indexed afresh on
+    /// instance (<see cref="DrainNesting.Token"/>): see <see cref="Drain(bool, Action?, bool)"/>. A managed array, indexed afresh on
     /// every access, because an action may grow it. With it, the thread's count of drains of all instances together.</summary>
     [ThreadStatic] private static DrainStack? t_drains;
 

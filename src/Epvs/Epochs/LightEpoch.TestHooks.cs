@@ -98,6 +98,13 @@ public sealed unsafe partial class LightEpoch
     /// starts across many schemes grows the stack until it overflows.</summary>
     internal static bool UnboundedWaitingNestingForTesting;
 
+    /// <summary>Test-only: a wait past the per-thread bound throws from inside the wait (the first version of the bound),
+    /// so an outermost Refresh stepped aside comes back into its region with the critical section free to run.</summary>
+    internal static bool DeepWaitThrowsForTesting;
+
+    /// <summary>Test-only: how many drains (of all instances) are on the calling thread's stack.</summary>
+    internal static int ThreadDrainDepthForTesting => t_drains?.Depth ?? 0;
+
     /// <summary>
     /// Test-only: a Resume that claimed a slot and then found the epoch no longer Live keeps the slot as its record's
     /// hint (as before the fix), so the Dispose-versus-growth test can show that it catches a later fast-path Resume

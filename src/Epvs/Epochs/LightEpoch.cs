@@ -739,26 +739,36 @@ public sealed unsafe partial class LightEpoch : IDisposable
     private const int MaxWaitingDrainDepth = 256;
 
     /// <summary>
-    /// How many drains (of all instances together) may be on a thread's stack when it begins another turn of a wait
-    /// (<see cref="DrainWhileWaiting"/>). A chain of deferred actions that each make a blocking start on another scheme,
-    /// whose wait runs the next action, nests one waiting drain per scheme: <see cref="MaxWaitingDrainDepth"/> bounds each
-    /// instance only, and about 2,000 such levels overflowed a 1.5 MB thread stack (the process died). Past this bound
-    /// the wait throws (<see cref="InvalidOperationException"/>, which the action's drain reports through
-    /// <see cref="DeferredActionFailed"/>) rather than nest deeper: running the next action there is the nesting, and not
-    /// running it could leave the wait spinning for ever on an action only this thread would run. Above
-    /// <see cref="MaxWaitingDrainDepth"/> plus <see cref="MaxThreadDrainDepth"/>, so that the per-instance bound (which
-    /// lets waits on one scheme go on, running only their own step) acts first.
+    /// How many drains (of all instances together) may be on a thread's stack when it starts a blocking wait of its own
+    /// making (a blocking state-machine start: <see cref="ThrowIfTooDeepToBlock"/>) or disposes an epoch, whose final run
+    /// runs the pending actions one level deeper; past it, a wait already in progress runs only what it waits for. A chain
+    /// of deferred actions that each make a blocking start on another scheme, whose wait ran the next action, nested one
+    /// waiting drain per scheme (<see cref="MaxWaitingDrainDepth"/> bounds each instance only), and about 2,000 levels
+    /// overflowed a 1.5 MB thread stack: the process died; so did a chain of actions that each dispose the next epoch.
+    /// Such a call this deep throws <see cref="InvalidOperationException"/> before it starts anything (an action's drain
+    /// reports it through <see cref="DeferredActionFailed"/>). Above <see cref="MaxWaitingDrainDepth"/> plus
+    /// <see cref="MaxThreadDrainDepth"/>, so that the per-instance bound acts first.
     /// </summary>
     private const int MaxThreadWaitingDepth = 512;
 
+    /// <summary>
+    /// For a call about to start a blocking wait of its own (a scheme's blocking machine start): throws if this thread is
+    /// <see cref="MaxThreadWaitingDepth"/> drains deep (see there). Nothing has started when it throws.
+    /// </summary>
+    internal static void ThrowIfTooDeepToBlock(string what)
+    {
+        if (t_drains is { } stack && stack.Depth >= MaxThreadWaitingDepth && !UnboundedWaitingNestingForTesting)
+            ThrowTooDeep(what, stack.Depth);
+    }
+
     [MethodImpl(MethodImplOptions.NoInlining)]
     [DoesNotReturn]
-    private static void ThrowWaitTooDeep(int depth) =>
+    private static void ThrowTooDeep(string what, int depth) =>
         throw new InvalidOperationException(
-            $"A blocking wait (a blocking state-machine start, a version advance, or an Enter waiting for a transition) began " +
-            $"{depth} drains deep on this thread: blocking waits nest inside deferred actions (each wait runs the pending actions, " +
-            $"and an action that waits again nests one level deeper), and past {MaxThreadWaitingDepth} levels the thread's stack " +
-            "could overflow. Start machines from actions with TryExecuteStateMachine or AdvanceVersionAsync instead of waiting there.");
+            $"{what} was called {depth} drains deep on this thread (deferred actions inside deferred actions): it would run pending " +
+            $"actions one level deeper still (a blocking wait runs them while it waits, a Dispose runs its epoch's), and past " +
+            $"{MaxThreadWaitingDepth} levels the thread's stack could overflow. Nothing was started or disposed. From an action, " +
+            "start machines with TryExecuteStateMachine or AdvanceVersionAsync, and dispose epochs outside deferred actions.");
 
     /// <summary>
     /// Computes the safe epoch from a scan of the table and runs the actions it allows. Returns false if it was too
@@ -774,7 +784,7 @@ public sealed unsafe partial class LightEpoch : IDisposable
     /// another wait, which would drain again, one level deeper for every pending action (thousands of waiting actions
     /// overflowed the stack). Everything else is then left to the drains within that depth.
     /// </summary>
-    private bool Drain(bool waiting, Action? awaited = null)
+    private bool Drain(bool waiting, Action? awaited = null, bool onlyAwaited = false)
     {
         // The entry at our index may still count drains of a disposed instance that had our id: we may be running inside
         // one of its actions (an action may dispose its epoch and create another, which takes the id back). Its depth is
@@ -792,7 +802,7 @@ public sealed unsafe partial class LightEpoch : IDisposable
         }
         if (!waiting && LeftPastThreadDepth(stack, ref entry, depth, displaced, restore))
             return false;
-        Action? only = depth >= (WaitingDrainFiltersAtInlineLimitForTesting ? MaxInlineDrainDepth : MaxWaitingDrainDepth) && !WaitingDrainRunsEverythingForTesting ? awaited : null;
+        Action? only = (onlyAwaited || depth >= (WaitingDrainFiltersAtInlineLimitForTesting ? MaxInlineDrainDepth : MaxWaitingDrainDepth)) && !WaitingDrainRunsEverythingForTesting ? awaited : null;
         entry.Depth = ++depth;
         if (RecordDrainDepthForTesting && depth > t_maxDrainDepthForTesting)
             t_maxDrainDepthForTesting = depth;
@@ -840,7 +850,7 @@ public sealed unsafe partial class LightEpoch : IDisposable
     private const long AllPublished = long.MaxValue - 2;
 
     /// <summary>
-    /// Runs every pending action of a Closed epoch, inside the same per-thread nesting as <see cref="Drain(bool, Action?)"/>:
+    /// Runs every pending action of a Closed epoch, inside the same per-thread nesting as <see cref="Drain(bool, Action?, bool)"/>:
     /// past the inline depth limit a registration made by an action of this run (a scheme's next step, registered by
     /// the step before it) only asks the outermost level to look again, and returns. Each such registration used to run
     /// the list itself, one stack level deeper than the last: a state machine in flight when its epoch closed ran every
@@ -978,16 +988,22 @@ public sealed unsafe partial class LightEpoch : IDisposable
     /// <summary>
     /// <see cref="DrainWithoutRefresh"/> for a thread that waits in a loop for an action of this epoch to run (a blocking
     /// state-machine start or wait): also runs when the thread is deeper inside drains than the inline limit, where
-    /// nothing else would run the action until the wait ends (see <see cref="Drain(bool, Action?)"/>).
+    /// nothing else would run the action until the wait ends (see <see cref="Drain(bool, Action?, bool)"/>).
     /// </summary>
     /// <param name="awaited">The action the caller waits for (a scheme's step): past the inline depth limit, only its
-    /// registrations run (see <see cref="Drain(bool, Action?)"/>).</param>
+    /// registrations run (see <see cref="Drain(bool, Action?, bool)"/>).</param>
     internal void DrainWhileWaiting(Action awaited)
     {
-        // A wait this deep inside drains on this thread (of all instances) throws instead of draining deeper: see
-        // MaxThreadWaitingDepth. Only here: a thread never waits in a loop this deep unless waits nest inside actions.
+        // This deep inside drains on this thread (of all instances: see MaxThreadWaitingDepth), a wait runs only what it
+        // waits for, and not the drains left to the outermost one: running anything else could nest further.
         if (t_drains is { } stack && stack.Depth >= MaxThreadWaitingDepth && !UnboundedWaitingNestingForTesting)
-            ThrowWaitTooDeep(stack.Depth);
+        {
+            if (DeepWaitThrowsForTesting)
+                ThrowTooDeep("A wait", stack.Depth);
+            if (Volatile.Read(ref pendingActions.Value) != 0)
+                Drain(waiting: true, awaited, onlyAwaited: true);
+            return;
+        }
         // Acquire, as in DrainWithoutRefresh; the caller loops, so a registration this read misses is seen next time.
         if (Volatile.Read(ref pendingActions.Value) != 0)
             Drain(waiting: true, awaited);
@@ -1063,12 +1079,15 @@ public sealed unsafe partial class LightEpoch : IDisposable
     /// <see cref="EpochProtectedVersionScheme.Refresh"/> on it counts, also while it has stepped aside for a transition);
     /// nothing is disposed, so the caller can make the threads leave and try again. Or: called from inside an action that
     /// this epoch's own Dispose is running (on the thread of that Dispose, which cannot wait for itself); that Dispose
-    /// completes regardless.</exception>
+    /// completes regardless. Or: called 512 or more drains deep on the calling thread (deferred actions inside deferred
+    /// actions): its final run would run the pending actions deeper still, and a chain of them overflowed the stack;
+    /// nothing is disposed.</exception>
     /// <exception cref="ThreadInterruptedException">The call waited for another Dispose and was interrupted.</exception>
     public void Dispose()
     {
         if (ThisInstanceProtected())
             ThrowHelper.ThrowInvalidOperation("Dispose was called by a thread that is still protected by this epoch; call Suspend()/Leave() first.");
+        ThrowIfTooDeepToBlock("LightEpoch.Dispose");
         int stillProtected = CloseIfUnprotected(fromDispose: true);
         if (stillProtected != 0)
             ThrowHelper.ThrowInvalidOperation(
@@ -1078,14 +1097,17 @@ public sealed unsafe partial class LightEpoch : IDisposable
 
     /// <summary>
     /// Disposes the epoch if no thread (the caller included) is protected by it; otherwise changes nothing and
-    /// returns false. Never throws.
+    /// returns false (also when called 512 or more drains deep on the calling thread: see <see cref="Dispose"/>). Never throws.
     /// </summary>
     /// <remarks>Like <see cref="Dispose"/>, waits for a Dispose running on another thread; unlike it, not interruptibly:
     /// an interrupt stays pending for the thread's next wait (it used to escape while another Dispose was deciding). Called
     /// from inside an action that this epoch's own Dispose is running, it returns false: that Dispose is not complete, and
     /// the call cannot wait for it.</remarks>
     /// <returns>True if the epoch is disposed (by this call or an earlier one).</returns>
-    public bool TryDispose() => !ThisInstanceProtected() && CloseIfUnprotected(fromDispose: false) == 0;
+    public bool TryDispose() => !ThisInstanceProtected() && !TooDeepToDispose && CloseIfUnprotected(fromDispose: false) == 0;
+
+    /// <summary>Whether this thread is too deep inside drains for a Dispose's final run (see <see cref="MaxThreadWaitingDepth"/>).</summary>
+    private static bool TooDeepToDispose => t_drains is { } stack && stack.Depth >= MaxThreadWaitingDepth && !UnboundedWaitingNestingForTesting;
 
     /// <summary>Live → Closing → Closed, or back to Live; returns the number of protected threads found (0: Closed, and
     /// the Dispose that closed it complete; -1: closed by a Dispose further up this thread's stack, for a TryDispose). The

@@ -161,7 +161,9 @@ public sealed partial class EpochProtectedVersionScheme
     /// <see cref="TryExecuteStateMachine"/> and <see cref="Refresh"/> between attempts. Likewise from inside a callback
     /// of this scheme's running machine (OnEnteringState, AfterEnteringState, GetNextStep), which ends only after the
     /// callback returns. Also when the machine targets the next version and the version is at
-    /// <see cref="VersionSchemeState.MaxVersion"/>.</exception>
+    /// <see cref="VersionSchemeState.MaxVersion"/>. Also when called 512 or more drains deep on the calling thread
+    /// (deferred actions inside deferred actions, each waiting): the wait would run pending actions deeper still, until
+    /// the stack overflowed. Nothing has started then.</exception>
     /// <exception cref="ObjectDisposedException">The scheme has been disposed, or the <see cref="LightEpoch"/> under it (a
     /// shared one, or its own through <see cref="Epoch"/>), as <see cref="Enter()"/> reports it.</exception>
     /// <exception cref="ThreadInterruptedException">The calling thread was interrupted (<see cref="Thread.Interrupt"/>)
@@ -172,6 +174,7 @@ public sealed partial class EpochProtectedVersionScheme
     public bool ExecuteStateMachine(VersionSchemeStateMachine stateMachine, bool spin = false)
     {
         ThrowIfProtected();
+        LightEpoch.ThrowIfTooDeepToBlock("ExecuteStateMachine (or AdvanceVersionWithCriticalSection)");
         if (InCallback())
         {
             ThrowHelper.ThrowInvalidOperation(

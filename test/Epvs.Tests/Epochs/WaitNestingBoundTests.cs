@@ -9,9 +9,9 @@ namespace Epvs.Tests;
 /// A chain of deferred actions, each making a blocking state-machine start on the next of many schemes, whose wait runs
 /// the next action (registered just before, past the per-thread drain bound, and so left to the waits): one waiting drain
 /// per scheme, and the per-instance waiting bound never applies. About 2,000 levels exhausted a 1.5 MB thread stack (a
-/// stack overflow kills the process). Past a per-thread bound a wait now throws instead of nesting deeper; the action
-/// that waited reports it through <see cref="LightEpoch.DeferredActionFailed"/>, and the chain goes on from the
-/// outermost drain. Found while reviewing the waiting-drain residual (session 15). Deterministic, on one thread.
+/// stack overflow kills the process). Past a per-thread bound a blocking start now throws before it starts anything;
+/// the action reports it through <see cref="LightEpoch.DeferredActionFailed"/>, and the chain goes on from the outermost
+/// drain. Found while reviewing the waiting-drain residual (session 15). Deterministic, on one thread.
 /// </summary>
 public class WaitNestingBoundTests
 {
@@ -39,6 +39,7 @@ public class WaitNestingBoundTests
 
         int ran = 0;
         bool stackLow = false;
+        var started = new bool[Links + 1];
         Action<int>? link = null;
         link = i =>
         {
@@ -52,6 +53,8 @@ public class WaitNestingBoundTests
             if (i == Links)
                 return;
             schemes[i + 1].Epoch.BumpCurrentEpoch(() => link!(i + 1)); // inline, or (deep) left to the waits
+            LightEpoch.ThrowIfTooDeepToBlock("(the test's probe)"); // what the start checks first: nothing starts past it
+            started[i + 1] = true;
             schemes[i + 1].ExecuteStateMachine(machines[i + 1], spin: true); // its wait runs the action just registered
         };
 
@@ -67,11 +70,11 @@ public class WaitNestingBoundTests
             LightEpoch.UnboundedWaitingNestingForTesting = false;
         }
 
-        // Machines whose start threw are still active (their gates open): step them, then dispose everything.
+        // Every machine that started completes (a blocking start past the bound throws before it starts one).
         foreach (EpochProtectedVersionScheme scheme in schemes)
             scheme.SignalStepAvailable();
-        for (int i = 1; i <= Links; i++) // machine i was started by action i - 1 if action i ran (machine 0 never is)
-            Assert.True(!machines[i].Gate || machines[i].Completion.Wait(GuardedThread.DefaultTimeout), $"machine {i} did not complete");
+        for (int i = 1; i <= Links; i++)
+            Assert.True(!started[i] || machines[i].Completion.Wait(GuardedThread.DefaultTimeout), $"machine {i} did not complete");
         foreach (EpochProtectedVersionScheme scheme in schemes)
             scheme.Dispose();
 
@@ -84,6 +87,6 @@ public class WaitNestingBoundTests
 
         Assert.False(stackLow, $"the stack ran low after {ran} links");
         Assert.Equal(Links + 1, ran); // every action ran
-        Assert.InRange(tooDeep, 1, Links); // some waits threw instead of nesting deeper
+        Assert.InRange(tooDeep, 1, Links); // some blocking starts threw instead of nesting deeper
     }
 }
