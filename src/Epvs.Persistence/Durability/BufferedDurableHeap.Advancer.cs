@@ -488,7 +488,8 @@ public sealed unsafe partial class BufferedDurableHeap
         long deadline = Deadline(timeout);
         while (DurableFrontier < target)
         {
-            if (_advancerFault is { } fault)
+            // (Failed for a thread that exited inside an operation: the cycle may still write back a version whose cut came.)
+            if (_advancerFault is { } fault && !FailedForAnExitedThread)
             {
                 ThrowHelper.ThrowInvalidOperation($"The heap's advancer failed, so nothing more can become durable: {fault.Message}", fault);
             }
@@ -559,6 +560,13 @@ public sealed unsafe partial class BufferedDurableHeap
 
             if (_advancerFault is { } earlier)
             {
+                // A thread exited inside an operation: a transition whose cut came before it is still written back (every
+                // operation of that version ended; the exited one is in a later version), so the frontier covers it.
+                if (FailedForAnExitedThread && FinishACutThatCame() && DurableFrontier >= target)
+                {
+                    return;
+                }
+
                 // A cycle failed after its transition: that version's write-back is incomplete, so no later version
                 // may be covered by the frontier (it would cover the incomplete one too).
                 ThrowHelper.ThrowInvalidOperation($"The heap's advancer failed, so nothing more can become durable: {earlier.Message}", earlier);

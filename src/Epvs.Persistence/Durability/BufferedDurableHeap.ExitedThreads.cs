@@ -58,6 +58,40 @@ public sealed partial class BufferedDurableHeap
     /// <summary>Why the heap failed if a thread exited inside an operation (null otherwise): what a refused entry says.</summary>
     private string? _exitedInsideOperation;
 
+    /// <summary>The fault recorded for a thread that exited inside an operation (null otherwise).</summary>
+    private Exception? _exitedFault;
+
+    /// <summary>Whether the heap failed (first) because a thread exited inside an operation: a failure that leaves every
+    /// version whose cut came before it writable (see <see cref="FinishACutThatCame"/>).</summary>
+    private bool FailedForAnExitedThread
+    {
+        get
+        {
+            // Volatile.Read: acquire; the exited fault is written before it is recorded as the heap's fault.
+            Exception? exited = Volatile.Read(ref _exitedFault);
+            return exited is not null && ReferenceEquals(Volatile.Read(ref _advancerFault), exited);
+        }
+    }
+
+    /// <summary>
+    /// Under the cycle gate, after the heap failed because a thread exited inside an operation: if the transition in flight
+    /// has completed (its cut came: every operation of its version ended, so the exited one is in a later version), writes
+    /// that version back and moves the frontier over it, as the cycle would have. It was dropped: Dispose skipped the
+    /// last advance, and the stall watch's failure made the next cycle refuse, so operations of a version that could
+    /// still become durable were lost. Returns whether it wrote a version back.
+    /// </summary>
+    private bool FinishACutThatCame()
+    {
+        if (_inflight is not { } machine || !machine.Completion.IsCompleted || machine.Fault is not null || (_faults & DurabilityFaults.DropACutThatCameBeforeAnExitedThread) != 0)
+        {
+            return false;
+        }
+
+        _inflight = null;
+        AfterTransition(Volatile.Read(ref _versionBase) + machine.ActualToVersion - 1);
+        return true;
+    }
+
     /// <summary>How often the heap's own waits look for a thread that exited inside an operation (see <see cref="Slice"/>).</summary>
     private static readonly TimeSpan ExitedThreadLookPeriod = TimeSpan.FromMilliseconds(100);
 
@@ -89,7 +123,8 @@ public sealed partial class BufferedDurableHeap
                 return false;
             }
 
-            if (FailIfAThreadExitedInsideAnOperation(looking: true) is { } why)
+            // (A cut that came just now is this version's: a thread found below exited inside a later one.)
+            if (FailIfAThreadExitedInsideAnOperation(looking: true) is { } why && !cut.IsCompleted)
             {
                 throw new InvalidOperationException($"The heap's advancer failed, so nothing more can become durable: {why}", _advancerFault);
             }
@@ -122,7 +157,9 @@ public sealed partial class BufferedDurableHeap
         Volatile.Write(ref _exitedInsideOperation, why);
 
         // As a failed cycle records its fault (the first one stays the one reported): Sync and writes fail with it.
-        RecordAdvancerFault(new InvalidOperationException(why));
+        var fault = new InvalidOperationException(why);
+        Volatile.Write(ref _exitedFault, fault); // release: before the fault is published below
+        RecordAdvancerFault(fault);
         RefuseEntry();
 
         // A Sync's (or a writer's help's) wait for the version in a cycle, which can never end now: it gets the reason.
@@ -199,8 +236,11 @@ public sealed partial class BufferedDurableHeap
         bool done;
         try
         {
-            // Volatile.Read: acquire; pairs with the exchange in Dispose, and with the interlocked recording of a fault.
-            done = Volatile.Read(ref _disposed) != 0 || Volatile.Read(ref _advancerFault) is not null || FailIfAThreadExitedInsideAnOperation() is not null;
+            // Volatile.Read: acquire; pairs with the exchange in Dispose. (Not at an earlier fault of another kind: writers
+            // may still wait in the scheme behind a thread that exits later, and only the refusal of entry ends their wait.)
+            done = Volatile.Read(ref _disposed) != 0 || Volatile.Read(ref _exitedInsideOperation) is not null
+                || ((_faults & DurabilityFaults.StallWatchStopsAtAnEarlierFault) != 0 && Volatile.Read(ref _advancerFault) is not null)
+                || FailIfAThreadExitedInsideAnOperation() is not null;
         }
         catch (Exception)
         {

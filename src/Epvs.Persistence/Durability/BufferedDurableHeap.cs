@@ -516,10 +516,11 @@ public sealed unsafe partial class BufferedDurableHeap : IDisposable
         bool released = false;
         try
         {
-            // Not for an operation that can never end (a thread exited inside it): the heap fails instead, at once.
-            if (_mode != DurabilityMode.Transient && failure is null && (_faults & DurabilityFaults.DisposeAdvancesPastAnExitedThread) == 0 && FailIfAThreadExitedInsideAnOperation() is not null)
+            // Not for an operation that can never end (a thread exited inside it): the heap fails first, so the last advance
+            // below does not wait for that version; it still writes back a version whose cut came before it.
+            if (_mode != DurabilityMode.Transient && failure is null && (_faults & DurabilityFaults.DisposeAdvancesPastAnExitedThread) == 0)
             {
-                failure = _advancerFault;
+                FailIfAThreadExitedInsideAnOperation();
             }
 
             if (_mode != DurabilityMode.Transient && failure is null)

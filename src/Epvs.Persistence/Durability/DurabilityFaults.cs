@@ -142,4 +142,10 @@ internal enum DurabilityFaults : long
 
     /// <summary>The heap's own waits (a cycle's wait for its version's cut, Dispose's wait for operations) do not look for threads that exited inside an operation between their slices (as before): with an infinite timeout and no writer to report a stall, they wait until Dispose, or for ever.</summary>
     HeapWaitsDoNotLookForExitedThreads = 8796093022208,
+
+    /// <summary>Once the heap fails for a thread that exited inside an operation, a transition whose cut had already come is not written back (as before): the operations of that version, which all ended, are lost at the next open.</summary>
+    DropACutThatCameBeforeAnExitedThread = 17592186044416,
+
+    /// <summary>The stall watch stops at the heap's first fault of any kind (as before): a writer waiting behind a thread that exits inside its operation afterwards waits until Dispose.</summary>
+    StallWatchStopsAtAnEarlierFault = 35184372088832,
 }

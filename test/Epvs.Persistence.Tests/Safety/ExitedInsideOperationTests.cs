@@ -443,4 +443,110 @@ public sealed class ExitedInsideOperationTests
         Assert.True(EndedBeforeDispose(heap, waiter, control: false), $"{call} waited (until Dispose) behind a thread that had exited inside an operation");
         Assert.Contains("exited inside an operation", failure()!.Message);
     }
+
+    /// <summary>
+    /// A version whose cut came (every operation of it ended) before a thread exited inside an operation of the next one
+    /// is still made durable: by Dispose, and by a Sync after the stall watch has failed the heap. Both dropped it (Dispose
+    /// skipped its last advance; the watch's failure made the next cycle refuse), and the reopen lost its writes. Found by
+    /// the fourth adversarial round (session 15). The control drops such a cut.
+    /// </summary>
+    [Theory]
+    [InlineData(false, false)]
+    [InlineData(false, true)]
+    [InlineData(true, false)]
+    [InlineData(true, true)]
+    public void AVersionWhoseCutCameBeforeAThreadExitedInsideALaterOne_IsMadeDurable(bool found, bool control)
+    {
+        using var dir = new TempDirectory();
+        string path = dir.File("completed-cut.heap");
+        BufferedDurableHeap heap = ManualHeap(path, TimeSpan.FromMilliseconds(300), control ? DurabilityFaults.DropACutThatCameBeforeAnExitedThread : DurabilityFaults.None);
+        heap.VersionScheme.StallThreshold = TimeSpan.FromMilliseconds(20);
+        using var reported = new ManualResetEventSlim();
+        heap.VersionScheme.TransitionStalled += (_, _) => reported.Set();
+        var map = new PersistentHashMap<int, int>(heap, TypeId);
+        map.Set(1, 1);
+        heap.Sync();
+        map.Set(2, 2); // version v
+        long v = heap.CurrentVersion;
+
+        // A thread alive inside an operation of v holds the transition a Sync begins (the Sync times out).
+        using var release = new ManualResetEventSlim();
+        using var inside = new ManualResetEventSlim();
+        var holder = new Thread(() =>
+        {
+            using (heap.BeginOperation())
+            {
+                inside.Set();
+                release.Wait();
+            }
+        });
+        holder.Start();
+        inside.Wait();
+        Assert.Throws<TimeoutException>(() => heap.Sync());
+
+        // A thread that waits behind the transition (its wait reports the stall: the watch starts), then, once the holder
+        // has ended its operation and v's cut has come, enters v + 1 and exits inside that operation.
+        var leaver = new Thread(() => _ = heap.BeginOperation().Version);
+        leaver.Start();
+        Assert.True(reported.Wait(Workers.JoinTimeout), "no stall report");
+        release.Set();
+        holder.Join();
+        Assert.True(leaver.Join(Workers.JoinTimeout));
+        Assert.Equal(v + 1, heap.CurrentVersion); // v's cut came
+
+        if (found)
+        {
+            // The watch's next tick finds the exited thread and fails the heap; a Sync then writes v back and reports it.
+            Assert.True(SpinWait.SpinUntil(() => Record.Exception(() => heap.BeginOperation().Dispose()) is InvalidOperationException, Workers.JoinTimeout), "the heap did not fail for the exited thread");
+            Record.Exception(() => heap.Sync());
+        }
+
+        Assert.Contains("exited inside an operation", Record.Exception(heap.Dispose)!.Message);
+        using BufferedDurableHeap reopened = BufferedDurableHeap.Open(path, Small);
+        bool kept = new PersistentHashMap<int, int>(reopened, TypeId).TryGetValue(2, out int two) && two == 2;
+        Assert.True(kept != control, control ? "the control kept the write of version v (the check would not catch it)" : "the write of version v, whose cut had come, was lost");
+    }
+
+    /// <summary>
+    /// The stall watch stopped at the heap's first fault of any kind, so a writer waiting behind a thread that exited
+    /// inside its operation afterwards waited until Dispose (the background advancer stops at a fault). It now goes on until
+    /// it finds such a thread. Found by the fourth adversarial round. The control stops at any fault.
+    /// </summary>
+    [Theory]
+    [InlineData(false)]
+    [InlineData(true)]
+    public void AWriterBehindAThreadThatExitsAfterAnEarlierFault_IsReleased(bool control)
+    {
+        using var dir = new TempDirectory();
+        BufferedDurableHeap heap = BufferedDurableHeap.Create(dir.File("earlier-fault.heap"), Small, new BufferedDurableHeapOptions
+        {
+            AdvancePeriod = TimeSpan.FromMilliseconds(100),
+            SyncTimeout = TimeSpan.FromMilliseconds(300),
+            Faults = control ? DurabilityFaults.StallWatchStopsAtAnEarlierFault : DurabilityFaults.None,
+        });
+        heap.VersionScheme.StallThreshold = TimeSpan.FromMilliseconds(50);
+        using var reported = new ManualResetEventSlim();
+        heap.VersionScheme.TransitionStalled += (_, _) => reported.Set();
+        var map = new PersistentHashMap<int, int>(heap, TypeId);
+        map.Set(1, 1);
+        using var exit = new ManualResetEventSlim();
+        Thread thread = StartAThreadThatWillExitInsideAnOperation(heap, exit, out _);
+
+        // The advancer's next transition waits for the thread; a writer waits for the transition and reports the stall.
+        (Thread writer, Func<Exception?> failure) = StartWriter(heap, map);
+        Assert.True(reported.Wait(Workers.JoinTimeout), "no stall report");
+
+        // The heap fails for another reason (a stocking that fails); the advancer stops. Then the thread exits.
+        heap.StockingForTesting = () => throw new InvalidOperationException("injected stocking failure");
+        heap.WakeStockerForTesting();
+        Assert.True(heap.StockerForTesting!.Join(Workers.JoinTimeout), "the stocker did not fail");
+        Assert.True(heap.AdvancerForTesting!.Join(Workers.JoinTimeout), "the advancer did not stop after the fault");
+        exit.Set();
+        thread.Join();
+
+        bool released = EndedBeforeDispose(heap, writer, control);
+        Assert.True(released != control, control ? "the control's writer was released before Dispose (the check would not catch it)" : "the writer still waited behind the thread that exited inside its operation");
+        if (!control)
+            Assert.Contains("exited inside an operation", Assert.IsType<InvalidOperationException>(failure()).Message);
+    }
 }
