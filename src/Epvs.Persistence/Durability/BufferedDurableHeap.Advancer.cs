@@ -1162,7 +1162,9 @@ public sealed unsafe partial class BufferedDurableHeap
             stuck = _backgroundStillRunning ? new TimeoutException($"The {which} did not stop within {BackgroundStopWait.TotalSeconds:0.#} s.") : null;
         }
 
-        return stuck ?? _advancerFault;
+        // (A failure for a thread that exited inside an operation is not one here: the last advance still writes back a
+        // version whose cut came before it, then reports it.)
+        return stuck ?? (FailedForAnExitedThread ? null : _advancerFault);
     }
 
     private void ThrowIfProtected(string what)

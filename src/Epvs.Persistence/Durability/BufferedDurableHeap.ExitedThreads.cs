@@ -157,8 +157,9 @@ public sealed partial class BufferedDurableHeap
         Volatile.Write(ref _exitedInsideOperation, why);
 
         // As a failed cycle records its fault (the first one stays the one reported): Sync and writes fail with it.
-        var fault = new InvalidOperationException(why);
-        Volatile.Write(ref _exitedFault, fault); // release: before the fault is published below
+        // The first one found stays (a later look must not replace it: the heap's fault is compared with it by reference).
+        // Interlocked.CompareExchange: full fence, before the fault is published below.
+        Exception fault = Interlocked.CompareExchange(ref _exitedFault, new InvalidOperationException(why), null) ?? _exitedFault!;
         RecordAdvancerFault(fault);
         RefuseEntry();
 

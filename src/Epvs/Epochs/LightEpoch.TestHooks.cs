@@ -102,6 +102,14 @@ public sealed unsafe partial class LightEpoch
     /// so an outermost Refresh stepped aside comes back into its region with the critical section free to run.</summary>
     internal static bool DeepWaitThrowsForTesting;
 
+    /// <summary>Test-only: an Enter that must wait past the per-thread bound waits (the first version), running the step,
+    /// whose callbacks may start another such wait, one level deeper each time.</summary>
+    internal static bool EnterWaitsPastTheThreadBoundForTesting;
+
+    /// <summary>Test-only: a filtered waiting drain that is its instance's outermost drain loops on the actions it filters
+    /// out (the first version), which it never runs: a livelock.</summary>
+    internal static bool FilteredOutermostDrainLoopsForTesting;
+
     /// <summary>Test-only: how many drains (of all instances) are on the calling thread's stack.</summary>
     internal static int ThreadDrainDepthForTesting => t_drains?.Depth ?? 0;
 

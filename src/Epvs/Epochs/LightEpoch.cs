@@ -761,6 +761,17 @@ public sealed unsafe partial class LightEpoch : IDisposable
             ThrowTooDeep(what, stack.Depth);
     }
 
+    /// <summary>Whether this thread is <see cref="MaxThreadWaitingDepth"/> drains deep (an Enter that would wait there refuses).</summary>
+    internal static bool TooDeepToWait => t_drains is { } stack && stack.Depth >= MaxThreadWaitingDepth && !UnboundedWaitingNestingForTesting;
+
+    /// <summary>For an Enter about to wait for a transition: throws if this thread is <see cref="MaxThreadWaitingDepth"/>
+    /// drains deep (its wait would run the step, whose callbacks may wait again, one level deeper each time).</summary>
+    internal static void ThrowIfTooDeepToWait(string what)
+    {
+        if (t_drains is { } stack && stack.Depth >= MaxThreadWaitingDepth && !UnboundedWaitingNestingForTesting && !EnterWaitsPastTheThreadBoundForTesting)
+            ThrowTooDeep(what, stack.Depth);
+    }
+
     [MethodImpl(MethodImplOptions.NoInlining)]
     [DoesNotReturn]
     private static void ThrowTooDeep(string what, int depth) =>
@@ -823,9 +834,16 @@ public sealed unsafe partial class LightEpoch : IDisposable
                 if (Volatile.Read(ref pendingActions.Value) != 0 && safe >= Volatile.Read(ref pendingHint.Value))
                 {
                     drainList.RunEligible(safe, ref pendingActions.Value, reportFault, only);
-                    // A filtered pass leaves the other eligible actions to the outermost drain: make it look again.
+                    // A filtered pass leaves the other eligible actions to the outermost drain: make it look again. If this
+                    // is that drain (a waiting drain past the per-thread bound can be its instance's first), it must not
+                    // loop on them (it would never run them: a livelock); the thread's outermost drain runs them instead.
                     if (only is not null)
-                        NestingIn(stack).Again = true;
+                    {
+                        if (depth > 1 || FilteredOutermostDrainLoopsForTesting)
+                            NestingIn(stack).Again = true;
+                        else
+                            LeaveToOutermostDrain(stack, this);
+                    }
                     // Whether we ran something or found the hint stale (another drain ran it, or a raise that lost to
                     // ours computed its value before our claims): recompute it, so later drains skip again.
                     RaisePendingHint();
@@ -1087,7 +1105,8 @@ public sealed unsafe partial class LightEpoch : IDisposable
     {
         if (ThisInstanceProtected())
             ThrowHelper.ThrowInvalidOperation("Dispose was called by a thread that is still protected by this epoch; call Suspend()/Leave() first.");
-        ThrowIfTooDeepToBlock("LightEpoch.Dispose");
+        if (!DisposeCompleted)
+            ThrowIfTooDeepToBlock("LightEpoch.Dispose"); // (a Dispose after a completed one does nothing, however deep)
         int stillProtected = CloseIfUnprotected(fromDispose: true);
         if (stillProtected != 0)
             ThrowHelper.ThrowInvalidOperation(
@@ -1104,7 +1123,10 @@ public sealed unsafe partial class LightEpoch : IDisposable
     /// from inside an action that this epoch's own Dispose is running, it returns false: that Dispose is not complete, and
     /// the call cannot wait for it.</remarks>
     /// <returns>True if the epoch is disposed (by this call or an earlier one).</returns>
-    public bool TryDispose() => !ThisInstanceProtected() && !TooDeepToDispose && CloseIfUnprotected(fromDispose: false) == 0;
+    public bool TryDispose() => !ThisInstanceProtected() && (DisposeCompleted || !TooDeepToDispose) && CloseIfUnprotected(fromDispose: false) == 0;
+
+    /// <summary>Whether a Dispose has completed (acquire: pairs with the release that marks it complete).</summary>
+    private bool DisposeCompleted => Volatile.Read(ref lifecycle) == Closed && Volatile.Read(ref closeCompleted) != 0;
 
     /// <summary>Whether this thread is too deep inside drains for a Dispose's final run (see <see cref="MaxThreadWaitingDepth"/>).</summary>
     private static bool TooDeepToDispose => t_drains is { } stack && stack.Depth >= MaxThreadWaitingDepth && !UnboundedWaitingNestingForTesting;

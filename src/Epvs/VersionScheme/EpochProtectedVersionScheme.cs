@@ -107,9 +107,10 @@ public sealed partial class EpochProtectedVersionScheme : IDisposable
     {
         if ((ulong)initialVersion > VersionSchemeState.MaxVersion)
         {
-            // The epoch created for this scheme would otherwise wait for its finalizer.
+            // The epoch created for this scheme would otherwise wait for its finalizer. (TryDispose: never throws, so the
+            // argument's exception is the one reported, also where a Dispose would refuse: deep inside drains.)
             if (ownsEpoch)
-                epoch.Dispose();
+                epoch.TryDispose();
             ThrowHelper.ThrowArgumentOutOfRange(nameof(initialVersion), $"A version must be between 0 and {VersionSchemeState.MaxVersion}.");
         }
 
@@ -155,6 +156,9 @@ public sealed partial class EpochProtectedVersionScheme : IDisposable
     /// nothing: do not <see cref="Leave"/> for it.</remarks>
     /// <returns>The stable state this region observes.</returns>
     /// <exception cref="ObjectDisposedException">The scheme (or its epoch) has been disposed.</exception>
+    /// <exception cref="InvalidOperationException">The call would wait for a transition on a thread 512 or more drains
+    /// deep (deferred actions inside deferred actions): the wait would run the transition's step, whose callbacks may wait
+    /// again, deeper still, until the stack overflowed. Nothing was entered.</exception>
     [MethodImpl(MethodImplOptions.AggressiveInlining)]
     public VersionSchemeState Enter() => Enter(CancellationToken.None);
 
@@ -170,6 +174,7 @@ public sealed partial class EpochProtectedVersionScheme : IDisposable
     /// <returns>The stable state this region observes.</returns>
     /// <exception cref="OperationCanceledException">The token was cancelled while the call waited.</exception>
     /// <exception cref="ObjectDisposedException">The scheme (or its epoch) has been disposed.</exception>
+    /// <exception cref="InvalidOperationException">As for <see cref="Enter()"/>: it would wait 512 or more drains deep.</exception>
     [MethodImpl(MethodImplOptions.AggressiveInlining)]
     public VersionSchemeState Enter(CancellationToken cancellationToken)
     {
@@ -317,7 +322,11 @@ public sealed partial class EpochProtectedVersionScheme : IDisposable
                 // Unknown: the stepping thread has published the intermediate state and not yet the step's epoch (a few
                 // instructions): whether the call waits is not known yet, so the token is not looked at.
                 if (prior != UnknownPrior || CancelledEnterThrowsBeforeThePriorIsKnownForTesting)
+                {
                     ThrowIfCancelled(addedLevel, cancellationToken); // from here on the call waits
+                    if (addedLevel)
+                        ThrowIfTooDeepToWait();
+                }
                 if (prior != UnknownPrior)
                 {
                     // The step does not wait for us. Wait for it, running its critical section if it is due (also
@@ -339,6 +348,7 @@ public sealed partial class EpochProtectedVersionScheme : IDisposable
                 // anywhere here (an interrupted wait, a Resume that cannot claim a slot) is an Enter that throws having
                 // entered nothing: EnterSlow finds the level gone. A Suspend that throws (its drain) has already left.
                 ThrowIfCancelled(addedLevel, cancellationToken);
+                ThrowIfTooDeepToWait();
                 epoch.Suspend();
                 AfterStepAsideHookForTesting?.Invoke();
                 WaitWhileUnchanged(s, ref spinner, cancellationToken);
@@ -410,6 +420,17 @@ public sealed partial class EpochProtectedVersionScheme : IDisposable
     {
         while (StillUnchanged(s) && !Cancelled(cancellationToken))
             spinner.SpinOnce(); // sleeps at times: Thread.Interrupt can make it throw
+    }
+
+    /// <summary>An Enter about to wait (again) for a transition on a thread 512 drains deep: gives back the level it added
+    /// and throws (see <see cref="LightEpoch"/>'s per-thread bound). A Refresh does not: an outermost one has moved its
+    /// announcement past the step before it knows it must wait, so it may not come back early.</summary>
+    private void ThrowIfTooDeepToWait()
+    {
+        if (!LightEpoch.TooDeepToWait || LightEpoch.EnterWaitsPastTheThreadBoundForTesting)
+            return;
+        epoch.Suspend();
+        LightEpoch.ThrowIfTooDeepToWait("Enter, waiting for a transition,");
     }
 
     /// <summary>An <see cref="Enter(CancellationToken)"/> about to wait (again) whose token is cancelled: gives back the

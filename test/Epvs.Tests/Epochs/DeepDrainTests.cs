@@ -149,6 +149,149 @@ public class DeepDrainTests
         Assert.InRange(tooDeep, 1, Links);
     }
 
+    /// <summary>
+    /// A chain of critical sections, each starting the next scheme's transition (never blocking) and then entering that
+    /// scheme: the Enter waits for the step, its wait runs the step, whose critical section does the same, one level
+    /// deeper each time. Past the per-thread bound a wait ran only its step, which nested all the same: 12,000 levels on a
+    /// 16 MB thread. An Enter that must wait that deep now refuses (<see cref="InvalidOperationException"/>, nothing
+    /// entered). Found by the fifth adversarial round (session 15). The control lets it wait.
+    /// </summary>
+    [Theory]
+    [InlineData(false)]
+    [InlineData(true)]
+    public void ACriticalSectionThatAdvancesAndEntersTheNextScheme_NeverNestsPastTheBound(bool control)
+    {
+        const int Links = 20000;
+        var schemes = new EpochProtectedVersionScheme[Links + 1];
+        for (int i = 0; i <= Links; i++)
+            schemes[i] = new EpochProtectedVersionScheme();
+        bool stackLow = false;
+        int deepest = 0, refused = 0;
+        Action<long, long> Link(int k) => (_, _) =>
+        {
+            deepest = Math.Max(deepest, LightEpoch.ThreadDrainDepthForTesting);
+            if (stackLow || !RuntimeHelpers.TryEnsureSufficientExecutionStack())
+            {
+                stackLow = true; // stop rather than kill the test host
+                return;
+            }
+            if (k == Links)
+                return;
+            EpochProtectedVersionScheme next = schemes[k + 1];
+            next.TryAdvanceVersionWithCriticalSection(Link(k + 1)); // inline, or (past 64 drains) left to the outermost
+            try
+            {
+                next.Enter(); // waits for that step; its wait runs it
+                next.Leave();
+            }
+            catch (InvalidOperationException)
+            {
+                refused++;
+            }
+        };
+
+        LightEpoch.EnterWaitsPastTheThreadBoundForTesting = control;
+        try
+        {
+            var worker = new GuardedThread(() => schemes[0].AdvanceVersionWithCriticalSection(Link(0), spin: true), "critical sections entering the next scheme", 16 << 20);
+            worker.Start();
+            worker.Join();
+        }
+        finally
+        {
+            LightEpoch.EnterWaitsPastTheThreadBoundForTesting = false;
+        }
+        foreach (EpochProtectedVersionScheme scheme in schemes)
+            scheme.SignalStepAvailable();
+        foreach (EpochProtectedVersionScheme scheme in schemes)
+            scheme.Dispose();
+
+        if (control)
+        {
+            Assert.True(stackLow, $"the control's chain never ran low on stack ({deepest} drains deep: the check would not catch it)");
+            return;
+        }
+        Assert.False(stackLow, $"the stack ran low {deepest} drains deep");
+        Assert.InRange(deepest, 512, 1024);
+        Assert.True(refused >= 1, "no Enter refused");
+    }
+
+    /// <summary>An outermost Refresh past the bound whose epoch has another action pending besides its step: its waiting
+    /// drain, filtered to the step, can be the epoch's outermost drain on the thread, and it looped on the action it filters
+    /// out, which it never runs (a livelock until another thread drained the epoch). Now that action is left to the thread's
+    /// outermost drain. Found by the fifth adversarial round. The control loops (it is let go by a drain from this thread
+    /// after a second).</summary>
+    [Theory]
+    [InlineData(false)]
+    [InlineData(true)]
+    public void ARefreshDeepInsideDrains_ReturnsWithAnotherActionPendingOnItsEpoch(bool control)
+    {
+        var scheme = new EpochProtectedVersionScheme();
+        int otherRan = 0;
+        bool rescued = false;
+        using var returned = new ManualResetEventSlim();
+        GuardedThread? rescuer = null;
+        Assert.True(RunDeepInsideDrains(DeepEnough, () =>
+        {
+            scheme.Enter();
+            // Past 64 drains both are left to the outermost drain (pending, nobody else protected).
+            scheme.Epoch.BumpCurrentEpoch(() => Interlocked.Increment(ref otherRan));
+            Assert.Equal(StateMachineExecutionStatus.Ok, scheme.TryAdvanceVersionWithCriticalSection((_, _) => { })); // waits for this region
+            rescuer = GuardedThread.Start(() =>
+            {
+                // Lets a control's livelock go (a drain of the epoch runs the other action); the real Refresh returns first.
+                if (!returned.Wait(control ? TimeSpan.FromSeconds(1) : GuardedThread.DefaultTimeout))
+                {
+                    rescued = true;
+                    scheme.Epoch.BumpCurrentEpoch();
+                }
+            }, "rescuer");
+            LightEpoch.FilteredOutermostDrainLoopsForTesting = control;
+            try
+            {
+                scheme.Refresh(); // steps aside; its wait runs only the step
+            }
+            finally
+            {
+                LightEpoch.FilteredOutermostDrainLoopsForTesting = false;
+            }
+            returned.Set();
+            scheme.Leave();
+        }), "never got 512 drains deep");
+        rescuer!.Join();
+
+        Assert.Equal(1, otherRan); // run by the thread's outermost drain (or, in the control, by the rescuer)
+        Assert.Equal(2, scheme.CurrentState.Version);
+        scheme.Dispose();
+        Assert.True(rescued == control, control ? "the control's Refresh returned without help (the check would not catch it)" : "the Refresh looped until another thread drained its epoch");
+    }
+
+    /// <summary>Past the bound, a Dispose after a completed one still does nothing (and TryDispose says the epoch is
+    /// disposed), and a scheme's constructor reports a bad argument, not its owned epoch's refused Dispose. Found by the
+    /// fifth adversarial round.</summary>
+    [Fact]
+    public void DeepInsideDrains_ASecondDisposeDoesNothing_AndABadArgumentIsReportedAsSuch()
+    {
+        var done = new LightEpoch();
+        done.Dispose();
+        var schemeWithDisposedEpoch = new EpochProtectedVersionScheme();
+        schemeWithDisposedEpoch.Epoch.Dispose();
+        Exception? secondDispose = null, schemeDispose = null, constructor = null;
+        bool tryDispose = false;
+        Assert.True(RunDeepInsideDrains(DeepEnough, () =>
+        {
+            secondDispose = Record.Exception(done.Dispose);
+            tryDispose = done.TryDispose();
+            schemeDispose = Record.Exception(schemeWithDisposedEpoch.Dispose);
+            constructor = Record.Exception(() => new EpochProtectedVersionScheme(null, -5));
+        }), "never got 512 drains deep");
+
+        Assert.Null(secondDispose);
+        Assert.True(tryDispose);
+        Assert.Null(schemeDispose);
+        Assert.IsType<ArgumentOutOfRangeException>(constructor);
+    }
+
     /// <summary>Runs <paramref name="body"/> inside a chain of deferred actions, each making a blocking start on the next of
     /// many schemes (whose wait runs the next action), once the thread is <paramref name="depth"/> drains deep; returns
     /// whether it got that deep.</summary>
