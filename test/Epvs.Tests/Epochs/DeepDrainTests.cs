@@ -138,12 +138,14 @@ public class DeepDrainTests
         foreach (LightEpoch epoch in epochs)
             epoch.Dispose();
 
-        Assert.Equal(0, otherFailures);
         if (control)
         {
-            Assert.True(stackLow, "the control's chain never ran low on stack (the check would not catch it)");
+            // (Near the end of its stack the control may also fail in the runtime's own checks: not counted.)
+            Assert.True(stackLow, $"the control's chain never ran low on stack (the check would not catch it; {otherFailures} other failures)");
             return;
         }
+
+        Assert.Equal(0, otherFailures);
         Assert.False(stackLow, $"the stack ran low after {ran} links");
         Assert.Equal(Links + 1, ran);
         Assert.InRange(tooDeep, 1, Links);
