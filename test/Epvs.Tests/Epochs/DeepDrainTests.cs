@@ -93,41 +93,79 @@ public class DeepDrainTests
     public void AChainOfDisposesInsideFinalRuns_NeverExhaustsTheStack(bool control)
     {
         const int Links = 6000;
+        var outcome = new ChainOutcome();
         var epochs = new LightEpoch[Links + 1];
-        int ran = 0, tooDeep = 0, otherFailures = 0;
         for (int i = 0; i <= Links; i++)
-        {
-            epochs[i] = new LightEpoch();
-            epochs[i].DeferredActionFailed += (_, e) =>
-            {
-                if (e.Exception is InvalidOperationException ex && ex.Message.Contains("drains deep on this thread", StringComparison.Ordinal))
-                    tooDeep++;
-                else
-                    otherFailures++;
-            };
-        }
-
-        bool stackLow = false;
+            outcome.Watch(epochs[i] = new LightEpoch());
         Action<int>? link = null;
         link = i =>
         {
-            ran++;
-            if (!RuntimeHelpers.TryEnsureSufficientExecutionStack())
-            {
-                stackLow = true; // stop rather than kill the test host
-                return;
-            }
-            if (i == Links)
+            if (!outcome.RanWithStackToSpare() || i == Links)
                 return;
             int next = i + 1;
             epochs[next].BumpCurrentEpoch(() => link!(next)); // inline, or (past 64 drains) left to the outermost drain
             epochs[next].Dispose(); // its final run runs the action left pending, one level deeper
         };
 
+        RunUnbounded(() => epochs[0].BumpCurrentEpoch(() => link(0)), "dispose chain", control);
+        foreach (LightEpoch epoch in epochs)
+            epoch.Dispose();
+        outcome.AssertBounded(control, Links);
+    }
+
+    /// <summary>
+    /// A chain of deferred actions, each making a blocking state-machine start on the next of many schemes, whose wait runs
+    /// the next action (registered just before, past the per-thread drain bound, and so left to the waits): one waiting
+    /// drain per scheme, and the per-instance waiting bound never applies. About 2,000 levels exhausted a 1.5 MB thread
+    /// stack. Past the per-thread bound a blocking start now throws before it starts anything; the action reports it
+    /// through <see cref="LightEpoch.DeferredActionFailed"/>, and the chain goes on from the outermost drain.
+    /// </summary>
+    [Theory]
+    [InlineData(false)]
+    [InlineData(true)]
+    public void AChainOfBlockingStartsAcrossManySchemes_NeverExhaustsTheStack(bool control)
+    {
+        const int Links = 3000;
+        var outcome = new ChainOutcome();
+        var schemes = new EpochProtectedVersionScheme[Links + 1];
+        var machines = new GateMachine[Links + 1];
+        var started = new bool[Links + 1];
+        for (int i = 0; i <= Links; i++)
+        {
+            outcome.Watch((schemes[i] = new EpochProtectedVersionScheme()).Epoch);
+            machines[i] = new GateMachine();
+        }
+        Action<int>? link = null;
+        link = i =>
+        {
+            machines[i].Gate = true; // the wait for this machine (one level up) may now complete
+            if (!outcome.RanWithStackToSpare() || i == Links)
+                return;
+            schemes[i + 1].Epoch.BumpCurrentEpoch(() => link!(i + 1)); // inline, or (deep) left to the waits
+            LightEpoch.ThrowIfTooDeepToBlock("(the test's probe)"); // what the start checks first: nothing starts past it
+            started[i + 1] = true;
+            schemes[i + 1].ExecuteStateMachine(machines[i + 1], spin: true); // its wait runs the action just registered
+        };
+
+        RunUnbounded(() => schemes[0].Epoch.BumpCurrentEpoch(() => link(0)), "blocking starts across schemes", control);
+
+        // Every machine that started completes (a blocking start past the bound throws before it starts one).
+        foreach (EpochProtectedVersionScheme scheme in schemes)
+            scheme.SignalStepAvailable();
+        for (int i = 1; i <= Links; i++)
+            Assert.True(!started[i] || machines[i].Completion.Wait(GuardedThread.DefaultTimeout), $"machine {i} did not complete");
+        foreach (EpochProtectedVersionScheme scheme in schemes)
+            scheme.Dispose();
+        outcome.AssertBounded(control, Links);
+    }
+
+    /// <summary>Runs <paramref name="start"/> on a thread with a 1.5 MB stack, the control without the per-thread bounds.</summary>
+    private static void RunUnbounded(Action start, string name, bool control)
+    {
         LightEpoch.UnboundedWaitingNestingForTesting = control;
         try
         {
-            var worker = new GuardedThread(() => epochs[0].BumpCurrentEpoch(() => link(0)), "dispose chain", 1536 * 1024);
+            var worker = new GuardedThread(start, name, 1536 * 1024);
             worker.Start();
             worker.Join();
         }
@@ -135,20 +173,49 @@ public class DeepDrainTests
         {
             LightEpoch.UnboundedWaitingNestingForTesting = false;
         }
-        foreach (LightEpoch epoch in epochs)
-            epoch.Dispose();
+    }
 
-        if (control)
+    /// <summary>What a chain of actions did: how many ran, whether the stack ran low (the chain stops there rather than
+    /// kill the test host), and the failures its epochs reported (the per-thread bound's refusals, and any other).</summary>
+    private sealed class ChainOutcome
+    {
+        public int Ran;
+        public bool StackLow;
+        public int TooDeep;
+        public int OtherFailures;
+
+        public void Watch(LightEpoch epoch) => epoch.DeferredActionFailed += (_, e) =>
         {
-            // (Near the end of its stack the control may also fail in the runtime's own checks: not counted.)
-            Assert.True(stackLow, $"the control's chain never ran low on stack (the check would not catch it; {otherFailures} other failures)");
-            return;
+            if (e.Exception is InvalidOperationException ex && ex.Message.Contains("drains deep on this thread", StringComparison.Ordinal))
+                TooDeep++;
+            else
+                OtherFailures++;
+        };
+
+        /// <summary>Counts a link; false once the stack runs low.</summary>
+        public bool RanWithStackToSpare()
+        {
+            Ran++;
+            if (RuntimeHelpers.TryEnsureSufficientExecutionStack())
+                return true;
+            StackLow = true;
+            return false;
         }
 
-        Assert.Equal(0, otherFailures);
-        Assert.False(stackLow, $"the stack ran low after {ran} links");
-        Assert.Equal(Links + 1, ran);
-        Assert.InRange(tooDeep, 1, Links);
+        public void AssertBounded(bool control, int links)
+        {
+            if (control)
+            {
+                // (Near the end of its stack the control may also fail in the runtime's own checks: not counted.)
+                Assert.True(StackLow, $"the control's chain never ran low on stack (the check would not catch it; {OtherFailures} other failures)");
+                return;
+            }
+
+            Assert.Equal(0, OtherFailures);
+            Assert.False(StackLow, $"the stack ran low after {Ran} links");
+            Assert.Equal(links + 1, Ran); // every action ran
+            Assert.InRange(TooDeep, 1, links); // some calls refused instead of nesting deeper
+        }
     }
 
     /// <summary>
