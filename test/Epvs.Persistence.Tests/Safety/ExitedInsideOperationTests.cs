@@ -80,6 +80,21 @@ public sealed class ExitedInsideOperationTests
         return ended;
     }
 
+    /// <summary>The check of a waiter behind a thread that exited inside an operation: it ended by itself, failing with the
+    /// reason that names the thread; a control's ended only at Dispose (see <see cref="EndedBeforeDispose"/>).</summary>
+    private static void AssertEndedBeforeDisposeNamingTheThread(BufferedDurableHeap heap, Thread waiter, Func<Exception?> failure, int leaver, bool control, string stillWaiting)
+    {
+        bool ended = EndedBeforeDispose(heap, waiter, control);
+        if (control)
+        {
+            Assert.False(ended, "the control's waiter ended before Dispose (the check would not catch it)");
+            return;
+        }
+
+        Assert.True(ended, stillWaiting);
+        Assert.Contains($"Thread {leaver} exited inside an operation", Assert.IsType<InvalidOperationException>(failure()).Message);
+    }
+
     /// <summary>A heap driven by hand (no background advancer, whose cycles look for exited threads every period).</summary>
     private static BufferedDurableHeap ManualHeap(string path, TimeSpan syncTimeout, DurabilityFaults faults = DurabilityFaults.None, DurabilityMode mode = DurabilityMode.Buffered, long reclaimBacklogLimit = 0) =>
         BufferedDurableHeap.Create(path, Small, new BufferedDurableHeapOptions
@@ -241,15 +256,7 @@ public sealed class ExitedInsideOperationTests
         exit.Set();
         thread.Join();
 
-        bool released = EndedBeforeDispose(heap, writer, control);
-        if (control)
-        {
-            Assert.False(released, "the control's writer was released before Dispose (the check would not catch it)");
-            return;
-        }
-
-        Assert.True(released, "the writer still waited after the thread exited inside its operation");
-        Assert.Contains($"Thread {leaver} exited inside an operation", Assert.IsType<InvalidOperationException>(failure()).Message);
+        AssertEndedBeforeDisposeNamingTheThread(heap, writer, failure, leaver, control, "the writer still waited after the thread exited inside its operation");
     }
 
     /// <summary>
@@ -276,15 +283,7 @@ public sealed class ExitedInsideOperationTests
         Assert.True(writer.Join(Workers.JoinTimeout));
         Assert.Contains("exited inside an operation", Assert.IsType<InvalidOperationException>(writeFailure()).Message);
 
-        bool ended = EndedBeforeDispose(heap, syncer, control);
-        if (control)
-        {
-            Assert.False(ended, "the control's Sync ended before Dispose (the check would not catch it)");
-            return;
-        }
-
-        Assert.True(ended, "Sync(Timeout.InfiniteTimeSpan) still waited after the heap failed");
-        Assert.Contains($"Thread {leaver} exited inside an operation", Assert.IsType<InvalidOperationException>(syncFailure()).Message);
+        AssertEndedBeforeDisposeNamingTheThread(heap, syncer, syncFailure, leaver, control, "Sync(Timeout.InfiniteTimeSpan) still waited after the heap failed");
     }
 
     /// <summary>
@@ -332,15 +331,7 @@ public sealed class ExitedInsideOperationTests
         int leaver = LeaveAnOperationOpen(heap, map);
 
         (Thread syncer, Func<Exception?> syncFailure) = StartWaiter(() => heap.Sync(Timeout.InfiniteTimeSpan));
-        bool ended = EndedBeforeDispose(heap, syncer, control);
-        if (control)
-        {
-            Assert.False(ended, "the control's Sync ended before Dispose (the check would not catch it)");
-            return;
-        }
-
-        Assert.True(ended, "Sync(Timeout.InfiniteTimeSpan) still waited for the version of an operation that can never end");
-        Assert.Contains($"Thread {leaver} exited inside an operation", Assert.IsType<InvalidOperationException>(syncFailure()).Message);
+        AssertEndedBeforeDisposeNamingTheThread(heap, syncer, syncFailure, leaver, control, "Sync(Timeout.InfiniteTimeSpan) still waited for the version of an operation that can never end");
     }
 
     /// <summary>
