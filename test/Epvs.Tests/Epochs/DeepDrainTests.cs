@@ -181,6 +181,7 @@ public class DeepDrainTests
     {
         public int Ran;
         public bool StackLow;
+        public int Deepest;
         public int TooDeep;
         public int OtherFailures;
 
@@ -196,6 +197,7 @@ public class DeepDrainTests
         public bool RanWithStackToSpare()
         {
             Ran++;
+            Deepest = Math.Max(Deepest, LightEpoch.ThreadDrainDepthForTesting);
             if (RuntimeHelpers.TryEnsureSufficientExecutionStack())
                 return true;
             StackLow = true;
@@ -204,15 +206,18 @@ public class DeepDrainTests
 
         public void AssertBounded(bool control, int links)
         {
+            // Nesting past twice the bound, or a stack run low: what grows without bound. (How many levels a stack holds
+            // depends on how the JIT compiled the frames: optimized ones, after other tests ran, are much smaller.)
+            bool unbounded = StackLow || Deepest > 1024;
             if (control)
             {
                 // (Near the end of its stack the control may also fail in the runtime's own checks: not counted.)
-                Assert.True(StackLow, $"the control's chain never ran low on stack (the check would not catch it; {OtherFailures} other failures)");
+                Assert.True(unbounded, $"the control's chain nested only {Deepest} drains deep (the check would not catch it; {OtherFailures} other failures)");
                 return;
             }
 
             Assert.Equal(0, OtherFailures);
-            Assert.False(StackLow, $"the stack ran low after {Ran} links");
+            Assert.False(unbounded, $"the chain nested {Deepest} drains deep (stack low: {StackLow}) after {Ran} links");
             Assert.Equal(links + 1, Ran); // every action ran
             Assert.InRange(TooDeep, 1, links); // some calls refused instead of nesting deeper
         }
@@ -275,9 +280,11 @@ public class DeepDrainTests
         foreach (EpochProtectedVersionScheme scheme in schemes)
             scheme.Dispose();
 
+        // Nesting past twice the bound, or a stack run low, is what grows without bound (how many levels a stack holds
+        // depends on how the JIT compiled the frames).
         if (control)
         {
-            Assert.True(stackLow, $"the control's chain never ran low on stack ({deepest} drains deep: the check would not catch it)");
+            Assert.True(stackLow || deepest > 1024, $"the control's chain nested only {deepest} drains deep (the check would not catch it)");
             return;
         }
         Assert.False(stackLow, $"the stack ran low {deepest} drains deep");
