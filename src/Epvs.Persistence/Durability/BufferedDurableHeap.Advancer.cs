@@ -1164,7 +1164,9 @@ public sealed unsafe partial class BufferedDurableHeap
 
         // (A failure for a thread that exited inside an operation is not one here: the last advance still writes back a
         // version whose cut came before it, then reports it.)
-        return stuck ?? (FailedForAnExitedThread ? null : _advancerFault);
+        // (One read of the fault: a stall watch's tick may record one meanwhile.)
+        Exception? fault = Volatile.Read(ref _advancerFault);
+        return stuck ?? (fault is not null && ReferenceEquals(fault, Volatile.Read(ref _exitedFault)) ? null : fault);
     }
 
     private void ThrowIfProtected(string what)

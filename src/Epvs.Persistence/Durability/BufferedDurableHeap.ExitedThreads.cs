@@ -53,7 +53,7 @@ public sealed partial class BufferedDurableHeap
         $"{(threads.Count == 1 ? "Thread" : "Threads")} {string.Join(", ", threads)} exited inside an operation of this heap (a DurableOperation that was never disposed). A thread that has exited can never end its operation, so the version transition that waits for it never completes" +
         (_mode == DurabilityMode.Transient
             ? ". No operation begins on this heap any more: dispose it."
-            : $" and nothing after version {DurableFrontier} can become durable. No operation begins on this heap any more: dispose it and reopen the file (recovery keeps every version up to the durable frontier; the unfinished operation's version is not among them).");
+            : " and nothing after the durable frontier can become durable (a version whose operations all ended before it is still written back). No operation begins on this heap any more: dispose it and reopen the file (recovery keeps every version up to the durable frontier; the unfinished operation's version is not among them).");
 
     /// <summary>Why the heap failed if a thread exited inside an operation (null otherwise): what a refused entry says.</summary>
     private string? _exitedInsideOperation;
