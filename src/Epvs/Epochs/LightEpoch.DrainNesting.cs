@@ -187,9 +187,7 @@ public sealed unsafe partial class LightEpoch
     /// </summary>
     private static void LeaveThreadDrain(DrainStack stack)
     {
-        if (stack.Depth-- == MaxThreadWaitingDepth)
-            Interlocked.Decrement(ref s_deepThreads);
-        if (stack.Depth != 0 || stack.LeftCount == 0 || stack.RunningLeft)
+        if (--stack.Depth != 0 || stack.LeftCount == 0 || stack.RunningLeft)
             return;
         stack.RunningLeft = true;
         try
@@ -267,17 +265,7 @@ public sealed unsafe partial class LightEpoch
     private static void EnterThreadDrain(DrainStack stack)
     {
         int deep = ++stack.Depth;
-        if (deep == MaxThreadWaitingDepth)
-            Interlocked.Increment(ref s_deepThreads); // full fence; cold: a thread this deep inside drains
         if (RecordDrainDepthForTesting && deep > t_maxThreadDrainDepthForTesting)
             t_maxThreadDrainDepthForTesting = deep;
     }
-
-    /// <summary>How many threads are <see cref="MaxThreadWaitingDepth"/> or more drains deep: zero almost always, so that a
-    /// hot path (Refresh) reads one static word before it looks at its own thread's depth.</summary>
-    private static int s_deepThreads;
-
-    /// <summary>Whether the calling thread is <see cref="MaxThreadWaitingDepth"/> or more drains deep, reading a static word
-    /// first (a thread sees its own increment of it in program order; other threads' do not matter here).</summary>
-    internal static bool CallerMayBeTooDeep => Volatile.Read(ref s_deepThreads) != 0 && TooDeepToWait;
 }

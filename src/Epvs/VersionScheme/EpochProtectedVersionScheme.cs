@@ -226,39 +226,18 @@ public sealed partial class EpochProtectedVersionScheme : IDisposable
     /// reason (a drain it ran while waiting ran out of memory), the region it keeps may overlap the pending critical
     /// section: do nothing in it but <see cref="Leave"/>.</remarks>
     /// <returns>The stable state this region now observes.</returns>
-    /// <exception cref="InvalidOperationException">The calling thread is not in a protected region. Or: a transition is
-    /// pending and the thread is 512 or more drains deep (deferred actions inside deferred actions): the wait would run the
-    /// transition's step, whose callbacks may wait again, deeper still; the region stays entered and the step still waits
-    /// for it: leave it.</exception>
+    /// <exception cref="InvalidOperationException">The calling thread is not in a protected region.</exception>
     /// <exception cref="ObjectDisposedException">The scheme was disposed while the call waited for a transition (on a
     /// shared epoch; an owned epoch refuses to be disposed meanwhile). The region stays entered: leave it. Also when
     /// the calling thread is not protected and the scheme's own epoch has been disposed.</exception>
     [MethodImpl(MethodImplOptions.AggressiveInlining)]
     public VersionSchemeState Refresh()
     {
-        if (LightEpoch.CallerMayBeTooDeep)
-            RefuseDeepRefreshIfItWouldWait();
         epoch.ProtectAndDrain();
         long s = Volatile.Read(ref state); // acquire, as in Enter
         if ((s & VersionSchemeState.IntermediateMask) == 0 && currentMachine is null)
             return new VersionSchemeState(s);
         return RefreshSlow();
-    }
-
-    /// <summary>
-    /// A Refresh on a thread 512 or more drains deep, with a transition pending: refused before its announcement moves (the
-    /// pending step still waits for the region, which the caller leaves). Once moved, it would have to wait aside for the
-    /// step, and its wait runs the step, whose callbacks may Refresh the next scheme the same way, one level deeper each
-    /// time, until the stack overflowed (an Enter refuses likewise; a Refresh cannot refuse later: see WaitForStableState).
-    /// </summary>
-    [MethodImpl(MethodImplOptions.NoInlining)]
-    private void RefuseDeepRefreshIfItWouldWait()
-    {
-        if (LightEpoch.EnterWaitsPastTheThreadBoundForTesting)
-            return;
-        // Acquire, as in Refresh; read while the region still holds the step back, so it cannot complete meanwhile.
-        if ((Volatile.Read(ref state) & VersionSchemeState.IntermediateMask) != 0 || Volatile.Read(ref currentMachine) is not null)
-            LightEpoch.ThrowIfTooDeepToWait("Refresh, with a transition pending,");
     }
 
     [MethodImpl(MethodImplOptions.NoInlining)]

@@ -17,8 +17,8 @@ public class DeepDrainTests
     /// <summary>
     /// An outermost Refresh that deep, with a transition pending behind its region: a Refresh steps aside from its region
     /// to wait, its announcement already moved past the step's; the first version threw from that wait and came back into
-    /// the region, which the critical section no longer waited for (G1, G2). Such a Refresh now refuses before its
-    /// announcement moves, so the step still waits for the region. The control throws from inside the wait.
+    /// the region, which the critical section no longer waited for (G1, G2). A wait that deep now runs only its own step.
+    /// The control throws there.
     /// </summary>
     [Theory]
     [InlineData(false)]
@@ -42,9 +42,7 @@ public class DeepDrainTests
                     Interlocked.Increment(ref overlaps);
             }));
             Volatile.Write(ref regionOpen, 0); // a Refresh is a Leave and an Enter: the transition may pass during the call
-            // The control gets past the refusal made before the announcement moves, and throws from inside its wait.
             LightEpoch.DeepWaitThrowsForTesting = control;
-            LightEpoch.EnterWaitsPastTheThreadBoundForTesting = control;
             try
             {
                 scheme.Refresh();
@@ -56,7 +54,6 @@ public class DeepDrainTests
             finally
             {
                 LightEpoch.DeepWaitThrowsForTesting = false;
-                LightEpoch.EnterWaitsPastTheThreadBoundForTesting = false;
             }
             Volatile.Write(ref regionOpen, 1); // returned (or thrown) with the region entered
 
@@ -77,8 +74,7 @@ public class DeepDrainTests
         }
         else
         {
-            // Refused before its announcement moved: the region still holds the step back, which runs at the Leave.
-            Assert.Contains("Refresh, with a transition pending,", refreshFailure?.Message);
+            Assert.Null(refreshFailure);
             Assert.True(overlaps == 0, "the critical section ran while the Refresh's region was open");
         }
         scheme.Dispose();
@@ -234,15 +230,10 @@ public class DeepDrainTests
     /// 16 MB thread. An Enter that must wait that deep now refuses (<see cref="InvalidOperationException"/>, nothing
     /// entered). Found by the fifth adversarial round (session 15). The control lets it wait.
     /// </summary>
-    /// <param name="refresh">The same with a Refresh (entering the next scheme first, at rest, then starting its transition,
-    /// which waits for the region, and refreshing): found by the sixth round, after the Enter's fix. A Refresh that deep with
-    /// a transition pending now refuses before its announcement moves (the step still waits for the region).</param>
     [Theory]
-    [InlineData(false, false)]
-    [InlineData(true, false)]
-    [InlineData(false, true)]
-    [InlineData(true, true)]
-    public void ACriticalSectionThatAdvancesAndEntersTheNextScheme_NeverNestsPastTheBound(bool control, bool refresh)
+    [InlineData(false)]
+    [InlineData(true)]
+    public void ACriticalSectionThatAdvancesAndEntersTheNextScheme_NeverNestsPastTheBound(bool control)
     {
         const int Links = 20000;
         var schemes = new EpochProtectedVersionScheme[Links + 1];
@@ -261,21 +252,6 @@ public class DeepDrainTests
             if (k == Links)
                 return;
             EpochProtectedVersionScheme next = schemes[k + 1];
-            if (refresh)
-            {
-                next.Enter(); // at rest: no wait
-                next.TryAdvanceVersionWithCriticalSection(Link(k + 1)); // its step waits for this region
-                try
-                {
-                    next.Refresh(); // steps aside to wait for the step; its wait runs it
-                }
-                catch (InvalidOperationException)
-                {
-                    refused++;
-                }
-                next.Leave();
-                return;
-            }
             next.TryAdvanceVersionWithCriticalSection(Link(k + 1)); // inline, or (past 64 drains) left to the outermost
             try
             {
@@ -346,9 +322,6 @@ public class DeepDrainTests
                     scheme.Epoch.BumpCurrentEpoch();
                 }
             }, "rescuer");
-            // (A Refresh that deep now refuses when a transition is pending; the switch lifts that refusal, to reach the
-            // filtered drain, which no call can reach otherwise today and which must still not loop.)
-            LightEpoch.EnterWaitsPastTheThreadBoundForTesting = true;
             LightEpoch.FilteredOutermostDrainLoopsForTesting = control;
             try
             {
@@ -357,7 +330,6 @@ public class DeepDrainTests
             finally
             {
                 LightEpoch.FilteredOutermostDrainLoopsForTesting = false;
-                LightEpoch.EnterWaitsPastTheThreadBoundForTesting = false;
             }
             returned.Set();
             scheme.Leave();
