@@ -111,7 +111,7 @@ public sealed unsafe partial class LightEpoch
     internal static bool FilteredOutermostDrainLoopsForTesting;
 
     /// <summary>Test-only: how many drains (of all instances) are on the calling thread's stack.</summary>
-    internal static int ThreadDrainDepthForTesting => t_drains?.Depth ?? 0;
+    internal static int ThreadDrainDepthForTesting => ThreadDrainDepth;
 
     /// <summary>
     /// Test-only: a Resume that claimed a slot and then found the epoch no longer Live keeps the slot as its record's

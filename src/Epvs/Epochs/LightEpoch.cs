@@ -757,24 +757,20 @@ public sealed unsafe partial class LightEpoch : IDisposable
     /// </summary>
     internal static void ThrowIfTooDeepToBlock(string what)
     {
-        if (t_drains is { } stack && stack.Depth >= MaxThreadWaitingDepth && !UnboundedWaitingNestingForTesting)
-            ThrowTooDeep(what, stack.Depth);
+        if (TooDeepToWait)
+            ThrowTooDeep(what, t_drains!.Depth);
     }
 
-    /// <summary>Whether this thread is <see cref="MaxThreadWaitingDepth"/> drains deep (an Enter that would wait there refuses).</summary>
+    /// <summary>Whether this thread is <see cref="MaxThreadWaitingDepth"/> drains deep: a blocking start, a Dispose, or an
+    /// Enter that would wait refuses there.</summary>
     internal static bool TooDeepToWait => t_drains is { } stack && stack.Depth >= MaxThreadWaitingDepth && !UnboundedWaitingNestingForTesting;
 
-    /// <summary>For an Enter about to wait for a transition: throws if this thread is <see cref="MaxThreadWaitingDepth"/>
-    /// drains deep (its wait would run the step, whose callbacks may wait again, one level deeper each time).</summary>
-    internal static void ThrowIfTooDeepToWait(string what)
-    {
-        if (t_drains is { } stack && stack.Depth >= MaxThreadWaitingDepth && !UnboundedWaitingNestingForTesting && !EnterWaitsPastTheThreadBoundForTesting)
-            ThrowTooDeep(what, stack.Depth);
-    }
+    /// <summary>How many drains (of all instances) are on the calling thread's stack.</summary>
+    internal static int ThreadDrainDepth => t_drains?.Depth ?? 0;
 
     [MethodImpl(MethodImplOptions.NoInlining)]
     [DoesNotReturn]
-    private static void ThrowTooDeep(string what, int depth) =>
+    internal static void ThrowTooDeep(string what, int depth) =>
         throw new InvalidOperationException(
             $"{what} was called {depth} drains deep on this thread (deferred actions inside deferred actions): it would run pending " +
             $"actions one level deeper still (a blocking wait runs them while it waits, a Dispose runs its epoch's), and past " +
@@ -1123,13 +1119,10 @@ public sealed unsafe partial class LightEpoch : IDisposable
     /// from inside an action that this epoch's own Dispose is running, it returns false: that Dispose is not complete, and
     /// the call cannot wait for it.</remarks>
     /// <returns>True if the epoch is disposed (by this call or an earlier one).</returns>
-    public bool TryDispose() => !ThisInstanceProtected() && (DisposeCompleted || !TooDeepToDispose) && CloseIfUnprotected(fromDispose: false) == 0;
+    public bool TryDispose() => !ThisInstanceProtected() && (DisposeCompleted || !TooDeepToWait) && CloseIfUnprotected(fromDispose: false) == 0;
 
     /// <summary>Whether a Dispose has completed (acquire: pairs with the release that marks it complete).</summary>
     private bool DisposeCompleted => Volatile.Read(ref lifecycle) == Closed && Volatile.Read(ref closeCompleted) != 0;
-
-    /// <summary>Whether this thread is too deep inside drains for a Dispose's final run (see <see cref="MaxThreadWaitingDepth"/>).</summary>
-    private static bool TooDeepToDispose => t_drains is { } stack && stack.Depth >= MaxThreadWaitingDepth && !UnboundedWaitingNestingForTesting;
 
     /// <summary>Live → Closing → Closed, or back to Live; returns the number of protected threads found (0: Closed, and
     /// the Dispose that closed it complete; -1: closed by a Dispose further up this thread's stack, for a TryDispose). The

@@ -429,8 +429,9 @@ public sealed partial class EpochProtectedVersionScheme : IDisposable
     {
         if (!LightEpoch.TooDeepToWait || LightEpoch.EnterWaitsPastTheThreadBoundForTesting)
             return;
+        int depth = LightEpoch.ThreadDrainDepth;
         epoch.Suspend();
-        LightEpoch.ThrowIfTooDeepToWait("Enter, waiting for a transition,");
+        LightEpoch.ThrowTooDeep("Enter, waiting for a transition,", depth); // always: the level is given back
     }
 
     /// <summary>An <see cref="Enter(CancellationToken)"/> about to wait (again) whose token is cancelled: gives back the
