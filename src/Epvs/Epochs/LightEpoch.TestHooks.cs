@@ -15,6 +15,12 @@ public sealed unsafe partial class LightEpoch
     internal static bool DisableLeaveRaceGuardForTesting;
 
     /// <summary>
+    /// Test-only: a registration whose drain is refused deep inside drains skips the second look and its barrier (as
+    /// before), so the deep-drain test can show that it sees the look missing. Read only on that cold path.
+    /// </summary>
+    internal static bool DeepDeferSkipsLeaveRaceGuardForTesting;
+
+    /// <summary>
     /// Test-only: skips the re-announcement after a bump slipped between reading the epoch and announcing it, which
     /// lets a nested Enter trust a stale announcement, so the randomized stress test can show that it catches that.
     /// Read only on that cold path.

@@ -524,8 +524,11 @@ public sealed unsafe partial class LightEpoch : IDisposable
         }
         // Read before our scan of the table, after our count was published (Add): see below.
         bool covered = drainList.CoveredStillPending();
-        if (!Drain())
-            return; // deep inside drains on this thread: the outermost one loops until nothing more runs
+        // Refused deep inside drains on this thread: a drain further up (this instance's outermost, or the thread's)
+        // scans again before it returns, after everything below, the barrier included.
+        bool drained = Drain();
+        if (!drained && DeepDeferSkipsLeaveRaceGuardForTesting)
+            return;
         if (!mine.IsPending || DisableLeaveRaceGuardForTesting)
             return; // claimed: run, or running
 
@@ -564,14 +567,18 @@ public sealed unsafe partial class LightEpoch : IDisposable
         if (table.AnyOtherAtOrBelow(prior, own))
         {
             // Threads that are still active refresh or leave within moments and run the action themselves; give
-            // them that moment before paying for the barrier, which is only needed for one that already left.
-            for (int i = 0; i < HelpSpins; i++)
+            // them that moment before paying for the barrier, which is only needed for one that already left. (Not
+            // deep inside drains: this thread's drains are refused there, so the spins could not run it.)
+            for (int i = 0; drained && i < HelpSpins; i++)
             {
                 Thread.SpinWait(16);
                 Drain();
                 if (!mine.IsPending)
                     return;
             }
+            // Deep inside drains the second look is the drain further up, after the barrier: it used to be skipped there,
+            // so an action registered just as the last thread holding it back left could stay pending until someone
+            // else drained this epoch.
             Interlocked.MemoryBarrierProcessWide();
             Drain();
             // Still pending after a barrier that followed it: later registrations can rely on it (see above).

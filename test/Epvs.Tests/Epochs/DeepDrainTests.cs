@@ -342,6 +342,49 @@ public class DeepDrainTests
         Assert.True(rescued == control, control ? "the control's Refresh returned without help (the check would not catch it)" : "the Refresh looped until another thread drained its epoch");
     }
 
+    /// <summary>
+    /// A registration deep inside drains, held back by another thread: its drain is refused (left to a drain further up),
+    /// and it used to skip the second look that closes the lost-wakeup race with a thread leaving at that moment (the
+    /// leaver's check of the pending count can pass its own cleared slot still in its store buffer, and a scan can still
+    /// see the slot taken). The race itself is too narrow to show on demand (the shallow test of it is inconclusive on a
+    /// small machine); what is checked is that the look is taken: the barrier, after which the registration, still
+    /// pending, is marked covered for later registrations. The control skips it.
+    /// </summary>
+    [Theory]
+    [InlineData(false)]
+    [InlineData(true)]
+    public void ARegistrationDeepInsideDrains_StillTakesTheSecondLook(bool control)
+    {
+        var epoch = new LightEpoch();
+        using var parked = new ParkedThread(epoch.Resume, epoch.Suspend);
+        int ran = 0;
+        bool coveredAfter = true, pendingAfter = false;
+        Assert.True(RunDeepInsideDrains(LightEpochThreadDrainBound, () =>
+        {
+            Assert.False(epoch.DrainListForTesting.CoveredStillPending());
+            LightEpoch.DeepDeferSkipsLeaveRaceGuardForTesting = control;
+            try
+            {
+                epoch.BumpCurrentEpoch(() => Interlocked.Increment(ref ran)); // held back by the parked thread
+            }
+            finally
+            {
+                LightEpoch.DeepDeferSkipsLeaveRaceGuardForTesting = false;
+            }
+            coveredAfter = epoch.DrainListForTesting.CoveredStillPending();
+            pendingAfter = Volatile.Read(ref ran) == 0;
+        }), "never got 64 drains deep");
+
+        Assert.True(pendingAfter, "the action ran while the parked thread held it back");
+        parked.Release(); // its Suspend drains: the action runs
+        Assert.Equal(1, Volatile.Read(ref ran));
+        epoch.Dispose();
+        Assert.True(coveredAfter != control, control ? "the control took the second look (the check would not catch it)" : "a registration deep inside drains skipped the second look");
+    }
+
+    /// <summary>LightEpoch.MaxThreadDrainDepth: past it a drain is left to the thread's outermost one.</summary>
+    private const int LightEpochThreadDrainBound = 64;
+
     /// <summary>Past the bound, a Dispose after a completed one still does nothing (and TryDispose says the epoch is
     /// disposed), and a scheme's constructor reports a bad argument, not its owned epoch's refused Dispose. Found by the
     /// fifth adversarial round.</summary>
