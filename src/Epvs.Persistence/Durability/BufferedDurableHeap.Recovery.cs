@@ -43,6 +43,13 @@ public sealed unsafe partial class BufferedDurableHeap
         // clock word of that pair durable without its frontier word (frontier v − 1, clock v + 2); taking the max keeps
         // the Montage guarantee then, and for a file whose frontier word was never written.
         long cut = Math.Max(report.PersistedFrontier, report.PersistedClock - 2);
+        if (file.SalvagedThroughDamaged && !options.SalvageDamagedBlocks)
+        {
+            // Read as 0 it would erase the record of an earlier salvage silently, and the structures would then refuse what
+            // it left (a queue gap, a key's two payloads) as an inconsistent heap instead of naming the damaged word.
+            ThrowHelper.ThrowHeapFile(HeapFileError.Corrupt, $"Cannot open heap file '{file.Path}': its superblock is damaged (the salvaged-through word at offset {HeapLayout.SalvagedThroughOffset} fails its check). Open it with SalvageDamagedBlocks = true to accept what an earlier salvage may have left among the versions up to the recovered one.");
+        }
+
         report.RecoveredVersion = cut;
         bool keepBeyond = (_faults & DurabilityFaults.KeepTagsBeyondFrontier) != 0;
         long dropped = 0;
@@ -96,6 +103,12 @@ public sealed unsafe partial class BufferedDurableHeap
         var heap = new PersistentHeap(file, heapOptions);
         try
         {
+            if (file.SalvagedThroughDamaged)
+            {
+                // Only under SalvageDamagedBlocks (refused above otherwise), after the scan validated the blocks.
+                file.SalvagedThrough = cut;
+            }
+
             report.FastReopen = heap.OpenedFromSavedState;
             report.DamagedBlocks = heap.RecoveryDamagedBlocks;
             report.FastReopenRejection = heap.SavedStateRejection;

@@ -164,11 +164,17 @@ public sealed unsafe class HeapFile : IDisposable
     }
 
     /// <summary>
+    /// Whether the SalvagedThrough word fails its check: damage (creation writes it sealed, as 0, in every file of this
+    /// format, so a zeroed word is damage too). Read as 0, it would erase the record of an earlier salvage silently.
+    /// </summary>
+    internal bool SalvagedThroughDamaged => !HeapLayout.TryUnseal(Word(HeapLayout.SalvagedThroughOffset), HeapLayout.SalvagedThroughOffset, out _);
+
+    /// <summary>
     /// The last version a salvage of a buffered heap kept payloads of, persisted before it freed anything: what it left
     /// (a key's older payload live again, a queue gap) stays on the file until each structure is opened and resolves it,
     /// so the structures accept it among payloads of this version or older at any later open. 0 when the file was never
-    /// salvaged (also when the word fails its check, as in a file written before it existed: the structures then refuse
-    /// what they cannot explain).
+    /// salvaged, and when the word fails its check: a buffered heap refuses to open over such a word unless it salvages
+    /// (<see cref="SalvagedThroughDamaged"/>), and then rewrites it.
     /// </summary>
     internal long SalvagedThrough
     {
