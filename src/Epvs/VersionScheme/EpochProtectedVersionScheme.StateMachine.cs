@@ -1,4 +1,5 @@
 using System;
+using System.Collections.Generic;
 using System.Diagnostics;
 using System.Runtime.ExceptionServices;
 using System.Threading;
@@ -36,7 +37,8 @@ public sealed partial class EpochProtectedVersionScheme
     /// Raised when a state machine ends because one of its callbacks threw, once the faulted step is released (the
     /// scheme is usable again: a handler may start another machine). Runs on the thread that ran the callback, which
     /// may be inside a protected region (then a blocking start from the handler throws); exceptions from handlers are
-    /// ignored. Should giving the machine's <see cref="VersionSchemeStateMachine.Completion"/> task that exception fail
+    /// ignored. A handler that starts a machine which faults at once is raised again inside its own call; past 16 such
+    /// raises on a thread, the event for a further fault is raised once the handlers above it have returned. Should giving the machine's <see cref="VersionSchemeStateMachine.Completion"/> task that exception fail
     /// (out of memory: the task is canceled instead, and <see cref="VersionSchemeStateMachine.Fault"/> keeps the
     /// exception), it is raised first with that failure, then with the callback's exception.
     /// </summary>
@@ -412,7 +414,9 @@ public sealed partial class EpochProtectedVersionScheme
     /// <see cref="VersionSchemeStateMachine.GetNextStep"/> returned false), so it can proceed without any thread
     /// entering or leaving. Unnecessary for machines whose steps are always available.
     /// </summary>
-    /// <remarks>After the <see cref="LightEpoch"/> under the scheme was disposed (a shared one, or its own through
+    /// <remarks>Called from inside <see cref="VersionSchemeStateMachine.GetNextStep"/> on the thread deciding the step (an
+    /// inline continuation, say), it makes that thread ask again as soon as GetNextStep returns, so no signal is lost; a
+    /// GetNextStep that signals every time it declines therefore keeps its thread asking. After the <see cref="LightEpoch"/> under the scheme was disposed (a shared one, or its own through
     /// <see cref="Epoch"/>), a machine already in flight still takes its steps here: nobody can be protected any more, so
     /// each is safe at once, and nothing else would take a delayed one (its <see cref="VersionSchemeStateMachine.Completion"/>
     /// would never come, and <see cref="Dispose"/> refuses while the machine runs).</remarks>
@@ -758,12 +762,57 @@ public sealed partial class EpochProtectedVersionScheme
         }
     }
 
-    /// <summary>Raises <see cref="StateMachineFaulted"/>; called with no step owned and no lock held.</summary>
+    /// <summary>
+    /// Raises <see cref="StateMachineFaulted"/>; called with no step owned and no lock held. A handler may start another
+    /// machine, and a machine that faults at once (its first <see cref="VersionSchemeStateMachine.GetNextStep"/> throws)
+    /// raises the event again inside that handler's call, with no drain in between for a drain bound to stop: a handler
+    /// that retried such a machine nested one level per retry until the stack overflowed (about 1,800 levels on a 1 MB
+    /// stack). Past <see cref="MaxFaultedNesting"/> raises on a thread, a notice waits for the thread's outermost raise,
+    /// which raises it once the handlers above have returned.
+    /// </summary>
     private void RaiseFaulted(FaultNotice? notice)
     {
         if (notice is null || RaiseFaultedInsideStepForTesting)
             return;
-        RaiseFaultedNow(notice);
+        FaultedRaises raises = t_faultedRaises ??= new FaultedRaises();
+        if (raises.Depth >= MaxFaultedNesting && !UnboundedFaultedNestingForTesting)
+        {
+            try
+            {
+                raises.Left.Enqueue((this, notice));
+                return;
+            }
+            catch (OutOfMemoryException)
+            {
+                // Raised here instead, one level deeper: never dropped.
+            }
+        }
+        raises.Depth++;
+        try
+        {
+            RaiseFaultedNow(notice);
+            while (raises.Depth == 1 && raises.Left.Count != 0)
+            {
+                (EpochProtectedVersionScheme scheme, FaultNotice left) = raises.Left.Dequeue();
+                scheme.RaiseFaultedNow(left);
+            }
+        }
+        finally
+        {
+            raises.Depth--;
+        }
+    }
+
+    /// <summary>How many <see cref="StateMachineFaulted"/> raises may nest on a thread before a notice waits for the outermost one.</summary>
+    private const int MaxFaultedNesting = 16;
+
+    /// <summary>This thread's raises of <see cref="StateMachineFaulted"/> in progress, and the notices left to the outermost one.</summary>
+    [ThreadStatic] private static FaultedRaises? t_faultedRaises;
+
+    private sealed class FaultedRaises
+    {
+        internal int Depth;
+        internal readonly Queue<(EpochProtectedVersionScheme Scheme, FaultNotice Notice)> Left = new();
     }
 
     private void RaiseFaultedNow(FaultNotice notice)

@@ -23,6 +23,12 @@ public sealed partial class EpochProtectedVersionScheme
     internal bool RaiseFaultedInsideStepForTesting { get; set; }
 
     /// <summary>
+    /// Test-only: every raise of <see cref="StateMachineFaulted"/> runs at once, however deep on the thread (as before), so
+    /// the test of a handler that retries a failing machine can show that it catches the nesting. Read only on the fault path.
+    /// </summary>
+    internal static bool UnboundedFaultedNestingForTesting;
+
+    /// <summary>
     /// Test-only: a blocking start (<see cref="ExecuteStateMachine"/>) that gets Retry only spins, without stepping the
     /// active machine or draining (as before), so the test of a blocking start from inside a drain can show that it
     /// catches the wait that never ends. Read only on that retry path.
