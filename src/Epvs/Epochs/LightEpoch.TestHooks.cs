@@ -108,6 +108,13 @@ public sealed unsafe partial class LightEpoch
     /// so an outermost Refresh stepped aside comes back into its region with the critical section free to run.</summary>
     internal static bool DeepWaitThrowsForTesting;
 
+    /// <summary>Test-only: a wait past the per-thread bound runs the step it waits for on its own stack (as before), one
+    /// level deeper for every link of a chain of critical sections that each Refresh inside the next scheme's region.</summary>
+    internal static bool DeepWaitDrainsInlineForTesting;
+
+    /// <summary>Test-only: how many drains waits past the per-thread bound handed to a new thread (all instances).</summary>
+    internal static int HandedOffDrainsForTesting;
+
     /// <summary>Test-only: an Enter that must wait past the per-thread bound waits (the first version), running the step,
     /// whose callbacks may start another such wait, one level deeper each time.</summary>
     internal static bool EnterWaitsPastTheThreadBoundForTesting;

@@ -567,12 +567,13 @@ public sealed unsafe partial class LightEpoch : IDisposable
         if (table.AnyOtherAtOrBelow(prior, own))
         {
             // Threads that are still active refresh or leave within moments and run the action themselves; give
-            // them that moment before paying for the barrier, which is only needed for one that already left. (Not
-            // deep inside drains: this thread's drains are refused there, so the spins could not run it.)
-            for (int i = 0; drained && i < HelpSpins; i++)
+            // them that moment before paying for the barrier, which is only needed for one that already left. (Deep
+            // inside drains this thread's own drains are refused: it only watches.)
+            for (int i = 0; i < HelpSpins; i++)
             {
                 Thread.SpinWait(16);
-                Drain();
+                if (drained)
+                    Drain();
                 if (!mine.IsPending)
                     return;
             }
@@ -748,7 +749,8 @@ public sealed unsafe partial class LightEpoch : IDisposable
     /// <summary>
     /// How many drains (of all instances together) may be on a thread's stack when it starts a blocking wait of its own
     /// making (a blocking state-machine start: <see cref="ThrowIfTooDeepToBlock"/>) or disposes an epoch, whose final run
-    /// runs the pending actions one level deeper; past it, a wait already in progress runs only what it waits for. A chain
+    /// runs the pending actions one level deeper; past it, a wait already in progress hands what became safe to a drain on a
+    /// new thread (<see cref="HandOffDeepDrain"/>), or, when it cannot, runs only what it waits for. A chain
     /// of deferred actions that each make a blocking start on another scheme, whose wait ran the next action, nested one
     /// waiting drain per scheme (<see cref="MaxWaitingDrainDepth"/> bounds each instance only), and about 2,000 levels
     /// overflowed a 1.5 MB thread stack: the process died; so did a chain of actions that each dispose the next epoch.
@@ -1021,7 +1023,7 @@ public sealed unsafe partial class LightEpoch : IDisposable
         {
             if (DeepWaitThrowsForTesting)
                 ThrowTooDeep("A wait", stack.Depth);
-            if (Volatile.Read(ref pendingActions.Value) != 0)
+            if (Volatile.Read(ref pendingActions.Value) != 0 && !HandOffDeepDrain())
                 Drain(waiting: true, awaited, onlyAwaited: true);
             return;
         }

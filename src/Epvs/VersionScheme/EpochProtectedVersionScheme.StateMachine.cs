@@ -38,7 +38,8 @@ public sealed partial class EpochProtectedVersionScheme
     /// scheme is usable again: a handler may start another machine). Runs on the thread that ran the callback, which
     /// may be inside a protected region (then a blocking start from the handler throws); exceptions from handlers are
     /// ignored. A handler that starts a machine which faults at once is raised again inside its own call; past 16 such
-    /// raises on a thread, the event for a further fault is raised once the handlers above it have returned. Should giving the machine's <see cref="VersionSchemeStateMachine.Completion"/> task that exception fail
+    /// raises on a thread, the event for a further fault is raised once the outermost handler has returned (so, from
+    /// there on, not always in the order of the faults). Should giving the machine's <see cref="VersionSchemeStateMachine.Completion"/> task that exception fail
     /// (out of memory: the task is canceled instead, and <see cref="VersionSchemeStateMachine.Fault"/> keeps the
     /// exception), it is raised first with that failure, then with the callback's exception.
     /// </summary>
@@ -774,12 +775,11 @@ public sealed partial class EpochProtectedVersionScheme
     {
         if (notice is null || RaiseFaultedInsideStepForTesting)
             return;
-        FaultedRaises raises = t_faultedRaises ??= new FaultedRaises();
-        if (raises.Depth >= MaxFaultedNesting && !UnboundedFaultedNestingForTesting)
+        if (t_faultedDepth >= MaxFaultedNesting && !UnboundedFaultedNestingForTesting)
         {
             try
             {
-                raises.Left.Enqueue((this, notice));
+                (t_faultedLeft ??= new Queue<(EpochProtectedVersionScheme, FaultNotice)>()).Enqueue((this, notice));
                 return;
             }
             catch (OutOfMemoryException)
@@ -787,33 +787,30 @@ public sealed partial class EpochProtectedVersionScheme
                 // Raised here instead, one level deeper: never dropped.
             }
         }
-        raises.Depth++;
+        t_faultedDepth++;
         try
         {
             RaiseFaultedNow(notice);
-            while (raises.Depth == 1 && raises.Left.Count != 0)
+            while (t_faultedDepth == 1 && t_faultedLeft is { Count: > 0 } left)
             {
-                (EpochProtectedVersionScheme scheme, FaultNotice left) = raises.Left.Dequeue();
-                scheme.RaiseFaultedNow(left);
+                (EpochProtectedVersionScheme scheme, FaultNotice next) = left.Dequeue();
+                scheme.RaiseFaultedNow(next);
             }
         }
         finally
         {
-            raises.Depth--;
+            t_faultedDepth--;
         }
     }
 
     /// <summary>How many <see cref="StateMachineFaulted"/> raises may nest on a thread before a notice waits for the outermost one.</summary>
     private const int MaxFaultedNesting = 16;
 
-    /// <summary>This thread's raises of <see cref="StateMachineFaulted"/> in progress, and the notices left to the outermost one.</summary>
-    [ThreadStatic] private static FaultedRaises? t_faultedRaises;
+    /// <summary>This thread's raises of <see cref="StateMachineFaulted"/> in progress (allocates nothing: raising never fails for want of memory).</summary>
+    [ThreadStatic] private static int t_faultedDepth;
 
-    private sealed class FaultedRaises
-    {
-        internal int Depth;
-        internal readonly Queue<(EpochProtectedVersionScheme Scheme, FaultNotice Notice)> Left = new();
-    }
+    /// <summary>The notices this thread's raises past <see cref="MaxFaultedNesting"/> left to its outermost raise, in the order they were left.</summary>
+    [ThreadStatic] private static Queue<(EpochProtectedVersionScheme Scheme, FaultNotice Notice)>? t_faultedLeft;
 
     private void RaiseFaultedNow(FaultNotice notice)
     {

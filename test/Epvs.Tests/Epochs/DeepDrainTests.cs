@@ -264,7 +264,9 @@ public class DeepDrainTests
             }
         };
 
+        // (The control also runs a deep wait's step inline: handed to a new thread, it would not nest.)
         LightEpoch.EnterWaitsPastTheThreadBoundForTesting = control;
+        LightEpoch.DeepWaitDrainsInlineForTesting = control;
         try
         {
             var worker = new GuardedThread(() => schemes[0].AdvanceVersionWithCriticalSection(Link(0), spin: true), "critical sections entering the next scheme", 16 << 20);
@@ -274,6 +276,7 @@ public class DeepDrainTests
         finally
         {
             LightEpoch.EnterWaitsPastTheThreadBoundForTesting = false;
+            LightEpoch.DeepWaitDrainsInlineForTesting = false;
         }
         foreach (EpochProtectedVersionScheme scheme in schemes)
             scheme.SignalStepAvailable();
@@ -290,6 +293,72 @@ public class DeepDrainTests
         Assert.False(stackLow, $"the stack ran low {deepest} drains deep");
         Assert.InRange(deepest, 512, 1024);
         Assert.True(refused >= 1, "no Enter refused");
+    }
+
+    /// <summary>
+    /// A chain of critical sections, each entering the next scheme (at rest), starting its transition (which waits for
+    /// that region) and refreshing: the Refresh steps aside and its wait runs the step, whose critical section does the
+    /// same, one level deeper each time; past the per-thread bound the wait ran only its step, which nested all the same,
+    /// about 12,000 levels on a 16 MB stack (found by the sixth adversarial round of session 15, left as a known
+    /// limitation: refusing such a Refresh cost its hot path). Now a wait that deep hands the step to a drain on a new
+    /// thread, so the chain goes on on fresh stacks, each at most about 512 drains deep. The control runs it inline.
+    /// </summary>
+    [Theory]
+    [InlineData(false)]
+    [InlineData(true)]
+    public void ACriticalSectionThatRefreshesInsideTheNextSchemesRegion_GoesOnOnFreshStacks(bool control)
+    {
+        const int Links = 20000;
+        var schemes = new EpochProtectedVersionScheme[Links + 1];
+        for (int i = 0; i <= Links; i++)
+            schemes[i] = new EpochProtectedVersionScheme();
+        int stackLow = 0, deepest = 0, ran = 0;
+        var threads = new System.Collections.Concurrent.ConcurrentDictionary<int, bool>();
+        Action<long, long> Link(int k) => (_, _) =>
+        {
+            threads.TryAdd(Environment.CurrentManagedThreadId, true);
+            for (int d = LightEpoch.ThreadDrainDepthForTesting, seen = Volatile.Read(ref deepest); d > seen; seen = Volatile.Read(ref deepest))
+                Interlocked.CompareExchange(ref deepest, d, seen);
+            if (Volatile.Read(ref stackLow) != 0 || !RuntimeHelpers.TryEnsureSufficientExecutionStack())
+            {
+                Volatile.Write(ref stackLow, 1); // stop rather than kill the test host
+                return;
+            }
+            Interlocked.Increment(ref ran);
+            if (k == Links)
+                return;
+            EpochProtectedVersionScheme next = schemes[k + 1];
+            next.Enter(); // at rest: no wait
+            Assert.Equal(StateMachineExecutionStatus.Ok, next.TryAdvanceVersionWithCriticalSection(Link(k + 1))); // waits for this region
+            next.Refresh(); // steps aside; its wait runs the step (that deep: on a new thread)
+            next.Leave();
+        };
+
+        LightEpoch.DeepWaitDrainsInlineForTesting = control;
+        try
+        {
+            var worker = new GuardedThread(() => schemes[0].AdvanceVersionWithCriticalSection(Link(0), spin: true), "critical sections refreshing in the next scheme", 16 << 20);
+            worker.Start();
+            worker.Join();
+        }
+        finally
+        {
+            LightEpoch.DeepWaitDrainsInlineForTesting = false;
+        }
+        foreach (EpochProtectedVersionScheme scheme in schemes)
+            scheme.SignalStepAvailable();
+        foreach (EpochProtectedVersionScheme scheme in schemes)
+            scheme.Dispose();
+
+        if (control)
+        {
+            Assert.True(stackLow != 0 || deepest > 1024, $"the control's chain nested only {deepest} drains deep (the check would not catch it)");
+            return;
+        }
+        Assert.True(stackLow == 0, $"a stack ran low {deepest} drains deep");
+        Assert.Equal(Links + 1, ran); // every critical section ran
+        Assert.True(deepest is >= 512 and <= 1024, $"the chain nested {deepest} drains deep on one thread, over {threads.Count} threads");
+        Assert.True(threads.Count >= Links / 1024, $"the chain ran on {threads.Count} threads");
     }
 
     /// <summary>An outermost Refresh past the bound whose epoch has another action pending besides its step: its waiting
@@ -323,6 +392,8 @@ public class DeepDrainTests
                 }
             }, "rescuer");
             LightEpoch.FilteredOutermostDrainLoopsForTesting = control;
+            // The filtered drain runs only when the wait runs its step itself: handed to a new thread, it would not filter.
+            LightEpoch.DeepWaitDrainsInlineForTesting = true;
             try
             {
                 scheme.Refresh(); // steps aside; its wait runs only the step
@@ -330,6 +401,7 @@ public class DeepDrainTests
             finally
             {
                 LightEpoch.FilteredOutermostDrainLoopsForTesting = false;
+                LightEpoch.DeepWaitDrainsInlineForTesting = false;
             }
             returned.Set();
             scheme.Leave();
