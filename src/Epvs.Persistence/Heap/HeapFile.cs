@@ -21,7 +21,7 @@ namespace Epvs.Persistence;
 /// whole heap, except through a private mapping: see <see cref="MappedFileWriteBack.PrivateMapping"/>) and sets it
 /// again, so <see cref="WasCleanShutdown"/> tells the next opener whether the previous one crashed.</para>
 /// </remarks>
-public sealed unsafe class HeapFile : IDisposable
+public sealed unsafe partial class HeapFile : IDisposable
 {
     /// <summary>The number of root words in the superblock.</summary>
     public const int RootSlotCount = HeapLayout.RootSlotCount;
@@ -241,6 +241,11 @@ public sealed unsafe class HeapFile : IDisposable
     internal byte* Pointer => Domain.Pointer;
 
     /// <summary>Creates a new heap file at <paramref name="path"/>; fails if anything exists there.</summary>
+    /// <remarks>On Linux the file is formatted and made durable before it gets its name (an unnamed file, then
+    /// <c>linkat</c>), so a process that dies inside Create leaves nothing at the path, and a file that appears there
+    /// meanwhile is never replaced. Elsewhere (or on a file system without unnamed files) it is created in place, and a
+    /// crash before it is complete leaves a file that <see cref="Open(string, HeapFileOptions?)"/> refuses as not a heap
+    /// file; delete it to try again.</remarks>
     /// <param name="path">Where to create the file.</param>
     /// <param name="options">Size, maximum size and persistence domain; null for the defaults.</param>
     /// <returns>The open heap file, holding its exclusive lock.</returns>
@@ -282,6 +287,14 @@ public sealed unsafe class HeapFile : IDisposable
             ThrowHelper.ThrowHeapFile(HeapFileError.InsufficientSpace, $"Cannot create heap file '{fullPath}': it needs {heapSize} bytes but only {available} bytes are free on that file system. Choose a smaller HeapFileOptions.Size or free space.");
         }
 
+        long capacity = dataStart + (maxSegments * HeapLayout.SegmentSize);
+        if (CreateUnnamedThenLink(fullPath, directory, heapSize, capacity, maxSegments, dataStart, options) is { } created)
+        {
+            return created;
+        }
+
+        // Not Linux, or a file system without unnamed files: created in place (a crash before the magic is durable leaves
+        // a file that Open refuses as "not a heap file", which the caller deletes).
         FileStream stream;
         try
         {
@@ -305,7 +318,8 @@ public sealed unsafe class HeapFile : IDisposable
         try
         {
             stream.SetLength(heapSize);
-            domain = MapDomain(stream, fullPath, heapSize, dataStart + (maxSegments * HeapLayout.SegmentSize), options);
+            domain = MapDomain(stream, fullPath, fullPath, heapSize, capacity, options);
+            HeapFileTestHooks.BeforeFormattingInPlace?.Invoke(fullPath);
             Format(domain, heapSize, maxSegments, dataStart);
             return new HeapFile(domain, stream, ownsDomain: true, fullPath, wasClean: true);
         }
@@ -361,7 +375,7 @@ public sealed unsafe class HeapFile : IDisposable
             }
 
             (long heapSize, long maxSegments, long dataStart) = Validate(superblock, fileLength, fullPath, kind);
-            PersistenceDomain domain = MapDomain(stream, fullPath, heapSize, dataStart + (maxSegments * HeapLayout.SegmentSize), options);
+            PersistenceDomain domain = MapDomain(stream, fullPath, fullPath, heapSize, dataStart + (maxSegments * HeapLayout.SegmentSize), options);
             try
             {
                 // After every check and the mapping (which touches no page), before the first store.
@@ -1019,7 +1033,14 @@ public sealed unsafe class HeapFile : IDisposable
     private const int EWOULDBLOCKLinux = 11;
     private const int EWOULDBLOCKBsd = 35;
 
-    private static PersistenceDomain MapDomain(FileStream stream, string path, long length, long capacity, HeapFileOptions options)
+    /// <param name="stream">The open file.</param>
+    /// <param name="path">The file's name, for messages.</param>
+    /// <param name="mapPath">A path that opens the same file, for libpmem (which maps by path): <paramref name="path"/>, or
+    /// the <c>/proc/self/fd</c> link of an unnamed file.</param>
+    /// <param name="length">The file's length.</param>
+    /// <param name="capacity">How far the heap may grow.</param>
+    /// <param name="options">The domain to map with.</param>
+    private static PersistenceDomain MapDomain(FileStream stream, string path, string mapPath, long length, long capacity, HeapFileOptions options)
     {
         if (options.MappedFileWriteBack is not (Persistence.MappedFileWriteBack.Auto or Persistence.MappedFileWriteBack.SharedMapping or Persistence.MappedFileWriteBack.PrivateMapping))
         {
@@ -1038,7 +1059,7 @@ public sealed unsafe class HeapFile : IDisposable
             case PersistenceDomainKind.Pmem:
                 if (options.PmemLibraryName is not null && PmemLibrary.TryLoad(options.PmemLibraryName, out failure))
                 {
-                    PmemPersistenceDomain pmem = PmemPersistenceDomain.Map(path);
+                    PmemPersistenceDomain pmem = PmemPersistenceDomain.Map(mapPath);
 
                     // Auto on a file that is not persistent memory: libpmem would only msync it (and cannot grow it);
                     // the mapped-file domain does that job better.
@@ -1055,23 +1076,23 @@ public sealed unsafe class HeapFile : IDisposable
                     ThrowHelper.ThrowHeapFile(HeapFileError.DomainUnavailable, $"Cannot map heap file '{path}' with libpmem: {failure ?? "HeapFileOptions.PmemLibraryName is null."} Use PersistenceDomainKind.Auto or MappedFile to fall back to msync.");
                 }
 
-                return MapFile(stream, length, capacity, options);
+                return MapFile(stream, path, length, capacity, options);
             case PersistenceDomainKind.MappedFile:
-                return MapFile(stream, length, capacity, options);
+                return MapFile(stream, path, length, capacity, options);
             default:
                 ThrowHelper.ThrowArgumentOutOfRange(nameof(options), $"Domain {options.Domain} cannot map a file; create a SimulatedPersistenceDomain and use HeapFile.Create(PersistenceDomain).");
                 return null;
         }
     }
 
-    private static MappedFilePersistenceDomain MapFile(FileStream stream, long length, long capacity, HeapFileOptions options)
+    private static MappedFilePersistenceDomain MapFile(FileStream stream, string path, long length, long capacity, HeapFileOptions options)
     {
         bool privateMapping = MappedFilePersistenceDomain.UsesPrivateMapping(options.MappedFileWriteBack, capacity);
         long sizeLimit = Interop.Libc.FileSizeLimit();
         if (privateMapping && length > sizeLimit)
         {
             // Its write-backs are pwrites, and one past the limit raises SIGXFSZ (a shared mapping's msync does not).
-            ThrowHelper.ThrowHeapFile(HeapFileError.DomainUnavailable, $"Cannot map heap file '{stream.Name}' privately: it has {length} bytes but the process may write files of at most {sizeLimit} bytes (RLIMIT_FSIZE, ulimit -f), and a private mapping writes back with pwrite. Raise the limit, or use MappedFileWriteBack.Auto or SharedMapping.");
+            ThrowHelper.ThrowHeapFile(HeapFileError.DomainUnavailable, $"Cannot map heap file '{path}' privately: it has {length} bytes but the process may write files of at most {sizeLimit} bytes (RLIMIT_FSIZE, ulimit -f), and a private mapping writes back with pwrite. Raise the limit, or use MappedFileWriteBack.Auto or SharedMapping.");
         }
 
         return MappedFilePersistenceDomain.Map(stream, length, capacity, privateMapping);

@@ -1,3 +1,5 @@
+using System;
+
 namespace Epvs.Persistence;
 
 /// <summary>
@@ -20,4 +22,13 @@ internal static class HeapFileTestHooks
 
     /// <summary>When set, the process's file size limit (RLIMIT_FSIZE) is taken as unlimited (the control for the file-size-limit test: the old behaviour, SIGXFSZ).</summary>
     internal static bool IgnoreFileSizeLimit { get; set; }
+
+    /// <summary>When set, <c>HeapFile.Create</c> creates the file in place, under its name, before formatting it (the control for the interrupted-creation test: the old behaviour).</summary>
+    internal static bool CreateInPlace { get; set; }
+
+    /// <summary>Runs in <c>HeapFile.Create</c> once the unnamed file is formatted and persisted, before it is given its name.</summary>
+    internal static Action<string>? BeforeNamingCreatedFile { get; set; }
+
+    /// <summary>Runs in <c>HeapFile.Create</c> when it creates the file in place (not Linux, or <see cref="CreateInPlace"/>), once the file exists, before it is formatted.</summary>
+    internal static Action<string>? BeforeFormattingInPlace { get; set; }
 }

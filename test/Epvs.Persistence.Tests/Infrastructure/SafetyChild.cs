@@ -1,5 +1,6 @@
 using System;
 using System.Collections.Generic;
+using System.Diagnostics;
 using System.IO;
 using System.Threading;
 
@@ -33,6 +34,7 @@ internal static class SafetyChild
                 "buffered-file-disposed-first" => BufferedFileDisposedFirst(path),
                 "domain-disposed-under-file" => DomainDisposedUnderFile(path),
                 "file-size-limit" => FileSizeLimit(path, control),
+                "create-killed" => CreateKilled(path, control),
                 "structures-after-dispose" => StructuresAfterDispose(path),
                 "dispose-in-fault-handler-advancer" => DisposeInFaultHandler(path, FaultedStepRunsOn.Advancer),
                 "dispose-in-fault-handler-sync" => DisposeInFaultHandler(path, FaultedStepRunsOn.SyncCaller),
@@ -569,6 +571,21 @@ internal static class SafetyChild
         }
 
         return Survived;
+    }
+
+    /// <summary>
+    /// The process dies (SIGKILL) in the middle of <see cref="HeapFile.Create(string, HeapFileOptions?)"/>: once the file is
+    /// formatted and persisted, before it is named; the control creates it in place, and dies before formatting it.
+    /// Never returns.
+    /// </summary>
+    private static int CreateKilled(string path, bool control)
+    {
+        HeapFileTestHooks.CreateInPlace = control;
+        HeapFileTestHooks.BeforeNamingCreatedFile = _ => Process.GetCurrentProcess().Kill();
+        HeapFileTestHooks.BeforeFormattingInPlace = _ => Process.GetCurrentProcess().Kill();
+        using HeapFile file = HeapFile.Create(path, new HeapFileOptions { Size = 4L << 20, Domain = PersistenceDomainKind.MappedFile });
+        Console.WriteLine("created: the hook never ran");
+        return WrongOutcome;
     }
 
     /// <summary>A sparse heap file on a full file system: Open reports InsufficientSpace instead of a SIGBUS later.</summary>

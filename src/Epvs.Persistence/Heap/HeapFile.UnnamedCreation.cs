@@ -1,0 +1,109 @@
+using System;
+using System.IO;
+using System.Runtime.InteropServices;
+using Microsoft.Win32.SafeHandles;
+
+namespace Epvs.Persistence;
+
+/// <summary>Creating a heap file atomically on Linux: formatted unnamed, then named.</summary>
+public sealed unsafe partial class HeapFile
+{
+    /// <summary>
+    /// Creates the heap file unnamed (<c>O_TMPFILE</c> in <paramref name="directory"/>), formats and persists it in full,
+    /// and only then gives it its name (<c>linkat</c>, which never replaces a file that appeared meanwhile), and makes the
+    /// name durable. A crash before the name leaves nothing behind (the kernel frees an unnamed file with its last
+    /// descriptor): creating the file in place, a crash between creating and formatting it left a file that
+    /// <see cref="Open(string, HeapFileOptions?)"/> refuses as not a heap file and <see cref="Create(string, HeapFileOptions?)"/>
+    /// refuses as existing, until deleted by hand. Returns null where that is not possible (not Linux, a file system
+    /// without unnamed files, no <c>/proc</c>): the caller creates the file in place.
+    /// </summary>
+    private static HeapFile? CreateUnnamedThenLink(string fullPath, string directory, long heapSize, long capacity, long maxSegments, long dataStart, HeapFileOptions options)
+    {
+        if (!OperatingSystem.IsLinux() || HeapFileTestHooks.CreateInPlace)
+        {
+            return null;
+        }
+
+        // 0666, less the umask, as FileStream creates files.
+        int fd = Interop.LibcFiles.Open(directory, Interop.LibcFiles.TmpFile | Interop.LibcFiles.ReadWrite | Interop.LibcFiles.CloseOnExec, 0x1B6);
+        if (fd < 0)
+        {
+            int errno = Marshal.GetLastPInvokeError();
+            if (errno is Interop.LibcFiles.Eacces or Interop.LibcFiles.Eperm or Interop.LibcFiles.Erofs)
+            {
+                ThrowHelper.ThrowHeapFile(HeapFileError.ReadOnly, $"Cannot create heap file '{fullPath}': the directory is not writable.");
+            }
+
+            // No unnamed files here (EOPNOTSUPP, EISDIR, EINVAL), or a failure creating in place reports as usual.
+            return null;
+        }
+
+        var handle = new SafeFileHandle(fd, ownsHandle: true);
+        string link = $"/proc/self/fd/{fd}";
+        FileStream? stream = null;
+        PersistenceDomain? domain = null;
+        try
+        {
+            // The exclusive lock every open of a heap file takes (as FileShare.None does): it comes with the name.
+            if (Interop.LibcFiles.Flock(fd, Interop.LibcFiles.LockExclusive | Interop.LibcFiles.LockNonBlocking) != 0)
+            {
+                throw new IOException($"Cannot create heap file '{fullPath}': flock failed (errno {Marshal.GetLastPInvokeError()}).");
+            }
+
+            // Reserve the blocks, so a full disk fails here, cleanly, instead of as SIGBUS on a later store through the mapping.
+            int reserved = Interop.Libc.PosixFallocate(fd, 0, heapSize);
+            if (reserved is Interop.LibcFiles.Enospc or Interop.LibcFiles.Efbig or Interop.LibcFiles.Edquot)
+            {
+                ThrowHelper.ThrowHeapFile(HeapFileError.InsufficientSpace, $"Cannot create heap file '{fullPath}' of {heapSize} bytes: the file system has no room for it (errno {reserved}).");
+            }
+
+            stream = new FileStream(handle, FileAccess.ReadWrite, bufferSize: 0);
+            stream.SetLength(heapSize);
+            domain = MapDomain(stream, fullPath, link, heapSize, capacity, options);
+            Format(domain, heapSize, maxSegments, dataStart);
+            HeapFileTestHooks.BeforeNamingCreatedFile?.Invoke(fullPath);
+
+            if (Interop.LibcFiles.Linkat(Interop.LibcFiles.AtCurrentDirectory, link, Interop.LibcFiles.AtCurrentDirectory, fullPath, Interop.LibcFiles.AtSymlinkFollow) != 0)
+            {
+                int errno = Marshal.GetLastPInvokeError();
+                if (errno == Interop.LibcFiles.Eexist)
+                {
+                    ThrowHelper.ThrowHeapFile(HeapFileError.AlreadyExists, $"Cannot create heap file '{fullPath}': the path already exists (it appeared while the file was being created). An existing file is never reformatted; delete it or open it with HeapFile.Open.");
+                }
+
+                // No /proc, or a file system that cannot link: created in place instead.
+                domain.Dispose();
+                stream.Dispose();
+                return null;
+            }
+
+            SyncDirectory(directory);
+            return new HeapFile(domain, stream, ownsDomain: true, fullPath, wasClean: true);
+        }
+        catch
+        {
+            domain?.Dispose();
+            if (stream is not null)
+            {
+                stream.Dispose();
+            }
+            else
+            {
+                handle.Dispose();
+            }
+
+            throw;
+        }
+    }
+
+    /// <summary>Makes a new name in <paramref name="directory"/> durable (best effort: a file system that cannot sync a directory needs no sync).</summary>
+    private static void SyncDirectory(string directory)
+    {
+        int fd = Interop.LibcFiles.Open(directory, Interop.LibcFiles.ReadOnly | Interop.LibcFiles.Directory | Interop.LibcFiles.CloseOnExec, 0);
+        if (fd >= 0)
+        {
+            _ = Interop.LibcFiles.Fsync(fd);
+            _ = Interop.LibcFiles.Close(fd);
+        }
+    }
+}

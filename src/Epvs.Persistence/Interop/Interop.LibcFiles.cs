@@ -1,0 +1,57 @@
+using System.Runtime.InteropServices;
+
+namespace Epvs.Persistence;
+
+internal static partial class Interop
+{
+    /// <summary>
+    /// The C library's file calls for creating a heap file atomically on Linux (see <c>HeapFile.Create</c>): an unnamed
+    /// file (<c>O_TMPFILE</c>) formatted in full, then given its name with <c>linkat</c>, which never replaces an existing
+    /// file. Constants are Linux's generic values (x86-64 and arm64 alike).
+    /// </summary>
+    internal static unsafe partial class LibcFiles
+    {
+        internal const int ReadWrite = 0x2;
+        internal const int ReadOnly = 0x0;
+        internal const int Directory = 0x10000;
+        internal const int CloseOnExec = 0x80000;
+
+        /// <summary><c>O_TMPFILE</c>: <c>__O_TMPFILE | O_DIRECTORY</c>.</summary>
+        internal const int TmpFile = 0x400000 | Directory;
+
+        internal const int LockExclusive = 2;
+        internal const int LockNonBlocking = 4;
+        internal const int AtCurrentDirectory = -100;
+        internal const int AtSymlinkFollow = 0x400;
+
+        internal const int Enoent = 2;
+        internal const int Eacces = 13;
+        internal const int Eexist = 17;
+        internal const int Eisdir = 21;
+        internal const int Einval = 22;
+        internal const int Efbig = 27;
+        internal const int Enospc = 28;
+        internal const int Erofs = 30;
+        internal const int Eopnotsupp = 95;
+        internal const int Edquot = 122;
+        internal const int Eperm = 1;
+
+        static LibcFiles() => NativeLibraryResolver.EnsureRegistered();
+
+        /// <summary>A file descriptor, or -1 with errno set.</summary>
+        [LibraryImport(NativeLibraryResolver.LibcLibraryName, EntryPoint = "open", SetLastError = true, StringMarshalling = StringMarshalling.Utf8)]
+        internal static partial int Open(string path, int flags, int mode);
+
+        [LibraryImport(NativeLibraryResolver.LibcLibraryName, EntryPoint = "close", SetLastError = true)]
+        internal static partial int Close(int fd);
+
+        [LibraryImport(NativeLibraryResolver.LibcLibraryName, EntryPoint = "flock", SetLastError = true)]
+        internal static partial int Flock(int fd, int operation);
+
+        [LibraryImport(NativeLibraryResolver.LibcLibraryName, EntryPoint = "fsync", SetLastError = true)]
+        internal static partial int Fsync(int fd);
+
+        [LibraryImport(NativeLibraryResolver.LibcLibraryName, EntryPoint = "linkat", SetLastError = true, StringMarshalling = StringMarshalling.Utf8)]
+        internal static partial int Linkat(int oldDirectory, string oldPath, int newDirectory, string newPath, int flags);
+    }
+}
