@@ -7,14 +7,17 @@ namespace Epvs;
 public sealed partial class LightEpoch
 {
     /// <summary>
-    /// This thread's drain handed off from a wait past <see cref="MaxThreadWaitingDepth"/>, while it runs (one at a time
-    /// per waiting thread: a wait loops, and must not start a thread on every turn).
+    /// The last drain this thread handed off from a wait past <see cref="MaxThreadWaitingDepth"/>: a wait loops, and
+    /// starts another only once that one has begun to drain (so not a thread on every turn while one starts up).
     /// </summary>
     [ThreadStatic] private static HandOff? t_handOff;
 
     private sealed class HandOff
     {
-        internal int Running;
+        internal const int Starting = 1;
+        internal const int Draining = 2;
+        internal const int Done = 3;
+        internal int State = Starting;
     }
 
     /// <summary>
@@ -23,8 +26,9 @@ public sealed partial class LightEpoch
     /// instead of one level deeper here. A chain of critical sections that each start the next scheme's transition and
     /// then Refresh inside a region of it ran each step inside the previous one's wait, one level deeper each time, until
     /// the stack overflowed (about 12,000 levels on a 16 MB stack); now every 512 levels the chain goes on on a fresh
-    /// stack, the threads below waiting for it. Returns false when the drain must run here instead: the waiter's previous
-    /// hand-off still runs (it could be waiting for this thread), or no thread could be started.
+    /// stack, the threads below waiting for it. Once the last drain handed off has begun, something still safe to run
+    /// gets another: the last one may be inside an action that waits for this thread, ahead of what this thread waits
+    /// for. Returns false when no thread could be started: the caller runs the drain here instead, as before.
     /// </summary>
     private bool HandOffDeepDrain()
     {
@@ -34,14 +38,14 @@ public sealed partial class LightEpoch
         long current = Volatile.Read(ref currentEpoch.Value);
         if (table.OldestAnnounced(current) - 1 < Volatile.Read(ref pendingHint.Value))
             return true;
-        HandOff handOff = t_handOff ??= new HandOff();
-        if (Volatile.Read(ref handOff.Running) != 0)
-            return false;
-        handOff.Running = 1;
+        if (t_handOff is { } last && Volatile.Read(ref last.State) == HandOff.Starting)
+            return true; // it has not looked yet
+        var handOff = new HandOff();
         try
         {
             var drainer = new Thread(() =>
             {
+                Volatile.Write(ref handOff.State, HandOff.Draining);
                 try
                 {
                     Drain(waiting: true);
@@ -53,7 +57,7 @@ public sealed partial class LightEpoch
                 }
                 finally
                 {
-                    Volatile.Write(ref handOff.Running, 0);
+                    Volatile.Write(ref handOff.State, HandOff.Done);
                 }
             })
             {
@@ -65,13 +69,13 @@ public sealed partial class LightEpoch
 #else
             drainer.Start();
 #endif
+            t_handOff = handOff;
             Interlocked.Increment(ref HandedOffDrainsForTesting);
             return true;
         }
         catch (Exception)
         {
             // No thread (out of memory, a thread limit): run it here, one level deeper, as before.
-            Volatile.Write(ref handOff.Running, 0);
             return false;
         }
     }

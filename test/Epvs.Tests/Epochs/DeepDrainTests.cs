@@ -235,24 +235,10 @@ public class DeepDrainTests
     [InlineData(true)]
     public void ACriticalSectionThatAdvancesAndEntersTheNextScheme_NeverNestsPastTheBound(bool control)
     {
-        const int Links = 20000;
-        var schemes = new EpochProtectedVersionScheme[Links + 1];
-        for (int i = 0; i <= Links; i++)
-            schemes[i] = new EpochProtectedVersionScheme();
-        bool stackLow = false;
-        int deepest = 0, refused = 0;
-        Action<long, long> Link(int k) => (_, _) =>
+        int refused = 0;
+        var chain = new CriticalSectionChain((next, link) =>
         {
-            deepest = Math.Max(deepest, LightEpoch.ThreadDrainDepthForTesting);
-            if (stackLow || !RuntimeHelpers.TryEnsureSufficientExecutionStack())
-            {
-                stackLow = true; // stop rather than kill the test host
-                return;
-            }
-            if (k == Links)
-                return;
-            EpochProtectedVersionScheme next = schemes[k + 1];
-            next.TryAdvanceVersionWithCriticalSection(Link(k + 1)); // inline, or (past 64 drains) left to the outermost
+            next.TryAdvanceVersionWithCriticalSection(link); // inline, or (past 64 drains) left to the outermost
             try
             {
                 next.Enter(); // waits for that step; its wait runs it
@@ -262,36 +248,23 @@ public class DeepDrainTests
             {
                 refused++;
             }
-        };
+        });
 
         // (The control also runs a deep wait's step inline: handed to a new thread, it would not nest.)
         LightEpoch.EnterWaitsPastTheThreadBoundForTesting = control;
         LightEpoch.DeepWaitDrainsInlineForTesting = control;
         try
         {
-            var worker = new GuardedThread(() => schemes[0].AdvanceVersionWithCriticalSection(Link(0), spin: true), "critical sections entering the next scheme", 16 << 20);
-            worker.Start();
-            worker.Join();
+            chain.Run("critical sections entering the next scheme");
         }
         finally
         {
             LightEpoch.EnterWaitsPastTheThreadBoundForTesting = false;
             LightEpoch.DeepWaitDrainsInlineForTesting = false;
         }
-        foreach (EpochProtectedVersionScheme scheme in schemes)
-            scheme.SignalStepAvailable();
-        foreach (EpochProtectedVersionScheme scheme in schemes)
-            scheme.Dispose();
 
-        // Nesting past twice the bound, or a stack run low, is what grows without bound (how many levels a stack holds
-        // depends on how the JIT compiled the frames).
-        if (control)
-        {
-            Assert.True(stackLow || deepest > 1024, $"the control's chain nested only {deepest} drains deep (the check would not catch it)");
+        if (chain.AssertNestedWithoutBoundIfControl(control))
             return;
-        }
-        Assert.False(stackLow, $"the stack ran low {deepest} drains deep");
-        Assert.InRange(deepest, 512, 1024);
         Assert.True(refused >= 1, "no Enter refused");
     }
 
@@ -308,13 +281,84 @@ public class DeepDrainTests
     [InlineData(true)]
     public void ACriticalSectionThatRefreshesInsideTheNextSchemesRegion_GoesOnOnFreshStacks(bool control)
     {
-        const int Links = 20000;
-        var schemes = new EpochProtectedVersionScheme[Links + 1];
-        for (int i = 0; i <= Links; i++)
-            schemes[i] = new EpochProtectedVersionScheme();
-        int stackLow = 0, deepest = 0, ran = 0;
-        var threads = new System.Collections.Concurrent.ConcurrentDictionary<int, bool>();
-        Action<long, long> Link(int k) => (_, _) =>
+        var chain = new CriticalSectionChain((next, link) =>
+        {
+            next.Enter(); // at rest: no wait
+            Assert.Equal(StateMachineExecutionStatus.Ok, next.TryAdvanceVersionWithCriticalSection(link)); // waits for this region
+            next.Refresh(); // steps aside; its wait runs the step (that deep: on a new thread)
+            next.Leave();
+        });
+
+        LightEpoch.DeepWaitDrainsInlineForTesting = control;
+        try
+        {
+            chain.Run("critical sections refreshing in the next scheme");
+        }
+        finally
+        {
+            LightEpoch.DeepWaitDrainsInlineForTesting = false;
+        }
+
+        if (chain.AssertNestedWithoutBoundIfControl(control))
+            return;
+        Assert.Equal(CriticalSectionChain.Links + 1, chain.Ran); // every critical section ran
+        Assert.True(chain.Threads >= CriticalSectionChain.Links / 1024, $"the chain ran on {chain.Threads} threads");
+    }
+
+    /// <summary>
+    /// A chain of critical sections over many schemes: each (run by the previous one's <paramref name="link"/> body on the
+    /// next scheme) records how deep inside drains its thread is, and stops, rather than kill the test host, once its
+    /// stack runs low. Started by a blocking transition of the first scheme on a 16 MB thread.
+    /// </summary>
+    private sealed class CriticalSectionChain
+    {
+        internal const int Links = 20000;
+        private readonly EpochProtectedVersionScheme[] schemes = new EpochProtectedVersionScheme[Links + 1];
+        private readonly Action<EpochProtectedVersionScheme, Action<long, long>> link;
+        private readonly System.Collections.Concurrent.ConcurrentDictionary<int, bool> threads = new();
+        private int deepest, stackLow, ran;
+
+        /// <param name="link">What each critical section does with the next scheme and the next critical section.</param>
+        internal CriticalSectionChain(Action<EpochProtectedVersionScheme, Action<long, long>> link)
+        {
+            this.link = link;
+            for (int i = 0; i <= Links; i++)
+                schemes[i] = new EpochProtectedVersionScheme();
+        }
+
+        internal int Ran => Volatile.Read(ref ran);
+
+        internal int Threads => threads.Count;
+
+        internal void Run(string name)
+        {
+            var worker = new GuardedThread(() => schemes[0].AdvanceVersionWithCriticalSection(Link(0), spin: true), name, 16 << 20);
+            worker.Start();
+            worker.Join();
+            foreach (EpochProtectedVersionScheme scheme in schemes)
+                scheme.SignalStepAvailable();
+            foreach (EpochProtectedVersionScheme scheme in schemes)
+                scheme.Dispose();
+        }
+
+        /// <summary>
+        /// For the control, that the chain nested past twice the bound, or ran a stack low (how many levels a stack holds
+        /// depends on how the JIT compiled the frames), and true; otherwise that no thread nested past twice the bound nor
+        /// ran low, and false.
+        /// </summary>
+        internal bool AssertNestedWithoutBoundIfControl(bool control)
+        {
+            if (control)
+            {
+                Assert.True(stackLow != 0 || deepest > 1024, $"the control's chain nested only {deepest} drains deep (the check would not catch it)");
+                return true;
+            }
+            Assert.True(stackLow == 0, $"a stack ran low {deepest} drains deep");
+            Assert.True(deepest is >= 512 and <= 1024, $"the chain nested {deepest} drains deep on one thread, over {threads.Count} threads");
+            return false;
+        }
+
+        private Action<long, long> Link(int k) => (_, _) =>
         {
             threads.TryAdd(Environment.CurrentManagedThreadId, true);
             for (int d = LightEpoch.ThreadDrainDepthForTesting, seen = Volatile.Read(ref deepest); d > seen; seen = Volatile.Read(ref deepest))
@@ -325,40 +369,9 @@ public class DeepDrainTests
                 return;
             }
             Interlocked.Increment(ref ran);
-            if (k == Links)
-                return;
-            EpochProtectedVersionScheme next = schemes[k + 1];
-            next.Enter(); // at rest: no wait
-            Assert.Equal(StateMachineExecutionStatus.Ok, next.TryAdvanceVersionWithCriticalSection(Link(k + 1))); // waits for this region
-            next.Refresh(); // steps aside; its wait runs the step (that deep: on a new thread)
-            next.Leave();
+            if (k < Links)
+                link(schemes[k + 1], Link(k + 1));
         };
-
-        LightEpoch.DeepWaitDrainsInlineForTesting = control;
-        try
-        {
-            var worker = new GuardedThread(() => schemes[0].AdvanceVersionWithCriticalSection(Link(0), spin: true), "critical sections refreshing in the next scheme", 16 << 20);
-            worker.Start();
-            worker.Join();
-        }
-        finally
-        {
-            LightEpoch.DeepWaitDrainsInlineForTesting = false;
-        }
-        foreach (EpochProtectedVersionScheme scheme in schemes)
-            scheme.SignalStepAvailable();
-        foreach (EpochProtectedVersionScheme scheme in schemes)
-            scheme.Dispose();
-
-        if (control)
-        {
-            Assert.True(stackLow != 0 || deepest > 1024, $"the control's chain nested only {deepest} drains deep (the check would not catch it)");
-            return;
-        }
-        Assert.True(stackLow == 0, $"a stack ran low {deepest} drains deep");
-        Assert.Equal(Links + 1, ran); // every critical section ran
-        Assert.True(deepest is >= 512 and <= 1024, $"the chain nested {deepest} drains deep on one thread, over {threads.Count} threads");
-        Assert.True(threads.Count >= Links / 1024, $"the chain ran on {threads.Count} threads");
     }
 
     /// <summary>An outermost Refresh past the bound whose epoch has another action pending besides its step: its waiting
