@@ -7,17 +7,20 @@ internal static partial class Interop
     /// <summary>
     /// The C library's file calls for creating a heap file atomically on Linux (see <c>HeapFile.Create</c>): an unnamed
     /// file (<c>O_TMPFILE</c>) formatted in full, then given its name with <c>linkat</c>, which never replaces an existing
-    /// file. Constants are Linux's generic values (x86-64 and arm64 alike).
+    /// file. The open flags are Linux's for the architecture: <c>O_DIRECTORY</c> differs between x86 and Arm.
     /// </summary>
     internal static unsafe partial class LibcFiles
     {
         internal const int ReadWrite = 0x2;
         internal const int ReadOnly = 0x0;
-        internal const int Directory = 0x10000;
         internal const int CloseOnExec = 0x80000;
 
-        /// <summary><c>O_TMPFILE</c>: <c>__O_TMPFILE | O_DIRECTORY</c>.</summary>
-        internal const int TmpFile = 0x400000 | Directory;
+        /// <summary><c>O_DIRECTORY</c>: 0200000 on x86 and x86-64 (and most others), 040000 on Arm and Arm64 (where
+        /// 0200000 is <c>O_DIRECT</c>).</summary>
+        internal static int Directory => RuntimeInformation.ProcessArchitecture is Architecture.Arm or Architecture.Arm64 or Architecture.Armv6 ? 0x4000 : 0x10000;
+
+        /// <summary><c>O_TMPFILE</c>: <c>__O_TMPFILE</c> (020000000 on x86 and Arm alike) with <c>O_DIRECTORY</c>.</summary>
+        internal static int TmpFile => 0x400000 | Directory;
 
         internal const int LockExclusive = 2;
         internal const int LockNonBlocking = 4;

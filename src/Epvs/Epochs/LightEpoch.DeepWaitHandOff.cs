@@ -12,6 +12,23 @@ public sealed partial class LightEpoch
     /// </summary>
     [ThreadStatic] private static HandOff? t_handOff;
 
+    /// <summary>What a thread that takes over a deep wait's step must know of the waiter's thread (the version scheme's
+    /// callbacks it is inside): captured on the waiter, restored on the new thread before it drains.</summary>
+    internal interface IWaiterContext
+    {
+        object? Capture();
+
+        void Restore(object? context);
+    }
+
+    /// <summary>Set once by the first version scheme created (the epoch layer knows nothing of schemes).</summary>
+    internal static IWaiterContext? WaiterContext;
+
+    /// <summary>The hand-off thread's stack: reserved, not committed; it must hold up to <see cref="MaxThreadWaitingDepth"/>
+    /// levels of actions however much the waiter's own stack was given (the default, 1.5 to 8 MB, held fewer than 512 levels
+    /// of an action with a 16 KB frame).</summary>
+    private const int HandOffStackSize = 64 << 20;
+
     private sealed class HandOff
     {
         internal const int Starting = 1;
@@ -43,11 +60,15 @@ public sealed partial class LightEpoch
         var handOff = new HandOff();
         try
         {
-            var drainer = new Thread(() =>
+            IWaiterContext? carrier = HandOffWithoutWaiterContextForTesting ? null : WaiterContext;
+            object? context = carrier?.Capture();
+            var drainer = new Thread(
+                () =>
             {
                 Volatile.Write(ref handOff.State, HandOff.Draining);
                 try
                 {
+                    carrier?.Restore(context);
                     Drain(waiting: true);
                 }
                 catch (Exception)
@@ -59,16 +80,15 @@ public sealed partial class LightEpoch
                 {
                     Volatile.Write(ref handOff.State, HandOff.Done);
                 }
-            })
+            },
+                HandOffWithDefaultStackForTesting ? 0 : HandOffStackSize)
             {
                 IsBackground = true,
                 Name = "Epvs deep-wait drain",
             };
-#if NET5_0_OR_GREATER
-            drainer.UnsafeStart();
-#else
-            drainer.Start();
-#endif
+            // The waiter's ExecutionContext (its AsyncLocal values) does not flow, on every target alike.
+            using (ExecutionContext.SuppressFlow())
+                drainer.Start();
             t_handOff = handOff;
             Interlocked.Increment(ref HandedOffDrainsForTesting);
             return true;

@@ -112,6 +112,15 @@ public sealed unsafe partial class LightEpoch
     /// level deeper for every link of a chain of critical sections that each Refresh inside the next scheme's region.</summary>
     internal static bool DeepWaitDrainsInlineForTesting;
 
+    /// <summary>Test-only: the thread a deep wait hands its step to starts without the waiter's context (the version
+    /// scheme callbacks it is inside), as first written, so a blocking start there that would be refused inline waits for
+    /// the waiter, which waits for it.</summary>
+    internal static bool HandOffWithoutWaiterContextForTesting;
+
+    /// <summary>Test-only: the hand-off thread gets the runtime's default stack (as first written), which holds fewer than
+    /// 512 levels of an action with a large frame.</summary>
+    internal static bool HandOffWithDefaultStackForTesting;
+
     /// <summary>Test-only: how many drains waits past the per-thread bound handed to a new thread (all instances).</summary>
     internal static int HandedOffDrainsForTesting;
 

@@ -114,6 +114,7 @@ public sealed partial class EpochProtectedVersionScheme : IDisposable
             ThrowHelper.ThrowArgumentOutOfRange(nameof(initialVersion), $"A version must be between 0 and {VersionSchemeState.MaxVersion}.");
         }
 
+        LightEpoch.WaiterContext ??= CallbackContext.Instance;
         this.epoch = epoch;
         this.ownsEpoch = ownsEpoch;
         // An owned epoch is disposed with the scheme: its ObjectDisposedException (from Enter, say) names the scheme.
@@ -630,4 +631,40 @@ public sealed partial class EpochProtectedVersionScheme : IDisposable
     }
 
     private bool InCallback() => t_callbacks is { Count: > 0 } callbacks && callbacks.Contains(this);
+
+    /// <summary>
+    /// The schemes whose callbacks a waiting thread is inside, carried to the thread a deep wait hands its step to
+    /// (<see cref="LightEpoch.WaiterContext"/>): that thread runs on the waiter's behalf, so what would be refused inline
+    /// (a blocking start from inside one of those callbacks, which would wait for ever) is refused there too, instead of
+    /// waiting for the waiter, which waits for it.
+    /// </summary>
+    private sealed class CallbackContext : LightEpoch.IWaiterContext
+    {
+        internal static readonly CallbackContext Instance = new();
+
+        public object? Capture() =>
+            t_inCriticalSectionOf is null && CallbackDepth == 0 ? null : new Snapshot(t_inCriticalSectionOf, t_callbacks?.ToArray() ?? Array.Empty<EpochProtectedVersionScheme>());
+
+        public void Restore(object? context)
+        {
+            if (context is Snapshot snapshot)
+            {
+                t_inCriticalSectionOf = snapshot.InCriticalSectionOf;
+                t_callbacks = new List<EpochProtectedVersionScheme>(snapshot.Callbacks);
+            }
+        }
+
+        private sealed class Snapshot
+        {
+            internal Snapshot(EpochProtectedVersionScheme? inCriticalSectionOf, EpochProtectedVersionScheme[] callbacks)
+            {
+                InCriticalSectionOf = inCriticalSectionOf;
+                Callbacks = callbacks;
+            }
+
+            internal EpochProtectedVersionScheme? InCriticalSectionOf { get; }
+
+            internal EpochProtectedVersionScheme[] Callbacks { get; }
+        }
+    }
 }

@@ -306,6 +306,142 @@ public class DeepDrainTests
     }
 
     /// <summary>
+    /// The step a deep wait hands to a new thread runs there on the waiter's behalf: a blocking start it makes on a scheme
+    /// whose callback is on the waiter's stack (the previous link's critical section) would wait for that callback, which
+    /// waits for the step. Inline, the start is refused (<see cref="InvalidOperationException"/>); handed off, it must be
+    /// refused too, so the thread takes the waiter's callbacks with it. Found by the probe of the hand-off (session 16).
+    /// The control hands off without them: it waits until the test interrupts it.
+    /// </summary>
+    [Theory]
+    [InlineData(false)]
+    [InlineData(true)]
+    public void AHandedOffStep_IsRefusedABlockingStartTheWaiterIsInsideACallbackOf(bool control)
+    {
+        const int Links = 2000;
+        var schemes = new EpochProtectedVersionScheme[Links + 2];
+        for (int i = 0; i < schemes.Length; i++)
+            schemes[i] = new EpochProtectedVersionScheme();
+        Exception? refusal = null;
+        Thread? blocked = null;
+        int triggered = 0, waiter = 0, handedTo = 0;
+
+        Action<long, long> BlockingStartOn(int k) => (_, _) =>
+        {
+            blocked = Thread.CurrentThread;
+            Volatile.Write(ref handedTo, Environment.CurrentManagedThreadId);
+            refusal = Record.Exception(() => schemes[k].AdvanceVersionWithCriticalSection((_, _) => { }, spin: true));
+        };
+
+        Action<long, long> Link(int k) => (_, _) =>
+        {
+            if (Volatile.Read(ref triggered) != 0 || k >= Links)
+                return;
+            EpochProtectedVersionScheme next = schemes[k + 1];
+            next.Enter();
+            bool trigger = LightEpoch.ThreadDrainDepthForTesting >= DeepEnough;
+            if (trigger)
+            {
+                triggered = 1;
+                waiter = Environment.CurrentManagedThreadId;
+            }
+            Assert.Equal(StateMachineExecutionStatus.Ok, next.TryAdvanceVersionWithCriticalSection(trigger ? BlockingStartOn(k) : Link(k + 1)));
+            next.Refresh(); // its wait hands the step to a new thread once this deep
+            next.Leave();
+        };
+
+        LightEpoch.HandOffWithoutWaiterContextForTesting = control;
+        bool finished;
+        try
+        {
+            var worker = new GuardedThread(() => schemes[0].AdvanceVersionWithCriticalSection(Link(0), spin: true), "chain", 16 << 20);
+            worker.Start();
+            finished = worker.TryJoin(control ? TimeSpan.FromSeconds(2) : GuardedThread.DefaultTimeout);
+            if (!finished)
+            {
+                blocked?.Interrupt(); // lets the control's blocking start go (it waits interruptibly)
+                worker.Join();
+            }
+        }
+        finally
+        {
+            LightEpoch.HandOffWithoutWaiterContextForTesting = false;
+        }
+
+        Assert.True(triggered == 1, "the chain never got 512 drains deep");
+        Assert.NotEqual(waiter, handedTo); // handed off
+        if (control)
+        {
+            Assert.False(finished, "the control's blocking start returned (the check would not catch it)");
+            return;
+        }
+        Assert.True(finished, "the handed-off step waited for the waiter, which waited for it");
+        Assert.IsType<InvalidOperationException>(refusal);
+        foreach (EpochProtectedVersionScheme scheme in schemes)
+            scheme.Dispose();
+    }
+
+    /// <summary>
+    /// The thread a deep wait hands its step to must hold up to 512 levels of the caller's actions, however large their
+    /// frames: with the runtime's default stack, a chain whose links each take 16 KB, which fits its caller's 64 MB stack,
+    /// ran low 466 drains deep on the new thread (found by the probe of the hand-off, session 16). The control gives the
+    /// thread the default stack.
+    /// </summary>
+    [Theory]
+    [InlineData(false)]
+    [InlineData(true)]
+    public void AHandOffThreadHoldsTheBoundsLevelsOfLargeFrames(bool control)
+    {
+        const int Links = 1100;
+        var schemes = new EpochProtectedVersionScheme[Links + 1];
+        for (int i = 0; i <= Links; i++)
+            schemes[i] = new EpochProtectedVersionScheme();
+        int stackLow = 0, ran = 0;
+        Action<long, long> Link(int k) => (_, _) =>
+        {
+            Span<byte> frame = stackalloc byte[16384];
+            frame[k % frame.Length] = 1;
+            if (Volatile.Read(ref stackLow) != 0 || !RuntimeHelpers.TryEnsureSufficientExecutionStack())
+            {
+                Volatile.Write(ref stackLow, 1); // stop rather than kill the test host
+                return;
+            }
+            Interlocked.Increment(ref ran);
+            if (k == Links)
+                return;
+            EpochProtectedVersionScheme next = schemes[k + 1];
+            next.Enter();
+            Assert.Equal(StateMachineExecutionStatus.Ok, next.TryAdvanceVersionWithCriticalSection(Link(k + 1)));
+            next.Refresh();
+            next.Leave();
+            GC.KeepAlive(frame[(k + 1) % frame.Length]);
+        };
+
+        LightEpoch.HandOffWithDefaultStackForTesting = control;
+        try
+        {
+            var worker = new GuardedThread(() => schemes[0].AdvanceVersionWithCriticalSection(Link(0), spin: true), "chain of large frames", 64 << 20);
+            worker.Start();
+            worker.Join();
+        }
+        finally
+        {
+            LightEpoch.HandOffWithDefaultStackForTesting = false;
+        }
+        foreach (EpochProtectedVersionScheme scheme in schemes)
+            scheme.SignalStepAvailable();
+        foreach (EpochProtectedVersionScheme scheme in schemes)
+            scheme.Dispose();
+
+        if (control)
+        {
+            Assert.True(stackLow != 0, "the control's hand-off thread held the chain (the check would not catch it)");
+            return;
+        }
+        Assert.True(stackLow == 0, "a stack ran low");
+        Assert.Equal(Links + 1, ran);
+    }
+
+    /// <summary>
     /// A chain of critical sections over many schemes: each (run by the previous one's <paramref name="link"/> body on the
     /// next scheme) records how deep inside drains its thread is, and stops, rather than kill the test host, once its
     /// stack runs low. Started by a blocking transition of the first scheme on a 16 MB thread.
