@@ -39,6 +39,10 @@ public sealed unsafe partial class HeapFile
         }
 
         var handle = new SafeFileHandle(fd, ownsHandle: true);
+
+        // Kernels before 6.1 did not apply the umask to O_TMPFILE files on file systems without POSIX ACLs (the file was
+        // 0666, writable by anyone): set the mode a named creation gets.
+        _ = Interop.LibcFiles.Fchmod(fd, 0x1B6 & ~ProcessUmask());
         string link = $"/proc/self/fd/{fd}";
         FileStream? stream = null;
         PersistenceDomain? domain = null;
@@ -94,6 +98,28 @@ public sealed unsafe partial class HeapFile
 
             throw;
         }
+    }
+
+    /// <summary>The process's file mode creation mask, from <c>/proc/self/status</c> (reading it with <c>umask</c> would
+    /// change it for a moment, under other threads' creations); 022 when it cannot be read.</summary>
+    private static int ProcessUmask()
+    {
+        try
+        {
+            foreach (string line in File.ReadLines("/proc/self/status"))
+            {
+                if (line.StartsWith("Umask:", StringComparison.Ordinal))
+                {
+                    return Convert.ToInt32(line.Substring("Umask:".Length).Trim(), 8);
+                }
+            }
+        }
+        catch (Exception e) when (e is IOException or UnauthorizedAccessException or FormatException)
+        {
+            // Below.
+        }
+
+        return 0x12; // 022
     }
 
     /// <summary>Makes a new name in <paramref name="directory"/> durable (best effort: a file system that cannot sync a directory needs no sync).</summary>

@@ -51,6 +51,9 @@ internal static partial class Interop
         [LibraryImport(NativeLibraryResolver.LibcLibraryName, EntryPoint = "flock", SetLastError = true)]
         internal static partial int Flock(int fd, int operation);
 
+        [LibraryImport(NativeLibraryResolver.LibcLibraryName, EntryPoint = "fchmod", SetLastError = true)]
+        internal static partial int Fchmod(int fd, int mode);
+
         [LibraryImport(NativeLibraryResolver.LibcLibraryName, EntryPoint = "fsync", SetLastError = true)]
         internal static partial int Fsync(int fd);
 
