@@ -81,7 +81,7 @@ public sealed partial class LightEpoch
                     Volatile.Write(ref handOff.State, HandOff.Done);
                 }
             },
-                HandOffWithDefaultStackForTesting ? 0 : HandOffStackSize)
+                HandOffStackSizeForTesting != 0 ? HandOffStackSizeForTesting : HandOffStackSize)
             {
                 IsBackground = true,
                 Name = "Epvs deep-wait drain",

@@ -117,9 +117,9 @@ public sealed unsafe partial class LightEpoch
     /// the waiter, which waits for it.</summary>
     internal static bool HandOffWithoutWaiterContextForTesting;
 
-    /// <summary>Test-only: the hand-off thread gets the runtime's default stack (as first written), which holds fewer than
-    /// 512 levels of an action with a large frame.</summary>
-    internal static bool HandOffWithDefaultStackForTesting;
+    /// <summary>Test-only: the hand-off thread's stack size when not 0 (first written, it got the runtime's default, 1.5 to
+    /// 8 MB, which held fewer than 512 levels of an action with a 16 KB frame).</summary>
+    internal static int HandOffStackSizeForTesting;
 
     /// <summary>Test-only: how many drains waits past the per-thread bound handed to a new thread (all instances).</summary>
     internal static int HandedOffDrainsForTesting;

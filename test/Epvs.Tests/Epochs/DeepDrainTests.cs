@@ -383,8 +383,8 @@ public class DeepDrainTests
     /// <summary>
     /// The thread a deep wait hands its step to must hold up to 512 levels of the caller's actions, however large their
     /// frames: with the runtime's default stack, a chain whose links each take 16 KB, which fits its caller's 64 MB stack,
-    /// ran low 466 drains deep on the new thread (found by the probe of the hand-off, session 16). The control gives the
-    /// thread the default stack.
+    /// ran low 466 drains deep on the new thread's default 8 MB (found by the probe of the hand-off, session 16). The
+    /// control gives the thread 2 MB (the default is 1.5 to 8 MB, depending on the system).
     /// </summary>
     [Theory]
     [InlineData(false)]
@@ -416,7 +416,7 @@ public class DeepDrainTests
             GC.KeepAlive(frame[(k + 1) % frame.Length]);
         };
 
-        LightEpoch.HandOffWithDefaultStackForTesting = control;
+        LightEpoch.HandOffStackSizeForTesting = control ? 2 << 20 : 0;
         try
         {
             var worker = new GuardedThread(() => schemes[0].AdvanceVersionWithCriticalSection(Link(0), spin: true), "chain of large frames", 64 << 20);
@@ -425,7 +425,7 @@ public class DeepDrainTests
         }
         finally
         {
-            LightEpoch.HandOffWithDefaultStackForTesting = false;
+            LightEpoch.HandOffStackSizeForTesting = 0;
         }
         foreach (EpochProtectedVersionScheme scheme in schemes)
             scheme.SignalStepAvailable();
