@@ -307,6 +307,11 @@ public sealed unsafe partial class HeapFile : IDisposable
             ThrowHelper.ThrowHeapFile(HeapFileError.ReadOnly, $"Cannot create heap file '{fullPath}': the directory is not writable.", e);
             throw;
         }
+        catch (IOException e) when (e.HResult == EROFS)
+        {
+            ThrowHelper.ThrowHeapFile(HeapFileError.ReadOnly, $"Cannot create heap file '{fullPath}': the file system is read-only.", e);
+            throw;
+        }
         catch (IOException e) when (!File.Exists(fullPath) && e.HResult is not (EMFILE or ENFILE))
         {
             // (Out of file descriptors is the IOException itself, not a full disk.)

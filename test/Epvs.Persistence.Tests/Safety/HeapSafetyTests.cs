@@ -261,6 +261,30 @@ public sealed class HeapSafetyTests
         }
     }
 
+    /// <summary>Creating on a read-only file system says so, whether the file is made unnamed (Linux) or in place: in
+    /// place it was reported as a full disk (the create's EROFS taken for a failed preallocation).</summary>
+    [Theory]
+    [InlineData(false)]
+    [InlineData(true)]
+    public void Create_OnAReadOnlyMount_ReportsReadOnly(bool inPlace)
+    {
+        using var dir = new TempDirectory();
+        string view = Path.Combine(dir.Path, "view");
+        Directory.CreateDirectory(view);
+        Assert.SkipUnless(Run("mount", "-t", "tmpfs", "-o", "ro,size=1m", "tmpfs", view), "needs root and mount(8) for a read-only mount");
+        HeapFileTestHooks.CreateInPlace = inPlace;
+        try
+        {
+            HeapFileException e = Assert.Throws<HeapFileException>(() => PersistentHeap.Create(Path.Combine(view, "a.heap"), new HeapFileOptions { Size = 1L << 20 }));
+            Assert.Equal(HeapFileError.ReadOnly, e.Error);
+        }
+        finally
+        {
+            HeapFileTestHooks.CreateInPlace = false;
+            Run("umount", view);
+        }
+    }
+
     [Theory]
     [InlineData(0x2000_0000_0000_0000UL)] // offset + words * 8 wraps around to offset: the old check passed, the hash read far outside the mapping
     [InlineData(0x1FFF_FFFF_FFFF_FFFFUL)] // words * 8 wraps negative
