@@ -335,38 +335,29 @@ internal sealed unsafe class ValueIndex<TKey, TValue>
             }
 
             long copied = 0;
-            for (uint i = 0; i < (uint)old.Capacity; i++)
+            uint next = 0;
+            try
             {
-                byte* slot = old.Slot(i);
-                if (*(int*)(slot + StateOffset) != Live)
+                CopyAll(old, grown, ref copied, ref next);
+            }
+            catch
+            {
+                // A key's GetHashCode (user code, called to place the key in the new table) threw. The new table was
+                // never published: give the old one back its moved slots (their writers wait on a stripe lock, which
+                // this growth holds) so that it stays the live table, and report the failure to the caller. It used to
+                // stay with those slots moved and the failing one locked: every later write of them, and the next
+                // growth, spun for ever. As after a failed allocation, inserts stop asking for a growth at half full.
+                for (uint i = 0; i < next; i++)
                 {
-                    continue;
+                    byte* slot = old.Slot(i);
+                    if (*(int*)(slot + StateOffset) == Moved)
+                    {
+                        *(int*)(slot + StateOffset) = Live;
+                    }
                 }
 
-                // The slot lock waits out an update in progress and keeps later ones off this slot (they see it moved).
-                // The broken control copies without it, and leaves the slot live: an update after the copy is lost.
-                if (!_growWithoutSlotLocks)
-                {
-                    BeforeGrowLocksSlotForTesting?.Invoke(Unsafe.Read<TKey>(slot + KeyOffset));
-                    Acquire(slot);
-                }
-
-                if (!_growWithoutSlotLocks && !_growWithoutRecheck && *(int*)(slot + StateOffset) != Live)
-                {
-                    // Removed while this growth waited for the slot: a tombstone, not copied.
-                    Release(slot);
-                    continue;
-                }
-
-                CopyInto(grown, slot);
-                copied++;
-                if (!_growWithoutSlotLocks)
-                {
-                    // The broken control (clearOldSlotsOnGrow) empties the slot instead: a reader still probing the old
-                    // table stops there and misses a present key.
-                    *(int*)(slot + StateOffset) = _clearOldSlotsOnGrow ? Empty : Moved;
-                    Release(slot);
-                }
+                Volatile.Write(ref old.GrowthDeferred, true);
+                throw;
             }
 
             grown.Used = copied;
@@ -389,6 +380,55 @@ internal sealed unsafe class ValueIndex<TKey, TValue>
                 Monitor.Exit(_locks[i]);
             }
         }
+    }
+
+    /// <summary>Copies every live slot of <paramref name="old"/> into <paramref name="grown"/>; <paramref name="next"/> is the slot it is at (for the undo of a failure).</summary>
+    private void CopyAll(Table old, Table grown, ref long copied, ref uint next)
+    {
+            for (uint i = 0; i < (uint)old.Capacity; i++)
+            {
+                next = i + 1;
+                byte* slot = old.Slot(i);
+                if (*(int*)(slot + StateOffset) != Live)
+                {
+                    continue;
+                }
+
+                // The slot lock waits out an update in progress and keeps later ones off this slot (they see it moved).
+                // The broken control copies without it, and leaves the slot live: an update after the copy is lost.
+                if (!_growWithoutSlotLocks)
+                {
+                    BeforeGrowLocksSlotForTesting?.Invoke(Unsafe.Read<TKey>(slot + KeyOffset));
+                    Acquire(slot);
+                }
+
+                if (!_growWithoutSlotLocks && !_growWithoutRecheck && *(int*)(slot + StateOffset) != Live)
+                {
+                    // Removed while this growth waited for the slot: a tombstone, not copied.
+                    Release(slot);
+                    continue;
+                }
+
+                try
+                {
+                    CopyInto(grown, slot);
+                }
+                catch when (!_growWithoutSlotLocks)
+                {
+                    // The key's GetHashCode threw: the slot stays live and unlocked (see Grow).
+                    Release(slot);
+                    throw;
+                }
+
+                copied++;
+                if (!_growWithoutSlotLocks)
+                {
+                    // The broken control (clearOldSlotsOnGrow) empties the slot instead: a reader still probing the old
+                    // table stops there and misses a present key.
+                    *(int*)(slot + StateOffset) = _clearOldSlotsOnGrow ? Empty : Moved;
+                    Release(slot);
+                }
+            }
     }
 
     /// <summary>

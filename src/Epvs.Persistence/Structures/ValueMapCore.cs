@@ -171,13 +171,14 @@ internal sealed unsafe class ValueMapCore<TKey, TValue>
     {
         if (outcome == Outcome.InsertedAndGrow)
         {
-            // The insert is done: if there is no memory to grow, the next insert that finds no room grows (or fails)
-            // before writing anything (Grow marks the table it could not grow).
+            // The insert is done: if the index cannot grow (no memory, or a key's GetHashCode threw), the next insert
+            // that finds no room grows, or fails, before writing anything (Grow marks the table it could not grow). The
+            // insert's own call does not fail for it: it happened.
             try
             {
                 _index.Grow();
             }
-            catch (OutOfMemoryException)
+            catch (Exception)
             {
             }
         }
