@@ -385,50 +385,50 @@ internal sealed unsafe class ValueIndex<TKey, TValue>
     /// <summary>Copies every live slot of <paramref name="old"/> into <paramref name="grown"/>; <paramref name="next"/> is the slot it is at (for the undo of a failure).</summary>
     private void CopyAll(Table old, Table grown, ref long copied, ref uint next)
     {
-            for (uint i = 0; i < (uint)old.Capacity; i++)
+        for (uint i = 0; i < (uint)old.Capacity; i++)
+        {
+            next = i + 1;
+            byte* slot = old.Slot(i);
+            if (*(int*)(slot + StateOffset) != Live)
             {
-                next = i + 1;
-                byte* slot = old.Slot(i);
-                if (*(int*)(slot + StateOffset) != Live)
-                {
-                    continue;
-                }
-
-                // The slot lock waits out an update in progress and keeps later ones off this slot (they see it moved).
-                // The broken control copies without it, and leaves the slot live: an update after the copy is lost.
-                if (!_growWithoutSlotLocks)
-                {
-                    BeforeGrowLocksSlotForTesting?.Invoke(Unsafe.Read<TKey>(slot + KeyOffset));
-                    Acquire(slot);
-                }
-
-                if (!_growWithoutSlotLocks && !_growWithoutRecheck && *(int*)(slot + StateOffset) != Live)
-                {
-                    // Removed while this growth waited for the slot: a tombstone, not copied.
-                    Release(slot);
-                    continue;
-                }
-
-                try
-                {
-                    CopyInto(grown, slot);
-                }
-                catch when (!_growWithoutSlotLocks)
-                {
-                    // The key's GetHashCode threw: the slot stays live and unlocked (see Grow).
-                    Release(slot);
-                    throw;
-                }
-
-                copied++;
-                if (!_growWithoutSlotLocks)
-                {
-                    // The broken control (clearOldSlotsOnGrow) empties the slot instead: a reader still probing the old
-                    // table stops there and misses a present key.
-                    *(int*)(slot + StateOffset) = _clearOldSlotsOnGrow ? Empty : Moved;
-                    Release(slot);
-                }
+                continue;
             }
+
+            // The slot lock waits out an update in progress and keeps later ones off this slot (they see it moved).
+            // The broken control copies without it, and leaves the slot live: an update after the copy is lost.
+            if (!_growWithoutSlotLocks)
+            {
+                BeforeGrowLocksSlotForTesting?.Invoke(Unsafe.Read<TKey>(slot + KeyOffset));
+                Acquire(slot);
+            }
+
+            if (!_growWithoutSlotLocks && !_growWithoutRecheck && *(int*)(slot + StateOffset) != Live)
+            {
+                // Removed while this growth waited for the slot: a tombstone, not copied.
+                Release(slot);
+                continue;
+            }
+
+            try
+            {
+                CopyInto(grown, slot);
+            }
+            catch when (!_growWithoutSlotLocks)
+            {
+                // The key's GetHashCode threw: the slot stays live and unlocked (see Grow).
+                Release(slot);
+                throw;
+            }
+
+            copied++;
+            if (!_growWithoutSlotLocks)
+            {
+                // The broken control (clearOldSlotsOnGrow) empties the slot instead: a reader still probing the old
+                // table stops there and misses a present key.
+                *(int*)(slot + StateOffset) = _clearOldSlotsOnGrow ? Empty : Moved;
+                Release(slot);
+            }
+        }
     }
 
     /// <summary>
