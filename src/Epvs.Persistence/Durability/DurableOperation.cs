@@ -40,11 +40,25 @@ public ref struct DurableOperation
 
     /// <summary>Allocates a new payload (a new uid) tagged with <see cref="Version"/>; write its bytes with <see cref="GetPayload(PayloadRef)"/>.</summary>
     /// <param name="size">Payload size in bytes.</param>
-    /// <param name="typeId">The structure's type id (what <see cref="BufferedDurableHeap.TakeRecoveredPayloads(int)"/> groups by).</param>
+    /// <param name="typeId">The structure's type id (what <see cref="BufferedDurableHeap.TakeRecoveredPayloads(int)"/> groups by),
+    /// in [0, 2^24): the ids above belong to the library's structures (their kind is in the high bits), whose recovery
+    /// would otherwise take such a payload for one of theirs.</param>
     /// <returns>The new payload.</returns>
+    /// <exception cref="ArgumentOutOfRangeException"><paramref name="typeId"/> is not in [0, 2^24).</exception>
     /// <exception cref="InvalidOperationException">The operation has ended.</exception>
     /// <exception cref="InsufficientMemoryException">The heap is full.</exception>
     public readonly PayloadRef Allocate(int size, int typeId)
+    {
+        if ((uint)typeId >= StructureKind.TypeIdLimit)
+        {
+            ThrowHelper.ThrowArgumentOutOfRange(nameof(typeId), $"A payload's type id must be in [0, {StructureKind.TypeIdLimit}); {typeId} is not (the ids above belong to the library's structures).");
+        }
+
+        return AllocateTyped(size, typeId);
+    }
+
+    /// <summary><see cref="Allocate(int, int)"/> for the library's structures, whose type ids carry their kind in the high bits.</summary>
+    internal readonly PayloadRef AllocateTyped(int size, int typeId)
     {
         BufferedDurableHeap heap = InsideHeap;
         PayloadRef block = heap.Allocator.AllocateInOperation(AllocatorCache(heap), size, typeId, Version, PayloadKind.Alloc, 0);

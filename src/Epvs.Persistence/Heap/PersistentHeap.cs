@@ -626,7 +626,17 @@ public sealed unsafe partial class PersistentHeap : IDisposable
     /// found). Each thread reserves uids in batches, so uids are unique but not ordered across threads.
     /// </summary>
     /// <returns>A positive uid.</returns>
-    public long NewUid() => _caches.Value!.NextUid(ref _nextUid);
+    /// <exception cref="ObjectDisposedException">The heap was disposed.</exception>
+    public long NewUid()
+    {
+        // Volatile.Read: a fresh look (its per-thread cache, disposed with the heap, would report itself instead).
+        if (Volatile.Read(ref _disposed) != 0)
+        {
+            ThrowHelper.ThrowObjectDisposed(this);
+        }
+
+        return _caches.Value!.NextUid(ref _nextUid);
+    }
 
     /// <summary>
     /// Calls <paramref name="visitor"/> for every allocated block, by scanning the segment table and block headers as

@@ -63,7 +63,7 @@ internal sealed unsafe class DurableMapCore<TKey>
         {
             PayloadRef block;
             bool added = !shard.Map.TryGetValue(key, out long offset);
-            block = added ? op.Allocate(size, _typeId) : op.Replace(new PayloadRef(offset), size);
+            block = added ? op.AllocateTyped(size, _typeId) : op.Replace(new PayloadRef(offset), size);
             Span<byte> payload = _heap.PayloadUnchecked(block.Offset);
             MemoryMarshal.Write(payload, in key);
             value.CopyTo(payload[KeySize..]);

@@ -80,7 +80,7 @@ public sealed unsafe class PersistentQueue<T>
         using DurableOperation op = _heap.BeginOperation();
         lock (_gate)
         {
-            PayloadRef block = op.Allocate(PayloadSize, _typeId);
+            PayloadRef block = op.AllocateTyped(PayloadSize, _typeId);
             Span<byte> payload = _heap.PayloadUnchecked(block.Offset);
             long sequence = _nextSequence++;
             MemoryMarshal.Write(payload, in sequence);

@@ -102,7 +102,7 @@ internal static class StructureKind
         {
             // First open: the key size is recorded in this open's version, before any payload of the structure, so no
             // payload of it can be durable without the record.
-            PayloadRef record = op.Allocate(sizeof(int), RecordId(stored));
+            PayloadRef record = op.AllocateTyped(sizeof(int), RecordId(stored));
             BinaryPrimitives.WriteInt32LittleEndian(op.GetPayload(record), keySize);
         }
 

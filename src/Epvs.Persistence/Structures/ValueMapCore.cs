@@ -229,7 +229,7 @@ internal sealed unsafe class ValueMapCore<TKey, TValue>
                     return Outcome.NoRoom;
                 }
 
-                PayloadRef added = op.Allocate(PayloadSize, _typeId);
+                PayloadRef added = op.AllocateTyped(PayloadSize, _typeId);
                 WritePayload(added, key, value);
                 return claim.Publish(key, added.Offset, _heap.HeaderWords(added.Offset).Uid, op.Version, value) ? Outcome.InsertedAndGrow : Outcome.Inserted;
             }

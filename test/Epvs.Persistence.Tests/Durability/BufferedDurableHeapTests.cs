@@ -43,6 +43,54 @@ public sealed class BufferedDurableHeapTests
         Assert.NotEqual(0, first.Offset);
     }
 
+    /// <summary>
+    /// A user payload's type id must stay below 2^24: the ids above carry the library's structure kinds, whose recovery
+    /// would take a payload of the right size for one of theirs. Allocate accepted any id, negative ones too (found by the
+    /// API round of session 16); it now refuses them, allocating nothing, while the structures still allocate theirs.
+    /// </summary>
+    [Theory]
+    [InlineData(-1)]
+    [InlineData(1 << 24)]
+    [InlineData(int.MaxValue)]
+    public void Allocate_ATypeIdOutsideTheUsersRange_IsRefused(int typeId)
+    {
+        using var dir = new TempDirectory();
+        using BufferedDurableHeap heap = BufferedDurableHeap.Create(dir.File("ids.heap"), new HeapFileOptions { Size = 1L << 20, Domain = PersistenceDomainKind.MappedFile }, Manual);
+        long live = heap.Heap.GetStatistics().LiveBlocks;
+        using (DurableOperation op = heap.BeginOperation())
+        {
+            ArgumentOutOfRangeException? refused = null;
+            try
+            {
+                op.Allocate(16, typeId);
+            }
+            catch (ArgumentOutOfRangeException e)
+            {
+                refused = e;
+            }
+
+            Assert.Equal("typeId", refused?.ParamName);
+            Assert.Equal(live, heap.Heap.GetStatistics().LiveBlocks);
+            Assert.NotEqual(0, op.Allocate(16, (1 << 24) - 1).Offset);
+        }
+
+        var map = new PersistentHashMap<long, long>(heap, typeId: 1);
+        Assert.True(map.Set(1, 2));
+        heap.Sync();
+    }
+
+    /// <summary>A uid drawn after Dispose names the heap (it named the per-thread cache the heap had disposed).</summary>
+    [Fact]
+    public void NewUid_AfterDispose_NamesTheHeap()
+    {
+        using var dir = new TempDirectory();
+        PersistentHeap heap = PersistentHeap.Create(dir.File("uid.heap"), new HeapFileOptions { Size = 1L << 20, Domain = PersistenceDomainKind.MappedFile });
+        Assert.True(heap.NewUid() > 0);
+        heap.Dispose();
+        var e = Assert.Throws<ObjectDisposedException>(() => heap.NewUid());
+        Assert.Contains(nameof(PersistentHeap), e.ObjectName, StringComparison.Ordinal);
+    }
+
     [Fact]
     public void OpenTransient_AFileHoldingDurableData_IsRefusedAndLeavesItsBlocksUnchanged()
     {
