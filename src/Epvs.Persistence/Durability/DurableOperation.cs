@@ -91,7 +91,7 @@ public ref struct DurableOperation
         if (header.EpochTag == Version || heap.Mode == DurabilityMode.Transient)
         {
             // Two payloads of one uid in one version would tie at recovery: retire this uid and start a new one.
-            PayloadRef fresh = Allocate(newSize, header.TypeId);
+            PayloadRef fresh = AllocateTyped(newSize, header.TypeId);
             heap.Allocator.GetPayload(current)[..Math.Min(header.Size, newSize)].CopyTo(heap.Allocator.GetPayload(fresh));
             heap.AfterReplaceCopiedForTesting?.Invoke(fresh.Offset);
             try

@@ -213,7 +213,7 @@ public sealed unsafe class SealingWindowTests
             using (DurableOperation op = later.BeginOperation())
             {
                 Assert.True(op.Version > salvagedThrough);
-                PayloadRef block = op.Allocate(16, StructureKind.Encode(StructureKind.HashMap, TypeId, sizeof(long)));
+                PayloadRef block = op.AllocateTyped(16, StructureKind.Encode(StructureKind.HashMap, TypeId, sizeof(long)));
                 Span<byte> bytes = op.GetPayload(block);
                 System.Runtime.InteropServices.MemoryMarshal.Write(bytes, 3L);
                 System.Runtime.InteropServices.MemoryMarshal.Write(bytes[8..], 999L);
