@@ -895,6 +895,7 @@ public sealed unsafe partial class BufferedDurableHeap
             // Transient: nothing is durable, blocks go straight back.
             FreeAll(registry, b => b.Retired[slot], durable: false);
             FreeAll(registry, b => b.AntiPayloads[slot], durable: false);
+            ForgetCallerRetirements(registry, slot);
             return;
         }
 
@@ -911,6 +912,9 @@ public sealed unsafe partial class BufferedDurableHeap
         {
             FreeOffsets(CollectionsMarshal.AsSpan(_largeScratch), durable: true);
         }
+
+        // Parked (or, large, free): a second retirement of them is seen from here on by the parked bit or the header.
+        ForgetCallerRetirements(registry, slot);
 
         bool deletes = false;
         foreach (ThreadBuffers buffers in registry)

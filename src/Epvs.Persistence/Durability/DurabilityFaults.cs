@@ -148,4 +148,7 @@ internal enum DurabilityFaults : long
 
     /// <summary>The stall watch stops at the heap's first fault of any kind (as before): a writer waiting behind a thread that exits inside its operation afterwards waits until Dispose.</summary>
     StallWatchStopsAtAnEarlierFault = 35184372088832,
+
+    /// <summary>The public Replace and Delete retire a payload that was already replaced or deleted (as before): the retirement is found twice only at reclamation, where the heap fails.</summary>
+    AcceptDoubleRetirement = 70368744177664,
 }

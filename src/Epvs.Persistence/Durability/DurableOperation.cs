@@ -76,27 +76,55 @@ public ref struct DurableOperation
     /// <param name="current">The payload being updated (allocated, not yet replaced or deleted).</param>
     /// <param name="newSize">The payload's new size in bytes.</param>
     /// <returns>The payload that now holds the value; store it in place of <paramref name="current"/>.</returns>
-    /// <exception cref="InvalidOperationException">The operation has ended, or <paramref name="current"/> is not allocated.</exception>
-    public readonly PayloadRef Replace(PayloadRef current, int newSize)
+    /// <exception cref="InvalidOperationException">The operation has ended, or <paramref name="current"/> is not allocated,
+    /// or was already replaced or deleted (nothing is allocated or retired then).</exception>
+    public readonly PayloadRef Replace(PayloadRef current, int newSize) => Replace(current, newSize, claim: true);
+
+    /// <summary><see cref="Replace(PayloadRef, int)"/> for the library's structures, whose indexes never retire a payload
+    /// twice: without the claim that refuses a second retirement (a dictionary update per call).</summary>
+    internal readonly PayloadRef ReplaceOwned(PayloadRef current, int newSize) => Replace(current, newSize, claim: false);
+
+    private readonly PayloadRef Replace(PayloadRef current, int newSize, bool claim)
     {
         BufferedDurableHeap heap = InsideHeap;
         PayloadHeader header = heap.Allocator.GetHeader(current);
         bool inPlaceFault = (heap.Faults & DurabilityFaults.UpdateOlderVersionInPlace) != 0;
         if (header.Size == newSize && (header.EpochTag == Version || heap.Mode == DurabilityMode.Transient || inPlaceFault))
         {
+            if (claim && heap.RetiredByACaller(current) && (heap.Faults & DurabilityFaults.AcceptDoubleRetirement) == 0)
+            {
+                ThrowHelper.ThrowInvalidOperation($"The payload at offset {current.Offset} was already replaced or deleted: it cannot be updated in place.");
+            }
+
             heap.TrackRewrite(_buffers!, current);
             return current;
+        }
+
+        // Claimed before anything is allocated: a payload already retired is refused here, with nothing to undo.
+        if (claim)
+        {
+            heap.ClaimRetirement(current, Version);
         }
 
         if (header.EpochTag == Version || heap.Mode == DurabilityMode.Transient)
         {
             // Two payloads of one uid in one version would tie at recovery: retire this uid and start a new one.
-            PayloadRef fresh = AllocateTyped(newSize, header.TypeId);
+            PayloadRef fresh;
+            try
+            {
+                fresh = AllocateTyped(newSize, header.TypeId);
+            }
+            catch
+            {
+                heap.ReleaseRetirement(current, claim);
+                throw;
+            }
+
             heap.Allocator.GetPayload(current)[..Math.Min(header.Size, newSize)].CopyTo(heap.Allocator.GetPayload(fresh));
             heap.AfterReplaceCopiedForTesting?.Invoke(fresh.Offset);
             try
             {
-                Delete(current);
+                DeleteClaimed(heap, current, header, claim);
             }
             catch (InsufficientMemoryException)
             {
@@ -125,10 +153,22 @@ public ref struct DurableOperation
             return fresh;
         }
 
-        PayloadRef copy = heap.Allocator.AllocateForOwner(newSize, header.TypeId, Version, PayloadKind.Update, header.Uid);
+        PayloadRef copy;
+        try
+        {
+            copy = heap.Allocator.AllocateForOwner(newSize, header.TypeId, Version, PayloadKind.Update, header.Uid);
+        }
+        catch
+        {
+            heap.ReleaseRetirement(current, claim);
+            throw;
+        }
+
         heap.Allocator.GetPayload(current)[..Math.Min(header.Size, newSize)].CopyTo(heap.Allocator.GetPayload(copy));
         heap.Track(_buffers!, Version, copy);
-        _buffers!.Retire(ThreadBuffers.Slot(Version), current.Offset, HeapLayout.HeaderSize + header.Size);
+        int slot = ThreadBuffers.Slot(Version);
+        _buffers!.Retire(slot, current.Offset, HeapLayout.HeaderSize + header.Size);
+        heap.RecordRetirement(_buffers, slot, current, claim);
         return copy;
     }
 
@@ -168,20 +208,48 @@ public ref struct DurableOperation
     /// reclaims both two versions later. Stop publishing <paramref name="current"/> before the operation ends.
     /// </summary>
     /// <param name="current">The payload to delete (allocated, not yet replaced or deleted).</param>
-    /// <exception cref="InvalidOperationException">The operation has ended, or <paramref name="current"/> is not allocated.</exception>
-    public readonly void Delete(PayloadRef current)
+    /// <exception cref="InvalidOperationException">The operation has ended, or <paramref name="current"/> is not allocated,
+    /// or was already replaced or deleted (nothing is written then).</exception>
+    public readonly void Delete(PayloadRef current) => Delete(current, claim: true);
+
+    /// <summary><see cref="Delete(PayloadRef)"/> for the library's structures (see <see cref="ReplaceOwned"/>).</summary>
+    internal readonly void DeleteOwned(PayloadRef current) => Delete(current, claim: false);
+
+    private readonly void Delete(PayloadRef current, bool claim)
     {
         BufferedDurableHeap heap = InsideHeap;
+        PayloadHeader header = heap.Allocator.GetHeader(current);
+        if (claim)
+        {
+            heap.ClaimRetirement(current, Version);
+        }
+
+        DeleteClaimed(heap, current, header, claim);
+    }
+
+    /// <summary>Deletes a payload whose retirement is claimed (if <paramref name="claim"/>): gives the claim back if the anti-payload cannot be allocated.</summary>
+    private readonly void DeleteClaimed(BufferedDurableHeap heap, PayloadRef current, PayloadHeader header, bool claim)
+    {
         int slot = ThreadBuffers.Slot(Version);
         if (heap.Mode != DurabilityMode.Transient)
         {
-            PayloadHeader header = heap.Allocator.GetHeader(current);
-            PayloadRef anti = heap.Allocator.AllocateForOwner(0, header.TypeId, Version, PayloadKind.Delete, header.Uid);
+            PayloadRef anti;
+            try
+            {
+                anti = heap.Allocator.AllocateForOwner(0, header.TypeId, Version, PayloadKind.Delete, header.Uid);
+            }
+            catch
+            {
+                heap.ReleaseRetirement(current, claim);
+                throw;
+            }
+
             heap.Track(_buffers!, Version, anti);
             _buffers!.RetireAntiPayload(slot, anti.Offset);
         }
 
-        _buffers!.Retire(slot, current.Offset, HeapLayout.HeaderSize + heap.PayloadSize(current.Offset));
+        _buffers!.Retire(slot, current.Offset, HeapLayout.HeaderSize + header.Size);
+        heap.RecordRetirement(_buffers, slot, current, claim);
     }
 
     /// <summary>The bytes of a payload, valid while this operation lasts.</summary>

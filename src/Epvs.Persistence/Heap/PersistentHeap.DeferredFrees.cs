@@ -2,6 +2,7 @@ using System;
 using System.Collections.Generic;
 using System.Numerics;
 using System.Runtime.InteropServices;
+using System.Threading;
 
 namespace Epvs.Persistence;
 
@@ -180,6 +181,27 @@ public sealed unsafe partial class PersistentHeap
 
     /// <summary>Test hook: runs before a segment's pending-free bitmap is created or grown (with the segment; a throw stands for a failed allocation).</summary>
     internal Action<long>? BeforePendingBitsGrowForTesting { get; set; }
+
+    /// <summary>
+    /// Whether <paramref name="block"/> is parked for the sweep (reclaimed, not yet freed). Read without the sweep's lock:
+    /// a bit set before something the caller synchronized with is seen (BufferedDurableHeap forgets a retirement's claim
+    /// only after parking it); the sweep frees a block's header after it clears its bit, so a block in between reads as
+    /// neither parked nor free.
+    /// </summary>
+    internal bool IsParked(PayloadRef block)
+    {
+        (long segment, ulong descriptor) = Locate(block);
+        if (HeapLayout.DescriptorRole(descriptor) != HeapLayout.RoleSmall)
+        {
+            return false;
+        }
+
+        int cls = (int)HeapLayout.DescriptorPayload(descriptor);
+        uint index = SizeClasses.BlockIndex((uint)(block.Offset - SegmentStart(segment)), cls);
+        ulong[]?[] bitmaps = Volatile.Read(ref _pendingBits);
+        ulong[]? bits = (ulong)segment < (ulong)bitmaps.Length ? Volatile.Read(ref bitmaps[segment]) : null;
+        return bits is not null && (index >> 6) < (uint)bits.Length && (Volatile.Read(ref bits[index >> 6]) & (1UL << (int)(index & 63))) != 0;
+    }
 
     /// <summary>
     /// The pending-free bitmap of <paramref name="segment"/>, a small segment of class <paramref name="cls"/>, made long

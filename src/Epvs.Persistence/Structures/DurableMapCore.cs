@@ -63,7 +63,7 @@ internal sealed unsafe class DurableMapCore<TKey>
         {
             PayloadRef block;
             bool added = !shard.Map.TryGetValue(key, out long offset);
-            block = added ? op.AllocateTyped(size, _typeId) : op.Replace(new PayloadRef(offset), size);
+            block = added ? op.AllocateTyped(size, _typeId) : op.ReplaceOwned(new PayloadRef(offset), size);
             Span<byte> payload = _heap.PayloadUnchecked(block.Offset);
             MemoryMarshal.Write(payload, in key);
             value.CopyTo(payload[KeySize..]);
@@ -111,7 +111,7 @@ internal sealed unsafe class DurableMapCore<TKey>
             }
 
             // The anti-payload first: if the heap is full it throws and the entry stays, as recovery would see it.
-            op.Delete(new PayloadRef(offset));
+            op.DeleteOwned(new PayloadRef(offset));
             shard.Map.Remove(key);
             // Interlocked.Decrement: see Upsert.
             Interlocked.Decrement(ref _count);

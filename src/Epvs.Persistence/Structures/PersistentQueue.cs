@@ -105,7 +105,7 @@ public sealed unsafe class PersistentQueue<T>
 
             // The anti-payload first: if the heap is full it throws and the element stays, as recovery would see it.
             T head = MemoryMarshal.Read<T>(_heap.PayloadUnchecked(offset)[sizeof(long)..]);
-            op.Delete(new PayloadRef(offset));
+            op.DeleteOwned(new PayloadRef(offset));
             _items.Dequeue();
             value = head;
             return true;
@@ -162,7 +162,7 @@ public sealed unsafe class PersistentQueue<T>
             long wanted = ordered[0].Sequence + i;
             if (ordered[i].Sequence != wanted)
             {
-                PayloadRef copy = op.Replace(new PayloadRef(ordered[i].Offset), PayloadSize);
+                PayloadRef copy = op.ReplaceOwned(new PayloadRef(ordered[i].Offset), PayloadSize);
                 MemoryMarshal.Write(_heap.PayloadUnchecked(copy.Offset), in wanted);
                 ordered[i] = (wanted, copy.Offset, ordered[i].Epoch);
             }

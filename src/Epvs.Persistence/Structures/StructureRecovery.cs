@@ -94,7 +94,7 @@ internal static class StructureRecovery
         {
             foreach (RecoveredPayload loser in losers)
             {
-                op.Delete(loser.Block);
+                op.DeleteOwned(loser.Block);
             }
         }
 

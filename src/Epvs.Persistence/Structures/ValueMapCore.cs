@@ -259,7 +259,7 @@ internal sealed unsafe class ValueMapCore<TKey, TValue>
         _heap.InsideSlotLockForTesting?.Invoke();
 
         // The anti-payload first: if the heap is full, Delete throws and the index still agrees with the heap.
-        op.Delete(new PayloadRef(slot.Offset));
+        op.DeleteOwned(new PayloadRef(slot.Offset));
         slot.MarkDeleted();
         return true;
     }
