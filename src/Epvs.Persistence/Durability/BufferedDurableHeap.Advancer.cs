@@ -895,7 +895,7 @@ public sealed unsafe partial class BufferedDurableHeap
             // Transient: nothing is durable, blocks go straight back.
             FreeAll(registry, b => b.Retired[slot], durable: false);
             FreeAll(registry, b => b.AntiPayloads[slot], durable: false);
-            ForgetCallerRetirements(registry, slot);
+            ForgetCallerRetirements(registry, version);
             return;
         }
 
@@ -914,7 +914,7 @@ public sealed unsafe partial class BufferedDurableHeap
         }
 
         // Parked (or, large, free): a second retirement of them is seen from here on by the parked bit or the header.
-        ForgetCallerRetirements(registry, slot);
+        ForgetCallerRetirements(registry, version);
 
         bool deletes = false;
         foreach (ThreadBuffers buffers in registry)

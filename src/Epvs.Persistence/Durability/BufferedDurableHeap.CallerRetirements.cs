@@ -1,4 +1,5 @@
 using System.Collections.Concurrent;
+using System.Threading;
 
 namespace Epvs.Persistence;
 
@@ -29,17 +30,27 @@ public sealed unsafe partial class BufferedDurableHeap
             return;
         }
 
-        // The claim first, then the parked bit: reclamation parks a version's blocks before it forgets their claims, so a
-        // retirement is always seen in one or the other.
+        // The claim first, then the parked bit and the header: reclamation parks a version's blocks before it forgets their
+        // claims, and the sweep frees a parked block's header after it clears its bit, so a retirement is seen in one of
+        // the three until the block is handed out again (a stale reference to a block reused since is not).
         bool claimed = _retiredByCallers.TryAdd(current.Offset, version);
-        if (!claimed || _heap.IsParked(current))
+        if (!claimed && _retiredByCallers.TryGetValue(current.Offset, out long earlier) && earlier <= Volatile.Read(ref _lastReclaimedVersion))
+        {
+            // Left by a call that failed after its claim (out of memory recording it): its version is reclaimed, so it is
+            // no retirement of the block as it is now.
+            claimed = _retiredByCallers.TryUpdate(current.Offset, version, earlier);
+        }
+
+        bool parked = claimed && _heap.IsParked(current);
+        bool freed = claimed && !parked && !_heap.IsAllocated(current);
+        if (!claimed || parked || freed)
         {
             if (claimed)
             {
                 _retiredByCallers.TryRemove(current.Offset, out _);
             }
 
-            ThrowHelper.ThrowInvalidOperation($"The payload at offset {current.Offset} was already replaced or deleted (its block is not reclaimed yet): a second Replace or Delete would retire it twice. Use the payload the first Replace returned, or nothing once it is deleted.");
+            ThrowHelper.ThrowInvalidOperation($"The payload at offset {current.Offset} was already replaced or deleted (its block is not reused yet): a second Replace or Delete would retire it twice. Use the payload the first Replace returned, or nothing once it is deleted.");
         }
     }
 
@@ -62,11 +73,17 @@ public sealed unsafe partial class BufferedDurableHeap
     }
 
     /// <summary>Whether a public call retired <paramref name="current"/> in a version not reclaimed yet (an update in place of a deleted payload).</summary>
-    internal bool RetiredByACaller(PayloadRef current) => !_retiredByCallers.IsEmpty && _retiredByCallers.ContainsKey(current.Offset);
+    internal bool RetiredByACaller(PayloadRef current) => _retiredByCallers.ContainsKey(current.Offset); // lock-free (IsEmpty takes every lock)
 
-    /// <summary>Under the cycle gate, once version <paramref name="slot"/>'s retired blocks are parked or free: forgets their claims.</summary>
-    private void ForgetCallerRetirements(ThreadBuffers[] registry, int slot)
+    /// <summary>The last version whose retired blocks reclamation has parked or freed (claims of it or older are stale).</summary>
+    private long _lastReclaimedVersion;
+
+    /// <summary>Under the cycle gate, once version <paramref name="version"/>'s retired blocks are parked or free: forgets their claims.</summary>
+    private void ForgetCallerRetirements(ThreadBuffers[] registry, long version)
     {
+        // Volatile.Write: atomic 64-bit store for ClaimRetirement's look on any thread.
+        Volatile.Write(ref _lastReclaimedVersion, version);
+        int slot = ThreadBuffers.Slot(version);
         foreach (ThreadBuffers buffers in registry)
         {
             OffsetList list = buffers.CallerRetired[slot];

@@ -41,18 +41,20 @@ public sealed unsafe partial class HeapFile
         var handle = new SafeFileHandle(fd, ownsHandle: true);
 
         // Kernels before 6.1 did not apply the umask to O_TMPFILE files on file systems without POSIX ACLs (the file was
-        // 0666, writable by anyone): set the mode a named creation gets.
-        _ = Interop.LibcFiles.Fchmod(fd, 0x1B6 & ~ProcessUmask());
+        // 0666, writable by anyone): set the mode a named creation gets. (Not on later kernels: in a directory with a
+        // default ACL, the mode a creation gets comes from the ACL, which a chmod would override.)
+        if (Environment.OSVersion.Version < new Version(6, 1))
+        {
+            _ = Interop.LibcFiles.Fchmod(fd, 0x1B6 & ~ProcessUmask());
+        }
         string link = $"/proc/self/fd/{fd}";
         FileStream? stream = null;
         PersistenceDomain? domain = null;
         try
         {
-            // The exclusive lock every open of a heap file takes (as FileShare.None does): it comes with the name.
-            if (Interop.LibcFiles.Flock(fd, Interop.LibcFiles.LockExclusive | Interop.LibcFiles.LockNonBlocking) != 0)
-            {
-                throw new IOException($"Cannot create heap file '{fullPath}': flock failed (errno {Marshal.GetLastPInvokeError()}).");
-            }
+            // The exclusive lock every open of a heap file takes (as FileShare.None does): it comes with the name. Nobody
+            // else can hold it on a file without a name; a file system without locks fails it, which FileShare.None ignores too.
+            _ = Interop.LibcFiles.Flock(fd, Interop.LibcFiles.LockExclusive | Interop.LibcFiles.LockNonBlocking);
 
             // Reserve the blocks, so a full disk fails here, cleanly, instead of as SIGBUS on a later store through the mapping.
             int reserved = Interop.Libc.PosixFallocate(fd, 0, heapSize);

@@ -15,9 +15,9 @@ internal static partial class Interop
         internal const int ReadOnly = 0x0;
         internal const int CloseOnExec = 0x80000;
 
-        /// <summary><c>O_DIRECTORY</c>: 0200000 on x86 and x86-64 (and most others), 040000 on Arm and Arm64 (where
-        /// 0200000 is <c>O_DIRECT</c>).</summary>
-        internal static int Directory => RuntimeInformation.ProcessArchitecture is Architecture.Arm or Architecture.Arm64 or Architecture.Armv6 ? 0x4000 : 0x10000;
+        /// <summary><c>O_DIRECTORY</c>: 0200000 on x86, x86-64, RISC-V, LoongArch and s390x, 040000 on Arm, Arm64 (where
+        /// 0200000 is <c>O_DIRECT</c>) and 64-bit PowerPC.</summary>
+        internal static int Directory => RuntimeInformation.ProcessArchitecture is Architecture.Arm or Architecture.Arm64 or Architecture.Armv6 or Architecture.Ppc64le ? 0x4000 : 0x10000;
 
         /// <summary><c>O_TMPFILE</c>: <c>__O_TMPFILE</c> (020000000 on x86 and Arm alike) with <c>O_DIRECTORY</c>.</summary>
         internal static int TmpFile => 0x400000 | Directory;
@@ -27,15 +27,11 @@ internal static partial class Interop
         internal const int AtCurrentDirectory = -100;
         internal const int AtSymlinkFollow = 0x400;
 
-        internal const int Enoent = 2;
         internal const int Eacces = 13;
         internal const int Eexist = 17;
-        internal const int Eisdir = 21;
-        internal const int Einval = 22;
         internal const int Efbig = 27;
         internal const int Enospc = 28;
         internal const int Erofs = 30;
-        internal const int Eopnotsupp = 95;
         internal const int Edquot = 122;
         internal const int Eperm = 1;
 

@@ -43,6 +43,10 @@ internal sealed unsafe class ValueIndex<TKey, TValue>
     private const int Claimed = 1;
     private const int Live = 2;
     private const int Moved = 3;
+
+    /// <summary>The exception of a key's GetHashCode that made the last failed growth fail (user code), for the caller to
+    /// tell it from a failure of its own.</summary>
+    internal Exception? KeyHashFailure { get; private set; }
     private const int Deleted = 4;
 
     /// <summary>Sequence bit 0: the value is being stored (readers retry).</summary>
@@ -340,8 +344,10 @@ internal sealed unsafe class ValueIndex<TKey, TValue>
             {
                 CopyAll(old, grown, ref copied, ref next);
             }
-            catch
+            catch (Exception e)
             {
+                KeyHashFailure = e;
+
                 // A key's GetHashCode (user code, called to place the key in the new table) threw. The new table was
                 // never published: give the old one back its moved slots (their writers wait on a stripe lock, which
                 // this growth holds) so that it stays the live table, and report the failure to the caller. It used to

@@ -178,7 +178,7 @@ internal sealed unsafe class ValueMapCore<TKey, TValue>
             {
                 _index.Grow();
             }
-            catch (Exception)
+            catch (Exception e) when (e is OutOfMemoryException || ReferenceEquals(e, _index.KeyHashFailure))
             {
             }
         }

@@ -1,4 +1,5 @@
 using System;
+using System.Diagnostics;
 using System.Threading;
 
 namespace Epvs;
@@ -35,7 +36,11 @@ public sealed partial class LightEpoch
         internal const int Draining = 2;
         internal const int Done = 3;
         internal int State = Starting;
+        internal long DrainingSince;
     }
+
+    /// <summary>How long a hand-off drains before the waiter may start another (10 ms, in timestamp ticks).</summary>
+    private static readonly long HandOffPatience = Stopwatch.Frequency / 100;
 
     /// <summary>
     /// For a wait past <see cref="MaxThreadWaitingDepth"/> (its waiter unprotected, or announced past the step it waits
@@ -55,8 +60,17 @@ public sealed partial class LightEpoch
         long current = Volatile.Read(ref currentEpoch.Value);
         if (table.OldestAnnounced(current) - 1 < Volatile.Read(ref pendingHint.Value))
             return true;
-        if (t_handOff is { } last && Volatile.Read(ref last.State) == HandOff.Starting)
-            return true; // it has not looked yet
+        if (t_handOff is { } last)
+        {
+            int state = Volatile.Read(ref last.State);
+            if (state == HandOff.Starting)
+                return true; // it has not looked yet
+            // Draining: a long action may keep the hint stale meanwhile, which would start a thread on every turn of the
+            // waiter's loop; another one only once it has drained a while (it may be inside an action that waits for
+            // this thread, ahead of what this thread waits for).
+            if (state == HandOff.Draining && Stopwatch.GetTimestamp() - Volatile.Read(ref last.DrainingSince) < HandOffPatience)
+                return true;
+        }
         var handOff = new HandOff();
         try
         {
@@ -65,6 +79,7 @@ public sealed partial class LightEpoch
             var drainer = new Thread(
                 () =>
             {
+                Volatile.Write(ref handOff.DrainingSince, Stopwatch.GetTimestamp());
                 Volatile.Write(ref handOff.State, HandOff.Draining);
                 try
                 {
@@ -86,9 +101,15 @@ public sealed partial class LightEpoch
                 IsBackground = true,
                 Name = "Epvs deep-wait drain",
             };
-            // The waiter's ExecutionContext (its AsyncLocal values) does not flow, on every target alike.
-            using (ExecutionContext.SuppressFlow())
+            // The waiter's ExecutionContext (its AsyncLocal values) does not flow, on every target alike (SuppressFlow
+            // throws where the waiter has suppressed it already).
+            if (ExecutionContext.IsFlowSuppressed())
                 drainer.Start();
+            else
+            {
+                using (ExecutionContext.SuppressFlow())
+                    drainer.Start();
+            }
             t_handOff = handOff;
             Interlocked.Increment(ref HandedOffDrainsForTesting);
             return true;

@@ -116,6 +116,75 @@ public sealed class DoubleRetirementTests
         }
     }
 
+    /// <summary>A payload of this version, deleted, then updated in place (the same size, in the same version): refused
+    /// too (it wrote into a payload whose anti-payload was already written).</summary>
+    [Fact]
+    public void AnUpdateInPlaceOfAPayloadDeletedInItsVersion_IsRefused()
+    {
+        using var dir = new TempDirectory();
+        BufferedDurableHeap heap = Create(dir, control: false);
+        using (DurableOperation op = heap.BeginOperation())
+        {
+            PayloadRef block = op.Allocate(16, TypeId);
+            op.Delete(block);
+            InvalidOperationException? refused = null;
+            try
+            {
+                op.Replace(block, 16);
+            }
+            catch (InvalidOperationException e)
+            {
+                refused = e;
+            }
+
+            Assert.NotNull(refused);
+            Assert.Contains("already replaced or deleted", refused.Message, StringComparison.Ordinal);
+        }
+
+        heap.Sync();
+        heap.Dispose();
+    }
+
+    /// <summary>A Replace that fails for want of room gives its claim back: tried again, it fails for want of room again,
+    /// not as a second retirement.</summary>
+    [Fact]
+    public void AReplaceThatFoundNoRoom_FailsTheSameWayWhenTriedAgain()
+    {
+        using var dir = new TempDirectory();
+        BufferedDurableHeap heap = BufferedDurableHeap.Create(dir.File("a.heap"), new HeapFileOptions { Size = 1L << 20, MaxSize = 1L << 20, Domain = PersistenceDomainKind.MappedFile }, new BufferedDurableHeapOptions { AdvancePeriod = Timeout.InfiniteTimeSpan });
+        PayloadRef block = Durable(heap, 1);
+        using (DurableOperation op = heap.BeginOperation())
+        {
+            try
+            {
+                while (true)
+                {
+                    op.Allocate(16, TypeId + 1);
+                }
+            }
+            catch (InsufficientMemoryException)
+            {
+            }
+
+            for (int attempt = 0; attempt < 2; attempt++)
+            {
+                Exception? failure = null;
+                try
+                {
+                    op.Replace(block, 16);
+                }
+                catch (Exception e)
+                {
+                    failure = e;
+                }
+
+                Assert.IsType<InsufficientMemoryException>(failure);
+            }
+        }
+
+        heap.Dispose();
+    }
+
     /// <summary>Once its version is reclaimed, a retired block waits for the sweep, its header still allocated: a second
     /// Delete then is refused too (it used to park the block twice).</summary>
     [Theory]
