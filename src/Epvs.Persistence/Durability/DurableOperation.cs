@@ -77,7 +77,8 @@ public ref struct DurableOperation
     /// <param name="newSize">The payload's new size in bytes.</param>
     /// <returns>The payload that now holds the value; store it in place of <paramref name="current"/>.</returns>
     /// <exception cref="InvalidOperationException">The operation has ended, or <paramref name="current"/> is not allocated,
-    /// or was already replaced or deleted (nothing is allocated or retired then).</exception>
+    /// or was already replaced or deleted and its block is not reused yet (nothing is allocated or retired then; a
+    /// reference kept past its block's reuse names the new payload, which no check can tell).</exception>
     public readonly PayloadRef Replace(PayloadRef current, int newSize) => Replace(current, newSize, claim: true);
 
     /// <summary><see cref="Replace(PayloadRef, int)"/> for the library's structures, whose indexes never retire a payload
@@ -209,7 +210,7 @@ public ref struct DurableOperation
     /// </summary>
     /// <param name="current">The payload to delete (allocated, not yet replaced or deleted).</param>
     /// <exception cref="InvalidOperationException">The operation has ended, or <paramref name="current"/> is not allocated,
-    /// or was already replaced or deleted (nothing is written then).</exception>
+    /// or was already replaced or deleted and its block is not reused yet (nothing is written then).</exception>
     public readonly void Delete(PayloadRef current) => Delete(current, claim: true);
 
     /// <summary><see cref="Delete(PayloadRef)"/> for the library's structures (see <see cref="ReplaceOwned"/>).</summary>
