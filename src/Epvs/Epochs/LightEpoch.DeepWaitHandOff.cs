@@ -111,7 +111,6 @@ public sealed partial class LightEpoch
                     drainer.Start();
             }
             t_handOff = handOff;
-            Interlocked.Increment(ref HandedOffDrainsForTesting);
             return true;
         }
         catch (Exception)

@@ -121,8 +121,6 @@ public sealed unsafe partial class LightEpoch
     /// 8 MB, which held fewer than 512 levels of an action with a 16 KB frame).</summary>
     internal static int HandOffStackSizeForTesting;
 
-    /// <summary>Test-only: how many drains waits past the per-thread bound handed to a new thread (all instances).</summary>
-    internal static int HandedOffDrainsForTesting;
 
     /// <summary>Test-only: an Enter that must wait past the per-thread bound waits (the first version), running the step,
     /// whose callbacks may start another such wait, one level deeper each time.</summary>
