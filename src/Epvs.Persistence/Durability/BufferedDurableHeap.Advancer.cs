@@ -893,9 +893,8 @@ public sealed unsafe partial class BufferedDurableHeap
         if (!durable)
         {
             // Transient: nothing is durable, blocks go straight back.
-            FreeAll(registry, b => b.Retired[slot], durable: false);
-            FreeAll(registry, b => b.AntiPayloads[slot], durable: false);
-            ForgetCallerRetirements(registry, version);
+            FreeAll(registry, b => b.Retired[slot], durable: false, version);
+            FreeAll(registry, b => b.AntiPayloads[slot], durable: false, version);
             return;
         }
 
@@ -910,11 +909,9 @@ public sealed unsafe partial class BufferedDurableHeap
 
         if (_largeScratch.Count != 0)
         {
-            FreeOffsets(CollectionsMarshal.AsSpan(_largeScratch), durable: true);
+            FreeOffsets(CollectionsMarshal.AsSpan(_largeScratch), durable: true, version);
         }
 
-        // Parked (or, large, free): a second retirement of them is seen from here on by the parked bit or the header.
-        ForgetCallerRetirements(registry, version);
 
         bool deletes = false;
         foreach (ThreadBuffers buffers in registry)
@@ -931,7 +928,7 @@ public sealed unsafe partial class BufferedDurableHeap
                 _heap.FlushPendingFrees();
             }
 
-            FreeAll(registry, b => b.AntiPayloads[slot], durable: true);
+            FreeAll(registry, b => b.AntiPayloads[slot], durable: true, version);
         }
 
         StockAfterCycle(allocated);
@@ -964,10 +961,10 @@ public sealed unsafe partial class BufferedDurableHeap
         return n;
     }
 
-    private void FreeAll(ThreadBuffers[] registry, Func<ThreadBuffers, OffsetList> select, bool durable)
+    private void FreeAll(ThreadBuffers[] registry, Func<ThreadBuffers, OffsetList> select, bool durable, long version)
     {
         int n = Collect(registry, select);
-        FreeOffsets(_scratch.AsSpan(0, n), durable);
+        FreeOffsets(_scratch.AsSpan(0, n), durable, version);
     }
 
     /// <summary>
@@ -975,7 +972,11 @@ public sealed unsafe partial class BufferedDurableHeap
     /// fenced, and only then handed out again — a reuse that reached the file before the free could leave an old seal
     /// over new bytes, which recovery would have to report as damage. Sorts <paramref name="offsets"/> in place.
     /// </summary>
-    private void FreeOffsets(Span<long> offsets, bool durable)
+    /// <param name="offsets">The blocks.</param>
+    /// <param name="durable">Whether the frees are made durable before the blocks are handed out again.</param>
+    /// <param name="version">The version whose retired blocks these are: their claims (of that version or older) are
+    /// forgotten once they are free (a block handed out at once may meanwhile hold a later payload's claim).</param>
+    private void FreeOffsets(Span<long> offsets, bool durable, long version)
     {
         // (The broken control hands blocks out at once, before their frees are durable: the old behaviour.)
         bool holdUntilDurable = durable && (_faults & DurabilityFaults.ReuseBeforeFreeIsDurable) == 0;
@@ -992,6 +993,7 @@ public sealed unsafe partial class BufferedDurableHeap
             }
         }
 
+        ForgetFreed(offsets, version);
         if (!durable || offsets.Length == 0)
         {
             return;

@@ -1,4 +1,6 @@
+using System;
 using System.Collections.Concurrent;
+using System.Collections.Generic;
 using System.Threading;
 
 namespace Epvs.Persistence;
@@ -7,47 +9,57 @@ namespace Epvs.Persistence;
 /// A payload replaced or deleted twice through the public <see cref="DurableOperation.Replace(PayloadRef, int)"/> and
 /// <see cref="DurableOperation.Delete(PayloadRef)"/> (their precondition: not yet replaced or deleted) was retired
 /// twice: both calls returned, and the heap failed at the version's reclamation ("parked for the sweep twice"), taking
-/// every later write with it. The second call is now refused as it is made.
+/// every later write with it; or, retired again while a sweep freed it, its block was freed a second time under a new
+/// payload. The second call is now refused as it is made: each retirement is claimed until its block's header is free,
+/// after which the header check every such call makes first refuses it, until the block holds a new payload (a later
+/// version's tag).
 /// </summary>
 public sealed unsafe partial class BufferedDurableHeap
 {
-    /// <summary>The payloads the public Replace and Delete retired whose version is not reclaimed yet (offset → version).
-    /// The library's structures, whose indexes never retire a payload twice, skip it (<see cref="DurableOperation.ReplaceOwned"/>,
-    /// <see cref="DurableOperation.DeleteOwned"/>).</summary>
+    /// <summary>The payloads the public Replace and Delete retired whose blocks are not free yet (offset → version of the
+    /// retirement). The library's structures, whose indexes never retire a payload twice, skip it
+    /// (<see cref="DurableOperation.ReplaceOwned"/>, <see cref="DurableOperation.DeleteOwned"/>).</summary>
     private readonly ConcurrentDictionary<long, long> _retiredByCallers = new();
+
+    /// <summary>How many claims <see cref="_retiredByCallers"/> holds (its Count and IsEmpty take every lock).</summary>
+    private long _claims;
+
+    /// <summary>Test hook: how many retirements are claimed (see <see cref="_claims"/>).</summary>
+    internal long RetirementClaimsForTesting => Volatile.Read(ref _claims);
 
     /// <summary>
     /// Claims <paramref name="current"/>'s retirement for a public Replace or Delete in <paramref name="version"/>, before
-    /// anything is allocated for it: throws if it was retired already, in a version not yet reclaimed (claimed here) or in
-    /// one reclaimed whose blocks still wait for the sweep (parked: a block the sweep has freed fails the header check
-    /// every such call makes first). Give it back with <see cref="ReleaseRetirement"/> if the call then fails, or record
-    /// it with <see cref="RecordRetirement"/> once retired.
+    /// anything is allocated for it: throws if it was retired already (claimed, or, retired by another path, parked for the
+    /// sweep). A claim older than <paramref name="tag"/>, the block's tag now, belongs to an earlier payload of the block
+    /// (freed and reused since) and is taken over. Give it back with <see cref="ReleaseRetirement"/> if the call then
+    /// fails before it retires the payload.
     /// </summary>
-    internal void ClaimRetirement(PayloadRef current, long version)
+    internal void ClaimRetirement(PayloadRef current, long version, long tag)
     {
-        if ((_faults & DurabilityFaults.AcceptDoubleRetirement) != 0)
+        // (Not in Transient mode: its claims were refused falsely under four threads of random Replace and Delete, for a
+        // reason not found yet; a transient heap keeps nothing across a crash, and its frees are not checked for doubles.)
+        if ((_faults & DurabilityFaults.AcceptDoubleRetirement) != 0 || _mode == DurabilityMode.Transient)
         {
             return;
         }
 
-        // The claim first, then the parked bit and the header: reclamation parks a version's blocks before it forgets their
-        // claims, and the sweep frees a parked block's header after it clears its bit, so a retirement is seen in one of
-        // the three until the block is handed out again (a stale reference to a block reused since is not).
         bool claimed = _retiredByCallers.TryAdd(current.Offset, version);
-        if (!claimed && _retiredByCallers.TryGetValue(current.Offset, out long earlier) && earlier <= Volatile.Read(ref _lastReclaimedVersion))
+        if (claimed)
         {
-            // Left by a call that failed after its claim (out of memory recording it): its version is reclaimed, so it is
-            // no retirement of the block as it is now.
+            Interlocked.Increment(ref _claims);
+        }
+        else if (_retiredByCallers.TryGetValue(current.Offset, out long earlier) && earlier < tag)
+        {
             claimed = _retiredByCallers.TryUpdate(current.Offset, version, earlier);
         }
 
-        bool parked = claimed && _heap.IsParked(current);
-        bool freed = claimed && !parked && !_heap.IsAllocated(current);
-        if (!claimed || parked || freed)
+        // The header again, after the claim: the sweep marks a block free before it forgets its claim, so a block freed
+        // since the caller's header check is seen here.
+        if (!claimed || _heap.IsParked(current) || !_heap.IsAllocated(current))
         {
             if (claimed)
             {
-                _retiredByCallers.TryRemove(current.Offset, out _);
+                Forget(current.Offset, version);
             }
 
             ThrowHelper.ThrowInvalidOperation($"The payload at offset {current.Offset} was already replaced or deleted (its block is not reused yet): a second Replace or Delete would retire it twice. Use the payload the first Replace returned, or nothing once it is deleted.");
@@ -55,49 +67,48 @@ public sealed unsafe partial class BufferedDurableHeap
     }
 
     /// <summary>Gives back a claim (if <paramref name="claimed"/>) whose Replace or Delete failed before it retired anything.</summary>
-    internal void ReleaseRetirement(PayloadRef current, bool claimed)
+    internal void ReleaseRetirement(PayloadRef current, long version, bool claimed)
     {
-        if (claimed && (_faults & DurabilityFaults.AcceptDoubleRetirement) == 0)
+        if (claimed && (_faults & DurabilityFaults.AcceptDoubleRetirement) == 0 && _mode != DurabilityMode.Transient)
         {
-            _retiredByCallers.TryRemove(current.Offset, out _);
+            Forget(current.Offset, version);
         }
     }
 
-    /// <summary>Records a claimed retirement (if <paramref name="claimed"/>) in its version's list, to be forgotten when the version is reclaimed.</summary>
-    internal void RecordRetirement(ThreadBuffers buffers, int slot, PayloadRef current, bool claimed)
+    /// <summary>Whether a public call retired <paramref name="current"/>, whose tag is <paramref name="tag"/>, and its block is not free yet (an update in place of a deleted payload).</summary>
+    internal bool RetiredByACaller(PayloadRef current, long tag) =>
+        Volatile.Read(ref _claims) != 0 && _retiredByCallers.TryGetValue(current.Offset, out long version) && version >= tag;
+
+    /// <summary>
+    /// Blocks just marked free (by a sweep, before it hands them out; or by reclamation's eager frees): forgets the claims
+    /// of their retirements, those of version <paramref name="upTo"/> or older (an eager free of a transient heap hands
+    /// a block out at once, and a later payload in it may have been claimed since).
+    /// </summary>
+    private void ForgetFreed(ReadOnlySpan<long> offsets, long upTo)
     {
-        if (claimed && (_faults & DurabilityFaults.AcceptDoubleRetirement) == 0)
+        // Volatile.Read: a block's claim is counted before the block is retired, so before it is reclaimed and freed.
+        if (Volatile.Read(ref _claims) == 0)
         {
-            buffers.CallerRetired[slot].Add(current.Offset);
+            return;
+        }
+
+        foreach (long offset in offsets)
+        {
+            if (_retiredByCallers.TryGetValue(offset, out long version) && version <= upTo)
+            {
+                Forget(offset, version);
+            }
         }
     }
 
-    /// <summary>Whether a public call retired <paramref name="current"/> in a version not reclaimed yet (an update in place of a deleted payload).</summary>
-    internal bool RetiredByACaller(PayloadRef current) => _retiredByCallers.ContainsKey(current.Offset); // lock-free (IsEmpty takes every lock)
+    /// <summary>The sweep's <see cref="PersistentHeap.BlocksFreed"/>: its blocks were parked by earlier reclamations, and none is handed out yet.</summary>
+    private void ForgetSwept(List<long> offsets) => ForgetFreed(System.Runtime.InteropServices.CollectionsMarshal.AsSpan(offsets), long.MaxValue);
 
-    /// <summary>The last version whose retired blocks reclamation has parked or freed (claims of it or older are stale).</summary>
-    private long _lastReclaimedVersion;
-
-    /// <summary>Under the cycle gate, once version <paramref name="version"/>'s retired blocks are parked or free: forgets their claims.</summary>
-    private void ForgetCallerRetirements(ThreadBuffers[] registry, long version)
+    private void Forget(long offset, long version)
     {
-        // Volatile.Write: atomic 64-bit store for ClaimRetirement's look on any thread.
-        Volatile.Write(ref _lastReclaimedVersion, version);
-        int slot = ThreadBuffers.Slot(version);
-        foreach (ThreadBuffers buffers in registry)
+        if (_retiredByCallers.TryRemove(new KeyValuePair<long, long>(offset, version)))
         {
-            OffsetList list = buffers.CallerRetired[slot];
-            if (list.Count == 0)
-            {
-                continue;
-            }
-
-            for (int i = 0; i < list.Count; i++)
-            {
-                _retiredByCallers.TryRemove(list[i], out _);
-            }
-
-            list.Clear();
+            Interlocked.Decrement(ref _claims);
         }
     }
 }

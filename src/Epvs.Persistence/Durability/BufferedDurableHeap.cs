@@ -86,6 +86,7 @@ public sealed unsafe partial class BufferedDurableHeap : IDisposable
         try
         {
             (_heap, Recovery) = Recover(file, options);
+            _heap.BlocksFreed = ForgetSwept;
         }
         catch
         {

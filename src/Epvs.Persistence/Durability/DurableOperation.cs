@@ -92,7 +92,7 @@ public ref struct DurableOperation
         bool inPlaceFault = (heap.Faults & DurabilityFaults.UpdateOlderVersionInPlace) != 0;
         if (header.Size == newSize && (header.EpochTag == Version || heap.Mode == DurabilityMode.Transient || inPlaceFault))
         {
-            if (claim && heap.RetiredByACaller(current) && (heap.Faults & DurabilityFaults.AcceptDoubleRetirement) == 0)
+            if (claim && heap.RetiredByACaller(current, header.EpochTag) && (heap.Faults & DurabilityFaults.AcceptDoubleRetirement) == 0)
             {
                 ThrowHelper.ThrowInvalidOperation($"The payload at offset {current.Offset} was already replaced or deleted: it cannot be updated in place.");
             }
@@ -104,7 +104,7 @@ public ref struct DurableOperation
         // Claimed before anything is allocated: a payload already retired is refused here, with nothing to undo.
         if (claim)
         {
-            heap.ClaimRetirement(current, Version);
+            heap.ClaimRetirement(current, Version, header.EpochTag);
         }
 
         if (header.EpochTag == Version || heap.Mode == DurabilityMode.Transient)
@@ -117,7 +117,7 @@ public ref struct DurableOperation
             }
             catch
             {
-                heap.ReleaseRetirement(current, claim);
+                heap.ReleaseRetirement(current, Version, claim);
                 throw;
             }
 
@@ -161,7 +161,7 @@ public ref struct DurableOperation
         }
         catch
         {
-            heap.ReleaseRetirement(current, claim);
+            heap.ReleaseRetirement(current, Version, claim);
             throw;
         }
 
@@ -169,7 +169,6 @@ public ref struct DurableOperation
         heap.Track(_buffers!, Version, copy);
         int slot = ThreadBuffers.Slot(Version);
         _buffers!.Retire(slot, current.Offset, HeapLayout.HeaderSize + header.Size);
-        heap.RecordRetirement(_buffers, slot, current, claim);
         return copy;
     }
 
@@ -222,7 +221,7 @@ public ref struct DurableOperation
         PayloadHeader header = heap.Allocator.GetHeader(current);
         if (claim)
         {
-            heap.ClaimRetirement(current, Version);
+            heap.ClaimRetirement(current, Version, header.EpochTag);
         }
 
         DeleteClaimed(heap, current, header, claim);
@@ -241,7 +240,7 @@ public ref struct DurableOperation
             }
             catch
             {
-                heap.ReleaseRetirement(current, claim);
+                heap.ReleaseRetirement(current, Version, claim);
                 throw;
             }
 
@@ -250,7 +249,6 @@ public ref struct DurableOperation
         }
 
         _buffers!.Retire(slot, current.Offset, HeapLayout.HeaderSize + header.Size);
-        heap.RecordRetirement(_buffers, slot, current, claim);
     }
 
     /// <summary>The bytes of a payload, valid while this operation lasts.</summary>

@@ -22,7 +22,6 @@ internal sealed class ThreadBuffers
             WriteBack[i] = new OffsetList();
             Retired[i] = new OffsetList();
             AntiPayloads[i] = new OffsetList();
-            CallerRetired[i] = new OffsetList();
         }
     }
 
@@ -41,7 +40,7 @@ internal sealed class ThreadBuffers
         {
             for (int slot = 0; slot < Slots; slot++)
             {
-                if (WriteBack[slot].Count != 0 || Retired[slot].Count != 0 || AntiPayloads[slot].Count != 0 || CallerRetired[slot].Count != 0)
+                if (WriteBack[slot].Count != 0 || Retired[slot].Count != 0 || AntiPayloads[slot].Count != 0)
                 {
                     return false;
                 }
@@ -60,9 +59,6 @@ internal sealed class ThreadBuffers
 
     internal OffsetList[] AntiPayloads { get; } = new OffsetList[Slots];
 
-    /// <summary>The payloads the public Replace and Delete retired in each version (also in <see cref="Retired"/>), for
-    /// the heap to forget once the version is reclaimed (see BufferedDurableHeap.CallerRetirements.cs).</summary>
-    internal OffsetList[] CallerRetired { get; } = new OffsetList[Slots];
 
     /// <summary>Bytes this thread has retired (replaced or deleted payloads, anti-payloads) so far. Written by the owner only.</summary>
     internal long RetiredBytes;

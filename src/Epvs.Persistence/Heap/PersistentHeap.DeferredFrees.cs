@@ -552,8 +552,16 @@ public sealed unsafe partial class PersistentHeap
         }
     }
 
+    /// <summary>Called by a sweep with the blocks it has just marked free, before it hands any of them out (a buffered
+    /// heap's claims of retirements are kept until then: see BufferedDurableHeap.CallerRetirements.cs).</summary>
+    internal Action<List<long>>? BlocksFreed { get; set; }
+
+    /// <summary>Test hook: runs in a sweep once it has taken its blocks (their parked bits cleared), before it marks them free.</summary>
+    internal Action? SweepTakenForTesting { get; set; }
+
     private long MarkWriteBackAndHandOut(List<long> blocks, List<(long Segment, int Start, int Count)> swept)
     {
+        SweepTakenForTesting?.Invoke();
         Span<long> offsets = CollectionsMarshal.AsSpan(blocks);
         for (int i = 0; i < offsets.Length; i++)
         {
@@ -568,6 +576,9 @@ public sealed unsafe partial class PersistentHeap
             // write-protect fault, so marking a segment's frees together costs one per page, not one per free.
             MarkFreeCore(new PayloadRef(offsets[i]));
         }
+
+        // Free now, not handed out yet: whoever keeps something per block until it is free forgets it here.
+        BlocksFreed?.Invoke(blocks);
 
         // (The broken control hands the blocks out before their frees are durable.)
         bool early = (_faults & HeapFaults.HandOutSweptFreesEarly) != 0;
