@@ -36,21 +36,39 @@ public sealed unsafe partial class BufferedDurableHeap
     /// </summary>
     internal void ClaimRetirement(PayloadRef current, long version, long tag)
     {
-        // (Not in Transient mode: its claims were refused falsely under four threads of random Replace and Delete, for a
-        // reason not found yet; a transient heap keeps nothing across a crash, and its frees are not checked for doubles.)
-        if ((_faults & DurabilityFaults.AcceptDoubleRetirement) != 0 || _mode == DurabilityMode.Transient)
+        if ((_faults & DurabilityFaults.AcceptDoubleRetirement) != 0)
         {
             return;
         }
 
-        bool claimed = _retiredByCallers.TryAdd(current.Offset, version);
-        if (claimed)
+        bool claimed;
+        while (true)
         {
-            Interlocked.Increment(ref _claims);
-        }
-        else if (_retiredByCallers.TryGetValue(current.Offset, out long earlier) && earlier < tag)
-        {
-            claimed = _retiredByCallers.TryUpdate(current.Offset, version, earlier);
+            if (_retiredByCallers.TryAdd(current.Offset, version))
+            {
+                Interlocked.Increment(ref _claims);
+                claimed = true;
+                break;
+            }
+
+            if (!_retiredByCallers.TryGetValue(current.Offset, out long earlier))
+            {
+                continue; // forgotten meanwhile (its block freed): claim it afresh
+            }
+
+            // A claim as new as the block's payload is a retirement of it; an older one, of an earlier payload of the block,
+            // whose free may be forgetting it right now (a transient heap hands a freed block out before it forgets).
+            if (earlier >= tag)
+            {
+                claimed = false;
+                break;
+            }
+
+            if (_retiredByCallers.TryUpdate(current.Offset, version, earlier))
+            {
+                claimed = true;
+                break;
+            }
         }
 
         // The header again, after the claim: the sweep marks a block free before it forgets its claim, so a block freed
@@ -69,7 +87,7 @@ public sealed unsafe partial class BufferedDurableHeap
     /// <summary>Gives back a claim (if <paramref name="claimed"/>) whose Replace or Delete failed before it retired anything.</summary>
     internal void ReleaseRetirement(PayloadRef current, long version, bool claimed)
     {
-        if (claimed && (_faults & DurabilityFaults.AcceptDoubleRetirement) == 0 && _mode != DurabilityMode.Transient)
+        if (claimed && (_faults & DurabilityFaults.AcceptDoubleRetirement) == 0)
         {
             Forget(current.Offset, version);
         }

@@ -363,11 +363,13 @@ public sealed class DoubleRetirementTests
     }
 
     /// <summary>Claims are forgotten once their blocks are free, in every mode, under four threads of random Allocate,
-    /// Delete and Replace (same-size, resizing, chained in one version) over many versions; no legitimate call is refused.</summary>
+    /// Delete and Replace (same-size, resizing, chained in one version) over many versions; no legitimate call is refused.
+    /// In Transient mode, where a freed block is handed out before its claim is forgotten, a new payload's first Delete
+    /// was refused when it raced that forgetting (found by this test).</summary>
     [Theory]
     [InlineData(DurabilityMode.Buffered)]
     [InlineData(DurabilityMode.Strict)]
-    [InlineData(DurabilityMode.Transient)] // (no claims there: see ClaimRetirement)
+    [InlineData(DurabilityMode.Transient)]
     public void ClaimsAreForgotten_AndNoLegitimateCallIsRefused(DurabilityMode mode)
     {
         using var dir = new TempDirectory();
