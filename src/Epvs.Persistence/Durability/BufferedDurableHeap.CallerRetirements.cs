@@ -16,26 +16,31 @@ namespace Epvs.Persistence;
 /// </summary>
 public sealed unsafe partial class BufferedDurableHeap
 {
-    /// <summary>The payloads the public Replace and Delete retired whose blocks are not free yet (offset → version of the
-    /// retirement). The library's structures, whose indexes never retire a payload twice, skip it
-    /// (<see cref="DurableOperation.ReplaceOwned"/>, <see cref="DurableOperation.DeleteOwned"/>).</summary>
+    /// <summary>The payloads the public Replace and Delete retired whose blocks are not free yet (offset → the payload's
+    /// epoch tag, which tells it from any later payload of the block: a block is handed out again at least two versions
+    /// after the version that retired it, at or after the tag). The library's structures, whose indexes never retire a
+    /// payload twice, skip it (<see cref="DurableOperation.ReplaceOwned"/>, <see cref="DurableOperation.DeleteOwned"/>).</summary>
     private readonly ConcurrentDictionary<long, long> _retiredByCallers = new();
 
     /// <summary>How many claims <see cref="_retiredByCallers"/> holds (its Count and IsEmpty take every lock).</summary>
     private long _claims;
 
+    /// <summary>Test hook: runs as a public Replace or Delete claims a retirement, after it read the payload's header.</summary>
+    internal Action? BeforeClaimForTesting { get; set; }
+
     /// <summary>Test hook: how many retirements are claimed (see <see cref="_claims"/>).</summary>
     internal long RetirementClaimsForTesting => Volatile.Read(ref _claims);
 
     /// <summary>
-    /// Claims <paramref name="current"/>'s retirement for a public Replace or Delete in <paramref name="version"/>, before
-    /// anything is allocated for it: throws if it was retired already (claimed, or, retired by another path, parked for the
-    /// sweep). A claim older than <paramref name="tag"/>, the block's tag now, belongs to an earlier payload of the block
-    /// (freed and reused since) and is taken over. Give it back with <see cref="ReleaseRetirement"/> if the call then
-    /// fails before it retires the payload.
+    /// Claims the retirement of the payload in <paramref name="current"/> whose header the caller read with epoch tag
+    /// <paramref name="tag"/>, before anything is allocated for it: throws if that payload was retired already (claimed,
+    /// or, retired by another path, parked for the sweep), or is no longer in the block. A claim of an older tag belongs
+    /// to an earlier payload of the block (freed and reused since) and is taken over. Give it back with
+    /// <see cref="ReleaseRetirement"/> if the call then fails before it retires the payload.
     /// </summary>
-    internal void ClaimRetirement(PayloadRef current, long version, long tag)
+    internal void ClaimRetirement(PayloadRef current, long tag)
     {
+        BeforeClaimForTesting?.Invoke();
         if ((_faults & DurabilityFaults.AcceptDoubleRetirement) != 0)
         {
             return;
@@ -44,7 +49,7 @@ public sealed unsafe partial class BufferedDurableHeap
         bool claimed;
         while (true)
         {
-            if (_retiredByCallers.TryAdd(current.Offset, version))
+            if (_retiredByCallers.TryAdd(current.Offset, tag))
             {
                 Interlocked.Increment(ref _claims);
                 claimed = true;
@@ -56,28 +61,29 @@ public sealed unsafe partial class BufferedDurableHeap
                 continue; // forgotten meanwhile (its block freed): claim it afresh
             }
 
-            // A claim as new as the block's payload is a retirement of it; an older one, of an earlier payload of the block,
-            // whose free may be forgetting it right now (a transient heap hands a freed block out before it forgets).
+            // The same tag: this payload's retirement. A later one: the block was reused after the caller read its header.
+            // An older one: an earlier payload of the block, whose free may be forgetting it right now (a transient heap
+            // hands a freed block out before it forgets).
             if (earlier >= tag)
             {
                 claimed = false;
                 break;
             }
 
-            if (_retiredByCallers.TryUpdate(current.Offset, version, earlier))
+            if (_retiredByCallers.TryUpdate(current.Offset, tag, earlier))
             {
                 claimed = true;
                 break;
             }
         }
 
-        // The header again, after the claim: the sweep marks a block free before it forgets its claim, so a block freed
-        // since the caller's header check is seen here.
-        if (!claimed || _heap.IsParked(current) || !_heap.IsAllocated(current))
+        // The header again, after the claim: the sweep marks a block free before it forgets its claim, so a block freed, or
+        // freed and reused, since the caller read its header is seen here (another payload has another tag).
+        if (!claimed || _heap.IsParked(current) || !_heap.HoldsPayloadTagged(current, tag))
         {
             if (claimed)
             {
-                Forget(current.Offset, version);
+                Forget(current.Offset, tag);
             }
 
             ThrowHelper.ThrowInvalidOperation($"The payload at offset {current.Offset} was already replaced or deleted (its block is not reused yet): a second Replace or Delete would retire it twice. Use the payload the first Replace returned, or nothing once it is deleted.");
@@ -85,22 +91,22 @@ public sealed unsafe partial class BufferedDurableHeap
     }
 
     /// <summary>Gives back a claim (if <paramref name="claimed"/>) whose Replace or Delete failed before it retired anything.</summary>
-    internal void ReleaseRetirement(PayloadRef current, long version, bool claimed)
+    internal void ReleaseRetirement(PayloadRef current, long tag, bool claimed)
     {
         if (claimed && (_faults & DurabilityFaults.AcceptDoubleRetirement) == 0)
         {
-            Forget(current.Offset, version);
+            Forget(current.Offset, tag);
         }
     }
 
     /// <summary>Whether a public call retired <paramref name="current"/>, whose tag is <paramref name="tag"/>, and its block is not free yet (an update in place of a deleted payload).</summary>
     internal bool RetiredByACaller(PayloadRef current, long tag) =>
-        Volatile.Read(ref _claims) != 0 && _retiredByCallers.TryGetValue(current.Offset, out long version) && version >= tag;
+        Volatile.Read(ref _claims) != 0 && _retiredByCallers.TryGetValue(current.Offset, out long claimed) && claimed == tag;
 
     /// <summary>
     /// Blocks just marked free (by a sweep, before it hands them out; or by reclamation's eager frees): forgets the claims
-    /// of their retirements, those of version <paramref name="upTo"/> or older (an eager free of a transient heap hands
-    /// a block out at once, and a later payload in it may have been claimed since).
+    /// of their retirements, those of payloads tagged <paramref name="upTo"/> or older (an eager free of a transient heap
+    /// hands a block out at once, and a later payload in it, tagged at least two versions later, may be claimed since).
     /// </summary>
     private void ForgetFreed(ReadOnlySpan<long> offsets, long upTo)
     {
@@ -112,9 +118,9 @@ public sealed unsafe partial class BufferedDurableHeap
 
         foreach (long offset in offsets)
         {
-            if (_retiredByCallers.TryGetValue(offset, out long version) && version <= upTo)
+            if (_retiredByCallers.TryGetValue(offset, out long tag) && tag <= upTo)
             {
-                Forget(offset, version);
+                Forget(offset, tag);
             }
         }
     }
@@ -122,9 +128,9 @@ public sealed unsafe partial class BufferedDurableHeap
     /// <summary>The sweep's <see cref="PersistentHeap.BlocksFreed"/>: its blocks were parked by earlier reclamations, and none is handed out yet.</summary>
     private void ForgetSwept(List<long> offsets) => ForgetFreed(System.Runtime.InteropServices.CollectionsMarshal.AsSpan(offsets), long.MaxValue);
 
-    private void Forget(long offset, long version)
+    private void Forget(long offset, long tag)
     {
-        if (_retiredByCallers.TryRemove(new KeyValuePair<long, long>(offset, version)))
+        if (_retiredByCallers.TryRemove(new KeyValuePair<long, long>(offset, tag)))
         {
             Interlocked.Decrement(ref _claims);
         }

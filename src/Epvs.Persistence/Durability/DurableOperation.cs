@@ -104,7 +104,7 @@ public ref struct DurableOperation
         // Claimed before anything is allocated: a payload already retired is refused here, with nothing to undo.
         if (claim)
         {
-            heap.ClaimRetirement(current, Version, header.EpochTag);
+            heap.ClaimRetirement(current, header.EpochTag);
         }
 
         if (header.EpochTag == Version || heap.Mode == DurabilityMode.Transient)
@@ -117,7 +117,7 @@ public ref struct DurableOperation
             }
             catch
             {
-                heap.ReleaseRetirement(current, Version, claim);
+                heap.ReleaseRetirement(current, header.EpochTag, claim);
                 throw;
             }
 
@@ -161,7 +161,7 @@ public ref struct DurableOperation
         }
         catch
         {
-            heap.ReleaseRetirement(current, Version, claim);
+            heap.ReleaseRetirement(current, header.EpochTag, claim);
             throw;
         }
 
@@ -221,7 +221,7 @@ public ref struct DurableOperation
         PayloadHeader header = heap.Allocator.GetHeader(current);
         if (claim)
         {
-            heap.ClaimRetirement(current, Version, header.EpochTag);
+            heap.ClaimRetirement(current, header.EpochTag);
         }
 
         DeleteClaimed(heap, current, header, claim);
@@ -240,7 +240,7 @@ public ref struct DurableOperation
             }
             catch
             {
-                heap.ReleaseRetirement(current, Version, claim);
+                heap.ReleaseRetirement(current, header.EpochTag, claim);
                 throw;
             }
 

@@ -525,14 +525,14 @@ public sealed unsafe partial class PersistentHeap : IDisposable
         }
     }
 
-    /// <summary>Whether <paramref name="block"/>'s header is a valid allocation (as <see cref="GetHeader"/> checks), without throwing.</summary>
-    internal bool IsAllocated(PayloadRef block)
+    /// <summary>Whether <paramref name="block"/>'s header is a valid allocation (as <see cref="GetHeader"/> checks) of a payload tagged <paramref name="tag"/>, without throwing.</summary>
+    internal bool HoldsPayloadTagged(PayloadRef block, long tag)
     {
         (_, ulong descriptor) = Locate(block);
         ulong* h = (ulong*)(_base + block.Offset);
         // Volatile.Read: acquire, as in GetHeaderCore.
         ulong commit = Volatile.Read(ref h[3]);
-        return HeapLayout.IsValidAllocated(h[0], h[1], h[2], commit, block.Offset, HeapLayout.DescriptorGeneration(descriptor));
+        return HeapLayout.IsValidAllocated(h[0], h[1], h[2], commit, block.Offset, HeapLayout.DescriptorGeneration(descriptor)) && (long)h[1] == tag;
     }
 
     private PayloadHeader GetHeaderCore(PayloadRef block)

@@ -362,6 +362,87 @@ public sealed class DoubleRetirementTests
         Assert.Null(after);
     }
 
+    /// <summary>
+    /// A second Delete that read the payload's header just before the sweep freed its block and the block was handed to a
+    /// new payload: its claim found no earlier one (forgotten with the free), and the block allocated, so it retired the
+    /// new payload, freed while its owner still used it. Found by the review of the claims (session 16). A claim is now of
+    /// the payload's tag, checked against the block's after claiming. The control takes no claims.
+    /// </summary>
+    [Theory]
+    [InlineData(false)]
+    [InlineData(true)]
+    public void ASecondDeleteThatStraddlesTheBlocksReuse_IsRefused_AndTheNewPayloadIsKept(bool control)
+    {
+        using var dir = new TempDirectory();
+        BufferedDurableHeap heap = Create(dir, control);
+        PayloadRef block = Durable(heap, 1);
+        using (DurableOperation op = heap.BeginOperation())
+        {
+            op.GetPayload(op.Replace(block, 16)).Fill(2); // (a Delete would make its version's frees durable at once)
+        }
+
+        for (int i = 0; i < 4 && !heap.Allocator.IsParked(block); i++)
+        {
+            heap.Sync();
+        }
+
+        Assert.True(heap.Allocator.IsParked(block), "the block was never parked");
+        PayloadRef reusedBy = PayloadRef.Null;
+        heap.BeforeClaimForTesting = () =>
+        {
+            // The header is read: now the sweep frees the block and a new payload takes it.
+            heap.BeforeClaimForTesting = null;
+            var other = new Thread(() =>
+            {
+                heap.Allocator.FlushPendingFrees();
+                using DurableOperation op = heap.BeginOperation();
+                for (int i = 0; i < 10_000 && reusedBy.IsNull; i++)
+                {
+                    PayloadRef p = op.Allocate(16, TypeId + 1);
+                    op.GetPayload(p).Fill(9);
+                    if (p.Offset == block.Offset)
+                    {
+                        reusedBy = p;
+                    }
+                }
+            });
+            other.Start();
+            other.Join();
+        };
+        Exception? second = Record.Exception(() =>
+        {
+            using DurableOperation op = heap.BeginOperation();
+            op.Delete(block);
+        });
+        Assert.False(reusedBy.IsNull, "the block was not handed out again (the check would not run)");
+        Exception? after = Record.Exception(() =>
+        {
+            for (int i = 0; i < 4; i++)
+            {
+                heap.Sync();
+            }
+
+            heap.Allocator.FlushPendingFrees();
+            using (DurableOperation op = heap.BeginOperation())
+            {
+                op.Delete(reusedBy); // its owner's first Delete
+            }
+
+            heap.Sync();
+            heap.Dispose();
+        });
+
+        if (control)
+        {
+            Assert.Null(second); // accepted: it retired the new payload
+            Assert.NotNull(after); // whose owner's Delete then retires it again
+            return;
+        }
+
+        Assert.IsType<InvalidOperationException>(second);
+        Assert.Null(after);
+    }
+
     /// <summary>Claims are forgotten once their blocks are free, in every mode, under four threads of random Allocate,
     /// Delete and Replace (same-size, resizing, chained in one version) over many versions; no legitimate call is refused.
     /// In Transient mode, where a freed block is handed out before its claim is forgotten, a new payload's first Delete
