@@ -24,14 +24,13 @@ public sealed unsafe partial class HeapFile
             return null;
         }
 
-        // 0666, less the umask, as FileStream creates files.
-        int fd = Interop.LibcFiles.Open(directory, Interop.LibcFiles.TmpFile | Interop.LibcFiles.ReadWrite | Interop.LibcFiles.CloseOnExec, 0x1B6);
+        int fd = Interop.Libc.Open(directory, Interop.Libc.TmpFile | Interop.Libc.ReadWrite | Interop.Libc.CloseOnExec, CreationMode);
         if (fd < 0)
         {
             int errno = Marshal.GetLastPInvokeError();
-            if (errno is Interop.LibcFiles.Eacces or Interop.LibcFiles.Eperm or Interop.LibcFiles.Erofs)
+            if (errno is Interop.Libc.Eacces or Interop.Libc.Eperm or Interop.Libc.Erofs)
             {
-                ThrowHelper.ThrowHeapFile(HeapFileError.ReadOnly, $"Cannot create heap file '{fullPath}': the directory is not writable.");
+                ThrowHelper.ThrowHeapFile(HeapFileError.ReadOnly, errno == Interop.Libc.Erofs ? $"Cannot create heap file '{fullPath}': the file system is read-only." : $"Cannot create heap file '{fullPath}': the directory is not writable.");
             }
 
             // No unnamed files here (EOPNOTSUPP, EISDIR, EINVAL), or a failure creating in place reports as usual.
@@ -45,7 +44,7 @@ public sealed unsafe partial class HeapFile
         // default ACL, the mode a creation gets comes from the ACL, which a chmod would override.)
         if (Environment.OSVersion.Version < new Version(6, 1))
         {
-            _ = Interop.LibcFiles.Fchmod(fd, 0x1B6 & ~ProcessUmask());
+            _ = Interop.Libc.Fchmod(fd, CreationMode & ~ProcessUmask());
         }
         string link = $"/proc/self/fd/{fd}";
         FileStream? stream = null;
@@ -54,13 +53,13 @@ public sealed unsafe partial class HeapFile
         {
             // The exclusive lock every open of a heap file takes (as FileShare.None does): it comes with the name. Nobody
             // else can hold it on a file without a name; a file system without locks fails it, which FileShare.None ignores too.
-            _ = Interop.LibcFiles.Flock(fd, Interop.LibcFiles.LockExclusive | Interop.LibcFiles.LockNonBlocking);
+            _ = Interop.Libc.Flock(fd, Interop.Libc.LockExclusive | Interop.Libc.LockNonBlocking);
 
             // Reserve the blocks, so a full disk fails here, cleanly, instead of as SIGBUS on a later store through the mapping.
             int reserved = Interop.Libc.PosixFallocate(fd, 0, heapSize);
-            if (reserved is Interop.LibcFiles.Enospc or Interop.LibcFiles.Efbig or Interop.LibcFiles.Edquot)
+            if (Interop.Libc.IsOutOfSpace(reserved))
             {
-                ThrowHelper.ThrowHeapFile(HeapFileError.InsufficientSpace, $"Cannot create heap file '{fullPath}' of {heapSize} bytes: the file system has no room for it (errno {reserved}).");
+                ThrowHelper.ThrowHeapFile(HeapFileError.InsufficientSpace, $"Cannot create heap file '{fullPath}' of {heapSize} bytes: the file system has no room for it ({Marshal.GetPInvokeErrorMessage(reserved)}).");
             }
 
             stream = new FileStream(handle, FileAccess.ReadWrite, bufferSize: 0);
@@ -69,10 +68,10 @@ public sealed unsafe partial class HeapFile
             Format(domain, heapSize, maxSegments, dataStart);
             HeapFileTestHooks.BeforeNamingCreatedFile?.Invoke(fullPath);
 
-            if (Interop.LibcFiles.Linkat(Interop.LibcFiles.AtCurrentDirectory, link, Interop.LibcFiles.AtCurrentDirectory, fullPath, Interop.LibcFiles.AtSymlinkFollow) != 0)
+            if (Interop.Libc.Linkat(Interop.Libc.AtCurrentDirectory, link, Interop.Libc.AtCurrentDirectory, fullPath, Interop.Libc.AtSymlinkFollow) != 0)
             {
                 int errno = Marshal.GetLastPInvokeError();
-                if (errno == Interop.LibcFiles.Eexist)
+                if (errno == Interop.Libc.Eexist)
                 {
                     ThrowHelper.ThrowHeapFile(HeapFileError.AlreadyExists, $"Cannot create heap file '{fullPath}': the path already exists (it appeared while the file was being created). An existing file is never reformatted; delete it or open it with HeapFile.Open.");
                 }
@@ -102,6 +101,9 @@ public sealed unsafe partial class HeapFile
         }
     }
 
+    /// <summary>0666, less the umask: the mode FileStream creates files with.</summary>
+    private const int CreationMode = 0x1B6;
+
     /// <summary>The process's file mode creation mask, from <c>/proc/self/status</c> (reading it with <c>umask</c> would
     /// change it for a moment, under other threads' creations); 022 when it cannot be read.</summary>
     private static int ProcessUmask()
@@ -127,11 +129,11 @@ public sealed unsafe partial class HeapFile
     /// <summary>Makes a new name in <paramref name="directory"/> durable (best effort: a file system that cannot sync a directory needs no sync).</summary>
     private static void SyncDirectory(string directory)
     {
-        int fd = Interop.LibcFiles.Open(directory, Interop.LibcFiles.ReadOnly | Interop.LibcFiles.Directory | Interop.LibcFiles.CloseOnExec, 0);
+        int fd = Interop.Libc.Open(directory, Interop.Libc.ReadOnly | Interop.Libc.Directory | Interop.Libc.CloseOnExec, 0);
         if (fd >= 0)
         {
-            _ = Interop.LibcFiles.Fsync(fd);
-            _ = Interop.LibcFiles.Close(fd);
+            _ = Interop.Libc.Fsync(fd);
+            _ = Interop.Libc.Close(fd);
         }
     }
 }

@@ -307,12 +307,12 @@ public sealed unsafe partial class HeapFile : IDisposable
             ThrowHelper.ThrowHeapFile(HeapFileError.ReadOnly, $"Cannot create heap file '{fullPath}': the directory is not writable.", e);
             throw;
         }
-        catch (IOException e) when (e.HResult == EROFS)
+        catch (IOException e) when (e.HResult == Interop.Libc.Erofs)
         {
             ThrowHelper.ThrowHeapFile(HeapFileError.ReadOnly, $"Cannot create heap file '{fullPath}': the file system is read-only.", e);
             throw;
         }
-        catch (IOException e) when (!File.Exists(fullPath) && e.HResult is not (EMFILE or ENFILE))
+        catch (IOException e) when (!File.Exists(fullPath) && e.HResult is not (Interop.Libc.Emfile or Interop.Libc.Enfile))
         {
             // (Out of file descriptors is the IOException itself, not a full disk.)
             ThrowHelper.ThrowHeapFile(HeapFileError.InsufficientSpace, $"Cannot create heap file '{fullPath}' of {heapSize} bytes: {e.Message}", e);
@@ -969,7 +969,7 @@ public sealed unsafe partial class HeapFile : IDisposable
         }
 
         int error = HeapFileTestHooks.SimulatedFallocateError ?? Interop.Libc.PosixFallocate((int)stream.SafeFileHandle.DangerousGetHandle(), 0, length);
-        if (error is ENOSPC or EFBIG or EDQUOT)
+        if (Interop.Libc.IsOutOfSpace(error))
         {
             ThrowHelper.ThrowHeapFile(HeapFileError.InsufficientSpace, $"Cannot open heap file '{name}': its {length} bytes are not all allocated on disk (a sparse file) and the file system has no space left to allocate them ({Marshal.GetPInvokeErrorMessage(error)}). Mapping it would crash the process on the first store into a hole. Free space, or copy the file without holes.");
         }
@@ -977,11 +977,6 @@ public sealed unsafe partial class HeapFile : IDisposable
         // Other errors (EOPNOTSUPP, EINVAL on file systems without fallocate) leave the file as it is, like before.
     }
 
-    private const int ENOSPC = 28;
-    private const int EMFILE = 24;
-    private const int ENFILE = 23;
-    private const int EFBIG = 27;
-    private const int EDQUOT = 122;
 
     private static ulong Read(ReadOnlySpan<byte> superblock, int offset) => BinaryPrimitives.ReadUInt64LittleEndian(superblock[offset..]);
 
@@ -996,7 +991,6 @@ public sealed unsafe partial class HeapFile : IDisposable
         return (File.GetUnixFileMode(path) & UnixFileMode.UserWrite) == 0;
     }
 
-    private const int EROFS = 30;
 
     private static FileStream OpenLocked(string path)
     {
@@ -1012,7 +1006,7 @@ public sealed unsafe partial class HeapFile : IDisposable
             ThrowHelper.ThrowHeapFile(HeapFileError.ReadOnly, $"Cannot open heap file '{path}' for writing: access denied.", e);
             throw;
         }
-        catch (IOException e) when (e.HResult == EROFS)
+        catch (IOException e) when (e.HResult == Interop.Libc.Erofs)
         {
             ThrowHelper.ThrowHeapFile(HeapFileError.ReadOnly, $"Cannot open heap file '{path}' for writing: it is on a read-only file system. Remount it read-write or copy the file to a writable place.", e);
             throw;

@@ -40,6 +40,26 @@ public sealed class DoubleRetirementTests
         return block;
     }
 
+    /// <summary>
+    /// A durable payload, replaced (a Delete would make its version's frees durable at once: swept, never parked), then
+    /// synced until reclamation has parked its block for the sweep (up to four cycles; the caller checks it did).
+    /// </summary>
+    private static PayloadRef ReplacedUntilParked(BufferedDurableHeap heap)
+    {
+        PayloadRef block = Durable(heap, 1);
+        using (DurableOperation op = heap.BeginOperation())
+        {
+            op.GetPayload(op.Replace(block, 16)).Fill(2);
+        }
+
+        for (int i = 0; i < 4 && !heap.Allocator.IsParked(block); i++)
+        {
+            heap.Sync();
+        }
+
+        return block;
+    }
+
     public static TheoryData<string, bool> Cases => new()
     {
         { "replace twice in one operation", false }, { "replace twice in one operation", true },
@@ -198,17 +218,7 @@ public sealed class DoubleRetirementTests
     {
         using var dir = new TempDirectory();
         BufferedDurableHeap heap = Create(dir, control);
-        PayloadRef block = Durable(heap, 1);
-        using (DurableOperation op = heap.BeginOperation())
-        {
-            op.Replace(block, 16);
-        }
-
-        for (int i = 0; i < 3 && !heap.Allocator.IsParked(block); i++)
-        {
-            heap.Sync();
-        }
-
+        PayloadRef block = ReplacedUntilParked(heap);
         Assert.SkipUnless(heap.Allocator.IsParked(block), "inconclusive: the sweep freed the block before the second Delete");
         Exception? second = Record.Exception(() =>
         {
@@ -309,17 +319,7 @@ public sealed class DoubleRetirementTests
     {
         using var dir = new TempDirectory();
         BufferedDurableHeap heap = Create(dir, control);
-        PayloadRef block = Durable(heap, 1);
-        using (DurableOperation op = heap.BeginOperation())
-        {
-            op.Replace(block, 16); // (a Delete would make its version's frees durable at once: swept, never parked)
-        }
-
-        for (int i = 0; i < 4 && !heap.Allocator.IsParked(block); i++)
-        {
-            heap.Sync();
-        }
-
+        PayloadRef block = ReplacedUntilParked(heap);
         Assert.True(heap.Allocator.IsParked(block), "the block was never parked");
         Exception? second = null;
         bool ran = false;
@@ -375,17 +375,7 @@ public sealed class DoubleRetirementTests
     {
         using var dir = new TempDirectory();
         BufferedDurableHeap heap = Create(dir, control);
-        PayloadRef block = Durable(heap, 1);
-        using (DurableOperation op = heap.BeginOperation())
-        {
-            op.GetPayload(op.Replace(block, 16)).Fill(2); // (a Delete would make its version's frees durable at once)
-        }
-
-        for (int i = 0; i < 4 && !heap.Allocator.IsParked(block); i++)
-        {
-            heap.Sync();
-        }
-
+        PayloadRef block = ReplacedUntilParked(heap);
         Assert.True(heap.Allocator.IsParked(block), "the block was never parked");
         PayloadRef reusedBy = PayloadRef.Null;
         heap.BeforeClaimForTesting = () =>

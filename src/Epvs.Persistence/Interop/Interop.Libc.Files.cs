@@ -7,9 +7,10 @@ internal static partial class Interop
     /// <summary>
     /// The C library's file calls for creating a heap file atomically on Linux (see <c>HeapFile.Create</c>): an unnamed
     /// file (<c>O_TMPFILE</c>) formatted in full, then given its name with <c>linkat</c>, which never replaces an existing
-    /// file. The open flags are Linux's for the architecture: <c>O_DIRECTORY</c> differs between x86 and Arm.
+    /// file; and the errno values the heap file tells apart. The open flags are Linux's for the architecture:
+    /// <c>O_DIRECTORY</c> differs between x86 and Arm.
     /// </summary>
-    internal static unsafe partial class LibcFiles
+    internal static unsafe partial class Libc
     {
         internal const int ReadWrite = 0x2;
         internal const int ReadOnly = 0x0;
@@ -27,15 +28,18 @@ internal static partial class Interop
         internal const int AtCurrentDirectory = -100;
         internal const int AtSymlinkFollow = 0x400;
 
+        internal const int Eperm = 1;
         internal const int Eacces = 13;
         internal const int Eexist = 17;
+        internal const int Enfile = 23;
+        internal const int Emfile = 24;
         internal const int Efbig = 27;
         internal const int Enospc = 28;
         internal const int Erofs = 30;
         internal const int Edquot = 122;
-        internal const int Eperm = 1;
 
-        static LibcFiles() => NativeLibraryResolver.EnsureRegistered();
+        /// <summary>Whether <paramref name="errno"/> says the file system (or the user's quota, or the file size) has no room.</summary>
+        internal static bool IsOutOfSpace(int errno) => errno is Enospc or Efbig or Edquot;
 
         /// <summary>A file descriptor, or -1 with errno set.</summary>
         [LibraryImport(NativeLibraryResolver.LibcLibraryName, EntryPoint = "open", SetLastError = true, StringMarshalling = StringMarshalling.Utf8)]
