@@ -11,9 +11,10 @@ namespace Epvs.Persistence;
 /// element is one payload [sequence number | value]; a dequeue writes an anti-payload. The order lives in DRAM and is
 /// rebuilt from the sequence numbers at recovery, which yields a contiguous FIFO prefix: exactly the enqueues and
 /// dequeues of the versions up to the durable frontier. After a salvage (<see cref="BufferedDurableHeapOptions.SalvageDamagedBlocks"/>)
-/// that dropped a damaged element — at that open or a later one, if the queue was not opened in the salvaging session —
-/// the survivors keep their order and are renumbered to close the gap, durably before the constructor returns (Sync;
-/// with the next advance when it is called inside an operation).
+/// that dropped a damaged element, the survivors keep their order and their sequence numbers: the gap is accepted at
+/// that open and every later one because both of its neighbours were kept by the salvage (tagged at or below
+/// <see cref="DurableRecoveryReport.SalvagedThrough"/>, which the file records before the salvage frees anything). Nothing
+/// is written to close it, so opening a salvaged queue needs no room on the heap and cannot leave half of a repair.
 /// </summary>
 /// <typeparam name="T">An unmanaged element type; stored by its bytes.</typeparam>
 /// <remarks>All members are thread-safe (one lock, taken inside the operation's EPVS region, so lock order agrees with version order).</remarks>
@@ -32,8 +33,7 @@ public sealed unsafe class PersistentQueue<T>
     /// <remarks>The rebuild runs inside one operation of the heap, which holds back version transitions (and so Sync) until it ends; once the advancer starts one, every operation that begins waits for it too. Open the structures before other threads use the heap, or expect them to pause for as long as the rebuild.</remarks>
     /// <exception cref="ArgumentOutOfRangeException"><paramref name="typeId"/> is not in [0, 2^24) (the high bits record the structure's kind).</exception>
     /// <exception cref="InvalidOperationException">A structure with this type id was already opened on the heap.</exception>
-    /// <exception cref="InvalidDataException">The recovered payloads are not this queue's, or their sequence numbers are not contiguous (an inconsistent heap) and recovery dropped no damaged block, or two have one sequence number.</exception>
-    /// <exception cref="InsufficientMemoryException">After a salvage that dropped an element, the heap has no room for the renumbered copies.</exception>
+    /// <exception cref="InvalidDataException">The recovered payloads are not this queue's, or their sequence numbers have a gap that no salvage explains (an inconsistent heap), or two have one sequence number.</exception>
     /// <exception cref="ObjectDisposedException">The heap has been disposed.</exception>
     public PersistentQueue(BufferedDurableHeap heap, int typeId)
     {
@@ -42,20 +42,9 @@ public sealed unsafe class PersistentQueue<T>
 
         // The rebuild reads the payloads in the mapping: inside a read operation, so that a disposed heap throws and a
         // Dispose waits for it instead of unmapping under it.
-        bool renumbered;
-        using (DurableOperation op = heap.BeginRebuildOperation())
-        {
-            _typeId = StructureKind.Claim(heap, op, StructureKind.Queue, typeId, keySize: 0);
-            renumbered = Rebuild(heap.TakeRecoveredPayloads(_typeId));
-        }
-
-        if (renumbered && !heap.VersionScheme.Epoch.ThisInstanceProtected())
-        {
-            // Durable before the queue is used: salvage freed the damaged block durably, so a crash before the renumbered
-            // copies are durable would leave a gap with no damage to explain it, which every later open refuses. (Inside
-            // a caller's operation it cannot wait: durable with that operation's version.)
-            heap.Sync();
-        }
+        using DurableOperation op = heap.BeginRebuildOperation();
+        _typeId = StructureKind.Claim(heap, op, StructureKind.Queue, typeId, keySize: 0);
+        Rebuild(heap.TakeRecoveredPayloads(_typeId));
     }
 
     /// <summary>The number of elements.</summary>
@@ -147,30 +136,7 @@ public sealed unsafe class PersistentQueue<T>
         }
     }
 
-    /// <summary>
-    /// Renumbers the elements that follow a gap left by salvage (a damaged element dropped) so that the queue is
-    /// contiguous again: each gets a copy with its new sequence number, tagged with this version, and is durable with
-    /// it. Left as it was, the gap would outlive the damaged block (which salvage frees), and every later open, seeing
-    /// a gap with no damage reported, would refuse the queue.
-    /// </summary>
-    private void CloseGaps((long Sequence, long Offset, long Epoch)[] ordered)
-    {
-        // Nested in the constructor's rebuild operation; refused like any write after a failed advance cycle.
-        using DurableOperation op = _heap.BeginOperation();
-        for (int i = 1; i < ordered.Length; i++)
-        {
-            long wanted = ordered[0].Sequence + i;
-            if (ordered[i].Sequence != wanted)
-            {
-                PayloadRef copy = op.ReplaceOwned(new PayloadRef(ordered[i].Offset), PayloadSize);
-                MemoryMarshal.Write(_heap.PayloadUnchecked(copy.Offset), in wanted);
-                ordered[i] = (wanted, copy.Offset, ordered[i].Epoch);
-            }
-        }
-    }
-
-    /// <returns>Whether elements were renumbered to close the gaps of a salvage.</returns>
-    private bool Rebuild(IReadOnlyList<RecoveredPayload> payloads)
+    private void Rebuild(IReadOnlyList<RecoveredPayload> payloads)
     {
         var ordered = new (long Sequence, long Offset, long Epoch)[payloads.Count];
         long salvaged = _heap.SalvagedThrough;
@@ -185,7 +151,6 @@ public sealed unsafe class PersistentQueue<T>
         }
 
         Array.Sort(ordered, (a, b) => a.Sequence.CompareTo(b.Sequence));
-        bool gaps = false;
         for (int i = 1; i < ordered.Length; i++)
         {
             if (ordered[i].Sequence == ordered[i - 1].Sequence + 1)
@@ -194,19 +159,18 @@ public sealed unsafe class PersistentQueue<T>
             }
 
             // A gap is a dropped element only between elements a salvage kept (dropped damaged blocks, at this open or an
-            // earlier one, in whose session the queue may not have been opened); otherwise, or for two elements of one
-            // sequence number, the heap is not a consistent prefix.
-            if (Math.Max(ordered[i].Epoch, ordered[i - 1].Epoch) > salvaged || ordered[i].Sequence == ordered[i - 1].Sequence)
+            // earlier one): it stays, and is accepted at every later open by the same rule while both neighbours remain.
+            // Elements enqueued since are numbered after the last one, so no gap can open next to them. Otherwise, or for
+            // two elements of one sequence number, the heap is not a consistent prefix.
+            if (ordered[i].Sequence == ordered[i - 1].Sequence)
             {
-                throw new InvalidDataException($"The recovered elements of the queue with type id {_typeId & (StructureKind.TypeIdLimit - 1)} are not contiguous (sequence {ordered[i - 1].Sequence} is followed by {ordered[i].Sequence}): the heap is not a consistent prefix.");
+                throw new InvalidDataException($"Two recovered elements of the queue with type id {_typeId & (StructureKind.TypeIdLimit - 1)} have sequence number {ordered[i].Sequence} (at 0x{ordered[i - 1].Offset:X} and 0x{ordered[i].Offset:X}): the heap is not a consistent prefix.");
             }
 
-            gaps = true;
-        }
-
-        if (gaps)
-        {
-            CloseGaps(ordered);
+            if (Math.Max(ordered[i].Epoch, ordered[i - 1].Epoch) > salvaged)
+            {
+                throw new InvalidDataException($"The recovered elements of the queue with type id {_typeId & (StructureKind.TypeIdLimit - 1)} are not contiguous (sequence {ordered[i - 1].Sequence} is followed by {ordered[i].Sequence}) and no salvage explains the gap: the heap is not a consistent prefix.");
+            }
         }
 
         foreach ((_, long offset, _) in ordered)
@@ -215,6 +179,5 @@ public sealed unsafe class PersistentQueue<T>
         }
 
         _nextSequence = ordered.Length == 0 ? 0 : ordered[^1].Sequence + 1;
-        return gaps;
     }
 }

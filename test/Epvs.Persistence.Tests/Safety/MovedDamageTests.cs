@@ -122,10 +122,10 @@ public sealed class MovedDamageTests
     }
 
     /// <summary>
-    /// A queue that lost a middle element to salvage opens with the survivors in order and renumbered, durably before
-    /// its constructor returns: a crash right after it, or a later open, finds the same queue with no damage to report.
-    /// It used to refuse to open (a gap in its order) at the salvaging open and at every later one, the survivors
-    /// reachable only as raw payloads.
+    /// A queue that lost a middle element to salvage opens with the survivors in order, keeping their sequence numbers
+    /// (the gap is explained by the file's salvaged-through word): a crash right after it, or a later open, finds the
+    /// same queue with no damage to report. It used to refuse to open (a gap in its order) at the salvaging open and at
+    /// every later one, the survivors reachable only as raw payloads.
     /// </summary>
     [Fact]
     public void Queue_SalvagedWithAMiddleElementDropped_OpensWithTheSurvivorsInOrder_AndStaysOpenable()
@@ -140,10 +140,10 @@ public sealed class MovedDamageTests
             Assert.SkipWhen(salvaged.Heap.File.MappedFileWriteBack != MappedFileWriteBack.PrivateMapping, "needs a private mapping (Linux), whose file holds only what was written back");
             var queue = new PersistentQueue<long>(salvaged, typeId: 3);
             Assert.Equal(expected, queue.ToArray());
-            Assert.Equal(Enumerable.Range(0, 19).Select(i => (long)i), queue.Sequences());
+            Assert.Equal(Enumerable.Range(0, 20).Where(i => i != 10).Select(i => (long)i), queue.Sequences());
 
             // What the file holds now (a private mapping: only what was written back) is what a crash now would leave:
-            // the damaged block is freed already, so the renumbering must be durable too.
+            // the damaged block is freed already, and the gap must still be accepted.
             crashedAfterOpen = CorruptionFuzz.ReadPastTheLock(path);
             queue.Enqueue(2000);
         }
@@ -161,6 +161,108 @@ public sealed class MovedDamageTests
         var again = new PersistentQueue<long>(reopened, typeId: 3);
         Assert.Equal(expected.Append(2000), again.ToArray());
         Assert.True(again.TryDequeue(out long head) && head == 0);
+    }
+
+    /// <summary>
+    /// A salvaged queue opens on a heap with no room left: opening writes nothing. It used to renumber the survivors
+    /// with a copy each, threw InsufficientMemoryException part-way, and the copies it had made became durable with the
+    /// next Sync (or the clean Dispose): a gap next to an element tagged after the salvage, which every later open
+    /// refused as not a consistent prefix, with no damage left to salvage (found by an adversarial round).
+    /// </summary>
+    [Fact]
+    public void Queue_SalvagedOnAFullHeap_Opens_AndEveryLaterOpenAcceptsIt()
+    {
+        using var dir = new TempDirectory();
+        string path = CreateQueueWithElementTenDamaged(dir, free: false, out long victim);
+        long[] expected = Enumerable.Range(0, 20).Where(i => i != 10).Select(i => i * 100L).ToArray();
+        var salvage = new BufferedDurableHeapOptions { AdvancePeriod = Timeout.InfiniteTimeSpan, SalvageDamagedBlocks = true };
+        using (BufferedDurableHeap heap = BufferedDurableHeap.Open(path, FileOptions, salvage))
+        {
+            Assert.Contains(victim, heap.Recovery.DamagedBlocks);
+            int filled = FillWithEmptyPayloads(heap);
+            Assert.True(filled > 0);
+            Assert.Throws<InsufficientMemoryException>(() =>
+            {
+                using DurableOperation op = heap.BeginOperation();
+                op.Allocate(0, typeId: 99);
+            });
+
+            Assert.Equal(expected, new PersistentQueue<long>(heap, typeId: 3).ToArray());
+            heap.Sync();
+        }
+
+        foreach (BufferedDurableHeapOptions options in new[] { Options, salvage })
+        {
+            using BufferedDurableHeap heap = BufferedDurableHeap.Open(path, FileOptions, options);
+            Assert.Empty(heap.Recovery.DamagedBlocks);
+            Assert.True(heap.Recovery.SalvagedThrough > 0);
+            Assert.Equal(expected, new PersistentQueue<long>(heap, typeId: 3).ToArray());
+        }
+    }
+
+    /// <summary>
+    /// A second salvage, of a file whose first salvage's session crashed right after the queue opened, that drops
+    /// another element: the queue opens with every other element in order. It used to refuse: the first salvage had
+    /// renumbered the survivors with copies, the crash left their older copies on the file, and dropping one copy brought
+    /// back its element's older copy with a sequence number its successor's copy held (found by an adversarial round).
+    /// </summary>
+    [Fact]
+    public void Queue_SalvagedAgainAfterACrash_KeepsEverySurvivorInOrder()
+    {
+        using var dir = new TempDirectory();
+        string path = CreateQueueWithElementTenDamaged(dir, free: false, out _);
+        var salvage = new BufferedDurableHeapOptions { AdvancePeriod = Timeout.InfiniteTimeSpan, SalvageDamagedBlocks = true };
+        byte[] crashed;
+        using (BufferedDurableHeap heap = BufferedDurableHeap.Open(path, FileOptions, salvage))
+        {
+            Assert.SkipWhen(heap.Heap.File.MappedFileWriteBack != MappedFileWriteBack.PrivateMapping, "needs a private mapping (Linux), whose file holds only what was written back");
+            _ = new PersistentQueue<long>(heap, typeId: 3);
+            crashed = CorruptionFuzz.ReadPastTheLock(path);
+        }
+
+        // The block the open queue reads for 1100 (its newest copy), damaged.
+        long dataStart = BitConverter.ToInt64(crashed, HeapLayout.DataStartOffset);
+        long second = -1;
+        long newest = -1;
+        for (long at = dataStart; at < crashed.Length - HeapLayout.HeaderSize - 16; at += SizeClasses.BlockSizes[0])
+        {
+            ulong commit = BitConverter.ToUInt64(crashed, (int)at + HeapLayout.CommitOffset);
+            long epoch = BitConverter.ToInt64(crashed, (int)at + HeapLayout.EpochOffset);
+            if (HeapLayout.InUse(commit) && BitConverter.ToInt64(crashed, (int)at + HeapLayout.HeaderSize + 8) == 1100 && epoch > newest)
+            {
+                (second, newest) = (at, epoch);
+            }
+        }
+
+        Assert.True(second > 0, "the element 1100 was not found");
+        Array.Clear(crashed, (int)second + HeapLayout.CommitOffset, sizeof(ulong));
+        string again = dir.File("again.heap");
+        File.WriteAllBytes(again, crashed);
+        using BufferedDurableHeap salvaged = BufferedDurableHeap.Open(again, FileOptions, salvage);
+        Assert.Contains(second, salvaged.Recovery.DamagedBlocks);
+        long[] items = new PersistentQueue<long>(salvaged, typeId: 3).ToArray();
+
+        // Every element but the two damaged ones, in order (1100 may come back from an older copy of it).
+        long[] original = Enumerable.Range(0, 20).Select(i => i * 100L).ToArray();
+        Assert.Equal(original.Where(v => items.Contains(v)), items);
+        Assert.Equal(original.Where(v => v is not 1000 and not 1100), items.Where(v => v != 1100));
+    }
+
+    /// <summary>Allocates empty raw payloads (type id 99) until the heap is full; returns how many.</summary>
+    private static int FillWithEmptyPayloads(BufferedDurableHeap heap)
+    {
+        for (int filled = 0; ; filled++)
+        {
+            using DurableOperation op = heap.BeginOperation();
+            try
+            {
+                op.Allocate(0, typeId: 99);
+            }
+            catch (InsufficientMemoryException)
+            {
+                return filled;
+            }
+        }
     }
 
     /// <summary>
