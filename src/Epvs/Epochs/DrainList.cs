@@ -171,13 +171,15 @@ internal sealed class DrainList
     /// go to <paramref name="onFault"/> (which must not throw), and so does a failure to give a faulted action's task its
     /// exception (the task is then canceled: see <see cref="TaskFaulting"/>).
     /// </summary>
-    public int RunEligible(long safeEpoch, ref long pending, Action<Exception> onFault) => RunEligible(safeEpoch, ref pending, onFault, only: null);
+    public int RunEligible(long safeEpoch, ref long pending, Action<Exception> onFault) => RunEligible(safeEpoch, ref pending, onFault, only: null, gate: null);
 
     /// <summary>
     /// <see cref="RunEligible(long, ref long, Action{Exception})"/>, restricted to registrations of <paramref name="only"/>
-    /// when it is not null (a drain past the inline depth limit, for a waiter: see LightEpoch.Drain).
+    /// when it is not null (a drain past the inline depth limit, for a waiter: see LightEpoch.Drain), and claiming only
+    /// through <paramref name="gate"/> when it is not null: once it is closed, nothing more is claimed (a drain of an
+    /// epoch that Dispose closed leaves what is pending to Dispose's final run).
     /// </summary>
-    public int RunEligible(long safeEpoch, ref long pending, Action<Exception> onFault, Action? only)
+    public int RunEligible(long safeEpoch, ref long pending, Action<Exception> onFault, Action? only, ClaimGate? gate)
     {
         int ran = 0;
         for (Segment<Slot>? s = first; s is not null; s = Volatile.Read(ref s.Next))
@@ -201,7 +203,11 @@ internal sealed class DrainList
                     continue;
                 // Claim before reading the action: only the winner of this CAS runs it. The CAS is a full
                 // fence, so the reads below see what the publisher wrote before its release of Epoch.
-                if (Interlocked.CompareExchange(ref slots[i].Epoch, Busy, e) != e)
+                if (gate is not null && !gate.TryEnter())
+                    return ran;
+                bool won = Interlocked.CompareExchange(ref slots[i].Epoch, Busy, e) == e;
+                gate?.Exit();
+                if (!won)
                     continue;
                 Action action = slots[i].Action!;
                 TaskCompletionSource<bool>? completion = slots[i].Completion;

@@ -8,10 +8,16 @@ namespace Epvs;
 public sealed partial class LightEpoch
 {
     /// <summary>
-    /// The last drain this thread handed off from a wait past <see cref="MaxThreadWaitingDepth"/>: a wait loops, and
-    /// starts another only once that one has begun to drain (so not a thread on every turn while one starts up).
+    /// The drains this thread handed off from a wait past <see cref="MaxThreadWaitingDepth"/>: a wait loops, and starts
+    /// another only once the last one has begun to drain (so not a thread on every turn while one starts up), and only while
+    /// fewer than <see cref="MaxLiveHandOffs"/> of them are still draining.
     /// </summary>
-    [ThreadStatic] private static HandOff? t_handOff;
+    [ThreadStatic] private static HandOffs? t_handOffs;
+
+    /// <summary>How many hand-off threads of one waiter may be draining at once. Each runs the waiter's step first, so
+    /// another is needed only while the earlier ones are inside long actions (one may wait for the waiter); past the bound
+    /// the waiter runs only its step itself, as when no thread can start.</summary>
+    private const int MaxLiveHandOffs = 4;
 
     /// <summary>What a thread that takes over a deep wait's step must know of the waiter's thread (the version scheme's
     /// callbacks it is inside): captured on the waiter, restored on the new thread before it drains.</summary>
@@ -39,6 +45,14 @@ public sealed partial class LightEpoch
         internal long DrainingSince;
     }
 
+    private sealed class HandOffs
+    {
+        internal HandOff? Last;
+
+        /// <summary>Started and not done (incremented by the waiter, decremented by the hand-off thread).</summary>
+        internal int Live;
+    }
+
     /// <summary>How long a hand-off drains before the waiter may start another (10 ms, in timestamp ticks).</summary>
     private static readonly long HandOffPatience = Stopwatch.Frequency / 100;
 
@@ -48,11 +62,13 @@ public sealed partial class LightEpoch
     /// instead of one level deeper here. A chain of critical sections that each start the next scheme's transition and
     /// then Refresh inside a region of it ran each step inside the previous one's wait, one level deeper each time, until
     /// the stack overflowed (about 12,000 levels on a 16 MB stack); now every 512 levels the chain goes on on a fresh
-    /// stack, the threads below waiting for it. Once the last drain handed off has begun, something still safe to run
-    /// gets another: the last one may be inside an action that waits for this thread, ahead of what this thread waits
-    /// for. Returns false when no thread could be started: the caller runs the drain here instead, as before.
+    /// stack, the threads below waiting for it. A hand-off thread runs what the waiter waits for first (not behind a
+    /// backlog of other actions), then drains the rest. Once the last drain handed off has drained a while, something still
+    /// safe to run gets another, up to <see cref="MaxLiveHandOffs"/> at once: the last one may be inside an action that
+    /// waits for this thread, ahead of what this thread waits for. Returns false when no thread could be started, or that
+    /// many are still draining: the caller then runs only what it waits for, here.
     /// </summary>
-    private bool HandOffDeepDrain()
+    private bool HandOffDeepDrain(Action awaited)
     {
         if (DeepWaitDrainsInlineForTesting)
             return false;
@@ -60,7 +76,8 @@ public sealed partial class LightEpoch
         long current = Volatile.Read(ref currentEpoch.Value);
         if (table.OldestAnnounced(current) - 1 < Volatile.Read(ref pendingHint.Value))
             return true;
-        if (t_handOff is { } last)
+        HandOffs mine = t_handOffs ??= new HandOffs();
+        if (mine.Last is { } last)
         {
             int state = Volatile.Read(ref last.State);
             if (state == HandOff.Starting)
@@ -71,7 +88,11 @@ public sealed partial class LightEpoch
             if (state == HandOff.Draining && Stopwatch.GetTimestamp() - Volatile.Read(ref last.DrainingSince) < HandOffPatience)
                 return true;
         }
+        // Acquire: pairs with the decrement at a hand-off's end.
+        if (Volatile.Read(ref mine.Live) >= MaxLiveHandOffs && !UnboundedHandOffsForTesting)
+            return false;
         var handOff = new HandOff();
+        bool counted = false;
         try
         {
             IWaiterContext? carrier = HandOffWithoutWaiterContextForTesting ? null : WaiterContext;
@@ -84,6 +105,9 @@ public sealed partial class LightEpoch
                 try
                 {
                     carrier?.Restore(context);
+                    // What the waiter waits for first, then everything else that is safe.
+                    if (!UnboundedHandOffsForTesting)
+                        Drain(waiting: true, awaited, onlyAwaited: true);
                     Drain(waiting: true);
                 }
                 catch (Exception)
@@ -94,6 +118,7 @@ public sealed partial class LightEpoch
                 finally
                 {
                     Volatile.Write(ref handOff.State, HandOff.Done);
+                    Interlocked.Decrement(ref mine.Live);
                 }
             },
                 HandOffStackSizeForTesting != 0 ? HandOffStackSizeForTesting : HandOffStackSize)
@@ -101,6 +126,8 @@ public sealed partial class LightEpoch
                 IsBackground = true,
                 Name = "Epvs deep-wait drain",
             };
+            Interlocked.Increment(ref mine.Live);
+            counted = true;
             // The waiter's ExecutionContext (its AsyncLocal values) does not flow, on every target alike (SuppressFlow
             // throws where the waiter has suppressed it already).
             if (ExecutionContext.IsFlowSuppressed())
@@ -110,12 +137,14 @@ public sealed partial class LightEpoch
                 using (ExecutionContext.SuppressFlow())
                     drainer.Start();
             }
-            t_handOff = handOff;
+            mine.Last = handOff;
             return true;
         }
         catch (Exception)
         {
             // No thread (out of memory, a thread limit): run it here, one level deeper, as before.
+            if (counted)
+                Interlocked.Decrement(ref mine.Live);
             return false;
         }
     }

@@ -121,6 +121,10 @@ public sealed unsafe partial class LightEpoch
     /// 8 MB, which held fewer than 512 levels of an action with a 16 KB frame).</summary>
     internal static int HandOffStackSizeForTesting;
 
+    /// <summary>Test-only: a deep wait starts hand-off threads without the bound on those still draining, and they drain in
+    /// list order (as first written): behind slow actions, a wait started another 64 MB-stack thread every 10 ms.</summary>
+    internal static bool UnboundedHandOffsForTesting;
+
 
     /// <summary>Test-only: an Enter that must wait past the per-thread bound waits (the first version), running the step,
     /// whose callbacks may start another such wait, one level deeper each time.</summary>

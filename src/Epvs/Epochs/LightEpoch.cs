@@ -58,6 +58,10 @@ public sealed unsafe partial class LightEpoch : IDisposable
 
     private readonly EpochSlotTable table;
     private readonly DrainList drainList;
+
+    /// <summary>Closed by Dispose before its final run: from then on only that run (and registrations made after the close,
+    /// on their own threads) claims actions, so none of those pending at the close is still running when Dispose returns.</summary>
+    private readonly ClaimGate claimGate = new();
     private readonly Action<Exception> reportFault; // cached: a method group would allocate on every drain
     private readonly int id;
     private readonly long token;
@@ -80,6 +84,11 @@ public sealed unsafe partial class LightEpoch : IDisposable
     /// <summary>1 once the Dispose that closed the epoch has run every pending action and released the instance id: only
     /// then may another Dispose return (written with release, after both; read with acquire).</summary>
     private int closeCompleted;
+
+    /// <summary>1 once Dispose's final run has run what was pending at the close (a full fence, then a last look at the
+    /// pending count): a registration on another thread that finds the epoch Closed runs the list itself only from then
+    /// on, and leaves it to the final run before.</summary>
+    private int finalRunDone;
 
     /// <summary>Creates an epoch with a thread table that starts at 16 slots and grows on demand.</summary>
     public LightEpoch()
@@ -519,6 +528,12 @@ public sealed unsafe partial class LightEpoch : IDisposable
         int now = Volatile.Read(ref lifecycle);
         if (now == Closed || (LegacyDisposeForTesting && now != Live))
         {
+            // While Dispose's final run is under way on another thread, everything pending is its to run: ours too, which
+            // it sees (our count was published before this read; it reads the count after marking its run done, full
+            // fences both). Claimed here, an action pending at the close could still run when that Dispose returned.
+            if (Volatile.Read(ref finalRunDone) == 0 && Volatile.Read(ref closingThread) != Environment.CurrentManagedThreadId
+                && now == Closed && !ClaimGate.IgnoredForTesting)
+                return;
             RunClosed(final: false);
             return;
         }
@@ -838,7 +853,7 @@ public sealed unsafe partial class LightEpoch : IDisposable
                 // the hint nothing is eligible, so the list is not scanned: constant time however many actions wait.
                 if (Volatile.Read(ref pendingActions.Value) != 0 && safe >= Volatile.Read(ref pendingHint.Value))
                 {
-                    drainList.RunEligible(safe, ref pendingActions.Value, reportFault, only);
+                    drainList.RunEligible(safe, ref pendingActions.Value, reportFault, only, claimGate);
                     // A filtered pass leaves the other eligible actions to the outermost drain: make it look again. If this
                     // is that drain (a waiting drain past the per-thread bound can be its instance's first), it must not
                     // loop on them (it would never run them: a livelock); the thread's outermost drain runs them instead.
@@ -1023,7 +1038,7 @@ public sealed unsafe partial class LightEpoch : IDisposable
         {
             if (DeepWaitThrowsForTesting)
                 ThrowTooDeep("A wait", stack.Depth);
-            if (Volatile.Read(ref pendingActions.Value) != 0 && !HandOffDeepDrain())
+            if (Volatile.Read(ref pendingActions.Value) != 0 && !HandOffDeepDrain(awaited))
                 Drain(waiting: true, awaited, onlyAwaited: true);
             return;
         }
@@ -1096,7 +1111,8 @@ public sealed unsafe partial class LightEpoch : IDisposable
     /// <para>The wait for another Dispose is interruptible: <see cref="Thread.Interrupt"/> makes the waiting call throw
     /// <see cref="ThreadInterruptedException"/>, and the other Dispose carries on. An action that a drain on another
     /// thread claimed before the epoch closed may still be running when Dispose returns (it was not the Dispose's to
-    /// run).</para>
+    /// run); once the epoch is closed, drains claim nothing more, so every action still pending then has run when Dispose
+    /// returns (one registered on another thread after the close may run there afterwards).</para>
     /// </remarks>
     /// <exception cref="InvalidOperationException">A thread is still protected by this instance (a thread inside an
     /// <see cref="EpochProtectedVersionScheme.Refresh"/> on it counts, also while it has stepped aside for a transition);
@@ -1203,8 +1219,15 @@ public sealed unsafe partial class LightEpoch : IDisposable
         Interlocked.Exchange(ref lifecycle, Closed);
         try
         {
+            // No drain claims anything from here on (one may still be inside an action it claimed before): what is pending
+            // now is the final run's, so it has run when Dispose returns.
+            claimGate.Close();
             ClosedHookForTesting?.Invoke();
             RunClosed(final: true); // never throws
+            // Full fence: before the read of the count (pairs with Defer's read of this flag after its registration).
+            Interlocked.Exchange(ref finalRunDone, 1);
+            if (Volatile.Read(ref pendingActions.Value) != 0)
+                RunClosed(final: true); // registrations of other threads that left it to the run above after it looked
         }
         finally
         {

@@ -598,18 +598,15 @@ public sealed partial class EpochProtectedVersionScheme
         VersionSchemeState from = stepFrom, to = stepTo;
         stepMachine = null;
 
-        EpochProtectedVersionScheme? outer = t_inCriticalSectionOf;
         int outerCallback = CallbackDepth;
         try
         {
-            t_inCriticalSectionOf = this;
-            EnterCallback();
+            EnterCallback(criticalSection: true);
             machine.OnEnteringState(from, to);
         }
         catch (Exception ex)
         {
             // Out of the critical section first: what follows (retiring the machine, the next step, the handlers) is not in it.
-            t_inCriticalSectionOf = outer;
             LeaveCallbacks(outerCallback);
             // The step did not happen: back to where it started (release, as below).
             Volatile.Write(ref state, from.Word);
@@ -618,7 +615,6 @@ public sealed partial class EpochProtectedVersionScheme
         }
         finally
         {
-            t_inCriticalSectionOf = outer;
             LeaveCallbacks(outerCallback);
         }
 

@@ -29,6 +29,12 @@ public sealed partial class EpochProtectedVersionScheme
     internal static bool UnboundedFaultedNestingForTesting;
 
     /// <summary>
+    /// Test-only: the callbacks a deep wait hands to another thread stay in force there after the waiter has left them
+    /// (as first written), so that thread refuses a blocking start on a scheme that no thread is inside any more.
+    /// </summary>
+    internal static bool HandedOffCallbacksNeverExpireForTesting;
+
+    /// <summary>
     /// Test-only: a blocking start (<see cref="ExecuteStateMachine"/>) that gets Retry only spins, without stepping the
     /// active machine or draining (as before), so the test of a blocking start from inside a drain can show that it
     /// catches the wait that never ends. Read only on that retry path.

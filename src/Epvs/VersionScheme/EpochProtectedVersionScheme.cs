@@ -295,11 +295,12 @@ public sealed partial class EpochProtectedVersionScheme : IDisposable
             if ((s & VersionSchemeState.IntermediateMask) == 0)
                 return new VersionSchemeState(s);
 
-            if (Volatile.Read(ref disposed) != 0 || t_inCriticalSectionOf == this)
+            bool inCriticalSection = InCriticalSection();
+            if (Volatile.Read(ref disposed) != 0 || inCriticalSection)
             {
                 if (addedLevel)
                     epoch.Suspend();
-                if (t_inCriticalSectionOf == this)
+                if (inCriticalSection)
                     ThrowHelper.ThrowInvalidOperation(
                         "Enter/Refresh was called from inside OnEnteringState (a critical section) of the same scheme: " +
                         "the critical section excludes every protected region, so it would wait for itself. Do that " +
@@ -601,70 +602,135 @@ public sealed partial class EpochProtectedVersionScheme : IDisposable
     /// <summary>Occupies the machine slot of a disposed scheme.</summary>
     private static readonly VersionSchemeStateMachine DisposedSentinel = new CriticalSectionStateMachine((_, _) => { }, -1);
 
-    /// <summary>The scheme whose OnEnteringState this thread is running, to make re-entering it loud.</summary>
-    [ThreadStatic] private static EpochProtectedVersionScheme? t_inCriticalSectionOf;
+    /// <summary>
+    /// The callbacks of running machines (OnEnteringState, AfterEnteringState, GetNextStep) this thread is inside,
+    /// innermost last: a blocking start of another machine of any of their schemes would wait for ever (a callback of one
+    /// scheme can run another's step inline, through a drain of an epoch they share), and so would an Enter or Refresh
+    /// that waits for a scheme whose critical section is among them, however many other critical sections run inside it.
+    /// </summary>
+    [ThreadStatic] private static List<CallbackFrame>? t_callbacks;
 
-    /// <summary>The schemes whose running machine's callbacks (OnEnteringState, AfterEnteringState, GetNextStep) this
-    /// thread is inside, innermost last: a blocking start of another machine of any of them would wait for ever (a
-    /// callback of one scheme can run another's step inline, through a drain of an epoch they share).</summary>
-    [ThreadStatic] private static List<EpochProtectedVersionScheme>? t_callbacks;
+    /// <summary>On a thread a deep wait handed its step to: the waiter's callbacks, as long as the waiter is inside them
+    /// (see <see cref="CallbackContext"/>).</summary>
+    [ThreadStatic] private static WaiterCallbacks? t_waiterCallbacks;
+
+    /// <summary>On a waiting thread: the callbacks it handed to deep-wait threads, which it expires as it leaves them.</summary>
+    [ThreadStatic] private static List<WaiterCallbacks>? t_handedOff;
 
     /// <summary>The depth to go back to with <see cref="LeaveCallbacks"/> (idempotent, so a catch and its finally may both
     /// call it) after a callback marked by <see cref="EnterCallback"/>. Allocates nothing: taken before the try.</summary>
     private static int CallbackDepth => t_callbacks?.Count ?? 0;
 
-    /// <summary>Marks this thread as inside a callback of this scheme's running machine. May allocate, so it may throw:
-    /// call it inside the try whose handlers go back to <see cref="CallbackDepth"/>, so that a failure here is handled as
-    /// the callback's own (outside it, a failure before OnEnteringState left the step owned and the scheme intermediate
-    /// for ever).</summary>
-    private void EnterCallback()
+    /// <summary>Marks this thread as inside a callback of this scheme's running machine (its critical section, if
+    /// <paramref name="criticalSection"/>). May allocate, so it may throw: call it inside the try whose handlers go back to
+    /// <see cref="CallbackDepth"/>, so that a failure here is handled as the callback's own (outside it, a failure before
+    /// OnEnteringState left the step owned and the scheme intermediate for ever).</summary>
+    private void EnterCallback(bool criticalSection = false)
     {
         EnterCallbackHookForTesting?.Invoke();
-        (t_callbacks ??= new List<EpochProtectedVersionScheme>()).Add(this);
+        (t_callbacks ??= new List<CallbackFrame>()).Add(new CallbackFrame(this, criticalSection));
     }
 
     private static void LeaveCallbacks(int depth)
     {
-        List<EpochProtectedVersionScheme>? callbacks = t_callbacks;
+        List<CallbackFrame>? callbacks = t_callbacks;
         if (callbacks is not null && callbacks.Count > depth)
             callbacks.RemoveRange(depth, callbacks.Count - depth);
+        if (t_handedOff is { Count: > 0 } handedOff && !HandedOffCallbacksNeverExpireForTesting)
+            WaiterCallbacks.Leave(handedOff, depth);
     }
 
-    private bool InCallback() => t_callbacks is { Count: > 0 } callbacks && callbacks.Contains(this);
+    /// <summary>Whether this thread is inside a callback of this scheme's running machine (or, on a deep wait's hand-off
+    /// thread, its waiter is).</summary>
+    private bool InCallback() => Inside(criticalSectionOnly: false);
+
+    /// <summary>Whether this thread is inside this scheme's critical section, at any depth of nested callbacks (or, on a deep
+    /// wait's hand-off thread, its waiter is).</summary>
+    private bool InCriticalSection() => Inside(criticalSectionOnly: true);
+
+    private bool Inside(bool criticalSectionOnly) =>
+        (t_callbacks is { Count: > 0 } callbacks && CallbackFrame.Find(callbacks, this, criticalSectionOnly, callbacks.Count)) ||
+        (t_waiterCallbacks is { } waiter && waiter.Holds(this, criticalSectionOnly));
+
+    /// <summary>One callback of a running machine that a thread is inside.</summary>
+    private readonly struct CallbackFrame
+    {
+        internal CallbackFrame(EpochProtectedVersionScheme scheme, bool criticalSection)
+        {
+            Scheme = scheme;
+            CriticalSection = criticalSection;
+        }
+
+        internal EpochProtectedVersionScheme Scheme { get; }
+
+        internal bool CriticalSection { get; }
+
+        /// <summary>Whether one of the first <paramref name="count"/> frames is <paramref name="scheme"/>'s (its critical section, if <paramref name="criticalSectionOnly"/>).</summary>
+        internal static bool Find(IReadOnlyList<CallbackFrame> frames, EpochProtectedVersionScheme scheme, bool criticalSectionOnly, int count)
+        {
+            for (int i = 0; i < count; i++)
+            {
+                if (frames[i].Scheme == scheme && (frames[i].CriticalSection || !criticalSectionOnly))
+                    return true;
+            }
+            return false;
+        }
+    }
 
     /// <summary>
     /// The schemes whose callbacks a waiting thread is inside, carried to the thread a deep wait hands its step to
     /// (<see cref="LightEpoch.WaiterContext"/>): that thread runs on the waiter's behalf, so what would be refused inline
-    /// (a blocking start from inside one of those callbacks, which would wait for ever) is refused there too, instead of
-    /// waiting for the waiter, which waits for it.
+    /// (a blocking start from inside one of those callbacks, or an Enter that waits for one of those critical sections,
+    /// which would wait for ever) is refused there too, instead of waiting for the waiter, which waits for it. Only while
+    /// the waiter is inside them: as it leaves a callback, the hand-off thread stops refusing what that callback held back.
     /// </summary>
     private sealed class CallbackContext : LightEpoch.IWaiterContext
     {
         internal static readonly CallbackContext Instance = new();
 
-        public object? Capture() =>
-            t_inCriticalSectionOf is null && CallbackDepth == 0 ? null : new Snapshot(t_inCriticalSectionOf, t_callbacks?.ToArray() ?? Array.Empty<EpochProtectedVersionScheme>());
-
-        public void Restore(object? context)
+        public object? Capture()
         {
-            if (context is Snapshot snapshot)
-            {
-                t_inCriticalSectionOf = snapshot.InCriticalSectionOf;
-                t_callbacks = new List<EpochProtectedVersionScheme>(snapshot.Callbacks);
-            }
+            WaiterCallbacks? parent = t_waiterCallbacks; // a hand-off thread that waits deep again hands on its waiter's too
+            if (CallbackDepth == 0 && parent is null)
+                return null;
+            var captured = new WaiterCallbacks(t_callbacks?.ToArray() ?? Array.Empty<CallbackFrame>(), parent);
+            (t_handedOff ??= new List<WaiterCallbacks>()).Add(captured);
+            return captured;
         }
 
-        private sealed class Snapshot
+        public void Restore(object? context) => t_waiterCallbacks = context as WaiterCallbacks;
+    }
+
+    /// <summary>A waiter's callbacks as it handed them off; the waiter shortens <see cref="live"/> as it leaves them.</summary>
+    private sealed class WaiterCallbacks
+    {
+        private readonly CallbackFrame[] frames;
+        private readonly WaiterCallbacks? parent;
+        private int live;
+
+        internal WaiterCallbacks(CallbackFrame[] frames, WaiterCallbacks? parent)
         {
-            internal Snapshot(EpochProtectedVersionScheme? inCriticalSectionOf, EpochProtectedVersionScheme[] callbacks)
+            this.frames = frames;
+            this.parent = parent;
+            live = frames.Length;
+        }
+
+        /// <summary>Whether the waiter (or the waiter it took over from) is still inside a callback of <paramref name="scheme"/>.
+        /// Acquire: a frame the waiter has left (released in <see cref="Leave"/>) is not counted.</summary>
+        internal bool Holds(EpochProtectedVersionScheme scheme, bool criticalSectionOnly) =>
+            CallbackFrame.Find(frames, scheme, criticalSectionOnly, Volatile.Read(ref live)) || (parent is not null && parent.Holds(scheme, criticalSectionOnly));
+
+        /// <summary>On the waiter: it went back to <paramref name="depth"/> callbacks; the frames above are left.</summary>
+        internal static void Leave(List<WaiterCallbacks> handedOff, int depth)
+        {
+            for (int i = handedOff.Count - 1; i >= 0; i--)
             {
-                InCriticalSectionOf = inCriticalSectionOf;
-                Callbacks = callbacks;
+                WaiterCallbacks w = handedOff[i];
+                if (depth < w.live)
+                    Volatile.Write(ref w.live, depth); // release: after the callback's own work
+                if (depth == 0)
+                    handedOff.RemoveAt(i);
             }
-
-            internal EpochProtectedVersionScheme? InCriticalSectionOf { get; }
-
-            internal EpochProtectedVersionScheme[] Callbacks { get; }
         }
     }
 }

@@ -158,4 +158,56 @@ public class ConcurrentDisposeTests
         Assert.True(real.InterruptKept, "the absorbed interrupt was lost");
         Assert.SkipWhen(control.Failure is not ThreadInterruptedException, "inconclusive: the control (an interruptible wait) did not throw");
     }
+
+    /// <summary>
+    /// A drain that began before the epoch closed (a leaving thread's, inside an action) went on claiming actions after
+    /// the close, in parallel with Dispose's final run, and Dispose returned while one of them, pending at the close, still
+    /// ran (found by an adversarial round, session 17): once the epoch is closed, drains claim nothing more, and what was
+    /// pending is the final run's. The hook holds the Dispose between the close and its final run until the second action
+    /// starts (or 2 s pass, as they must once the drains are gated); the control lets drains claim regardless.
+    /// </summary>
+    [Theory]
+    [InlineData(false)]
+    [InlineData(true)]
+    public void Dispose_ReturnsOnlyOnceEveryActionPendingAtTheCloseHasRun(bool control)
+    {
+        var epoch = new LightEpoch();
+        using var firstRunning = new ManualResetEventSlim();
+        using var secondStarted = new ManualResetEventSlim();
+        int secondFinished = 0, finishedAtReturn = -1;
+        var holder = new ParkedThread(epoch.Resume, epoch.Suspend);
+        epoch.BumpCurrentEpoch(() =>
+        {
+            firstRunning.Set();
+            SpinWait.SpinUntil(() => epoch.IsClosed, GuardedThread.DefaultTimeout);
+        });
+        epoch.BumpCurrentEpoch(() =>
+        {
+            secondStarted.Set();
+            Thread.Sleep(300);
+            Volatile.Write(ref secondFinished, 1);
+        });
+        epoch.ClosedHookForTesting = () => secondStarted.Wait(TimeSpan.FromSeconds(control ? 30 : 2));
+        ClaimGate.IgnoredForTesting = control;
+        try
+        {
+            var leaver = new GuardedThread(holder.Release, "leaver"); // the parked thread leaves: its drain runs the first action
+            leaver.Start();
+            Assert.True(firstRunning.Wait(GuardedThread.DefaultTimeout));
+            epoch.Dispose();
+            finishedAtReturn = Volatile.Read(ref secondFinished);
+            leaver.Join();
+        }
+        finally
+        {
+            ClaimGate.IgnoredForTesting = false;
+        }
+        Assert.True(secondStarted.IsSet, "the second action never ran");
+        if (control)
+        {
+            Assert.True(finishedAtReturn == 0, "the control's Dispose returned after the action claimed after the close (the check would not catch it)");
+            return;
+        }
+        Assert.True(finishedAtReturn == 1, "Dispose returned while an action pending at the close still ran");
+    }
 }

@@ -632,6 +632,156 @@ public class DeepDrainTests
         Assert.IsType<ArgumentOutOfRangeException>(constructor);
     }
 
+    /// <summary>
+    /// A deep wait whose step is held back (another thread is protected) while slow actions of its epoch are safe: the
+    /// wait handed the drain to a new thread and then started another one every 10 ms while the last was inside an action,
+    /// so the number of 64 MB-stack threads, and of actions running at once, grew with the backlog (68 threads behind 300
+    /// actions of 100 ms; found by an adversarial round, session 17). At most four of a waiter's hand-off threads drain
+    /// at once now, each running the waiter's step first. The control starts them without the bound.
+    /// </summary>
+    [Theory]
+    [InlineData(false)]
+    [InlineData(true)]
+    public void ADeepWaitBehindSlowActions_DrainsOnAtMostFourHandOffThreadsAtOnce(bool control)
+    {
+        const int Slow = 24;
+        var scheme = new EpochProtectedVersionScheme();
+        int ran = 0, running = 0, maxRunning = 0, faults = 0, criticalSections = 0;
+        scheme.Epoch.DeferredActionFailed += (_, _) => Interlocked.Increment(ref faults);
+        ParkedThread? holder = null;
+        var releaser = new GuardedThread(() =>
+        {
+            // Lets the step go once the backlog has run (or could not: the assertions below then fail).
+            var deadline = System.Diagnostics.Stopwatch.StartNew();
+            while (Volatile.Read(ref ran) < Slow && deadline.Elapsed < TimeSpan.FromSeconds(20))
+                Thread.Sleep(1);
+            holder!.Release();
+        }, "releaser");
+
+        LightEpoch.UnboundedHandOffsForTesting = control;
+        try
+        {
+            Assert.True(RunDeepInsideDrains(DeepEnough, () =>
+            {
+                scheme.Enter();
+                for (int k = 0; k < Slow; k++)
+                {
+                    scheme.Epoch.BumpCurrentEpoch(() =>
+                    {
+                        int now = Interlocked.Increment(ref running);
+                        for (int seen = Volatile.Read(ref maxRunning); now > seen; seen = Volatile.Read(ref maxRunning))
+                            Interlocked.CompareExchange(ref maxRunning, now, seen);
+                        Thread.Sleep(100); // an action that takes a while (I/O, a lock)
+                        Interlocked.Decrement(ref running);
+                        Interlocked.Increment(ref ran);
+                    }); // held back by this region only
+                }
+                holder = new ParkedThread(scheme.Epoch.Resume, scheme.Epoch.Suspend); // announced past the slow actions: holds the step back
+                Assert.Equal(StateMachineExecutionStatus.Ok, scheme.TryAdvanceVersionWithCriticalSection((_, _) => Interlocked.Increment(ref criticalSections)));
+                releaser.Start();
+                scheme.Refresh(); // steps aside: 512 deep, its wait hands the drain to new threads
+                scheme.Leave();
+            }), "never got 512 drains deep");
+        }
+        finally
+        {
+            LightEpoch.UnboundedHandOffsForTesting = false;
+        }
+        releaser.Join();
+        holder?.Dispose();
+        scheme.Dispose();
+        Assert.Equal(0, faults);
+        Assert.Equal(Slow, ran);
+        Assert.Equal(1, criticalSections);
+        if (control)
+        {
+            Assert.SkipWhen(maxRunning <= 4, $"inconclusive: the unbounded control ran at most {maxRunning} actions at once");
+            return;
+        }
+        Assert.True(maxRunning <= 4, $"the deep wait's hand-off threads ran {maxRunning} actions at once");
+    }
+
+    /// <summary>
+    /// The thread a deep wait hands its step to refuses what would be refused inline (a blocking start on a scheme whose
+    /// callback the waiter is inside) only while the waiter is inside it: it kept refusing after the waiter had left the
+    /// callback, so a blocking start on a scheme at rest, which no thread was inside, threw InvalidOperationException
+    /// there (found by an adversarial round, session 17). The control keeps the waiter's callbacks in force.
+    /// </summary>
+    [Theory]
+    [InlineData(false)]
+    [InlineData(true)]
+    public void AHandOffThread_StopsRefusingABlockingStartOnceTheWaiterHasLeftTheCallback(bool control)
+    {
+        const int Links = 2000;
+        var schemes = new EpochProtectedVersionScheme[Links + 2];
+        for (int i = 0; i < schemes.Length; i++)
+            schemes[i] = new EpochProtectedVersionScheme();
+        var y = new EpochProtectedVersionScheme();
+        Exception? startFailure = null;
+        int triggered = 0, startRanOn = 0, waiter = 0, xAtRest = 0;
+        using var startDone = new ManualResetEventSlim();
+        EpochProtectedVersionScheme? x = null;
+
+        Action<long, long> Link(int k) => (_, _) =>
+        {
+            if (Volatile.Read(ref triggered) != 0 || k >= Links)
+                return;
+            if (LightEpoch.ThreadDrainDepthForTesting >= DeepEnough)
+            {
+                // Inside the critical section of schemes[k] (X), this deep.
+                triggered = 1;
+                waiter = Environment.CurrentManagedThreadId;
+                x = schemes[k];
+                y.Enter();
+                Assert.Equal(StateMachineExecutionStatus.Ok, y.TryAdvanceVersionWithCriticalSection((_, _) => { }));
+                y.Epoch.BumpCurrentEpoch(() =>
+                {
+                    startRanOn = Environment.CurrentManagedThreadId;
+                    // Until the waiter has left X's critical section and X's machine has completed (bounded).
+                    var deadline = System.Diagnostics.Stopwatch.StartNew();
+                    while ((x.CurrentState.IsIntermediate || x.ActiveStateMachine is not null) && deadline.Elapsed < TimeSpan.FromSeconds(10))
+                        Thread.Sleep(1);
+                    xAtRest = x.CurrentState.IsIntermediate || x.ActiveStateMachine is not null ? 0 : 1;
+                    startFailure = Record.Exception(() => x.AdvanceVersionWithCriticalSection((_, _) => { }, spin: true));
+                    startDone.Set();
+                });
+                y.Refresh(); // hands the drain to a new thread, X's critical section among the waiter's callbacks
+                y.Leave();
+                return;
+            }
+            EpochProtectedVersionScheme next = schemes[k + 1];
+            next.Enter();
+            Assert.Equal(StateMachineExecutionStatus.Ok, next.TryAdvanceVersionWithCriticalSection(Link(k + 1)));
+            next.Refresh();
+            next.Leave();
+        };
+
+        EpochProtectedVersionScheme.HandedOffCallbacksNeverExpireForTesting = control;
+        try
+        {
+            var worker = new GuardedThread(() => schemes[0].AdvanceVersionWithCriticalSection(Link(0), spin: true), "chain", 16 << 20);
+            worker.Start();
+            worker.Join();
+            Assert.True(startDone.Wait(GuardedThread.DefaultTimeout), "the start never ran");
+        }
+        finally
+        {
+            EpochProtectedVersionScheme.HandedOffCallbacksNeverExpireForTesting = false;
+        }
+        Assert.True(triggered == 1, "the chain never got 512 drains deep");
+        Assert.NotEqual(waiter, startRanOn); // ran on the hand-off thread
+        Assert.True(xAtRest == 1, "X was still in its transition when the start ran (the scenario did not happen)");
+        foreach (EpochProtectedVersionScheme scheme in schemes)
+            scheme.Dispose();
+        y.Dispose();
+        if (control)
+        {
+            Assert.IsType<InvalidOperationException>(startFailure);
+            return;
+        }
+        Assert.Null(startFailure);
+    }
+
     /// <summary>Runs <paramref name="body"/> inside a chain of deferred actions, each making a blocking start on the next of
     /// many schemes (whose wait runs the next action), once the thread is <paramref name="depth"/> drains deep; returns
     /// whether it got that deep.</summary>

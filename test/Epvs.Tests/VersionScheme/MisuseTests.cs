@@ -380,6 +380,49 @@ public class MisuseTests
         Assert.True(scheme.AdvanceVersionWithCriticalSection((_, _) => { }, spin: true)); // still usable
     }
 
+    /// <summary>
+    /// Enter on scheme X from the critical section of another scheme Y that runs inside X's own critical section (X's
+    /// critical section starts Y's transition, which runs inline): X's critical section is up this thread's stack, so the
+    /// Enter waits for itself. It hung, and every later Enter on X with it: only the innermost critical section was
+    /// checked (found by an adversarial round, session 17). It throws as the direct case does.
+    /// </summary>
+    [Theory]
+    [InlineData(true)]
+    [InlineData(false)]
+    public void Enter_FromACriticalSectionNestedInsideTheSameSchemes_ThrowsInsteadOfDeadlocking(bool blockingInnerStart)
+    {
+        using var x = new EpochProtectedVersionScheme();
+        using var y = new EpochProtectedVersionScheme();
+        Exception? fromEnter = null;
+        var worker = new GuardedThread(() =>
+        {
+            x.AdvanceVersionWithCriticalSection((_, _) =>
+            {
+                Action<long, long> inner = (_, _) => fromEnter = Record.Exception(() =>
+                {
+                    x.Enter();
+                    x.Leave();
+                });
+                if (blockingInnerStart)
+                    y.AdvanceVersionWithCriticalSection(inner, spin: true);
+                else
+                    Assert.Equal(StateMachineExecutionStatus.Ok, y.TryAdvanceVersionWithCriticalSection(inner)); // inline: nobody protected on y
+            }, spin: true);
+        }, "nested critical sections");
+        worker.Start();
+        bool finished = worker.TryJoin(TimeSpan.FromSeconds(10));
+        if (!finished)
+        {
+            worker.Interrupt(); // the Enter's wait is interruptible
+            worker.TryJoin(TimeSpan.FromSeconds(10));
+        }
+        Assert.True(finished, "X.Enter() from Y's critical section inside X's critical section waited for itself");
+        var refusal = Assert.IsType<InvalidOperationException>(fromEnter);
+        Assert.Contains("OnEnteringState", refusal.Message);
+        Assert.Equal(VersionSchemeState.Make(VersionSchemeState.Rest, 2), x.CurrentState); // the refusal was caught: X's step completed
+        Assert.True(x.AdvanceVersionWithCriticalSection((_, _) => { }, spin: true)); // still usable
+    }
+
     [Fact]
     public void Dispose_ThenStartingAMachine_ThrowsObjectDisposedAndNothingRuns()
     {
