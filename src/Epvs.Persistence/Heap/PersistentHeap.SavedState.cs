@@ -28,7 +28,9 @@ public sealed unsafe partial class PersistentHeap
     /// allocated blocks are exactly the payloads the next opener should keep (no garbage awaiting reclamation).
     /// </summary>
     /// <returns>Null when saved; otherwise why not (the next open then rescans).</returns>
-    internal string? TrySaveStateForReopen()
+    internal string? TrySaveStateForReopen() => TrySaveStateForReopen(freedSegmentsAlready: false);
+
+    private string? TrySaveStateForReopen(bool freedSegmentsAlready)
     {
         if (PendingFreeBlocks != 0)
         {
@@ -158,6 +160,12 @@ public sealed unsafe partial class PersistentHeap
             }
         }
 
+        if (start < 0 && !freedSegmentsAlready && FreeUnusedSegmentsForSavedState())
+        {
+            // The table and the bitmap changed: computed again.
+            return TrySaveStateForReopen(freedSegmentsAlready: true);
+        }
+
         if (start < 0)
         {
             return $"no run of {needed} free segments for the saved state";
@@ -182,6 +190,40 @@ public sealed unsafe partial class PersistentHeap
         super[HeapLayout.SavedStateOffset / sizeof(ulong)] = (ulong)offsetOfState;
         _file.Domain.Persist(HeapLayout.SavedStateOffset, 3 * sizeof(ulong));
         return null;
+    }
+
+    /// <summary>
+    /// For a saved state that found no run of free segments: the segments whose blocks are all unused become free, durably
+    /// — those a full scan found empty (free in memory, their descriptors still naming a size class until reused) and
+    /// those whose blocks all sit in their class's pool. A heap emptied of small payloads used to save no state at
+    /// every clean shutdown, and so to rescan at every open, for good.
+    /// </summary>
+    /// <returns>Whether any segment's descriptor became free.</returns>
+    private bool FreeUnusedSegmentsForSavedState()
+    {
+        lock (_segmentGate)
+        {
+            ReleasePooledSegmentsLocked();
+            var claimed = new List<long>();
+            for (long s = 0; s < _segmentCount; s++)
+            {
+                if (_segmentFree[s] && HeapLayout.DescriptorRole(_table[s]) != HeapLayout.RoleFree)
+                {
+                    claimed.Add(s);
+                }
+            }
+
+            FreeClaimingDescriptorsLocked(claimed);
+            for (long s = 0; s < _segmentCount; s++)
+            {
+                if (_segmentFree[s] && HeapLayout.DescriptorRole(_table[s]) == HeapLayout.RoleFree)
+                {
+                    return true;
+                }
+            }
+
+            return false;
+        }
     }
 
     /// <summary>
