@@ -44,7 +44,8 @@ public ref struct DurableOperation
     /// in [0, 2^24): the ids above belong to the library's structures (their kind is in the high bits), whose recovery
     /// would otherwise take such a payload for one of theirs.</param>
     /// <returns>The new payload.</returns>
-    /// <exception cref="ArgumentOutOfRangeException"><paramref name="typeId"/> is not in [0, 2^24).</exception>
+    /// <exception cref="ArgumentOutOfRangeException"><paramref name="typeId"/> is not in [0, 2^24), or <paramref name="size"/>
+    /// is negative or larger than <see cref="PersistentHeap.MaxPayloadSize"/>.</exception>
     /// <exception cref="InvalidOperationException">The operation has ended.</exception>
     /// <exception cref="InsufficientMemoryException">The heap is full.</exception>
     public readonly PayloadRef Allocate(int size, int typeId)

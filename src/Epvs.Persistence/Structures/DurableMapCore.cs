@@ -56,6 +56,12 @@ internal sealed unsafe class DurableMapCore<TKey>
 
     internal bool Upsert(TKey key, ReadOnlySpan<byte> value)
     {
+        if (value.Length > _heap.Heap.MaxPayloadSize - KeySize)
+        {
+            // Named as the caller's argument: the heap would name a payload size that counts the key.
+            ThrowHelper.ThrowArgumentOutOfRange(nameof(value), $"A value of {value.Length} bytes does not fit this heap: with its {KeySize}-byte key, a value holds at most {_heap.Heap.MaxPayloadSize - KeySize} bytes (PersistentHeap.MaxPayloadSize is {_heap.Heap.MaxPayloadSize}).");
+        }
+
         int size = KeySize + value.Length;
         using DurableOperation op = _heap.BeginOperation();
         Shard shard = ShardOf(key);

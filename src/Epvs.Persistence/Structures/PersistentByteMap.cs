@@ -37,6 +37,8 @@ public sealed class PersistentByteMap<TKey>
     /// <param name="key">The key.</param>
     /// <param name="value">The value bytes (copied).</param>
     /// <returns><see langword="true"/> if the key was added, <see langword="false"/> if its value was replaced.</returns>
+    /// <exception cref="ArgumentOutOfRangeException"><paramref name="value"/> is longer than the heap's
+    /// <see cref="PersistentHeap.MaxPayloadSize"/> less the key's size (the map is unchanged).</exception>
     /// <exception cref="InsufficientMemoryException">The heap is full.</exception>
     public bool Set(TKey key, ReadOnlySpan<byte> value) => _core.Upsert(key, value);
 

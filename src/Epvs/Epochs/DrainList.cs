@@ -21,6 +21,13 @@ internal sealed class DrainList
     private const long Free = long.MaxValue;
     private const long Busy = long.MaxValue - 1;
 
+    /// <summary>A published action reserved for a disposing epoch's final run (<see cref="ReserveAll"/>): only a run with
+    /// <c>includeReserved</c> claims it. Like <see cref="Free"/> and <see cref="Busy"/>, larger than any epoch.</summary>
+    private const long Reserved = long.MaxValue - 2;
+
+    /// <summary>A safe epoch that covers every published action, and no reserved one.</summary>
+    internal const long AllPublished = long.MaxValue - 3;
+
     internal struct Slot
     {
         public long Epoch;
@@ -175,11 +182,11 @@ internal sealed class DrainList
 
     /// <summary>
     /// <see cref="RunEligible(long, ref long, Action{Exception})"/>, restricted to registrations of <paramref name="only"/>
-    /// when it is not null (a drain past the inline depth limit, for a waiter: see LightEpoch.Drain), and claiming only
-    /// through <paramref name="gate"/> when it is not null: once it is closed, nothing more is claimed (a drain of an
-    /// epoch that Dispose closed leaves what is pending to Dispose's final run).
+    /// when it is not null (a drain past the inline depth limit, for a waiter: see LightEpoch.Drain), claiming through
+    /// <paramref name="gate"/> when it is not null (see <see cref="ClaimGate"/>), and also claiming the actions reserved
+    /// for a final run if <paramref name="includeReserved"/>.
     /// </summary>
-    public int RunEligible(long safeEpoch, ref long pending, Action<Exception> onFault, Action? only, ClaimGate? gate)
+    public int RunEligible(long safeEpoch, ref long pending, Action<Exception> onFault, Action? only, ClaimGate? gate, bool includeReserved = false)
     {
         int ran = 0;
         for (Segment<Slot>? s = first; s is not null; s = Volatile.Read(ref s.Next))
@@ -193,8 +200,8 @@ internal sealed class DrainList
             for (int i = 0; i < slots.Length; i++)
             {
                 long e = Volatile.Read(ref slots[i].Epoch);
-                // Free and Busy are larger than any epoch, so this also skips them.
-                if (e > safeEpoch)
+                // Free, Busy and Reserved are larger than any epoch, so this also skips them.
+                if (e > safeEpoch && !(includeReserved && e == Reserved))
                     continue;
                 // The filter reads the action before the claim. Should the slot be reused in between by a registration
                 // of the same epoch, the claim below succeeds for an action the filter did not look at: it is eligible
@@ -203,8 +210,7 @@ internal sealed class DrainList
                     continue;
                 // Claim before reading the action: only the winner of this CAS runs it. The CAS is a full
                 // fence, so the reads below see what the publisher wrote before its release of Epoch.
-                if (gate is not null && !gate.TryEnter())
-                    return ran;
+                gate?.Enter();
                 bool won = Interlocked.CompareExchange(ref slots[i].Epoch, Busy, e) == e;
                 gate?.Exit();
                 if (!won)
@@ -238,6 +244,29 @@ internal sealed class DrainList
         return ran;
     }
 
+    /// <summary>
+    /// For a disposing epoch, with every other claim held back (<see cref="ClaimGate"/>): marks every published action as
+    /// reserved for the final run, which alone claims them from then on. No user code runs here. A registration published
+    /// during the pass may be left unmarked: it counts as made after the close (its registrar runs the list itself).
+    /// </summary>
+    public void ReserveAll()
+    {
+        for (Segment<Slot>? s = first; s is not null; s = Volatile.Read(ref s.Next))
+        {
+            if (Volatile.Read(ref s.Occupied) == 0 && !ScanEverySegmentForTesting)
+                continue; // acquire: nothing published there (see Add)
+            Slot[] slots = s.Items;
+            for (int i = 0; i < slots.Length; i++)
+            {
+                long e = Volatile.Read(ref slots[i].Epoch);
+                // A published epoch (claims are held back, so it stays one): reserved with a CAS all the same, a full fence
+                // that keeps the pass ordered with a registrar publishing the slot right now.
+                if (e < Reserved)
+                    Interlocked.CompareExchange(ref slots[i].Epoch, Reserved, e);
+            }
+        }
+    }
+
     /// <summary>The smallest epoch of a published, unclaimed action, or <see cref="long.MaxValue"/> if it sees none.
     /// A slot being filled or emptied (Busy) is skipped: its registrar, or its drainer, accounts for it.</summary>
     public long MinPendingEpoch()
@@ -257,7 +286,7 @@ internal sealed class DrainList
                     min = e;
             }
         }
-        return min < Busy ? min : Free;
+        return min < Reserved ? min : Free;
     }
 
     /// <summary>Epochs of the published actions, for diagnostics (racy snapshot).</summary>
@@ -270,7 +299,7 @@ internal sealed class DrainList
             for (int i = 0; i < slots.Length; i++)
             {
                 long e = Volatile.Read(ref slots[i].Epoch);
-                if (e < Busy)
+                if (e < Reserved)
                     result.Add(e);
             }
         }

@@ -125,6 +125,10 @@ public sealed unsafe partial class LightEpoch
     /// list order (as first written): behind slow actions, a wait started another 64 MB-stack thread every 10 ms.</summary>
     internal static bool UnboundedHandOffsForTesting;
 
+    /// <summary>Test-only: Dispose reserves nothing for its final run (as before), so a drain that began before the close
+    /// goes on claiming actions pending at the close, and Dispose may return while one of them still runs.</summary>
+    internal static bool FinalRunReservesNothingForTesting;
+
 
     /// <summary>Test-only: an Enter that must wait past the per-thread bound waits (the first version), running the step,
     /// whose callbacks may start another such wait, one level deeper each time.</summary>

@@ -59,8 +59,8 @@ public sealed unsafe partial class LightEpoch : IDisposable
     private readonly EpochSlotTable table;
     private readonly DrainList drainList;
 
-    /// <summary>Closed by Dispose before its final run: from then on only that run (and registrations made after the close,
-    /// on their own threads) claims actions, so none of those pending at the close is still running when Dispose returns.</summary>
+    /// <summary>Closed by Dispose while it reserves what is pending for its final run (see <see cref="ClaimGate"/>), so none
+    /// of the actions pending at the close is still running on another thread when Dispose returns.</summary>
     private readonly ClaimGate claimGate = new();
     private readonly Action<Exception> reportFault; // cached: a method group would allocate on every drain
     private readonly int id;
@@ -84,11 +84,6 @@ public sealed unsafe partial class LightEpoch : IDisposable
     /// <summary>1 once the Dispose that closed the epoch has run every pending action and released the instance id: only
     /// then may another Dispose return (written with release, after both; read with acquire).</summary>
     private int closeCompleted;
-
-    /// <summary>1 once Dispose's final run has run what was pending at the close (a full fence, then a last look at the
-    /// pending count): a registration on another thread that finds the epoch Closed runs the list itself only from then
-    /// on, and leaves it to the final run before.</summary>
-    private int finalRunDone;
 
     /// <summary>Creates an epoch with a thread table that starts at 16 slots and grows on demand.</summary>
     public LightEpoch()
@@ -528,12 +523,6 @@ public sealed unsafe partial class LightEpoch : IDisposable
         int now = Volatile.Read(ref lifecycle);
         if (now == Closed || (LegacyDisposeForTesting && now != Live))
         {
-            // While Dispose's final run is under way on another thread, everything pending is its to run: ours too, which
-            // it sees (our count was published before this read; it reads the count after marking its run done, full
-            // fences both). Claimed here, an action pending at the close could still run when that Dispose returned.
-            if (Volatile.Read(ref finalRunDone) == 0 && Volatile.Read(ref closingThread) != Environment.CurrentManagedThreadId
-                && now == Closed && !ClaimGate.IgnoredForTesting)
-                return;
             RunClosed(final: false);
             return;
         }
@@ -885,7 +874,7 @@ public sealed unsafe partial class LightEpoch : IDisposable
     }
 
     /// <summary>Every epoch is safe once the epoch is Closed (nobody can be protected any more): runs every published action.</summary>
-    private const long AllPublished = long.MaxValue - 2;
+    private const long AllPublished = DrainList.AllPublished;
 
     /// <summary>
     /// Runs every pending action of a Closed epoch, inside the same per-thread nesting as <see cref="Drain(bool, Action?, bool)"/>:
@@ -904,7 +893,7 @@ public sealed unsafe partial class LightEpoch : IDisposable
         int index = NestingIndex;
         if ((t_drains is not { } stack || stack.Entries.Length <= index) && !TryGrowDrainNesting(index, out stack))
         {
-            drainList.RunEligible(AllPublished, ref pendingActions.Value, reportFault);
+            drainList.RunEligible(AllPublished, ref pendingActions.Value, reportFault, only: null, final ? null : claimGate, includeReserved: final);
             return;
         }
 
@@ -934,7 +923,8 @@ public sealed unsafe partial class LightEpoch : IDisposable
             {
                 if (loops)
                     NestingIn(stack).Again = false;
-                drainList.RunEligible(AllPublished, ref pendingActions.Value, reportFault); // never throws
+                // Only the final run claims what was reserved for it (and needs no gate: the reservation is over).
+                drainList.RunEligible(AllPublished, ref pendingActions.Value, reportFault, only: null, final ? null : claimGate, includeReserved: final); // never throws
             }
             while (loops && NestingIn(stack).Again);
         }
@@ -1111,8 +1101,8 @@ public sealed unsafe partial class LightEpoch : IDisposable
     /// <para>The wait for another Dispose is interruptible: <see cref="Thread.Interrupt"/> makes the waiting call throw
     /// <see cref="ThreadInterruptedException"/>, and the other Dispose carries on. An action that a drain on another
     /// thread claimed before the epoch closed may still be running when Dispose returns (it was not the Dispose's to
-    /// run); once the epoch is closed, drains claim nothing more, so every action still pending then has run when Dispose
-    /// returns (one registered on another thread after the close may run there afterwards).</para>
+    /// run); every action still pending when the epoch closes is reserved for the final run, so it has run when Dispose
+    /// returns (one registered on another thread after the close runs there, as usual, and may still be running).</para>
     /// </remarks>
     /// <exception cref="InvalidOperationException">A thread is still protected by this instance (a thread inside an
     /// <see cref="EpochProtectedVersionScheme.Refresh"/> on it counts, also while it has stepped aside for a transition);
@@ -1219,15 +1209,18 @@ public sealed unsafe partial class LightEpoch : IDisposable
         Interlocked.Exchange(ref lifecycle, Closed);
         try
         {
-            // No drain claims anything from here on (one may still be inside an action it claimed before): what is pending
-            // now is the final run's, so it has run when Dispose returns.
-            claimGate.Close();
+            // What is pending now is the final run's, so it has run when Dispose returns: reserved while every other claim
+            // waits (a drain that began before the close may still be inside an action it claimed before). Registrations
+            // from here on are claimed as usual (another thread's runs there, even while an action of the final run waits
+            // for it).
+            if (!FinalRunReservesNothingForTesting)
+            {
+                claimGate.Close();
+                drainList.ReserveAll(); // no user code
+                claimGate.Open();
+            }
             ClosedHookForTesting?.Invoke();
             RunClosed(final: true); // never throws
-            // Full fence: before the read of the count (pairs with Defer's read of this flag after its registration).
-            Interlocked.Exchange(ref finalRunDone, 1);
-            if (Volatile.Read(ref pendingActions.Value) != 0)
-                RunClosed(final: true); // registrations of other threads that left it to the run above after it looked
         }
         finally
         {
