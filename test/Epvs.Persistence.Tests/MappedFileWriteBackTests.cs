@@ -348,14 +348,16 @@ public sealed class MappedFileWriteBackTests : IDisposable
         using (DurableOperation op = heap.BeginOperation())
         {
             // One 100-byte payload, then header-only blocks until the heap is full: the 100-byte class keeps free
-            // blocks in its segment, the anti-payload's class has none, and no segment is left.
+            // blocks in its segment, the anti-payload's class has none, and no segment is left but the delete reserve,
+            // which deletes of the header-only blocks then take (their anti-payloads) until one finds no block.
             original = op.Allocate(100, 7);
+            var fillers = new List<PayloadRef>();
             bool full = false;
             for (int i = 0; i < 1_000_000 && !full; i++)
             {
                 try
                 {
-                    op.Allocate(0, 8);
+                    fillers.Add(op.Allocate(0, 8));
                 }
                 catch (InsufficientMemoryException)
                 {
@@ -364,6 +366,20 @@ public sealed class MappedFileWriteBackTests : IDisposable
             }
 
             Assert.True(full, "the heap never filled up");
+            bool reserveTaken = false;
+            for (int i = 0; i < fillers.Count && !reserveTaken; i++)
+            {
+                try
+                {
+                    op.Delete(fillers[i]);
+                }
+                catch (InsufficientMemoryException)
+                {
+                    reserveTaken = true;
+                }
+            }
+
+            Assert.True(reserveTaken, "the deletes never took the whole delete reserve");
 
             // A same-version resize: the copy is allocated, then the anti-payload for the original cannot be.
             bool undone = false;

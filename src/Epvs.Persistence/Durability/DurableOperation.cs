@@ -211,6 +211,12 @@ public ref struct DurableOperation
     /// <param name="current">The payload to delete (allocated, not yet replaced or deleted).</param>
     /// <exception cref="InvalidOperationException">The operation has ended, or <paramref name="current"/> is not allocated,
     /// or was already replaced or deleted and its block is not reused yet (nothing is written then).</exception>
+    /// <exception cref="InsufficientMemoryException">The heap has no block for the anti-payload: possible only on a heap
+    /// that cannot grow (at its maximum size, or the libpmem domain) after a burst of deletes that took the whole delete
+    /// reserve (a segment's worth, about 1,000 anti-payloads beyond the free blocks of their size, which other
+    /// allocations leave free) before any of them was reclaimed; they are reclaimed, and the reserve refilled, two
+    /// versions after the deletes (a <see cref="BufferedDurableHeap.Sync()"/>, or the advancer's next cycles). Nothing is
+    /// changed then.</exception>
     public readonly void Delete(PayloadRef current) => Delete(current, claim: true);
 
     /// <summary><see cref="Delete(PayloadRef)"/> for the library's structures (see <see cref="ReplaceOwned"/>).</summary>

@@ -252,14 +252,14 @@ public sealed unsafe partial class HeapFile : IDisposable
     /// <exception cref="HeapFileException">The path exists, its directory is read-only, the disk lacks space, or the requested domain is unavailable.</exception>
     /// <exception cref="DirectoryNotFoundException">The file's directory does not exist.</exception>
     /// <exception cref="IOException">The file could not be created for another reason, such as no file descriptor left (RLIMIT_NOFILE).</exception>
-    /// <exception cref="ArgumentOutOfRangeException">The size is too small for one segment, or above the maximum size (a maximum size other than 0 below the size, or negative), or an option is not a value of its enum.</exception>
+    /// <exception cref="ArgumentOutOfRangeException">The size is too small for one segment, or above the maximum size (a maximum size other than 0 below the size, or negative), or the size or maximum size is above what the segment table can address (2^24 segments of 64 KiB), or an option is not a value of its enum.</exception>
     public static HeapFile Create(string path, HeapFileOptions? options = null)
     {
         options ??= new HeapFileOptions();
         string fullPath = System.IO.Path.GetFullPath(path);
         CheckMaxSize(options.MaxSize, options.Size);
         long maxSize = options.MaxSize != 0 ? options.MaxSize : options.Size > long.MaxValue / 16 ? long.MaxValue : options.Size * 16;
-        (long maxSegments, long dataStart, long segments) = Geometry(options.Size, maxSize);
+        (long maxSegments, long dataStart, long segments) = Geometry(options.Size, maxSize, maxSizeChosen: options.MaxSize != 0);
         long heapSize = dataStart + (segments * HeapLayout.SegmentSize);
 
         if (File.Exists(fullPath) || Directory.Exists(fullPath))
@@ -405,7 +405,7 @@ public sealed unsafe partial class HeapFile : IDisposable
     /// <param name="domain">The domain; not disposed by the heap file.</param>
     /// <param name="maxSize">The largest size the heap may grow to; 0 means the domain's capacity.</param>
     /// <returns>The heap file.</returns>
-    /// <exception cref="ArgumentOutOfRangeException">The domain is too small for one segment, or <paramref name="maxSize"/> is negative or (other than 0) below the domain's length.</exception>
+    /// <exception cref="ArgumentOutOfRangeException">The domain is too small for one segment, or <paramref name="maxSize"/> is negative, (other than 0) below the domain's length, or above what the segment table can address (2^24 segments of 64 KiB).</exception>
     /// <exception cref="InvalidOperationException">Another heap file uses the domain.</exception>
     public static HeapFile Create(PersistenceDomain domain, long maxSize = 0)
     {
@@ -417,7 +417,7 @@ public sealed unsafe partial class HeapFile : IDisposable
         object claim = ClaimCallersDomain(domain);
         try
         {
-            (long maxSegments, long dataStart, long segments) = Geometry(domain.Length, maxSize != 0 ? maxSize : domain.Capacity);
+            (long maxSegments, long dataStart, long segments) = Geometry(domain.Length, maxSize != 0 ? maxSize : domain.Capacity, maxSizeChosen: maxSize != 0);
             Format(domain, dataStart + (segments * HeapLayout.SegmentSize), maxSegments, dataStart);
             return new HeapFile(domain, null, ownsDomain: false, null, wasClean: true, claim);
         }
@@ -699,6 +699,14 @@ public sealed unsafe partial class HeapFile : IDisposable
         }
     }
 
+    /// <summary>
+    /// Whether a heap of <paramref name="segmentCount"/> segments could grow by one: the segment table has room
+    /// (<see cref="MaxSegments"/>) and the domain can reach the length (<see cref="PersistenceDomain.Capacity"/>; the
+    /// libpmem domain never grows). A file system out of space is not foreseen here: growth then fails when tried.
+    /// </summary>
+    internal bool CanGrowBeyond(long segmentCount) =>
+        segmentCount < MaxSegments && DataStart + ((segmentCount + 1) * HeapLayout.SegmentSize) <= Domain.Capacity;
+
     /// <summary>Extends the heap to <paramref name="segmentCount"/> segments if the domain can grow; the new segments are free.</summary>
     internal bool TryGrow(long segmentCount)
     {
@@ -836,11 +844,32 @@ public sealed unsafe partial class HeapFile : IDisposable
         }
     }
 
-    private static (long MaxSegments, long DataStart, long Segments) Geometry(long size, long maxSize)
+    /// <summary>The most segments the segment table can address (<see cref="HeapLayout"/>: 24 bits of segment index).</summary>
+    internal const long MaxAddressableSegments = 1L << 24;
+
+    /// <summary>The largest maximum size a caller may ask for: one byte more would need a segment the table cannot address.</summary>
+    internal const long MaxAddressableSize = HeapLayout.SuperblockSize + ((MaxAddressableSegments + 1) * HeapLayout.SegmentSize) - 1;
+
+    /// <summary>
+    /// The heap's geometry for <paramref name="size"/> bytes growing up to <paramref name="maxSize"/>. A maximum the
+    /// caller chose (<paramref name="maxSizeChosen"/>) above what the segment table can address is refused, never
+    /// clamped silently; a default one (16 × the size, or a domain's capacity) is capped at it.
+    /// </summary>
+    private static (long MaxSegments, long DataStart, long Segments) Geometry(long size, long maxSize, bool maxSizeChosen)
     {
+        if (maxSizeChosen && maxSize > MaxAddressableSize)
+        {
+            ThrowHelper.ThrowArgumentOutOfRange(nameof(HeapFileOptions.MaxSize), $"The maximum size ({maxSize} bytes) is above what the segment table can address: at most {MaxAddressableSegments} segments of {HeapLayout.SegmentSize} bytes, a maximum size of at most {MaxAddressableSize} bytes. Choose a smaller HeapFileOptions.MaxSize (or 0 for the default).");
+        }
+
+        if (size > MaxAddressableSize)
+        {
+            ThrowHelper.ThrowArgumentOutOfRange(nameof(HeapFileOptions.Size), $"The size ({size} bytes) is above what the segment table can address: at most {MaxAddressableSegments} segments of {HeapLayout.SegmentSize} bytes, a size of at most {MaxAddressableSize} bytes.");
+        }
+
         maxSize = Math.Max(maxSize, size);
         long maxSegments = Math.Max(1, (maxSize - HeapLayout.SuperblockSize) / HeapLayout.SegmentSize);
-        maxSegments = Math.Min(maxSegments, 1L << 24);
+        maxSegments = Math.Min(maxSegments, MaxAddressableSegments);
         long dataStart = HeapLayout.DataStart(maxSegments);
         long segments = (size - dataStart) / HeapLayout.SegmentSize;
         if (segments < 1)

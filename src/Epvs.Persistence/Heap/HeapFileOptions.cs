@@ -8,8 +8,18 @@ public sealed class HeapFileOptions
 
     /// <summary>
     /// The largest size the heap may grow to, in bytes; fixes the segment table's capacity at creation. 0 (default)
-    /// means <see cref="Size"/> × 16 for a file, and the domain's capacity for a caller-supplied domain. Ignored by open.
+    /// means <see cref="Size"/> × 16 for a file (capped at what the table can address), and the domain's capacity for a
+    /// caller-supplied domain. Ignored by open. At most 2^24 segments of 64 KiB (about 1 TiB): a larger value is refused
+    /// with <see cref="System.ArgumentOutOfRangeException"/>, never clamped.
     /// </summary>
+    /// <remarks>
+    /// The libpmem domain (<see cref="PersistenceDomainKind.Pmem"/>, or <see cref="PersistenceDomainKind.Auto"/> when it
+    /// picks libpmem) never grows the file: its heap stays at <see cref="Size"/>, whatever the maximum size, so size a
+    /// libpmem heap by <see cref="Size"/>. The maximum size is still recorded (it is accepted, not refused, because
+    /// <see cref="PersistenceDomainKind.Auto"/> picks the domain only once the file exists): a later open with
+    /// <see cref="PersistenceDomainKind.MappedFile"/> can grow the heap up to it. A full heap's
+    /// <see cref="System.InsufficientMemoryException"/> says which of the two applies.
+    /// </remarks>
     public long MaxSize { get; set; }
 
     /// <summary>

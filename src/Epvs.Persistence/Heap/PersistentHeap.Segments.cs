@@ -33,7 +33,8 @@ public sealed unsafe partial class PersistentHeap
 
     private long TableOffset(long segment) => HeapLayout.SuperblockSize + (segment * sizeof(ulong));
 
-    private bool TryFormatSmallSegment(ThreadCache cache, int cls, bool allowGrowth = true)
+    /// <summary>Formats a free segment for class <paramref name="cls"/> into <paramref name="cache"/> and its pool; <paramref name="antiPayload"/>: for an anti-payload, which may take the delete reserve.</summary>
+    private bool TryFormatSmallSegment(ThreadCache cache, int cls, bool allowGrowth, bool antiPayload)
     {
         long segment;
         lock (_segmentGate)
@@ -44,10 +45,15 @@ public sealed unsafe partial class PersistentHeap
                 return true;
             }
 
-            segment = TakeRunLocked(1, allowGrowth);
+            segment = TakeRunLocked(1, allowGrowth, antiPayload);
             if (segment < 0)
             {
                 return false;
+            }
+
+            if (antiPayload)
+            {
+                DesignateIfReserveLocked(segment);
             }
 
             // The same durable format as the advancer's stocking (zeroed with unused commit words, then a new generation).
@@ -169,7 +175,7 @@ public sealed unsafe partial class PersistentHeap
         long segment;
         lock (_segmentGate)
         {
-            segment = TakeRunLocked(span);
+            segment = TakeRunLocked(span, allowGrowth: true, antiPayload: false);
             if (segment < 0)
             {
                 block = default;
@@ -234,31 +240,39 @@ public sealed unsafe partial class PersistentHeap
     /// <summary>
     /// Takes <paramref name="span"/> contiguous free segments; -1 if impossible. With <paramref name="allowGrowth"/>, a
     /// heap that has none grows, and one that cannot grow gives back the segments formatted for a size class whose
-    /// blocks all sit unused in that class's pool (<see cref="ReleasePooledSegmentsLocked"/>) before it gives up.
+    /// blocks all sit unused in that class's pool (<see cref="ReleasePooledSegmentsLocked"/>) before it gives up. Only
+    /// an <paramref name="antiPayload"/> may take the delete reserve's segment (<see cref="ReservedSegmentsLocked"/>).
     /// </summary>
-    private long TakeRunLocked(long span, bool allowGrowth = true)
+    private long TakeRunLocked(long span, bool allowGrowth, bool antiPayload)
     {
-        long start = FindRunLocked(span);
+        long start = FindRunLocked(span, ReservedSegmentsLocked(antiPayload));
         if (start >= 0 || !allowGrowth)
         {
             return start;
         }
 
+        // The reserve is counted again after each step: growth may reach the maximum size.
         if (TryGrowLocked(span))
         {
-            start = FindRunLocked(span);
+            start = FindRunLocked(span, ReservedSegmentsLocked(antiPayload));
         }
 
         if (start < 0 && ReleasePooledSegmentsLocked() != 0)
         {
-            start = FindRunLocked(span);
+            start = FindRunLocked(span, ReservedSegmentsLocked(antiPayload));
         }
 
         return start;
     }
 
-    private long FindRunLocked(long span)
+    /// <summary>Takes the lowest run of <paramref name="span"/> free segments, if that leaves at least <paramref name="keep"/> free; -1 otherwise.</summary>
+    private long FindRunLocked(long span, long keep)
     {
+        if (_freeSegmentCount - span < keep)
+        {
+            return -1;
+        }
+
         long run = 0;
         for (long s = 0; s < _segmentFree.Length; s++)
         {
@@ -349,7 +363,8 @@ public sealed unsafe partial class PersistentHeap
                 var whole = new HashSet<long>();
                 foreach ((long segment, int count) in pooled)
                 {
-                    if (count == perSegment)
+                    // Not the delete reserve's segment: it stays formatted for anti-payloads (see PersistentHeap.DeleteReserve.cs).
+                    if (count == perSegment && segment != _reserveSegment)
                     {
                         whole.Add(segment);
                     }

@@ -311,9 +311,13 @@ public sealed unsafe partial class PersistentHeap
         }
     }
 
-    /// <summary>Takes up to <paramref name="count"/> free segments (without growing the file), lowest first, into <paramref name="taken"/>.</summary>
+    /// <summary>
+    /// Takes up to <paramref name="count"/> free segments (without growing the file), lowest first, into
+    /// <paramref name="taken"/>; never the delete reserve's (<see cref="ReservedSegmentsLocked"/>).
+    /// </summary>
     private void TakeFreeSegmentsLocked(long count, List<long> taken)
     {
+        count = Math.Min(count, _freeSegmentCount - ReservedSegmentsLocked(antiPayload: false));
         for (long s = 0; s < _segmentFree.Length && taken.Count < count; s++)
         {
             if (_segmentFree[s])

@@ -107,6 +107,7 @@ public sealed unsafe partial class PersistentHeap : IDisposable
             // Before recovery writes anything: a file of the other heap kind is refused, a new one is claimed.
             file.ClaimKind(options.OwnerKind);
             RecoveryStatistics = Recover(options);
+            DesignateReserveAfterRecovery();
         }
         catch
         {
@@ -176,10 +177,46 @@ public sealed unsafe partial class PersistentHeap : IDisposable
     {
         if (!TryAllocateChecked(size, typeId, out PayloadRef block, epochTag, kind, uid))
         {
-            ThrowHelper.ThrowHeapFull(size);
+            ThrowHeapFull(size, kind);
         }
 
         return block;
+    }
+
+    /// <summary>
+    /// Throws the heap-full error for a payload of <paramref name="size"/> bytes of <paramref name="kind"/>, with the
+    /// advice that can help this heap: a larger maximum size where the domain could grow to it, a larger size at
+    /// creation where the domain cannot grow (libpmem), and for an anti-payload, a Sync that reclaims the deletes that hold
+    /// the delete reserve.
+    /// </summary>
+    [System.Diagnostics.CodeAnalysis.DoesNotReturn]
+    private void ThrowHeapFull(int size, PayloadKind kind)
+    {
+        long segments = _file.SegmentCount;
+        long maxBytes = _file.DataStart + (_file.MaxSegments * HeapLayout.SegmentSize);
+        PersistenceDomain domain = _file.Domain;
+        string why;
+        if (domain.Kind == PersistenceDomainKind.Pmem || domain.Capacity < Math.Min(maxBytes, _file.DataStart + ((segments + 1) * HeapLayout.SegmentSize)))
+        {
+            why = $"its persistence domain ({domain.Kind}) cannot grow the file beyond {domain.Length} bytes (the libpmem domain never grows a heap file, whatever its maximum size); free blocks, or create the heap with a larger HeapFileOptions.Size";
+            if (segments < _file.MaxSegments)
+            {
+                why += $", or open it with PersistenceDomainKind.MappedFile, which grows it up to the maximum size fixed at its creation ({maxBytes} bytes)";
+            }
+        }
+        else if (segments >= _file.MaxSegments)
+        {
+            why = $"it is at its maximum size ({maxBytes} bytes); free blocks, or create the heap with a larger HeapFileOptions.MaxSize";
+        }
+        else
+        {
+            why = "the file could not grow (the file system may be out of space, or the file size limit reached); free blocks, or free space on the file system";
+        }
+
+        string reserve = kind == PayloadKind.Delete && (uint)size <= (uint)SizeClasses.BlockSizes[AntiPayloadClass] - HeapLayout.HeaderSize
+            ? " Deletes' anti-payloads have a reserve of their own (a segment's worth, which other allocations leave free), and it is taken by deletes not reclaimed yet: they are reclaimed two versions after the delete (a Sync, or the advancer's next cycles), which refills it."
+            : " (The heap's last free segment is kept for deletes' anti-payloads, so that deleting still makes room.)";
+        ThrowHelper.ThrowHeapFull(size, why, reserve);
     }
 
     /// <summary>
@@ -241,7 +278,7 @@ public sealed unsafe partial class PersistentHeap : IDisposable
     {
         if (!TryAllocateCore(cache, size, typeId, out PayloadRef block, epochTag, kind, uid))
         {
-            ThrowHelper.ThrowHeapFull(size);
+            ThrowHeapFull(size, kind);
         }
 
         return block;
@@ -263,14 +300,27 @@ public sealed unsafe partial class PersistentHeap : IDisposable
         }
 
         int cls = SizeClasses.ForPayload(size);
-        int count = cache.Counts[cls];
-        if (count == 0 && !TryRefill(cache, cls))
+        bool antiPayload = IsAntiPayload(kind, cls);
+        long offset;
+        while (true)
         {
-            block = default;
-            return false;
-        }
+            if (cache.Counts[cls] == 0 && !TryRefill(cache, cls, antiPayload))
+            {
+                block = default;
+                return false;
+            }
 
-        long offset = cache.Blocks[cls][--cache.Counts[cls]];
+            offset = cache.Blocks[cls][--cache.Counts[cls]];
+
+            // A block of the delete reserve's segment is for anti-payloads only: any other allocation sets it aside
+            // and takes the next (see PersistentHeap.DeleteReserve.cs). One compare for every other class.
+            if (cls != AntiPayloadClass || antiPayload || !InReserve(offset))
+            {
+                break;
+            }
+
+            SetAside(offset);
+        }
         WriteHeader(offset, uid, epochTag, HeapLayout.Shape(size, typeId), kind);
         cache.LiveBlocks++;
         cache.LiveBytes += SizeClasses.BlockSizes[cls];
@@ -714,7 +764,7 @@ public sealed unsafe partial class PersistentHeap : IDisposable
             segments = _segmentFree.Length;
         }
 
-        freeBytes += freeSegments * HeapLayout.SegmentSize;
+        freeBytes += (freeSegments * HeapLayout.SegmentSize) + ReserveFreeBytes();
         lock (_pendingGate)
         {
             freeBytes += _pendingBytes;
@@ -896,7 +946,8 @@ public sealed unsafe partial class PersistentHeap : IDisposable
         return (byte*)(h + 4);
     }
 
-    private bool TryRefill(ThreadCache cache, int cls)
+    /// <summary>Refills the empty class <paramref name="cls"/> of <paramref name="cache"/>; <paramref name="antiPayload"/>: for an anti-payload, which may take the delete reserve.</summary>
+    private bool TryRefill(ThreadCache cache, int cls, bool antiPayload)
     {
         if (TryTakeBatch(cache, cls, out bool low))
         {
@@ -911,7 +962,9 @@ public sealed unsafe partial class PersistentHeap : IDisposable
         // The pool is empty: the stocker (if any) is woken, and this thread formats a free segment (fresh and dense) or
         // sweeps parked frees of this class for itself before growing the file (a write-back and a fence on this thread).
         SignalRunningLow(cls);
-        if (TryFormatSmallSegment(cache, cls, allowGrowth: false) || TrySweepForRefill(cache, cls))
+
+        // An anti-payload takes a block set aside for it before a free segment: those are reserved for it anyway.
+        if ((antiPayload && TryTakeReserveBlock(cache)) || TryFormatSmallSegment(cache, cls, allowGrowth: false, antiPayload) || TrySweepForRefill(cache, cls))
         {
             return true;
         }
@@ -923,7 +976,7 @@ public sealed unsafe partial class PersistentHeap : IDisposable
             return true;
         }
 
-        if (TryFormatSmallSegment(cache, cls, allowGrowth: true))
+        if (TryFormatSmallSegment(cache, cls, allowGrowth: true, antiPayload))
         {
             return true;
         }
@@ -938,7 +991,7 @@ public sealed unsafe partial class PersistentHeap : IDisposable
         }
 
         FlushPendingFrees();
-        return TryTakeBatch(cache, cls);
+        return TryTakeBatch(cache, cls) || (antiPayload && TryTakeReserveBlock(cache));
     }
 
     private bool TryTakeBatch(ThreadCache cache, int cls) => TryTakeBatch(cache, cls, out _);

@@ -31,8 +31,8 @@ internal static class ThrowHelper
         throw new HeapFileException(error, message, inner);
 
     [DoesNotReturn]
-    internal static void ThrowHeapFull(int size) =>
-        throw new InsufficientMemoryException($"The persistent heap has no free block for a {size}-byte payload and cannot grow further; free blocks, or create the heap with a larger HeapFileOptions.MaxSize.");
+    internal static void ThrowHeapFull(int size, string why, string reserve) =>
+        throw new InsufficientMemoryException($"The persistent heap has no free block for a {size}-byte payload and cannot grow further: {why}.{reserve}");
 
     [DoesNotReturn]
     internal static void ThrowInvalidPayloadRef(PayloadRef reference, string why) =>

@@ -281,15 +281,33 @@ public sealed class StructureConsistencyTests
     private static BufferedDurableHeap Create(string path) =>
         BufferedDurableHeap.Create(path, new HeapFileOptions { Size = 1L << 20, MaxSize = 1L << 20, Domain = PersistenceDomainKind.MappedFile }, NoAdvancer);
 
-    /// <summary>Allocates empty payloads (the size of an anti-payload) until the heap is full.</summary>
+    /// <summary>
+    /// Allocates empty payloads (the size of an anti-payload) until the heap is full, then deletes them until a delete
+    /// throws: the delete reserve (a segment's worth of anti-payloads, which ordinary allocations leave free; see
+    /// FullHeapTests) is taken too, so the next anti-payload finds no block either.
+    /// </summary>
     private static void FillHeap(BufferedDurableHeap heap)
     {
+        var fillers = new List<PayloadRef>();
         for (int i = 0; i < 1_000_000; i++)
         {
             using DurableOperation op = heap.BeginOperation();
             try
             {
-                op.Allocate(0, typeId: 99);
+                fillers.Add(op.Allocate(0, typeId: 99));
+            }
+            catch (InsufficientMemoryException)
+            {
+                break;
+            }
+        }
+
+        foreach (PayloadRef filler in fillers)
+        {
+            using DurableOperation op = heap.BeginOperation();
+            try
+            {
+                op.Delete(filler);
             }
             catch (InsufficientMemoryException)
             {

@@ -1,0 +1,245 @@
+using System;
+using System.Collections.Generic;
+using System.Linq;
+using System.Threading;
+using Xunit;
+
+namespace Epvs.Persistence.Tests;
+
+/// <summary>
+/// A heap that cannot grow (the libpmem domain, or a maximum size equal to the size), once full of payloads, refused
+/// every delete — <see cref="DurableOperation.Delete(PayloadRef)"/>, a map's Remove, a queue's TryDequeue — with
+/// <see cref="InsufficientMemoryException"/>, after Syncs and reopens too: a delete's anti-payload needs a block, and
+/// deleting is the only way to make room (found by the pmem probe round). Ordinary allocations now leave a reserve that
+/// only anti-payloads take. Also: a maximum size beyond the segment table was clamped silently, and the heap-full error
+/// of a domain that cannot grow advised a larger maximum size, which cannot help there.
+/// </summary>
+public sealed class FullHeapTests
+{
+    private const int RawTypeId = 7;
+    private const int MapTypeId = 8;
+    private const int QueueTypeId = 9;
+
+    private static readonly BufferedDurableHeapOptions NoAdvancer = new() { AdvancePeriod = Timeout.InfiniteTimeSpan };
+
+    private static HeapFileOptions CannotGrow(string domain) => domain == "pmem"
+        ? new HeapFileOptions { Size = 1L << 20, Domain = PersistenceDomainKind.Pmem }
+        : new HeapFileOptions { Size = 1L << 20, MaxSize = 1L << 20, Domain = PersistenceDomainKind.MappedFile };
+
+    /// <summary>
+    /// A heap that cannot grow, filled with raw payloads, queue elements and map entries of the anti-payloads' own size
+    /// class (16-byte entries: they compete with anti-payloads for blocks) until an insert throws. Used to throw on
+    /// every Delete, Remove and TryDequeue; now they succeed without a Sync, a new insert still finds the heap full (the
+    /// reserve is not given to it), and after a Sync and a reopen the deleted entries are gone and new inserts fit.
+    /// The heap fills again and deletes still succeed (the reserve is rebuilt by recovery).
+    /// </summary>
+    [Theory]
+    [InlineData("mapped")]
+    [InlineData("pmem")]
+    public void Deletes_OnAFullHeapThatCannotGrow_SucceedAndMakeRoom(string domain)
+    {
+        using var dir = new TempDirectory();
+        string path = dir.File("full.heap");
+        var raw = new List<PayloadRef>();
+        var expected = new Dictionary<long, long>();
+        long nextKey = 0;
+        using (BufferedDurableHeap heap = BufferedDurableHeap.Create(path, CannotGrow(domain), NoAdvancer))
+        {
+            var map = new PersistentHashMap<long, long>(heap, MapTypeId);
+            var queue = new PersistentQueue<long>(heap, QueueTypeId);
+            for (int i = 0; i < 100; i++)
+            {
+                queue.Enqueue(i);
+                using DurableOperation op = heap.BeginOperation();
+                raw.Add(op.Allocate(200, RawTypeId));
+            }
+
+            nextKey = Fill(map, expected, nextKey);
+            heap.Sync();
+
+            // Without a Sync since the fill: 300 removes, 50 dequeues, 50 raw deletes (400 anti-payloads, within the reserve).
+            foreach (long key in expected.Keys.Take(300).ToList())
+            {
+                Assert.True(map.Remove(key));
+                expected.Remove(key);
+            }
+
+            for (int i = 0; i < 50; i++)
+            {
+                Assert.True(queue.TryDequeue(out long value));
+                Assert.Equal(i, value);
+            }
+
+            for (int i = 0; i < 50; i++)
+            {
+                using DurableOperation op = heap.BeginOperation();
+                op.Delete(raw[i]);
+            }
+
+            // The removed entries are not reclaimed yet, and the reserve is not for ordinary inserts.
+            Assert.Throws<InsufficientMemoryException>(() => map.Set(-1, -1));
+            heap.Sync();
+        }
+
+        using (BufferedDurableHeap heap = BufferedDurableHeap.Open(path, new HeapFileOptions { Domain = CannotGrow(domain).Domain }, NoAdvancer))
+        {
+            var map = new PersistentHashMap<long, long>(heap, MapTypeId);
+            var queue = new PersistentQueue<long>(heap, QueueTypeId);
+            Assert.Equal(expected, map.ToDictionary());
+            Assert.Equal(Enumerable.Range(50, 50).Select(i => (long)i), queue.ToArray());
+            Assert.Equal(50, heap.TakeRecoveredPayloads(RawTypeId).Count);
+
+            // The room the deletes made: at least the 300 removed entries fit again.
+            long before = expected.Count;
+            nextKey = Fill(map, expected, nextKey);
+            Assert.True(expected.Count >= before + 300, $"only {expected.Count - before} new entries fit after 300 removes");
+
+            // Full again after the reopen: deletes still succeed.
+            foreach (long key in expected.Keys.Take(100).ToList())
+            {
+                Assert.True(map.Remove(key));
+                expected.Remove(key);
+            }
+
+            Assert.True(queue.TryDequeue(out long first));
+            Assert.Equal(50, first);
+            heap.Sync();
+        }
+
+        using (BufferedDurableHeap heap = BufferedDurableHeap.Open(path, new HeapFileOptions { Domain = CannotGrow(domain).Domain }, NoAdvancer))
+        {
+            Assert.Equal(expected, new PersistentHashMap<long, long>(heap, MapTypeId).ToDictionary());
+            Assert.Equal(49, new PersistentQueue<long>(heap, QueueTypeId).Count);
+        }
+    }
+
+    /// <summary>
+    /// A burst of deletes on a full heap larger than the reserve (with a backlog limit too high for the deleting thread
+    /// to advance by itself, which would reclaim the burst as it goes): the delete that finds the reserve taken throws,
+    /// naming the reclamation that refills it; after Syncs, which reclaim the burst's deletes, deletes succeed again and
+    /// new payloads fit.
+    /// </summary>
+    [Fact]
+    public void ABurstOfDeletesBeyondTheReserve_ThrowsUntilASyncReclaims()
+    {
+        using var dir = new TempDirectory();
+        var options = new BufferedDurableHeapOptions { AdvancePeriod = Timeout.InfiniteTimeSpan, ReclaimBacklogLimit = 1L << 30 };
+        using BufferedDurableHeap heap = BufferedDurableHeap.Create(dir.File("burst.heap"), CannotGrow("mapped"), options);
+        var live = new List<PayloadRef>();
+        while (true)
+        {
+            using DurableOperation op = heap.BeginOperation();
+            try
+            {
+                live.Add(op.Allocate(100, RawTypeId));
+            }
+            catch (InsufficientMemoryException)
+            {
+                break;
+            }
+        }
+
+        // Durable first: a payload deleted in the version that allocated it needs no anti-payload.
+        heap.Sync();
+        int deleted = 0;
+        InsufficientMemoryException? refused = null;
+        while (refused is null && deleted < live.Count)
+        {
+            try
+            {
+                using DurableOperation op = heap.BeginOperation();
+                op.Delete(live[deleted]);
+                deleted++;
+            }
+            catch (InsufficientMemoryException e)
+            {
+                refused = e;
+            }
+        }
+
+        Assert.NotNull(refused);
+        Assert.True(deleted >= 1000, $"only {deleted} deletes before the reserve was taken");
+        Assert.Contains("reclaimed", refused.Message, StringComparison.Ordinal);
+
+        for (int i = 0; i < 3; i++)
+        {
+            heap.Sync();
+        }
+
+        using (DurableOperation op = heap.BeginOperation())
+        {
+            op.Delete(live[deleted]);
+        }
+
+        using (DurableOperation op = heap.BeginOperation())
+        {
+            op.Allocate(100, RawTypeId);
+        }
+    }
+
+    /// <summary>
+    /// A maximum size beyond what the segment table addresses (2^24 segments) used to be clamped silently (a heap of
+    /// 130 MiB, room enough for the full table, was created with a 1 TiB maximum); now refused, leaving no file.
+    /// </summary>
+    [Fact]
+    public void Create_MaxSizeBeyondTheSegmentTable_IsRefused()
+    {
+        using var dir = new TempDirectory();
+        string path = dir.File("huge.heap");
+        long tooLarge = HeapFile.MaxAddressableSize + 1;
+        var e = Assert.Throws<ArgumentOutOfRangeException>(() => HeapFile.Create(path, new HeapFileOptions { Size = 130L << 20, MaxSize = tooLarge, Domain = PersistenceDomainKind.MappedFile }));
+        Assert.Equal(nameof(HeapFileOptions.MaxSize), e.ParamName);
+        Assert.Contains("segment table", e.Message, StringComparison.Ordinal);
+        Assert.False(System.IO.File.Exists(path));
+
+        using var domain = new SimulatedPersistenceDomain(1 << 20);
+        Assert.Throws<ArgumentOutOfRangeException>(() => HeapFile.Create(domain, tooLarge));
+        Assert.Throws<ArgumentOutOfRangeException>(() => HeapFile.Create(path, new HeapFileOptions { Size = 1L << 20, MaxSize = 4L << 40 }));
+    }
+
+    /// <summary>
+    /// The libpmem domain never grows the file, yet a full heap's error advised a larger MaxSize (which it accepts,
+    /// and ignores): it now names the domain and a larger Size, and the way to use the maximum size (the mapped-file domain).
+    /// </summary>
+    [Fact]
+    public void HeapFull_InADomainThatCannotGrow_AdvisesALargerSize()
+    {
+        using var dir = new TempDirectory();
+        using BufferedDurableHeap heap = BufferedDurableHeap.Create(dir.File("pm.heap"), new HeapFileOptions { Size = 1L << 20, MaxSize = 64L << 20, Domain = PersistenceDomainKind.Pmem }, NoAdvancer);
+        InsufficientMemoryException? full = null;
+        for (int i = 0; i < 10_000 && full is null; i++)
+        {
+            full = Record.Exception(() =>
+            {
+                using DurableOperation op = heap.BeginOperation();
+                op.Allocate(4000, RawTypeId);
+            }) as InsufficientMemoryException;
+        }
+
+        Assert.NotNull(full);
+        Assert.DoesNotContain("larger HeapFileOptions.MaxSize", full.Message, StringComparison.Ordinal);
+        Assert.Contains("larger HeapFileOptions.Size", full.Message, StringComparison.Ordinal);
+        Assert.Contains("Pmem", full.Message, StringComparison.Ordinal);
+        Assert.Contains("MappedFile", full.Message, StringComparison.Ordinal);
+    }
+
+    /// <summary>Sets new keys until the heap is full; returns the next key.</summary>
+    private static long Fill(PersistentHashMap<long, long> map, Dictionary<long, long> expected, long key)
+    {
+        for (; key < 1_000_000; key++)
+        {
+            try
+            {
+                map.Set(key, key * 3);
+            }
+            catch (InsufficientMemoryException)
+            {
+                return key;
+            }
+
+            expected[key] = key * 3;
+        }
+
+        throw new InvalidOperationException("the heap did not fill up");
+    }
+}
