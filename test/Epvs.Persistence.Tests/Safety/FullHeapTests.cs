@@ -242,4 +242,22 @@ public sealed class FullHeapTests
 
         throw new InvalidOperationException("the heap did not fill up");
     }
+
+    /// <summary>
+    /// A byte map value too large for the heap is refused naming the caller's argument, with nothing written: it was
+    /// reported as a payload "size" that counted the key, undocumented on Set (found by an adversarial round, session 17).
+    /// </summary>
+    [Fact]
+    public void ByteMap_AValueTooLargeForTheHeap_IsRefusedNamingTheValue()
+    {
+        using var domain = new SimulatedPersistenceDomain(4L << 20);
+        using HeapFile file = HeapFile.Create(domain);
+        using BufferedDurableHeap heap = BufferedDurableHeap.Open(file, NoAdvancer);
+        var map = new PersistentByteMap<long>(heap, typeId: 1);
+        int largest = heap.Heap.MaxPayloadSize - sizeof(long);
+        ArgumentOutOfRangeException e = Assert.Throws<ArgumentOutOfRangeException>(() => map.Set(1, new byte[largest + 1]));
+        Assert.Equal("value", e.ParamName);
+        Assert.Equal(0, map.Count);
+        Assert.True(map.Set(2, new byte[100]));
+    }
 }
