@@ -1,3 +1,4 @@
+using System;
 using System.Threading;
 
 namespace Epvs;
@@ -17,18 +18,24 @@ namespace Epvs;
 /// </remarks>
 internal sealed class ClaimGate
 {
-    private PaddedInt64 inside;
+    /// <summary>Claims inside the gate, counted on a stripe chosen by thread id: two threads draining at once would
+    /// otherwise pass one cache line back and forth on every claim (about 50 ns a registration on this machine).</summary>
+    private readonly PaddedInt64[] inside = new PaddedInt64[Stripes];
+
+    private const int Stripes = 8;
+
     private int closed;
 
-    /// <summary>Enters the gate for one claim, waiting while it is closed.</summary>
-    internal void Enter()
+    /// <summary>Enters the gate for one claim, waiting while it is closed; returns what <see cref="Exit"/> takes.</summary>
+    internal int Enter()
     {
+        int stripe = Environment.CurrentManagedThreadId & (Stripes - 1);
         while (true)
         {
-            Interlocked.Increment(ref inside.Value); // full fence: before the read of the flag (pairs with Close)
+            Interlocked.Increment(ref inside[stripe].Value); // full fence: before the read of the flag (pairs with Close)
             if (Volatile.Read(ref closed) == 0)
-                return;
-            Interlocked.Decrement(ref inside.Value);
+                return stripe;
+            Interlocked.Decrement(ref inside[stripe].Value);
             var patient = new UninterruptibleSpinWait();
             while (Volatile.Read(ref closed) != 0)
                 patient.SpinOnce();
@@ -37,15 +44,19 @@ internal sealed class ClaimGate
     }
 
     /// <summary>Leaves the gate after a claim (won or lost), before running what it claimed.</summary>
-    internal void Exit() => Interlocked.Decrement(ref inside.Value); // release: the claim's CAS is ordered before it
+    internal void Exit(int stripe) => Interlocked.Decrement(ref inside[stripe].Value); // release: the claim's CAS is ordered before it
 
     /// <summary>Closes the gate and returns once no claim is inside it: claims wait until <see cref="Open"/>.</summary>
     internal void Close()
     {
-        Interlocked.Exchange(ref closed, 1); // full fence: before the reads of the count (pairs with Enter)
+        Interlocked.Exchange(ref closed, 1); // full fence: before the reads of the counts (pairs with Enter)
         var patient = new UninterruptibleSpinWait();
-        while (Volatile.Read(ref inside.Value) != 0)
-            patient.SpinOnce();
+        // A stripe read as 0 after the fence stays free of claims: any later increment on it reads the flag set and backs out.
+        for (int stripe = 0; stripe < Stripes; stripe++)
+        {
+            while (Volatile.Read(ref inside[stripe].Value) != 0)
+                patient.SpinOnce();
+        }
         patient.End();
     }
 

@@ -210,9 +210,9 @@ internal sealed class DrainList
                     continue;
                 // Claim before reading the action: only the winner of this CAS runs it. The CAS is a full
                 // fence, so the reads below see what the publisher wrote before its release of Epoch.
-                gate?.Enter();
+                int stripe = gate?.Enter() ?? 0;
                 bool won = Interlocked.CompareExchange(ref slots[i].Epoch, Busy, e) == e;
-                gate?.Exit();
+                gate?.Exit(stripe);
                 if (!won)
                     continue;
                 Action action = slots[i].Action!;

@@ -308,11 +308,11 @@ public class ConcurrentDisposeTests
         epoch.ClosingHookForTesting = () =>
         {
             epoch.ClosingHookForTesting = null;
-            gate.Enter();
+            int stripe = gate.Enter();
             leaving = GuardedThread.Start(() =>
             {
                 Thread.Sleep(100); // the closer is waiting for the claim meanwhile (or not yet: either way it must not throw)
-                gate.Exit();
+                gate.Exit(stripe);
             });
             Thread.CurrentThread.Interrupt();
         };
