@@ -213,6 +213,27 @@ public sealed unsafe partial class PersistentHeap : IDisposable
             why = "the file could not grow (the file system may be out of space, or the file size limit reached); free blocks, or free space on the file system";
         }
 
+        long span = (HeapLayout.HeaderSize + (long)size + HeapLayout.SegmentSize - 1) / HeapLayout.SegmentSize;
+        if (span > 1)
+        {
+            // A large payload needs contiguous segments: say so when enough are free in total, or "free blocks" misleads.
+            long free = 0, longest = 0;
+            lock (_segmentGate)
+            {
+                for (long s = 0, run = 0; s < _segmentFree.Length; s++)
+                {
+                    run = _segmentFree[s] ? run + 1 : 0;
+                    free += _segmentFree[s] ? 1 : 0;
+                    longest = Math.Max(longest, run);
+                }
+            }
+
+            if (free >= span)
+            {
+                why = $"it needs {span} contiguous free segments of {HeapLayout.SegmentSize} bytes, and {free} are free but at most {longest} of them contiguous (the free space is fragmented); " + why;
+            }
+        }
+
         string reserve = kind == PayloadKind.Delete && (uint)size <= (uint)SizeClasses.BlockSizes[AntiPayloadClass] - HeapLayout.HeaderSize
             ? " Deletes' anti-payloads have a reserve of their own (a segment's worth, which other allocations leave free), and it is taken by deletes not reclaimed yet: they are reclaimed two versions after the delete (a Sync, or the advancer's next cycles), which refills it."
             : " (The heap's last free segment is kept for deletes' anti-payloads, so that deleting still makes room.)";

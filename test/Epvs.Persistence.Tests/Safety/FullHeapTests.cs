@@ -260,4 +260,46 @@ public sealed class FullHeapTests
         Assert.Equal(0, map.Count);
         Assert.True(map.Set(2, new byte[100]));
     }
+
+    /// <summary>
+    /// A large payload that finds enough free segments in total but no run of them contiguous fails saying so: the error
+    /// advised "free blocks", which cannot help a fragmented heap (found by an adversarial round, session 17). Nothing is
+    /// written.
+    /// </summary>
+    [Fact]
+    public void ALargePayloadOnAFragmentedHeap_FailsSayingTheFreeSpaceIsFragmented()
+    {
+        const long Size = 4L << 20;
+        int oneSegment = HeapLayout.SegmentSize - HeapLayout.HeaderSize - sizeof(long);
+        using var domain = new SimulatedPersistenceDomain(Size, Size);
+        using HeapFile file = HeapFile.Create(domain);
+        using BufferedDurableHeap heap = BufferedDurableHeap.Open(file, NoAdvancer);
+        var map = new PersistentByteMap<long>(heap, typeId: 1);
+        long count = 0;
+        try
+        {
+            while (true)
+            {
+                map.Set(count, new byte[oneSegment]);
+                count++;
+            }
+        }
+        catch (InsufficientMemoryException)
+        {
+        }
+
+        for (long k = 0; k < count; k += 2)
+        {
+            map.Remove(k);
+        }
+
+        heap.Sync();
+        heap.Sync();
+        Assert.True(heap.Heap.GetStatistics().FreeSegments >= 4);
+        long before = map.Count;
+        InsufficientMemoryException e = Assert.Throws<InsufficientMemoryException>(() => map.Set(-1, new byte[2 * HeapLayout.SegmentSize]));
+        Assert.Contains("fragmented", e.Message, StringComparison.Ordinal);
+        Assert.Contains("contiguous", e.Message, StringComparison.Ordinal);
+        Assert.Equal(before, map.Count);
+    }
 }
