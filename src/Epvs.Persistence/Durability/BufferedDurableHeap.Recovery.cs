@@ -152,6 +152,9 @@ public sealed unsafe partial class BufferedDurableHeap
                 file.EpochClock = start;
                 _persistedClock = start;
             }
+
+            // Once the superseded and cancelled payloads are free (the former reserve's anti-payloads among them).
+            heap.DesignateReserveAfterRecovery();
         }
         catch
         {

@@ -128,6 +128,15 @@ public sealed unsafe partial class PersistentHeap
         }
     }
 
+    /// <summary>The free blocks set aside in the reserve (a copy; the saved state counts them free).</summary>
+    private long[] ReserveBlocksSnapshot()
+    {
+        lock (_reserveBlocks)
+        {
+            return _reserveBlocks.ToArray();
+        }
+    }
+
     /// <summary>Free bytes set aside in the reserve (statistics).</summary>
     private long ReserveFreeBytes()
     {
@@ -138,12 +147,16 @@ public sealed unsafe partial class PersistentHeap
     }
 
     /// <summary>
-    /// After recovery rebuilt the pools, before the heap is published: a heap that cannot grow and has no free segment
-    /// left designates the segment of the anti-payloads' class with the most free blocks in the pool (any such segment
-    /// if none has one: its blocks join the reserve as they are freed). Without a segment of that class (a file full of
-    /// other classes, written before the reserve existed) there is no reserve until one becomes free.
+    /// After recovery rebuilt the pools and freed what it drops (for a buffered heap, once its own recovery has freed the
+    /// superseded and cancelled payloads: the former reserve's anti-payloads are among them), before the heap is
+    /// published: a heap that cannot grow and has no free segment left designates the segment of the anti-payloads' class
+    /// with the most free blocks in the pool (any such segment if none has one: its blocks join the reserve as they are
+    /// freed). Without a segment of that class (a file full of other classes, written before the reserve existed) there
+    /// is no reserve until one becomes free. Designated before the frees, it took a segment full of live payloads while
+    /// the former reserve's blocks, freed just after, went to ordinary allocations: once full again, the heap refused
+    /// every delete for good.
     /// </summary>
-    private void DesignateReserveAfterRecovery()
+    internal void DesignateReserveAfterRecovery()
     {
         lock (_segmentGate)
         {

@@ -125,6 +125,16 @@ public sealed unsafe partial class PersistentHeap
             }
         }
 
+        // Blocks set aside for anti-payloads are free too (saved as allocated, they would fail the check below, and a fast
+        // reopen would take them for live ones).
+        foreach (long offset in ReserveBlocksSnapshot())
+        {
+            if (!ClearFree(offset))
+            {
+                return "a free block set aside for deletes is outside the small-block segments";
+            }
+        }
+
         // Self-check against the accounting: a block lost from every free list would otherwise be saved as allocated.
         long live = 0;
         foreach (ulong word in bitmap)

@@ -107,7 +107,13 @@ public sealed unsafe partial class PersistentHeap : IDisposable
             // Before recovery writes anything: a file of the other heap kind is refused, a new one is claimed.
             file.ClaimKind(options.OwnerKind);
             RecoveryStatistics = Recover(options);
-            DesignateReserveAfterRecovery();
+
+            // A buffered heap's recovery frees superseded and cancelled payloads after this constructor: it designates
+            // the reserve itself once they are free (the former reserve's anti-payloads among them).
+            if (_ownerKind != HeapLayout.KindBufferedDurable)
+            {
+                DesignateReserveAfterRecovery();
+            }
         }
         catch
         {
