@@ -33,6 +33,9 @@ internal sealed class DrainList
         public long Epoch;
         public Action? Action;
         public TaskCompletionSource<bool>? Completion;
+
+        /// <summary>The epoch a slot held when <see cref="ReserveAll"/> reserved it (diagnostics: <see cref="PendingEpochs"/>).</summary>
+        public long ReservedFrom;
     }
 
     private readonly Segment<Slot> first;
@@ -262,7 +265,10 @@ internal sealed class DrainList
                 // A published epoch (claims are held back, so it stays one): reserved with a CAS all the same, a full fence
                 // that keeps the pass ordered with a registrar publishing the slot right now.
                 if (e < Reserved)
+                {
+                    slots[i].ReservedFrom = e; // before the CAS (a full fence): a snapshot that sees Reserved reads it
                     Interlocked.CompareExchange(ref slots[i].Epoch, Reserved, e);
+                }
             }
         }
     }
@@ -301,6 +307,8 @@ internal sealed class DrainList
                 long e = Volatile.Read(ref slots[i].Epoch);
                 if (e < Reserved)
                     result.Add(e);
+                else if (e == Reserved)
+                    result.Add(slots[i].ReservedFrom); // pending all the same, for Dispose's final run
             }
         }
         result.Sort();

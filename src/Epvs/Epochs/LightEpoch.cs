@@ -1102,7 +1102,10 @@ public sealed unsafe partial class LightEpoch : IDisposable
     /// <see cref="ThreadInterruptedException"/>, and the other Dispose carries on. An action that a drain on another
     /// thread claimed before the epoch closed may still be running when Dispose returns (it was not the Dispose's to
     /// run); every action still pending when the epoch closes is reserved for the final run, so it has run when Dispose
-    /// returns (one registered on another thread after the close runs there, as usual, and may still be running).</para>
+    /// returns (one registered on another thread after the close runs there, as usual, and may still be running). The
+    /// final run runs those actions one after another on the disposing thread: one of them that waits for another of them
+    /// without draining this epoch (a <see cref="Task"/> wait, a machine's <c>Completion</c>) waits for ever, as it would
+    /// inside any single drain; a drain on another thread that began before the close no longer runs the other one for it.</para>
     /// </remarks>
     /// <exception cref="InvalidOperationException">A thread is still protected by this instance (a thread inside an
     /// <see cref="EpochProtectedVersionScheme.Refresh"/> on it counts, also while it has stepped aside for a transition);
