@@ -240,9 +240,17 @@ public sealed unsafe partial class PersistentHeap : IDisposable
             }
         }
 
-        string reserve = kind == PayloadKind.Delete && (uint)size <= (uint)SizeClasses.BlockSizes[AntiPayloadClass] - HeapLayout.HeaderSize
-            ? " Deletes' anti-payloads have a reserve of their own (a segment's worth, which other allocations leave free), and it is taken by deletes not reclaimed yet: they are reclaimed two versions after the delete (a Sync, or the advancer's next cycles), which refills it."
-            : " (The heap's last free segment is kept for deletes' anti-payloads, so that deleting still makes room.)";
+        bool reserveApplies;
+        lock (_segmentGate)
+        {
+            reserveApplies = _reserveSegment >= 0 || ReservedSegmentsLocked(antiPayload: false) != 0;
+        }
+
+        string reserve = !reserveApplies
+            ? string.Empty
+            : kind == PayloadKind.Delete && (uint)size <= (uint)SizeClasses.BlockSizes[AntiPayloadClass] - HeapLayout.HeaderSize
+                ? " Deletes' anti-payloads have a reserve of their own (a segment's worth, which other allocations leave free), and it is taken by deletes not reclaimed yet: they are reclaimed two versions after the delete (a Sync, or the advancer's next cycles), which refills it."
+                : " (The heap's last free segment is kept for deletes' anti-payloads, so that deleting still makes room.)";
         ThrowHelper.ThrowHeapFull(size, why, reserve);
     }
 

@@ -4,9 +4,10 @@ using System.Threading;
 namespace Epvs;
 
 /// <summary>
-/// Holds back every claim of a <see cref="LightEpoch"/>'s deferred actions (except Dispose's final run) while Dispose
-/// reserves the actions pending at the close for its final run (<see cref="DrainList.ReserveAll"/>). A drain that began
-/// before the close used to go on claiming them in parallel with the final run, and Dispose returned while one still ran.
+/// Holds back every claim of a <see cref="LightEpoch"/>'s deferred actions (except Dispose's final run) from just before
+/// Dispose closes the epoch until it has reserved the actions pending at the close for its final run
+/// (<see cref="DrainList.ReserveAll"/>), so no claim falls between the two. A drain that began before the close used to
+/// go on claiming them in parallel with the final run, and Dispose returned while one still ran.
 /// </summary>
 /// <remarks>
 /// A claim enters the gate (<see cref="Enter"/>: an interlocked increment, a full fence, then a read of the closed flag;
@@ -26,6 +27,19 @@ internal sealed class ClaimGate
 
     private int closed;
 
+    /// <summary>Claims waiting while the gate is closed (counted on that slow path only).</summary>
+    private int waiting;
+
+    /// <summary>Test hook: how many claims wait at the closed gate.</summary>
+    internal int WaitingForTesting => Volatile.Read(ref waiting);
+
+    /// <summary>Test-only: the close waits for the claims inside interruptibly (as first written), so an interrupt pending
+    /// on the disposing thread threw from it, between the close and the final run.</summary>
+    internal static bool InterruptibleCloseForTesting;
+
+    /// <summary>Test hook: runs on the closing thread when it finds a claim inside the gate and waits for it.</summary>
+    internal Action? CloseWaitsHookForTesting { get; set; }
+
     /// <summary>Enters the gate for one claim, waiting while it is closed; returns what <see cref="Exit"/> takes.</summary>
     internal int Enter()
     {
@@ -36,10 +50,14 @@ internal sealed class ClaimGate
             if (Volatile.Read(ref closed) == 0)
                 return stripe;
             Interlocked.Decrement(ref inside[stripe].Value);
+            Interlocked.Increment(ref waiting);
             var patient = new UninterruptibleSpinWait();
             while (Volatile.Read(ref closed) != 0)
+            {
                 patient.SpinOnce();
+            }
             patient.End();
+            Interlocked.Decrement(ref waiting);
         }
     }
 
@@ -54,8 +72,15 @@ internal sealed class ClaimGate
         // A stripe read as 0 after the fence stays free of claims: any later increment on it reads the flag set and backs out.
         for (int stripe = 0; stripe < Stripes; stripe++)
         {
+            if (Volatile.Read(ref inside[stripe].Value) != 0)
+                CloseWaitsHookForTesting?.Invoke();
             while (Volatile.Read(ref inside[stripe].Value) != 0)
-                patient.SpinOnce();
+            {
+                if (InterruptibleCloseForTesting)
+                    Thread.Sleep(1); // a wait that an interrupt breaks, at once
+                else
+                    patient.SpinOnce();
+            }
         }
         patient.End();
     }

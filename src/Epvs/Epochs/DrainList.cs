@@ -247,6 +247,24 @@ internal sealed class DrainList
         return ran;
     }
 
+    /// <summary>Whether a published registration of <paramref name="only"/> has an epoch at most <paramref name="safeEpoch"/>
+    /// (a racy look, for a waiter deciding whether its step can run now).</summary>
+    public bool HasEligible(long safeEpoch, Action only)
+    {
+        for (Segment<Slot>? s = first; s is not null; s = Volatile.Read(ref s.Next))
+        {
+            if (Volatile.Read(ref s.Occupied) == 0 && !ScanEverySegmentForTesting)
+                continue; // acquire: nothing published there (see Add)
+            Slot[] slots = s.Items;
+            for (int i = 0; i < slots.Length; i++)
+            {
+                if (Volatile.Read(ref slots[i].Epoch) <= safeEpoch && ReferenceEquals(Volatile.Read(ref slots[i].Action), only))
+                    return true;
+            }
+        }
+        return false;
+    }
+
     /// <summary>
     /// For a disposing epoch, with every other claim held back (<see cref="ClaimGate"/>): marks every published action as
     /// reserved for the final run, which alone claims them from then on. No user code runs here. A registration published

@@ -16,14 +16,15 @@ public sealed partial class LightEpoch
 
     /// <summary>How many hand-off threads of one waiter may be draining at once. Each runs the waiter's step first, so
     /// another is needed only while the earlier ones are inside long actions (one may wait for the waiter); past the bound
-    /// the waiter runs only its step itself, as when no thread can start.</summary>
+    /// a thread that runs only the waiter's step stands in, once the step is safe.</summary>
     private const int MaxLiveHandOffs = 4;
 
     /// <summary>What a thread that takes over a deep wait's step must know of the waiter's thread (the version scheme's
-    /// callbacks it is inside): captured on the waiter, restored on the new thread before it drains.</summary>
+    /// callbacks it is inside): captured on the waiter, with the action it waits for, and restored on the new thread
+    /// before it drains.</summary>
     internal interface IWaiterContext
     {
-        object? Capture();
+        object? Capture(Action awaited);
 
         void Restore(object? context);
     }
@@ -49,6 +50,9 @@ public sealed partial class LightEpoch
     {
         internal HandOff? Last;
 
+        /// <summary>The last thread started past the bound to run only the waiter's step.</summary>
+        internal HandOff? AwaitedOnly;
+
         /// <summary>Started and not done (incremented by the waiter, decremented by the hand-off thread).</summary>
         internal int Live;
     }
@@ -65,8 +69,10 @@ public sealed partial class LightEpoch
     /// stack, the threads below waiting for it. A hand-off thread runs what the waiter waits for first (not behind a
     /// backlog of other actions), then drains the rest. Once the last drain handed off has drained a while, something still
     /// safe to run gets another, up to <see cref="MaxLiveHandOffs"/> at once: the last one may be inside an action that
-    /// waits for this thread, ahead of what this thread waits for. Returns false when no thread could be started, or that
-    /// many are still draining: the caller then runs only what it waits for, here.
+    /// waits for this thread, ahead of what this thread waits for. Past that bound, a thread that runs only what the waiter
+    /// waits for, once it is safe (one at a time): running it here would nest again, and a chain of such steps would grow
+    /// this stack as before. Returns false only when no thread could be started: the caller then runs what it waits for
+    /// here.
     /// </summary>
     private bool HandOffDeepDrain(Action awaited)
     {
@@ -74,7 +80,8 @@ public sealed partial class LightEpoch
             return false;
         // Nothing safe to run yet (as Drain decides, without publishing): the waiter's loop looks again.
         long current = Volatile.Read(ref currentEpoch.Value);
-        if (table.OldestAnnounced(current) - 1 < Volatile.Read(ref pendingHint.Value))
+        long safe = table.OldestAnnounced(current) - 1;
+        if (safe < Volatile.Read(ref pendingHint.Value))
             return true;
         HandOffs mine = t_handOffs ??= new HandOffs();
         if (mine.Last is { } last)
@@ -89,14 +96,26 @@ public sealed partial class LightEpoch
                 return true;
         }
         // Acquire: pairs with the decrement at a hand-off's end.
-        if (Volatile.Read(ref mine.Live) >= MaxLiveHandOffs && !UnboundedHandOffsForTesting)
+        if (Volatile.Read(ref mine.Live) < MaxLiveHandOffs || UnboundedHandOffsForTesting)
+            return StartHandOff(mine, awaited, awaitedOnly: false);
+        if (mine.AwaitedOnly is { } running && Volatile.Read(ref running.State) != HandOff.Done)
+            return true; // it runs the step as soon as it can
+        if (HandOffCapRunsInlineForTesting)
             return false;
+        if (!drainList.HasEligible(safe, awaited))
+            return true; // not safe yet: the waiter's loop looks again
+        return StartHandOff(mine, awaited, awaitedOnly: true);
+    }
+
+    /// <summary>Starts a hand-off thread (see <see cref="HandOffDeepDrain"/>); false if none could be started.</summary>
+    private bool StartHandOff(HandOffs mine, Action awaited, bool awaitedOnly)
+    {
         var handOff = new HandOff();
         bool counted = false;
         try
         {
             IWaiterContext? carrier = HandOffWithoutWaiterContextForTesting ? null : WaiterContext;
-            object? context = carrier?.Capture();
+            object? context = carrier?.Capture(awaited);
             var drainer = new Thread(
                 () =>
             {
@@ -105,10 +124,12 @@ public sealed partial class LightEpoch
                 try
                 {
                     carrier?.Restore(context);
-                    // What the waiter waits for first, then everything else that is safe.
+                    // What the waiter waits for first, then everything else that is safe (unless it only stands in for the
+                    // waiter's own step, past the bound on threads that drain everything).
                     if (!UnboundedHandOffsForTesting)
                         Drain(waiting: true, awaited, onlyAwaited: true);
-                    Drain(waiting: true);
+                    if (!awaitedOnly)
+                        Drain(waiting: true);
                 }
                 catch (Exception)
                 {
@@ -118,7 +139,8 @@ public sealed partial class LightEpoch
                 finally
                 {
                     Volatile.Write(ref handOff.State, HandOff.Done);
-                    Interlocked.Decrement(ref mine.Live);
+                    if (!awaitedOnly)
+                        Interlocked.Decrement(ref mine.Live);
                 }
             },
                 HandOffStackSizeForTesting != 0 ? HandOffStackSizeForTesting : HandOffStackSize)
@@ -126,8 +148,11 @@ public sealed partial class LightEpoch
                 IsBackground = true,
                 Name = "Epvs deep-wait drain",
             };
-            Interlocked.Increment(ref mine.Live);
-            counted = true;
+            if (!awaitedOnly)
+            {
+                Interlocked.Increment(ref mine.Live);
+                counted = true;
+            }
             // The waiter's ExecutionContext (its AsyncLocal values) does not flow, on every target alike (SuppressFlow
             // throws where the waiter has suppressed it already).
             if (ExecutionContext.IsFlowSuppressed())
@@ -137,7 +162,10 @@ public sealed partial class LightEpoch
                 using (ExecutionContext.SuppressFlow())
                     drainer.Start();
             }
-            mine.Last = handOff;
+            if (awaitedOnly)
+                mine.AwaitedOnly = handOff;
+            else
+                mine.Last = handOff;
             return true;
         }
         catch (Exception)

@@ -125,9 +125,20 @@ public sealed unsafe partial class LightEpoch
     /// list order (as first written): behind slow actions, a wait started another 64 MB-stack thread every 10 ms.</summary>
     internal static bool UnboundedHandOffsForTesting;
 
+    /// <summary>Test-only: past the bound on hand-off threads the waiter runs its step itself, one level deeper (as first
+    /// written), so a chain of such steps nests on its stack again.</summary>
+    internal static bool HandOffCapRunsInlineForTesting;
+
     /// <summary>Test-only: Dispose reserves nothing for its final run (as before), so a drain that began before the close
     /// goes on claiming actions pending at the close, and Dispose may return while one of them still runs.</summary>
     internal static bool FinalRunReservesNothingForTesting;
+
+    /// <summary>Test-only: runs on the disposing thread once the epoch is Closed, while every other claim waits at the gate
+    /// and before the actions pending at the close are reserved for the final run.</summary>
+    internal System.Action? ReservingHookForTesting { get; set; }
+
+    /// <summary>Test-only: the claims waiting at the gate of Dispose's reservation (see <see cref="ClaimGate"/>).</summary>
+    internal int ClaimsWaitingForTesting => claimGate.WaitingForTesting;
 
 
     /// <summary>Test-only: an Enter that must wait past the per-thread bound waits (the first version), running the step,

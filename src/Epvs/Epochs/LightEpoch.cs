@@ -1209,18 +1209,27 @@ public sealed unsafe partial class LightEpoch : IDisposable
         // Final. Full fence: pairs with Defer's read of lifecycle after its registration (either we run it below, or it
         // sees Closed and runs the list itself). Also publishes closingThread to a Dispose that sees Closed.
         Volatile.Write(ref closingThread, Environment.CurrentManagedThreadId);
+        // What is pending at the close is the final run's, so it has run when Dispose returns: every other claim waits from
+        // before the close until it is reserved (a drain that began before the close may still be inside an action it
+        // claimed before). Registrations from the close on are claimed as usual (another thread's runs there, even while
+        // an action of the final run waits for it).
+        bool reserve = !FinalRunReservesNothingForTesting;
+        if (reserve)
+            claimGate.Close(); // never throws; no claim can fall between the close below and the reservation
         Interlocked.Exchange(ref lifecycle, Closed);
         try
         {
-            // What is pending now is the final run's, so it has run when Dispose returns: reserved while every other claim
-            // waits (a drain that began before the close may still be inside an action it claimed before). Registrations
-            // from here on are claimed as usual (another thread's runs there, even while an action of the final run waits
-            // for it).
-            if (!FinalRunReservesNothingForTesting)
+            if (reserve)
             {
-                claimGate.Close();
-                drainList.ReserveAll(); // no user code
-                claimGate.Open();
+                try
+                {
+                    ReservingHookForTesting?.Invoke();
+                    drainList.ReserveAll(); // no user code
+                }
+                finally
+                {
+                    claimGate.Open(); // whatever happens: a gate left closed would hold every later claim for ever
+                }
             }
             ClosedHookForTesting?.Invoke();
             RunClosed(final: true); // never throws

@@ -186,6 +186,20 @@ public sealed partial class EpochProtectedVersionScheme
                 "returns, so waiting for it here would never end. Start the new machine with TryExecuteStateMachine instead.");
         }
 
+        int handedOff = HandedOffMark;
+        try
+        {
+            return ExecuteStateMachineWaiting(stateMachine, spin);
+        }
+        finally
+        {
+            EndWait(handedOff);
+        }
+    }
+
+    /// <summary>The waits of <see cref="ExecuteStateMachine"/>, once its checks passed.</summary>
+    private bool ExecuteStateMachineWaiting(VersionSchemeStateMachine stateMachine, bool spin)
+    {
         var spinner = new SpinWait();
         StateMachineExecutionStatus status;
         while ((status = TryExecuteStateMachine(stateMachine)) == StateMachineExecutionStatus.Retry)

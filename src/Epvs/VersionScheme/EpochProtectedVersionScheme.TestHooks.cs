@@ -29,8 +29,9 @@ public sealed partial class EpochProtectedVersionScheme
     internal static bool UnboundedFaultedNestingForTesting;
 
     /// <summary>
-    /// Test-only: the callbacks a deep wait hands to another thread stay in force there after the waiter has left them
-    /// (as first written), so that thread refuses a blocking start on a scheme that no thread is inside any more.
+    /// Test-only: the callbacks a deep wait hands to another thread stay in force there after the wait has ended (as
+    /// first written), so that thread refuses a blocking start on a scheme that no thread is inside any more, and an Enter
+    /// that would only wait for the waiter.
     /// </summary>
     internal static bool HandedOffCallbacksNeverExpireForTesting;
 

@@ -288,6 +288,19 @@ public sealed partial class EpochProtectedVersionScheme : IDisposable
     /// </summary>
     private VersionSchemeState WaitForStableState(bool addedLevel, CancellationToken cancellationToken = default)
     {
+        int handedOff = HandedOffMark;
+        try
+        {
+            return WaitForStableStateCore(addedLevel, cancellationToken);
+        }
+        finally
+        {
+            EndWait(handedOff);
+        }
+    }
+
+    private VersionSchemeState WaitForStableStateCore(bool addedLevel, CancellationToken cancellationToken)
+    {
         var spinner = new SpinWait();
         while (true)
         {
@@ -420,8 +433,16 @@ public sealed partial class EpochProtectedVersionScheme : IDisposable
     /// </summary>
     private void WaitWhileUnchanged(long s, ref SpinWait spinner, CancellationToken cancellationToken = default)
     {
-        while (StillUnchanged(s) && !Cancelled(cancellationToken))
-            spinner.SpinOnce(); // sleeps at times: Thread.Interrupt can make it throw
+        int handedOff = HandedOffMark;
+        try
+        {
+            while (StillUnchanged(s) && !Cancelled(cancellationToken))
+                spinner.SpinOnce(); // sleeps at times: Thread.Interrupt can make it throw
+        }
+        finally
+        {
+            EndWait(handedOff);
+        }
     }
 
     /// <summary>An Enter about to wait (again) for a transition on a thread 512 drains deep: gives back the level it added
@@ -455,8 +476,16 @@ public sealed partial class EpochProtectedVersionScheme : IDisposable
     /// interrupt is absorbed (see <see cref="UninterruptibleSpinWait.End"/>).</summary>
     private void WaitWhileUnchanged(long s, ref UninterruptibleSpinWait patient)
     {
-        while (StillUnchanged(s))
-            patient.SpinOnce();
+        int handedOff = HandedOffMark;
+        try
+        {
+            while (StillUnchanged(s))
+                patient.SpinOnce();
+        }
+        finally
+        {
+            EndWait(handedOff);
+        }
     }
 
     /// <summary>One turn of a stepped-aside wait: whether the state is still <paramref name="s"/> (and the scheme not
@@ -614,8 +643,28 @@ public sealed partial class EpochProtectedVersionScheme : IDisposable
     /// (see <see cref="CallbackContext"/>).</summary>
     [ThreadStatic] private static WaiterCallbacks? t_waiterCallbacks;
 
-    /// <summary>On a waiting thread: the callbacks it handed to deep-wait threads, which it expires as it leaves them.</summary>
+    /// <summary>On a waiting thread: the callbacks its waits handed to deep-wait threads, innermost wait last; each wait
+    /// expires its own as it ends (<see cref="EndWait"/>).</summary>
     [ThreadStatic] private static List<WaiterCallbacks>? t_handedOff;
+
+    /// <summary>Taken as a wait begins, for <see cref="EndWait"/>.</summary>
+    private static int HandedOffMark => t_handedOff?.Count ?? 0;
+
+    /// <summary>
+    /// A wait that began at <paramref name="mark"/> ended (returned or threw): the threads it handed its step to no longer
+    /// act for it, so they stop refusing what its callbacks held back (an Enter there may wait for this thread now, which
+    /// no longer waits for them). They refused it for as long as they drained, and every deep wait inside one callback
+    /// added a copy of its frames to this list.
+    /// </summary>
+    private static void EndWait(int mark)
+    {
+        if (t_handedOff is { } handedOff && handedOff.Count > mark && !HandedOffCallbacksNeverExpireForTesting)
+        {
+            for (int i = mark; i < handedOff.Count; i++)
+                handedOff[i].Expire();
+            handedOff.RemoveRange(mark, handedOff.Count - mark);
+        }
+    }
 
     /// <summary>The depth to go back to with <see cref="LeaveCallbacks"/> (idempotent, so a catch and its finally may both
     /// call it) after a callback marked by <see cref="EnterCallback"/>. Allocates nothing: taken before the try.</summary>
@@ -636,9 +685,10 @@ public sealed partial class EpochProtectedVersionScheme : IDisposable
         List<CallbackFrame>? callbacks = t_callbacks;
         if (callbacks is not null && callbacks.Count > depth)
             callbacks.RemoveRange(depth, callbacks.Count - depth);
-        if (t_handedOff is { Count: > 0 } handedOff && !HandedOffCallbacksNeverExpireForTesting)
-            WaiterCallbacks.Leave(handedOff, depth);
     }
+
+    /// <summary>Whether the state is intermediate (a step in flight).</summary>
+    private bool InTransition => (Volatile.Read(ref state) & VersionSchemeState.IntermediateMask) != 0;
 
     /// <summary>Whether this thread is inside a callback of this scheme's running machine (or, on a deep wait's hand-off
     /// thread, its waiter is).</summary>
@@ -688,12 +738,13 @@ public sealed partial class EpochProtectedVersionScheme : IDisposable
     {
         internal static readonly CallbackContext Instance = new();
 
-        public object? Capture()
+        public object? Capture(Action awaited)
         {
             WaiterCallbacks? parent = t_waiterCallbacks; // a hand-off thread that waits deep again hands on its waiter's too
             if (CallbackDepth == 0 && parent is null)
                 return null;
-            var captured = new WaiterCallbacks(t_callbacks?.ToArray() ?? Array.Empty<CallbackFrame>(), parent);
+            // The waiter waits for a scheme's step (its CompleteStep): in force while that scheme is in transition.
+            var captured = new WaiterCallbacks(t_callbacks?.ToArray() ?? Array.Empty<CallbackFrame>(), parent, awaited.Target as EpochProtectedVersionScheme);
             (t_handedOff ??= new List<WaiterCallbacks>()).Add(captured);
             return captured;
         }
@@ -701,36 +752,31 @@ public sealed partial class EpochProtectedVersionScheme : IDisposable
         public void Restore(object? context) => t_waiterCallbacks = context as WaiterCallbacks;
     }
 
-    /// <summary>A waiter's callbacks as it handed them off; the waiter shortens <see cref="live"/> as it leaves them.</summary>
+    /// <summary>A waiter's callbacks as it handed them off, in force while the scheme whose step it waits for is in
+    /// transition, and until the wait that handed them off ends.</summary>
     private sealed class WaiterCallbacks
     {
         private readonly CallbackFrame[] frames;
         private readonly WaiterCallbacks? parent;
-        private int live;
+        private readonly EpochProtectedVersionScheme? stepping;
+        private int expired;
 
-        internal WaiterCallbacks(CallbackFrame[] frames, WaiterCallbacks? parent)
+        internal WaiterCallbacks(CallbackFrame[] frames, WaiterCallbacks? parent, EpochProtectedVersionScheme? stepping)
         {
             this.frames = frames;
             this.parent = parent;
-            live = frames.Length;
+            this.stepping = stepping;
         }
 
-        /// <summary>Whether the waiter (or the waiter it took over from) is still inside a callback of <paramref name="scheme"/>.
-        /// Acquire: a frame the waiter has left (released in <see cref="Leave"/>) is not counted.</summary>
+        /// <summary>Whether the waiter (or the waiter it took over from) still waits inside a callback of
+        /// <paramref name="scheme"/>: its wait has not ended (acquire: pairs with the release in <see cref="Expire"/>) and
+        /// the step it waits for has not completed (its scheme is still intermediate: once the step publishes its state, the
+        /// waiter's wait ends as soon as it looks, and what runs after it on the hand-off thread no longer acts for it).</summary>
         internal bool Holds(EpochProtectedVersionScheme scheme, bool criticalSectionOnly) =>
-            CallbackFrame.Find(frames, scheme, criticalSectionOnly, Volatile.Read(ref live)) || (parent is not null && parent.Holds(scheme, criticalSectionOnly));
+            (HandedOffCallbacksNeverExpireForTesting || (Volatile.Read(ref expired) == 0 && (stepping is null || stepping.InTransition))) &&
+            (CallbackFrame.Find(frames, scheme, criticalSectionOnly, frames.Length) || (parent is not null && parent.Holds(scheme, criticalSectionOnly)));
 
-        /// <summary>On the waiter: it went back to <paramref name="depth"/> callbacks; the frames above are left.</summary>
-        internal static void Leave(List<WaiterCallbacks> handedOff, int depth)
-        {
-            for (int i = handedOff.Count - 1; i >= 0; i--)
-            {
-                WaiterCallbacks w = handedOff[i];
-                if (depth < w.live)
-                    Volatile.Write(ref w.live, depth); // release: after the callback's own work
-                if (depth == 0)
-                    handedOff.RemoveAt(i);
-            }
-        }
+        /// <summary>On the waiter: its wait ended (release: after what the wait did).</summary>
+        internal void Expire() => Volatile.Write(ref expired, 1);
     }
 }

@@ -162,9 +162,11 @@ public class ConcurrentDisposeTests
     /// <summary>
     /// A drain that began before the epoch closed (a leaving thread's, inside an action) went on claiming actions after
     /// the close, in parallel with Dispose's final run, and Dispose returned while one of them, pending at the close, still
-    /// ran (found by an adversarial round, session 17): what is pending at the close is reserved for the final run. The
-    /// hook holds the Dispose between the close and its final run until the second action starts (or 2 s pass, as they
-    /// must once it is reserved); the control reserves nothing.
+    /// ran (found by an adversarial round, session 17): what is pending at the close is reserved for the final run, every
+    /// other claim waiting from before the close until it is. The hook holds the Dispose at that point until the leaver's
+    /// drain waits at the gate; the second action must then run on the disposing thread, before Dispose returns. The
+    /// control reserves nothing: the leaver claims the second action after the close (the other hook waits for that), and
+    /// it finishes only once Dispose has returned (it waits for the test to say so).
     /// </summary>
     [Theory]
     [InlineData(false)]
@@ -174,7 +176,9 @@ public class ConcurrentDisposeTests
         var epoch = new LightEpoch();
         using var firstRunning = new ManualResetEventSlim();
         using var secondStarted = new ManualResetEventSlim();
-        int secondFinished = 0, finishedAtReturn = -1;
+        using var disposeReturned = new ManualResetEventSlim();
+        int secondFinished = 0, finishedAtReturn = -1, secondThread = 0, disposer = Environment.CurrentManagedThreadId;
+        bool leaverWaitedAtTheGate = false;
         var holder = new ParkedThread(epoch.Resume, epoch.Suspend);
         epoch.BumpCurrentEpoch(() =>
         {
@@ -183,11 +187,18 @@ public class ConcurrentDisposeTests
         });
         epoch.BumpCurrentEpoch(() =>
         {
+            secondThread = Environment.CurrentManagedThreadId;
             secondStarted.Set();
-            Thread.Sleep(300);
+            if (secondThread != disposer)
+                disposeReturned.Wait(GuardedThread.DefaultTimeout); // on another thread: finishes once Dispose has returned
             Volatile.Write(ref secondFinished, 1);
         });
-        epoch.ClosedHookForTesting = () => secondStarted.Wait(TimeSpan.FromSeconds(control ? 30 : 2));
+        epoch.ReservingHookForTesting = () => leaverWaitedAtTheGate = SpinWait.SpinUntil(() => epoch.ClaimsWaitingForTesting > 0, GuardedThread.DefaultTimeout);
+        epoch.ClosedHookForTesting = () =>
+        {
+            if (control)
+                Assert.True(secondStarted.Wait(GuardedThread.DefaultTimeout), "the control's leaver never claimed the second action");
+        };
         LightEpoch.FinalRunReservesNothingForTesting = control;
         try
         {
@@ -196,6 +207,7 @@ public class ConcurrentDisposeTests
             Assert.True(firstRunning.Wait(GuardedThread.DefaultTimeout));
             epoch.Dispose();
             finishedAtReturn = Volatile.Read(ref secondFinished);
+            disposeReturned.Set();
             leaver.Join();
         }
         finally
@@ -205,9 +217,12 @@ public class ConcurrentDisposeTests
         Assert.True(secondStarted.IsSet, "the second action never ran");
         if (control)
         {
-            Assert.True(finishedAtReturn == 0, "the control's Dispose returned after the action claimed after the close (the check would not catch it)");
+            Assert.NotEqual(disposer, secondThread);
+            Assert.True(finishedAtReturn == 0, "the control's Dispose returned after the action the leaver claimed after the close (the check would not catch it)");
             return;
         }
+        Assert.True(leaverWaitedAtTheGate, "the leaver's drain never waited at the gate (the scenario did not happen)");
+        Assert.Equal(disposer, secondThread);
         Assert.True(finishedAtReturn == 1, "Dispose returned while an action pending at the close still ran");
     }
 
@@ -227,6 +242,7 @@ public class ConcurrentDisposeTests
         Assert.Equal(StateMachineExecutionStatus.Ok, scheme.TryExecuteStateMachine(machine));
         using var firstRunning = new ManualResetEventSlim();
         bool completedInAction = false;
+        int waiterThread = 0, disposer = Environment.CurrentManagedThreadId;
         var holder = new ParkedThread(epoch.Resume, epoch.Suspend);
         epoch.BumpCurrentEpoch(() =>
         {
@@ -235,7 +251,7 @@ public class ConcurrentDisposeTests
         });
         epoch.BumpCurrentEpoch(() =>
         {
-            // In the final run (the leaver's drain is inside the first action).
+            waiterThread = Environment.CurrentManagedThreadId;
             var signaller = GuardedThread.Start(() =>
             {
                 machine.ReleaseStep();
@@ -249,6 +265,7 @@ public class ConcurrentDisposeTests
         Assert.True(firstRunning.Wait(GuardedThread.DefaultTimeout));
         epoch.Dispose();
         leaver.Join();
+        Assert.Equal(disposer, waiterThread); // in the final run (reserved: the leaver's drain may not claim it)
         Assert.True(completedInAction, "the final run's action waited for ever for a step signalled on another thread");
     }
 
@@ -292,41 +309,63 @@ public class ConcurrentDisposeTests
     }
 
     /// <summary>
-    /// A Dispose with an interrupt pending while a claim is inside the gate: its wait for the claim absorbs the interrupt
+    /// A Dispose with an interrupt pending that finds a claim inside the gate: its wait for the claim absorbs the interrupt
     /// (which stays pending for the thread's next wait) and the final run runs. A first version of the gate waited
     /// interruptibly, so Dispose threw between the close and the final run and the pending action never ran (review,
-    /// session 17). The claim in the gate stands for a drain preempted inside it; it leaves from another thread.
+    /// session 17). The claim stands for a drain preempted inside the gate; it leaves only once the closer waits for it.
+    /// The control waits interruptibly.
     /// </summary>
-    [Fact]
-    public void ADisposeInterruptedWhileAClaimIsInsideTheGate_StillRunsThePendingActions()
+    [Theory]
+    [InlineData(false)]
+    [InlineData(true)]
+    public void ADisposeInterruptedWhileAClaimIsInsideTheGate_StillRunsThePendingActions(bool control)
     {
         var epoch = new LightEpoch();
         int ran = 0;
         epoch.BumpCurrentEpoch(() => Volatile.Write(ref ran, 1));
         var gate = (ClaimGate)typeof(LightEpoch).GetField("claimGate", System.Reflection.BindingFlags.NonPublic | System.Reflection.BindingFlags.Instance)!.GetValue(epoch)!;
-        GuardedThread? leaving = null;
+        using var closerWaits = new ManualResetEventSlim();
+        GuardedThread? claimer = null;
+        gate.CloseWaitsHookForTesting = closerWaits.Set;
         epoch.ClosingHookForTesting = () =>
         {
             epoch.ClosingHookForTesting = null;
-            int stripe = gate.Enter();
-            leaving = GuardedThread.Start(() =>
+            using var inside = new ManualResetEventSlim();
+            claimer = GuardedThread.Start(() =>
             {
-                Thread.Sleep(100); // the closer is waiting for the claim meanwhile (or not yet: either way it must not throw)
+                int stripe = gate.Enter();
+                inside.Set();
+                Assert.True(closerWaits.Wait(GuardedThread.DefaultTimeout)); // the closer is waiting for this claim
                 gate.Exit(stripe);
             });
+            Assert.True(inside.Wait(GuardedThread.DefaultTimeout));
             Thread.CurrentThread.Interrupt();
         };
-        Exception? thrown = Record.Exception(epoch.Dispose);
+        Exception? thrown;
         bool stillPending = false;
+        ClaimGate.InterruptibleCloseForTesting = control;
         try
         {
-            Thread.Sleep(0);
+            thrown = Record.Exception(epoch.Dispose);
+            try
+            {
+                Thread.Sleep(0);
+            }
+            catch (ThreadInterruptedException)
+            {
+                stillPending = true;
+            }
         }
-        catch (ThreadInterruptedException)
+        finally
         {
-            stillPending = true;
+            ClaimGate.InterruptibleCloseForTesting = false;
         }
-        leaving!.Join();
+        claimer!.Join();
+        if (control)
+        {
+            Assert.IsType<ThreadInterruptedException>(thrown); // the check would catch it
+            return;
+        }
         Assert.Null(thrown);
         Assert.Equal(1, Volatile.Read(ref ran));
         Assert.True(stillPending, "the interrupt the wait absorbed was lost");
@@ -342,19 +381,25 @@ public class ConcurrentDisposeTests
         var epoch = new LightEpoch();
         using var firstRunning = new ManualResetEventSlim();
         EpochTableSnapshot? seen = null;
+        int snapshotThread = 0, disposer = Environment.CurrentManagedThreadId;
         var holder = new ParkedThread(epoch.Resume, epoch.Suspend);
         epoch.BumpCurrentEpoch(() =>
         {
             firstRunning.Set();
             SpinWait.SpinUntil(() => epoch.IsClosed, GuardedThread.DefaultTimeout);
         });
-        epoch.BumpCurrentEpoch(() => seen = epoch.GetSnapshot());
+        epoch.BumpCurrentEpoch(() =>
+        {
+            snapshotThread = Environment.CurrentManagedThreadId;
+            seen = epoch.GetSnapshot();
+        });
         epoch.BumpCurrentEpoch(() => { });
         var leaver = new GuardedThread(holder.Release, "leaver");
         leaver.Start();
         Assert.True(firstRunning.Wait(GuardedThread.DefaultTimeout));
         epoch.Dispose();
         leaver.Join();
+        Assert.Equal(disposer, snapshotThread); // in the final run
         Assert.NotNull(seen);
         Assert.Single(seen!.PendingActionEpochs);
         Assert.Contains("pending actions: 1", seen.ToString(), StringComparison.Ordinal);

@@ -702,36 +702,72 @@ public class DeepDrainTests
     }
 
     /// <summary>
+    /// A deep wait's hand-off thread runs the waiter's step before the backlog of other actions safe to run: behind
+    /// twelve slow actions it ran them in list order first, so the waiter (and its region) waited for all of them (found
+    /// by an adversarial round, session 17). The control drains in list order.
+    /// </summary>
+    [Theory]
+    [InlineData(false)]
+    [InlineData(true)]
+    public void ADeepWaitsHandOff_RunsTheWaitersStepBeforeTheBacklog(bool control)
+    {
+        const int Slow = 12;
+        var scheme = new EpochProtectedVersionScheme();
+        int ran = 0, ranBeforeTheStep = -1;
+        LightEpoch.UnboundedHandOffsForTesting = control;
+        try
+        {
+            Assert.True(RunDeepInsideDrains(DeepEnough, () =>
+            {
+                scheme.Enter();
+                for (int k = 0; k < Slow; k++)
+                {
+                    scheme.Epoch.BumpCurrentEpoch(() =>
+                    {
+                        Thread.Sleep(100); // an action that takes a while (I/O, a lock)
+                        Interlocked.Increment(ref ran);
+                    }); // held back by this region only
+                }
+                Assert.Equal(StateMachineExecutionStatus.Ok, scheme.TryAdvanceVersionWithCriticalSection((_, _) => ranBeforeTheStep = Volatile.Read(ref ran)));
+                scheme.Refresh(); // steps aside: 512 deep, its wait hands the drain to new threads
+                scheme.Leave();
+            }), "never got 512 drains deep");
+        }
+        finally
+        {
+            LightEpoch.UnboundedHandOffsForTesting = false;
+        }
+        scheme.Dispose(); // runs what is still pending (a hand-off thread may still be inside one it claimed before)
+        Assert.True(SpinWait.SpinUntil(() => Volatile.Read(ref ran) == Slow, GuardedThread.DefaultTimeout), "a slow action never ran");
+        if (control)
+        {
+            Assert.SkipWhen(ranBeforeTheStep == 0, "inconclusive: the control's step ran before any slow action ended");
+            return;
+        }
+        Assert.Equal(0, ranBeforeTheStep);
+    }
+
+    /// <summary>
     /// The thread a deep wait hands its step to refuses what would be refused inline (a blocking start on a scheme whose
-    /// callback the waiter is inside) only while the waiter is inside it: it kept refusing after the waiter had left the
-    /// callback, so a blocking start on a scheme at rest, which no thread was inside, threw InvalidOperationException
-    /// there (found by an adversarial round, session 17). The control keeps the waiter's callbacks in force.
+    /// callback the waiter is inside) only while the wait lasts: it kept refusing after the waiter had left the callback,
+    /// so a blocking start on a scheme at rest, which no thread was inside, threw InvalidOperationException there (found by
+    /// an adversarial round, session 17). The control keeps the waiter's callbacks in force.
     /// </summary>
     [Theory]
     [InlineData(false)]
     [InlineData(true)]
     public void AHandOffThread_StopsRefusingABlockingStartOnceTheWaiterHasLeftTheCallback(bool control)
     {
-        const int Links = 2000;
-        var schemes = new EpochProtectedVersionScheme[Links + 2];
-        for (int i = 0; i < schemes.Length; i++)
-            schemes[i] = new EpochProtectedVersionScheme();
         var y = new EpochProtectedVersionScheme();
         Exception? startFailure = null;
-        int triggered = 0, startRanOn = 0, waiter = 0, xAtRest = 0;
+        int startRanOn = 0, xAtRest = 0;
         using var startDone = new ManualResetEventSlim();
-        EpochProtectedVersionScheme? x = null;
-
-        Action<long, long> Link(int k) => (_, _) =>
+        int waiter;
+        EpochProtectedVersionScheme.HandedOffCallbacksNeverExpireForTesting = control;
+        try
         {
-            if (Volatile.Read(ref triggered) != 0 || k >= Links)
-                return;
-            if (LightEpoch.ThreadDrainDepthForTesting >= DeepEnough)
+            RunInsideDeepCriticalSection(x =>
             {
-                // Inside the critical section of schemes[k] (X), this deep.
-                triggered = 1;
-                waiter = Environment.CurrentManagedThreadId;
-                x = schemes[k];
                 y.Enter();
                 Assert.Equal(StateMachineExecutionStatus.Ok, y.TryAdvanceVersionWithCriticalSection((_, _) => { }));
                 y.Epoch.BumpCurrentEpoch(() =>
@@ -747,6 +783,159 @@ public class DeepDrainTests
                 });
                 y.Refresh(); // hands the drain to a new thread, X's critical section among the waiter's callbacks
                 y.Leave();
+            }, out waiter, disposeSchemesAfter: () => Assert.True(startDone.Wait(GuardedThread.DefaultTimeout), "the start never ran"));
+        }
+        finally
+        {
+            EpochProtectedVersionScheme.HandedOffCallbacksNeverExpireForTesting = false;
+        }
+        y.Dispose();
+        Assert.NotEqual(waiter, startRanOn); // ran on the hand-off thread
+        Assert.True(xAtRest == 1, "X was still in its transition when the start ran (the scenario did not happen)");
+        if (control)
+        {
+            Assert.IsType<InvalidOperationException>(startFailure);
+            return;
+        }
+        Assert.Null(startFailure);
+    }
+
+    /// <summary>
+    /// Once the wait that handed off has ended, an action on the hand-off thread that Enters the scheme whose critical
+    /// section the waiter is still finishing waits for it (the waiter no longer waits for that thread): it was refused
+    /// with InvalidOperationException, as if it were inside that critical section itself (found by an adversarial round,
+    /// session 17). The waiter stays in the critical section until the Enter waits (a hook on the wait), then leaves. The
+    /// control keeps the waiter's callbacks in force after its wait.
+    /// </summary>
+    [Theory]
+    [InlineData(false)]
+    [InlineData(true)]
+    public void AHandOffThread_AfterTheWaitEnded_LetsAnEnterWaitForTheWaitersCriticalSection(bool control)
+    {
+        var y = new EpochProtectedVersionScheme();
+        Exception? enterFailure = null;
+        int ranOn = 0, entered = 0;
+        bool enterWaited = false;
+        using var waiting = new ManualResetEventSlim();
+        using var done = new ManualResetEventSlim();
+        int waiter;
+        EpochProtectedVersionScheme.HandedOffCallbacksNeverExpireForTesting = control;
+        try
+        {
+            RunInsideDeepCriticalSection(x =>
+            {
+                x.SteppedAsideWaitHookForTesting = waiting.Set; // the Enter below waits for X's transition
+                y.Enter();
+                Assert.Equal(StateMachineExecutionStatus.Ok, y.TryAdvanceVersionWithCriticalSection((_, _) => { }));
+                y.Epoch.BumpCurrentEpoch(() =>
+                {
+                    // Unrelated to the waiter's wait, which ends once Y's step ran (this runs after it, on the same thread).
+                    ranOn = Environment.CurrentManagedThreadId;
+                    enterFailure = Record.Exception(() =>
+                    {
+                        x.Enter();
+                        entered = 1;
+                        x.Leave();
+                    });
+                    done.Set();
+                });
+                y.Refresh(); // 512 deep: hands Y's step to a new thread
+                y.Leave();
+                // Still inside X's critical section: until the Enter waits for it (or is refused: the control).
+                enterWaited = waiting.Wait(control ? TimeSpan.FromSeconds(2) : GuardedThread.DefaultTimeout);
+                x.SteppedAsideWaitHookForTesting = null;
+            }, out waiter);
+        }
+        finally
+        {
+            EpochProtectedVersionScheme.HandedOffCallbacksNeverExpireForTesting = false;
+        }
+        Assert.True(done.Wait(GuardedThread.DefaultTimeout), "the unrelated action never finished");
+        y.Dispose();
+        Assert.NotEqual(waiter, ranOn); // ran on the hand-off thread
+        if (control)
+        {
+            Assert.IsType<InvalidOperationException>(enterFailure);
+            return;
+        }
+        Assert.True(enterWaited, "the Enter never waited for X's transition (the scenario did not happen)");
+        Assert.Null(enterFailure);
+        Assert.Equal(1, entered);
+    }
+
+    /// <summary>
+    /// Every deep wait inside one callback handed off a copy of the waiter's callbacks and kept it in a list until the
+    /// thread left every callback: a hundred such waits kept a hundred copies, each walked at every callback's end (found
+    /// by an adversarial round, session 17). Each wait now drops its own as it ends. The control keeps them.
+    /// </summary>
+    [Theory]
+    [InlineData(false)]
+    [InlineData(true)]
+    public void DeepWaitsInsideOneCallback_KeepNoHandedOffCallbacksOnceEachEnds(bool control)
+    {
+        const int Waits = 20;
+        int left = -1, handOffs = 0;
+        var field = typeof(EpochProtectedVersionScheme).GetField("t_handedOff", System.Reflection.BindingFlags.NonPublic | System.Reflection.BindingFlags.Static)!;
+        var ys = new EpochProtectedVersionScheme[Waits];
+        for (int i = 0; i < Waits; i++)
+            ys[i] = new EpochProtectedVersionScheme();
+        EpochProtectedVersionScheme.HandedOffCallbacksNeverExpireForTesting = control;
+        try
+        {
+            RunInsideDeepCriticalSection(_ =>
+            {
+                int me = Environment.CurrentManagedThreadId;
+                foreach (EpochProtectedVersionScheme y in ys)
+                {
+                    int ranOn = 0;
+                    y.Enter();
+                    Assert.Equal(StateMachineExecutionStatus.Ok, y.TryAdvanceVersionWithCriticalSection((_, _) => ranOn = Environment.CurrentManagedThreadId));
+                    y.Refresh(); // 512 deep: handed off
+                    y.Leave();
+                    if (ranOn != me)
+                        handOffs++;
+                }
+                left = (field.GetValue(null) as System.Collections.ICollection)?.Count ?? 0;
+            }, out _);
+        }
+        finally
+        {
+            EpochProtectedVersionScheme.HandedOffCallbacksNeverExpireForTesting = false;
+        }
+        foreach (EpochProtectedVersionScheme y in ys)
+            y.Dispose();
+        Assert.Equal(Waits, handOffs);
+        if (control)
+        {
+            Assert.True(left >= Waits, $"the control kept only {left} (the check would not catch it)");
+            return;
+        }
+        Assert.Equal(0, left);
+    }
+
+    /// <summary>
+    /// Runs <paramref name="body"/> on one thread inside the critical section of a scheme X (passed to it) once that thread
+    /// is 512 drains deep: a chain of critical sections, each starting the next scheme's transition and refreshing inside
+    /// its region; <paramref name="disposeSchemesAfter"/> runs before the chain's schemes are disposed.
+    /// </summary>
+    private static void RunInsideDeepCriticalSection(Action<EpochProtectedVersionScheme> body, out int waiterThread, Action? disposeSchemesAfter = null)
+    {
+        const int Links = 2000;
+        var schemes = new EpochProtectedVersionScheme[Links + 2];
+        for (int i = 0; i < schemes.Length; i++)
+            schemes[i] = new EpochProtectedVersionScheme();
+        int triggered = 0, waiter = 0;
+        Exception? bodyFailure = null;
+
+        Action<long, long> Link(int k) => (_, _) =>
+        {
+            if (Volatile.Read(ref triggered) != 0 || k >= Links)
+                return;
+            if (LightEpoch.ThreadDrainDepthForTesting >= DeepEnough)
+            {
+                triggered = 1;
+                waiter = Environment.CurrentManagedThreadId;
+                bodyFailure = Record.Exception(() => body(schemes[k]));
                 return;
             }
             EpochProtectedVersionScheme next = schemes[k + 1];
@@ -756,30 +945,104 @@ public class DeepDrainTests
             next.Leave();
         };
 
-        EpochProtectedVersionScheme.HandedOffCallbacksNeverExpireForTesting = control;
+        var worker = new GuardedThread(() => schemes[0].AdvanceVersionWithCriticalSection(Link(0), spin: true), "chain", 16 << 20);
+        worker.Start();
+        worker.Join();
+        waiterThread = waiter;
+        disposeSchemesAfter?.Invoke();
+        foreach (EpochProtectedVersionScheme scheme in schemes)
+            scheme.Dispose();
+        Assert.True(triggered == 1, "the chain never got 512 drains deep");
+        Assert.Null(bodyFailure);
+    }
+
+    /// <summary>
+    /// Past the bound on a waiter's hand-off threads (four stuck inside actions that wait), the waiter's step, once safe, is
+    /// run by a thread of its own: run on the waiter one level deeper, a chain of critical sections that each refresh
+    /// inside the next scheme's region went on nesting on the waiter's stack, link after link, as before the hand-off
+    /// existed (found by a review, session 17). The control runs the step on the waiter.
+    /// </summary>
+    [Theory]
+    [InlineData(false)]
+    [InlineData(true)]
+    public void PastTheBoundOnHandOffs_ADeepWaitsStepStillRunsOnAFreshStack(bool control)
+    {
+        const int Links = 2400;
+        var schemes = new EpochProtectedVersionScheme[Links + 2];
+        for (int i = 0; i < schemes.Length; i++)
+            schemes[i] = new EpochProtectedVersionScheme();
+        using var release = new ManualResetEventSlim();
+        int triggered = 0, blocked = 0, deepestOnTheWaiter = 0, stackLow = 0, ran = 0, waiter = 0;
+        ParkedThread? holder = null;
+        GuardedThread? releaser = null;
+
+        Action<long, long> Link(int k) => (_, _) =>
+        {
+            Interlocked.Increment(ref ran);
+            int depth = LightEpoch.ThreadDrainDepthForTesting;
+            if (Environment.CurrentManagedThreadId == Volatile.Read(ref waiter) && depth > deepestOnTheWaiter)
+                deepestOnTheWaiter = depth;
+            if (!RuntimeHelpers.TryEnsureSufficientExecutionStack())
+            {
+                Volatile.Write(ref stackLow, 1); // stop rather than kill the test host
+                return;
+            }
+            if (k >= Links || Volatile.Read(ref stackLow) != 0)
+                return;
+            EpochProtectedVersionScheme next = schemes[k + 1];
+            next.Enter();
+            if (triggered == 0 && depth >= DeepEnough)
+            {
+                // This thread is the waiter from here on: five actions that block until the test ends (four hand-offs get
+                // stuck in them), then a thread holding the step back until they are stuck.
+                triggered = 1;
+                Volatile.Write(ref waiter, Environment.CurrentManagedThreadId);
+                for (int j = 0; j < 5; j++)
+                {
+                    next.Epoch.BumpCurrentEpoch(() =>
+                    {
+                        Interlocked.Increment(ref blocked);
+                        release.Wait(GuardedThread.DefaultTimeout);
+                    });
+                }
+                holder = new ParkedThread(next.Epoch.Resume, next.Epoch.Suspend);
+                releaser = GuardedThread.Start(() =>
+                {
+                    SpinWait.SpinUntil(() => Volatile.Read(ref blocked) >= 4, GuardedThread.DefaultTimeout);
+                    holder.Release();
+                });
+            }
+            Assert.Equal(StateMachineExecutionStatus.Ok, next.TryAdvanceVersionWithCriticalSection(Link(k + 1)));
+            next.Refresh();
+            next.Leave();
+        };
+
+        LightEpoch.HandOffCapRunsInlineForTesting = control;
         try
         {
             var worker = new GuardedThread(() => schemes[0].AdvanceVersionWithCriticalSection(Link(0), spin: true), "chain", 16 << 20);
             worker.Start();
             worker.Join();
-            Assert.True(startDone.Wait(GuardedThread.DefaultTimeout), "the start never ran");
         }
         finally
         {
-            EpochProtectedVersionScheme.HandedOffCallbacksNeverExpireForTesting = false;
+            LightEpoch.HandOffCapRunsInlineForTesting = false;
+            release.Set();
         }
-        Assert.True(triggered == 1, "the chain never got 512 drains deep");
-        Assert.NotEqual(waiter, startRanOn); // ran on the hand-off thread
-        Assert.True(xAtRest == 1, "X was still in its transition when the start ran (the scenario did not happen)");
+        releaser?.Join();
+        holder?.Dispose();
         foreach (EpochProtectedVersionScheme scheme in schemes)
             scheme.Dispose();
-        y.Dispose();
+        Assert.True(triggered == 1, "the chain never got 512 drains deep");
+        Assert.True(Volatile.Read(ref blocked) >= 4, "the hand-offs never got stuck (the scenario did not happen)");
         if (control)
         {
-            Assert.IsType<InvalidOperationException>(startFailure);
+            Assert.True(stackLow != 0 || deepestOnTheWaiter > 2 * DeepEnough, $"the control nested only {deepestOnTheWaiter} drains deep on the waiter (the check would not catch it)");
             return;
         }
-        Assert.Null(startFailure);
+        Assert.True(stackLow == 0, "a stack ran low");
+        Assert.True(deepestOnTheWaiter <= 2 * DeepEnough, $"the chain nested {deepestOnTheWaiter} drains deep on the waiter");
+        Assert.Equal(Links + 1, ran);
     }
 
     /// <summary>Runs <paramref name="body"/> inside a chain of deferred actions, each making a blocking start on the next of
