@@ -44,6 +44,9 @@ public sealed partial class LightEpoch
         internal const int Done = 3;
         internal int State = Starting;
         internal long DrainingSince;
+
+        /// <summary>What the waiter that started it waits for.</summary>
+        internal Action? Awaited;
     }
 
     private sealed class HandOffs
@@ -98,8 +101,8 @@ public sealed partial class LightEpoch
         // Acquire: pairs with the decrement at a hand-off's end.
         if (Volatile.Read(ref mine.Live) < MaxLiveHandOffs || UnboundedHandOffsForTesting)
             return StartHandOff(mine, awaited, awaitedOnly: false);
-        if (mine.AwaitedOnly is { } running && Volatile.Read(ref running.State) != HandOff.Done)
-            return true; // it runs the step as soon as it can
+        if (mine.AwaitedOnly is { } running && running.Awaited == awaited && Volatile.Read(ref running.State) != HandOff.Done)
+            return true; // it runs the step as soon as it can (one for another scheme's step, still running, is not this)
         if (HandOffCapRunsInlineForTesting)
             return false;
         if (!drainList.HasEligible(safe, awaited))
@@ -110,7 +113,7 @@ public sealed partial class LightEpoch
     /// <summary>Starts a hand-off thread (see <see cref="HandOffDeepDrain"/>); false if none could be started.</summary>
     private bool StartHandOff(HandOffs mine, Action awaited, bool awaitedOnly)
     {
-        var handOff = new HandOff();
+        var handOff = new HandOff { Awaited = awaited };
         bool counted = false;
         try
         {

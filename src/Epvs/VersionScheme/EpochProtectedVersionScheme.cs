@@ -433,16 +433,8 @@ public sealed partial class EpochProtectedVersionScheme : IDisposable
     /// </summary>
     private void WaitWhileUnchanged(long s, ref SpinWait spinner, CancellationToken cancellationToken = default)
     {
-        int handedOff = HandedOffMark;
-        try
-        {
-            while (StillUnchanged(s) && !Cancelled(cancellationToken))
-                spinner.SpinOnce(); // sleeps at times: Thread.Interrupt can make it throw
-        }
-        finally
-        {
-            EndWait(handedOff);
-        }
+        while (StillUnchanged(s) && !Cancelled(cancellationToken))
+            spinner.SpinOnce(); // sleeps at times: Thread.Interrupt can make it throw
     }
 
     /// <summary>An Enter about to wait (again) for a transition on a thread 512 drains deep: gives back the level it added
@@ -476,16 +468,8 @@ public sealed partial class EpochProtectedVersionScheme : IDisposable
     /// interrupt is absorbed (see <see cref="UninterruptibleSpinWait.End"/>).</summary>
     private void WaitWhileUnchanged(long s, ref UninterruptibleSpinWait patient)
     {
-        int handedOff = HandedOffMark;
-        try
-        {
-            while (StillUnchanged(s))
-                patient.SpinOnce();
-        }
-        finally
-        {
-            EndWait(handedOff);
-        }
+        while (StillUnchanged(s))
+            patient.SpinOnce();
     }
 
     /// <summary>One turn of a stepped-aside wait: whether the state is still <paramref name="s"/> (and the scheme not

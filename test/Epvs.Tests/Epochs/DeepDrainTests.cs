@@ -844,7 +844,7 @@ public class DeepDrainTests
                 // Still inside X's critical section: until the Enter waits for it (or is refused: the control).
                 enterWaited = waiting.Wait(control ? TimeSpan.FromSeconds(2) : GuardedThread.DefaultTimeout);
                 x.SteppedAsideWaitHookForTesting = null;
-            }, out waiter);
+            }, out waiter, disposeSchemesAfter: () => Assert.True(done.Wait(GuardedThread.DefaultTimeout), "the unrelated action never finished"));
         }
         finally
         {
@@ -911,6 +911,67 @@ public class DeepDrainTests
             return;
         }
         Assert.Equal(0, left);
+    }
+
+    /// <summary>
+    /// A Refresh deep inside X's critical section that waits for a machine of several steps: the hand-off thread running
+    /// its second step still acts for the waiter, so an Enter on X there is refused as it would be inline. The first
+    /// version of the wait-scoped expiry expired the waiter's callbacks when the state left the first step's, although
+    /// the Refresh went on waiting for the same machine; the Enter then waited for the waiter, which waited for the step
+    /// (found by a review, session 17: a deadlock, bounded here by a cancellation token). The control never expires them.
+    /// </summary>
+    [Theory]
+    [InlineData(false)]
+    [InlineData(true)]
+    public void ARefreshWaitingForANextStep_KeepsTheHandOffActingForTheWaiter(bool control)
+    {
+        var y = new EpochProtectedVersionScheme();
+        Exception? enterFailure = null;
+        int step2On = 0, hookCalls = 0, sawStep2 = 0;
+        using var firstEnded = new ManualResetEventSlim();
+        int waiter;
+        EpochProtectedVersionScheme.HandedOffCallbacksNeverExpireForTesting = control;
+        try
+        {
+            RunInsideDeepCriticalSection(x =>
+            {
+                var machine = new PhaseMachine(3);
+                machine.OnEntering = (from, to) =>
+                {
+                    if (to.Phase != 2)
+                        return; // step 2 only: phase 1 -> phase 2
+                    Volatile.Write(ref step2On, Environment.CurrentManagedThreadId);
+                    firstEnded.Wait(TimeSpan.FromSeconds(10));
+                    using var cts = new CancellationTokenSource(TimeSpan.FromSeconds(5)); // bounds the deadlock
+                    enterFailure = Record.Exception(() =>
+                    {
+                        x.Enter(cts.Token);
+                        x.Leave();
+                    });
+                };
+                y.BeforeComingBackHookForTesting = () =>
+                {
+                    if (Interlocked.Increment(ref hookCalls) != 1)
+                        return;
+                    firstEnded.Set(); // the first WaitWhileUnchanged has ended (its EndWait ran)
+                    // Come back only once step 2 is in flight, so this Refresh waits again (for the same machine).
+                    sawStep2 = SpinWait.SpinUntil(() => Volatile.Read(ref step2On) != 0, TimeSpan.FromSeconds(10)) ? 1 : 0;
+                };
+                y.Enter();
+                Assert.Equal(StateMachineExecutionStatus.Ok, y.TryExecuteStateMachine(machine));
+                y.Refresh(); // 512 deep: hands the steps off
+                y.Leave();
+                y.BeforeComingBackHookForTesting = null;
+            }, out waiter);
+        }
+        finally
+        {
+            EpochProtectedVersionScheme.HandedOffCallbacksNeverExpireForTesting = false;
+        }
+        y.Dispose();
+        Assert.True(sawStep2 == 1, "step 2 never started (scenario did not happen)");
+        Assert.NotEqual(waiter, step2On);
+        Assert.IsType<InvalidOperationException>(enterFailure); // refused, as inline (the deadlock: OperationCanceledException after 5 s)
     }
 
     /// <summary>
