@@ -285,6 +285,39 @@ public sealed class HeapSafetyTests
         }
     }
 
+    /// <summary>
+    /// A heap that may still grow but whose file cannot (its file system is full) fails with the advice for that, and
+    /// without the note that its last free segment is kept for deletes: no delete reserve applies to a heap that can grow
+    /// by design (the note was added to every heap-full error with the reserve, session 17).
+    /// </summary>
+    [Fact]
+    public void HeapFull_OnAFullFileSystem_SaysTheFileCouldNotGrow_AndNothingOfTheDeleteReserve()
+    {
+        using var dir = new TempDirectory();
+        string view = Path.Combine(dir.Path, "small");
+        Directory.CreateDirectory(view);
+        Assert.SkipUnless(Run("mount", "-t", "tmpfs", "-o", "size=2m", "tmpfs", view), "needs root and mount(8) for a small file system");
+        try
+        {
+            var options = new HeapFileOptions { Size = 1L << 20, MaxSize = 64L << 20, Domain = PersistenceDomainKind.MappedFile, MappedFileWriteBack = MappedFileWriteBack.SharedMapping };
+            using BufferedDurableHeap heap = BufferedDurableHeap.Create(Path.Combine(view, "a.heap"), options, new BufferedDurableHeapOptions { AdvancePeriod = System.Threading.Timeout.InfiniteTimeSpan });
+            var map = new PersistentByteMap<long>(heap, typeId: 1);
+            InsufficientMemoryException full = Assert.Throws<InsufficientMemoryException>(() =>
+            {
+                for (long key = 0; key < 100_000; key++)
+                {
+                    map.Set(key, new byte[1000]);
+                }
+            });
+            Assert.Contains("could not grow", full.Message, StringComparison.Ordinal);
+            Assert.DoesNotContain("kept for deletes", full.Message, StringComparison.Ordinal);
+        }
+        finally
+        {
+            Run("umount", view);
+        }
+    }
+
     [Theory]
     [InlineData(0x2000_0000_0000_0000UL)] // offset + words * 8 wraps around to offset: the old check passed, the hash read far outside the mapping
     [InlineData(0x1FFF_FFFF_FFFF_FFFFUL)] // words * 8 wraps negative
