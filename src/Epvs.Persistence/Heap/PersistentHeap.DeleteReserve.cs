@@ -128,6 +128,30 @@ public sealed unsafe partial class PersistentHeap
         }
     }
 
+    /// <summary>
+    /// Under the segment gate, at a clean shutdown that found no free segment for the saved state: the reserve segment
+    /// stops being one (its set-aside blocks go back to their class's pool), so that it can be released like any segment
+    /// whose blocks are all free. Recovery designates a reserve again at the next open.
+    /// </summary>
+    private void ReleaseReserveDesignationLocked()
+    {
+        if (_reserveSegment < 0)
+        {
+            return;
+        }
+
+        long[] setAside;
+        lock (_reserveBlocks)
+        {
+            setAside = _reserveBlocks.ToArray();
+            _reserveBlocks.Clear();
+        }
+
+        _reserveSegment = -1;
+        Volatile.Write(ref _reserveStart, NoReserveStart); // release: no block tests as the reserve's from here on
+        PushFree(AntiPayloadClass, setAside);
+    }
+
     /// <summary>The free blocks set aside in the reserve (a copy; the saved state counts them free).</summary>
     private long[] ReserveBlocksSnapshot()
     {

@@ -213,6 +213,10 @@ public sealed unsafe partial class PersistentHeap
     {
         lock (_segmentGate)
         {
+            // The delete reserve is this session's only (recovery designates it again): its segment, every block of it free
+            // (in the pool, or set aside for deletes), is released like any other. Kept designated, a full heap that had
+            // ever deleted saved no state at any clean shutdown.
+            ReleaseReserveDesignationLocked();
             ReleasePooledSegmentsLocked();
             var claimed = new List<long>();
             for (long s = 0; s < _segmentCount; s++)

@@ -410,4 +410,50 @@ public sealed class FullHeapTests
         Assert.True(reopened.Heap.OpenedFromSavedState, $"rescanned: {reopened.Heap.SavedStateRejection}");
         Assert.Equal(expected, new PersistentHashMap<long, long>(reopened, MapTypeId).ToDictionary());
     }
+
+    /// <summary>
+    /// A full heap that cannot grow, after deletes took the delete reserve and were reclaimed, saves its state at a clean
+    /// shutdown, and the next open takes the fast path, twice over: the designated reserve segment, although wholly free,
+    /// was never released for the saved state, so such a heap rescanned at every open while it stayed full (found by a
+    /// SIGKILL probe of full heaps, session 17).
+    /// </summary>
+    [Theory]
+    [InlineData("mapped", 200)]
+    [InlineData("pmem", 200)]
+    [InlineData("mapped", 1)]
+    public void AFullHeapWhoseDeletesTookTheReserve_SavesItsStateAtACleanShutdown(string domain, int deletes)
+    {
+        using var dir = new TempDirectory();
+        string path = dir.File("full.heap");
+        var expected = new Dictionary<long, long>();
+        using (BufferedDurableHeap heap = BufferedDurableHeap.Create(path, CannotGrow(domain), NoAdvancer))
+        {
+            var map = new PersistentHashMap<long, long>(heap, MapTypeId);
+            Fill(map, expected, 0);
+            heap.Sync();
+            foreach (long key in expected.Keys.Take(deletes).ToList())
+            {
+                Assert.True(map.Remove(key));
+                expected.Remove(key);
+            }
+
+            heap.Sync();
+            heap.Sync();
+            heap.Sync();
+            Assert.True(heap.Heap.ReserveSegmentForTesting >= 0, "the deletes did not take the reserve (the scenario did not happen)");
+        }
+
+        for (int open = 0; open < 2; open++)
+        {
+            using BufferedDurableHeap heap = BufferedDurableHeap.Open(path, new HeapFileOptions { Domain = CannotGrow(domain).Domain }, NoAdvancer);
+            Assert.True(heap.Heap.OpenedFromSavedState, $"open {open} rescanned: {heap.Heap.SavedStateRejection}");
+            var map = new PersistentHashMap<long, long>(heap, MapTypeId);
+            Assert.Equal(expected, map.ToDictionary());
+            long key = expected.Keys.First();
+            Assert.True(map.Remove(key), "a delete of the full heap after the fast reopen");
+            expected.Remove(key);
+            heap.Sync();
+            heap.Sync();
+        }
+    }
 }
