@@ -652,9 +652,7 @@ public class DeepDrainTests
         var releaser = new GuardedThread(() =>
         {
             // Lets the step go once the backlog has run (or could not: the assertions below then fail).
-            var deadline = System.Diagnostics.Stopwatch.StartNew();
-            while (Volatile.Read(ref ran) < Slow && deadline.Elapsed < TimeSpan.FromSeconds(20))
-                Thread.Sleep(1);
+            SpinWait.SpinUntil(() => Volatile.Read(ref ran) >= Slow, TimeSpan.FromSeconds(20));
             holder!.Release();
         }, "releaser");
 
@@ -774,9 +772,7 @@ public class DeepDrainTests
                 {
                     startRanOn = Environment.CurrentManagedThreadId;
                     // Until the waiter has left X's critical section and X's machine has completed (bounded).
-                    var deadline = System.Diagnostics.Stopwatch.StartNew();
-                    while ((x.CurrentState.IsIntermediate || x.ActiveStateMachine is not null) && deadline.Elapsed < TimeSpan.FromSeconds(10))
-                        Thread.Sleep(1);
+                    SpinWait.SpinUntil(() => !x.CurrentState.IsIntermediate && x.ActiveStateMachine is null, TimeSpan.FromSeconds(10));
                     xAtRest = x.CurrentState.IsIntermediate || x.ActiveStateMachine is not null ? 0 : 1;
                     startFailure = Record.Exception(() => x.AdvanceVersionWithCriticalSection((_, _) => { }, spin: true));
                     startDone.Set();
