@@ -217,6 +217,7 @@ public sealed unsafe partial class PersistentHeap
             // (in the pool, or set aside for deletes), is released like any other. Kept designated, a full heap that had
             // ever deleted saved no state at any clean shutdown.
             ReleaseReserveDesignationLocked();
+            ReturnEveryCacheToThePoolsLocked();
             ReleasePooledSegmentsLocked();
             var claimed = new List<long>();
             for (long s = 0; s < _segmentCount; s++)
@@ -237,6 +238,31 @@ public sealed unsafe partial class PersistentHeap
             }
 
             return false;
+        }
+    }
+
+    /// <summary>
+    /// Under the segment gate, at a clean shutdown (no operation runs any more, so no thread touches its cache again): the
+    /// free blocks of every thread's cache go back to their class's pool, so that a segment whose free blocks sat in the
+    /// cache of a thread still alive (the one that deleted, a recovery worker) can be released. Only the closing thread's
+    /// and exited threads' caches were, and a full heap whose deletes ran on a live worker thread saved no state.
+    /// </summary>
+    private void ReturnEveryCacheToThePoolsLocked()
+    {
+        // (Lock order: the segment gate, then the caches' gate, then a pool's.)
+        lock (_cachesGate)
+        {
+            foreach (ThreadCache cache in Caches)
+            {
+                for (int cls = 0; cls < SizeClasses.Count; cls++)
+                {
+                    if (cache.Counts[cls] != 0)
+                    {
+                        PushFree(cls, cache.Blocks[cls], cache.Counts[cls]);
+                        cache.Counts[cls] = 0;
+                    }
+                }
+            }
         }
     }
 
