@@ -59,8 +59,8 @@ public sealed unsafe partial class LightEpoch : IDisposable
     private readonly EpochSlotTable table;
     private readonly DrainList drainList;
 
-    /// <summary>Closed by Dispose while it reserves what is pending for its final run (see <see cref="ClaimGate"/>), so none
-    /// of the actions pending at the close is still running on another thread when Dispose returns.</summary>
+    /// <summary>Closed by Dispose from just before the close until it has reserved what is pending for its final run (see
+    /// <see cref="ClaimGate"/>), so none of the actions pending at the close runs on another thread after Dispose returns.</summary>
     private readonly ClaimGate claimGate = new();
     private readonly Action<Exception> reportFault; // cached: a method group would allocate on every drain
     private readonly int id;
