@@ -80,6 +80,9 @@ public sealed unsafe partial class BufferedDurableHeap
             Faults = options.HeapFaults | ((_faults & DurabilityFaults.ReuseBeforeFreeIsDurable) != 0 ? HeapFaults.HandOutSweptFreesEarly : HeapFaults.None),
             OwnerKind = HeapLayout.KindBufferedDurable,
 
+            // Its deletes write anti-payloads (not in Transient mode): a heap that cannot grow keeps room for them.
+            KeepsDeleteReserve = _mode != DurabilityMode.Transient,
+
             // Every tag on the file was written after the clock covering it was persisted (the first transition after an
             // open persists it before any operation of the version; each cycle persists the next one with its frontier),
             // so an intact block tagged above the clock means the superblock is older than the blocks. (A clock of 0: a

@@ -11,6 +11,8 @@ namespace Epvs.Persistence;
 /// that cannot grow, once full, refused every delete for ever (after Syncs and reopens too).
 /// </summary>
 /// <remarks>
+/// <para>Only for an owner whose deletes write anti-payloads (<see cref="PersistentHeapOptions.KeepsDeleteReserve"/>: a
+/// buffered heap in Buffered or Strict mode); a raw heap frees with Free, and a transient heap writes none.</para>
 /// <para>The rule, under the segment gate: while the heap cannot grow (<see cref="HeapFile.CanGrowBeyond"/>: at its
 /// maximum size, or a domain that cannot grow) and no reserve segment is designated, an ordinary allocation (and the
 /// stocker) leaves the last free segment free. An anti-payload that finds no block of its class takes it, and the
@@ -32,6 +34,9 @@ public sealed unsafe partial class PersistentHeap
 
     /// <summary>What <see cref="_reserveStart"/> holds while no segment is designated: no offset is within a segment of it.</summary>
     private const long NoReserveStart = long.MinValue / 2;
+
+    /// <summary>Whether this heap keeps a delete reserve at all (<see cref="PersistentHeapOptions.KeepsDeleteReserve"/>).</summary>
+    private readonly bool _keepsDeleteReserve;
 
     /// <summary>The designated reserve segment, or -1 (under <see cref="_segmentGate"/>).</summary>
     private long _reserveSegment = -1;
@@ -74,7 +79,7 @@ public sealed unsafe partial class PersistentHeap
     /// while the heap cannot grow and no reserve segment is designated (the reserve), none otherwise.
     /// </summary>
     private long ReservedSegmentsLocked(bool antiPayload) =>
-        antiPayload || _reserveSegment >= 0 || _file.CanGrowBeyond(_segmentFree.Length) ? 0 : 1;
+        !_keepsDeleteReserve || antiPayload || _reserveSegment >= 0 || _file.CanGrowBeyond(_segmentFree.Length) ? 0 : 1;
 
     /// <summary>
     /// Under the segment gate, right after an anti-payload took <paramref name="segment"/> (free, not yet formatted):
@@ -83,7 +88,7 @@ public sealed unsafe partial class PersistentHeap
     /// </summary>
     private void DesignateIfReserveLocked(long segment)
     {
-        if (_reserveSegment < 0 && _freeSegmentCount == 0 && !_file.CanGrowBeyond(_segmentFree.Length))
+        if (_keepsDeleteReserve && _reserveSegment < 0 && _freeSegmentCount == 0 && !_file.CanGrowBeyond(_segmentFree.Length))
         {
             DesignateLocked(segment);
         }
@@ -184,7 +189,7 @@ public sealed unsafe partial class PersistentHeap
     {
         lock (_segmentGate)
         {
-            if (_freeSegmentCount != 0 || _file.CanGrowBeyond(_segmentFree.Length))
+            if (!_keepsDeleteReserve || _freeSegmentCount != 0 || _file.CanGrowBeyond(_segmentFree.Length))
             {
                 return;
             }

@@ -89,6 +89,7 @@ public sealed unsafe partial class PersistentHeap : IDisposable
         _marksEmptyEpochs = (_faults & HeapFaults.LeaveEpochWordsUnmarked) == 0;
         _inFlightVersion = options.InFlightVersion;
         _ownerKind = options.OwnerKind;
+        _keepsDeleteReserve = options.KeepsDeleteReserve;
         _pools = new ClassPool[SizeClasses.Count];
         for (int i = 0; i < _pools.Length; i++)
         {

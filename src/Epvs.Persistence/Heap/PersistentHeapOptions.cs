@@ -31,6 +31,11 @@ public sealed class PersistentHeapOptions
     /// <summary>Which heap kind opens the file (a buffered durable heap sets its own).</summary>
     internal long OwnerKind { get; set; } = HeapLayout.KindRaw;
 
+    /// <summary>Whether the owner writes anti-payloads for its deletes, so that a heap that cannot grow keeps a delete
+    /// reserve (see PersistentHeap.DeleteReserve): a buffered heap in Buffered or Strict mode. A raw heap frees with Free,
+    /// and a transient buffered heap writes no anti-payloads: a reserve would only withhold a segment from them.</summary>
+    internal bool KeepsDeleteReserve { get; set; }
+
     /// <summary>
     /// Whether a torn block (a header whose check fails, as an interrupted allocation leaves it) is damage: set by a
     /// buffered heap whose sealed-frontier word is below its frontier, where a durable version may be unsealed and one

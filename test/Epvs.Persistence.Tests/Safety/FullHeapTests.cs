@@ -456,4 +456,43 @@ public sealed class FullHeapTests
             heap.Sync();
         }
     }
+
+    /// <summary>
+    /// Heaps whose deletes write no anti-payload keep no delete reserve: a transient buffered heap and a raw heap that
+    /// cannot grow fill every segment, and the raw heap's full error says nothing of a reserve. Both withheld their last
+    /// free segment, which nothing of theirs could ever use (found by a probe of the reserve, session 17).
+    /// </summary>
+    [Theory]
+    [InlineData(true)]
+    [InlineData(false)]
+    public void HeapsWhoseDeletesWriteNoAntiPayload_FillEverySegment(bool transient)
+    {
+        const long Size = 1L << 20;
+        using var domain = new SimulatedPersistenceDomain(Size, Size);
+        using HeapFile file = HeapFile.Create(domain);
+        if (transient)
+        {
+            using BufferedDurableHeap heap = BufferedDurableHeap.Open(file, new BufferedDurableHeapOptions { AdvancePeriod = Timeout.InfiniteTimeSpan, Mode = DurabilityMode.Transient });
+            Fill(new PersistentHashMap<long, long>(heap, MapTypeId), new Dictionary<long, long>(), 0);
+            Assert.Equal(0, heap.Heap.GetStatistics().FreeSegments);
+            return;
+        }
+
+        using var raw = new PersistentHeap(file);
+        InsufficientMemoryException? full = null;
+        while (full is null)
+        {
+            try
+            {
+                raw.Allocate(100, RawTypeId);
+            }
+            catch (InsufficientMemoryException e)
+            {
+                full = e;
+            }
+        }
+
+        Assert.Equal(0, raw.GetStatistics().FreeSegments);
+        Assert.DoesNotContain("anti-payloads", full.Message, StringComparison.Ordinal);
+    }
 }
