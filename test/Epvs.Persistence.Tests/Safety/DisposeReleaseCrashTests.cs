@@ -21,23 +21,21 @@ public sealed class DisposeReleaseCrashTests
 
     public DisposeReleaseCrashTests(ITestOutputHelper output) => _output = output;
 
-    private static long Fill(PersistentHashMap<long, long> map, Dictionary<long, long> expected, long key)
-    {
-        for (; key < 1_000_000; key++)
-        {
-            try
-            {
-                map.Set(key, key * 3);
-            }
-            catch (InsufficientMemoryException)
-            {
-                return key;
-            }
+    private static long Fill(PersistentHashMap<long, long> map, Dictionary<long, long> expected, long key) => FullHeapTests.Fill(map, expected, key);
 
-            expected[key] = key * 3;
+    /// <summary>Arms six seeded crashes at every crash point from now on (for the Dispose that follows); returns the first.</summary>
+    private static long ArmEveryCrashPointFromNow(SimulatedPersistenceDomain domain)
+    {
+        long first = domain.CrashPointCount;
+        for (long p = first; p < first + 20000; p++)
+        {
+            for (int seed = 0; seed < 6; seed++)
+            {
+                domain.ArmCrash(p, (int)p * 10 + seed);
+            }
         }
 
-        throw new InvalidOperationException("the heap did not fill up");
+        return first;
     }
 
     [Theory]
@@ -68,11 +66,7 @@ public sealed class DisposeReleaseCrashTests
                 heap.Sync();
                 heap.Sync();
                 Assert.True(heap.Heap.ReserveSegmentForTesting >= 0, "no reserve");
-                first = domain.CrashPointCount;
-                for (long p = first; p < first + 20000; p++)
-                {
-                    for (int seed = 0; seed < 6; seed++) { domain.ArmCrash(p, (int)p * 10 + seed); }
-                }
+                first = ArmEveryCrashPointFromNow(domain);
             }
 
             last = domain.CrashPointCount;
@@ -163,11 +157,7 @@ public sealed class DisposeReleaseCrashTests
                 Assert.False(heap.Recovery.FastReopen);
                 Assert.Equal(expected.Count, new PersistentHashMap<long, long>(heap, MapTypeId).Count);
                 claimedBefore = heap.Heap.GetStatistics().FreeSegments;
-                first = domain.CrashPointCount;
-                for (long p = first; p < first + 20000; p++)
-                {
-                    for (int seed = 0; seed < 6; seed++) { domain.ArmCrash(p, (int)p * 10 + seed); }
-                }
+                first = ArmEveryCrashPointFromNow(domain);
             }
 
             last = domain.CrashPointCount;
@@ -200,28 +190,11 @@ public sealed class DisposeReleaseCrashTests
                     expected[i] = i * 3;
                 }
 
-                long count = 0;
-                while (heap.Heap.GetStatistics().FreeSegments > 2)
-                {
-                    map.Set(count++, new byte[100]);
-                }
-
-                for (long k = 0; k < count; k++)
-                {
-                    map.Remove(k);
-                    if (k % 300 == 299)
-                    {
-                        heap.Sync();
-                    }
-                }
+                FastReopenTests.FillWithSmallPayloadsAndEmpty(heap, map);
 
                 heap.Sync();
                 heap.Sync();
-                first = domain.CrashPointCount;
-                for (long p = first; p < first + 20000; p++)
-                {
-                    for (int seed = 0; seed < 6; seed++) { domain.ArmCrash(p, (int)p * 10 + seed); }
-                }
+                first = ArmEveryCrashPointFromNow(domain);
             }
 
             last = domain.CrashPointCount;

@@ -224,7 +224,7 @@ public sealed class FullHeapTests
     }
 
     /// <summary>Sets new keys until the heap is full; returns the next key.</summary>
-    private static long Fill(PersistentHashMap<long, long> map, Dictionary<long, long> expected, long key)
+    internal static long Fill(PersistentHashMap<long, long> map, Dictionary<long, long> expected, long key)
     {
         for (; key < 1_000_000; key++)
         {
