@@ -48,6 +48,9 @@ public sealed class PersistentHashMap<TKey, TValue>
     /// <summary>How many times the index allocated (or tried to allocate) a larger table (tests).</summary>
     internal long IndexGrowthAttempts => _core.IndexGrowthAttempts;
 
+    /// <summary>The map's core (tests: its hooks and controls).</summary>
+    internal ValueMapCore<TKey, TValue> CoreForTesting => _core;
+
     /// <summary>Test hook: see <see cref="ValueIndex{TKey, TValue}.BeforeGrowLocksSlotForTesting"/>.</summary>
     internal Action<TKey>? BeforeGrowLocksSlotForTesting
     {

@@ -74,6 +74,12 @@ internal sealed unsafe class ValueMapCore<TKey, TValue>
     /// <summary>See <see cref="ValueIndex{TKey, TValue}.GrowthAttempts"/>.</summary>
     internal long IndexGrowthAttempts => _index.GrowthAttempts;
 
+    /// <summary>Test hook: <see cref="UpsertMany"/> has read the keys ahead of item i (its argument) and is about to write it.</summary>
+    internal Action<int>? ItemsReadAheadForTesting { get; set; }
+
+    /// <summary>Broken control for tests: <see cref="UpsertMany"/> reads each key again at its write, after hashing it (as it used to).</summary>
+    internal bool KeysReadAgainForTesting { get; set; }
+
     /// <summary>The index (tests: its hooks).</summary>
     internal ValueIndex<TKey, TValue> IndexForTesting => _index;
 
@@ -105,11 +111,15 @@ internal sealed unsafe class ValueMapCore<TKey, TValue>
     /// <summary>
     /// <see cref="Upsert(TKey, TValue)"/> of each item in order, <see cref="BatchPerOperation"/> items per operation,
     /// with the index slot of the item <see cref="PrefetchDistance"/> ahead loaded while this one is written: the
-    /// lookups' cache misses overlap instead of following one another. Each key is hashed once, when its slot is
-    /// prefetched (a ring of <see cref="HashRing"/> hashes holds it until its write). Returns how many keys were inserted.
+    /// lookups' cache misses overlap instead of following one another. Each key is read and hashed once, when its slot
+    /// is prefetched (a ring of <see cref="HashRing"/> keys and hashes holds both until its write): a caller's thread
+    /// that changes <paramref name="items"/> meanwhile then changes which keys are written, never pairs a key with
+    /// another key's hash (which put keys in slots no lookup of them reaches: the index counted one key twice, and the
+    /// heap held two live payloads of it, which recovery refuses). Returns how many keys were inserted.
     /// </summary>
     internal int UpsertMany(ReadOnlySpan<KeyValuePair<TKey, TValue>> items)
     {
+        Span<TKey> keys = stackalloc TKey[HashRing];
         Span<uint> hashes = stackalloc uint[HashRing];
         int ahead = 0;
         int inserted = 0;
@@ -127,13 +137,17 @@ internal sealed unsafe class ValueMapCore<TKey, TValue>
                     // reaches i + HashRing, more than PrefetchDistance + 1 past it, so a retried item still finds it).
                     for (int stop = Math.Min(items.Length, i + 1 + PrefetchDistance); ahead < stop; ahead++)
                     {
-                        uint next = ValueIndex<TKey, TValue>.Hash(items[ahead].Key);
+                        TKey key = items[ahead].Key;
+                        uint next = ValueIndex<TKey, TValue>.Hash(key);
+                        keys[ahead & (HashRing - 1)] = key;
                         hashes[ahead & (HashRing - 1)] = next;
                         _index.Prefetch(next);
                     }
 
-                    KeyValuePair<TKey, TValue> item = items[i];
-                    outcome = Upsert(in op, item.Key, hashes[i & (HashRing - 1)], item.Value);
+                    ItemsReadAheadForTesting?.Invoke(i);
+                    outcome = KeysReadAgainForTesting
+                        ? Upsert(in op, items[i].Key, hashes[i & (HashRing - 1)], items[i].Value)
+                        : Upsert(in op, keys[i & (HashRing - 1)], hashes[i & (HashRing - 1)], items[i].Value);
                     if (outcome == Outcome.NoRoom)
                     {
                         // Nothing written for this item: grow outside the operation, then retry it.

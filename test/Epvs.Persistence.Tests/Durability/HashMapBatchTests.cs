@@ -256,4 +256,73 @@ public sealed class HashMapBatchTests
             }
         }
     }
+
+    /// <summary>
+    /// Another thread of the caller's changes the batch's keys while SetMany runs (here, deterministically, each item's
+    /// key just before its write, after SetMany read and hashed it): whichever keys end up written, the map must stay one
+    /// slot per key — the count equal to the distinct keys, each readable — and the heap must reopen with the same
+    /// entries. Reading the key again at its write (the control, as SetMany used to) wrote key k in the slot of another
+    /// key's hash: the count grew past the keys, and recovery refused the file (two live payloads of one key).
+    /// </summary>
+    [Theory]
+    [InlineData(false)]
+    [InlineData(true)]
+    public void SetMany_WhoseItemsChangeWhileItRuns_KeepsOneSlotPerKey_AndTheFileOpens(bool control)
+    {
+        using var dir = new TempDirectory();
+        string path = dir.File("mutated.heap");
+        const int Keys = 512;
+        var expected = new Dictionary<long, long>();
+        using (BufferedDurableHeap heap = BufferedDurableHeap.Create(path, FileOptions, new BufferedDurableHeapOptions { AdvancePeriod = Timeout.InfiniteTimeSpan }))
+        {
+            var map = new PersistentHashMap<long, long>(heap, typeId: 1);
+            for (long k = 0; k < Keys; k++)
+            {
+                map.Set(k, -1);
+            }
+
+            var batch = new KeyValuePair<long, long>[Keys];
+            for (int i = 0; i < Keys; i++)
+            {
+                batch[i] = new KeyValuePair<long, long>(i, i);
+            }
+
+            // Each item's key becomes the next key (mod Keys) once SetMany has hashed it: as a racing thread's store.
+            map.CoreForTesting.ItemsReadAheadForTesting = i => batch[i] = new KeyValuePair<long, long>((i + 1) % Keys, batch[i].Value);
+            map.CoreForTesting.KeysReadAgainForTesting = control;
+            try
+            {
+                map.SetMany(batch);
+            }
+            finally
+            {
+                map.CoreForTesting.ItemsReadAheadForTesting = null;
+                map.CoreForTesting.KeysReadAgainForTesting = false;
+            }
+
+            if (control)
+            {
+                Assert.NotEqual(Keys, map.Count);
+                heap.Sync();
+                return;
+            }
+
+            Assert.Equal(Keys, map.Count);
+            for (long k = 0; k < Keys; k++)
+            {
+                // The fixed SetMany wrote the keys it read (every key, value = its position).
+                Assert.True(map.TryGetValue(k, out long value));
+                Assert.Equal(k, value);
+                expected[k] = value;
+            }
+
+            heap.Sync();
+        }
+
+        using (BufferedDurableHeap heap = BufferedDurableHeap.Open(path, FileOptions))
+        {
+            var map = new PersistentHashMap<long, long>(heap, typeId: 1);
+            Assert.Equal(expected, map.ToDictionary());
+        }
+    }
 }
