@@ -261,7 +261,7 @@ internal sealed unsafe class MappedFilePersistenceDomain : PersistenceDomain
         {
             // msync(MS_SYNC) checks the file's write-back errors like fdatasync: the first call to look takes an error,
             // even one of another call's pages (see _syncGate). Serialized, the call whose pages failed sees it.
-            Monitor.Enter(_syncGate);
+            InterruptShield.Lock(_syncGate);
         }
 
         try
@@ -296,7 +296,7 @@ internal sealed unsafe class MappedFilePersistenceDomain : PersistenceDomain
                 bool gated = !UngatedSyncForTesting;
                 if (gated)
                 {
-                    Monitor.Enter(_syncGate);
+                    InterruptShield.Lock(_syncGate);
                 }
 
                 try
@@ -466,7 +466,7 @@ internal sealed unsafe class MappedFilePersistenceDomain : PersistenceDomain
                 return false;
             }
 
-            spinner.SpinOnce();
+            InterruptShield.SpinOnce(ref spinner);
         }
 
         return true;

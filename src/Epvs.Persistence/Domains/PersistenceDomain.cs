@@ -215,7 +215,7 @@ public abstract unsafe class PersistenceDomain : IDisposable
     /// <exception cref="ObjectDisposedException">The domain was disposed.</exception>
     internal void Claim(object user, Action? closeUser)
     {
-        lock (_userGate)
+        using (InterruptShield.Hold(_userGate))
         {
             if (_closing || IsDisposed)
             {
@@ -235,7 +235,7 @@ public abstract unsafe class PersistenceDomain : IDisposable
     /// <summary>Passes the claim of <paramref name="claim"/> (taken before formatting or validating) to the heap file <paramref name="user"/>.</summary>
     internal void TransferClaim(object claim, object user, Action closeUser)
     {
-        lock (_userGate)
+        using (InterruptShield.Hold(_userGate))
         {
             if (!ReferenceEquals(_user, claim))
             {
@@ -250,7 +250,7 @@ public abstract unsafe class PersistenceDomain : IDisposable
     /// <summary>Gives up the claim of <paramref name="user"/> (the heap file closed, its calls drained).</summary>
     internal void Release(object user)
     {
-        lock (_userGate)
+        using (InterruptShield.Hold(_userGate))
         {
             if (ReferenceEquals(_user, user))
             {
@@ -273,7 +273,7 @@ public abstract unsafe class PersistenceDomain : IDisposable
     public void Dispose()
     {
         Action? closeUser;
-        lock (_userGate)
+        using (InterruptShield.Hold(_userGate))
         {
             closeUser = IsDisposed ? null : _closeUser;
         }
@@ -281,7 +281,7 @@ public abstract unsafe class PersistenceDomain : IDisposable
         // Outside the gate: the file's Dispose releases its claim (under the gate) when its calls have drained, and
         // throws, leaving everything as it was, while a heap uses it.
         closeUser?.Invoke();
-        lock (_userGate)
+        using (InterruptShield.Hold(_userGate))
         {
             if (_user is not null && !IsDisposed)
             {

@@ -129,7 +129,7 @@ internal sealed unsafe class PmemPersistenceDomain : PersistenceDomain
         }
 
         ThrowIfFailedBefore();
-        lock (_syncGate)
+        using (InterruptShield.Hold(_syncGate))
         {
             _msyncCalls++;
             // Under the gate: the call that takes the kernel's report of a failed page records it before any other

@@ -85,7 +85,7 @@ public sealed unsafe class SimulatedPersistenceDomain : PersistenceDomain
     {
         get
         {
-            lock (_gate)
+            using (InterruptShield.Hold(_gate))
             {
                 return _captured.ToArray();
             }
@@ -112,7 +112,7 @@ public sealed unsafe class SimulatedPersistenceDomain : PersistenceDomain
     /// <exception cref="ArgumentOutOfRangeException">The point has already passed.</exception>
     public void ArmCrash(long point, int seed)
     {
-        lock (_gate)
+        using (InterruptShield.Hold(_gate))
         {
             if (point < _crashPoints)
             {
@@ -136,7 +136,7 @@ public sealed unsafe class SimulatedPersistenceDomain : PersistenceDomain
     /// <returns>A copy of what the medium would hold.</returns>
     public byte[] Crash(int seed)
     {
-        lock (_gate)
+        using (InterruptShield.Hold(_gate))
         {
             return BuildCrashImage(seed);
         }
@@ -146,7 +146,7 @@ public sealed unsafe class SimulatedPersistenceDomain : PersistenceDomain
     /// <returns>A copy of the durable bytes.</returns>
     public byte[] GetDurableImage()
     {
-        lock (_gate)
+        using (InterruptShield.Hold(_gate))
         {
             return new ReadOnlySpan<byte>(_durable, checked((int)Length)).ToArray();
         }
@@ -175,7 +175,7 @@ public sealed unsafe class SimulatedPersistenceDomain : PersistenceDomain
         }
 
         PendingLines pending = _pending.Value!;
-        lock (_gate)
+        using (InterruptShield.Hold(_gate))
         {
             BeginEvent();
             for (long line = offset / LineSize, last = (offset + length - 1) / LineSize; line <= last; line++)
@@ -188,7 +188,7 @@ public sealed unsafe class SimulatedPersistenceDomain : PersistenceDomain
     private protected override void FenceCore()
     {
         PendingLines pending = _pending.Value!;
-        lock (_gate)
+        using (InterruptShield.Hold(_gate))
         {
             BeginEvent();
             for (int i = 0; i < pending.Count; i++)

@@ -147,7 +147,7 @@ public sealed unsafe partial class BufferedDurableHeap
         }
 
         var completion = new TaskCompletionSource(TaskCreationOptions.RunContinuationsAsynchronously);
-        lock (_waitersGate)
+        using (InterruptShield.Hold(_waitersGate))
         {
             if (DurableFrontier >= target)
             {
@@ -250,6 +250,8 @@ public sealed unsafe partial class BufferedDurableHeap
     /// claim them durable. The transition fails, which the cycle records as the advancer's fault.</exception>
     internal void PersistClockInCriticalSection(long fromSchemeVersion, long schemeVersion)
     {
+        // On whichever thread steps the machine (a writer entering, a Sync): an interrupt must not fail the transition.
+        using InterruptShield.Scope shield = InterruptShield.Enter();
         // Plain read: written only in the heap's critical sections, which the scheme runs one at a time, each ordered
         // after the previous one by the scheme's interlocked step protocol.
         if (fromSchemeVersion != _schemeVersion && (_faults & DurabilityFaults.AllowForeignTransitions) == 0)
@@ -418,7 +420,7 @@ public sealed unsafe partial class BufferedDurableHeap
     private void WaitForTheVersionToEnd(long version)
     {
         long deadline = Deadline(HelpWait());
-        lock (_versionWaitGate)
+        using (InterruptShield.Hold(_versionWaitGate))
         {
             // Volatile.Read: written before the pulse, under this lock (EndedVersion, WakeVersionWaiters).
             while (Volatile.Read(ref _lastEndedVersion) < version && Volatile.Read(ref _lagHelper) != 0 && _advancerFault is null)
@@ -443,7 +445,7 @@ public sealed unsafe partial class BufferedDurableHeap
 
     private void WakeVersionWaiters()
     {
-        lock (_versionWaitGate)
+        using (InterruptShield.Hold(_versionWaitGate))
         {
             Monitor.PulseAll(_versionWaitGate);
         }
@@ -639,6 +641,9 @@ public sealed unsafe partial class BufferedDurableHeap
 
             try
             {
+                // On the caller's thread too (a Sync, back-pressure): a thread interrupted inside it left the write-back
+                // half done, which failed the heap for good; its waits now absorb the interrupt (see InterruptShield).
+                using InterruptShield.Scope shield = InterruptShield.Enter();
                 AfterTransition(Volatile.Read(ref _versionBase) + machine.ActualToVersion - 1);
             }
             catch (Exception e)
@@ -1012,7 +1017,7 @@ public sealed unsafe partial class BufferedDurableHeap
 
     private void CompleteWaiters(long frontier)
     {
-        lock (_waitersGate)
+        using (InterruptShield.Hold(_waitersGate))
         {
             for (int i = _waiters.Count - 1; i >= 0; i--)
             {
@@ -1027,7 +1032,7 @@ public sealed unsafe partial class BufferedDurableHeap
 
     private void FailWaiters(Exception fault)
     {
-        lock (_waitersGate)
+        using (InterruptShield.Hold(_waitersGate))
         {
             foreach ((_, TaskCompletionSource completion) in _waiters)
             {

@@ -204,7 +204,7 @@ public sealed partial class BufferedDurableHeap
     /// begun since its last tick, which may find the scheme at rest in between).</summary>
     private void WatchTheStall()
     {
-        lock (_stallWatchGate)
+        using (InterruptShield.Hold(_stallWatchGate))
         {
             // Volatile.Read: Dispose sets the flag before it stops the watch under this lock: either it finds the watch
             // made here, or this finds the flag.
@@ -250,7 +250,7 @@ public sealed partial class BufferedDurableHeap
             done = true;
         }
 
-        lock (_stallWatchGate)
+        using (InterruptShield.Hold(_stallWatchGate))
         {
             bool reported = _stallReportedSinceTick;
             _stallReportedSinceTick = false;
@@ -264,7 +264,7 @@ public sealed partial class BufferedDurableHeap
 
     private void StopWatchingTheStall()
     {
-        lock (_stallWatchGate)
+        using (InterruptShield.Hold(_stallWatchGate))
         {
             _stallWatch?.Dispose();
             _stallWatch = null;

@@ -75,7 +75,7 @@ public sealed partial class BufferedDurableHeap
             return;
         }
 
-        lock (_stockGate)
+        using (InterruptShield.Hold(_stockGate))
         {
             _allocatedSinceStock += allocated;
             _stockRequested = true;
@@ -119,7 +119,7 @@ public sealed partial class BufferedDurableHeap
     /// <summary>An allocating thread left a class's pool below its low-water mark (see <see cref="PersistentHeap.PoolRunningLow"/>): stock now, not after the next cycle.</summary>
     private void WakeStocker()
     {
-        lock (_stockGate)
+        using (InterruptShield.Hold(_stockGate))
         {
             _stockRequested = true;
             Monitor.Pulse(_stockGate);
@@ -131,7 +131,7 @@ public sealed partial class BufferedDurableHeap
         while (true)
         {
             long allocated;
-            lock (_stockGate)
+            using (InterruptShield.Hold(_stockGate))
             {
                 while (!_stockRequested && !_stockerStopping)
                 {

@@ -338,7 +338,7 @@ public sealed unsafe partial class BufferedDurableHeap : IDisposable
     /// <exception cref="InvalidOperationException">A structure with this type id was already opened on the heap.</exception>
     internal void ReserveStructureTypeId(int typeId)
     {
-        lock (_recoveredGate)
+        using (InterruptShield.Hold(_recoveredGate))
         {
             if (!_structureTypeIds.Add(typeId))
             {
@@ -350,7 +350,7 @@ public sealed unsafe partial class BufferedDurableHeap : IDisposable
     /// <summary>The payloads recovery kept for <paramref name="typeId"/> that nobody has taken yet, without taking them (a copy).</summary>
     internal RecoveredPayload[] PeekRecoveredPayloads(int typeId)
     {
-        lock (_recoveredGate)
+        using (InterruptShield.Hold(_recoveredGate))
         {
             return _recovered.TryGetValue(typeId, out List<RecoveredPayload>? payloads) ? payloads.ToArray() : Array.Empty<RecoveredPayload>();
         }
@@ -359,7 +359,7 @@ public sealed unsafe partial class BufferedDurableHeap : IDisposable
     /// <summary>Whether recovery kept payloads of <paramref name="typeId"/> that nobody has taken yet.</summary>
     internal bool HasRecoveredPayloads(int typeId)
     {
-        lock (_recoveredGate)
+        using (InterruptShield.Hold(_recoveredGate))
         {
             return _recovered.TryGetValue(typeId, out List<RecoveredPayload>? payloads) && payloads.Count != 0;
         }
@@ -374,7 +374,7 @@ public sealed unsafe partial class BufferedDurableHeap : IDisposable
     /// <exception cref="InvalidOperationException">The payloads of this type id were already taken.</exception>
     public IReadOnlyList<RecoveredPayload> TakeRecoveredPayloads(int typeId)
     {
-        lock (_recoveredGate)
+        using (InterruptShield.Hold(_recoveredGate))
         {
             if (!_claimedTypes.Add(typeId))
             {
@@ -888,7 +888,7 @@ public sealed unsafe partial class BufferedDurableHeap : IDisposable
         }
 
         // Every deferred free made durable: the allocated blocks are exactly the live payloads.
-        lock (_cycleGate)
+        using (InterruptShield.Hold(_cycleGate))
         {
             _heap.FlushPendingFrees();
         }
@@ -924,7 +924,7 @@ public sealed unsafe partial class BufferedDurableHeap : IDisposable
             return;
         }
 
-        lock (_registryGate)
+        using (InterruptShield.Hold(_registryGate))
         {
             // Join(0): true once the thread has terminated, and a synchronization with its end (its last appends and its
             // operation count are visible). Drained by the cycles, an exited thread's buffers never fill again. (The
@@ -983,6 +983,8 @@ public sealed unsafe partial class BufferedDurableHeap : IDisposable
     /// </summary>
     private void WriteBackStrict(OffsetList pending, bool outermost)
     {
+        // The operation's durability: not given up for an interrupt of the thread (see InterruptShield).
+        using InterruptShield.Scope shield = InterruptShield.Enter();
         try
         {
             BeforeStrictWriteBackForTesting?.Invoke();
@@ -999,7 +1001,7 @@ public sealed unsafe partial class BufferedDurableHeap : IDisposable
             // (The broken control leaves them with the thread, for its next operation, if any.)
             if ((_faults & DurabilityFaults.KeepFailedStrictPayloadsWithThread) == 0)
             {
-                lock (_strictCarried)
+                using (InterruptShield.Hold(_strictCarried))
                 {
                     for (int i = 0; i < pending.Count; i++)
                     {
@@ -1034,7 +1036,7 @@ public sealed unsafe partial class BufferedDurableHeap : IDisposable
     private void WriteBackCarriedStrictPayloads()
     {
         long[] carried;
-        lock (_strictCarried)
+        using (InterruptShield.Hold(_strictCarried))
         {
             if (_strictCarried.Count == 0)
             {
@@ -1094,7 +1096,7 @@ public sealed unsafe partial class BufferedDurableHeap : IDisposable
     private ThreadBuffers RegisterThread()
     {
         var buffers = new ThreadBuffers(Environment.CurrentManagedThreadId);
-        lock (_registryGate)
+        using (InterruptShield.Hold(_registryGate))
         {
             // Released: the advancer's acquire read of the array sees the initialized buffers.
             CopyOnWriteArray.Append(ref _registry, buffers);

@@ -503,7 +503,7 @@ public sealed unsafe partial class HeapFile : IDisposable
     public void Dispose()
     {
         bool drained;
-        lock (_userGate)
+        using (InterruptShield.Hold(_userGate))
         {
             if (_heap is not null && Volatile.Read(ref _disposed) == 0)
             {
@@ -525,7 +525,7 @@ public sealed unsafe partial class HeapFile : IDisposable
     /// <exception cref="ObjectDisposedException">The file was disposed.</exception>
     internal void AttachHeap(object heap)
     {
-        lock (_userGate)
+        using (InterruptShield.Hold(_userGate))
         {
             // Volatile.Read: the flag is set outside the gate by the internal Dispose.
             if (_closing || Volatile.Read(ref _disposed) != 0)
@@ -554,7 +554,7 @@ public sealed unsafe partial class HeapFile : IDisposable
     /// </summary>
     internal void DetachHeap(object heap, bool operationsDrained, bool fileClosesNext)
     {
-        lock (_userGate)
+        using (InterruptShield.Hold(_userGate))
         {
             if (ReferenceEquals(_heap, heap))
             {
@@ -710,7 +710,7 @@ public sealed unsafe partial class HeapFile : IDisposable
     /// <summary>Extends the heap to <paramref name="segmentCount"/> segments if the domain can grow; the new segments are free.</summary>
     internal bool TryGrow(long segmentCount)
     {
-        lock (_growGate)
+        using (InterruptShield.Hold(_growGate))
         {
             if (segmentCount <= SegmentCount)
             {

@@ -66,7 +66,7 @@ public sealed unsafe partial class PersistentHeap
     {
         get
         {
-            lock (_pendingGate)
+            using (InterruptShield.Hold(_pendingGate))
             {
                 return _sweepsEnded;
             }
@@ -104,7 +104,7 @@ public sealed unsafe partial class PersistentHeap
         try
         {
             ThreadCache cache = _caches.Value!;
-            lock (_pendingGate)
+            using (InterruptShield.Hold(_pendingGate))
             {
                 Span<long> parkedByClass = stackalloc long[SizeClasses.Count];
                 long blocks = 0;
@@ -237,13 +237,15 @@ public sealed unsafe partial class PersistentHeap
     /// <summary>Like <see cref="SweepPendingFrees(long)"/>, for the segments of class <paramref name="onlyClass"/> only (-1: every class).</summary>
     internal long SweepPendingFrees(long minimumBlocks, int onlyClass)
     {
+        // Run to its end on the caller's thread too (a thread interrupted here used to leave the sweep failed for good).
+        using InterruptShield.Scope shield = InterruptShield.Enter();
         _file.EnterOperation();
         try
         {
             Sweep? sweep;
             long swept = 0;
             long takenBefore;
-            lock (_pendingGate)
+            using (InterruptShield.Hold(_pendingGate))
             {
                 sweep = TakeSweepLocked(minimumBlocks, onlyClass);
                 takenBefore = _lastSweepTicket;
@@ -289,7 +291,7 @@ public sealed unsafe partial class PersistentHeap
         {
             Sweep? sweep;
             long takenBefore;
-            lock (_pendingGate)
+            using (InterruptShield.Hold(_pendingGate))
             {
                 if (TryTakeBatch(cache, cls))
                 {
@@ -462,13 +464,13 @@ public sealed unsafe partial class PersistentHeap
     /// </summary>
     private void WaitForSweepsTakenBy(long lastTicket)
     {
-        lock (_pendingGate)
+        using (InterruptShield.Hold(_pendingGate))
         {
             // (The broken control waits for every sweep in flight.)
             long upTo = (_faults & HeapFaults.WaitForEverySweepInFlight) != 0 ? long.MaxValue : lastTicket;
             while (_sweepsInFlight.Count != 0 && _sweepsInFlight.Min <= upTo)
             {
-                System.Threading.Monitor.Wait(_pendingGate);
+                InterruptShield.Wait(_pendingGate, Timeout.InfiniteTimeSpan);
             }
 
             ThrowIfASweepFailed();

@@ -52,7 +52,7 @@ public sealed unsafe partial class PersistentHeap
     {
         get
         {
-            lock (_segmentGate)
+            using (InterruptShield.Hold(_segmentGate))
             {
                 return _reserveSegment;
             }
@@ -64,7 +64,7 @@ public sealed unsafe partial class PersistentHeap
     {
         get
         {
-            lock (_reserveBlocks)
+            using (InterruptShield.Hold(_reserveBlocks))
             {
                 return _reserveBlocks.Count;
             }
@@ -112,7 +112,9 @@ public sealed unsafe partial class PersistentHeap
     /// <summary>Sets a free block of the reserve segment aside for anti-payloads (an ordinary allocation popped it).</summary>
     private void SetAside(long offset)
     {
-        lock (_reserveBlocks)
+        // Popped from the thread's cache already: an interrupt here would lose the block until the next open.
+        using InterruptShield.Scope shield = InterruptShield.Enter();
+        using (InterruptShield.Hold(_reserveBlocks))
         {
             _reserveBlocks.Push(offset);
         }
@@ -121,7 +123,7 @@ public sealed unsafe partial class PersistentHeap
     /// <summary>Moves one set-aside block into <paramref name="cache"/> (whose anti-payload class is empty), if there is one.</summary>
     private bool TryTakeReserveBlock(ThreadCache cache)
     {
-        lock (_reserveBlocks)
+        using (InterruptShield.Hold(_reserveBlocks))
         {
             if (_reserveBlocks.Count == 0)
             {
@@ -146,7 +148,7 @@ public sealed unsafe partial class PersistentHeap
         }
 
         long[] setAside;
-        lock (_reserveBlocks)
+        using (InterruptShield.Hold(_reserveBlocks))
         {
             setAside = _reserveBlocks.ToArray();
             _reserveBlocks.Clear();
@@ -160,7 +162,7 @@ public sealed unsafe partial class PersistentHeap
     /// <summary>The free blocks set aside in the reserve (a copy; the saved state counts them free).</summary>
     private long[] ReserveBlocksSnapshot()
     {
-        lock (_reserveBlocks)
+        using (InterruptShield.Hold(_reserveBlocks))
         {
             return _reserveBlocks.ToArray();
         }
@@ -169,7 +171,7 @@ public sealed unsafe partial class PersistentHeap
     /// <summary>Free bytes set aside in the reserve (statistics).</summary>
     private long ReserveFreeBytes()
     {
-        lock (_reserveBlocks)
+        using (InterruptShield.Hold(_reserveBlocks))
         {
             return (long)_reserveBlocks.Count * SizeClasses.BlockSizes[AntiPayloadClass];
         }
@@ -187,7 +189,7 @@ public sealed unsafe partial class PersistentHeap
     /// </summary>
     internal void DesignateReserveAfterRecovery()
     {
-        lock (_segmentGate)
+        using (InterruptShield.Hold(_segmentGate))
         {
             if (!_keepsDeleteReserve || _freeSegmentCount != 0 || _file.CanGrowBeyond(_segmentFree.Length))
             {
@@ -196,7 +198,7 @@ public sealed unsafe partial class PersistentHeap
 
             var pooled = new Dictionary<long, int>();
             ClassPool pool = _pools[AntiPayloadClass];
-            lock (pool)
+            using (InterruptShield.Hold(pool))
             {
                 foreach (long[] batch in pool.Batches)
                 {

@@ -258,7 +258,7 @@ public sealed unsafe partial class PersistentHeap
             },
             totals =>
             {
-                lock (gate)
+                using (InterruptShield.Hold(gate))
                 {
                     liveBlocks += totals.LiveBlocks;
                     liveBytes += totals.LiveBytes;

@@ -110,7 +110,7 @@ public sealed unsafe partial class PersistentHeap
 
         foreach (ClassPool pool in _pools)
         {
-            lock (pool)
+            using (InterruptShield.Hold(pool))
             {
                 foreach (long[] batch in pool.Batches)
                 {
@@ -211,7 +211,7 @@ public sealed unsafe partial class PersistentHeap
     /// <returns>Whether any segment's descriptor became free.</returns>
     private bool FreeUnusedSegmentsForSavedState()
     {
-        lock (_segmentGate)
+        using (InterruptShield.Hold(_segmentGate))
         {
             // The delete reserve is this session's only (recovery designates it again): its segment, every block of it free
             // (in the pool, or set aside for deletes), is released like any other. Kept designated, a full heap that had
@@ -250,7 +250,7 @@ public sealed unsafe partial class PersistentHeap
     private void ReturnEveryCacheToThePoolsLocked()
     {
         // (Lock order: the segment gate, then the caches' gate, then a pool's.)
-        lock (_cachesGate)
+        using (InterruptShield.Hold(_cachesGate))
         {
             foreach (ThreadCache cache in Caches)
             {

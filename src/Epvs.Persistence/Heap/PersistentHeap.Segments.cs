@@ -37,7 +37,7 @@ public sealed unsafe partial class PersistentHeap
     private bool TryFormatSmallSegment(ThreadCache cache, int cls, bool allowGrowth, bool antiPayload)
     {
         long segment;
-        lock (_segmentGate)
+        using (InterruptShield.Hold(_segmentGate))
         {
             // A stocking holds the gate while it formats: the blocks it put in the pool meanwhile come first.
             if (TryTakeBatch(cache, cls))
@@ -126,7 +126,7 @@ public sealed unsafe partial class PersistentHeap
     private void PushFree(int cls, long start, int blockSize, int from, int to)
     {
         ClassPool pool = _pools[cls];
-        lock (pool)
+        using (InterruptShield.Hold(pool))
         {
             for (int i = to; i > from; i -= BatchSize)
             {
@@ -152,7 +152,7 @@ public sealed unsafe partial class PersistentHeap
     private void PushFree(int cls, ReadOnlySpan<long> offsets)
     {
         ClassPool pool = _pools[cls];
-        lock (pool)
+        using (InterruptShield.Hold(pool))
         {
             for (int i = 0; i < offsets.Length; i += BatchSize)
             {
@@ -173,7 +173,8 @@ public sealed unsafe partial class PersistentHeap
 
         long span = (HeapLayout.HeaderSize + (long)size + HeapLayout.SegmentSize - 1) / HeapLayout.SegmentSize;
         long segment;
-        lock (_segmentGate)
+        using InterruptShield.Scope shield = InterruptShield.Enter();
+        using (InterruptShield.Hold(_segmentGate))
         {
             segment = TakeRunLocked(span, allowGrowth: true, antiPayload: false);
             if (segment < 0)
@@ -210,7 +211,8 @@ public sealed unsafe partial class PersistentHeap
     private void FreeLarge(long segment, ulong descriptor, ThreadCache cache)
     {
         long span = HeapLayout.DescriptorPayload(descriptor);
-        lock (_segmentGate)
+        using InterruptShield.Scope shield = InterruptShield.Enter();
+        using (InterruptShield.Hold(_segmentGate))
         {
             ReleaseSpanLocked(segment, span);
         }
@@ -343,7 +345,7 @@ public sealed unsafe partial class PersistentHeap
         {
             int perSegment = SizeClasses.BlocksPerSegment[cls];
             ClassPool pool = _pools[cls];
-            lock (pool)
+            using (InterruptShield.Hold(pool))
             {
                 if (pool.BlockCount < perSegment)
                 {

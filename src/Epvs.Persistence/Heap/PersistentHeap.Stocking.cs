@@ -81,7 +81,7 @@ public sealed unsafe partial class PersistentHeap
     internal long ReadyBlocks(int cls)
     {
         ClassPool pool = _pools[cls];
-        lock (pool)
+        using (InterruptShield.Hold(pool))
         {
             return pool.BlockCount;
         }
@@ -110,6 +110,7 @@ public sealed unsafe partial class PersistentHeap
     /// (cycles driven by hand, at no particular rate).</param>
     internal void StockPools(long reserveBytes, TimeSpan period)
     {
+        using InterruptShield.Scope shield = InterruptShield.Enter();
         long now = StockClockForTesting?.Invoke() ?? Stopwatch.GetTimestamp();
         long periodTicks = (long)(period.TotalSeconds * Stopwatch.Frequency);
         long elapsed = Math.Max(now - _lastStockTimestamp, Math.Max(1, periodTicks));
@@ -190,7 +191,7 @@ public sealed unsafe partial class PersistentHeap
         {
             // The whole format under the gate, as an allocating thread formats a segment: a thread that finds no
             // segment free waits for these to reach the pool rather than report the heap full while they are formatted.
-            lock (_segmentGate)
+            using (InterruptShield.Hold(_segmentGate))
             {
                 TakeFreeSegmentsLocked(wanted, segments);
                 return segments.Count == 0 ? 0 : FormatLocked(cls, segments);

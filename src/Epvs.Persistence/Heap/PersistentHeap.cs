@@ -225,7 +225,7 @@ public sealed unsafe partial class PersistentHeap : IDisposable
         {
             // A large payload needs contiguous segments: say so when enough are free in total, or "free blocks" misleads.
             long free = 0, longest = 0;
-            lock (_segmentGate)
+            using (InterruptShield.Hold(_segmentGate))
             {
                 for (long s = 0, run = 0; s < _segmentFree.Length; s++)
                 {
@@ -242,7 +242,7 @@ public sealed unsafe partial class PersistentHeap : IDisposable
         }
 
         bool reserveApplies;
-        lock (_segmentGate)
+        using (InterruptShield.Hold(_segmentGate))
         {
             reserveApplies = _reserveSegment >= 0 || ReservedSegmentsLocked(antiPayload: false) != 0;
         }
@@ -393,6 +393,8 @@ public sealed unsafe partial class PersistentHeap : IDisposable
 
     private void FreeCore(PayloadRef block)
     {
+        // Marked free, then handed out: an interrupt in between (a pool's lock) would lose the block until the next open.
+        using InterruptShield.Scope shield = InterruptShield.Enter();
         (long segment, ulong descriptor) = MarkFreeCore(block);
         ReleaseCore(block, segment, descriptor);
     }
@@ -766,7 +768,7 @@ public sealed unsafe partial class PersistentHeap : IDisposable
         // Under the caches' gate, which a release of exited threads' caches holds from taking them out of the list to
         // handing their blocks to the pools: their counts are seen exactly once. (Not the segment gate below: a release
         // may run under it.)
-        lock (_cachesGate)
+        using (InterruptShield.Hold(_cachesGate))
         {
             // Interlocked.Read: atomic 64-bit loads of the exited threads' counts (added with Interlocked.Add).
             liveBlocks = _recoveredLiveBlocks + Interlocked.Read(ref _exitedLiveBlocks);
@@ -785,7 +787,7 @@ public sealed unsafe partial class PersistentHeap : IDisposable
 
             for (int cls = 0; cls < _pools.Length; cls++)
             {
-                lock (_pools[cls])
+                using (InterruptShield.Hold(_pools[cls]))
                 {
                     freeBytes += (long)_pools[cls].BlockCount * SizeClasses.BlockSizes[cls];
                 }
@@ -793,7 +795,7 @@ public sealed unsafe partial class PersistentHeap : IDisposable
         }
 
         long freeSegments, overhead, segments;
-        lock (_segmentGate)
+        using (InterruptShield.Hold(_segmentGate))
         {
             freeSegments = _freeSegmentCount;
             overhead = _overheadBytes;
@@ -801,7 +803,7 @@ public sealed unsafe partial class PersistentHeap : IDisposable
         }
 
         freeBytes += (freeSegments * HeapLayout.SegmentSize) + ReserveFreeBytes();
-        lock (_pendingGate)
+        using (InterruptShield.Hold(_pendingGate))
         {
             freeBytes += _pendingBytes;
         }
@@ -996,7 +998,9 @@ public sealed unsafe partial class PersistentHeap : IDisposable
         }
 
         // The pool is empty: the stocker (if any) is woken, and this thread formats a free segment (fresh and dense) or
-        // sweeps parked frees of this class for itself before growing the file (a write-back and a fence on this thread).
+        // sweeps parked frees of this class for itself before growing the file (a write-back and a fence on this thread),
+        // which runs to its end even if the thread is interrupted (see InterruptShield).
+        using InterruptShield.Scope shield = InterruptShield.Enter();
         SignalRunningLow(cls);
 
         // An anti-payload takes a block set aside for it before a free segment: those are reserved for it anyway.
@@ -1039,7 +1043,7 @@ public sealed unsafe partial class PersistentHeap : IDisposable
     private bool TryTakeBatch(ThreadCache cache, int cls, out bool runningLow)
     {
         ClassPool pool = _pools[cls];
-        lock (pool)
+        using (InterruptShield.Hold(pool))
         {
             if (pool.Batches.Count == 0)
             {
@@ -1068,7 +1072,7 @@ public sealed unsafe partial class PersistentHeap : IDisposable
         Array.Copy(cache.Blocks[cls], count, batch, 0, BatchSize);
         cache.Counts[cls] = count;
         ClassPool pool = _pools[cls];
-        lock (pool)
+        using (InterruptShield.Hold(pool))
         {
             pool.Batches.Push(batch);
             pool.BlockCount += BatchSize;
@@ -1091,7 +1095,7 @@ public sealed unsafe partial class PersistentHeap : IDisposable
     private ThreadCache CreateCache()
     {
         var cache = new ThreadCache(Thread.CurrentThread);
-        lock (_cachesGate)
+        using (InterruptShield.Hold(_cachesGate))
         {
             // Released: a reader of the array sees the initialized cache.
             CopyOnWriteArray.Append(ref _cacheList, cache);
@@ -1112,7 +1116,7 @@ public sealed unsafe partial class PersistentHeap : IDisposable
             return;
         }
 
-        lock (_cachesGate)
+        using (InterruptShield.Hold(_cachesGate))
         {
             // Under the gate: a cache is taken out of the list, and its blocks handed back, by one caller only.
             // Join(0): true once the thread has terminated, and a synchronization with its end, so its last plain stores

@@ -1,0 +1,145 @@
+using System;
+using System.Threading;
+
+namespace Epvs.Persistence;
+
+/// <summary>
+/// Work that a caller's thread does for the whole heap, which must run to its end once begun: an advance cycle's
+/// write-back, seals, frontier and reclamation (a <see cref="BufferedDurableHeap.Sync()"/>, back-pressure), the
+/// transition's critical section, a sweep, a format or a stocking for an allocation, a Strict operation's write-back.
+/// <see cref="Thread.Interrupt"/> of a thread inside such work broke its next blocking wait (a contended lock, most
+/// often the domain's fence gate) with <see cref="ThreadInterruptedException"/>, which left the work half done — and so
+/// failed the whole heap for good: nothing more became durable. Inside a shield (<see cref="Enter"/>) the heap's waits
+/// (<see cref="Hold"/>, <see cref="Lock"/>, <see cref="Wait"/>, <see cref="SpinOnce"/>) absorb the interrupt and wait on;
+/// the outermost shield requests it again as it ends, so the thread's next interruptible wait outside the heap's work
+/// (its own, or the heap's outside a shield, which have changed nothing when they throw) still sees it. Outside a
+/// shield they are the plain waits. Costs nothing until an interrupt: a thread-static read when one is caught.
+/// </summary>
+internal static class InterruptShield
+{
+    [ThreadStatic]
+    private static int t_depth;
+
+    [ThreadStatic]
+    private static bool t_absorbed;
+
+    /// <summary>Test-only (the calling thread's): the heap's waits let the interrupt through even inside a shield, as before; the tests' control.</summary>
+    [ThreadStatic]
+    private static bool t_interruptibleForTesting;
+
+    /// <summary>Test-only: the calling thread's waits let interrupts through inside shields too (the broken control).</summary>
+    internal static bool InterruptibleForTesting
+    {
+        get => t_interruptibleForTesting;
+        set => t_interruptibleForTesting = value;
+    }
+
+    /// <summary>Test hook: runs on a thread whose wait inside a shield caught an interrupt (absorbed or, for a control, let through).</summary>
+    internal static Action? InterruptCaughtForTesting { get; set; }
+
+    /// <summary>Begins work that must run to its end on this thread (nests); dispose the scope to end it.</summary>
+    internal static Scope Enter()
+    {
+        t_depth++;
+        return default;
+    }
+
+    /// <summary><see cref="Monitor.Enter(object)"/> that absorbs an interrupt inside a shield.</summary>
+    internal static void Lock(object gate)
+    {
+        while (true)
+        {
+            bool taken = false;
+            try
+            {
+                Monitor.Enter(gate, ref taken);
+                return;
+            }
+            catch (ThreadInterruptedException) when (Absorbs())
+            {
+                if (taken)
+                {
+                    return;
+                }
+            }
+        }
+    }
+
+    /// <summary><see cref="Lock"/> as a scope: <c>using (InterruptShield.Hold(gate)) { … }</c> for <c>lock (gate) { … }</c>.</summary>
+    internal static Held Hold(object gate)
+    {
+        Lock(gate);
+        return new Held(gate);
+    }
+
+    /// <summary>
+    /// <see cref="Monitor.Wait(object, TimeSpan)"/> (the caller holds <paramref name="gate"/>) that absorbs an interrupt
+    /// inside a shield: it returns then as after a pulse (callers look at their condition again, as after any wake).
+    /// </summary>
+    internal static bool Wait(object gate, TimeSpan timeout)
+    {
+        try
+        {
+            return Monitor.Wait(gate, timeout);
+        }
+        catch (ThreadInterruptedException) when (Absorbs())
+        {
+            // Monitor.Wait reacquires the lock before it throws.
+            return true;
+        }
+    }
+
+    /// <summary><see cref="SpinWait.SpinOnce()"/> (which sleeps at times) that absorbs an interrupt inside a shield.</summary>
+    internal static void SpinOnce(ref SpinWait spinner)
+    {
+        try
+        {
+            spinner.SpinOnce();
+        }
+        catch (ThreadInterruptedException) when (Absorbs())
+        {
+        }
+    }
+
+    private static bool Absorbs()
+    {
+        if (t_depth == 0)
+        {
+            return false;
+        }
+
+        InterruptCaughtForTesting?.Invoke();
+        if (t_interruptibleForTesting)
+        {
+            return false;
+        }
+
+        t_absorbed = true;
+        return true;
+    }
+
+    private static void Exit()
+    {
+        if (--t_depth == 0 && t_absorbed)
+        {
+            t_absorbed = false;
+            Thread.CurrentThread.Interrupt();
+        }
+    }
+
+    /// <summary>The work's extent (see <see cref="Enter"/>).</summary>
+    internal readonly struct Scope : IDisposable
+    {
+        public void Dispose() => Exit();
+    }
+
+    /// <summary>A monitor held through <see cref="Hold"/>.</summary>
+    internal readonly struct Held : IDisposable
+    {
+        private readonly object _gate;
+
+        internal Held(object gate) => _gate = gate;
+
+        public void Dispose() => Monitor.Exit(_gate);
+    }
+}
