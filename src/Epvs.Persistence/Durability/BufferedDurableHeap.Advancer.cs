@@ -135,11 +135,14 @@ public sealed unsafe partial class BufferedDurableHeap
     /// </summary>
     /// <param name="cancellationToken">Cancels the wait (not the advance).</param>
     /// <returns>A task that completes when durable, or faults with <see cref="TimeoutException"/> after <see cref="BufferedDurableHeapOptions.SyncTimeout"/>.</returns>
-    /// <exception cref="InvalidOperationException">The heap is <see cref="DurabilityMode.Transient"/>, or the advancer failed.</exception>
+    /// <exception cref="InvalidOperationException">The calling thread is inside an operation (as for <see cref="Sync()"/>:
+    /// the task could not complete before the operation ends, so a caller that waited for it there would wait for ever;
+    /// end the operation first), the heap is <see cref="DurabilityMode.Transient"/>, or the advancer failed.</exception>
     /// <exception cref="ObjectDisposedException">The heap has been disposed.</exception>
     public Task SyncAsync(CancellationToken cancellationToken = default)
     {
         ThrowIfDisposed();
+        ThrowIfProtected(nameof(SyncAsync));
         long target = SyncTarget();
         if (DurableFrontier >= target)
         {
@@ -484,9 +487,9 @@ public sealed unsafe partial class BufferedDurableHeap
         return (_faults & DurabilityFaults.SyncBeforeFrontierCovers) != 0 ? current - 1 : current;
     }
 
-    private void SyncCore(long target, TimeSpan timeout)
+    private void SyncCore(long target, TimeSpan timeout, string caller = nameof(Sync))
     {
-        ThrowIfProtected(nameof(Sync));
+        ThrowIfProtected(caller);
         long deadline = Deadline(timeout);
         while (DurableFrontier < target)
         {

@@ -533,7 +533,7 @@ public sealed unsafe partial class BufferedDurableHeap : IDisposable
                 {
                     try
                     {
-                        SyncCore(version, Remaining(deadline));
+                        SyncCore(version, Remaining(deadline), nameof(Dispose));
                         break;
                     }
                     catch (ThreadInterruptedException) when (UninterruptedWait.Absorbs())

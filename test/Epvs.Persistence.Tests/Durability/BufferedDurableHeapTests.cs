@@ -425,6 +425,48 @@ public sealed class BufferedDurableHeapTests
         }
     }
 
+    /// <summary>
+    /// SyncAsync inside an operation returned a task that could not complete before the operation ended, so a caller
+    /// that waited for it there waited for ever (its version waits for the caller's operation). It is refused as Sync
+    /// is, before anything is registered; once the operation ends, it works.
+    /// </summary>
+    [Fact]
+    public async System.Threading.Tasks.Task SyncAsync_InsideAnOperation_IsRefusedAsSyncIs()
+    {
+        using var domain = new SimulatedPersistenceDomain(1 << 20);
+        using HeapFile file = HeapFile.Create(domain);
+        using BufferedDurableHeap heap = BufferedDurableHeap.Open(file, Manual);
+        var map = new PersistentHashMap<int, int>(heap, typeId: 1);
+        map.Set(1, 1);
+        using (DurableOperation op = heap.BeginOperation())
+        {
+            InvalidOperationException e = Assert.Throws<InvalidOperationException>(() => { _ = heap.SyncAsync(); });
+            Assert.Contains("SyncAsync was called inside an operation", e.Message, StringComparison.Ordinal);
+        }
+
+        await heap.SyncAsync().WaitAsync(TimeSpan.FromSeconds(10));
+        Assert.True(heap.DurableFrontier >= 1);
+    }
+
+    /// <summary>Dispose inside an operation says so (it said "Sync was called inside an operation").</summary>
+    [Fact]
+    public void Dispose_InsideAnOperation_SaysDisposeWasCalledInsideIt()
+    {
+        using var dir = new TempDirectory();
+        BufferedDurableHeap heap = BufferedDurableHeap.Create(dir.File("inside.heap"), new HeapFileOptions { Size = 1 << 20, Domain = PersistenceDomainKind.MappedFile }, Manual);
+        DurableOperation op = heap.BeginOperation();
+        InvalidOperationException e = Assert.Throws<InvalidOperationException>(heap.Dispose);
+        Assert.Contains("Dispose was called inside an operation", e.Message, StringComparison.Ordinal);
+        Assert.DoesNotContain("Sync was called", e.Message, StringComparison.Ordinal);
+        try
+        {
+            op.Dispose(); // the heap is closed: the operation's end reports it or not, either way nothing is left open
+        }
+        catch (ObjectDisposedException)
+        {
+        }
+    }
+
     [Fact]
     public void Sync_WhileAnotherThreadStaysInAnOperation_TimesOutNamingItThenSucceedsAfterItLeaves()
     {
