@@ -414,7 +414,9 @@ public sealed unsafe partial class BufferedDurableHeap : IDisposable
     /// in a system call on a failing disk, say): the heap is closed without it, as with a thread left inside an operation — a file the heap opened is
     /// quarantined rather than unmapped under it, and a file the caller owns hosts no other heap (dispose it; the file
     /// can be opened again by its path).</exception>
-    /// <exception cref="InvalidOperationException">Called on a thread that is running one of the heap's advance cycles
+    /// <exception cref="InvalidOperationException">Called inside a call of the heap's file on the same thread (a
+    /// <see cref="PersistentHeap.ForEachAllocated"/> visitor of <see cref="Heap"/>, say), which goes on using the mapping
+    /// once its callback returns: nothing is disposed. Or: called on a thread that is running one of the heap's advance cycles
     /// (from a callback such as a <see cref="EpochProtectedVersionScheme.StateMachineFaulted"/> handler on the advancer's
     /// thread): nothing is disposed, and the heap can be disposed from another thread. Or: called on the thread of a
     /// Dispose of this heap that is still running (from a callback inside it), which cannot complete before this call
@@ -435,6 +437,10 @@ public sealed unsafe partial class BufferedDurableHeap : IDisposable
             // after 30 s, then the heap closed under the cycle still running). Refused before anything changes.
             ThrowDisposeInsideCycle();
         }
+
+        // Inside a call of the heap file on this thread (a ForEachAllocated visitor of Heap, say): refused before
+        // anything changes (see HeapFile.ThrowIfDisposeInsideACall).
+        _heap.File.ThrowIfDisposeInsideACall();
 
         // Interlocked.Exchange: full fence; exactly one caller disposes.
         if (Interlocked.Exchange(ref _disposed, 1) != 0)

@@ -487,7 +487,7 @@ public sealed unsafe partial class HeapFile : IDisposable
     /// <remarks>
     /// Calls that start after Dispose throw <see cref="ObjectDisposedException"/>. Dispose waits (up to 30 s) for calls
     /// already inside the file — of this type, of a <see cref="PersistentHeap"/> on it — to return before it unmaps. If
-    /// they do not (a thread descheduled for that long, or Dispose called from inside such a call), it does not mark the
+    /// they do not (a thread descheduled for that long), it does not mark the
     /// shutdown clean (the next open recovers) and, instead of unmapping under them, replaces the mapping with private
     /// anonymous memory (Linux), so the stragglers neither crash nor write to the file, and releases the lock; the
     /// address range stays reserved. Spans and addresses obtained from the heap must not be used after Dispose.
@@ -498,10 +498,13 @@ public sealed unsafe partial class HeapFile : IDisposable
     /// <exception cref="InvalidOperationException">A heap (<see cref="PersistentHeap"/> or <see cref="BufferedDurableHeap"/>)
     /// still uses the file: dispose the heap first (it knows the calls in flight on the mapping; the file does not).
     /// Nothing is disposed. Or: called on the thread of a Dispose of this file that is still running (from a callback
-    /// inside it), which cannot complete before this call returns; that Dispose completes regardless.</exception>
+    /// inside it), which cannot complete before this call returns; that Dispose completes regardless. Or: called inside
+    /// a call of this file on the same thread (a <see cref="PersistentHeap.ForEachAllocated"/> visitor, say), which goes on
+    /// using the mapping once its callback returns; nothing is disposed.</exception>
     /// <exception cref="ThreadInterruptedException">The call waited for another Dispose and was interrupted.</exception>
     public void Dispose()
     {
+        ThrowIfDisposeInsideACall();
         bool drained;
         using (InterruptShield.Hold(_userGate))
         {
@@ -562,6 +565,22 @@ public sealed unsafe partial class HeapFile : IDisposable
                 _heapLeftOperations |= !operationsDrained;
                 _closing |= fileClosesNext;
             }
+        }
+    }
+
+    /// <summary>
+    /// A public Dispose (this file's, or a heap's on it) called inside a call of the file on the same thread — from a
+    /// <see cref="PersistentHeap.ForEachAllocated"/> visitor, say — is refused before anything changes: the call goes on
+    /// using the mapping once its callback returns. It used to quarantine the mapping under the call, which then went on
+    /// over anonymous memory and returned as if complete (a scan that stopped visiting blocks, silently), and to leave the
+    /// file without a clean-shutdown mark.
+    /// </summary>
+    internal void ThrowIfDisposeInsideACall()
+    {
+        // Volatile.Read: a fresh look; once disposed, the epoch may be too (a later Dispose does nothing anyway).
+        if (Volatile.Read(ref _disposed) == 0 && _operations.ThisInstanceProtected())
+        {
+            ThrowHelper.ThrowInvalidOperation("Dispose was called inside a call of this heap on the same thread (a ForEachAllocated visitor, say), which goes on using the heap's mapping once the callback returns: nothing is disposed. Dispose once that call has returned.");
         }
     }
 

@@ -448,17 +448,27 @@ public sealed unsafe partial class PersistentHeap
 
         Parallel.ForEach(work, new ParallelOptions { MaxDegreeOfParallelism = Math.Max(1, degreeOfParallelism) }, segment =>
         {
-            ulong descriptor = _table[segment];
-            int cls = (int)HeapLayout.DescriptorPayload(descriptor);
-            uint generation = HeapLayout.DescriptorGeneration(descriptor);
-            for (int k = 0; k < SizeClasses.BlocksPerSegment[cls]; k++)
+            // Each scanning thread inside a call of the file (nested on the caller's): a visitor's Dispose on a pool
+            // thread is then refused as on the caller's (it used to wait 30 s for the caller's call, which waited for it).
+            _file.EnterOperation();
+            try
             {
-                long offset = SegmentStart(segment) + ((long)k * SizeClasses.BlockSizes[cls]);
-                bool valid = (_faults & HeapFaults.AcceptTornHeaders) != 0 ? LooksAllocated(offset, generation, out PayloadHeader header) : TryReadHeader(offset, generation, SizeClasses.BlockSizes[cls] - HeapLayout.HeaderSize, out header);
-                if (valid)
+                ulong descriptor = _table[segment];
+                int cls = (int)HeapLayout.DescriptorPayload(descriptor);
+                uint generation = HeapLayout.DescriptorGeneration(descriptor);
+                for (int k = 0; k < SizeClasses.BlocksPerSegment[cls]; k++)
                 {
-                    visitor(new PayloadRef(offset), header);
+                    long offset = SegmentStart(segment) + ((long)k * SizeClasses.BlockSizes[cls]);
+                    bool valid = (_faults & HeapFaults.AcceptTornHeaders) != 0 ? LooksAllocated(offset, generation, out PayloadHeader header) : TryReadHeader(offset, generation, SizeClasses.BlockSizes[cls] - HeapLayout.HeaderSize, out header);
+                    if (valid)
+                    {
+                        visitor(new PayloadRef(offset), header);
+                    }
                 }
+            }
+            finally
+            {
+                _file.ExitOperation();
             }
         });
     }

@@ -823,7 +823,9 @@ public sealed unsafe partial class PersistentHeap : IDisposable
     /// <exception cref="InvalidOperationException">This is the allocator of a <see cref="BufferedDurableHeap"/>
     /// (<see cref="BufferedDurableHeap.Heap"/>): dispose that heap instead, which disposes the allocator after its last
     /// advance. Nothing is disposed. Or: called on the thread of a Dispose of this heap that is still running (from a
-    /// callback inside it), which cannot complete before this call returns; that Dispose completes regardless.</exception>
+    /// callback inside it), which cannot complete before this call returns; that Dispose completes regardless. Or: called
+    /// inside a call of this heap on the same thread (a <see cref="ForEachAllocated"/> visitor, say), which goes on using
+    /// the mapping once its callback returns; nothing is disposed.</exception>
     /// <exception cref="ThreadInterruptedException">The call waited for another Dispose and was interrupted.</exception>
     public void Dispose()
     {
@@ -833,6 +835,7 @@ public sealed unsafe partial class PersistentHeap : IDisposable
             ThrowHelper.ThrowInvalidOperation("This PersistentHeap is the allocator of a BufferedDurableHeap, whose operations and advancer use it: dispose the BufferedDurableHeap instead (it disposes the allocator after its last advance).");
         }
 
+        _file.ThrowIfDisposeInsideACall();
         Dispose(operationsDrained: true);
     }
 
