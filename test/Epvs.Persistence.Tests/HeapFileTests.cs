@@ -12,6 +12,23 @@ public sealed class HeapFileTests : IDisposable
 
     public void Dispose() => _directory.Dispose();
 
+    /// <summary>A FIFO (or another file that cannot be mapped) threw NotSupportedException ("Stream does not support seeking"); now NotAHeapFile, for every open path.</summary>
+    [Fact]
+    public void Open_APipe_ThrowsNotAHeapFile()
+    {
+        Assert.SkipUnless(OperatingSystem.IsLinux(), "mkfifo");
+        string path = _directory.File("pipe.heap");
+        using (var mkfifo = System.Diagnostics.Process.Start("mkfifo", path))
+        {
+            mkfifo.WaitForExit();
+            Assert.Equal(0, mkfifo.ExitCode);
+        }
+
+        Assert.Equal(HeapFileError.NotAHeapFile, Assert.Throws<HeapFileException>(() => HeapFile.Open(path)).Error);
+        Assert.Equal(HeapFileError.NotAHeapFile, Assert.Throws<HeapFileException>(() => PersistentHeap.Open(path)).Error);
+        Assert.Equal(HeapFileError.NotAHeapFile, Assert.Throws<HeapFileException>(() => BufferedDurableHeap.Open(path)).Error);
+    }
+
     [Fact]
     public void Open_WrongMagic_ThrowsNotAHeapFileAndLeavesFileUntouched()
     {

@@ -370,6 +370,13 @@ public sealed unsafe partial class HeapFile : IDisposable
         }
 
         FileStream stream = OpenLocked(fullPath);
+        if (!stream.CanSeek)
+        {
+            // A pipe, a socket or a character device: it cannot be mapped (its Length threw NotSupportedException).
+            stream.Dispose();
+            ThrowHelper.ThrowHeapFile(HeapFileError.NotAHeapFile, $"Cannot open heap file '{fullPath}': it is not a regular file (a pipe, a socket or a device, which cannot be mapped).");
+        }
+
         try
         {
             long fileLength = stream.Length;
