@@ -216,7 +216,9 @@ public sealed unsafe partial class BufferedDurableHeap : IDisposable
     /// file: recovery keeps every version up to <see cref="DurableFrontier"/>. Also when the version scheme, or its
     /// epoch, was disposed under the heap (the message says so), and when a thread exited inside an operation, which
     /// can never end: the heap fails then, naming the thread, and an operation waiting for the version transition
-    /// behind it throws this instead of waiting for ever.</exception>
+    /// behind it throws this instead of waiting for ever. Also when the calling thread is inside an operation of
+    /// another <see cref="BufferedDurableHeap"/> (nothing begins; nothing fails): threads nesting operations of two heaps
+    /// in opposite orders would wait for each other's version transitions for ever. Operations of one heap nest.</exception>
     [MethodImpl(MethodImplOptions.AggressiveInlining)]
     public DurableOperation BeginOperation() => Begin(refuseAfterFault: true);
 
@@ -241,6 +243,11 @@ public sealed unsafe partial class BufferedDurableHeap : IDisposable
         try
         {
             buffers = _local.Value!;
+            if (!buffers.HasOpenOperations && ThreadBuffers.HeapsInOperationOnThisThread != 0)
+            {
+                RefuseNestingAcrossHeaps();
+            }
+
             if (backPressure && (buffers.RetiredBytes >= buffers.NextBacklogCheck || --buffers.OperationsUntilCheck < 0))
             {
                 ApplyBackPressure(buffers);
@@ -319,6 +326,22 @@ public sealed unsafe partial class BufferedDurableHeap : IDisposable
         Interlocked.CompareExchange(ref _advancerFault, fault, null);
         FailWaiters(new InvalidOperationException($"The heap's advancer failed: {fault.Message}", fault));
         throw fault;
+    }
+
+    /// <summary>
+    /// An operation of this heap beginning inside another heap's operation on the same thread (a structure's call on this
+    /// heap begins one): refused before it enters. Each heap's version transition waits for the operations of its
+    /// version to end, and an entry waits for a transition in progress, so two threads that nest operations of two
+    /// heaps in opposite orders waited for each other for ever (every writer and both advancers, until a Dispose).
+    /// Nesting operations of one heap is fine.
+    /// </summary>
+    [MethodImpl(MethodImplOptions.NoInlining)]
+    private void RefuseNestingAcrossHeaps()
+    {
+        if ((_faults & DurabilityFaults.NestAcrossHeaps) == 0)
+        {
+            ThrowHelper.ThrowInvalidOperation("An operation of this BufferedDurableHeap (or a structure's call on it, which begins one) was begun inside an operation of another BufferedDurableHeap on the same thread: each heap's version transition waits for the operations of its version to end and holds back new ones, so threads nesting operations of two heaps wait for each other for ever. End the other heap's operation first (nesting operations of one heap is fine).");
+        }
     }
 
     [MethodImpl(MethodImplOptions.NoInlining)]

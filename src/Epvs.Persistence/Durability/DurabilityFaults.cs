@@ -151,4 +151,7 @@ internal enum DurabilityFaults : long
 
     /// <summary>The public Replace and Delete retire a payload that was already replaced or deleted (as before): the retirement is found twice only at reclamation, where the heap fails.</summary>
     AcceptDoubleRetirement = 70368744177664,
+
+    /// <summary>An operation of this heap begins inside another heap's operation on the same thread (two threads nesting in opposite orders then deadlocked).</summary>
+    NestAcrossHeaps = 140737488355328,
 }

@@ -33,6 +33,12 @@ internal sealed class ThreadBuffers
     /// <summary>Whether the owner has an operation open. Owner only (or once the owner has exited).</summary>
     internal bool HasOpenOperations => _openCount != 0;
 
+    /// <summary>How many heaps the calling thread has an operation open in (see <see cref="BufferedDurableHeap"/>'s Begin).</summary>
+    internal static int HeapsInOperationOnThisThread => t_heapsInOperation;
+
+    [System.ThreadStatic]
+    private static int t_heapsInOperation;
+
     /// <summary>Whether every per-version list is empty: nothing left to write back or reclaim. Under the cycle gate.</summary>
     internal bool IsDrained
     {
@@ -111,6 +117,8 @@ internal sealed class ThreadBuffers
         int count = _openCount;
         if (count == 0)
         {
+            t_heapsInOperation++;
+
             // Volatile.Write: release. Written inside the operation's region, before anything the caller does in it
             // (a Refresh of the region included), so a cycle that ran after the region ended sees it (the region's end
             // is a release store of the epoch slot that the transition's scan reads with acquire).
@@ -148,6 +156,8 @@ internal sealed class ThreadBuffers
                 System.Array.Copy(_openSerials, i + 1, _openSerials, i, _openCount - i - 1);
                 if (--_openCount == 0)
                 {
+                    t_heapsInOperation--;
+
                     // Volatile.Write: release; before the region's end (the caller leaves after this), as above.
                     System.Threading.Volatile.Write(ref OpenVersion, long.MaxValue);
                 }

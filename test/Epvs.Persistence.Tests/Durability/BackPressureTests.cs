@@ -249,17 +249,22 @@ public sealed class BackPressureTests
         BufferedDurableHeap heap = BufferedDurableHeap.Create(dir.File("waiters.heap"), new HeapFileOptions { Size = 4L << 20 }, new BufferedDurableHeapOptions { AdvancePeriod = TimeSpan.FromMilliseconds(5), SyncTimeout = Timeout.InfiniteTimeSpan });
         var map = new PersistentHashMap<long, long>(heap, typeId: 1);
         map.Set(1, 1);
-        Task waiter;
+        Task? waiter = null;
         using (heap.BeginOperation())
         {
-            waiter = heap.SyncAsync();
+            // From another thread (inside an operation SyncAsync is refused): its version cannot end while this thread's
+            // operation is open.
+            var syncing = new Thread(() => waiter = heap.SyncAsync());
+            syncing.Start();
+            Assert.True(syncing.Join(TimeSpan.FromSeconds(30)));
+            Assert.NotNull(waiter);
 
             // Its last advance cannot run: Dispose closes the heap and says so.
             InvalidOperationException disposal = Assert.Throws<InvalidOperationException>(heap.Dispose);
             Assert.Contains("not made durable", disposal.Message, StringComparison.Ordinal);
         }
 
-        Task first = await Task.WhenAny(waiter, Task.Delay(TimeSpan.FromSeconds(30)));
+        Task first = await Task.WhenAny(waiter!, Task.Delay(TimeSpan.FromSeconds(30)));
         Assert.True(first == waiter, "the SyncAsync never completed");
         await Assert.ThrowsAsync<ObjectDisposedException>(() => waiter);
     }
