@@ -677,13 +677,37 @@ public sealed unsafe partial class HeapFile : IDisposable
                 }
             }
 
-            _lockedFile?.Dispose();
+            ReleaseLock(_lockedFile);
             if (drained)
             {
                 _operations.Dispose();
             }
         }
     }
+
+    /// <summary>
+    /// Releases the file's exclusive lock, then closes its descriptor. On Unix the lock (flock) belongs to the open file
+    /// description, which a child process forked meanwhile shares until it execs (every spawn, for an instant) or for its
+    /// whole life (a fork without exec): closing our descriptor alone left the lock held by the child's copy, and an
+    /// immediate reopen of the file failed with AlreadyOpen. LOCK_UN releases it for every copy.
+    /// </summary>
+    private static void ReleaseLock(FileStream? locked)
+    {
+        if (locked is null)
+        {
+            return;
+        }
+
+        if (!OperatingSystem.IsWindows() && !HeapFileTestHooks.KeepLockUntilCloseForTesting)
+        {
+            _ = Interop.Libc.Flock((int)locked.SafeFileHandle.DangerousGetHandle(), Interop.Libc.LockUnlock);
+        }
+
+        locked.Dispose();
+    }
+
+    /// <summary>The descriptor that holds the file's lock (tests: a child process inherits a copy of it).</summary>
+    internal Microsoft.Win32.SafeHandles.SafeFileHandle? LockedHandleForTesting => _lockedFile?.SafeFileHandle;
 
     /// <summary>Enters a call that touches the mapping; throws if the file is disposed.</summary>
     [MethodImpl(MethodImplOptions.AggressiveInlining)]

@@ -14,6 +14,9 @@ internal static class HeapFileTestHooks
     /// <summary>When set, <c>HeapFile.Open</c> skips preallocation (the control for the sparse-file test: the old behaviour).</summary>
     internal static bool SkipPreallocation { get; set; }
 
+    /// <summary>Broken control: Dispose releases the file's lock only by closing its descriptor (as before), not with LOCK_UN.</summary>
+    internal static bool KeepLockUntilCloseForTesting { get; set; }
+
     /// <summary>When set, Dispose does not wait for calls inside the mapping and unmaps under them (the control for the in-flight tests: the old behaviour).</summary>
     internal static bool SkipOperationWait { get; set; }
 

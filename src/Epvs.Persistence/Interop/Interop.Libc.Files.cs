@@ -25,6 +25,7 @@ internal static partial class Interop
 
         internal const int LockExclusive = 2;
         internal const int LockNonBlocking = 4;
+        internal const int LockUnlock = 8;
         internal const int AtCurrentDirectory = -100;
         internal const int AtSymlinkFollow = 0x400;
 

@@ -88,16 +88,20 @@ public sealed class PersistentHashMap<TKey, TValue>
     /// <para>Not atomic: each item is its own write, as with <see cref="Set"/>, and the items of one batch may fall into
     /// different versions, so after a crash a prefix of the batch may be durable without the rest
     /// (<see cref="BufferedDurableHeap.Sync()"/> after the call makes all of them durable).</para>
-    /// <para>If it throws because an item does not fit (the heap is full, the index cannot grow), the items before that
-    /// one are written and the rest are not; <see cref="TryGetValue"/> tells which. In
+    /// <para>If it throws part-way — an item does not fit (the heap is full, the index cannot grow), or the heap is
+    /// disposed or fails between two groups of 64 items (<see cref="ObjectDisposedException"/>,
+    /// <see cref="InvalidOperationException"/>) — the items before that point are written and the rest are not:
+    /// <see cref="TryGetValue"/> tells which while the heap is open, and after a dispose a reopen shows the written ones
+    /// as after any writes (a clean Dispose makes them durable). Each key's <see cref="object.GetHashCode"/> is called
+    /// once, up to 8 items before the key is written, and each key is read from <paramref name="items"/> once, then. In
     /// <see cref="DurabilityMode.Strict"/> each group of up to 64 items is written back and fenced when its operation
     /// ends: a failure of that write-back is reported for the group (its items are in the map, their durability unknown),
-    /// as <see cref="Set"/> reports it for its one item. Each key's <see cref="object.GetHashCode"/> is called once, up to
-    /// 8 items before the key is written.</para>
+    /// as <see cref="Set"/> reports it for its one item.</para>
     /// </remarks>
     /// <exception cref="InsufficientMemoryException">The heap has no room for an item's payload.</exception>
     /// <exception cref="OutOfMemoryException">The index needs to grow and there is no memory for it.</exception>
-    /// <exception cref="InvalidOperationException">The heap is disposed, or its advancer failed.</exception>
+    /// <exception cref="InvalidOperationException">The heap's advancer failed (before or during the call: see the remarks).</exception>
+    /// <exception cref="ObjectDisposedException">The heap was disposed (before or during the call: see the remarks).</exception>
     public int SetMany(ReadOnlySpan<KeyValuePair<TKey, TValue>> items) => _core.UpsertMany(items);
 
     /// <summary>Reads the value of <paramref name="key"/>.</summary>
