@@ -143,6 +143,12 @@ public sealed unsafe partial class BufferedDurableHeap
     {
         ThrowIfDisposed();
         ThrowIfProtected(nameof(SyncAsync));
+        if (cancellationToken.IsCancellationRequested)
+        {
+            // Canceled whatever the state (it used to complete when nothing was pending and a background advancer ran).
+            return Task.FromCanceled(cancellationToken);
+        }
+
         long target = SyncTarget();
         if (DurableFrontier >= target)
         {
@@ -1194,15 +1200,17 @@ public sealed unsafe partial class BufferedDurableHeap
     [DoesNotReturn]
     private void ThrowSyncTimeout(long target, TimeSpan timeout, string? exited)
     {
+        // AdvanceVersion has no target version (long.MaxValue: the next one); a Sync names the version it waits for.
+        string what = target == long.MaxValue ? "for an advance of the version" : $"for version {target} to become durable";
         if (exited is not null)
         {
-            throw new TimeoutException($"Waited {timeout} for version {target} to become durable, and it never will: {exited}");
+            throw new TimeoutException($"Waited {timeout} {what}, and it never will: {exited}");
         }
 
         IReadOnlyList<EpochSlotInfo> blocking = _scheme.GetThreadsBlockingTransition();
         string who = blocking.Count == 0 ? "no thread is inside an operation now (it may just have left)" : "still inside an operation: " + string.Join("; ", blocking.Select(b => b.ToString()));
         throw new TimeoutException(
-            $"Waited {timeout} for version {target} to become durable (durable frontier {DurableFrontier}, current version {CurrentVersion}); " +
+            $"Waited {timeout} {what} (durable frontier {DurableFrontier}, current version {CurrentVersion}); " +
             $"the version transition waits for every operation of the old version to end, and {who}. " +
             "A thread that stays inside an operation blocks durability: end its operation, or wait longer.");
     }

@@ -12,8 +12,11 @@ public enum DurabilityMode
     Buffered = 0,
 
     /// <summary>
-    /// For comparison (benchmarks): every operation writes back its payloads and fences before it returns, as a
-    /// strictly durable structure would. Recovery is the same as <see cref="Buffered"/> (the frontier prefix). An
+    /// For comparison (benchmarks): every operation writes back its payloads and fences before it returns, paying the
+    /// write-back cost a strictly durable structure pays. It does not make an operation recoverable on its own: recovery
+    /// is the same as <see cref="Buffered"/> (the frontier prefix), so an operation that returned is lost in a crash
+    /// until an advance cycle covers its version (<see cref="BufferedDurableHeap.Sync(System.TimeSpan)"/> waits for that,
+    /// as in Buffered mode). An
     /// operation whose write-back fails throws the medium's error with its writes in place; the next advance cycle (the
     /// one a <see cref="BufferedDurableHeap.Sync(System.TimeSpan)"/> runs, say) writes its payloads back before the frontier
     /// covers them, or fails, and then nothing more becomes durable.

@@ -448,6 +448,53 @@ public sealed class BufferedDurableHeapTests
         Assert.True(heap.DurableFrontier >= 1);
     }
 
+    /// <summary>A token canceled before the call cancels SyncAsync whatever the heap's state (with a background advancer and nothing pending it completed).</summary>
+    [Theory]
+    [InlineData(true)]
+    [InlineData(false)]
+    public async System.Threading.Tasks.Task SyncAsync_WithACanceledToken_IsCanceled(bool background)
+    {
+        using var domain = new SimulatedPersistenceDomain(1 << 20);
+        using HeapFile file = HeapFile.Create(domain);
+        using BufferedDurableHeap heap = BufferedDurableHeap.Open(file, background ? new BufferedDurableHeapOptions { AdvancePeriod = TimeSpan.FromMilliseconds(5) } : Manual);
+        using var canceled = new CancellationTokenSource();
+        canceled.Cancel();
+        heap.Sync(); // nothing pending
+        await Assert.ThrowsAnyAsync<OperationCanceledException>(() => heap.SyncAsync(canceled.Token));
+        new PersistentHashMap<int, int>(heap, typeId: 1).Set(1, 1);
+        await Assert.ThrowsAnyAsync<OperationCanceledException>(() => heap.SyncAsync(canceled.Token));
+    }
+
+    /// <summary>AdvanceVersion's timeout names no version (it said it waited for version 9223372036854775807 to become durable).</summary>
+    [Fact]
+    public void AdvanceVersion_TimingOut_NamesNoImpossibleVersion()
+    {
+        using var domain = new SimulatedPersistenceDomain(1 << 20);
+        using HeapFile file = HeapFile.Create(domain);
+        using BufferedDurableHeap heap = BufferedDurableHeap.Open(file, Manual);
+        using var inside = new ManualResetEventSlim();
+        using var release = new ManualResetEventSlim();
+        var holder = new Thread(() =>
+        {
+            using DurableOperation op = heap.BeginOperation();
+            inside.Set();
+            release.Wait(TimeSpan.FromSeconds(30));
+        });
+        holder.Start();
+        try
+        {
+            Assert.True(inside.Wait(TimeSpan.FromSeconds(30)));
+            TimeoutException e = Assert.Throws<TimeoutException>(() => heap.AdvanceVersion(TimeSpan.Zero));
+            Assert.DoesNotContain(long.MaxValue.ToString(System.Globalization.CultureInfo.InvariantCulture), e.Message, StringComparison.Ordinal);
+            Assert.Contains("for an advance of the version", e.Message, StringComparison.Ordinal);
+        }
+        finally
+        {
+            release.Set();
+            holder.Join();
+        }
+    }
+
     /// <summary>Dispose inside an operation says so (it said "Sync was called inside an operation").</summary>
     [Fact]
     public void Dispose_InsideAnOperation_SaysDisposeWasCalledInsideIt()
