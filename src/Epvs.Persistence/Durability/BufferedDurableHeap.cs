@@ -243,7 +243,7 @@ public sealed unsafe partial class BufferedDurableHeap : IDisposable
         try
         {
             buffers = _local.Value!;
-            if (!buffers.HasOpenOperations && ThreadBuffers.HeapsInOperationOnThisThread != 0)
+            if (!buffers.HasOpenOperations && buffers.AcrossHeaps.HeapsInOperation != 0)
             {
                 RefuseNestingAcrossHeaps();
             }

@@ -14,9 +14,11 @@ internal sealed class ThreadBuffers
 {
     internal const int Slots = 4;
 
+    /// <summary>Created on the thread whose buffers these are (the heap's thread-local factory).</summary>
     internal ThreadBuffers(int managedThreadId)
     {
         ManagedThreadId = managedThreadId;
+        AcrossHeaps = t_thread ??= new ThreadOperations();
         for (int i = 0; i < Slots; i++)
         {
             WriteBack[i] = new OffsetList();
@@ -33,11 +35,11 @@ internal sealed class ThreadBuffers
     /// <summary>Whether the owner has an operation open. Owner only (or once the owner has exited).</summary>
     internal bool HasOpenOperations => _openCount != 0;
 
-    /// <summary>How many heaps the calling thread has an operation open in (see <see cref="BufferedDurableHeap"/>'s Begin).</summary>
-    internal static int HeapsInOperationOnThisThread => t_heapsInOperation;
+    /// <summary>What this thread's buffers of every heap share (read through them: no thread-static lookup per operation).</summary>
+    internal ThreadOperations AcrossHeaps { get; }
 
     [System.ThreadStatic]
-    private static int t_heapsInOperation;
+    private static ThreadOperations? t_thread;
 
     /// <summary>Whether every per-version list is empty: nothing left to write back or reclaim. Under the cycle gate.</summary>
     internal bool IsDrained
@@ -117,7 +119,7 @@ internal sealed class ThreadBuffers
         int count = _openCount;
         if (count == 0)
         {
-            t_heapsInOperation++;
+            AcrossHeaps.HeapsInOperation++;
 
             // Volatile.Write: release. Written inside the operation's region, before anything the caller does in it
             // (a Refresh of the region included), so a cycle that ran after the region ended sees it (the region's end
@@ -156,7 +158,7 @@ internal sealed class ThreadBuffers
                 System.Array.Copy(_openSerials, i + 1, _openSerials, i, _openCount - i - 1);
                 if (--_openCount == 0)
                 {
-                    t_heapsInOperation--;
+                    AcrossHeaps.HeapsInOperation--;
 
                     // Volatile.Write: release; before the region's end (the caller leaves after this), as above.
                     System.Threading.Volatile.Write(ref OpenVersion, long.MaxValue);
@@ -181,5 +183,11 @@ internal sealed class ThreadBuffers
     {
         AntiPayloads[slot].Add(offset, HeapLayout.HeaderSize);
         RetiredBytes += HeapLayout.HeaderSize;
+    }
+
+    /// <summary>One thread's state across heaps: how many heaps it has an operation open in (see <see cref="BufferedDurableHeap"/>'s Begin). Written by that thread only.</summary>
+    internal sealed class ThreadOperations
+    {
+        internal int HeapsInOperation;
     }
 }
