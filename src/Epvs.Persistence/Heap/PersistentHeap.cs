@@ -393,8 +393,6 @@ public sealed unsafe partial class PersistentHeap : IDisposable
 
     private void FreeCore(PayloadRef block)
     {
-        // Marked free, then handed out: an interrupt in between (a pool's lock) would lose the block until the next open.
-        using InterruptShield.Scope shield = InterruptShield.Enter();
         (long segment, ulong descriptor) = MarkFreeCore(block);
         ReleaseCore(block, segment, descriptor);
     }
@@ -1070,6 +1068,9 @@ public sealed unsafe partial class PersistentHeap : IDisposable
 
     private void Spill(ThreadCache cache, int cls)
     {
+        // A free's block is marked free before it is handed out here: an interrupt at the pool's lock would lose it until
+        // the next open (see InterruptShield).
+        using InterruptShield.Scope shield = InterruptShield.Enter();
         var batch = new long[BatchSize];
         int count = cache.Counts[cls] - BatchSize;
         Array.Copy(cache.Blocks[cls], count, batch, 0, BatchSize);
