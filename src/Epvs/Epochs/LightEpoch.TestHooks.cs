@@ -54,6 +54,10 @@ public sealed unsafe partial class LightEpoch
     /// </summary>
     internal static bool WaitingDrainHonoursDepthLimitForTesting;
 
+    /// <summary>Test-only (the broken control): a deferred action may leave the level of the protected thread whose drain
+    /// runs it, as before (its region ended silently under it).</summary>
+    internal static bool LeaveBelowActionFloorForTesting;
+
     /// <summary>
     /// Test-only: a waiting drain past the inline depth limit runs every eligible action, not only the one its waiter
     /// waits for (the behaviour that let each pending blocking start nest one more drain: unbounded recursion).

@@ -29,6 +29,10 @@ public sealed unsafe partial class LightEpoch
         /// <summary>Nesting depth; 0 when not protected.</summary>
         public int Depth;
 
+        /// <summary>While a drain of this thread runs deferred actions: the depth it was at (the thread's own levels,
+        /// which no action may leave); 0 otherwise, and when the drain ran unprotected.</summary>
+        public int ActionFloor;
+
         /// <summary>Where the slow path starts probing for a free slot.</summary>
         public int ProbeStart;
 

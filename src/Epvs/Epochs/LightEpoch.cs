@@ -349,10 +349,11 @@ public sealed unsafe partial class LightEpoch : IDisposable
     {
         ThreadRecord* r = FindRecord();
         int depth = r->Depth;
+        // One compare: the floor is 0 outside deferred actions, so this is the not-protected check.
+        if (depth <= r->ActionFloor && (depth == 0 || !LeaveBelowActionFloorForTesting))
+            ThrowSuspendBelow(depth);
         if (depth != 1)
         {
-            if (depth == 0)
-                ThrowNotProtectedOrDisposed(nameof(Suspend));
             r->Depth = depth - 1;
             return;
         }
@@ -365,6 +366,23 @@ public sealed unsafe partial class LightEpoch : IDisposable
         // one that an action still pending followed (Defer).
         if (Volatile.Read(ref pendingActions.Value) != 0)
             FenceAndDrain();
+    }
+
+    /// <summary>
+    /// A <see cref="Suspend"/> with nothing of the caller's own to leave: not protected, or inside a deferred action that
+    /// a protected thread's drain runs (its Refresh, Resume or bump), at the level that thread was at. Leaving there would
+    /// end the region of the thread that runs the action, which still believes it is inside it (a critical section could
+    /// then run under it: G1), silently; it is refused like any unbalanced leave.
+    /// </summary>
+    [MethodImpl(MethodImplOptions.NoInlining)]
+    private void ThrowSuspendBelow(int depth)
+    {
+        if (depth == 0)
+            ThrowNotProtectedOrDisposed(nameof(Suspend));
+        ThrowHelper.ThrowInvalidOperation(
+            "Leave (Suspend) was called inside a deferred action with no level of the action's own to leave: the action runs " +
+            "in a drain of a protected thread (its Refresh or Enter, or a BumpCurrentEpoch inside its region), whose region " +
+            "would end under it. Enter and leave within the action, or register work that leaves only where it entered.");
     }
 
     [MethodImpl(MethodImplOptions.NoInlining)]
@@ -420,6 +438,14 @@ public sealed unsafe partial class LightEpoch : IDisposable
     public bool ThisInstanceProtected()
     {
         return FindRecord()->Depth != 0;
+    }
+
+    /// <summary>Whether the calling thread runs a deferred action in a drain it made while protected by this instance, and
+    /// the action has not entered itself: the protection it sees is the thread's only (see <see cref="ThreadRecord.ActionFloor"/>).</summary>
+    internal bool ProtectedOnlyByTheThreadRunningThisAction()
+    {
+        ThreadRecord* r = FindRecord();
+        return r->ActionFloor != 0 && r->Depth == r->ActionFloor;
     }
 
     /// <summary>
@@ -797,6 +823,35 @@ public sealed unsafe partial class LightEpoch : IDisposable
     private bool Drain() => Drain(waiting: false);
 
     /// <summary>
+    /// Runs what is eligible with the thread's own levels of protection as the actions' floor (see
+    /// <see cref="ThreadRecord.ActionFloor"/>): an action may enter and leave, never leave the region of the thread that
+    /// runs it. The thread's record is written only when it is protected (an unprotected thread may have none but the
+    /// shared empty one), and looked up afresh afterwards (the actions may have reallocated the records, or disposed
+    /// this epoch: then there is nothing to restore).
+    /// </summary>
+    private void RunEligibleAboveTheThreadsLevels(long safe, Action? only)
+    {
+        ThreadRecord* r = FindRecord();
+        int floor = r->Depth;
+        int saved = r->ActionFloor;
+        if (floor != 0)
+            r->ActionFloor = floor;
+        try
+        {
+            drainList.RunEligible(safe, ref pendingActions.Value, reportFault, only, claimGate);
+        }
+        finally
+        {
+            if (floor != 0)
+            {
+                ThreadRecord* after = FindRecord();
+                if (after != s_noRecord)
+                    after->ActionFloor = saved;
+            }
+        }
+    }
+
+    /// <summary>
     /// <see cref="Drain()"/>; with <paramref name="waiting"/>, also past the inline depth limit, for a thread that waits
     /// in a loop for an action to run: the outermost drain it would leave the action to is further up its own stack,
     /// stopped until the wait ends. Past <see cref="MaxWaitingDrainDepth"/> such a drain runs only
@@ -842,7 +897,7 @@ public sealed unsafe partial class LightEpoch : IDisposable
                 // the hint nothing is eligible, so the list is not scanned: constant time however many actions wait.
                 if (Volatile.Read(ref pendingActions.Value) != 0 && safe >= Volatile.Read(ref pendingHint.Value))
                 {
-                    drainList.RunEligible(safe, ref pendingActions.Value, reportFault, only, claimGate);
+                    RunEligibleAboveTheThreadsLevels(safe, only);
                     // A filtered pass leaves the other eligible actions to the outermost drain: make it look again. If this
                     // is that drain (a waiting drain past the per-thread bound can be its instance's first), it must not
                     // loop on them (it would never run them: a livelock); the thread's outermost drain runs them instead.

@@ -417,6 +417,12 @@ public sealed partial class EpochProtectedVersionScheme
 
     private void ThrowIfProtected()
     {
+        if (epoch.ProtectedOnlyByTheThreadRunningThisAction())
+            ThrowHelper.ThrowInvalidOperation(
+                "ExecuteStateMachine/AdvanceVersionWithCriticalSection/AdvanceVersionAsync was called from a deferred action that a " +
+                "protected thread runs (its Refresh or Enter, or a BumpCurrentEpoch inside its region): that thread's region stays " +
+                "open while the action runs, and the machine waits for it, so the call would never return. From a deferred " +
+                "action, start machines with TryExecuteStateMachine or TryAdvanceVersionWithCriticalSection.");
         if (epoch.ThisInstanceProtected())
             ThrowHelper.ThrowInvalidOperation(
                 "ExecuteStateMachine/AdvanceVersionWithCriticalSection/AdvanceVersionAsync was called by a protected thread: it " +
