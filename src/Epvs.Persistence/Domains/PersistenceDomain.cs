@@ -300,6 +300,7 @@ public abstract unsafe class PersistenceDomain : IDisposable
         }
 
         _disposal.Begin();
+        using InterruptShield.Scope shield = InterruptShield.Enter(); // as in HeapFile.Dispose
         try
         {
             DisposingHookForTesting?.Invoke();

@@ -143,6 +143,7 @@ public sealed unsafe partial class BufferedDurableHeap
     {
         ThrowIfDisposed();
         ThrowIfProtected(nameof(SyncAsync));
+        ThrowIfInsideAnotherHeapsOperation(nameof(SyncAsync));
         if (cancellationToken.IsCancellationRequested)
         {
             // Canceled whatever the state (it used to complete when nothing was pending and a background advancer ran).
@@ -229,6 +230,7 @@ public sealed unsafe partial class BufferedDurableHeap
         ValidateTimeout(timeout);
         ThrowIfDisposed();
         ThrowIfProtected(nameof(AdvanceVersion));
+        ThrowIfInsideAnotherHeapsOperation(nameof(AdvanceVersion));
         RunCycle(long.MaxValue, Deadline(timeout), timeout);
         return DurableFrontier;
     }
@@ -496,6 +498,11 @@ public sealed unsafe partial class BufferedDurableHeap
     private void SyncCore(long target, TimeSpan timeout, string caller = nameof(Sync))
     {
         ThrowIfProtected(caller);
+        if (caller != nameof(Dispose))
+        {
+            ThrowIfInsideAnotherHeapsOperation(caller);
+        }
+
         long deadline = Deadline(timeout);
         while (DurableFrontier < target)
         {
@@ -1187,6 +1194,20 @@ public sealed unsafe partial class BufferedDurableHeap
         // (One read of the fault: a stall watch's tick may record one meanwhile.)
         Exception? fault = Volatile.Read(ref _advancerFault);
         return stuck ?? (fault is not null && ReferenceEquals(fault, Volatile.Read(ref _exitedFault)) ? null : fault);
+    }
+
+    /// <summary>
+    /// A Sync, SyncAsync or AdvanceVersion inside an operation of another heap: it waits for this heap's version to end,
+    /// which a thread nesting the heaps in the other order (inside an operation of this heap, waiting for that one) can
+    /// hold for ever; refused as a nested operation is (see RefuseNestingAcrossHeaps). Not Dispose: its last advance
+    /// waits for this heap's operations only, and it closes the heap either way.
+    /// </summary>
+    private static void ThrowIfInsideAnotherHeapsOperation(string what)
+    {
+        if (ThreadBuffers.InsideAnOperationOfALiveHeap(except: null))
+        {
+            ThrowHelper.ThrowInvalidOperation($"{what} was called inside an operation of another BufferedDurableHeap on the same thread: it waits for this heap's version to end, which a thread nesting the two heaps in the other order can hold back for ever. End the other heap's operation first.");
+        }
     }
 
     private void ThrowIfProtected(string what)

@@ -130,9 +130,22 @@ public sealed unsafe partial class BufferedDurableHeap
 
     private void Forget(long offset, long tag)
     {
-        if (_retiredByCallers.TryRemove(new KeyValuePair<long, long>(offset, tag)))
+        // In a sweep's or a cycle's shielded work: the dictionary's stripe lock is a wait the shield does not wrap. An
+        // interrupt there throws before the removal, which is then simply retried (it failed the sweep, or the cycle, for good).
+        while (true)
         {
-            Interlocked.Decrement(ref _claims);
+            try
+            {
+                if (_retiredByCallers.TryRemove(new KeyValuePair<long, long>(offset, tag)))
+                {
+                    Interlocked.Decrement(ref _claims);
+                }
+
+                return;
+            }
+            catch (ThreadInterruptedException) when (InterruptShield.Absorbs())
+            {
+            }
         }
     }
 }

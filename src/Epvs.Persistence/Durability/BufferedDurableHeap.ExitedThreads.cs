@@ -88,6 +88,9 @@ public sealed partial class BufferedDurableHeap
         }
 
         _inflight = null;
+
+        // As in RunCycle: the write-back runs to its end if the thread (a Sync's, a Dispose's) is interrupted.
+        using InterruptShield.Scope shield = InterruptShield.Enter();
         AfterTransition(Volatile.Read(ref _versionBase) + machine.ActualToVersion - 1);
         return true;
     }

@@ -243,7 +243,7 @@ public sealed unsafe partial class BufferedDurableHeap : IDisposable
         try
         {
             buffers = _local.Value!;
-            if (!buffers.HasOpenOperations && buffers.AcrossHeaps.HeapsInOperation != 0)
+            if (!buffers.HasOpenOperations && buffers.AcrossHeaps.OpenIn is { } other && !other.IsHeapDisposed)
             {
                 RefuseNestingAcrossHeaps();
             }
@@ -475,6 +475,10 @@ public sealed unsafe partial class BufferedDurableHeap : IDisposable
         }
 
         _disposal.Begin();
+
+        // All of it runs to its end if the thread is interrupted: its waits absorb the interrupt, requested again when
+        // Dispose ends (an interrupt an inner shield absorbed used to be requested again inside it, and break a later wait).
+        using InterruptShield.Scope shield = InterruptShield.Enter();
         bool interrupted = false;
         try
         {
@@ -634,6 +638,13 @@ public sealed unsafe partial class BufferedDurableHeap : IDisposable
                 if (!machineInFlight && released)
                 {
                     DisposeScheme(ref interrupted);
+                }
+
+                // An operation a thread left open here (never disposed) no longer counts as one inside another heap for it.
+                // Volatile.Read: acquire; pairs with the release in RegisterThread.
+                foreach (ThreadBuffers left in Volatile.Read(ref _registry))
+                {
+                    left.MarkHeapDisposed();
                 }
 
                 if (released)
@@ -860,6 +871,9 @@ public sealed unsafe partial class BufferedDurableHeap : IDisposable
     [MethodImpl(MethodImplOptions.NoInlining)]
     private void ApplyBackPressure(ThreadBuffers buffers)
     {
+        // The cycles run here, and the wake of the version's waiters after a help, run to their end if the thread is
+        // interrupted (see InterruptShield); a wait for a version's cut that throws has changed nothing.
+        using InterruptShield.Scope shield = InterruptShield.Enter();
         long limit = BacklogLimit;
         buffers.NextBacklogCheck = buffers.RetiredBytes + Math.Max(4 * 1024, limit / 16);
         buffers.OperationsUntilCheck = LagCheckInterval;

@@ -119,7 +119,7 @@ internal sealed class ThreadBuffers
         int count = _openCount;
         if (count == 0)
         {
-            AcrossHeaps.HeapsInOperation++;
+            AcrossHeaps.OpenIn = this;
 
             // Volatile.Write: release. Written inside the operation's region, before anything the caller does in it
             // (a Refresh of the region included), so a cycle that ran after the region ended sees it (the region's end
@@ -158,7 +158,10 @@ internal sealed class ThreadBuffers
                 System.Array.Copy(_openSerials, i + 1, _openSerials, i, _openCount - i - 1);
                 if (--_openCount == 0)
                 {
-                    AcrossHeaps.HeapsInOperation--;
+                    if (AcrossHeaps.OpenIn == this)
+                    {
+                        AcrossHeaps.OpenIn = null;
+                    }
 
                     // Volatile.Write: release; before the region's end (the caller leaves after this), as above.
                     System.Threading.Volatile.Write(ref OpenVersion, long.MaxValue);
@@ -185,9 +188,25 @@ internal sealed class ThreadBuffers
         RetiredBytes += HeapLayout.HeaderSize;
     }
 
-    /// <summary>One thread's state across heaps: how many heaps it has an operation open in (see <see cref="BufferedDurableHeap"/>'s Begin). Written by that thread only.</summary>
+    /// <summary>Whether the heap of these buffers was disposed (an operation left open in it then holds nothing back).</summary>
+    internal bool IsHeapDisposed => System.Threading.Volatile.Read(ref _heapDisposed);
+
+    private bool _heapDisposed;
+
+    /// <summary>The heap of these buffers is closed (its Dispose, on any thread).</summary>
+    internal void MarkHeapDisposed() => System.Threading.Volatile.Write(ref _heapDisposed, true);
+
+    /// <summary>
+    /// One thread's state across heaps: the buffers of the heap it has operations open in, if any (see
+    /// <see cref="BufferedDurableHeap"/>'s Begin; operations of two heaps do not nest, so there is at most one). Written
+    /// by that thread only.
+    /// </summary>
     internal sealed class ThreadOperations
     {
-        internal int HeapsInOperation;
+        internal ThreadBuffers? OpenIn;
     }
+
+    /// <summary>The calling thread's heap with operations open, if any and not disposed (a Sync of another heap there would wait on it).</summary>
+    internal static bool InsideAnOperationOfALiveHeap(ThreadBuffers? except) =>
+        t_thread?.OpenIn is { } open && open != except && !open.IsHeapDisposed;
 }

@@ -613,6 +613,10 @@ public sealed unsafe partial class HeapFile : IDisposable
         }
 
         _disposal.Begin();
+
+        // All of it runs to its end if the thread is interrupted: its waits absorb the interrupt, requested again when
+        // Dispose ends (an interrupt an inner shield absorbed used to be requested again inside it, and break a later wait).
+        using InterruptShield.Scope shield = InterruptShield.Enter();
         bool interrupted = false;
         try
         {
@@ -733,6 +737,13 @@ public sealed unsafe partial class HeapFile : IDisposable
     /// <summary>Leaves a call entered with <see cref="EnterOperation"/>.</summary>
     [MethodImpl(MethodImplOptions.AggressiveInlining)]
     internal void ExitOperation() => _operations.Suspend();
+
+    /// <summary>
+    /// Enters a call on a helper thread of a call already inside the file (a parallel scan's workers): no disposed check,
+    /// because the caller's own protection, older than any Dispose that began meanwhile, keeps the mapping until the
+    /// helpers are done (the caller waits for them), as it did before they entered. Leave with <see cref="ExitOperation"/>.
+    /// </summary>
+    internal void EnterHelperOfACall() => _operations.Resume();
 
     private bool WaitForOperations(TimeSpan timeout, ref bool interrupted)
     {

@@ -450,7 +450,8 @@ public sealed unsafe partial class PersistentHeap
         {
             // Each scanning thread inside a call of the file (nested on the caller's): a visitor's Dispose on a pool
             // thread is then refused as on the caller's (it used to wait 30 s for the caller's call, which waited for it).
-            _file.EnterOperation();
+            // Without the disposed check: a Dispose on another thread waits for the scan, as it always did.
+            _file.EnterHelperOfACall();
             try
             {
                 ulong descriptor = _table[segment];

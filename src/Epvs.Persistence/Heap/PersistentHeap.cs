@@ -851,6 +851,10 @@ public sealed unsafe partial class PersistentHeap : IDisposable
         }
 
         _disposal.Begin();
+
+        // All of it runs to its end if the thread is interrupted: its waits absorb the interrupt, requested again when
+        // Dispose ends (an interrupt an inner shield absorbed used to be requested again inside it, and break a later wait).
+        using InterruptShield.Scope shield = InterruptShield.Enter();
         try
         {
             DisposeCore(operationsDrained, fileClosesNext);

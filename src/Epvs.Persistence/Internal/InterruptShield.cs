@@ -101,7 +101,11 @@ internal static class InterruptShield
         }
     }
 
-    private static bool Absorbs()
+    /// <summary>
+    /// For an exception filter around a wait this class does not wrap (a concurrent collection's lock, say): whether an
+    /// interrupt just caught is absorbed (inside a shield: the caller retries its call, which changed nothing).
+    /// </summary>
+    internal static bool Absorbs()
     {
         if (t_depth == 0)
         {
@@ -116,6 +120,21 @@ internal static class InterruptShield
 
         t_absorbed = true;
         return true;
+    }
+
+    /// <summary>
+    /// Requests again an interrupt that a wait absorbed (<see cref="UninterruptedWait.Restore"/>): inside a shield, when the
+    /// outermost scope ends (requested at once, the shielded work's next wait would throw it); outside, now.
+    /// </summary>
+    internal static void RequestInterrupt()
+    {
+        if (t_depth > 0)
+        {
+            t_absorbed = true;
+            return;
+        }
+
+        Thread.CurrentThread.Interrupt();
     }
 
     private static void Exit()

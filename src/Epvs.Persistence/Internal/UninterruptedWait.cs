@@ -85,7 +85,8 @@ internal static class UninterruptedWait
     {
         if (interrupted)
         {
-            Thread.CurrentThread.Interrupt();
+            // Inside heap-wide work (a sweep's or Dispose's shield), when that work ends.
+            InterruptShield.RequestInterrupt();
         }
     }
 

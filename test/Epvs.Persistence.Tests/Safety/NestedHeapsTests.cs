@@ -35,6 +35,11 @@ public sealed class NestedHeapsTests
             Assert.Throws<InvalidOperationException>(() => bytesB.Get(7));
             Assert.Throws<InvalidOperationException>(() => { using DurableOperation inner = b.BeginOperation(); });
 
+            // Nor does a wait for B's versions: a thread nesting the heaps in the other order could hold it for ever.
+            Assert.Contains("inside an operation of another BufferedDurableHeap", Assert.Throws<InvalidOperationException>(() => b.Sync()).Message, StringComparison.Ordinal);
+            Assert.Throws<InvalidOperationException>(() => b.AdvanceVersion(TimeSpan.FromSeconds(5)));
+            Assert.Throws<InvalidOperationException>(() => { _ = b.SyncAsync(); });
+
             // The same heap nests.
             mapA.Set(1, 10);
         }
