@@ -251,14 +251,16 @@ public sealed class ShieldReviewTests
             gateHeld.Set();
             releaseGate.Wait(Workers.JoinTimeout);
             Monitor.Exit(syncGate);
-        }) { IsBackground = true };
+        })
+        { IsBackground = true };
         var poolHolder = new Thread(() =>
         {
             foreach (object p in pools) Monitor.Enter(p);
             poolsHeld.Set();
             releasePools.Wait(Workers.JoinTimeout);
             foreach (object p in pools) Monitor.Exit(p);
-        }) { IsBackground = true };
+        })
+        { IsBackground = true };
         Thread? disposer = null;
         bool interrupted = false;
         bool absorbed = false;
@@ -289,7 +291,8 @@ public sealed class ShieldReviewTests
             {
                 failure = Record.Exception(heap.Dispose);
                 PendingInterrupt.TryConsume();
-            }) { IsBackground = true };
+            })
+            { IsBackground = true };
             disposer.Start();
 
             // The pools stay held until the disposer, past the interrupt its last advance absorbed, blocks on one of them
