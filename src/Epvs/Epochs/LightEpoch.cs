@@ -375,6 +375,19 @@ public sealed unsafe partial class LightEpoch : IDisposable
     /// then run under it: G1), silently; it is refused like any unbalanced leave.
     /// </summary>
     [MethodImpl(MethodImplOptions.NoInlining)]
+    [DoesNotReturn]
+    private void ThrowRefreshBelow(int depth)
+    {
+        if (depth == 0)
+            ThrowNotProtectedOrDisposed(nameof(ProtectAndDrain));
+        ThrowHelper.ThrowInvalidOperation(
+            "Refresh (ProtectAndDrain) was called inside a deferred action with no level of the action's own: the action runs " +
+            "in a drain of a protected thread, whose region the refresh would move on under it (what waits for that region " +
+            "could then run while the thread believes itself inside it). Enter within the action first.");
+    }
+
+    [MethodImpl(MethodImplOptions.NoInlining)]
+    [DoesNotReturn]
     private void ThrowSuspendBelow(int depth)
     {
         if (depth == 0)
@@ -419,16 +432,16 @@ public sealed unsafe partial class LightEpoch : IDisposable
     {
         ThreadRecord* r = FindRecord();
         int depth = r->Depth;
+        // As in Suspend: not protected, or a deferred action's refresh of the running thread's own level (it re-announced
+        // that thread's slot, so what waited for the thread's region could run while the thread believed itself inside).
+        if (depth <= r->ActionFloor && (depth == 0 || !LeaveBelowActionFloorForTesting))
+            ThrowRefreshBelow(depth);
         if (depth == 1)
         {
             // Acquire: everything published before the epoch we read is visible to this thread's later loads.
             long epoch = Volatile.Read(ref currentEpoch.Value);
             // Release store, no fence needed: until it lands the older (smaller) announcement still protects.
             Volatile.Write(ref r->Slot->Epoch, epoch);
-        }
-        else if (depth == 0)
-        {
-            ThrowNotProtectedOrDisposed(nameof(ProtectAndDrain));
         }
         if (Volatile.Read(ref pendingActions.Value) != 0)
             FenceAndDrain();

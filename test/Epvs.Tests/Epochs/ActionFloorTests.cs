@@ -120,4 +120,115 @@ public sealed class ActionFloorTests
         Assert.Contains("from a deferred action that a protected thread runs", e.Message, StringComparison.Ordinal);
         Assert.DoesNotContain("Call Leave() first", e.Message, StringComparison.Ordinal);
     }
+
+    /// <summary>
+    /// The same misuse with a Refresh (a review's finding): a protected thread requests a transition, whose critical
+    /// section waits for the thread to leave or refresh (G5); the request's drain runs another thread's action that calls
+    /// Refresh with no Enter of its own, at the requester's level, which moved the requester's region on under it: the
+    /// critical section ran while the requester was inside its region (G1). Refused now, like the Leave.
+    /// </summary>
+    [Theory]
+    [InlineData(false)]
+    [InlineData(true)]
+    public void AnActionsRefreshAtTheRunningThreadsLevel_IsRefused_AndNoCriticalSectionRunsInsideItsRegion(bool control)
+    {
+        using var scheme = new EpochProtectedVersionScheme();
+        LightEpoch e = scheme.Epoch;
+        using var wGate = new ManualResetEventSlim();
+        using var wStarted = new ManualResetEventSlim();
+        using var uRegistered = new ManualResetEventSlim();
+        using var tEntered = new ManualResetEventSlim();
+        bool tInside = false, csInsideT = false, xRan = false;
+        Exception? failed = null;
+        e.DeferredActionFailed += (_, ev) => failed ??= ev.Exception;
+        LightEpoch.LeaveBelowActionFloorForTesting = control;
+        try
+        {
+            // U registers W (blocks in U's own drain once U leaves) and X (the misuse), both held back by U until it leaves.
+            GuardedThread u = GuardedThread.Start(() =>
+            {
+                scheme.Enter();
+                e.BumpCurrentEpoch(() =>
+                {
+                    wStarted.Set();
+                    wGate.Wait();
+                });
+                e.BumpCurrentEpoch(() =>
+                {
+                    xRan = true;
+                    scheme.Refresh();
+                });
+                uRegistered.Set();
+                tEntered.Wait();
+                scheme.Leave();
+            });
+            Assert.True(uRegistered.Wait(TimeSpan.FromSeconds(30)));
+
+            // T, inside its region, requests a transition while W blocks U: the request's drain runs X on T.
+            GuardedThread t = GuardedThread.Start(() =>
+            {
+                scheme.Enter();
+                Volatile.Write(ref tInside, true);
+                tEntered.Set();
+                wStarted.Wait();
+                scheme.TryAdvanceVersionWithCriticalSection((_, _) => csInsideT |= Volatile.Read(ref tInside));
+                Volatile.Write(ref tInside, false);
+                scheme.Leave();
+            });
+            t.Join();
+            wGate.Set();
+            u.Join();
+        }
+        finally
+        {
+            LightEpoch.LeaveBelowActionFloorForTesting = false;
+            wGate.Set();
+        }
+
+        Assert.True(xRan);
+        if (control)
+        {
+            Assert.True(csInsideT, "the control's critical section did not run inside the requester's region");
+            return;
+        }
+
+        Assert.False(csInsideT, "a critical section ran inside the requester's region");
+        Assert.Contains("Refresh (ProtectAndDrain) was called inside a deferred action", Assert.IsType<InvalidOperationException>(failed).Message, StringComparison.Ordinal);
+    }
+
+    /// <summary>Nested drains restore the outer floor: an action that enters, refreshes (a nested drain whose floor is its
+    /// own level) and leaves still has its unbalanced Leave refused afterwards.</summary>
+    [Fact]
+    public void ANestedDrain_RestoresTheOuterFloor()
+    {
+        using var e = new LightEpoch();
+        var faults = new System.Collections.Generic.List<Exception>();
+        e.DeferredActionFailed += (_, ev) => faults.Add(ev.Exception);
+        int innerRan = 0;
+        bool protectedAfter = false;
+        GuardedThread t = GuardedThread.Start(() =>
+        {
+            e.Resume();
+            e.BumpCurrentEpoch(() =>
+            {
+                e.Resume();
+                e.BumpCurrentEpoch(() =>
+                {
+                    e.Resume();
+                    e.Suspend();
+                    innerRan++;
+                });
+                e.ProtectAndDrain();
+                e.Suspend();
+                e.Suspend(); // unbalanced: refused (the floor is 1 again)
+            });
+            e.ProtectAndDrain();
+            protectedAfter = e.ThisInstanceProtected();
+            e.Suspend();
+        });
+        t.Join();
+        Assert.True(protectedAfter);
+        Assert.Single(faults);
+        Assert.Equal(1, innerRan);
+    }
 }
