@@ -328,6 +328,26 @@ public sealed unsafe partial class BufferedDurableHeap : IDisposable
         throw fault;
     }
 
+    /// <summary>Whether the calling thread is inside an operation of another live heap (for Dispose; false once this heap is disposed).</summary>
+    private bool InsideAnotherHeapsOperation()
+    {
+        // Volatile.Read: a fresh look; a later Dispose does nothing anyway (and the thread-local may be disposed).
+        if ((_faults & DurabilityFaults.NestAcrossHeaps) != 0 || Volatile.Read(ref _disposed) != 0)
+        {
+            return false;
+        }
+
+        try
+        {
+            return ThreadBuffers.InsideAnOperationOfALiveHeap(except: _local.IsValueCreated ? _local.Value : null);
+        }
+        catch (ObjectDisposedException)
+        {
+            // Another Dispose closed this heap meanwhile: this one waits for it (below).
+            return false;
+        }
+    }
+
     /// <summary>
     /// An operation of this heap beginning inside another heap's operation on the same thread (a structure's call on this
     /// heap begins one): refused before it enters. Each heap's version transition waits for the operations of its
@@ -464,6 +484,14 @@ public sealed unsafe partial class BufferedDurableHeap : IDisposable
         // Inside a call of the heap file on this thread (a ForEachAllocated visitor of Heap, say): refused before
         // anything changes (see HeapFile.ThrowIfDisposeInsideACall).
         _heap.File.ThrowIfDisposeInsideACall();
+
+        // Inside an operation of another heap: the last advance waits for this heap's version, which a thread inside an
+        // operation of this heap disposing that one (or syncing it) holds back for ever, as it holds this one's. Refused
+        // before anything changes, as Sync is there. (Inside an operation of this heap, Dispose closes it: see above.)
+        if (InsideAnotherHeapsOperation())
+        {
+            ThrowHelper.ThrowInvalidOperation("Dispose was called inside an operation of another BufferedDurableHeap on the same thread: its last advance waits for this heap's version to end, which a thread nesting the two heaps in the other order can hold back for ever. Nothing is disposed: end the other heap's operation first.");
+        }
 
         // Interlocked.Exchange: full fence; exactly one caller disposes.
         if (Interlocked.Exchange(ref _disposed, 1) != 0)

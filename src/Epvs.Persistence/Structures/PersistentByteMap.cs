@@ -10,7 +10,10 @@ namespace Epvs.Persistence;
 /// frontier; <see cref="BufferedDurableHeap.Sync()"/> makes completed operations durable.
 /// </summary>
 /// <typeparam name="TKey">An unmanaged key type with value equality; stored by its bytes.</typeparam>
-/// <remarks>All members are thread-safe; each is one operation (one EPVS region, one shard lock). Calling them inside another <see cref="DurableOperation"/> on the same thread nests.</remarks>
+/// <remarks>All members are thread-safe; each is one operation (one EPVS region, one shard lock), reads included, except
+/// <see cref="Count"/>. Called inside another <see cref="DurableOperation"/> of the same heap on the same thread, they nest;
+/// inside an operation of another heap they throw <see cref="InvalidOperationException"/> (see
+/// <see cref="BufferedDurableHeap.BeginOperation"/>).</remarks>
 public sealed class PersistentByteMap<TKey>
     where TKey : unmanaged, IEquatable<TKey>
 {

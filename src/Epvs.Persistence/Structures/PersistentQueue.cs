@@ -17,7 +17,10 @@ namespace Epvs.Persistence;
 /// is written to close it, so opening a salvaged queue needs no room on the heap and cannot leave half of a repair.
 /// </summary>
 /// <typeparam name="T">An unmanaged element type; stored by its bytes.</typeparam>
-/// <remarks>All members are thread-safe (one lock, taken inside the operation's EPVS region, so lock order agrees with version order).</remarks>
+/// <remarks>All members are thread-safe (one lock, taken inside the operation's EPVS region, so lock order agrees with
+/// version order). Every member but <see cref="Count"/> is one operation, <see cref="ToArray"/> included: inside an
+/// operation of another heap on the same thread it throws <see cref="InvalidOperationException"/> (see
+/// <see cref="BufferedDurableHeap.BeginOperation"/>).</remarks>
 public sealed unsafe class PersistentQueue<T>
     where T : unmanaged
 {

@@ -127,4 +127,65 @@ public sealed class NestedHeapsTests
             Record.Exception(b.Dispose);
         }
     }
+
+    /// <summary>
+    /// Two threads, each inside an operation of one heap, each disposing the other heap (a probe's finding): each Dispose's
+    /// last advance waited for the other thread's operation, for ever with an infinite SyncTimeout. Dispose inside another
+    /// heap's operation is now refused before anything changes, as Sync is; the control lets it in, and must stall (each
+    /// then closes its heap uncleanly after SyncTimeout, here 2 s).
+    /// </summary>
+    [Theory]
+    [InlineData(false)]
+    [InlineData(true)]
+    public void TwoThreadsDisposingEachOthersHeapInsideOperations_AreRefused_NotStalled(bool control)
+    {
+        using var dir = new TempDirectory();
+        var options = new BufferedDurableHeapOptions { AdvancePeriod = Timeout.InfiniteTimeSpan, SyncTimeout = TimeSpan.FromSeconds(2), Faults = control ? DurabilityFaults.NestAcrossHeaps : DurabilityFaults.None };
+        var fileOptions = new HeapFileOptions { Size = 4L << 20, Domain = PersistenceDomainKind.MappedFile };
+        BufferedDurableHeap a = BufferedDurableHeap.Create(dir.File("a.heap"), fileOptions, options);
+        BufferedDurableHeap b = BufferedDurableHeap.Create(dir.File("b.heap"), fileOptions, options);
+        new PersistentHashMap<int, int>(a, typeId: 1).Set(1, 1);
+        new PersistentHashMap<int, int>(b, typeId: 1).Set(2, 2);
+        using var bothInside = new Barrier(2);
+        Exception? xDispose = null;
+        Exception? yDispose = null;
+        var x = new Thread(() =>
+        {
+            using (DurableOperation op = a.BeginOperation())
+            {
+                bothInside.SignalAndWait();
+                xDispose = Record.Exception(b.Dispose);
+            }
+        });
+        var y = new Thread(() =>
+        {
+            using (DurableOperation op = b.BeginOperation())
+            {
+                bothInside.SignalAndWait();
+                yDispose = Record.Exception(a.Dispose);
+            }
+        });
+        x.Start();
+        y.Start();
+        Assert.True(x.Join(TimeSpan.FromSeconds(30)) & y.Join(TimeSpan.FromSeconds(30)), "the Disposes never returned");
+        if (control)
+        {
+            // Both waited out the timeout behind each other, and closed uncleanly.
+            Assert.IsType<TimeoutException>(xDispose);
+            Assert.IsType<TimeoutException>(yDispose);
+            return;
+        }
+
+        Assert.Contains("inside an operation of another BufferedDurableHeap", Assert.IsType<InvalidOperationException>(xDispose).Message, StringComparison.Ordinal);
+        Assert.IsType<InvalidOperationException>(yDispose);
+
+        // Refused before anything changed: both heaps close cleanly afterwards, with their data.
+        a.Dispose();
+        b.Dispose();
+        using (BufferedDurableHeap reopened = BufferedDurableHeap.Open(dir.File("a.heap"), fileOptions))
+        {
+            Assert.True(reopened.Heap.File.WasCleanShutdown);
+            Assert.Equal(new Dictionary<int, int> { [1] = 1 }, new PersistentHashMap<int, int>(reopened, typeId: 1).ToDictionary());
+        }
+    }
 }
