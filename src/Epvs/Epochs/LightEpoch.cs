@@ -351,7 +351,7 @@ public sealed unsafe partial class LightEpoch : IDisposable
         int depth = r->Depth;
         // One compare: the floor is 0 outside deferred actions, so this is the not-protected check.
         if (depth <= r->ActionFloor && (depth == 0 || !LeaveBelowActionFloorForTesting))
-            ThrowSuspendBelow(depth);
+            ThrowBelowTheActionFloor(depth, nameof(Suspend));
         if (depth != 1)
         {
             r->Depth = depth - 1;
@@ -369,33 +369,23 @@ public sealed unsafe partial class LightEpoch : IDisposable
     }
 
     /// <summary>
-    /// A <see cref="Suspend"/> with nothing of the caller's own to leave: not protected, or inside a deferred action that
-    /// a protected thread's drain runs (its Refresh, Resume or bump), at the level that thread was at. Leaving there would
-    /// end the region of the thread that runs the action, which still believes it is inside it (a critical section could
-    /// then run under it: G1), silently; it is refused like any unbalanced leave.
+    /// A <see cref="Suspend"/> or <see cref="ProtectAndDrain"/> with no level of the caller's own: not protected, or
+    /// inside a deferred action that a protected thread's drain runs (its Refresh, Resume or bump), at the level that
+    /// thread was at. Leaving there would end the region of the thread that runs the action, and refreshing would move
+    /// it on, while that thread still believes itself inside it (a critical section could then run under it: G1),
+    /// silently; both are refused like any unbalanced call.
     /// </summary>
     [MethodImpl(MethodImplOptions.NoInlining)]
     [DoesNotReturn]
-    private void ThrowRefreshBelow(int depth)
+    private void ThrowBelowTheActionFloor(int depth, string operation)
     {
         if (depth == 0)
-            ThrowNotProtectedOrDisposed(nameof(ProtectAndDrain));
+            ThrowNotProtectedOrDisposed(operation);
+        string call = operation == nameof(Suspend) ? "Leave (Suspend)" : "Refresh (ProtectAndDrain)";
         ThrowHelper.ThrowInvalidOperation(
-            "Refresh (ProtectAndDrain) was called inside a deferred action with no level of the action's own: the action runs " +
-            "in a drain of a protected thread, whose region the refresh would move on under it (what waits for that region " +
-            "could then run while the thread believes itself inside it). Enter within the action first.");
-    }
-
-    [MethodImpl(MethodImplOptions.NoInlining)]
-    [DoesNotReturn]
-    private void ThrowSuspendBelow(int depth)
-    {
-        if (depth == 0)
-            ThrowNotProtectedOrDisposed(nameof(Suspend));
-        ThrowHelper.ThrowInvalidOperation(
-            "Leave (Suspend) was called inside a deferred action with no level of the action's own to leave: the action runs " +
-            "in a drain of a protected thread (its Refresh or Enter, or a BumpCurrentEpoch inside its region), whose region " +
-            "would end under it. Enter and leave within the action, or register work that leaves only where it entered.");
+            $"{call} was called inside a deferred action with no level of the action's own: the action runs in a drain of a " +
+            "protected thread (its Refresh or Enter, or a BumpCurrentEpoch inside its region), whose region it would end or " +
+            "move on under it. Enter within the action first, and leave only the levels it entered.");
     }
 
     [MethodImpl(MethodImplOptions.NoInlining)]
@@ -435,7 +425,7 @@ public sealed unsafe partial class LightEpoch : IDisposable
         // As in Suspend: not protected, or a deferred action's refresh of the running thread's own level (it re-announced
         // that thread's slot, so what waited for the thread's region could run while the thread believed itself inside).
         if (depth <= r->ActionFloor && (depth == 0 || !LeaveBelowActionFloorForTesting))
-            ThrowRefreshBelow(depth);
+            ThrowBelowTheActionFloor(depth, nameof(ProtectAndDrain));
         if (depth == 1)
         {
             // Acquire: everything published before the epoch we read is visible to this thread's later loads.
