@@ -154,4 +154,7 @@ internal enum DurabilityFaults : long
 
     /// <summary>An operation of this heap begins inside another heap's operation on the same thread (two threads nesting in opposite orders then deadlocked).</summary>
     NestAcrossHeaps = 140737488355328,
+
+    /// <summary>A replace within its version undoes its copy only when the anti-payload finds the heap full, and runs without an interrupt shield (as before): an interrupt between the two allocations left two live payloads of one key.</summary>
+    UndoCopyOnlyWhenFull = 281474976710656,
 }

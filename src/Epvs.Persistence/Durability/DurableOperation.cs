@@ -110,49 +110,21 @@ public ref struct DurableOperation
 
         if (header.EpochTag == Version || heap.Mode == DurabilityMode.Transient)
         {
-            // Two payloads of one uid in one version would tie at recovery: retire this uid and start a new one.
-            PayloadRef fresh;
+            // Two payloads of one uid in one version would tie at recovery: retire this uid and start a new one: a copy,
+            // then an anti-payload. The two allocations run to their end if the thread is interrupted, and whatever makes
+            // the second fail undoes the first (an interrupt at a pool's lock between them used to leave the copy live
+            // beside the current payload: two live payloads of one key, which recovery refused). The broken control
+            // (DurabilityFaults.UndoCopyOnlyWhenFull) does neither, as before.
+            bool control = (heap.Faults & DurabilityFaults.UndoCopyOnlyWhenFull) != 0;
+            InterruptShield.Scope? shield = control ? null : InterruptShield.Enter();
             try
             {
-                fresh = AllocateTyped(newSize, header.TypeId);
+                return ReplaceWithAnotherUid(heap, current, header, newSize, claim, control);
             }
-            catch
+            finally
             {
-                heap.ReleaseRetirement(current, header.EpochTag, claim);
-                throw;
+                shield?.Dispose();
             }
-
-            heap.Allocator.GetPayload(current)[..Math.Min(header.Size, newSize)].CopyTo(heap.Allocator.GetPayload(fresh));
-            heap.AfterReplaceCopiedForTesting?.Invoke(fresh.Offset);
-            try
-            {
-                DeleteClaimed(heap, current, header, claim);
-            }
-            catch (InsufficientMemoryException)
-            {
-                // No room for the anti-payload: undo the copy, so the caller keeps current and recovery does not find
-                // two live payloads for one key. The copy was never published; it leaves the write-back list first, so
-                // the advancer never seals or writes back a block that may by then be part of another one.
-                heap.Untrack(_buffers!, Version, fresh);
-                if (heap.Mode == DurabilityMode.Transient)
-                {
-                    heap.Allocator.FreeForOwner(fresh);
-                }
-                else
-                {
-                    // Freed durably before it can be handed out again: a write-back of a neighbouring block may already
-                    // have copied its allocated header to the file (a page run through the page cache), and no later
-                    // write-back would cover the free; a full scan would then find a second live payload for the key.
-                    heap.Allocator.MarkFree(fresh);
-                    heap.Allocator.WriteBackHeader(fresh);
-                    heap.Allocator.Fence();
-                    heap.Allocator.ReleaseFreed(fresh);
-                }
-
-                throw;
-            }
-
-            return fresh;
         }
 
         PayloadRef copy;
@@ -171,6 +143,56 @@ public ref struct DurableOperation
         int slot = ThreadBuffers.Slot(Version);
         _buffers!.Retire(slot, current.Offset, HeapLayout.HeaderSize + header.Size);
         return copy;
+    }
+
+    /// <summary>A replace of a payload of this version (or on a transient heap): a copy under a new uid, then an anti-payload for the old one (see <see cref="Replace(PayloadRef, int, bool)"/>).</summary>
+    private readonly PayloadRef ReplaceWithAnotherUid(BufferedDurableHeap heap, PayloadRef current, PayloadHeader header, int newSize, bool claim, bool control)
+    {
+        PayloadRef fresh;
+        try
+        {
+            fresh = AllocateTyped(newSize, header.TypeId);
+        }
+        catch
+        {
+            heap.ReleaseRetirement(current, header.EpochTag, claim);
+            throw;
+        }
+
+        heap.Allocator.GetPayload(current)[..Math.Min(header.Size, newSize)].CopyTo(heap.Allocator.GetPayload(fresh));
+        heap.AfterReplaceCopiedForTesting?.Invoke(fresh.Offset);
+        PayloadRef? anti;
+        try
+        {
+            anti = AllocateAntiPayload(heap, current, header, claim);
+        }
+        catch (Exception e) when (!control || e is InsufficientMemoryException)
+        {
+            // The anti-payload could not be allocated (nothing of it exists; the claim is given back): undo the copy, so
+            // the caller keeps current and recovery does not find two live payloads for one key. The copy was never
+            // published; it leaves the write-back list first, so the advancer never seals or writes back a block that
+            // may by then be part of another one.
+            heap.Untrack(_buffers!, Version, fresh);
+            if (heap.Mode == DurabilityMode.Transient)
+            {
+                heap.Allocator.FreeForOwner(fresh);
+            }
+            else
+            {
+                // Freed durably before it can be handed out again: a write-back of a neighbouring block may already
+                // have copied its allocated header to the file (a page run through the page cache), and no later
+                // write-back would cover the free; a full scan would then find a second live payload for the key.
+                heap.Allocator.MarkFree(fresh);
+                heap.Allocator.WriteBackHeader(fresh);
+                heap.Allocator.Fence();
+                heap.Allocator.ReleaseFreed(fresh);
+            }
+
+            throw;
+        }
+
+        RetireWithAntiPayload(current, header, anti);
+        return fresh;
     }
 
     /// <summary>
@@ -235,24 +257,39 @@ public ref struct DurableOperation
     }
 
     /// <summary>Deletes a payload whose retirement is claimed (if <paramref name="claim"/>): gives the claim back if the anti-payload cannot be allocated.</summary>
-    private readonly void DeleteClaimed(BufferedDurableHeap heap, PayloadRef current, PayloadHeader header, bool claim)
+    private readonly void DeleteClaimed(BufferedDurableHeap heap, PayloadRef current, PayloadHeader header, bool claim) =>
+        RetireWithAntiPayload(current, header, AllocateAntiPayload(heap, current, header, claim));
+
+    /// <summary>
+    /// The anti-payload that deletes <paramref name="current"/> (none on a transient heap); if it cannot be allocated,
+    /// gives the claim back (if <paramref name="claim"/>) and throws, with nothing allocated.
+    /// </summary>
+    private readonly PayloadRef? AllocateAntiPayload(BufferedDurableHeap heap, PayloadRef current, PayloadHeader header, bool claim)
+    {
+        if (heap.Mode == DurabilityMode.Transient)
+        {
+            return null;
+        }
+
+        try
+        {
+            return heap.Allocator.AllocateForOwner(0, header.TypeId, Version, PayloadKind.Delete, header.Uid);
+        }
+        catch
+        {
+            heap.ReleaseRetirement(current, header.EpochTag, claim);
+            throw;
+        }
+    }
+
+    /// <summary>Retires <paramref name="current"/> in this version, with its anti-payload (if any), written back with the version.</summary>
+    private readonly void RetireWithAntiPayload(PayloadRef current, PayloadHeader header, PayloadRef? anti)
     {
         int slot = ThreadBuffers.Slot(Version);
-        if (heap.Mode != DurabilityMode.Transient)
+        if (anti is { } antiPayload)
         {
-            PayloadRef anti;
-            try
-            {
-                anti = heap.Allocator.AllocateForOwner(0, header.TypeId, Version, PayloadKind.Delete, header.Uid);
-            }
-            catch
-            {
-                heap.ReleaseRetirement(current, header.EpochTag, claim);
-                throw;
-            }
-
-            heap.Track(_buffers!, Version, anti);
-            _buffers!.RetireAntiPayload(slot, anti.Offset);
+            Heap.Track(_buffers!, Version, antiPayload);
+            _buffers!.RetireAntiPayload(slot, antiPayload.Offset);
         }
 
         _buffers!.Retire(slot, current.Offset, HeapLayout.HeaderSize + header.Size);

@@ -318,4 +318,105 @@ public sealed class ShieldReviewTests
         Assert.True(interrupted && absorbed, "the scenario did not happen");
         Assert.Null(failure);
     }
+
+    /// <summary>
+    /// A probe's finding: a byte map's update that changes the value's size within its version replaces the payload by a
+    /// copy under a new uid, then allocates an anti-payload for the old one. An interrupt at a pool's lock in the second
+    /// allocation skipped the undo of the first (it undid only for a full heap): the copy stayed live beside the current
+    /// payload, and the reopen refused the file (two live payloads of one key). Here the anti-payload's class pool is
+    /// held by another thread when the replacing thread, interrupted, allocates it (a fresh thread, whose cache of that
+    /// class is empty). The control (<see cref="DurabilityFaults.UndoCopyOnlyWhenFull"/>) is the old replace.
+    /// </summary>
+    [Theory]
+    [InlineData(false)]
+    [InlineData(true)]
+    public void AnInterruptBetweenAReplacesCopyAndItsAntiPayload_LeavesOneLivePayloadPerKey(bool control)
+    {
+        using var dir = new TempDirectory();
+        string path = dir.File("replace.heap");
+        var options = new BufferedDurableHeapOptions { AdvancePeriod = Timeout.InfiniteTimeSpan, Faults = control ? DurabilityFaults.UndoCopyOnlyWhenFull : DurabilityFaults.None };
+        Exception? set = null;
+        bool caught = false;
+        using (BufferedDurableHeap heap = BufferedDurableHeap.Create(path, Small, options))
+        {
+            var map = new PersistentByteMap<long>(heap, typeId: 1);
+            var pools = (object[])typeof(PersistentHeap).GetField("_pools", BindingFlags.Instance | BindingFlags.NonPublic)!.GetValue(heap.Heap)!;
+            object antiPool = pools[0];
+            using var held = new ManualResetEventSlim();
+            using var release = new ManualResetEventSlim();
+            var holder = new Thread(() =>
+            {
+                Monitor.Enter(antiPool);
+                held.Set();
+                release.Wait(Workers.JoinTimeout);
+                Monitor.Exit(antiPool);
+            })
+            { IsBackground = true };
+            Thread? replacer = null;
+            heap.AfterReplaceCopiedForTesting = _ =>
+            {
+                if (Thread.CurrentThread == replacer)
+                {
+                    holder.Start();
+                    held.Wait(Workers.JoinTimeout);
+                    Thread.CurrentThread.Interrupt(); // pending: thrown at the anti-payload pool's contended lock
+                }
+            };
+            InterruptShield.InterruptCaughtForTesting = () =>
+            {
+                if (Thread.CurrentThread == replacer)
+                {
+                    caught = true;
+                    release.Set();
+                }
+            };
+            try
+            {
+                replacer = new Thread(() =>
+                {
+                    map.Set(7, new byte[100]); // an insert of one size class (this thread allocates nothing of class 0)
+                    set = Record.Exception(() => map.Set(7, new byte[300])); // another size, same version: copy + anti-payload
+                    PendingInterrupt.TryConsume();
+                })
+                { IsBackground = true };
+                replacer.Start();
+                Assert.True(replacer.Join(Workers.JoinTimeout));
+            }
+            finally
+            {
+                release.Set();
+                InterruptShield.InterruptCaughtForTesting = null;
+                heap.AfterReplaceCopiedForTesting = null;
+            }
+
+            _output.WriteLine($"control {control}: Set threw {set?.GetType().Name}: {set?.Message}; interrupt caught inside the shield: {caught}");
+            if (control)
+            {
+                Assert.IsType<ThreadInterruptedException>(set);
+            }
+            else
+            {
+                Assert.Null(set);
+                Assert.True(caught, "the anti-payload's allocation never waited with the interrupt pending");
+                Assert.Equal(300, map.Get(7)!.Length);
+            }
+
+            heap.Sync();
+        }
+
+        Exception? reopen = Record.Exception(() =>
+        {
+            using BufferedDurableHeap heap = BufferedDurableHeap.Open(path, Small);
+            var map = new PersistentByteMap<long>(heap, typeId: 1);
+            Assert.Equal(control ? 100 : 300, map.Get(7)!.Length);
+        });
+        if (control)
+        {
+            // The copy stayed live beside the current payload: the reopen refuses the file.
+            Assert.IsType<System.IO.InvalidDataException>(reopen);
+            return;
+        }
+
+        Assert.Null(reopen);
+    }
 }
