@@ -1199,8 +1199,8 @@ public sealed unsafe partial class BufferedDurableHeap
     /// <summary>
     /// A Sync, SyncAsync or AdvanceVersion inside an operation of another heap: it waits for this heap's version to end,
     /// which a thread nesting the heaps in the other order (inside an operation of this heap, waiting for that one) can
-    /// hold for ever; refused as a nested operation is (see RefuseNestingAcrossHeaps). Not Dispose: its last advance
-    /// waits for this heap's operations only, and it closes the heap either way.
+    /// hold for ever; refused as a nested operation is (see RefuseNestingAcrossHeaps). Dispose checks for itself, before
+    /// anything changes (see InsideAnotherHeapsOperation); its last advance calls SyncCore past that check.
     /// </summary>
     private static void ThrowIfInsideAnotherHeapsOperation(string what)
     {

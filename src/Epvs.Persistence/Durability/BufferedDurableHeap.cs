@@ -164,6 +164,7 @@ public sealed unsafe partial class BufferedDurableHeap : IDisposable
     {
         // Options first: an invalid one must not leave a file behind (a retry would then find the path taken).
         options?.Validate();
+        ThrowIfOpenedInsideAnotherHeapsOperation(options);
         HeapFile file = HeapFile.Create(path, fileOptions);
         try
         {
@@ -189,8 +190,24 @@ public sealed unsafe partial class BufferedDurableHeap : IDisposable
     /// <param name="options">Durability mode, advance period, recovery; null for the defaults.</param>
     /// <returns>The recovered heap; structures take their payloads with <see cref="TakeRecoveredPayloads(int)"/>.</returns>
     /// <exception cref="HeapFileException">See <see cref="HeapFile.Open(string, HeapFileOptions?)"/>.</exception>
-    public static BufferedDurableHeap Open(string path, HeapFileOptions? fileOptions = null, BufferedDurableHeapOptions? options = null) =>
-        Own(HeapFile.Open(path, fileOptions, HeapLayout.KindBufferedDurable), options);
+    public static BufferedDurableHeap Open(string path, HeapFileOptions? fileOptions = null, BufferedDurableHeapOptions? options = null)
+    {
+        ThrowIfOpenedInsideAnotherHeapsOperation(options);
+        return Own(HeapFile.Open(path, fileOptions, HeapLayout.KindBufferedDurable), options);
+    }
+
+    /// <summary>
+    /// A heap created or opened inside an operation of another heap on the same thread is refused before anything is
+    /// created: its Dispose would be (see <see cref="InsideAnotherHeapsOperation"/>), so the usual <c>using</c> order
+    /// (the new heap disposed before the enclosing operation ends) left it open, its file locked.
+    /// </summary>
+    private static void ThrowIfOpenedInsideAnotherHeapsOperation(BufferedDurableHeapOptions? options)
+    {
+        if (ThreadBuffers.InsideAnOperationOfALiveHeap(except: null) && ((options?.Faults ?? DurabilityFaults.None) & DurabilityFaults.NestAcrossHeaps) == 0)
+        {
+            ThrowHelper.ThrowInvalidOperation("A BufferedDurableHeap was created or opened inside an operation of another BufferedDurableHeap on the same thread: it could not be disposed there (its Dispose would wait for its version, which a thread nesting the heaps in the other order can hold back for ever). End the other heap's operation first.");
+        }
+    }
 
     /// <summary>Opens (recovering) a heap file the caller owns, for example one on a <see cref="SimulatedPersistenceDomain"/>; the file is not disposed with the heap.</summary>
     /// <param name="file">A heap file just created or opened, not used by another heap.</param>
@@ -199,6 +216,7 @@ public sealed unsafe partial class BufferedDurableHeap : IDisposable
     public static BufferedDurableHeap Open(HeapFile file, BufferedDurableHeapOptions? options = null)
     {
         ArgumentNullException.ThrowIfNull(file);
+        ThrowIfOpenedInsideAnotherHeapsOperation(options);
         return new BufferedDurableHeap(file, ownsFile: false, options);
     }
 
@@ -328,24 +346,33 @@ public sealed unsafe partial class BufferedDurableHeap : IDisposable
         throw fault;
     }
 
-    /// <summary>Whether the calling thread is inside an operation of another live heap (for Dispose; false once this heap is disposed).</summary>
+    /// <summary>Test-only: the flag the first Dispose sets (read it with Volatile.Read).</summary>
+    internal ref int DisposedFlagForTesting => ref _disposed;
+
+    /// <summary>Whether the calling thread is inside an operation of another live heap (for Dispose; false once this heap is closed).</summary>
     private bool InsideAnotherHeapsOperation()
     {
-        // Volatile.Read: a fresh look; a later Dispose does nothing anyway (and the thread-local may be disposed).
-        if ((_faults & DurabilityFaults.NestAcrossHeaps) != 0 || Volatile.Read(ref _disposed) != 0)
+        // Until the heap is closed: a later Dispose waits for one in progress, which may wait for this thread's operation
+        // of the other heap. This thread's own buffers are found through the registry, not the thread-local (which a
+        // Dispose in progress may dispose).
+        if ((_faults & DurabilityFaults.NestAcrossHeaps) != 0 || _disposal.IsCompleted)
         {
             return false;
         }
 
-        try
+        ThreadBuffers? mine = null;
+        Thread current = Thread.CurrentThread;
+        // Volatile.Read: acquire; pairs with the release in RegisterThread.
+        foreach (ThreadBuffers buffers in Volatile.Read(ref _registry))
         {
-            return ThreadBuffers.InsideAnOperationOfALiveHeap(except: _local.IsValueCreated ? _local.Value : null);
+            if (buffers.Owner == current)
+            {
+                mine = buffers;
+                break;
+            }
         }
-        catch (ObjectDisposedException)
-        {
-            // Another Dispose closed this heap meanwhile: this one waits for it (below).
-            return false;
-        }
+
+        return ThreadBuffers.InsideAnOperationOfALiveHeap(except: mine);
     }
 
     /// <summary>

@@ -385,7 +385,8 @@ public sealed unsafe partial class LightEpoch : IDisposable
         ThrowHelper.ThrowInvalidOperation(
             $"{call} was called inside a deferred action with no level of the action's own: the action runs in a drain of a " +
             "protected thread (its Refresh or Enter, or a BumpCurrentEpoch inside its region), whose region it would end or " +
-            "move on under it. Enter within the action first, and leave only the levels it entered.");
+            "move on under it. Enter within the action first, and leave only the levels it entered (a state machine's callback " +
+            "run there, such as a critical section in OnEnteringState, may neither Enter nor Refresh at all).");
     }
 
     [MethodImpl(MethodImplOptions.NoInlining)]

@@ -188,4 +188,55 @@ public sealed class NestedHeapsTests
             Assert.Equal(new Dictionary<int, int> { [1] = 1 }, new PersistentHashMap<int, int>(reopened, typeId: 1).ToDictionary());
         }
     }
+
+    /// <summary>
+    /// A review's findings: a Dispose that finds another Dispose of the heap in progress waits for it, and did so inside an
+    /// operation of another heap (the check looked only at the disposed flag), which could stall as the first Dispose
+    /// did; and a heap created inside another heap's operation could not be disposed in the usual <c>using</c> order
+    /// (its Dispose refused), so it stayed open with its file locked. The second Dispose is refused while the first runs,
+    /// and creating or opening a heap there is refused before anything is created.
+    /// </summary>
+    [Fact]
+    public void ASecondDisposeAndACreateInsideAnotherHeapsOperation_AreRefused()
+    {
+        using var dir = new TempDirectory();
+        var options = new BufferedDurableHeapOptions { AdvancePeriod = Timeout.InfiniteTimeSpan };
+        var fileOptions = new HeapFileOptions { Size = 4L << 20, Domain = PersistenceDomainKind.MappedFile };
+        using BufferedDurableHeap a = BufferedDurableHeap.Create(dir.File("a.heap"), fileOptions, options);
+        BufferedDurableHeap b = BufferedDurableHeap.Create(dir.File("b.heap"), fileOptions, options);
+        using var inB = new ManualResetEventSlim();
+        using var leaveB = new ManualResetEventSlim();
+
+        // W holds an operation of B, so U's Dispose of B waits for it (and is in progress meanwhile).
+        var w = new Thread(() =>
+        {
+            using DurableOperation op = b.BeginOperation();
+            inB.Set();
+            leaveB.Wait(TimeSpan.FromSeconds(30));
+        });
+        w.Start();
+        Assert.True(inB.Wait(TimeSpan.FromSeconds(30)));
+        Exception? uDispose = null;
+        var u = new Thread(() => uDispose = Record.Exception(b.Dispose));
+        u.Start();
+        var spinner = new SpinWait();
+        while (Volatile.Read(ref b.DisposedFlagForTesting) == 0)
+        {
+            spinner.SpinOnce(sleep1Threshold: -1);
+        }
+
+        using (DurableOperation op = a.BeginOperation())
+        {
+            // The second Dispose, inside A's operation: refused at once instead of waiting behind U's.
+            Assert.Contains("inside an operation of another BufferedDurableHeap", Assert.Throws<InvalidOperationException>(b.Dispose).Message, StringComparison.Ordinal);
+
+            // A heap created or opened here could not be disposed here either: refused before anything is created.
+            Assert.Throws<InvalidOperationException>(() => BufferedDurableHeap.Create(dir.File("c.heap"), fileOptions, options));
+            Assert.False(System.IO.File.Exists(dir.File("c.heap")));
+        }
+
+        leaveB.Set();
+        Assert.True(w.Join(TimeSpan.FromSeconds(30)) & u.Join(TimeSpan.FromSeconds(30)));
+        Assert.Null(uDispose);
+    }
 }
