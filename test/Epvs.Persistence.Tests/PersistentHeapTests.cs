@@ -53,6 +53,26 @@ public sealed class PersistentHeapTests : IDisposable
         Assert.True(newUid > expected.Max(e => e.Header.Uid), "uids resume above the largest recovered uid");
     }
 
+    /// <summary>
+    /// A probe's findings: a negative uid was accepted and persisted, and a caller's uid near long.MaxValue made NewUid,
+    /// after a reopen resumed above it, return negative uids. A negative uid is refused; NewUid reports exhaustion instead
+    /// of wrapping.
+    /// </summary>
+    [Fact]
+    public void Uids_AreNeverNegative()
+    {
+        string path = _directory.File("uids.heap");
+        using (PersistentHeap heap = PersistentHeap.Create(path, MappedFile(1 << 20)))
+        {
+            Assert.Throws<ArgumentOutOfRangeException>(() => heap.Allocate(16, 1, uid: -7));
+            heap.Persist(heap.Allocate(16, 1, uid: long.MaxValue - 3));
+        }
+
+        using PersistentHeap reopened = PersistentHeap.Open(path, MappedFile(0));
+        Assert.Throws<InvalidOperationException>(() => reopened.NewUid());
+        Assert.Throws<InvalidOperationException>(() => reopened.Allocate(16, 1));
+    }
+
     [Fact]
     public void Free_ThenAllocateSameClass_ReusesTheBlock()
     {

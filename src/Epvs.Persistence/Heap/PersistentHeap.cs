@@ -168,7 +168,9 @@ public sealed unsafe partial class PersistentHeap : IDisposable
     /// <param name="typeId">An application-defined type id stored in the header.</param>
     /// <param name="epochTag">The EPVS version the payload belongs to (0 when not using epochs).</param>
     /// <param name="kind">Alloc, update or delete (anti-payload).</param>
-    /// <param name="uid">The payload's logical identity; 0 draws a new one (see <see cref="NewUid"/>).</param>
+    /// <param name="uid">The payload's logical identity; 0 draws a new one (see <see cref="NewUid"/>). Otherwise a uid
+    /// <see cref="NewUid"/> returned, or one of a block of this heap (an update of it): a uid made up by the caller may
+    /// equal one that <see cref="NewUid"/> hands out later. Negative uids are refused.</param>
     /// <returns>The block.</returns>
     /// <exception cref="InsufficientMemoryException">No free block fits and the heap cannot grow.</exception>
     /// <exception cref="ArgumentOutOfRangeException"><paramref name="size"/> or <paramref name="kind"/> is out of range.</exception>
@@ -274,7 +276,7 @@ public sealed unsafe partial class PersistentHeap : IDisposable
     /// <param name="block">The block, or null when the heap is full.</param>
     /// <param name="epochTag">The EPVS version the payload belongs to.</param>
     /// <param name="kind">Alloc, update or delete (anti-payload).</param>
-    /// <param name="uid">The payload's logical identity; 0 draws a new one.</param>
+    /// <param name="uid">The payload's logical identity; 0 draws a new one (see the same parameter of <see cref="Allocate(int, int, long, PayloadKind, long)"/>).</param>
     /// <returns>Whether a block was allocated.</returns>
     /// <exception cref="ArgumentOutOfRangeException"><paramref name="size"/> or <paramref name="kind"/> is out of range.</exception>
     /// <exception cref="InvalidOperationException">This is a <see cref="BufferedDurableHeap"/>'s allocator: allocate through <see cref="BufferedDurableHeap.BeginOperation"/>.</exception>
@@ -289,6 +291,12 @@ public sealed unsafe partial class PersistentHeap : IDisposable
         if ((uint)(kind - PayloadKind.Alloc) > PayloadKind.Delete - PayloadKind.Alloc)
         {
             ThrowHelper.ThrowArgumentOutOfRange(nameof(kind), $"{kind} is not a payload kind.");
+        }
+
+        if (uid < 0)
+        {
+            // A negative uid persisted, and recovery resumes drawing uids above the largest one it finds.
+            ThrowHelper.ThrowArgumentOutOfRange(nameof(uid), $"A uid is 0 (draw a new one) or positive, not {uid}.");
         }
 
         _file.EnterOperation();
@@ -688,6 +696,9 @@ public sealed unsafe partial class PersistentHeap : IDisposable
 
     /// <summary>Waits until everything the calling thread wrote back is durable.</summary>
     /// <exception cref="ObjectDisposedException">The heap file was disposed.</exception>
+    /// <exception cref="System.Threading.ThreadInterruptedException">The calling thread was interrupted while the fence waited
+    /// for another thread's (through the page cache, fences take turns): nothing is lost, what it covers is not known to
+    /// be durable yet; call it again.</exception>
     public void Fence()
     {
         _file.EnterOperation();
@@ -703,6 +714,7 @@ public sealed unsafe partial class PersistentHeap : IDisposable
 
     /// <summary>Writes back the block's header and payload and fences: on return the block and its payload are durable.</summary>
     /// <exception cref="InvalidOperationException">The block is not allocated.</exception>
+    /// <exception cref="System.Threading.ThreadInterruptedException">As for <see cref="Fence"/>: the block is not known to be durable yet; persist it again.</exception>
     public void Persist(PayloadRef block)
     {
         _file.EnterOperation();
@@ -718,11 +730,15 @@ public sealed unsafe partial class PersistentHeap : IDisposable
     }
 
     /// <summary>
-    /// Draws a new payload uid: unique among the uids of this heap's blocks (recovery resumes above the largest uid it
-    /// found). Each thread reserves uids in batches, so uids are unique but not ordered across threads.
+    /// Draws a new payload uid: unique among the uids this method returns and those of the blocks recovery found (it
+    /// resumes above the largest); a uid a caller made up for <see cref="Allocate(int, int, long, PayloadKind, long)"/>
+    /// in this session may come back. Each thread reserves uids in batches, so uids are unique but not ordered across
+    /// threads.
     /// </summary>
     /// <returns>A positive uid.</returns>
     /// <exception cref="ObjectDisposedException">The heap was disposed.</exception>
+    /// <exception cref="InvalidOperationException">The uids are exhausted: a block carries a caller's uid within 1,024 of
+    /// <see cref="long.MaxValue"/> (uids never wrap to negative or repeat).</exception>
     public long NewUid()
     {
         // Volatile.Read: a fresh look (its per-thread cache, disposed with the heap, would report itself instead).
@@ -1190,7 +1206,15 @@ public sealed unsafe partial class PersistentHeap : IDisposable
             if (_uidNext == _uidEnd)
             {
                 // Interlocked.Add: atomic reservation of a range; no ordering needed beyond uniqueness.
-                _uidEnd = Interlocked.Add(ref shared, UidBatch) + 1;
+                long end = Interlocked.Add(ref shared, UidBatch) + 1;
+                if (end <= UidBatch)
+                {
+                    // Wrapped past long.MaxValue (a caller's uid near it resumed the count there): never a negative or
+                    // reused uid.
+                    ThrowHelper.ThrowInvalidOperation("The heap's uids are exhausted: a block carries a uid within a batch of long.MaxValue (a caller's own uid, see Allocate), and uids are never reused.");
+                }
+
+                _uidEnd = end;
                 _uidNext = _uidEnd - UidBatch;
             }
 
