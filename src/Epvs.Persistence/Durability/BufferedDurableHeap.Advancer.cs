@@ -98,9 +98,10 @@ public sealed unsafe partial class BufferedDurableHeap
     /// background period); other threads keep operating meanwhile. Waits at most
     /// <see cref="BufferedDurableHeapOptions.SyncTimeout"/>.
     /// </summary>
-    /// <exception cref="InvalidOperationException">The calling thread is inside an operation (the version cannot
-    /// advance until it ends), the heap is <see cref="DurabilityMode.Transient"/>, the version transition failed, or
-    /// the advancer failed earlier.</exception>
+    /// <exception cref="InvalidOperationException">The calling thread is inside an operation of this heap (the version
+    /// cannot advance until it ends) or of another buffered heap (a thread nesting the two in the other order could
+    /// hold this heap's version for ever), the heap is <see cref="DurabilityMode.Transient"/>, the version transition
+    /// failed, or the advancer failed earlier.</exception>
     /// <exception cref="TimeoutException">Another thread stayed inside an operation for the whole timeout; the message names it.</exception>
     /// <exception cref="System.IO.IOException">The cycle this call ran failed to write the version back (the medium's
     /// error). Nothing of that version or any later one becomes durable in this heap any more: later calls throw
@@ -135,9 +136,10 @@ public sealed unsafe partial class BufferedDurableHeap
     /// </summary>
     /// <param name="cancellationToken">Cancels the wait (not the advance).</param>
     /// <returns>A task that completes when durable, or faults with <see cref="TimeoutException"/> after <see cref="BufferedDurableHeapOptions.SyncTimeout"/>.</returns>
-    /// <exception cref="InvalidOperationException">The calling thread is inside an operation (as for <see cref="Sync()"/>:
-    /// the task could not complete before the operation ends, so a caller that waited for it there would wait for ever;
-    /// end the operation first), the heap is <see cref="DurabilityMode.Transient"/>, or the advancer failed.</exception>
+    /// <exception cref="InvalidOperationException">The calling thread is inside an operation of this heap or of another
+    /// buffered heap (as for <see cref="Sync()"/>: the task could not complete before the operation ends, so a caller
+    /// that waited for it there would wait for ever; end the operation first), the heap is
+    /// <see cref="DurabilityMode.Transient"/>, or the advancer failed.</exception>
     /// <exception cref="ObjectDisposedException">The heap has been disposed.</exception>
     public Task SyncAsync(CancellationToken cancellationToken = default)
     {
@@ -221,7 +223,8 @@ public sealed unsafe partial class BufferedDurableHeap
     /// <param name="timeout">How long to wait for operations of v to end (up to int.MaxValue milliseconds, or <see cref="Timeout.InfiniteTimeSpan"/>).</param>
     /// <returns>The new durable frontier.</returns>
     /// <exception cref="ArgumentOutOfRangeException"><paramref name="timeout"/> is negative (other than <see cref="Timeout.InfiniteTimeSpan"/>) or longer than int.MaxValue milliseconds.</exception>
-    /// <exception cref="InvalidOperationException">The calling thread is inside an operation.</exception>
+    /// <exception cref="InvalidOperationException">The calling thread is inside an operation of this heap or of another
+    /// buffered heap (see <see cref="Sync()"/>).</exception>
     /// <exception cref="TimeoutException">Another thread stayed inside an operation for the whole timeout.</exception>
     /// <exception cref="ObjectDisposedException">The heap has been disposed, or Dispose began on another thread while
     /// this call waited for the operations of v to end (Dispose's last advance then completes it or reports why not).</exception>

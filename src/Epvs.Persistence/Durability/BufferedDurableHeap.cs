@@ -160,6 +160,8 @@ public sealed unsafe partial class BufferedDurableHeap : IDisposable
     /// <returns>The empty heap, with its advancer running.</returns>
     /// <exception cref="HeapFileException">See <see cref="HeapFile.Create(string, HeapFileOptions?)"/>.</exception>
     /// <exception cref="ArgumentOutOfRangeException">An option is out of range; no file is created.</exception>
+    /// <exception cref="InvalidOperationException">The calling thread is inside an operation of another buffered heap
+    /// (the new heap could not be disposed there: see <see cref="Dispose"/>); no file is created.</exception>
     public static BufferedDurableHeap Create(string path, HeapFileOptions? fileOptions = null, BufferedDurableHeapOptions? options = null)
     {
         // Options first: an invalid one must not leave a file behind (a retry would then find the path taken).
@@ -190,6 +192,7 @@ public sealed unsafe partial class BufferedDurableHeap : IDisposable
     /// <param name="options">Durability mode, advance period, recovery; null for the defaults.</param>
     /// <returns>The recovered heap; structures take their payloads with <see cref="TakeRecoveredPayloads(int)"/>.</returns>
     /// <exception cref="HeapFileException">See <see cref="HeapFile.Open(string, HeapFileOptions?)"/>.</exception>
+    /// <exception cref="InvalidOperationException">The calling thread is inside an operation of another buffered heap (as for <see cref="Create"/>).</exception>
     public static BufferedDurableHeap Open(string path, HeapFileOptions? fileOptions = null, BufferedDurableHeapOptions? options = null)
     {
         ThrowIfOpenedInsideAnotherHeapsOperation(options);
@@ -213,6 +216,7 @@ public sealed unsafe partial class BufferedDurableHeap : IDisposable
     /// <param name="file">A heap file just created or opened, not used by another heap.</param>
     /// <param name="options">Durability mode, advance period, recovery; null for the defaults.</param>
     /// <returns>The recovered heap.</returns>
+    /// <exception cref="InvalidOperationException">The calling thread is inside an operation of another buffered heap (as for <see cref="Create"/>).</exception>
     public static BufferedDurableHeap Open(HeapFile file, BufferedDurableHeapOptions? options = null)
     {
         ArgumentNullException.ThrowIfNull(file);
@@ -484,7 +488,10 @@ public sealed unsafe partial class BufferedDurableHeap : IDisposable
     /// in a system call on a failing disk, say): the heap is closed without it, as with a thread left inside an operation — a file the heap opened is
     /// quarantined rather than unmapped under it, and a file the caller owns hosts no other heap (dispose it; the file
     /// can be opened again by its path).</exception>
-    /// <exception cref="InvalidOperationException">Called inside a call of the heap's file on the same thread (a
+    /// <exception cref="InvalidOperationException">Called inside an operation of another <see cref="BufferedDurableHeap"/>
+    /// on the same thread, or while another Dispose of this heap runs (its last advance waits for this heap's version,
+    /// which a thread nesting the two heaps in the other order could hold for ever): nothing is disposed. Or: called
+    /// inside a call of the heap's file on the same thread (a
     /// <see cref="PersistentHeap.ForEachAllocated"/> visitor of <see cref="Heap"/>, say), which goes on using the mapping
     /// once its callback returns: nothing is disposed. Or: called on a thread that is running one of the heap's advance cycles
     /// (from a callback such as a <see cref="EpochProtectedVersionScheme.StateMachineFaulted"/> handler on the advancer's

@@ -173,8 +173,8 @@ public sealed unsafe partial class PersistentHeap : IDisposable
     /// equal one that <see cref="NewUid"/> hands out later. Negative uids are refused.</param>
     /// <returns>The block.</returns>
     /// <exception cref="InsufficientMemoryException">No free block fits and the heap cannot grow.</exception>
-    /// <exception cref="ArgumentOutOfRangeException"><paramref name="size"/> or <paramref name="kind"/> is out of range.</exception>
-    /// <exception cref="InvalidOperationException">This is a <see cref="BufferedDurableHeap"/>'s allocator: allocate through <see cref="BufferedDurableHeap.BeginOperation"/>.</exception>
+    /// <exception cref="ArgumentOutOfRangeException"><paramref name="size"/>, <paramref name="kind"/> or <paramref name="uid"/> (negative) is out of range.</exception>
+    /// <exception cref="InvalidOperationException">This is a <see cref="BufferedDurableHeap"/>'s allocator: allocate through <see cref="BufferedDurableHeap.BeginOperation"/>. Or <paramref name="uid"/> is 0 and the uids are exhausted (see <see cref="NewUid"/>).</exception>
     public PayloadRef Allocate(int size, int typeId, long epochTag = 0, PayloadKind kind = PayloadKind.Alloc, long uid = 0)
     {
         ThrowIfBufferedHeapsAllocator(nameof(Allocate));
@@ -278,8 +278,8 @@ public sealed unsafe partial class PersistentHeap : IDisposable
     /// <param name="kind">Alloc, update or delete (anti-payload).</param>
     /// <param name="uid">The payload's logical identity; 0 draws a new one (see the same parameter of <see cref="Allocate(int, int, long, PayloadKind, long)"/>).</param>
     /// <returns>Whether a block was allocated.</returns>
-    /// <exception cref="ArgumentOutOfRangeException"><paramref name="size"/> or <paramref name="kind"/> is out of range.</exception>
-    /// <exception cref="InvalidOperationException">This is a <see cref="BufferedDurableHeap"/>'s allocator: allocate through <see cref="BufferedDurableHeap.BeginOperation"/>.</exception>
+    /// <exception cref="ArgumentOutOfRangeException"><paramref name="size"/>, <paramref name="kind"/> or <paramref name="uid"/> (negative) is out of range.</exception>
+    /// <exception cref="InvalidOperationException">This is a <see cref="BufferedDurableHeap"/>'s allocator: allocate through <see cref="BufferedDurableHeap.BeginOperation"/>. Or <paramref name="uid"/> is 0 and the uids are exhausted (see <see cref="NewUid"/>).</exception>
     public bool TryAllocate(int size, int typeId, out PayloadRef block, long epochTag = 0, PayloadKind kind = PayloadKind.Alloc, long uid = 0)
     {
         ThrowIfBufferedHeapsAllocator(nameof(TryAllocate));

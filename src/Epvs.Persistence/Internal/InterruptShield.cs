@@ -13,7 +13,8 @@ namespace Epvs.Persistence;
 /// (<see cref="Hold"/>, <see cref="Lock"/>, <see cref="Wait"/>, <see cref="SpinOnce"/>) absorb the interrupt and wait on;
 /// the outermost shield requests it again as it ends, so the thread's next interruptible wait outside the heap's work
 /// (its own, or the heap's outside a shield, which have changed nothing when they throw) still sees it. Outside a
-/// shield they are the plain waits. Costs nothing until an interrupt: a thread-static read when one is caught.
+/// shield they are the plain waits. A wait costs nothing more until an interrupt (an exception filter); a scope costs
+/// two thread-static accesses, so scopes sit on slow paths (a refill, a spill, a cycle, a Dispose), not per operation.
 /// </summary>
 internal static class InterruptShield
 {
@@ -139,6 +140,12 @@ internal static class InterruptShield
 
     private static void Exit()
     {
+        // Never below 0 (a scope disposed twice, or a default one): a negative depth would absorb every later interrupt.
+        if (t_depth == 0)
+        {
+            return;
+        }
+
         if (--t_depth == 0 && t_absorbed)
         {
             t_absorbed = false;

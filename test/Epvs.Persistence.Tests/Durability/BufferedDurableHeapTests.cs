@@ -491,7 +491,7 @@ public sealed class BufferedDurableHeapTests
         finally
         {
             release.Set();
-            holder.Join();
+            Assert.True(holder.Join(TimeSpan.FromSeconds(30)));
         }
     }
 

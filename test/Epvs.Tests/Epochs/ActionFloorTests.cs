@@ -151,7 +151,7 @@ public sealed class ActionFloorTests
                 e.BumpCurrentEpoch(() =>
                 {
                     wStarted.Set();
-                    wGate.Wait();
+                    wGate.Wait(TimeSpan.FromSeconds(30));
                 });
                 e.BumpCurrentEpoch(() =>
                 {
@@ -159,7 +159,7 @@ public sealed class ActionFloorTests
                     scheme.Refresh();
                 });
                 uRegistered.Set();
-                tEntered.Wait();
+                tEntered.Wait(TimeSpan.FromSeconds(30));
                 scheme.Leave();
             });
             Assert.True(uRegistered.Wait(TimeSpan.FromSeconds(30)));
@@ -170,7 +170,7 @@ public sealed class ActionFloorTests
                 scheme.Enter();
                 Volatile.Write(ref tInside, true);
                 tEntered.Set();
-                wStarted.Wait();
+                wStarted.Wait(TimeSpan.FromSeconds(30));
                 scheme.TryAdvanceVersionWithCriticalSection((_, _) => csInsideT |= Volatile.Read(ref tInside));
                 Volatile.Write(ref tInside, false);
                 scheme.Leave();
