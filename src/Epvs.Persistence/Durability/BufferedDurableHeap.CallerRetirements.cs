@@ -95,9 +95,13 @@ public sealed unsafe partial class BufferedDurableHeap
     {
         if (claimed && (_faults & DurabilityFaults.AcceptDoubleRetirement) == 0)
         {
+            ClaimGivenBackForTesting?.Invoke();
             Forget(current.Offset, tag);
         }
     }
+
+    /// <summary>Test hook: a failed Replace or Delete is about to give its claim back (on its thread).</summary>
+    internal Action? ClaimGivenBackForTesting { get; set; }
 
     /// <summary>Whether a public call retired <paramref name="current"/>, whose tag is <paramref name="tag"/>, and its block is not free yet (an update in place of a deleted payload).</summary>
     internal bool RetiredByACaller(PayloadRef current, long tag) =>
@@ -130,8 +134,10 @@ public sealed unsafe partial class BufferedDurableHeap
 
     private void Forget(long offset, long tag)
     {
-        // In a sweep's or a cycle's shielded work: the dictionary's stripe lock is a wait the shield does not wrap. An
-        // interrupt there throws before the removal, which is then simply retried (it failed the sweep, or the cycle, for good).
+        // Always to its end (its own shield): in a sweep or a cycle an interrupt at the dictionary's stripe lock failed
+        // the heap for good, and in a failed Replace or Delete giving its claim back it left the claim on a live payload,
+        // refusing every later Replace or Delete of it. The interrupt throws before the removal, which is retried.
+        using InterruptShield.Scope shield = InterruptShield.Enter();
         while (true)
         {
             try

@@ -426,4 +426,97 @@ public sealed class ShieldReviewTests
 
         Assert.Null(reopen);
     }
+
+    /// <summary>
+    /// A probe's finding: a Replace or Delete that fails after taking its retirement claim gives the claim back through
+    /// the claims dictionary, whose lock is a wait; interrupted there (outside any shield), the claim stayed on a payload
+    /// that is still live, and every later Replace or Delete of it was refused for the rest of the session. The give-back
+    /// now runs to its end. Here the Replace fails on its size (after its claim), and the dictionary's locks are held
+    /// when it gives the claim back with an interrupt pending; they are released once the interrupt is caught.
+    /// </summary>
+    [Fact]
+    public void AnInterruptedClaimGiveBack_LeavesNoClaimOnALivePayload()
+    {
+        using var dir = new TempDirectory();
+        using BufferedDurableHeap heap = BufferedDurableHeap.Create(dir.File("claim.heap"), Small, new BufferedDurableHeapOptions { AdvancePeriod = Timeout.InfiniteTimeSpan });
+        PayloadRef current;
+        using (DurableOperation op = heap.BeginOperation())
+        {
+            current = op.Allocate(100, 7);
+        }
+
+        heap.Sync(); // an older version's payload: the replace copies under its uid, without a shield
+        object[] locks = ClaimLocks(heap);
+        using var held = new ManualResetEventSlim();
+        using var release = new ManualResetEventSlim();
+        var holder = new Thread(() =>
+        {
+            foreach (object l in locks)
+            {
+                Monitor.Enter(l);
+            }
+
+            held.Set();
+            release.Wait(Workers.JoinTimeout);
+            foreach (object l in locks)
+            {
+                Monitor.Exit(l);
+            }
+        })
+        { IsBackground = true };
+        Thread? replacer = null;
+        heap.ClaimGivenBackForTesting = () =>
+        {
+            if (Thread.CurrentThread == replacer)
+            {
+                holder.Start();
+                held.Wait(Workers.JoinTimeout);
+                Thread.CurrentThread.Interrupt(); // pending: thrown at the dictionary's contended lock
+            }
+        };
+        InterruptShield.InterruptCaughtForTesting = () =>
+        {
+            if (Thread.CurrentThread == replacer)
+            {
+                release.Set();
+            }
+        };
+        Exception? failure = null;
+        try
+        {
+            replacer = new Thread(() =>
+            {
+                using (DurableOperation op = heap.BeginOperation())
+                {
+                    try
+                    {
+                        op.Replace(current, int.MaxValue);
+                    }
+                    catch (Exception e)
+                    {
+                        failure = e;
+                    }
+                }
+
+                PendingInterrupt.TryConsume();
+            })
+            { IsBackground = true };
+            replacer.Start();
+            Assert.True(replacer.Join(Workers.JoinTimeout));
+        }
+        finally
+        {
+            release.Set();
+            heap.ClaimGivenBackForTesting = null;
+            InterruptShield.InterruptCaughtForTesting = null;
+        }
+
+        _output.WriteLine($"Replace threw {failure?.GetType().Name}: {failure?.Message}; claims left {heap.RetirementClaimsForTesting}");
+        Assert.IsType<ArgumentOutOfRangeException>(failure);
+        Assert.Equal(0, heap.RetirementClaimsForTesting);
+        using (DurableOperation op = heap.BeginOperation())
+        {
+            op.Replace(current, 200); // the live payload can still be replaced
+        }
+    }
 }
