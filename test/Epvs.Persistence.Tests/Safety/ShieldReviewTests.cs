@@ -24,6 +24,23 @@ public sealed class ShieldReviewTests
 
     public ShieldReviewTests(ITestOutputHelper output) => _output = output;
 
+    /// <summary>A thread (not started) that takes every lock of <paramref name="locks"/>, sets <paramref name="held"/>, and releases them once <paramref name="release"/> is set.</summary>
+    private static Thread Holder(object[] locks, ManualResetEventSlim held, ManualResetEventSlim release) => new(() =>
+    {
+        foreach (object l in locks)
+        {
+            Monitor.Enter(l);
+        }
+
+        held.Set();
+        release.Wait(Workers.JoinTimeout);
+        foreach (object l in locks)
+        {
+            Monitor.Exit(l);
+        }
+    })
+    { IsBackground = true };
+
     /// <summary>The stripe locks of the heap's ConcurrentDictionary of caller retirements (reflection).</summary>
     private static object[] ClaimLocks(BufferedDurableHeap heap)
     {
@@ -65,21 +82,7 @@ public sealed class ShieldReviewTests
         object[] locks = ClaimLocks(heap);
         using var held = new ManualResetEventSlim();
         using var release = new ManualResetEventSlim();
-        var holder = new Thread(() =>
-        {
-            foreach (object l in locks)
-            {
-                Monitor.Enter(l);
-            }
-
-            held.Set();
-            release.Wait(Workers.JoinTimeout);
-            foreach (object l in locks)
-            {
-                Monitor.Exit(l);
-            }
-        })
-        { IsBackground = true };
+        Thread holder = Holder(locks, held, release);
 
         Exception? failure = null;
         bool hookRan = false;
@@ -449,21 +452,7 @@ public sealed class ShieldReviewTests
         object[] locks = ClaimLocks(heap);
         using var held = new ManualResetEventSlim();
         using var release = new ManualResetEventSlim();
-        var holder = new Thread(() =>
-        {
-            foreach (object l in locks)
-            {
-                Monitor.Enter(l);
-            }
-
-            held.Set();
-            release.Wait(Workers.JoinTimeout);
-            foreach (object l in locks)
-            {
-                Monitor.Exit(l);
-            }
-        })
-        { IsBackground = true };
+        Thread holder = Holder(locks, held, release);
         Thread? replacer = null;
         heap.ClaimGivenBackForTesting = () =>
         {
