@@ -71,7 +71,9 @@ public sealed class NestedHeapsTests
             {
                 try
                 {
-                    for (int i = 0; i < 20_000; i++)
+                    // The control runs ten times longer: the stall needs both transitions pending at the wrong moment,
+                    // which a loaded machine (the whole suite in parallel) makes rarer.
+                    for (int i = 0; i < (control ? 200_000 : 20_000); i++)
                     {
                         using DurableOperation op = outer.BeginOperation();
                         try
