@@ -145,7 +145,7 @@ public sealed unsafe partial class BufferedDurableHeap
     {
         ThrowIfDisposed();
         ThrowIfProtected(nameof(SyncAsync));
-        ThrowIfInsideAnotherHeapsOperation(nameof(SyncAsync));
+        RefuseWaitInsideAnotherHeapsOperation(nameof(SyncAsync));
         if (cancellationToken.IsCancellationRequested)
         {
             // Canceled whatever the state (it used to complete when nothing was pending and a background advancer ran).
@@ -233,7 +233,7 @@ public sealed unsafe partial class BufferedDurableHeap
         ValidateTimeout(timeout);
         ThrowIfDisposed();
         ThrowIfProtected(nameof(AdvanceVersion));
-        ThrowIfInsideAnotherHeapsOperation(nameof(AdvanceVersion));
+        RefuseWaitInsideAnotherHeapsOperation(nameof(AdvanceVersion));
         RunCycle(long.MaxValue, Deadline(timeout), timeout);
         return DurableFrontier;
     }
@@ -503,7 +503,7 @@ public sealed unsafe partial class BufferedDurableHeap
         ThrowIfProtected(caller);
         if (caller != nameof(Dispose))
         {
-            ThrowIfInsideAnotherHeapsOperation(caller);
+            RefuseWaitInsideAnotherHeapsOperation(caller);
         }
 
         long deadline = Deadline(timeout);
@@ -1092,10 +1092,12 @@ public sealed unsafe partial class BufferedDurableHeap
         {
             // The open fails (see the constructor): the stocker must not outlive it.
             _advancer = null;
-            bool interrupted = false;
-            SignalStockerToStop(ref interrupted);
-            _backgroundStillRunning = !StockerStopped(BackgroundStopWait, ref interrupted);
-            UninterruptedWait.Restore(interrupted);
+            using (InterruptShield.Enter())
+            {
+                SignalStockerToStop();
+                _backgroundStillRunning = !StockerStopped(BackgroundStopWait);
+            }
+
             throw;
         }
     }
@@ -1162,7 +1164,7 @@ public sealed unsafe partial class BufferedDurableHeap
     /// </summary>
     /// <returns>A timeout that names each thread that did not stop (<see cref="_backgroundStillRunning"/> is then set);
     /// otherwise the advancer's fault, if any.</returns>
-    private Exception? StopBackgroundThreads(ref bool interrupted)
+    private Exception? StopBackgroundThreads()
     {
         Exception? stuck;
         try
@@ -1178,15 +1180,15 @@ public sealed unsafe partial class BufferedDurableHeap
             // holds one of them in the kernel likely holds the other too, and Dispose waited for each in turn.
             _stopping = true;
             _wake.Set();
-            SignalStockerToStop(ref interrupted);
+            SignalStockerToStop();
             long deadline = Deadline(BackgroundStopWait);
-            bool advancerStopped = _advancer is not { } thread || UninterruptedWait.Join(thread, Remaining(deadline), ref interrupted);
+            bool advancerStopped = _advancer is not { } thread || InterruptShield.Join(thread, Remaining(deadline));
             if (advancerStopped)
             {
                 _wake.Dispose();
             }
 
-            bool stockerStopped = StockerStopped(Remaining(deadline), ref interrupted);
+            bool stockerStopped = StockerStopped(Remaining(deadline));
             _backgroundStillRunning = !advancerStopped || !stockerStopped;
             string which = advancerStopped ? "stocker thread" : stockerStopped ? "advancer thread" : "advancer and stocker threads";
             stuck = _backgroundStillRunning ? new TimeoutException($"The {which} did not stop within {BackgroundStopWait.TotalSeconds:0.#} s.") : null;
@@ -1197,20 +1199,6 @@ public sealed unsafe partial class BufferedDurableHeap
         // (One read of the fault: a stall watch's tick may record one meanwhile.)
         Exception? fault = Volatile.Read(ref _advancerFault);
         return stuck ?? (fault is not null && ReferenceEquals(fault, Volatile.Read(ref _exitedFault)) ? null : fault);
-    }
-
-    /// <summary>
-    /// A Sync, SyncAsync or AdvanceVersion inside an operation of another heap: it waits for this heap's version to end,
-    /// which a thread nesting the heaps in the other order (inside an operation of this heap, waiting for that one) can
-    /// hold for ever; refused as a nested operation is (see RefuseNestingAcrossHeaps). Dispose checks for itself, before
-    /// anything changes (see InsideAnotherHeapsOperation); its last advance calls SyncCore past that check.
-    /// </summary>
-    private static void ThrowIfInsideAnotherHeapsOperation(string what)
-    {
-        if (ThreadBuffers.InsideAnOperationOfALiveHeap(except: null))
-        {
-            ThrowHelper.ThrowInvalidOperation($"{what} was called inside an operation of another BufferedDurableHeap on the same thread: it waits for this heap's version to end, which a thread nesting the two heaps in the other order can hold back for ever. End the other heap's operation first.");
-        }
     }
 
     private void ThrowIfProtected(string what)

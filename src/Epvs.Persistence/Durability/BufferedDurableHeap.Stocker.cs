@@ -168,13 +168,13 @@ public sealed partial class BufferedDurableHeap
         }
     }
 
-    /// <summary>Tells the stocker to stop after a stocking in progress (Dispose, before its last cycles; a failed open).</summary>
-    private void SignalStockerToStop(ref bool interrupted)
+    /// <summary>Tells the stocker to stop after a stocking in progress (Dispose, before its last cycles; a failed open), inside the caller's shield.</summary>
+    private void SignalStockerToStop()
     {
         StoppingStockerForTesting?.Invoke();
 
         // Uninterruptible, as every wait of Dispose: an interrupt must not leave the stocker running.
-        UninterruptedWait.TryEnter(_stockGate, Timeout.InfiniteTimeSpan, ref interrupted);
+        InterruptShield.Lock(_stockGate);
         try
         {
             _stockerStopping = true;
@@ -188,6 +188,6 @@ public sealed partial class BufferedDurableHeap
 
     /// <summary>Waits up to <paramref name="wait"/> for the stocker, told to stop, to end (a stocking in progress first).</summary>
     /// <returns>Whether it ended (or there is none).</returns>
-    private bool StockerStopped(TimeSpan wait, ref bool interrupted) =>
-        (_faults & DurabilityFaults.DisposeWithoutWaitingForTheStocker) != 0 || _stocker is not { } thread || UninterruptedWait.Join(thread, wait, ref interrupted);
+    private bool StockerStopped(TimeSpan wait) =>
+        (_faults & DurabilityFaults.DisposeWithoutWaitingForTheStocker) != 0 || _stocker is not { } thread || InterruptShield.Join(thread, wait);
 }

@@ -166,7 +166,7 @@ public sealed unsafe partial class BufferedDurableHeap : IDisposable
     {
         // Options first: an invalid one must not leave a file behind (a retry would then find the path taken).
         options?.Validate();
-        ThrowIfOpenedInsideAnotherHeapsOperation(options);
+        RefuseOpeningInsideAnotherHeapsOperation(options);
         HeapFile file = HeapFile.Create(path, fileOptions);
         try
         {
@@ -195,21 +195,8 @@ public sealed unsafe partial class BufferedDurableHeap : IDisposable
     /// <exception cref="InvalidOperationException">The calling thread is inside an operation of another buffered heap (as for <see cref="Create"/>).</exception>
     public static BufferedDurableHeap Open(string path, HeapFileOptions? fileOptions = null, BufferedDurableHeapOptions? options = null)
     {
-        ThrowIfOpenedInsideAnotherHeapsOperation(options);
+        RefuseOpeningInsideAnotherHeapsOperation(options);
         return Own(HeapFile.Open(path, fileOptions, HeapLayout.KindBufferedDurable), options);
-    }
-
-    /// <summary>
-    /// A heap created or opened inside an operation of another heap on the same thread is refused before anything is
-    /// created: its Dispose would be (see <see cref="InsideAnotherHeapsOperation"/>), so the usual <c>using</c> order
-    /// (the new heap disposed before the enclosing operation ends) left it open, its file locked.
-    /// </summary>
-    private static void ThrowIfOpenedInsideAnotherHeapsOperation(BufferedDurableHeapOptions? options)
-    {
-        if (ThreadBuffers.InsideAnOperationOfALiveHeap(except: null) && ((options?.Faults ?? DurabilityFaults.None) & DurabilityFaults.NestAcrossHeaps) == 0)
-        {
-            ThrowHelper.ThrowInvalidOperation("A BufferedDurableHeap was created or opened inside an operation of another BufferedDurableHeap on the same thread: it could not be disposed there (its Dispose would wait for its version, which a thread nesting the heaps in the other order can hold back for ever). End the other heap's operation first.");
-        }
     }
 
     /// <summary>Opens (recovering) a heap file the caller owns, for example one on a <see cref="SimulatedPersistenceDomain"/>; the file is not disposed with the heap.</summary>
@@ -220,7 +207,7 @@ public sealed unsafe partial class BufferedDurableHeap : IDisposable
     public static BufferedDurableHeap Open(HeapFile file, BufferedDurableHeapOptions? options = null)
     {
         ArgumentNullException.ThrowIfNull(file);
-        ThrowIfOpenedInsideAnotherHeapsOperation(options);
+        RefuseOpeningInsideAnotherHeapsOperation(options);
         return new BufferedDurableHeap(file, ownsFile: false, options);
     }
 
@@ -267,7 +254,7 @@ public sealed unsafe partial class BufferedDurableHeap : IDisposable
             buffers = _local.Value!;
             if (!buffers.HasOpenOperations && buffers.AcrossHeaps.OpenIn is { } other && !other.IsHeapDisposed)
             {
-                RefuseNestingAcrossHeaps();
+                RefuseOperationInsideAnotherHeapsOperation();
             }
 
             if (backPressure && (buffers.RetiredBytes >= buffers.NextBacklogCheck || --buffers.OperationsUntilCheck < 0))
@@ -352,48 +339,6 @@ public sealed unsafe partial class BufferedDurableHeap : IDisposable
 
     /// <summary>Test-only: the flag the first Dispose sets (read it with Volatile.Read).</summary>
     internal ref int DisposedFlagForTesting => ref _disposed;
-
-    /// <summary>Whether the calling thread is inside an operation of another live heap (for Dispose; false once this heap is closed).</summary>
-    private bool InsideAnotherHeapsOperation()
-    {
-        // Until the heap is closed: a later Dispose waits for one in progress, which may wait for this thread's operation
-        // of the other heap. This thread's own buffers are found through the registry, not the thread-local (which a
-        // Dispose in progress may dispose).
-        if ((_faults & DurabilityFaults.NestAcrossHeaps) != 0 || _disposal.IsCompleted)
-        {
-            return false;
-        }
-
-        ThreadBuffers? mine = null;
-        Thread current = Thread.CurrentThread;
-        // Volatile.Read: acquire; pairs with the release in RegisterThread.
-        foreach (ThreadBuffers buffers in Volatile.Read(ref _registry))
-        {
-            if (buffers.Owner == current)
-            {
-                mine = buffers;
-                break;
-            }
-        }
-
-        return ThreadBuffers.InsideAnOperationOfALiveHeap(except: mine);
-    }
-
-    /// <summary>
-    /// An operation of this heap beginning inside another heap's operation on the same thread (a structure's call on this
-    /// heap begins one): refused before it enters. Each heap's version transition waits for the operations of its
-    /// version to end, and an entry waits for a transition in progress, so two threads that nest operations of two
-    /// heaps in opposite orders waited for each other for ever (every writer and both advancers, until a Dispose).
-    /// Nesting operations of one heap is fine.
-    /// </summary>
-    [MethodImpl(MethodImplOptions.NoInlining)]
-    private void RefuseNestingAcrossHeaps()
-    {
-        if ((_faults & DurabilityFaults.NestAcrossHeaps) == 0)
-        {
-            ThrowHelper.ThrowInvalidOperation("An operation of this BufferedDurableHeap (or a structure's call on it, which begins one) was begun inside an operation of another BufferedDurableHeap on the same thread: each heap's version transition waits for the operations of its version to end and holds back new ones, so threads nesting operations of two heaps wait for each other for ever. End the other heap's operation first (nesting operations of one heap is fine).");
-        }
-    }
 
     [MethodImpl(MethodImplOptions.NoInlining)]
     private void GrowOpenRecord(ThreadBuffers buffers)
@@ -522,10 +467,7 @@ public sealed unsafe partial class BufferedDurableHeap : IDisposable
         // Inside an operation of another heap: the last advance waits for this heap's version, which a thread inside an
         // operation of this heap disposing that one (or syncing it) holds back for ever, as it holds this one's. Refused
         // before anything changes, as Sync is there. (Inside an operation of this heap, Dispose closes it: see above.)
-        if (InsideAnotherHeapsOperation())
-        {
-            ThrowHelper.ThrowInvalidOperation("Dispose was called inside an operation of another BufferedDurableHeap on the same thread: its last advance waits for this heap's version to end, which a thread nesting the two heaps in the other order can hold back for ever. Nothing is disposed: end the other heap's operation first.");
-        }
+        RefuseDisposeInsideAnotherHeapsOperation();
 
         // Interlocked.Exchange: full fence; exactly one caller disposes.
         if (Interlocked.Exchange(ref _disposed, 1) != 0)
@@ -541,7 +483,6 @@ public sealed unsafe partial class BufferedDurableHeap : IDisposable
         // All of it runs to its end if the thread is interrupted: its waits absorb the interrupt, requested again when
         // Dispose ends (an interrupt an inner shield absorbed used to be requested again inside it, and break a later wait).
         using InterruptShield.Scope shield = InterruptShield.Enter();
-        bool interrupted = false;
         try
         {
             if ((_faults & DurabilityFaults.SyncWaitsThroughDispose) == 0)
@@ -554,29 +495,28 @@ public sealed unsafe partial class BufferedDurableHeap : IDisposable
             _scheme.TransitionStalled -= OnTransitionStalled;
             StopWatchingTheStall();
 
-            DisposeCore(ref interrupted);
+            DisposeCore();
         }
         finally
         {
             _disposal.Complete();
-            UninterruptedWait.Restore(interrupted);
         }
     }
 
     /// <summary>The test hooks of the Dispose that waits for another one.</summary>
     internal DisposalGate DisposalForTesting => _disposal;
 
-    /// <remarks>Every wait here absorbs an interrupt (<paramref name="interrupted"/>; requested again when Dispose ends):
+    /// <remarks>Every wait here absorbs an interrupt (Dispose's shield; requested again when Dispose ends):
     /// thrown from one of them, it skipped the closing of the heap and the file (mapped and locked for good: a later
     /// Dispose does nothing).</remarks>
-    private void DisposeCore(ref bool interrupted)
+    private void DisposeCore()
     {
         // A failure before the closing below (stopping the advancer, taking the gate: both may allocate) is this Dispose's
         // failure like a failed last advance: it used to escape with the file mapped and locked for good.
         Exception? failure;
         try
         {
-            failure = StopBackgroundThreads(ref interrupted);
+            failure = StopBackgroundThreads();
         }
         catch (Exception e)
         {
@@ -592,7 +532,7 @@ public sealed unsafe partial class BufferedDurableHeap : IDisposable
         bool gated;
         try
         {
-            gated = UninterruptedWait.TryEnter(_cycleGate, CycleGateWait(Remaining(deadline)), ref interrupted);
+            gated = InterruptShield.TryLock(_cycleGate, CycleGateWait(Remaining(deadline)));
         }
         catch (Exception e)
         {
@@ -631,9 +571,8 @@ public sealed unsafe partial class BufferedDurableHeap : IDisposable
                         SyncCore(version, Remaining(deadline), nameof(Dispose));
                         break;
                     }
-                    catch (ThreadInterruptedException) when (UninterruptedWait.Absorbs())
+                    catch (ThreadInterruptedException) when (InterruptShield.Absorbs())
                     {
-                        interrupted = true;
                     }
                 }
 
@@ -652,7 +591,7 @@ public sealed unsafe partial class BufferedDurableHeap : IDisposable
             try
             {
                 // Not taken (see CycleGateWait): a transition may be in flight, so the scheme is left to the collector.
-                if (UninterruptedWait.TryEnter(_cycleGate, CycleGateWait(Timeout.InfiniteTimeSpan), ref interrupted))
+                if (InterruptShield.TryLock(_cycleGate, CycleGateWait(Timeout.InfiniteTimeSpan)))
                 {
                     try
                     {
@@ -678,7 +617,7 @@ public sealed unsafe partial class BufferedDurableHeap : IDisposable
                 // waited its full timeout) until every thread that entered before the flag has left.
                 // (Not for a thread that exited inside an operation: it never ends its operation.)
                 string? exited = FailIfAThreadExitedInsideAnOperation();
-                drained = exited is null && WaitForOperations(failure is TimeoutException ? TimeSpan.FromMilliseconds(100) : _syncTimeout, ref interrupted);
+                drained = exited is null && WaitForOperations(failure is TimeoutException ? TimeSpan.FromMilliseconds(100) : _syncTimeout);
                 if (!drained)
                 {
                     exited ??= FailIfAThreadExitedInsideAnOperation();
@@ -699,7 +638,7 @@ public sealed unsafe partial class BufferedDurableHeap : IDisposable
                 released = drained && !BackgroundMayStillWrite;
                 if (!machineInFlight && released)
                 {
-                    DisposeScheme(ref interrupted);
+                    DisposeScheme();
                 }
 
                 // An operation a thread left open here (never disposed) no longer counts as one inside another heap for it.
@@ -763,7 +702,7 @@ public sealed unsafe partial class BufferedDurableHeap : IDisposable
     /// still refuses (a thread holds the public <see cref="VersionScheme"/> itself), it is left to the collector; the
     /// file is closed regardless.
     /// </summary>
-    private void DisposeScheme(ref bool interrupted)
+    private void DisposeScheme()
     {
         TimeSpan bound = TimeSpan.FromSeconds(30);
         long deadline = Deadline(_syncTimeout == Timeout.InfiniteTimeSpan || _syncTimeout > bound ? bound : _syncTimeout);
@@ -777,14 +716,7 @@ public sealed unsafe partial class BufferedDurableHeap : IDisposable
             }
             catch (InvalidOperationException) when (Remaining(deadline) > TimeSpan.Zero && (_faults & DurabilityFaults.DisposeSchemeOnce) == 0)
             {
-                try
-                {
-                    spinner.SpinOnce(); // sleeps at times
-                }
-                catch (ThreadInterruptedException) when (UninterruptedWait.Absorbs())
-                {
-                    interrupted = true;
-                }
+                InterruptShield.SpinOnce(ref spinner); // sleeps at times
             }
             catch (InvalidOperationException) when ((_faults & DurabilityFaults.DisposeSchemeOnce) == 0)
             {
@@ -793,7 +725,7 @@ public sealed unsafe partial class BufferedDurableHeap : IDisposable
         }
     }
 
-    private bool WaitForOperations(TimeSpan timeout, ref bool interrupted)
+    private bool WaitForOperations(TimeSpan timeout)
     {
         if (_scheme.Epoch.ThisInstanceProtected())
         {
@@ -814,7 +746,7 @@ public sealed unsafe partial class BufferedDurableHeap : IDisposable
             long deadline = Deadline(timeout);
             while (true)
             {
-                if (UninterruptedWait.Wait(left, Slice(deadline), ref interrupted))
+                if (InterruptShield.WaitFor(left, Slice(deadline)))
                 {
                     return true;
                 }

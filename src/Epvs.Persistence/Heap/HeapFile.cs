@@ -617,15 +617,13 @@ public sealed unsafe partial class HeapFile : IDisposable
         // All of it runs to its end if the thread is interrupted: its waits absorb the interrupt, requested again when
         // Dispose ends (an interrupt an inner shield absorbed used to be requested again inside it, and break a later wait).
         using InterruptShield.Scope shield = InterruptShield.Enter();
-        bool interrupted = false;
         try
         {
-            DisposeCore(operationsDrained, ref interrupted);
+            DisposeCore(operationsDrained);
         }
         finally
         {
             _disposal.Complete();
-            UninterruptedWait.Restore(interrupted);
         }
     }
 
@@ -639,7 +637,7 @@ public sealed unsafe partial class HeapFile : IDisposable
     /// <summary>Test-only: the flag the first Dispose sets (read it with Volatile.Read).</summary>
     internal ref int DisposedFlagForTesting => ref _disposed;
 
-    private void DisposeCore(bool operationsDrained, ref bool interrupted)
+    private void DisposeCore(bool operationsDrained)
     {
         // Inside the try: whatever fails in the wait (it allocates), the mapping is released below, quarantined as when the
         // calls did not drain (a failure here used to skip the unmapping and the release of the lock, for good: a later
@@ -647,7 +645,7 @@ public sealed unsafe partial class HeapFile : IDisposable
         bool drained = false;
         try
         {
-            drained = operationsDrained && (HeapFileTestHooks.SkipOperationWait || (!_operations.ThisInstanceProtected() && WaitForOperations(DisposeWait, ref interrupted)));
+            drained = operationsDrained && (HeapFileTestHooks.SkipOperationWait || (!_operations.ThisInstanceProtected() && WaitForOperations(DisposeWait)));
             if (drained && !Domain.IsDisposed && !_forgoCleanShutdown)
             {
                 // Through a shared mapping (msync writes dirty pages only) or on pmem, also whatever a caller stored and
@@ -745,14 +743,14 @@ public sealed unsafe partial class HeapFile : IDisposable
     /// </summary>
     internal void EnterHelperOfACall() => _operations.Resume();
 
-    private bool WaitForOperations(TimeSpan timeout, ref bool interrupted)
+    private bool WaitForOperations(TimeSpan timeout)
     {
         // The action runs once every thread protected before the bump has left: then no call is inside the mapping.
         try
         {
             BeforeOperationWaitForTesting?.Invoke();
             Task left = _operations.BumpCurrentEpochAsync(static () => { });
-            return UninterruptedWait.Wait(left, timeout, ref interrupted);
+            return InterruptShield.WaitFor(left, timeout);
         }
         catch (AggregateException)
         {

@@ -438,8 +438,8 @@ public sealed unsafe partial class PersistentHeap
     /// </summary>
     private void EndSweep(long ticket, Exception? failure)
     {
-        bool interrupted = false;
-        UninterruptedWait.TryEnter(_pendingGate, System.Threading.Timeout.InfiniteTimeSpan, ref interrupted);
+        using InterruptShield.Scope shield = InterruptShield.Enter();
+        InterruptShield.Lock(_pendingGate);
         try
         {
             if (failure is not null)
@@ -454,7 +454,6 @@ public sealed unsafe partial class PersistentHeap
         finally
         {
             System.Threading.Monitor.Exit(_pendingGate);
-            UninterruptedWait.Restore(interrupted);
         }
     }
 

@@ -1,5 +1,7 @@
 using System;
+using System.Diagnostics;
 using System.Threading;
+using System.Threading.Tasks;
 
 namespace Epvs.Persistence;
 
@@ -15,6 +17,11 @@ namespace Epvs.Persistence;
 /// (its own, or the heap's outside a shield, which have changed nothing when they throw) still sees it. Outside a
 /// shield they are the plain waits. A wait costs nothing more until an interrupt (an exception filter); a scope costs
 /// two thread-static accesses, so scopes sit on slow paths (a refill, a spill, a cycle, a Dispose), not per operation.
+/// Every Dispose runs in one scope (an interrupt there skipped the unmapping and the release of the file lock, or failed
+/// the last advance), and so do the ends of work that must not be left half done (a sweep's end, a failed open's stop
+/// of the stocker); their timed waits (<see cref="TryLock"/>, <see cref="Join"/>, <see cref="WaitFor"/>) go on with what
+/// is left of their timeout after an interrupt. No delegates: a Dispose must not fail to allocate before it has closed
+/// the file.
 /// </summary>
 internal static class InterruptShield
 {
@@ -62,6 +69,63 @@ internal static class InterruptShield
                 {
                     return;
                 }
+            }
+        }
+    }
+
+    /// <summary>
+    /// <see cref="Monitor.TryEnter(object, TimeSpan)"/> that absorbs an interrupt inside a shield and waits on for what
+    /// is left of <paramref name="timeout"/>.
+    /// </summary>
+    internal static bool TryLock(object gate, TimeSpan timeout)
+    {
+        long start = Stopwatch.GetTimestamp();
+        while (true)
+        {
+            bool taken = false;
+            try
+            {
+                Monitor.TryEnter(gate, Left(start, timeout), ref taken);
+                return taken;
+            }
+            catch (ThreadInterruptedException) when (Absorbs())
+            {
+                if (taken)
+                {
+                    return true;
+                }
+            }
+        }
+    }
+
+    /// <summary><see cref="Thread.Join(TimeSpan)"/> that absorbs an interrupt inside a shield and waits on for what is left of <paramref name="timeout"/>.</summary>
+    internal static bool Join(Thread thread, TimeSpan timeout)
+    {
+        long start = Stopwatch.GetTimestamp();
+        while (true)
+        {
+            try
+            {
+                return thread.Join(Left(start, timeout));
+            }
+            catch (ThreadInterruptedException) when (Absorbs())
+            {
+            }
+        }
+    }
+
+    /// <summary><see cref="Task.Wait(TimeSpan)"/> that absorbs an interrupt inside a shield and waits on for what is left of <paramref name="timeout"/>.</summary>
+    internal static bool WaitFor(Task task, TimeSpan timeout)
+    {
+        long start = Stopwatch.GetTimestamp();
+        while (true)
+        {
+            try
+            {
+                return task.Wait(Left(start, timeout));
+            }
+            catch (ThreadInterruptedException) when (Absorbs())
+            {
             }
         }
     }
@@ -123,19 +187,16 @@ internal static class InterruptShield
         return true;
     }
 
-    /// <summary>
-    /// Requests again an interrupt that a wait absorbed (<see cref="UninterruptedWait.Restore"/>): inside a shield, when the
-    /// outermost scope ends (requested at once, the shielded work's next wait would throw it); outside, now.
-    /// </summary>
-    internal static void RequestInterrupt()
+    /// <summary>What is left of <paramref name="timeout"/> since <paramref name="start"/> (infinite stays infinite).</summary>
+    private static TimeSpan Left(long start, TimeSpan timeout)
     {
-        if (t_depth > 0)
+        if (timeout == Timeout.InfiniteTimeSpan)
         {
-            t_absorbed = true;
-            return;
+            return timeout;
         }
 
-        Thread.CurrentThread.Interrupt();
+        TimeSpan left = timeout - Stopwatch.GetElapsedTime(start);
+        return left < TimeSpan.Zero ? TimeSpan.Zero : left;
     }
 
     private static void Exit()

@@ -13,10 +13,10 @@ namespace Epvs.Persistence.Tests;
 /// the last advance (BufferedDurableHeap: "not made durable"). Now Dispose runs to its end and requests the interrupt
 /// again, for the thread's next wait. The disposing thread is interrupted before it calls Dispose (an interrupt stays
 /// pending until the thread blocks), and a call parked inside the object makes Dispose block; the parked call leaves once
-/// the wait has seen the interrupt (a hook). The control (<see cref="UninterruptedWait.InterruptibleForTesting"/>, the
-/// waits as before) must be caught.
+/// the wait has seen the interrupt (a hook). The control (<see cref="InterruptShield.InterruptibleForTesting"/> on the
+/// disposing thread, the waits as before) must be caught. In the collection of the other tests of the shield's hooks.
 /// </summary>
-[Collection(nameof(InterruptedDisposeTests))]
+[Collection(nameof(InterruptedWorkTests))]
 public sealed class InterruptedDisposeTests
 {
     private static readonly HeapFileOptions Small = new() { Size = 4L << 20, Domain = PersistenceDomainKind.MappedFile };
@@ -33,7 +33,6 @@ public sealed class InterruptedDisposeTests
     /// </summary>
     private static (Exception? Dispose, bool InterruptPending) InterruptDisposeWhileACallIsInside(Action<Action> call, Action dispose, bool legacy)
     {
-        UninterruptedWait.InterruptibleForTesting = legacy;
         try
         {
             using var inside = new ManualResetEventSlim();
@@ -50,9 +49,17 @@ public sealed class InterruptedDisposeTests
             Exception? failure = null;
             bool pending = false;
             var seen = new ManualResetEventSlim(); // not disposed: a stale hook call (another test's interrupt) must not throw
-            UninterruptedWait.InterruptSeenHookForTesting = seen.Set;
-            var disposer = new Thread(() =>
+            Thread? disposer = null;
+            InterruptShield.InterruptCaughtForTesting = () =>
             {
+                if (Thread.CurrentThread == disposer)
+                {
+                    seen.Set();
+                }
+            };
+            disposer = new Thread(() =>
+            {
+                InterruptShield.InterruptibleForTesting = legacy;
                 Thread.CurrentThread.Interrupt(); // pending: the first wait that blocks in Dispose sees it
                 failure = Record.Exception(dispose);
                 pending = PendingInterrupt.TryConsume();
@@ -69,8 +76,7 @@ public sealed class InterruptedDisposeTests
         }
         finally
         {
-            UninterruptedWait.InterruptibleForTesting = false;
-            UninterruptedWait.InterruptSeenHookForTesting = null;
+            InterruptShield.InterruptCaughtForTesting = null;
         }
     }
 

@@ -193,6 +193,73 @@ public sealed class NestedHeapsTests
     }
 
     /// <summary>
+    /// Sync and AdvanceVersion wait for the heap's version to end: two threads each inside an operation of one heap that
+    /// sync (or advance) the other heap waited for each other until the timeout. Both are refused before they wait; the
+    /// control (<see cref="DurabilityFaults.NestAcrossHeaps"/>, which also lets these through) must stall until the
+    /// timeout (here 2 s).
+    /// </summary>
+    [Theory]
+    [InlineData(false, false)]
+    [InlineData(false, true)]
+    [InlineData(true, false)]
+    [InlineData(true, true)]
+    public void TwoThreadsSyncingEachOthersHeapInsideOperations_AreRefused_NotStalled(bool advance, bool control)
+    {
+        using var dir = new TempDirectory();
+        var options = new BufferedDurableHeapOptions { AdvancePeriod = Timeout.InfiniteTimeSpan, SyncTimeout = TimeSpan.FromSeconds(2), Faults = control ? DurabilityFaults.NestAcrossHeaps : DurabilityFaults.None };
+        var fileOptions = new HeapFileOptions { Size = 4L << 20, Domain = PersistenceDomainKind.MappedFile };
+        using BufferedDurableHeap a = BufferedDurableHeap.Create(dir.File("a.heap"), fileOptions, options);
+        using BufferedDurableHeap b = BufferedDurableHeap.Create(dir.File("b.heap"), fileOptions, options);
+        var mapA = new PersistentHashMap<int, int>(a, typeId: 1);
+        var mapB = new PersistentHashMap<int, int>(b, typeId: 1);
+        using var bothInside = new Barrier(2);
+        void Wait(BufferedDurableHeap heap)
+        {
+            if (advance)
+            {
+                heap.AdvanceVersion(TimeSpan.FromSeconds(2));
+            }
+            else
+            {
+                heap.Sync();
+            }
+        }
+
+        Exception? x = null;
+        Exception? y = null;
+        var tx = new Thread(() =>
+        {
+            using DurableOperation op = a.BeginOperation();
+            bothInside.SignalAndWait();
+            x = Record.Exception(() => Wait(b));
+        });
+        var ty = new Thread(() =>
+        {
+            using DurableOperation op = b.BeginOperation();
+            bothInside.SignalAndWait();
+            y = Record.Exception(() => Wait(a));
+        });
+        tx.Start();
+        ty.Start();
+        Assert.True(tx.Join(TimeSpan.FromSeconds(30)) & ty.Join(TimeSpan.FromSeconds(30)), "the waits never returned");
+        if (control)
+        {
+            // At least one waited out its timeout behind the other thread's operation.
+            Assert.True(x is TimeoutException || y is TimeoutException, $"the control did not stall: {x?.GetType().Name}, {y?.GetType().Name}");
+            return;
+        }
+
+        Assert.Contains("inside an operation of another BufferedDurableHeap", Assert.IsType<InvalidOperationException>(x).Message, StringComparison.Ordinal);
+        Assert.IsType<InvalidOperationException>(y);
+
+        // Refused before anything changed: both heaps still work.
+        mapA.Set(1, 1);
+        mapB.Set(2, 2);
+        a.Sync();
+        b.Sync();
+    }
+
+    /// <summary>
     /// A review's findings: a Dispose that finds another Dispose of the heap in progress waits for it, and did so inside an
     /// operation of another heap (the check looked only at the disposed flag), which could stall as the first Dispose
     /// did; and a heap created inside another heap's operation could not be disposed in the usual <c>using</c> order

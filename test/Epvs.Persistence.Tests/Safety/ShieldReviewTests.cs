@@ -224,7 +224,7 @@ public sealed class ShieldReviewTests
         Assert.Null(failure);
     }
     /// <summary>
-    /// Dispose's waits absorb an interrupt and hold it until Dispose ends (UninterruptedWait). An interrupt that Dispose's
+    /// Dispose's waits absorb an interrupt and hold it until Dispose ends (Dispose's shield). An interrupt that Dispose's
     /// own last advance absorbs inside RunCycle's shield is requested again when that scope ends — in the middle of
     /// Dispose — and SaveStateForReopen's plain (unshielded) pool lock then throws it: Dispose reports that operations
     /// were not made durable (all were) and leaves no clean-shutdown mark / saved state.

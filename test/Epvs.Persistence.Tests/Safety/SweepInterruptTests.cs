@@ -8,17 +8,26 @@ namespace Epvs.Persistence.Tests;
 /// Review E: a sweep that writes its frees back outside the sweep's lock takes that lock again to end (to record a
 /// failure and stop counting itself in flight). A <see cref="Thread.Interrupt"/> that landed on that wait skipped both:
 /// the sweep stayed counted in flight for good, so every later flush (before an anti-payload's free, Dispose's
-/// clean-shutdown save) waited for ever. The end is now entered uninterruptibly and the interrupt requested again.
-/// Shares a collection with <see cref="InterruptedDisposeTests"/>, whose controls switch the interrupt handling for the
-/// whole process.
+/// clean-shutdown save) waited for ever. The end now runs in a shield (<see cref="InterruptShield"/>), which absorbs the
+/// interrupt and requests it again once the end is done. The control lets the interrupt through on the sweeping thread
+/// (<see cref="InterruptShield.InterruptibleForTesting"/>). Shares a collection with the other tests of the shield's hooks.
 /// </summary>
-[Collection(nameof(InterruptedDisposeTests))]
+[Collection(nameof(InterruptedWorkTests))]
 public sealed class SweepInterruptTests
 {
     private static readonly TimeSpan Wait = TimeSpan.FromSeconds(30);
 
     [Fact]
-    public void AnInterruptAsASweepEnds_IsAbsorbed_AndNoLaterFlushWaitsForThatSweep()
+    public void AnInterruptAsASweepEnds_IsAbsorbed_AndNoLaterFlushWaitsForThatSweep() => InterruptTheSweepsEnd(control: false);
+
+    /// <summary>
+    /// The control: the sweep's end lets the interrupt through, as before the shield; the interrupt escapes the sweep (and
+    /// leaves it counted in flight, so this heap is abandoned: its Dispose would wait for that sweep for ever).
+    /// </summary>
+    [Fact]
+    public void Control_AnInterruptLetThroughAsASweepEnds_EscapesTheSweep() => InterruptTheSweepsEnd(control: true);
+
+    private static void InterruptTheSweepsEnd(bool control)
     {
         var fixture = new ParkedFrees(HeapFaults.None);
         PersistentHeap heap = fixture.Heap.Heap;
@@ -38,8 +47,13 @@ public sealed class SweepInterruptTests
         };
         Exception? failure = null;
         Thread? sweeper = null;
-        sweeper = new Thread(() => failure = Record.Exception(() => heap.SweepPendingFrees(1, 0))) { IsBackground = true };
-        UninterruptedWait.InterruptSeenHookForTesting = () =>
+        sweeper = new Thread(() =>
+        {
+            InterruptShield.InterruptibleForTesting = control;
+            failure = Record.Exception(() => heap.SweepPendingFrees(1, 0));
+        })
+        { IsBackground = true };
+        InterruptShield.InterruptCaughtForTesting = () =>
         {
             if (Thread.CurrentThread == sweeper)
             {
@@ -63,6 +77,12 @@ public sealed class SweepInterruptTests
             }
 
             Assert.True(sweeper.Join(Wait));
+            if (control)
+            {
+                Assert.IsType<ThreadInterruptedException>(failure);
+                return;
+            }
+
             Assert.Null(failure);
             heap.AfterSweepMarkedForTesting = null;
             var flush = new Thread(heap.FlushPendingFrees) { IsBackground = true };
@@ -72,13 +92,14 @@ public sealed class SweepInterruptTests
         }
         finally
         {
-            UninterruptedWait.InterruptSeenHookForTesting = null;
+            InterruptShield.InterruptCaughtForTesting = null;
             Volatile.Write(ref go, 1);
 
-            // Bounded: with the bug, the heap's Dispose flushes and would wait for ever for the sweep left in flight.
+            // Bounded: with the bug, the heap's Dispose flushes and would wait for ever for the sweep left in flight (the
+            // control's does: it is left to wait on a background thread).
             var dispose = new Thread(fixture.Dispose) { IsBackground = true };
             dispose.Start();
-            Assert.True(dispose.Join(Wait), "Dispose waited for a sweep left counted in flight");
+            Assert.True(control || dispose.Join(Wait), "Dispose waited for a sweep left counted in flight");
         }
     }
 }
