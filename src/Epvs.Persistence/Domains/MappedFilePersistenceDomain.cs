@@ -1,4 +1,5 @@
 using System;
+using System.Diagnostics.CodeAnalysis;
 using System.IO;
 using System.IO.MemoryMappedFiles;
 using System.Runtime.InteropServices;
@@ -157,13 +158,11 @@ internal sealed unsafe class MappedFilePersistenceDomain : PersistenceDomain
         try
         {
             int flags = privateMapping ? Interop.Libc.MapPrivate : Interop.Libc.MapShared;
-            void* address = Interop.Libc.Mmap(null, (nuint)capacity, Interop.Libc.ProtRead | Interop.Libc.ProtWrite, flags, (int)file.DangerousGetHandle(), 0);
+            int? simulated = HeapFileTestHooks.SimulatedMmapError;
+            void* address = simulated is null ? Interop.Libc.Mmap(null, (nuint)capacity, Interop.Libc.ProtRead | Interop.Libc.ProtWrite, flags, (int)file.DangerousGetHandle(), 0) : (void*)-1;
             if (address == (void*)-1)
             {
-                int errno = Marshal.GetLastPInvokeError();
-                // A writable private mapping is charged to the system's commit limit for its whole reservation.
-                string advice = privateMapping ? " A private mapping counts its whole maximum size against the memory the system commits: lower HeapFileOptions.MaxSize or use MappedFileWriteBack.SharedMapping." : string.Empty;
-                ThrowHelper.ThrowIO($"mmap of {capacity} bytes failed: {Marshal.GetPInvokeErrorMessage(errno)} (errno {errno}).{advice}");
+                ThrowMapFailed(simulated ?? Marshal.GetLastPInvokeError(), capacity, privateMapping);
             }
 
             var domain = new MappedFilePersistenceDomain((byte*)address, length, capacity, privateMapping, file, new SafeMappingHandle(address, (nuint)capacity, pmem: false), null, null);
@@ -178,6 +177,25 @@ internal sealed unsafe class MappedFilePersistenceDomain : PersistenceDomain
                 file.DangerousRelease();
             }
         }
+    }
+
+    /// <summary>
+    /// A failed mmap of the heap file: a file system that turned read-only (after an I/O error, ext4 aborts its journal and
+    /// remounts read-only, yet still opens files for writing) is <see cref="HeapFileError.ReadOnly"/>, as a read-only
+    /// mount is; the advice about the commit limit is given for a lack of memory only (a writable private mapping is
+    /// charged to the system's commit limit for its whole reservation); any other errno is reported as it is.
+    /// </summary>
+    [DoesNotReturn]
+    private static void ThrowMapFailed(int errno, long capacity, bool privateMapping)
+    {
+        string what = $"mmap of {capacity} bytes failed: {Marshal.GetPInvokeErrorMessage(errno)} (errno {errno}).";
+        if (errno == Interop.Libc.Erofs)
+        {
+            ThrowHelper.ThrowHeapFile(HeapFileError.ReadOnly, $"{what} The file system is read-only (a file system may turn read-only after an I/O error; look at the kernel log): remount it read-write or copy the file to a writable place.");
+        }
+
+        string advice = errno == Interop.Libc.Enomem && privateMapping ? " A private mapping counts its whole maximum size against the memory the system commits: lower HeapFileOptions.MaxSize or use MappedFileWriteBack.SharedMapping." : string.Empty;
+        ThrowHelper.ThrowIO(what + advice);
     }
 
     /// <inheritdoc/>

@@ -11,6 +11,9 @@ internal static class HeapFileTestHooks
     /// <summary>When set, <c>HeapFile.Open</c>'s preallocation reports this errno instead of calling posix_fallocate.</summary>
     internal static int? SimulatedFallocateError { get; set; }
 
+    /// <summary>When set, mapping a heap file (the MappedFile domain on Unix) fails with this errno instead of calling mmap.</summary>
+    internal static int? SimulatedMmapError { get; set; }
+
     /// <summary>When set, <c>HeapFile.Open</c> skips preallocation (the control for the sparse-file test: the old behaviour).</summary>
     internal static bool SkipPreallocation { get; set; }
 

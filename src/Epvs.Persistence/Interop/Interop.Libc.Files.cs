@@ -30,6 +30,7 @@ internal static partial class Interop
         internal const int AtSymlinkFollow = 0x400;
 
         internal const int Eperm = 1;
+        internal const int Enomem = 12;
         internal const int Eacces = 13;
         internal const int Eexist = 17;
         internal const int Enfile = 23;

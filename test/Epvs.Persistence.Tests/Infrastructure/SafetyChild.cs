@@ -30,6 +30,7 @@ internal static class SafetyChild
                 "durable-allocate-after-dispose" => DurableAllocateAfterDispose(path, control),
                 "open-sparse-on-full-disk" => OpenSparseOnFullDisk(path, control),
                 "open-out-of-descriptors" => OpenOutOfDescriptors(path),
+                "open-mmap-fails" => OpenMmapFails(path),
                 "open-buffered" => OpenBuffered(path),
                 "buffered-file-disposed-first" => BufferedFileDisposedFirst(path),
                 "domain-disposed-under-file" => DomainDisposedUnderFile(path),
@@ -685,6 +686,55 @@ internal static class SafetyChild
             }
         }
 
+        return wrong == 0 ? Survived : WrongOutcome;
+    }
+
+    /// <summary>
+    /// The mapping of a heap file fails (simulated errno): EROFS, as on an ext4 that turned read-only after an I/O error
+    /// (open for writing still succeeds there), is <see cref="HeapFileError.ReadOnly"/>; ENOMEM of a private mapping
+    /// gives the advice about the commit limit; any other errno (EIO) is an <see cref="IOException"/> without that advice.
+    /// </summary>
+    private static int OpenMmapFails(string path)
+    {
+        var options = new HeapFileOptions { Size = 4L << 20, Domain = PersistenceDomainKind.MappedFile, MappedFileWriteBack = MappedFileWriteBack.PrivateMapping };
+        PersistentHeap.Create(path, options).Dispose();
+        int wrong = 0;
+        foreach ((int errno, string expected) in new[] { (30, "ReadOnly"), (12, "commits"), (5, "IOException") })
+        {
+            HeapFileTestHooks.SimulatedMmapError = errno;
+            try
+            {
+                PersistentHeap.Open(path, options).Dispose();
+                Console.Error.WriteLine($"errno {errno}: opened");
+                wrong++;
+            }
+            catch (HeapFileException e) when (expected == "ReadOnly" && e.Error == HeapFileError.ReadOnly)
+            {
+                Console.WriteLine($"errno {errno}: {e.Error}: {e.Message}");
+            }
+            catch (IOException e) when (e is not HeapFileException && expected != "ReadOnly")
+            {
+                bool advice = e.Message.Contains("commits", StringComparison.Ordinal);
+                Console.WriteLine($"errno {errno}: {e.Message}");
+                if (advice != (expected == "commits"))
+                {
+                    Console.Error.WriteLine($"errno {errno}: the commit-limit advice is {(advice ? "given" : "missing")}");
+                    wrong++;
+                }
+            }
+            catch (Exception e)
+            {
+                Console.Error.WriteLine($"errno {errno}: {e.GetType().Name}: {e.Message}");
+                wrong++;
+            }
+            finally
+            {
+                HeapFileTestHooks.SimulatedMmapError = null;
+            }
+        }
+
+        // Nothing was changed by the failed opens: the file opens afterwards.
+        PersistentHeap.Open(path, options).Dispose();
         return wrong == 0 ? Survived : WrongOutcome;
     }
 

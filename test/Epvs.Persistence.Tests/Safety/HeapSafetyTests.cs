@@ -239,6 +239,22 @@ public sealed class HeapSafetyTests
         }
     }
 
+    /// <summary>
+    /// A probe: ext4 turned read-only after an I/O error still opens the file for writing, and mmap then fails with EROFS,
+    /// which Open reported as a plain IOException advising to lower MaxSize (the advice for a commit-limit failure). It is
+    /// now <see cref="HeapFileError.ReadOnly"/>, and the advice comes with ENOMEM only (errno simulated, in a child: the
+    /// hook is process-wide).
+    /// </summary>
+    [Fact]
+    public void Open_WhenTheMappingFails_ReportsReadOnlyForErofs_AndTheCommitAdviceOnlyForEnomem()
+    {
+        Assert.SkipUnless(OperatingSystem.IsLinux(), "mmap errno mapping (Unix)");
+        using var dir = new TempDirectory();
+        (int code, string output) = TestProgram.RunChild(NoEnvironment, SafetyChild.Role, "open-mmap-fails", dir.File("a.heap"));
+        _output.WriteLine(output);
+        Assert.True(code == SafetyChild.Survived, $"exit {code}: {output}");
+    }
+
     [Fact]
     public void Open_OnAReadOnlyMount_ReportsReadOnlyNotAlreadyOpen()
     {
