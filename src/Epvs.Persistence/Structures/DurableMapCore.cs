@@ -16,6 +16,9 @@ namespace Epvs.Persistence;
 internal sealed unsafe class DurableMapCore<TKey>
     where TKey : unmanaged, IEquatable<TKey>
 {
+    /// <summary>The offset of an entry that holds no payload: never a payload's (the superblock is at offset 0).</summary>
+    private const long Absent = 0;
+
     private readonly BufferedDurableHeap _heap;
     private readonly int _typeId;
     private readonly Shard[] _shards;
@@ -67,17 +70,38 @@ internal sealed unsafe class DurableMapCore<TKey>
         Shard shard = ShardOf(key);
         lock (shard)
         {
+            // Every call of the key's GetHashCode and Equals (user code, which may throw) comes before the heap changes: the
+            // entry is found, or added as a placeholder, first, and written through its reference once the payload is.
+            // (A throw from a lookup after the payload was written left the index on a retired block, a double free at
+            // its next update, or a durable key the running map lacked.)
+            ref long entry = ref CollectionsMarshal.GetValueRefOrAddDefault(shard.Map, key, out _);
+            bool added = entry == Absent;
             PayloadRef block;
-            bool added = !shard.Map.TryGetValue(key, out long offset);
-            block = added ? op.AllocateTyped(size, _typeId) : op.ReplaceOwned(new PayloadRef(offset), size);
-            Span<byte> payload = _heap.PayloadUnchecked(block.Offset);
-            MemoryMarshal.Write(payload, in key);
-            value.CopyTo(payload[KeySize..]);
-            if (added || block.Offset != offset)
+            if (added)
             {
-                shard.Map[key] = block.Offset;
+                try
+                {
+                    block = op.AllocateTyped(size, _typeId);
+                }
+                catch
+                {
+                    RemovePlaceholder(shard, key);
+                    throw;
+                }
+
+                MemoryMarshal.Write(_heap.PayloadUnchecked(block.Offset), in key);
+            }
+            else
+            {
+                // The key's bytes as the map first stored them (a key Equal to it may differ in its bytes: -0.0 and 0.0),
+                // so that the reopened map has the key the running one has.
+                TKey stored = MemoryMarshal.Read<TKey>(_heap.PayloadUnchecked(entry));
+                block = op.ReplaceOwned(new PayloadRef(entry), size);
+                MemoryMarshal.Write(_heap.PayloadUnchecked(block.Offset), in stored);
             }
 
+            value.CopyTo(_heap.PayloadUnchecked(block.Offset)[KeySize..]);
+            entry = block.Offset;
             if (added)
             {
                 // Interlocked.Increment: the count is shared across shards; atomicity only.
@@ -94,7 +118,7 @@ internal sealed unsafe class DurableMapCore<TKey>
         Shard shard = ShardOf(key);
         lock (shard)
         {
-            if (!shard.Map.TryGetValue(key, out long offset))
+            if (!shard.Map.TryGetValue(key, out long offset) || offset == Absent)
             {
                 return -1;
             }
@@ -111,14 +135,17 @@ internal sealed unsafe class DurableMapCore<TKey>
         Shard shard = ShardOf(key);
         lock (shard)
         {
-            if (!shard.Map.TryGetValue(key, out long offset))
+            // The key's code runs before the heap changes, as in Upsert: the entry is marked absent through its reference.
+            ref long entry = ref CollectionsMarshal.GetValueRefOrNullRef(shard.Map, key);
+            if (Unsafe.IsNullRef(ref entry) || entry == Absent)
             {
                 return false;
             }
 
             // The anti-payload first: if the heap is full it throws and the entry stays, as recovery would see it.
-            op.DeleteOwned(new PayloadRef(offset));
-            shard.Map.Remove(key);
+            op.DeleteOwned(new PayloadRef(entry));
+            entry = Absent;
+            RemovePlaceholder(shard, key);
             // Interlocked.Decrement: see Upsert.
             Interlocked.Decrement(ref _count);
             return true;
@@ -135,12 +162,33 @@ internal sealed unsafe class DurableMapCore<TKey>
             {
                 foreach ((TKey key, long offset) in shard.Map)
                 {
+                    if (offset == Absent)
+                    {
+                        continue;
+                    }
+
                     result.Add((key, _heap.PayloadUnchecked(offset)[KeySize..].ToArray()));
                 }
             }
         }
 
         return result;
+    }
+
+    /// <summary>
+    /// Removes the entry of <paramref name="key"/> once it is <see cref="Absent"/> (a removed key, or an insert that
+    /// failed). If the key's code throws now, the entry stays as a placeholder, which every lookup takes as absent.
+    /// </summary>
+    private static void RemovePlaceholder(Shard shard, TKey key)
+    {
+        try
+        {
+            shard.Map.Remove(key);
+        }
+        catch (Exception e) when (e is not OutOfMemoryException)
+        {
+            // User code (GetHashCode, Equals) threw: the placeholder reads as absent.
+        }
     }
 
     [MethodImpl(MethodImplOptions.AggressiveInlining)]

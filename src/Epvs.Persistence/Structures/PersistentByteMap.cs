@@ -9,7 +9,13 @@ namespace Epvs.Persistence;
 /// heap is recovered. Durability is the heap's: after a crash the map holds exactly the operations up to the durable
 /// frontier; <see cref="BufferedDurableHeap.Sync()"/> makes completed operations durable.
 /// </summary>
-/// <typeparam name="TKey">An unmanaged key type with value equality; stored by its bytes.</typeparam>
+/// <typeparam name="TKey">An unmanaged key type with value equality; stored by its bytes. Its <see cref="object.GetHashCode"/>
+/// and <see cref="IEquatable{T}.Equals(T)"/> must agree with each other and not change while the map is open (a hash that
+/// changes between calls can add one key twice, which every later open refuses as an inconsistent heap); the map calls
+/// them under its locks (an index growth calls every key's hash with every lock stripe held), so they must not take a
+/// lock that a thread may hold while it calls the map, nor call into the heap. If they throw, the call fails before the
+/// heap changes. Of keys that are Equal with different bytes (<c>0.0</c> and <c>-0.0</c>), the map keeps the bytes of
+/// the key's first insert, and so does a reopened map.</typeparam>
 /// <remarks>All members are thread-safe; each is one operation (one EPVS region, one shard lock), reads included, except
 /// <see cref="Count"/>. Called inside another <see cref="DurableOperation"/> of the same heap on the same thread, they nest;
 /// inside an operation of another heap they throw <see cref="InvalidOperationException"/> (see

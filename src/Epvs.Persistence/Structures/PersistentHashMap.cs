@@ -11,7 +11,13 @@ namespace Epvs.Persistence;
 /// rebuilt from the payloads when the heap is recovered. After a crash the map holds exactly the operations up to the
 /// heap's durable frontier; <see cref="BufferedDurableHeap.Sync()"/> makes completed operations durable.
 /// </summary>
-/// <typeparam name="TKey">An unmanaged key type with value equality; stored by its bytes.</typeparam>
+/// <typeparam name="TKey">An unmanaged key type with value equality; stored by its bytes. Its <see cref="object.GetHashCode"/>
+/// and <see cref="IEquatable{T}.Equals(T)"/> must agree with each other and not change while the map is open (a hash that
+/// changes between calls can add one key twice, which every later open refuses as an inconsistent heap); the map calls
+/// them under its locks (an index growth calls every key's hash with every lock stripe held), so they must not take a
+/// lock that a thread may hold while it calls the map, nor call into the heap. If they throw, the call fails before the
+/// heap changes. Of keys that are Equal with different bytes (<c>0.0</c> and <c>-0.0</c>), the map keeps the bytes of
+/// the key's first insert, and so does a reopened map.</typeparam>
 /// <typeparam name="TValue">An unmanaged value type; stored by its bytes (no references).</typeparam>
 /// <remarks>
 /// <para>All members are thread-safe. Each write is one operation (one EPVS region) that locks the key's index slot (an

@@ -1,6 +1,7 @@
 using System;
 using System.Collections.Generic;
 using System.IO;
+using System.Linq;
 using System.Runtime.ExceptionServices;
 using System.Threading.Tasks;
 
@@ -107,7 +108,7 @@ internal static class StructureRecovery
     /// <summary>
     /// Checks every payload's size on this thread (one clear exception naming <paramref name="expected"/> and the size
     /// found), then calls <paramref name="add"/> for each payload in parallel; an <see cref="InvalidDataException"/>
-    /// from <paramref name="add"/> is rethrown as itself, not wrapped in an <see cref="AggregateException"/>.
+    /// from <paramref name="add"/> (else the first exception) is rethrown as itself, not wrapped in an <see cref="AggregateException"/>.
     /// </summary>
     /// <remarks>The caller holds a read operation of the heap for the whole call: the workers read the mapping on other
     /// threads, unprotected themselves, but the heap's Dispose waits for the caller's operation, which outlasts them.</remarks>
@@ -125,8 +126,11 @@ internal static class StructureRecovery
         {
             Parallel.For(0, payloads.Count, new ParallelOptions { MaxDegreeOfParallelism = Math.Max(1, parallelism) }, i => add(payloads[i]));
         }
-        catch (AggregateException e) when (e.InnerException is InvalidDataException inner)
+        catch (AggregateException e)
         {
+            // As itself, not wrapped: the heap's inconsistency first, else the first failure (a key's GetHashCode or
+            // Equals, user code, throwing during the rebuild).
+            Exception inner = e.InnerExceptions.FirstOrDefault(x => x is InvalidDataException) ?? e.InnerExceptions[0];
             ExceptionDispatchInfo.Capture(inner).Throw();
         }
     }

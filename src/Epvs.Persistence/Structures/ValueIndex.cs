@@ -631,6 +631,9 @@ internal sealed unsafe class ValueIndex<TKey, TValue>
         /// <summary>The payload header's epoch tag.</summary>
         internal long Tag => *(long*)(_slot + TagOffset);
 
+        /// <summary>The key as the index stored it (its bytes; a key Equal to it may have others).</summary>
+        internal TKey Key => Unsafe.Read<TKey>(_slot + KeyOffset);
+
         /// <summary>Publishes a new payload and value.</summary>
         internal void Write(long offset, long uid, long tag, TValue value)
         {

@@ -220,7 +220,10 @@ internal sealed unsafe class ValueMapCore<TKey, TValue>
 
                     // Updated in place (same block): the header (uid, tag) is unchanged.
                     long tag = block.Offset == offset ? slot.Tag : op.Version;
-                    WritePayload(block, key, value);
+
+                    // The key's bytes as the index holds them (a key Equal to it may differ in its bytes: -0.0 and 0.0),
+                    // so that the reopened map has the key the running one has.
+                    WritePayload(block, slot.Key, value);
                     slot.Write(block.Offset, uid, tag, value);
                     return Outcome.Updated;
                 }
