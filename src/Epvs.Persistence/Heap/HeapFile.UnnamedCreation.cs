@@ -49,6 +49,7 @@ public sealed unsafe partial class HeapFile
         string link = $"/proc/self/fd/{fd}";
         FileStream? stream = null;
         PersistenceDomain? domain = null;
+        bool named = false;
         try
         {
             // The exclusive lock every open of a heap file takes (as FileShare.None does): it comes with the name. Nobody
@@ -82,11 +83,18 @@ public sealed unsafe partial class HeapFile
                 return null;
             }
 
-            SyncDirectory(directory);
+            named = true;
+            SyncDirectory(directory, fullPath);
             return new HeapFile(domain, stream, ownsDomain: true, fullPath, wasClean: true);
         }
         catch
         {
+            if (named)
+            {
+                // A new, empty heap under its name that might not be durable: removed, as a failed creation in place is.
+                File.Delete(fullPath);
+            }
+
             domain?.Dispose();
             if (stream is not null)
             {
@@ -126,14 +134,34 @@ public sealed unsafe partial class HeapFile
         return 0x12; // 022
     }
 
-    /// <summary>Makes a new name in <paramref name="directory"/> durable (best effort: a file system that cannot sync a directory needs no sync).</summary>
-    private static void SyncDirectory(string directory)
+    /// <summary>
+    /// Makes the new name <paramref name="fullPath"/> in <paramref name="directory"/> durable (Linux), so that a crash
+    /// right after Create returns cannot lose the file: throws if the directory's fsync fails (the caller removes the
+    /// file). A file system that cannot sync a directory (EINVAL, ENOTSUP) needs no sync, and a directory this process
+    /// cannot open for reading is left to the file system.
+    /// </summary>
+    private static void SyncDirectory(string directory, string fullPath)
     {
-        int fd = Interop.Libc.Open(directory, Interop.Libc.ReadOnly | Interop.Libc.Directory | Interop.Libc.CloseOnExec, 0);
-        if (fd >= 0)
+        int error = HeapFileTestHooks.SimulatedDirectorySyncError ?? 0;
+        if (HeapFileTestHooks.SimulatedDirectorySyncError is null)
         {
-            _ = Interop.Libc.Fsync(fd);
+            int fd = Interop.Libc.Open(directory, Interop.Libc.ReadOnly | Interop.Libc.Directory | Interop.Libc.CloseOnExec, 0);
+            if (fd < 0)
+            {
+                return;
+            }
+
+            if (Interop.Libc.Fsync(fd) != 0)
+            {
+                error = Marshal.GetLastPInvokeError();
+            }
+
             _ = Interop.Libc.Close(fd);
+        }
+
+        if (error is not (0 or Interop.Libc.Einval or Interop.Libc.Enotsup))
+        {
+            ThrowHelper.ThrowIO($"Cannot create heap file '{fullPath}': the fsync of its directory failed ({Marshal.GetPInvokeErrorMessage(error)}, errno {error}), so its name might not survive a crash. The file was removed.");
         }
     }
 }

@@ -326,6 +326,12 @@ public sealed unsafe partial class HeapFile : IDisposable
             domain = MapDomain(stream, fullPath, fullPath, heapSize, capacity, options);
             HeapFileTestHooks.BeforeFormattingInPlace?.Invoke(fullPath);
             Format(domain, heapSize, maxSegments, dataStart);
+            if (OperatingSystem.IsLinux())
+            {
+                // The new name durable too (a file system without unnamed files: NFS, some FUSE ones).
+                SyncDirectory(directory, fullPath);
+            }
+
             return new HeapFile(domain, stream, ownsDomain: true, fullPath, wasClean: true);
         }
         catch

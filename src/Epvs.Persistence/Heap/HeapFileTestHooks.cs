@@ -14,6 +14,9 @@ internal static class HeapFileTestHooks
     /// <summary>When set, mapping a heap file (the MappedFile domain on Unix) fails with this errno instead of calling mmap.</summary>
     internal static int? SimulatedMmapError { get; set; }
 
+    /// <summary>When set, the fsync of a new heap file's directory (Linux) reports this errno instead of being called (0: succeeds).</summary>
+    internal static int? SimulatedDirectorySyncError { get; set; }
+
     /// <summary>When set, <c>HeapFile.Open</c> skips preallocation (the control for the sparse-file test: the old behaviour).</summary>
     internal static bool SkipPreallocation { get; set; }
 

@@ -38,6 +38,8 @@ internal static partial class Interop
         internal const int Efbig = 27;
         internal const int Enospc = 28;
         internal const int Erofs = 30;
+        internal const int Einval = 22;
+        internal const int Enotsup = 95;
         internal const int Edquot = 122;
 
         /// <summary>Whether <paramref name="errno"/> says the file system (or the user's quota, or the file size) has no room.</summary>

@@ -31,6 +31,7 @@ internal static class SafetyChild
                 "open-sparse-on-full-disk" => OpenSparseOnFullDisk(path, control),
                 "open-out-of-descriptors" => OpenOutOfDescriptors(path),
                 "open-mmap-fails" => OpenMmapFails(path),
+                "create-directory-sync-fails" => CreateDirectorySyncFails(path),
                 "open-buffered" => OpenBuffered(path),
                 "buffered-file-disposed-first" => BufferedFileDisposedFirst(path),
                 "domain-disposed-under-file" => DomainDisposedUnderFile(path),
@@ -735,6 +736,54 @@ internal static class SafetyChild
 
         // Nothing was changed by the failed opens: the file opens afterwards.
         PersistentHeap.Open(path, options).Dispose();
+        return wrong == 0 ? Survived : WrongOutcome;
+    }
+
+    /// <summary>
+    /// The fsync of a new heap file's directory fails (simulated EIO), whether the file was made unnamed and linked or
+    /// created in place: Create throws (the file's name might not survive a crash) and leaves no file behind, so a retry
+    /// creates it; EINVAL (a file system that cannot sync a directory) is no failure.
+    /// </summary>
+    private static int CreateDirectorySyncFails(string path)
+    {
+        int wrong = 0;
+        foreach (bool inPlace in new[] { false, true })
+        {
+            string file = $"{path}.{(inPlace ? "in-place" : "unnamed")}";
+            HeapFileTestHooks.CreateInPlace = inPlace;
+            try
+            {
+                HeapFileTestHooks.SimulatedDirectorySyncError = 5;
+                try
+                {
+                    PersistentHeap.Create(file, new HeapFileOptions { Size = 1L << 20 }).Dispose();
+                    Console.Error.WriteLine($"{file}: created although its directory's fsync failed");
+                    wrong++;
+                }
+                catch (IOException e) when (e is not HeapFileException)
+                {
+                    Console.WriteLine($"{file}: {e.Message}");
+                }
+
+                if (File.Exists(file))
+                {
+                    Console.Error.WriteLine($"{file}: left behind");
+                    wrong++;
+                    File.Delete(file);
+                }
+
+                HeapFileTestHooks.SimulatedDirectorySyncError = 22;
+                PersistentHeap.Create(file, new HeapFileOptions { Size = 1L << 20 }).Dispose();
+                HeapFileTestHooks.SimulatedDirectorySyncError = null;
+                PersistentHeap.Open(file).Dispose();
+            }
+            finally
+            {
+                HeapFileTestHooks.SimulatedDirectorySyncError = null;
+                HeapFileTestHooks.CreateInPlace = false;
+            }
+        }
+
         return wrong == 0 ? Survived : WrongOutcome;
     }
 

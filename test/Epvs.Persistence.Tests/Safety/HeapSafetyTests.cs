@@ -255,6 +255,22 @@ public sealed class HeapSafetyTests
         Assert.True(code == SafetyChild.Survived, $"exit {code}: {output}");
     }
 
+    /// <summary>
+    /// A probe: Create ignored a failed fsync of the new file's directory (unnamed files), and never synced the directory
+    /// when creating in place (file systems without unnamed files), so a Create and Sync could be acknowledged while the
+    /// file's name was not durable. A failed directory sync now fails Create and removes the file (errno simulated, in a
+    /// child: the hook is process-wide).
+    /// </summary>
+    [Fact]
+    public void Create_WhenTheDirectorysFsyncFails_ThrowsAndLeavesNoFile()
+    {
+        Assert.SkipUnless(OperatingSystem.IsLinux(), "directory fsync (Linux)");
+        using var dir = new TempDirectory();
+        (int code, string output) = TestProgram.RunChild(NoEnvironment, SafetyChild.Role, "create-directory-sync-fails", dir.File("a.heap"));
+        _output.WriteLine(output);
+        Assert.True(code == SafetyChild.Survived, $"exit {code}: {output}");
+    }
+
     [Fact]
     public void Open_OnAReadOnlyMount_ReportsReadOnlyNotAlreadyOpen()
     {
