@@ -208,11 +208,43 @@ public sealed unsafe partial class HeapFile : IDisposable
             Volatile.Write(ref *(ulong*)(Pointer + HeapLayout.DurableFrontierOffset), HeapLayout.Seal(frontier, HeapLayout.DurableFrontierOffset));
             Volatile.Write(ref *(ulong*)(Pointer + HeapLayout.EpochClockOffset), HeapLayout.Seal(clock, HeapLayout.EpochClockOffset));
             Domain.Persist(HeapLayout.EpochClockOffset, HeapLayout.DurableFrontierOffset + sizeof(ulong) - HeapLayout.EpochClockOffset);
+
+            // Durable in a file that can be reopened: one deleted (or replaced by a rename over it) while open keeps
+            // taking writes into an inode with no name, so a Sync would return for data nothing can ever reopen.
+            if (HasLostItsName())
+            {
+                ThrowHelper.ThrowIO($"The heap file '{Path}' was deleted or replaced (renamed over) while the heap had it open: what is written to it can never be reopened, so nothing more is made durable. Restore the file from a copy, or create a new heap.");
+            }
         }
         finally
         {
             ExitOperation();
         }
+    }
+
+    /// <summary>Whether the file has no name left (Linux, <c>statx</c>: a link count of 0); false where that cannot be told.</summary>
+    private bool HasLostItsName()
+    {
+        if (!OperatingSystem.IsLinux() || _lockedFile is null)
+        {
+            return false;
+        }
+
+        byte* result = stackalloc byte[Interop.Libc.StatxSize];
+        try
+        {
+            if (Interop.Libc.Statx((int)_lockedFile.SafeFileHandle.DangerousGetHandle(), string.Empty, Interop.Libc.AtEmptyPath, Interop.Libc.StatxNlink, result) != 0)
+            {
+                return false;
+            }
+        }
+        catch (EntryPointNotFoundException)
+        {
+            // A C library without statx (glibc before 2.28).
+            return false;
+        }
+
+        return (*(uint*)result & Interop.Libc.StatxNlink) != 0 && *(uint*)(result + 16) == 0;
     }
 
     /// <summary>

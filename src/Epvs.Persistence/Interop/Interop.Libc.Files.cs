@@ -61,6 +61,18 @@ internal static partial class Interop
         [LibraryImport(NativeLibraryResolver.LibcLibraryName, EntryPoint = "fsync", SetLastError = true)]
         internal static partial int Fsync(int fd);
 
+        /// <summary><c>statx</c>'s flag: the path is empty, the file is the descriptor itself.</summary>
+        internal const int AtEmptyPath = 0x1000;
+
+        /// <summary><c>statx</c>'s mask bit for the link count (<c>stx_nlink</c>, a 32-bit field at byte 16 of the result).</summary>
+        internal const uint StatxNlink = 0x4;
+
+        /// <summary>The size of <c>struct statx</c> (the same on every architecture).</summary>
+        internal const int StatxSize = 256;
+
+        [LibraryImport(NativeLibraryResolver.LibcLibraryName, EntryPoint = "statx", SetLastError = true, StringMarshalling = StringMarshalling.Utf8)]
+        internal static partial int Statx(int directory, string path, int flags, uint mask, byte* result);
+
         [LibraryImport(NativeLibraryResolver.LibcLibraryName, EntryPoint = "linkat", SetLastError = true, StringMarshalling = StringMarshalling.Utf8)]
         internal static partial int Linkat(int oldDirectory, string oldPath, int newDirectory, string newPath, int flags);
     }
