@@ -227,6 +227,12 @@ internal sealed unsafe class MappedFilePersistenceDomain : PersistenceDomain
         }
     }
 
+    /// <inheritdoc/>
+    internal override void ReleaseQuarantine() => _unixMapping?.ReleaseQuarantine();
+
+    /// <inheritdoc/>
+    internal override bool HoldsQuarantinedMemory => _unixMapping?.HoldsQuarantinedMemory ?? false;
+
     private protected override void QuarantineCore()
     {
         // A straggler's pwrite still copying from the mapping would copy the anonymous memory's zeros into the file

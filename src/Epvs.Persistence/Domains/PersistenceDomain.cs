@@ -207,6 +207,17 @@ public abstract unsafe class PersistenceDomain : IDisposable
     }
 
     /// <summary>
+    /// Frees the memory <see cref="Quarantine"/> detached, once no thread can use it any more (its owner knows when: the
+    /// threads left inside operations have left). Nothing where the quarantine kept the memory as it is.
+    /// </summary>
+    internal virtual void ReleaseQuarantine()
+    {
+    }
+
+    /// <summary>Whether a quarantine left memory that <see cref="ReleaseQuarantine"/> has not freed yet (tests).</summary>
+    internal virtual bool HoldsQuarantinedMemory => false;
+
+    /// <summary>
     /// Claims the domain for the heap file <paramref name="user"/>: one heap file at a time. The public
     /// <see cref="Dispose()"/> then closes the file first with <paramref name="closeUser"/> (which refuses while a heap
     /// uses the file, and waits for the file's calls in flight), so the mapping is never unmapped under its calls.

@@ -81,6 +81,12 @@ internal sealed unsafe class PmemPersistenceDomain : PersistenceDomain
 
     private protected override void QuarantineCore() => _mapping.Quarantine();
 
+    /// <inheritdoc/>
+    internal override void ReleaseQuarantine() => _mapping.ReleaseQuarantine();
+
+    /// <inheritdoc/>
+    internal override bool HoldsQuarantinedMemory => _mapping.HoldsQuarantinedMemory;
+
     private protected override void WriteBackCore(long offset, long length)
     {
         if (_isPmem)

@@ -664,6 +664,13 @@ public sealed unsafe partial class BufferedDurableHeap : IDisposable
                     if (_ownsFile)
                     {
                         _heap.File.Dispose(released);
+
+                        // Quarantined for a thread left inside an operation (not for a background thread that may
+                        // still write): freed once the threads inside now have left the scheme.
+                        if (!released && !_backgroundStillRunning)
+                        {
+                            _heap.File.ReleaseQuarantineOnceLeft(_scheme.Epoch);
+                        }
                     }
                 }
             }

@@ -668,6 +668,30 @@ public sealed unsafe partial class HeapFile : IDisposable
     /// <summary>The test hooks of the Dispose that waits for another one.</summary>
     internal DisposalGate DisposalForTesting => _disposal;
 
+    /// <summary>
+    /// Frees the mapping a Dispose quarantined (it could not wait for the threads inside) once every thread protected in
+    /// <paramref name="operations"/> now has left: the address space of the whole reservation (the heap's maximum size)
+    /// was held for the life of the process. A thread that never leaves (it exited inside) keeps it held.
+    /// </summary>
+    internal void ReleaseQuarantineOnceLeft(Epvs.LightEpoch operations)
+    {
+        if (!_ownsDomain)
+        {
+            return;
+        }
+
+        PersistenceDomain domain = Domain;
+        try
+        {
+            _ = operations.BumpCurrentEpoch(domain.ReleaseQuarantine);
+        }
+        catch (ObjectDisposedException)
+        {
+            // Nobody is inside a disposed epoch.
+            domain.ReleaseQuarantine();
+        }
+    }
+
     /// <summary>Test hook: runs on Dispose before its wait for the calls in flight (which allocates); a hook that throws
     /// stands for an allocation failure there.</summary>
     internal Action? BeforeOperationWaitForTesting { get; set; }
@@ -714,6 +738,14 @@ public sealed unsafe partial class HeapFile : IDisposable
                 else
                 {
                     Domain.Quarantine();
+
+                    // This file's own calls were the ones that did not drain (the owner said its operations had): the
+                    // quarantined memory is freed once they have left. (Otherwise the owner knows when: see
+                    // ReleaseQuarantineOnceLeft.)
+                    if (operationsDrained)
+                    {
+                        ReleaseQuarantineOnceLeft(_operations);
+                    }
                 }
             }
 
