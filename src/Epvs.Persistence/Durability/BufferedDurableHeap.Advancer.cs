@@ -100,8 +100,9 @@ public sealed unsafe partial class BufferedDurableHeap
     /// </summary>
     /// <exception cref="InvalidOperationException">The calling thread is inside an operation of this heap (the version
     /// cannot advance until it ends) or of another buffered heap (a thread nesting the two in the other order could
-    /// hold this heap's version for ever), the heap is <see cref="DurabilityMode.Transient"/>, the version transition
-    /// failed, or the advancer failed earlier.</exception>
+    /// hold this heap's version for ever), or it runs a deferred action of this heap's epoch (<see cref="VersionScheme"/>'s
+    /// epoch: the transition may be pending behind that action in the same drain), the heap is
+    /// <see cref="DurabilityMode.Transient"/>, the version transition failed, or the advancer failed earlier.</exception>
     /// <exception cref="TimeoutException">Another thread stayed inside an operation for the whole timeout; the message names it.</exception>
     /// <exception cref="System.IO.IOException">The cycle this call ran failed to write the version back (the medium's
     /// error). Nothing of that version or any later one becomes durable in this heap any more: later calls throw
@@ -224,7 +225,7 @@ public sealed unsafe partial class BufferedDurableHeap
     /// <returns>The new durable frontier.</returns>
     /// <exception cref="ArgumentOutOfRangeException"><paramref name="timeout"/> is negative (other than <see cref="Timeout.InfiniteTimeSpan"/>) or longer than int.MaxValue milliseconds.</exception>
     /// <exception cref="InvalidOperationException">The calling thread is inside an operation of this heap or of another
-    /// buffered heap (see <see cref="Sync()"/>).</exception>
+    /// buffered heap, or runs a deferred action of this heap's epoch (see <see cref="Sync()"/>).</exception>
     /// <exception cref="TimeoutException">Another thread stayed inside an operation for the whole timeout.</exception>
     /// <exception cref="ObjectDisposedException">The heap has been disposed, or Dispose began on another thread while
     /// this call waited for the operations of v to end (Dispose's last advance then completes it or reports why not).</exception>
@@ -1206,6 +1207,23 @@ public sealed unsafe partial class BufferedDurableHeap
         if (_scheme.Epoch.ThisInstanceProtected())
         {
             ThrowHelper.ThrowInvalidOperation($"{what} was called inside an operation of this heap: the version cannot advance until the calling thread's operation ends, so it would wait for itself. Dispose the DurableOperation first.");
+        }
+
+        ThrowIfDraining(what);
+    }
+
+    /// <summary>
+    /// A wait for a version's end called from a deferred action of the heap's epoch (registered by a caller on
+    /// <see cref="VersionScheme"/>'s epoch, run in the drain of a thread ending its operation): the transition's critical
+    /// section may be pending in that same drain, behind the running action, so the cycle waited for a cut nobody could
+    /// complete — for ever with an infinite timeout (the draining thread's operation never finished ending either).
+    /// Refused before anything changes. (A deferred action may still run operations, and SyncAsync, which does not wait.)
+    /// </summary>
+    private void ThrowIfDraining(string what)
+    {
+        if (_scheme.Epoch.ThisInstanceDraining() && (_faults & DurabilityFaults.WaitInsideTheEpochsDrain) == 0)
+        {
+            ThrowHelper.ThrowInvalidOperation($"{what} was called from a deferred action of this heap's epoch (VersionScheme.Epoch), run in another call's drain: the version transition it waits for may be pending in that same drain, behind this action, so it would wait for ever. Do it from a thread of your own (queue it to the thread pool, say).");
         }
     }
 

@@ -435,7 +435,9 @@ public sealed unsafe partial class BufferedDurableHeap : IDisposable
     /// can be opened again by its path).</exception>
     /// <exception cref="InvalidOperationException">Called inside an operation of another <see cref="BufferedDurableHeap"/>
     /// on the same thread, or while another Dispose of this heap runs (its last advance waits for this heap's version,
-    /// which a thread nesting the two heaps in the other order could hold for ever): nothing is disposed. Or: called
+    /// which a thread nesting the two heaps in the other order could hold for ever): nothing is disposed. Or: called from
+    /// a deferred action of this heap's epoch (<see cref="VersionScheme"/>'s epoch), whose drain may hold the transition
+    /// its last advance waits for: nothing is disposed. Or: called
     /// inside a call of the heap's file on the same thread (a
     /// <see cref="PersistentHeap.ForEachAllocated"/> visitor of <see cref="Heap"/>, say), which goes on using the mapping
     /// once its callback returns: nothing is disposed. Or: called on a thread that is running one of the heap's advance cycles
@@ -459,6 +461,10 @@ public sealed unsafe partial class BufferedDurableHeap : IDisposable
             // after 30 s, then the heap closed under the cycle still running). Refused before anything changes.
             ThrowDisposeInsideCycle();
         }
+
+        // From a deferred action of the heap's epoch: its last advance could wait for a transition pending behind that
+        // action in the same drain. Refused before anything changes.
+        ThrowIfDraining(nameof(Dispose));
 
         // Inside a call of the heap file on this thread (a ForEachAllocated visitor of Heap, say): refused before
         // anything changes (see HeapFile.ThrowIfDisposeInsideACall).
@@ -881,9 +887,10 @@ public sealed unsafe partial class BufferedDurableHeap : IDisposable
 
         // After a failed cycle nothing is reclaimed any more, so the backlog never falls: helping would only run into
         // the failure again (and make the reads that are still allowed throw it).
-        if ((_faults & DurabilityFaults.NoBackPressure) != 0 || _advancerFault is not null || _scheme.Epoch.ThisInstanceProtected())
+        if ((_faults & DurabilityFaults.NoBackPressure) != 0 || _advancerFault is not null || _scheme.Epoch.ThisInstanceProtected() || _scheme.Epoch.ThisInstanceDraining())
         {
-            // (Nested operations cannot help: the advance would wait for the enclosing one.)
+            // (Nested operations cannot help: the advance would wait for the enclosing one. Nor can an operation of a
+            // deferred action of the heap's epoch: the advance would wait for a transition pending in that drain.)
             return;
         }
 

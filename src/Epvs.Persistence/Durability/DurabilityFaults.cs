@@ -157,4 +157,7 @@ internal enum DurabilityFaults : long
 
     /// <summary>A replace within its version undoes its copy only when the anti-payload finds the heap full, and runs without an interrupt shield (as before): an interrupt between the two allocations left two live payloads of one key.</summary>
     UndoCopyOnlyWhenFull = 281474976710656,
+
+    /// <summary>Sync, AdvanceVersion and Dispose run from a deferred action of the heap's epoch (as before): one whose drain holds the transition's critical section behind it waited for ever.</summary>
+    WaitInsideTheEpochsDrain = 562949953421312,
 }

@@ -444,6 +444,19 @@ public sealed unsafe partial class LightEpoch : IDisposable
         return FindRecord()->Depth != 0;
     }
 
+    /// <summary>
+    /// Whether the calling thread is running deferred actions of this instance: inside one of its drains (a
+    /// <see cref="Suspend"/>, <see cref="ProtectAndDrain"/>, bump or wait that runs the actions made safe). Code that an
+    /// action calls must not wait there for another pending action of this instance (a version transition's critical
+    /// section, say), which may be queued behind the running one in the same drain.
+    /// </summary>
+    /// <returns><see langword="true"/> inside a drain of this instance on the calling thread.</returns>
+    public bool ThisInstanceDraining()
+    {
+        DrainStack? stack = t_drains;
+        return stack is not null && DrainDepthOn(stack) != 0;
+    }
+
     /// <summary>Whether the calling thread runs a deferred action in a drain it made while protected by this instance, and
     /// the action has not entered itself: the protection it sees is the thread's only (see <see cref="ThreadRecord.ActionFloor"/>).</summary>
     internal bool ProtectedOnlyByTheThreadRunningThisAction()

@@ -147,4 +147,26 @@ public class LightEpochTests
         }
         Assert.True(ids.Count < 500, $"{ids.Count} distinct instance ids for 1,000 short-lived instances: ids are not recycled");
     }
+
+    /// <summary>Inside a deferred action of an epoch (its drain), <see cref="LightEpoch.ThisInstanceDraining"/> is true for that epoch only, and false outside.</summary>
+    [Fact]
+    public void ThisInstanceDraining_IsTrueOnlyInsideADrainOfThatEpoch()
+    {
+        using var epoch = new LightEpoch();
+        using var other = new LightEpoch();
+        bool inside = false, otherInside = true;
+        Assert.False(epoch.ThisInstanceDraining());
+        epoch.BumpCurrentEpoch(() =>
+        {
+            inside = epoch.ThisInstanceDraining();
+            otherInside = other.ThisInstanceDraining();
+        });
+        using (epoch.EnterScope())
+        {
+        }
+
+        Assert.True(inside);
+        Assert.False(otherInside);
+        Assert.False(epoch.ThisInstanceDraining());
+    }
 }
