@@ -43,6 +43,9 @@ internal sealed unsafe class MappedFilePersistenceDomain : PersistenceDomain
     private readonly int _pageSize = Environment.SystemPageSize;
     private readonly bool _private;
     private bool _fileReferenced;
+
+    /// <summary>1 once the reference on the file's handle was given back (see <see cref="ReleaseFile"/>).</summary>
+    private int _fileReleased;
     private long _writeBackCalls;
 
     /// <summary>The process's file size limit when the file was mapped: the file never grows past it (SIGXFSZ).</summary>
@@ -221,7 +224,21 @@ internal sealed unsafe class MappedFilePersistenceDomain : PersistenceDomain
         }
 
         _unixMapping?.Dispose();
-        if (_fileReferenced)
+        ReleaseFile();
+    }
+
+    /// <summary>
+    /// A domain never disposed (its heap abandoned, and collected): gives back its reference on the file's handle, which
+    /// then closes the descriptor (and so releases the file's lock) as it is finalized; the mapping's own handle unmaps
+    /// it. Nothing else: no thread can be using an unreachable domain.
+    /// </summary>
+    ~MappedFilePersistenceDomain() => ReleaseFile();
+
+    /// <summary>Gives back the reference this domain took on the file's handle, once (Dispose, quarantine or finalizer).</summary>
+    private void ReleaseFile()
+    {
+        // Interlocked.Exchange: once, whichever comes first.
+        if (_fileReferenced && Interlocked.Exchange(ref _fileReleased, 1) == 0)
         {
             _file.DangerousRelease();
         }
@@ -247,10 +264,7 @@ internal sealed unsafe class MappedFilePersistenceDomain : PersistenceDomain
 
         // Windows: the view is kept (never unmapped); Unix: replaced by anonymous memory.
         _unixMapping?.Quarantine();
-        if (_fileReferenced)
-        {
-            _file.DangerousRelease();
-        }
+        ReleaseFile();
     }
 
     private protected override void WriteBackCore(long offset, long length)

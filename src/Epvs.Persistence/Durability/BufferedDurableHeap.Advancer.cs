@@ -4,6 +4,7 @@ using System.Diagnostics;
 using System.Diagnostics.CodeAnalysis;
 using System.Linq;
 using System.Runtime.InteropServices;
+using System.Runtime.CompilerServices;
 using System.Threading;
 using System.Threading.Tasks;
 using Epvs;
@@ -28,7 +29,6 @@ public sealed unsafe partial class BufferedDurableHeap
     private readonly object _cycleGate = new();
     private readonly object _waitersGate = new();
     private readonly List<(long Target, TaskCompletionSource Completion)> _waiters = new();
-    private readonly AutoResetEvent _wake = new(false);
     private AdvanceStateMachine? _inflight;
     private long _frontier;
     private Thread? _advancer;
@@ -42,7 +42,6 @@ public sealed unsafe partial class BufferedDurableHeap
 
     /// <summary>1 while a thread runs <see cref="HelpOldVersion"/>'s advance.</summary>
     private int _lagHelper;
-    private volatile bool _stopping;
     private Exception? _advancerFault;
     private long[] _scratch = new long[1024];
     private long[] _sealScratch = new long[1024];
@@ -1069,6 +1068,7 @@ public sealed unsafe partial class BufferedDurableHeap
     private void StartAdvancer(TimeSpan period, TimeSpan? maxVersionAge, Action<BufferedDurableHeap>? startingForTesting)
     {
         _period = period;
+        _link.Period = period;
         if (period == Timeout.InfiniteTimeSpan)
         {
             return;
@@ -1087,7 +1087,7 @@ public sealed unsafe partial class BufferedDurableHeap
         {
             startingForTesting?.Invoke(this);
             _advancer = new Thread(AdvancerLoop) { IsBackground = true, Name = "epvs-advancer" };
-            _advancer.Start();
+            _advancer.Start(_link);
         }
         catch
         {
@@ -1103,47 +1103,64 @@ public sealed unsafe partial class BufferedDurableHeap
         }
     }
 
-    private void AdvancerLoop()
+    /// <summary>The advancer's thread: holds the heap only while it runs a cycle (see <see cref="BackgroundLink"/>).</summary>
+    private static void AdvancerLoop(object? state)
     {
+        var link = (BackgroundLink)state!;
         long started = Stopwatch.GetTimestamp();
-        while (!_stopping)
+        while (!link.Stopping)
         {
             // Fixed rate: a cycle starts one period after the previous one started (not after it ended), so the
             // durability lag stays about one period even when write-back takes a good part of it.
-            _wake.WaitOne(Remaining(started + (long)(_period.TotalSeconds * Stopwatch.Frequency)));
-            if (_stopping)
+            link.Wake.WaitOne(Remaining(started + (long)(link.Period.TotalSeconds * Stopwatch.Frequency)));
+            if (link.Stopping)
             {
                 break;
             }
 
             started = Stopwatch.GetTimestamp();
-            try
+            if (!CycleOnce(link))
             {
-                // Bounded, so that a stalled operation does not keep the advancer from noticing Dispose.
-                TimeSpan bound = HelpWait();
-                RunCycle(long.MaxValue, Deadline(bound), bound);
-            }
-            catch (TimeoutException)
-            {
-                // A thread is still inside an operation of the old version; the transition stays in flight and
-                // completes when it leaves. Try again next period.
-            }
-            catch (ObjectDisposedException) when (Volatile.Read(ref _disposed) != 0)
-            {
-                // Dispose took over the cycles (it stopped waiting for this thread): a stop, not a fault. (Volatile.Read:
-                // pairs with the exchange in Dispose. Any other ObjectDisposedException, the version scheme disposed under
-                // the heap, is a fault like any other: this thread used to stop without a word, and SyncAsync waited for
-                // ever with an infinite SyncTimeout.)
-                return;
-            }
-            catch (Exception e)
-            {
-                // The first fault stays the one reported (a cycle refused after an earlier fault, or the stocker's, wraps it).
-                Interlocked.CompareExchange(ref _advancerFault, e, null);
-                FailWaiters(new InvalidOperationException($"The heap's advancer failed: {e.Message}", e));
                 return;
             }
         }
+    }
+
+    /// <summary>One background cycle of the link's heap, if it is still alive; false when the advancer ends.</summary>
+    [MethodImpl(MethodImplOptions.NoInlining)]
+    private static bool CycleOnce(BackgroundLink link) => link.Heap.TryGetTarget(out BufferedDurableHeap? heap) && heap.BackgroundCycle();
+
+    /// <summary>The advancer's cycle; false when the advancer stops (Dispose took over, or the cycle failed).</summary>
+    private bool BackgroundCycle()
+    {
+        try
+        {
+            // Bounded, so that a stalled operation does not keep the advancer from noticing Dispose.
+            TimeSpan bound = HelpWait();
+            RunCycle(long.MaxValue, Deadline(bound), bound);
+        }
+        catch (TimeoutException)
+        {
+            // A thread is still inside an operation of the old version; the transition stays in flight and
+            // completes when it leaves. Try again next period.
+        }
+        catch (ObjectDisposedException) when (Volatile.Read(ref _disposed) != 0)
+        {
+            // Dispose took over the cycles (it stopped waiting for this thread): a stop, not a fault. (Volatile.Read:
+            // pairs with the exchange in Dispose. Any other ObjectDisposedException, the version scheme disposed under
+            // the heap, is a fault like any other: this thread used to stop without a word, and SyncAsync waited for
+            // ever with an infinite SyncTimeout.)
+            return false;
+        }
+        catch (Exception e)
+        {
+            // The first fault stays the one reported (a cycle refused after an earlier fault, or the stocker's, wraps it).
+            Interlocked.CompareExchange(ref _advancerFault, e, null);
+            FailWaiters(new InvalidOperationException($"The heap's advancer failed: {e.Message}", e));
+            return false;
+        }
+
+        return true;
     }
 
     /// <summary>Test hook: runs first when Dispose stops the advancer; a hook that throws stands for a failure there.</summary>
@@ -1179,7 +1196,7 @@ public sealed unsafe partial class BufferedDurableHeap
             // stocking, which then runs nowhere: a cycle a Sync runs meanwhile may too, and allocating threads sweep or
             // format for themselves until Dispose's own cycles, which stock nothing). One wait for both: a disk that
             // holds one of them in the kernel likely holds the other too, and Dispose waited for each in turn.
-            _stopping = true;
+            _link.Stopping = true;
             _wake.Set();
             SignalStockerToStop();
             long deadline = Deadline(BackgroundStopWait);

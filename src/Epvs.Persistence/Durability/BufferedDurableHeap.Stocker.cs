@@ -1,4 +1,5 @@
 using System;
+using System.Runtime.CompilerServices;
 using System.Threading;
 
 namespace Epvs.Persistence;
@@ -28,17 +29,13 @@ namespace Epvs.Persistence;
 /// </remarks>
 public sealed partial class BufferedDurableHeap
 {
-    private readonly object _stockGate = new();
     private Thread? _stocker;
-
-    /// <summary>Set (under <see cref="_stockGate"/>) by a cycle that asks for stocking; cleared by the stocker when it starts one.</summary>
-    private bool _stockRequested;
 
     /// <summary>Blocks the cycles allocated since the stocker's last run (bounds its sweep of an excess of parked frees); under <see cref="_stockGate"/>.</summary>
     private long _allocatedSinceStock;
 
-    /// <summary>Set (under <see cref="_stockGate"/>) when Dispose stops the stocker.</summary>
-    private bool _stockerStopping;
+    /// <summary>The stocker's gate (in the background link, which its thread holds instead of the heap).</summary>
+    private object _stockGate => _link.StockGate;
 
     /// <summary>Test hook: runs as a stocking begins, on the stocker's thread or in the cycle (a throw stands for a failure in it).</summary>
     internal Action? StockingForTesting { get; set; }
@@ -78,7 +75,7 @@ public sealed partial class BufferedDurableHeap
         using (InterruptShield.Hold(_stockGate))
         {
             _allocatedSinceStock += allocated;
-            _stockRequested = true;
+            _link.StockRequested = true;
             Monitor.Pulse(_stockGate);
         }
     }
@@ -105,7 +102,7 @@ public sealed partial class BufferedDurableHeap
     private void StartStocker()
     {
         _stocker = new Thread(StockerLoop) { IsBackground = true, Name = "epvs-stocker" };
-        _stocker.Start();
+        _stocker.Start(_link);
         // (Both broken controls stock after cycles only: StockInsideTheCycle in the cycle, as before the stocker.)
         if ((_faults & (DurabilityFaults.StockOnlyAfterCycles | DurabilityFaults.StockInsideTheCycle)) == 0)
         {
@@ -121,51 +118,72 @@ public sealed partial class BufferedDurableHeap
     {
         using (InterruptShield.Hold(_stockGate))
         {
-            _stockRequested = true;
+            _link.StockRequested = true;
             Monitor.Pulse(_stockGate);
         }
     }
 
-    private void StockerLoop()
+    /// <summary>The stocker's thread: holds the heap only while it stocks (see <see cref="BackgroundLink"/>).</summary>
+    private static void StockerLoop(object? state)
     {
+        var link = (BackgroundLink)state!;
         while (true)
         {
-            long allocated;
-            using (InterruptShield.Hold(_stockGate))
+            using (InterruptShield.Hold(link.StockGate))
             {
-                while (!_stockRequested && !_stockerStopping)
+                while (!link.StockRequested && !link.StockerStopping)
                 {
-                    Monitor.Wait(_stockGate);
+                    Monitor.Wait(link.StockGate);
                 }
 
-                if (_stockerStopping)
+                if (link.StockerStopping)
                 {
                     return;
                 }
 
-                _stockRequested = false;
-                allocated = _allocatedSinceStock;
-                _allocatedSinceStock = 0;
+                link.StockRequested = false;
             }
 
-            try
+            if (!StockOnce(link))
             {
-                Stock(allocated);
-                Interlocked.Increment(ref _stockerRuns);
-            }
-            catch (Exception e)
-            {
-                // As when the cycle stocked (its failure was the cycle's): nothing more becomes durable, and Sync and
-                // SyncAsync report why. Not under the cycle gate, which a Sync may hold for as long as a thread stays
-                // inside an operation (Dispose then waited for this thread, and reported it, instead of the straggler):
-                // a cycle that runs meanwhile is sound (no stocking is part of a version's durability), and the next one
-                // refuses. Interlocked.CompareExchange: the first fault stays the one reported.
-                var fault = new InvalidOperationException($"Stocking the heap's pools after an advance cycle failed: {e.Message}", e);
-                Interlocked.CompareExchange(ref _advancerFault, fault, null);
-                FailWaiters(new InvalidOperationException($"The heap's advancer failed: {fault.Message}", fault));
                 return;
             }
         }
+    }
+
+    /// <summary>One stocking of the link's heap, if it is still alive; false when the stocker ends.</summary>
+    [MethodImpl(MethodImplOptions.NoInlining)]
+    private static bool StockOnce(BackgroundLink link) => link.Heap.TryGetTarget(out BufferedDurableHeap? heap) && heap.StockOnRequest();
+
+    /// <summary>The stocking the stocker was asked for; false after a failure (the stocker ends).</summary>
+    private bool StockOnRequest()
+    {
+        long allocated;
+        using (InterruptShield.Hold(_stockGate))
+        {
+            allocated = _allocatedSinceStock;
+            _allocatedSinceStock = 0;
+        }
+
+        try
+        {
+            Stock(allocated);
+            Interlocked.Increment(ref _stockerRuns);
+        }
+        catch (Exception e)
+        {
+            // As when the cycle stocked (its failure was the cycle's): nothing more becomes durable, and Sync and
+            // SyncAsync report why. Not under the cycle gate, which a Sync may hold for as long as a thread stays
+            // inside an operation (Dispose then waited for this thread, and reported it, instead of the straggler):
+            // a cycle that runs meanwhile is sound (no stocking is part of a version's durability), and the next one
+            // refuses. Interlocked.CompareExchange: the first fault stays the one reported.
+            var fault = new InvalidOperationException($"Stocking the heap's pools after an advance cycle failed: {e.Message}", e);
+            Interlocked.CompareExchange(ref _advancerFault, fault, null);
+            FailWaiters(new InvalidOperationException($"The heap's advancer failed: {fault.Message}", fault));
+            return false;
+        }
+
+        return true;
     }
 
     /// <summary>Tells the stocker to stop after a stocking in progress (Dispose, before its last cycles; a failed open), inside the caller's shield.</summary>
@@ -177,7 +195,7 @@ public sealed partial class BufferedDurableHeap
         InterruptShield.Lock(_stockGate);
         try
         {
-            _stockerStopping = true;
+            _link.StockerStopping = true;
             Monitor.Pulse(_stockGate);
         }
         finally

@@ -78,6 +78,7 @@ public sealed unsafe partial class BufferedDurableHeap : IDisposable
         // writes back each run of touched pages once; on persistent memory, per-payload cache-line write-back is what
         // Montage does.
         _pageWriteBack = !_domain.IsPersistentMemory;
+        _link = new BackgroundLink(this);
         _local = new ThreadLocal<ThreadBuffers>(RegisterThread);
         _scheme = new EpochProtectedVersionScheme();
         _scheme.TransitionStalled += OnTransitionStalled;
@@ -485,6 +486,9 @@ public sealed unsafe partial class BufferedDurableHeap : IDisposable
         }
 
         _disposal.Begin();
+
+        // This Dispose stops the background threads (see the finalizer).
+        GC.SuppressFinalize(this);
 
         // All of it runs to its end if the thread is interrupted: its waits absorb the interrupt, requested again when
         // Dispose ends (an interrupt an inner shield absorbed used to be requested again inside it, and break a later wait).
