@@ -37,6 +37,9 @@ public sealed unsafe class SimulatedPersistenceDomain : PersistenceDomain
     private readonly long _capacity;
     private readonly long[] _lineSequence;
     private readonly object _gate = new();
+
+    /// <summary>Set under <see cref="_gate"/> when Dispose frees the images.</summary>
+    private bool _freed;
     private readonly ThreadLocal<PendingLines> _pending = new(() => new PendingLines(), trackAllValues: true);
     private readonly Dictionary<long, List<int>> _armed = new();
     private readonly List<SimulatedCrash> _captured = new();
@@ -134,20 +137,24 @@ public sealed unsafe class SimulatedPersistenceDomain : PersistenceDomain
     /// </summary>
     /// <param name="seed">Chooses what survives; the same seed and history give the same image.</param>
     /// <returns>A copy of what the medium would hold.</returns>
+    /// <exception cref="ObjectDisposedException">The domain has been disposed.</exception>
     public byte[] Crash(int seed)
     {
         using (InterruptShield.Hold(_gate))
         {
+            ThrowIfFreed();
             return BuildCrashImage(seed);
         }
     }
 
     /// <summary>Returns a copy of the durable image: what survives if no unflushed store happens to reach the medium.</summary>
     /// <returns>A copy of the durable bytes.</returns>
+    /// <exception cref="ObjectDisposedException">The domain has been disposed.</exception>
     public byte[] GetDurableImage()
     {
         using (InterruptShield.Hold(_gate))
         {
+            ThrowIfFreed();
             return new ReadOnlySpan<byte>(_durable, checked((int)Length)).ToArray();
         }
     }
@@ -160,8 +167,23 @@ public sealed unsafe class SimulatedPersistenceDomain : PersistenceDomain
             _pending.Dispose();
         }
 
-        NativeMemory.Free(Pointer);
-        NativeMemory.Free(_durable);
+        // Under the gate: a Crash or GetDurableImage that holds it finishes first, and one after it sees the images freed
+        // (they used to read the freed memory: an access violation).
+        lock (_gate)
+        {
+            _freed = true;
+            NativeMemory.Free(Pointer);
+            NativeMemory.Free(_durable);
+        }
+    }
+
+    /// <summary>Under <see cref="_gate"/>: the images were freed (the domain was disposed).</summary>
+    private void ThrowIfFreed()
+    {
+        if (_freed)
+        {
+            ThrowHelper.ThrowObjectDisposed(this);
+        }
     }
 
     /// <summary>Frees the images if the domain was not disposed.</summary>

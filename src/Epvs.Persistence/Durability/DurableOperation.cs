@@ -77,10 +77,33 @@ public ref struct DurableOperation
     /// <param name="current">The payload being updated (allocated, not yet replaced or deleted).</param>
     /// <param name="newSize">The payload's new size in bytes.</param>
     /// <returns>The payload that now holds the value; store it in place of <paramref name="current"/>.</returns>
+    /// <exception cref="ArgumentOutOfRangeException"><paramref name="newSize"/> is negative or larger than <see cref="PersistentHeap.MaxPayloadSize"/>.</exception>
     /// <exception cref="InvalidOperationException">The operation has ended, or <paramref name="current"/> is not allocated,
     /// or was already replaced or deleted and its block is not reused yet (nothing is allocated or retired then; a
-    /// reference kept past its block's reuse names the new payload, which no check can tell).</exception>
+    /// reference kept past its block's reuse names the new payload, which no check can tell), or is an anti-payload or a
+    /// payload of one of the library's structures (type id at or above 2^24).</exception>
     public readonly PayloadRef Replace(PayloadRef current, int newSize) => Replace(current, newSize, claim: true);
+
+    /// <summary>
+    /// The public <see cref="Replace(PayloadRef, int)"/> and <see cref="Delete(PayloadRef)"/> take the caller's payloads
+    /// only. An anti-payload is already on its way to reclamation: replacing or deleting it retired it twice (the heap
+    /// failed at its reclamation: a double free), and a replace also made a live payload of it that recovery kept. A
+    /// payload of the library's structures (a type id at or above 2^24) is its structure's: the index went on pointing
+    /// at it (a deleted key came back in the running map but not at the next open), and retired it again at its next
+    /// update (a double free). Refused before anything changes.
+    /// </summary>
+    private static void ThrowIfNotTheCallersPayload(PayloadRef current, PayloadHeader header)
+    {
+        if (header.Kind == PayloadKind.Delete)
+        {
+            ThrowHelper.ThrowInvalidOperation($"{current} is an anti-payload (a deletion, reclaimed with the payload it deletes): it cannot be replaced or deleted.");
+        }
+
+        if ((uint)header.TypeId >= StructureKind.TypeIdLimit)
+        {
+            ThrowHelper.ThrowInvalidOperation($"{current} belongs to one of the library's structures (type id 0x{header.TypeId:X}, at or above 2^24): update it through that structure, not through the heap.");
+        }
+    }
 
     /// <summary><see cref="Replace(PayloadRef, int)"/> for the library's structures, whose indexes never retire a payload
     /// twice: without the claim that refuses a second retirement (a dictionary update per call).</summary>
@@ -89,7 +112,17 @@ public ref struct DurableOperation
     private readonly PayloadRef Replace(PayloadRef current, int newSize, bool claim)
     {
         BufferedDurableHeap heap = InsideHeap;
+        if (claim && (uint)newSize > (uint)heap.Heap.MaxPayloadSize)
+        {
+            // (The structures check their sizes themselves.)
+            ThrowHelper.ThrowArgumentOutOfRange(nameof(newSize), $"A payload's size must be in [0, {heap.Heap.MaxPayloadSize}] (PersistentHeap.MaxPayloadSize); {newSize} is not.");
+        }
+
         PayloadHeader header = heap.Allocator.GetHeader(current);
+        if (claim)
+        {
+            ThrowIfNotTheCallersPayload(current, header);
+        }
         bool inPlaceFault = (heap.Faults & DurabilityFaults.UpdateOlderVersionInPlace) != 0;
         if (header.Size == newSize && (header.EpochTag == Version || heap.Mode == DurabilityMode.Transient || inPlaceFault))
         {
@@ -232,7 +265,8 @@ public ref struct DurableOperation
     /// </summary>
     /// <param name="current">The payload to delete (allocated, not yet replaced or deleted).</param>
     /// <exception cref="InvalidOperationException">The operation has ended, or <paramref name="current"/> is not allocated,
-    /// or was already replaced or deleted and its block is not reused yet (nothing is written then).</exception>
+    /// or was already replaced or deleted and its block is not reused yet, or is an anti-payload or a payload of one of
+    /// the library's structures (type id at or above 2^24): nothing is written then.</exception>
     /// <exception cref="InsufficientMemoryException">The heap has no block for the anti-payload: possible only on a heap
     /// that cannot grow (at its maximum size, or the libpmem domain) after a burst of deletes that took the whole delete
     /// reserve (a segment's worth, about 1,000 anti-payloads beyond the free blocks of their size, which other
@@ -250,6 +284,7 @@ public ref struct DurableOperation
         PayloadHeader header = heap.Allocator.GetHeader(current);
         if (claim)
         {
+            ThrowIfNotTheCallersPayload(current, header);
             heap.ClaimRetirement(current, header.EpochTag);
         }
 

@@ -71,8 +71,9 @@ public sealed unsafe partial class PersistentHeap : IDisposable
     /// <summary>Opens the allocator on a heap file, rebuilding its free lists by a (parallel) scan of the blocks.</summary>
     /// <param name="file">The heap file; not disposed with the heap.</param>
     /// <param name="options">Recovery options; null for the defaults.</param>
+    /// <exception cref="ArgumentOutOfRangeException">An option is out of range (<see cref="PersistentHeapOptions.RecoveryParallelism"/> below 1).</exception>
     public PersistentHeap(HeapFile file, PersistentHeapOptions? options = null)
-        : this(file, options, ownsFile: false)
+        : this(file, PersistentHeapOptions.Validated(options), ownsFile: false)
     {
     }
 
@@ -134,7 +135,11 @@ public sealed unsafe partial class PersistentHeap : IDisposable
     /// <summary>The accounting found by the recovery scan when the heap opened.</summary>
     public HeapStatistics RecoveryStatistics { get; }
 
-    /// <summary>The largest payload a block can hold.</summary>
+    /// <summary>
+    /// The largest payload a block can hold: an upper bound. A payload that large needs the whole heap's segments; on a
+    /// buffered heap (Buffered or Strict mode) that cannot grow (at its maximum size, or the libpmem domain) one segment
+    /// is held back for deletes' anti-payloads, so the largest that fits there is a segment's worth less.
+    /// </summary>
     public int MaxPayloadSize => (int)Math.Min(int.MaxValue - HeapLayout.SegmentSize, (_file.MaxSegments * HeapLayout.SegmentSize) - HeapLayout.HeaderSize);
 
     /// <summary>Creates a heap file and opens the allocator on it; disposing the heap disposes the file.</summary>
@@ -154,8 +159,10 @@ public sealed unsafe partial class PersistentHeap : IDisposable
     /// <param name="heapOptions">Recovery options; null for the defaults.</param>
     /// <returns>The recovered heap.</returns>
     /// <exception cref="HeapFileException">See <see cref="HeapFile.Open(string, HeapFileOptions?)"/>.</exception>
+    /// <exception cref="ArgumentOutOfRangeException">A recovery option is out of range (<see cref="PersistentHeapOptions.RecoveryParallelism"/> below 1); the file is not opened.</exception>
     public static PersistentHeap Open(string path, HeapFileOptions? options = null, PersistentHeapOptions? heapOptions = null)
     {
+        PersistentHeapOptions.Validated(heapOptions);
         HeapFile file = HeapFile.Open(path, options, HeapLayout.KindRaw);
         return OwnFile(file, heapOptions);
     }

@@ -13,7 +13,7 @@ public sealed class PersistentHeapOptions
     /// </summary>
     public Func<PayloadRef, PayloadHeader, bool>? RecoveryFilter { get; set; }
 
-    /// <summary>How many threads scan the segments at open; default <see cref="Environment.ProcessorCount"/>.</summary>
+    /// <summary>How many threads scan the segments at open, at least 1; default <see cref="Environment.ProcessorCount"/>.</summary>
     public int RecoveryParallelism { get; set; } = Environment.ProcessorCount;
 
     /// <summary>
@@ -27,6 +27,18 @@ public sealed class PersistentHeapOptions
 
     /// <summary>Deliberate faults, for the tests' broken controls only.</summary>
     internal HeapFaults Faults { get; set; }
+
+    /// <summary>Checks the options a caller gave (as <see cref="BufferedDurableHeapOptions"/> are checked); returns them.</summary>
+    /// <exception cref="ArgumentOutOfRangeException"><see cref="RecoveryParallelism"/> is below 1 (it used to be taken as 1).</exception>
+    internal static PersistentHeapOptions? Validated(PersistentHeapOptions? options)
+    {
+        if (options is not null && options.RecoveryParallelism < 1)
+        {
+            ThrowHelper.ThrowArgumentOutOfRange(nameof(RecoveryParallelism), $"RecoveryParallelism must be at least 1, not {options.RecoveryParallelism}.");
+        }
+
+        return options;
+    }
 
     /// <summary>Which heap kind opens the file (a buffered durable heap sets its own).</summary>
     internal long OwnerKind { get; set; } = HeapLayout.KindRaw;
