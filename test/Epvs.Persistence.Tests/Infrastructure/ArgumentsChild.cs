@@ -28,10 +28,6 @@ internal static class ArgumentsChild
                 "explore-uid" => ExploreUid(path),
                 "explore-options" => ExploreOptions(path),
                 "explore-structures" => ExploreStructures(path),
-                "forged-structure-delete" => ForgedStructure(path, replace: false),
-                "forged-structure-replace" => ForgedStructure(path, replace: true),
-                "forged-anti-delete" => ForgedAnti(path, replace: false),
-                "forged-anti-replace" => ForgedAnti(path, replace: true),
                 _ => throw new ArgumentException($"unknown scenario {scenario}"),
             };
         }
@@ -204,121 +200,6 @@ internal static class ArgumentsChild
         var blocks = new List<(PayloadRef, PayloadHeader)>();
         heap.Heap.ForEachAllocated((r, h) => { lock (blocks) { blocks.Add((r, h)); } });
         return blocks;
-    }
-
-    /// <summary>A user operation deletes (or replaces) a PersistentHashMap's payload through a forged reference.</summary>
-    private static int ForgedStructure(string path, bool replace)
-    {
-        var options = new BufferedDurableHeapOptions { AdvancePeriod = Timeout.InfiniteTimeSpan };
-        using (var heap = BufferedDurableHeap.Create(path, new HeapFileOptions { Size = 4L << 20 }, options))
-        {
-            var map = new PersistentHashMap<long, long>(heap, 7);
-            map.Set(1, 10);
-            map.Set(2, 20);
-            heap.Sync();
-            heap.Sync();
-            foreach ((PayloadRef b, PayloadHeader h) in Blocks(heap))
-            {
-                Console.WriteLine($"block {b} {h}");
-            }
-
-            (PayloadRef target, PayloadHeader th) = Blocks(heap).Find(x => x.Header.Size == 16 && x.Header.Uid != 0);
-            Console.WriteLine($"target {target} {th}");
-            Try(replace ? "op.Replace(map payload)" : "op.Delete(map payload)", () =>
-            {
-                using DurableOperation op = heap.BeginOperation();
-                if (replace)
-                {
-                    PayloadRef copy = op.Replace(target, 16);
-                    op.GetPayload(copy)[8..].Fill(0x55);
-                }
-                else
-                {
-                    op.Delete(target);
-                }
-            });
-            Try("Sync", () => heap.Sync());
-            Try("map.Set(1,11)", () => map.Set(1, 11));
-            Try("map.Set(2,21)", () => map.Set(2, 21));
-            Try("Sync", () => heap.Sync());
-            Try("Sync", () => heap.Sync());
-            Try("map.Remove(1)", () => map.Remove(1));
-            Try("map.Remove(2)", () => map.Remove(2));
-            Try("map.Set(3,30)", () => map.Set(3, 30));
-            Try("Sync", () => heap.Sync());
-            Try("Sync", () => heap.Sync());
-            Try("Sync", () => heap.Sync());
-            Console.WriteLine("dict: " + string.Join(",", map.ToDictionary()));
-            Try("Dispose", () => heap.Dispose());
-        }
-
-        Try("reopen", () =>
-        {
-            using var heap = BufferedDurableHeap.Open(path, null, new BufferedDurableHeapOptions { AdvancePeriod = Timeout.InfiniteTimeSpan });
-            Console.WriteLine($"reopen: {heap.Recovery}");
-            var map = new PersistentHashMap<long, long>(heap, 7);
-            Console.WriteLine("dict after reopen: " + string.Join(",", map.ToDictionary()));
-        });
-        return 0;
-    }
-
-    /// <summary>A user operation deletes (or replaces) an anti-payload found through the allocator.</summary>
-    private static int ForgedAnti(string path, bool replace)
-    {
-        var options = new BufferedDurableHeapOptions { AdvancePeriod = Timeout.InfiniteTimeSpan };
-        using (var heap = BufferedDurableHeap.Create(path, new HeapFileOptions { Size = 4L << 20 }, options))
-        {
-            PayloadRef a;
-            using (DurableOperation op = heap.BeginOperation())
-            {
-                a = op.Allocate(16, 1);
-                op.GetPayload(a).Fill(1);
-            }
-
-            heap.Sync();
-            using (DurableOperation op = heap.BeginOperation())
-            {
-                op.Delete(a);
-            }
-
-            (PayloadRef anti, PayloadHeader ah) = Blocks(heap).Find(x => x.Header.Kind == PayloadKind.Delete);
-            Console.WriteLine($"anti {anti} {ah}");
-            Try(replace ? "op.Replace(anti)" : "op.Delete(anti)", () =>
-            {
-                using DurableOperation op = heap.BeginOperation();
-                if (replace)
-                {
-                    PayloadRef copy = op.Replace(anti, 16);
-                    Console.WriteLine($"copy {copy} {heap.Heap.GetHeader(copy)}");
-                }
-                else
-                {
-                    op.Delete(anti);
-                }
-            });
-            for (int i = 0; i < 4; i++)
-            {
-                Try("Sync", () => heap.Sync());
-            }
-
-            foreach ((PayloadRef b, PayloadHeader h) in Blocks(heap))
-            {
-                Console.WriteLine($"block {b} {h}");
-            }
-
-            Try("Dispose", () => heap.Dispose());
-        }
-
-        Try("reopen", () =>
-        {
-            using var heap = BufferedDurableHeap.Open(path, null, new BufferedDurableHeapOptions { AdvancePeriod = Timeout.InfiniteTimeSpan });
-            Console.WriteLine($"reopen: {heap.Recovery}");
-            foreach (RecoveredPayload p in heap.TakeRecoveredPayloads(1))
-            {
-                Console.WriteLine($"recovered {p.Block} {p.Header}");
-            }
-        });
-        return 0;
     }
 
     private static int ExploreOptions(string path)
