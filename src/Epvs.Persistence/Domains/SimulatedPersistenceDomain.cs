@@ -169,7 +169,7 @@ public sealed unsafe class SimulatedPersistenceDomain : PersistenceDomain
 
         // Under the gate: a Crash or GetDurableImage that holds it finishes first, and one after it sees the images freed
         // (they used to read the freed memory: an access violation).
-        lock (_gate)
+        using (InterruptShield.Hold(_gate))
         {
             _freed = true;
             NativeMemory.Free(Pointer);

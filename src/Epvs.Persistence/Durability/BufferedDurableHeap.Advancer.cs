@@ -233,6 +233,7 @@ public sealed unsafe partial class BufferedDurableHeap
         ValidateTimeout(timeout);
         ThrowIfDisposed();
         ThrowIfProtected(nameof(AdvanceVersion));
+        ThrowIfDraining(nameof(AdvanceVersion));
         RefuseWaitInsideAnotherHeapsOperation(nameof(AdvanceVersion));
         RunCycle(long.MaxValue, Deadline(timeout), timeout);
         return DurableFrontier;
@@ -503,6 +504,8 @@ public sealed unsafe partial class BufferedDurableHeap
         ThrowIfProtected(caller);
         if (caller != nameof(Dispose))
         {
+            // (Dispose checked for itself before it changed anything.)
+            ThrowIfDraining(caller);
             RefuseWaitInsideAnotherHeapsOperation(caller);
         }
 
@@ -1225,8 +1228,6 @@ public sealed unsafe partial class BufferedDurableHeap
         {
             ThrowHelper.ThrowInvalidOperation($"{what} was called inside an operation of this heap: the version cannot advance until the calling thread's operation ends, so it would wait for itself. Dispose the DurableOperation first.");
         }
-
-        ThrowIfDraining(what);
     }
 
     /// <summary>

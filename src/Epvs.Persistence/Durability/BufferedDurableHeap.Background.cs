@@ -11,8 +11,9 @@ namespace Epvs.Persistence;
 /// whose reference to the heap is weak. Their threads used to hold the heap itself, so a heap nobody disposed was never
 /// garbage: its two threads, its mapping, its descriptor and its file lock (a reopen in the same process said
 /// <see cref="HeapFileError.AlreadyOpen"/>) lived until the process exited. Such a heap is now collected: its finalizer
-/// stops both threads, and the file's own handles release the lock and the mapping as they are finalized. Nothing is
-/// written: as after a crash, the next open recovers up to the durable frontier.
+/// stops both threads and fails the SyncAsync tasks still pending, and the file's own handles release the lock and the
+/// mapping as they are finalized. Nothing is written: as after a crash, the next open recovers up to the durable
+/// frontier.
 /// </remarks>
 public sealed partial class BufferedDurableHeap
 {
@@ -30,6 +31,9 @@ public sealed partial class BufferedDurableHeap
         // (Null when the constructor threw before it made the link: no thread was started.)
         BackgroundLink? link = _link;
         link?.Stop();
+
+        // A SyncAsync task its caller still holds would otherwise never complete (with an infinite SyncTimeout).
+        FailWaiters(new ObjectDisposedException(nameof(BufferedDurableHeap), "The heap was collected without a Dispose before this SyncAsync's operations became durable."));
     }
 
     /// <summary>The background threads' hold on the heap (see the remarks of this file's part of the class).</summary>

@@ -558,6 +558,7 @@ public sealed unsafe partial class BufferedDurableHeap : IDisposable
         }
 
         bool machineInFlight = false;
+        bool cyclesEnded = false;
         bool drained = false;
         bool released = false;
         try
@@ -603,6 +604,8 @@ public sealed unsafe partial class BufferedDurableHeap : IDisposable
                 // Not taken (see CycleGateWait): a transition may be in flight, so the scheme is left to the collector.
                 if (InterruptShield.TryLock(_cycleGate, CycleGateWait(Timeout.InfiniteTimeSpan)))
                 {
+                    // No cycle runs now, and none will (only this thread runs them since the flag above).
+                    cyclesEnded = true;
                     try
                     {
                         machineInFlight = _inflight is not null;
@@ -675,9 +678,11 @@ public sealed unsafe partial class BufferedDurableHeap : IDisposable
                     {
                         _heap.File.Dispose(released);
 
-                        // Quarantined for a thread left inside an operation (not for a background thread that may
-                        // still write): freed once the threads inside now have left the scheme.
-                        if (!released && !_backgroundStillRunning)
+                        // Quarantined for a thread left inside an operation: freed once the threads inside now have left
+                        // the scheme, and then the file's calls (a transition still in flight reaches the file through
+                        // them). Not when a background thread may still write, nor when a cycle may still run (the gate
+                        // was not had above): a cycle is inside neither epoch, and writes through the mapping.
+                        if (!released && !_backgroundStillRunning && cyclesEnded)
                         {
                             _heap.File.ReleaseQuarantineOnceLeft(_scheme.Epoch);
                         }

@@ -669,9 +669,10 @@ public sealed unsafe partial class HeapFile : IDisposable
     internal DisposalGate DisposalForTesting => _disposal;
 
     /// <summary>
-    /// Frees the mapping a Dispose quarantined (it could not wait for the threads inside) once every thread protected in
-    /// <paramref name="operations"/> now has left: the address space of the whole reservation (the heap's maximum size)
-    /// was held for the life of the process. A thread that never leaves (it exited inside) keeps it held.
+    /// Frees the mapping a Dispose quarantined (it could not wait for the threads inside) once every thread protected now
+    /// in the owner's <paramref name="operations"/> has left, and then every thread inside a call of this file (its own
+    /// epoch: a scan, a header read) too: the address space of the whole reservation (the heap's maximum size) was held
+    /// for the life of the process. A thread that never leaves (it exited inside) keeps it held.
     /// </summary>
     internal void ReleaseQuarantineOnceLeft(Epvs.LightEpoch operations)
     {
@@ -681,14 +682,20 @@ public sealed unsafe partial class HeapFile : IDisposable
         }
 
         PersistenceDomain domain = Domain;
+        Epvs.LightEpoch calls = _operations;
+        AfterEveryoneLeft(operations, () => AfterEveryoneLeft(calls, domain.ReleaseQuarantine));
+    }
+
+    /// <summary>Runs <paramref name="action"/> once every thread protected in <paramref name="epoch"/> now has left (at once if it is disposed: nobody is inside).</summary>
+    private static void AfterEveryoneLeft(Epvs.LightEpoch epoch, Action action)
+    {
         try
         {
-            _ = operations.BumpCurrentEpoch(domain.ReleaseQuarantine);
+            _ = epoch.BumpCurrentEpoch(action);
         }
         catch (ObjectDisposedException)
         {
-            // Nobody is inside a disposed epoch.
-            domain.ReleaseQuarantine();
+            action();
         }
     }
 

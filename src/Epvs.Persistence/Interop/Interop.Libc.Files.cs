@@ -33,12 +33,12 @@ internal static partial class Interop
         internal const int Enomem = 12;
         internal const int Eacces = 13;
         internal const int Eexist = 17;
+        internal const int Einval = 22;
         internal const int Enfile = 23;
         internal const int Emfile = 24;
         internal const int Efbig = 27;
         internal const int Enospc = 28;
         internal const int Erofs = 30;
-        internal const int Einval = 22;
         internal const int Enotsup = 95;
         internal const int Edquot = 122;
 

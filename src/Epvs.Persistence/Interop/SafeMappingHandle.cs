@@ -37,6 +37,8 @@ internal sealed unsafe class SafeMappingHandle : SafeHandle
             const int mapPrivate = 0x02, mapFixed = 0x10, mapAnonymous = 0x20, mapNoReserve = 0x4000;
             if (Interop.Libc.Mmap((void*)handle, _length, Interop.Libc.ProtRead | Interop.Libc.ProtWrite, mapPrivate | mapFixed | mapAnonymous | mapNoReserve, -1, 0) == (void*)handle)
             {
+                // A plain store: ReleaseQuarantine runs in a deferred action registered after this, whose epoch bump
+                // (a full fence) publishes it; tests read it with Volatile.Read.
                 _quarantined = handle;
             }
         }

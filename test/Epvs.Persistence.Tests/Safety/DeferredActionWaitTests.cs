@@ -109,4 +109,25 @@ public sealed class DeferredActionWaitTests
             Record.Exception(heap.Dispose);
         }
     }
+
+    /// <summary>SyncAsync does not wait: a deferred action of the heap's epoch may call it (a review found it refused too).</summary>
+    [Fact]
+    public void SyncAsyncInADeferredActionOfTheHeapsEpoch_IsAllowed_AndCompletes()
+    {
+        using var dir = new TempDirectory();
+        using var heap = BufferedDurableHeap.Create(dir.File("a.heap"), new HeapFileOptions { Size = 4L << 20, Domain = PersistenceDomainKind.MappedFile }, new BufferedDurableHeapOptions { AdvancePeriod = TimeSpan.FromMilliseconds(10) });
+        var map = new PersistentHashMap<int, int>(heap, typeId: 1);
+        map.Set(1, 1);
+        Exception? inAction = null;
+        System.Threading.Tasks.Task? task = null;
+        heap.VersionScheme.Epoch.BumpCurrentEpoch(() => inAction = Record.Exception(() => { task = heap.SyncAsync(); }));
+        using (heap.VersionScheme.Epoch.EnterScope())
+        {
+        }
+
+        Assert.Null(inAction);
+        Assert.NotNull(task);
+        Assert.True(((IAsyncResult)task).AsyncWaitHandle.WaitOne(TimeSpan.FromSeconds(30)), "the SyncAsync never completed");
+        Assert.True(task.IsCompletedSuccessfully);
+    }
 }

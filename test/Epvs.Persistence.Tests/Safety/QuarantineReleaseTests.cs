@@ -44,4 +44,60 @@ public sealed class QuarantineReleaseTests
         Assert.Null(stragglerFailure);
         Assert.False(domain.HoldsQuarantinedMemory, "the straggler left, and the quarantined mapping (the reservation's address space) was kept");
     }
+
+    /// <summary>
+    /// A review: the release waited for the threads inside the version scheme only, not for a thread inside a call of the
+    /// heap's file (its own epoch: a scan of the raw heap), which went on reading block headers from the range it unmapped
+    /// (the test host crashed). It now waits for both.
+    /// </summary>
+    [Fact]
+    public void ATimedOutDispose_KeepsTheQuarantine_WhileAThreadIsInsideACallOfTheFile()
+    {
+        Assert.SkipUnless(OperatingSystem.IsLinux(), "the quarantine replaces the mapping on Linux only");
+        using var dir = new TempDirectory();
+        var heap = BufferedDurableHeap.Create(dir.File("q.heap"), new HeapFileOptions { Size = 8L << 20, Domain = PersistenceDomainKind.MappedFile }, new BufferedDurableHeapOptions { SyncTimeout = TimeSpan.FromMilliseconds(50) });
+        using (DurableOperation op = heap.BeginOperation())
+        {
+            op.Allocate(64, 1);
+            op.Allocate(64, 1);
+        }
+
+        heap.Sync();
+        PersistenceDomain domain = heap.Heap.File.Domain;
+        using var inside = new ManualResetEventSlim();
+        using var leave = new ManualResetEventSlim();
+        using var visiting = new ManualResetEventSlim();
+        // Not disposed, and waited for without a timeout: should the range be unmapped under the parked scanner (the bug),
+        // the scanner must stay parked for good rather than go on and crash the host.
+        var goOn = new ManualResetEventSlim();
+        var straggler = new Thread(() =>
+        {
+            DurableOperation op = heap.BeginOperation();
+            inside.Set();
+            leave.Wait(TimeSpan.FromSeconds(30));
+            op.Dispose();
+        });
+        Exception? scanFailure = null;
+        var scanner = new Thread(() => scanFailure = Record.Exception(() => heap.Heap.ForEachAllocated((_, _) =>
+        {
+            visiting.Set();
+            goOn.Wait();
+        })))
+        { IsBackground = true };
+        straggler.Start();
+        Assert.True(inside.Wait(TimeSpan.FromSeconds(30)));
+        scanner.Start();
+        Assert.True(visiting.Wait(TimeSpan.FromSeconds(30)));
+        Assert.Throws<TimeoutException>(heap.Dispose);
+        leave.Set();
+        Assert.True(straggler.Join(TimeSpan.FromSeconds(30)));
+
+        // The scanner is still inside the file's call (it reads the next header once its visitor returns): if the range
+        // were unmapped now, letting it go on would crash the host, so the test stops here with the scanner parked.
+        Assert.True(domain.HoldsQuarantinedMemory, "the quarantined range was unmapped while a thread was inside a call of the heap's file");
+        goOn.Set();
+        Assert.True(scanner.Join(TimeSpan.FromSeconds(30)));
+        Assert.Null(scanFailure);
+        Assert.False(domain.HoldsQuarantinedMemory, "the scanner left too, and the quarantined mapping was kept");
+    }
 }
