@@ -175,6 +175,11 @@ public sealed unsafe partial class BufferedDurableHeap
             }
 
             _waiters.Add((target, completion));
+
+            // Held strongly while a SyncAsync waits: its task may be all that references the heap, and the advancer holds
+            // the heap only weakly between cycles (a heap collected before the cycle that completes the task left it
+            // pending for ever).
+            _link.Pinned = this;
         }
 
         if (_advancer is not null)
@@ -1049,6 +1054,11 @@ public sealed unsafe partial class BufferedDurableHeap
                     _waiters.RemoveAt(i);
                 }
             }
+
+            if (_waiters.Count == 0)
+            {
+                _link.Pinned = null;
+            }
         }
     }
 
@@ -1062,6 +1072,7 @@ public sealed unsafe partial class BufferedDurableHeap
             }
 
             _waiters.Clear();
+            _link.Pinned = null;
         }
     }
 

@@ -11,8 +11,9 @@ namespace Epvs.Persistence;
 /// whose reference to the heap is weak. Their threads used to hold the heap itself, so a heap nobody disposed was never
 /// garbage: its two threads, its mapping, its descriptor and its file lock (a reopen in the same process said
 /// <see cref="HeapFileError.AlreadyOpen"/>) lived until the process exited. Such a heap is now collected: its finalizer
-/// stops both threads and fails the SyncAsync tasks still pending, and the file's own handles release the lock and the
-/// mapping as they are finalized. Nothing is written: as after a crash, the next open recovers up to the durable
+/// stops both threads, and the file's own handles release the lock and the mapping as they are finalized. While a
+/// SyncAsync task waits, the link holds the heap strongly (its task may be all that references the heap), until the
+/// cycle that completes it; a task still pending when the heap is finalized fails. Nothing is written: as after a crash, the next open recovers up to the durable
 /// frontier.
 /// </remarks>
 public sealed partial class BufferedDurableHeap
@@ -49,6 +50,9 @@ public sealed partial class BufferedDurableHeap
 
         /// <summary>The stocker's gate: <see cref="StockRequested"/> and <see cref="StockerStopping"/> are read and written under it.</summary>
         internal object StockGate { get; } = new();
+
+        /// <summary>The heap, held strongly while a SyncAsync of it waits (under the heap's waiters' gate): the waiter's task may be all that references it.</summary>
+        internal BufferedDurableHeap? Pinned { get; set; }
 
         /// <summary>The advancer's period (set before its thread starts).</summary>
         internal TimeSpan Period { get; set; }

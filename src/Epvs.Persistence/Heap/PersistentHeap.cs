@@ -650,11 +650,15 @@ public sealed unsafe partial class PersistentHeap : IDisposable
         return new PayloadHeader((long)h[0], (long)h[1], HeapLayout.CommitKind(commit), HeapLayout.ShapeSize(h[2]), HeapLayout.ShapeTypeId(h[2]));
     }
 
-    /// <summary>The block's payload bytes (as many as the size given to <c>Allocate</c>). Valid until the block is freed.</summary>
+    /// <summary>
+    /// The block's payload bytes (as many as the size given to <c>Allocate</c>). Valid until the block is freed, and while
+    /// the heap is open and reachable: a span does not keep the heap alive, and a heap never disposed that becomes garbage
+    /// is unmapped when it is collected (keep a reference to it, or <see cref="GC.KeepAlive(object)"/>, while you use the span).
+    /// </summary>
     /// <exception cref="InvalidOperationException">The block is not allocated.</exception>
     public Span<byte> GetPayload(PayloadRef block) => new(PayloadPointer(block, out int size), size);
 
-    /// <summary>The address of the block's payload, for unsafe code. Valid until the block is freed and the heap is open.</summary>
+    /// <summary>The address of the block's payload, for unsafe code. Valid until the block is freed, and while the heap is open and reachable (see <see cref="GetPayload"/>).</summary>
     /// <exception cref="InvalidOperationException">The block is not allocated.</exception>
     public IntPtr GetPayloadAddress(PayloadRef block) => (IntPtr)PayloadPointer(block, out _);
 

@@ -36,6 +36,11 @@ public static class TestProgram
             return DurableChild.Run(args[1], int.Parse(args[2], System.Globalization.CultureInfo.InvariantCulture), args.Length >= 4 ? args[3] : "pmem");
         }
 
+        if (args.Length >= 3 && args[0] == CollectionChild.Role)
+        {
+            return CollectionChild.Run(args[1], args[2], args.Length >= 4 ? args[3] : "mapped");
+        }
+
         if (args.Length >= 3 && args[0] == ArgumentsChild.Role)
         {
             return ArgumentsChild.Run(args[1], args[2]);
