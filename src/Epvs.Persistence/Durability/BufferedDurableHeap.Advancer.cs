@@ -192,7 +192,17 @@ public sealed unsafe partial class BufferedDurableHeap
             catch (ObjectDisposedException)
             {
                 // A Dispose stopped the advancer since the check above (and disposed its event): its last advance made
-                // durable what it could. Reported as the heap's, not as the event's.
+                // durable what it could. Reported as the heap's, not as the event's. The waiter added above goes (and
+                // with the last one the pin): nobody would complete it.
+                using (InterruptShield.Hold(_waitersGate))
+                {
+                    _waiters.Remove((target, completion));
+                    if (_waiters.Count == 0)
+                    {
+                        _link.Pinned = null;
+                    }
+                }
+
                 if (DurableFrontier >= target)
                 {
                     return Task.CompletedTask;

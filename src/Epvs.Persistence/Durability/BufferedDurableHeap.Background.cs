@@ -12,8 +12,9 @@ namespace Epvs.Persistence;
 /// garbage: its two threads, its mapping, its descriptor and its file lock (a reopen in the same process said
 /// <see cref="HeapFileError.AlreadyOpen"/>) lived until the process exited. Such a heap is now collected: its finalizer
 /// stops both threads, and the file's own handles release the lock and the mapping as they are finalized. While a
-/// SyncAsync task waits, the link holds the heap strongly (its task may be all that references the heap), until the
-/// cycle that completes it; a task still pending when the heap is finalized fails. Nothing is written: as after a crash, the next open recovers up to the durable
+/// SyncAsync waits, the link holds the heap strongly (its task may be all that references the heap), until a cycle
+/// reaches its target or the heap fails or is disposed (a SyncAsync that timed out or was canceled still counts until
+/// then); a task still pending when the heap is finalized fails. Nothing is written: as after a crash, the next open recovers up to the durable
 /// frontier.
 /// </remarks>
 public sealed partial class BufferedDurableHeap
@@ -29,12 +30,25 @@ public sealed partial class BufferedDurableHeap
     /// </summary>
     ~BufferedDurableHeap()
     {
-        // (Null when the constructor threw before it made the link: no thread was started.)
+        // Null when the constructor threw before it made the link (invalid options, say): no thread was started, and no
+        // SyncAsync can be waiting. (An exception here would kill the process: a review found a NullReferenceException.)
         BackgroundLink? link = _link;
-        link?.Stop();
+        if (link is null)
+        {
+            return;
+        }
 
-        // A SyncAsync task its caller still holds would otherwise never complete (with an infinite SyncTimeout).
-        FailWaiters(new ObjectDisposedException(nameof(BufferedDurableHeap), "The heap was collected without a Dispose before this SyncAsync's operations became durable."));
+        try
+        {
+            link.Stop();
+
+            // A SyncAsync task its caller still holds would otherwise never complete (with an infinite SyncTimeout).
+            FailWaiters(new ObjectDisposedException(nameof(BufferedDurableHeap), "The heap was collected without a Dispose before this SyncAsync's operations became durable."));
+        }
+        catch (Exception)
+        {
+            // Nothing may escape a finalizer (it would kill the process); there is nothing more to stop or fail.
+        }
     }
 
     /// <summary>The background threads' hold on the heap (see the remarks of this file's part of the class).</summary>

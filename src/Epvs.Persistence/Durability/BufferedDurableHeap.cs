@@ -193,9 +193,12 @@ public sealed unsafe partial class BufferedDurableHeap : IDisposable
     /// <param name="options">Durability mode, advance period, recovery; null for the defaults.</param>
     /// <returns>The recovered heap; structures take their payloads with <see cref="TakeRecoveredPayloads(int)"/>.</returns>
     /// <exception cref="HeapFileException">See <see cref="HeapFile.Open(string, HeapFileOptions?)"/>.</exception>
+    /// <exception cref="ArgumentOutOfRangeException">An option is out of range; the file is not opened.</exception>
     /// <exception cref="InvalidOperationException">The calling thread is inside an operation of another buffered heap (as for <see cref="Create"/>).</exception>
     public static BufferedDurableHeap Open(string path, HeapFileOptions? fileOptions = null, BufferedDurableHeapOptions? options = null)
     {
+        // Options first, as in Create: an invalid one opens nothing.
+        options?.Validate();
         RefuseOpeningInsideAnotherHeapsOperation(options);
         return Own(HeapFile.Open(path, fileOptions, HeapLayout.KindBufferedDurable), options);
     }
@@ -204,10 +207,12 @@ public sealed unsafe partial class BufferedDurableHeap : IDisposable
     /// <param name="file">A heap file just created or opened, not used by another heap.</param>
     /// <param name="options">Durability mode, advance period, recovery; null for the defaults.</param>
     /// <returns>The recovered heap.</returns>
+    /// <exception cref="ArgumentOutOfRangeException">An option is out of range; nothing is opened.</exception>
     /// <exception cref="InvalidOperationException">The calling thread is inside an operation of another buffered heap (as for <see cref="Create"/>).</exception>
     public static BufferedDurableHeap Open(HeapFile file, BufferedDurableHeapOptions? options = null)
     {
         ArgumentNullException.ThrowIfNull(file);
+        options?.Validate();
         RefuseOpeningInsideAnotherHeapsOperation(options);
         return new BufferedDurableHeap(file, ownsFile: false, options);
     }

@@ -137,8 +137,15 @@ internal sealed unsafe class DurableMapCore<TKey>
         {
             // The key's code runs before the heap changes, as in Upsert: the entry is marked absent through its reference.
             ref long entry = ref CollectionsMarshal.GetValueRefOrNullRef(shard.Map, key);
-            if (Unsafe.IsNullRef(ref entry) || entry == Absent)
+            if (Unsafe.IsNullRef(ref entry))
             {
+                return false;
+            }
+
+            if (entry == Absent)
+            {
+                // A placeholder left by an earlier failure: tidied now, if the key's code lets it.
+                RemovePlaceholder(shard, key);
                 return false;
             }
 
@@ -160,14 +167,18 @@ internal sealed unsafe class DurableMapCore<TKey>
         {
             lock (shard)
             {
-                foreach ((TKey key, long offset) in shard.Map)
+                foreach ((_, long offset) in shard.Map)
                 {
                     if (offset == Absent)
                     {
                         continue;
                     }
 
-                    result.Add((key, _heap.PayloadUnchecked(offset)[KeySize..].ToArray()));
+                    // The key as the payload holds it, as a reopened map reads it: an entry that was a placeholder (a
+                    // failed insert or remove) keeps the bytes of the key that made it, while the payload that filled it
+                    // has those of the key that did (Equal, perhaps with other bytes: a probe saw the two maps differ).
+                    ReadOnlySpan<byte> payload = _heap.PayloadUnchecked(offset);
+                    result.Add((MemoryMarshal.Read<TKey>(payload), payload[KeySize..].ToArray()));
                 }
             }
         }

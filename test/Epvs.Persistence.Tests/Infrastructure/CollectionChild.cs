@@ -34,6 +34,7 @@ internal static class CollectionChild
                 "syncasync-unrooted" => SyncAsyncUnrooted(path),
                 "stress" => Stress(path, domain),
                 "straggler-then-gc" => StragglerThenGc(path),
+                "invalid-options-then-gc" => InvalidOptionsThenGc(path),
                 _ => throw new ArgumentException($"unknown scenario {scenario}"),
             };
         }
@@ -42,6 +43,49 @@ internal static class CollectionChild
             Console.Error.WriteLine($"unexpected: {e}");
             return WrongOutcome;
         }
+    }
+
+    /// <summary>
+    /// A review: an Open refused for its options (checked in the constructor, after the object existed) left an object
+    /// whose finalizer dereferenced the background link it never made: a NullReferenceException on the finalizer thread
+    /// killed the process at the next collection. Open now checks the options first, and the finalizer tolerates a
+    /// missing link.
+    /// </summary>
+    private static int InvalidOptionsThenGc(string path)
+    {
+        BufferedDurableHeap.Create(path, new HeapFileOptions { Size = 4L << 20, Domain = PersistenceDomainKind.MappedFile }).Dispose();
+        foreach (bool owned in new[] { true, false })
+        {
+            try
+            {
+                if (owned)
+                {
+                    BufferedDurableHeap.Open(path, null, new BufferedDurableHeapOptions { SyncTimeout = TimeSpan.FromMilliseconds(-5) }).Dispose();
+                }
+                else
+                {
+                    using HeapFile file = HeapFile.Open(path);
+                    BufferedDurableHeap.Open(file, new BufferedDurableHeapOptions { SyncTimeout = TimeSpan.FromMilliseconds(-5) }).Dispose();
+                }
+
+                Console.Error.WriteLine("the open was not refused");
+                return WrongOutcome;
+            }
+            catch (ArgumentOutOfRangeException)
+            {
+            }
+        }
+
+        for (int i = 0; i < 3; i++)
+        {
+            GC.Collect(2, GCCollectionMode.Forced, blocking: true);
+            GC.WaitForPendingFinalizers();
+        }
+
+        // The file was not left open by the refused opens.
+        BufferedDurableHeap.Open(path).Dispose();
+        Console.WriteLine("survived");
+        return Survived;
     }
 
     private static HeapFileOptions FileOptions(string domain) => new()

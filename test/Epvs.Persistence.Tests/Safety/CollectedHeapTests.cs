@@ -66,4 +66,8 @@ public sealed class CollectedHeapTests
 
     [Fact]
     public void AbandonedHeapsUnderLoad_Pmem() => AssertSurvived("stress", new(Workstation) { ["PMEM_IS_PMEM_FORCE"] = "1" }, "pmem");
+
+    /// <summary>A review: an Open refused for its options, then a collection (the finalizer of the half-made heap killed the process).</summary>
+    [Fact]
+    public void AnOpenRefusedForItsOptions_LeavesNothingThatCrashesAtTheNextCollection() => AssertSurvived("invalid-options-then-gc", new());
 }
