@@ -9,6 +9,23 @@ internal static class Workers
 {
     internal static readonly TimeSpan JoinTimeout = TimeSpan.FromSeconds(60);
 
+    /// <summary>Starts <paramref name="threads"/> (each running its own body), then joins each within <paramref name="timeout"/>; throws for one that does not finish.</summary>
+    internal static void StartAndJoin(System.Collections.Generic.IReadOnlyList<Thread> threads, TimeSpan timeout)
+    {
+        foreach (Thread thread in threads)
+        {
+            thread.Start();
+        }
+
+        foreach (Thread thread in threads)
+        {
+            if (!thread.Join(timeout))
+            {
+                throw new TimeoutException($"Thread {thread.Name} did not finish within {timeout}: deadlock?");
+            }
+        }
+    }
+
     internal static void Run(int count, Action<int> body)
     {
         var failures = new ConcurrentQueue<Exception>();

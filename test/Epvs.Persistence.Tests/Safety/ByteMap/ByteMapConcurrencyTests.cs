@@ -259,15 +259,7 @@ public sealed class ByteMapConcurrencyTests
                 }
             }));
 
-            foreach (Thread t in threads)
-            {
-                t.Start();
-            }
-
-            foreach (Thread t in threads)
-            {
-                Assert.True(t.Join(TimeSpan.FromSeconds(120)), "a thread did not finish: deadlock?");
-            }
+            Workers.StartAndJoin(threads, TimeSpan.FromSeconds(120));
 
             // Pending interrupts of finished threads are harmless; the test thread was never interrupted.
 

@@ -129,15 +129,7 @@ public sealed class ByteMapCrashTests
                     }
                 }));
 
-                foreach (Thread t in threads)
-                {
-                    t.Start();
-                }
-
-                foreach (Thread t in threads)
-                {
-                    Assert.True(t.Join(TimeSpan.FromSeconds(120)), "a thread did not finish: deadlock?");
-                }
+                Workers.StartAndJoin(threads, TimeSpan.FromSeconds(120));
 
                 Assert.Empty(failures);
                 Assert.Equal(map.Count, map.ToList().Count);
