@@ -29,6 +29,9 @@ public sealed unsafe partial class BufferedDurableHeap
     private readonly object _cycleGate = new();
     private readonly object _waitersGate = new();
     private readonly List<(long Target, TaskCompletionSource Completion)> _waiters = new();
+
+    /// <summary>Set (under <see cref="_waitersGate"/>) when Dispose fails the waiters: a SyncAsync then refuses to wait.</summary>
+    private bool _waitersClosed;
     private AdvanceStateMachine? _inflight;
     private long _frontier;
     private Thread? _advancer;
@@ -174,6 +177,13 @@ public sealed unsafe partial class BufferedDurableHeap
                 ThrowHelper.ThrowInvalidOperation($"The heap's advancer failed, so nothing more can become durable: {fault.Message}", fault);
             }
 
+            // Dispose failed the waiters already (this call passed its disposed check before Dispose began): nothing
+            // would complete a wait added now (with an infinite SyncTimeout it hung).
+            if (_waitersClosed)
+            {
+                ThrowHelper.ThrowObjectDisposed(this);
+            }
+
             _waiters.Add((target, completion));
 
             // Held strongly while a SyncAsync waits: its task may be all that references the heap, and the advancer holds
@@ -191,24 +201,10 @@ public sealed unsafe partial class BufferedDurableHeap
             }
             catch (ObjectDisposedException)
             {
-                // A Dispose stopped the advancer since the check above (and disposed its event): its last advance made
-                // durable what it could. Reported as the heap's, not as the event's. The waiter added above goes (and
-                // with the last one the pin): nobody would complete it.
-                using (InterruptShield.Hold(_waitersGate))
-                {
-                    _waiters.Remove((target, completion));
-                    if (_waiters.Count == 0)
-                    {
-                        _link.Pinned = null;
-                    }
-                }
-
-                if (DurableFrontier >= target)
-                {
-                    return Task.CompletedTask;
-                }
-
-                ThrowHelper.ThrowObjectDisposed(this);
+                // A Dispose stopped the advancer since the check above (and disposed its event). The waiter was added
+                // before Dispose closed the waiters, so Dispose's last advance completes it, or Dispose fails it: the task
+                // reports what happened (it used to throw ObjectDisposedException even when that advance made the
+                // operations durable).
             }
         }
         else
@@ -1072,10 +1068,12 @@ public sealed unsafe partial class BufferedDurableHeap
         }
     }
 
-    private void FailWaiters(Exception fault)
+    /// <summary>Fails every SyncAsync waiting; with <paramref name="close"/> (Dispose, the finalizer), no SyncAsync may wait any more.</summary>
+    private void FailWaiters(Exception fault, bool close = false)
     {
         using (InterruptShield.Hold(_waitersGate))
         {
+            _waitersClosed |= close;
             foreach ((_, TaskCompletionSource completion) in _waiters)
             {
                 completion.TrySetException(fault);

@@ -43,7 +43,7 @@ public sealed partial class BufferedDurableHeap
             link.Stop();
 
             // A SyncAsync task its caller still holds would otherwise never complete (with an infinite SyncTimeout).
-            FailWaiters(new ObjectDisposedException(nameof(BufferedDurableHeap), "The heap was collected without a Dispose before this SyncAsync's operations became durable."));
+            FailWaiters(new ObjectDisposedException(nameof(BufferedDurableHeap), "The heap was collected without a Dispose before this SyncAsync's operations became durable."), close: true);
         }
         catch (Exception)
         {

@@ -629,7 +629,7 @@ public sealed unsafe partial class BufferedDurableHeap : IDisposable
 
                 // SyncAsync waiters the last advance did not complete (it failed, or did not run) would otherwise wait for
                 // ever (an infinite SyncTimeout) or time out against a disposed heap.
-                FailWaiters(new ObjectDisposedException(nameof(BufferedDurableHeap), "The heap was disposed before this SyncAsync's operations became durable."));
+                FailWaiters(new ObjectDisposedException(nameof(BufferedDurableHeap), "The heap was disposed before this SyncAsync's operations became durable."), close: true);
 
                 // No operation may still be inside the mapping when it is unmapped: wait (briefly if the sync already
                 // waited its full timeout) until every thread that entered before the flag has left.

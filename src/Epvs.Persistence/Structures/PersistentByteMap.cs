@@ -15,7 +15,7 @@ namespace Epvs.Persistence;
 /// them under its locks (an index growth calls every key's hash with every lock stripe held), so they must not take a
 /// lock that a thread may hold while it calls the map, nor call into the heap. If they throw, the call fails before the
 /// heap changes. Of keys that are Equal with different bytes (<c>0.0</c> and <c>-0.0</c>), the map keeps the bytes of
-/// the key's first insert, and so does a reopened map.</typeparam>
+/// the insert that added the key (since it was last absent), and so does a reopened map.</typeparam>
 /// <remarks>All members are thread-safe; each is one operation (one EPVS region, one shard lock), reads included, except
 /// <see cref="Count"/>. Called inside another <see cref="DurableOperation"/> of the same heap on the same thread, they nest;
 /// inside an operation of another heap they throw <see cref="InvalidOperationException"/> (see

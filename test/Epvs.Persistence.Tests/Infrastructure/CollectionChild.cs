@@ -35,6 +35,7 @@ internal static class CollectionChild
                 "stress" => Stress(path, domain),
                 "straggler-then-gc" => StragglerThenGc(path),
                 "invalid-options-then-gc" => InvalidOptionsThenGc(path),
+                "uninitialized-heap-finalized" => UninitializedHeapFinalized(),
                 _ => throw new ArgumentException($"unknown scenario {scenario}"),
             };
         }
@@ -44,6 +45,27 @@ internal static class CollectionChild
             return WrongOutcome;
         }
     }
+
+    /// <summary>
+    /// The finalizer of a heap whose constructor threw before it made anything (no link, no waiters' gate): it must return
+    /// without touching them (an exception on the finalizer thread kills the process). The object is made without its
+    /// constructor, as such a half-made heap is.
+    /// </summary>
+    private static int UninitializedHeapFinalized()
+    {
+        MakeUninitialized();
+        for (int i = 0; i < 3; i++)
+        {
+            GC.Collect(2, GCCollectionMode.Forced, blocking: true);
+            GC.WaitForPendingFinalizers();
+        }
+
+        Console.WriteLine("survived");
+        return Survived;
+    }
+
+    [MethodImpl(MethodImplOptions.NoInlining)]
+    private static void MakeUninitialized() => _ = RuntimeHelpers.GetUninitializedObject(typeof(BufferedDurableHeap));
 
     /// <summary>
     /// A review: an Open refused for its options (checked in the constructor, after the object existed) left an object

@@ -70,4 +70,8 @@ public sealed class CollectedHeapTests
     /// <summary>A review: an Open refused for its options, then a collection (the finalizer of the half-made heap killed the process).</summary>
     [Fact]
     public void AnOpenRefusedForItsOptions_LeavesNothingThatCrashesAtTheNextCollection() => AssertSurvived("invalid-options-then-gc", new());
+
+    /// <summary>A review: the finalizer of a heap whose constructor threw before making anything returns without touching what it lacks.</summary>
+    [Fact]
+    public void AHalfMadeHeapsFinalizer_TouchesNothingItLacks() => AssertSurvived("uninitialized-heap-finalized", new());
 }

@@ -132,7 +132,7 @@ public sealed class ByteMapConcurrencyTests
                             }
                             catch (ThreadInterruptedException) when (interrupt && !shared)
                             {
-                                // Outcome unknown: adopt what the map shows, if it is the old or the new state (checked at reopen).
+                                // Outcome unknown: adopt what the running map shows (the reopen is then checked against it).
                                 Interlocked.Increment(ref interrupted);
                                 ProbeKey.ThrowPerMille = 0;
                                 byte[]? now = null;

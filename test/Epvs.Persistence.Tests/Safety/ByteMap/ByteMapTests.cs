@@ -126,7 +126,6 @@ public sealed class ByteMapTests
         using (BufferedDurableHeap heap = BufferedDurableHeap.Create(path, options, NoAdvancer))
         {
             var map = new PersistentByteMap<PaddedKey>(heap, 6);
-            int max = heap.Heap.MaxPayloadSize - sizeof(byte) * 16;
             int[] sizes = { 0, 1, 7, 100, 4096, 70_000, 1 << 20, 3 << 20 };
             for (int round = 0; round < 300; round++)
             {
