@@ -21,6 +21,13 @@ internal static class CollectionChild
     internal const int WrongOutcome = 3;
     internal const int Hung = 5;
 
+    /// <summary>Makes the progress a bounded wait here waits for: a full collection and the finalizers it queued (what frees an unreachable heap and, after it, its file lock).</summary>
+    private static void CollectNow()
+    {
+        GC.Collect();
+        GC.WaitForPendingFinalizers();
+    }
+
     internal static int Run(string scenario, string path, string domain)
     {
         try
@@ -244,13 +251,13 @@ internal static class CollectionChild
             var watch = Stopwatch.StartNew();
             while (heaps.Exists(h => h.IsAlive) && watch.Elapsed < TimeSpan.FromSeconds(60))
             {
-                Thread.Sleep(10);
+                CollectNow();
             }
 
             // Whatever was going to resume has had ample time.
             while (Volatile.Read(ref resumed) + Volatile.Read(ref faulted) < Writers && watch.Elapsed < TimeSpan.FromSeconds(70))
             {
-                Thread.Sleep(10);
+                Thread.Yield();
             }
         }
 
@@ -359,7 +366,7 @@ internal static class CollectionChild
                 var watch = Stopwatch.StartNew();
                 while (heap.IsAlive && watch.Elapsed < TimeSpan.FromMilliseconds(200))
                 {
-                    Thread.Sleep(1);
+                    CollectNow();
                 }
 
                 byte[] image = domain.GetDurableImage();
@@ -444,7 +451,7 @@ internal static class CollectionChild
                     }
                     catch (HeapFileException e) when (e.Error == HeapFileError.AlreadyOpen && watch.Elapsed < TimeSpan.FromSeconds(30))
                     {
-                        Thread.Sleep(5);
+                        CollectNow();
                     }
                 }
 
@@ -592,7 +599,7 @@ internal static class CollectionChild
         var collect = Stopwatch.StartNew();
         while (abandoned.Exists(a => a.Heap.IsAlive) && collect.Elapsed < TimeSpan.FromSeconds(30))
         {
-            Thread.Sleep(10);
+            CollectNow();
         }
 
         int alive = abandoned.FindAll(a => a.Heap.IsAlive).Count;
@@ -614,7 +621,7 @@ internal static class CollectionChild
                 }
                 catch (HeapFileException e) when (e.Error == HeapFileError.AlreadyOpen && w.Elapsed < TimeSpan.FromSeconds(20))
                 {
-                    Thread.Sleep(5);
+                    CollectNow();
                 }
             }
 
