@@ -683,6 +683,13 @@ public sealed unsafe partial class HeapFile : IDisposable
 
         PersistenceDomain domain = Domain;
         Epvs.LightEpoch calls = _operations;
+        if (ReferenceEquals(operations, calls))
+        {
+            // This file's own calls (a raw heap's Dispose): one wait covers both.
+            AfterEveryoneLeft(calls, domain.ReleaseQuarantine);
+            return;
+        }
+
         AfterEveryoneLeft(operations, () => AfterEveryoneLeft(calls, domain.ReleaseQuarantine));
     }
 
