@@ -57,6 +57,24 @@ internal sealed unsafe class DurableMapCore<TKey>
     // Volatile.Read: acquire; the count is maintained with Interlocked under the shard locks.
     internal long Count => Volatile.Read(ref _count);
 
+    /// <summary>For tests: the index's entries, placeholders included (a lookup takes a placeholder as absent).</summary>
+    internal long EntriesForTesting
+    {
+        get
+        {
+            long entries = 0;
+            foreach (Shard shard in _shards)
+            {
+                lock (shard)
+                {
+                    entries += shard.Map.Count;
+                }
+            }
+
+            return entries;
+        }
+    }
+
     internal bool Upsert(TKey key, ReadOnlySpan<byte> value)
     {
         if (value.Length > _heap.Heap.MaxPayloadSize - KeySize)

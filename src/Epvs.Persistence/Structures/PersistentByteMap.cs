@@ -42,6 +42,9 @@ public sealed class PersistentByteMap<TKey>
     /// <summary>The number of entries.</summary>
     public long Count => _core.Count;
 
+    /// <summary>For tests: the index's entries, placeholders included.</summary>
+    internal long EntriesForTesting => _core.EntriesForTesting;
+
     /// <summary>Inserts or replaces the value of <paramref name="key"/>.</summary>
     /// <param name="key">The key.</param>
     /// <param name="value">The value bytes (copied).</param>

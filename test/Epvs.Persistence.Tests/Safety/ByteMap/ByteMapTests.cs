@@ -64,6 +64,30 @@ public sealed class ByteMapTests
         Assert.Equal(running, again);
     }
 
+    /// <summary>
+    /// A placeholder left by a remove whose Dictionary.Remove threw is tidied by the next remove of the key (which finds
+    /// nothing to delete): the index does not keep an entry per failed call for the map's life.
+    /// </summary>
+    [Fact]
+    public void PlaceholderOfARemove_RemovedAgain_IsTidied()
+    {
+        using var dir = new TempDirectory();
+        using BufferedDurableHeap heap = BufferedDurableHeap.Create(dir.File("m.heap"), Mapped, NoAdvancer);
+        var map = new PersistentByteMap<ProbeKey>(heap, 5);
+        map.Set(new ProbeKey(1), new byte[] { 1 });
+        map.Set(new ProbeKey(2), new byte[] { 2 });
+
+        // ShardOf (1), GetValueRefOrNullRef (2), Dictionary.Remove (3) throws: the entry stays, as a placeholder.
+        Assert.True(WithHashThrowAt(3, () => map.Remove(new ProbeKey(1))));
+        Assert.Equal(1, map.Count);
+        Assert.Equal(2, map.EntriesForTesting);
+
+        Assert.False(map.Remove(new ProbeKey(1)));
+        Assert.Equal(1, map.EntriesForTesting);
+        Assert.Equal(1, map.Count);
+        Assert.Equal(new byte[] { 2 }, map.Get(new ProbeKey(2)));
+    }
+
     /// <summary>The same through the placeholder of an insert that found the heap full and whose removal threw.</summary>
     [Fact]
     public void PlaceholderOfAFailedInsert_FilledThroughAnEqualKeyWithOtherBytes_RunningAndReopenedMapsAgree()
