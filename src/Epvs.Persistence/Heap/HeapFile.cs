@@ -379,13 +379,27 @@ public sealed unsafe partial class HeapFile : IDisposable
     /// <param name="path">The heap file.</param>
     /// <param name="options">Which persistence domain to map it with (size fields are ignored); null for the defaults.</param>
     /// <returns>The open heap file.</returns>
-    /// <exception cref="FileNotFoundException">There is no file at <paramref name="path"/>.</exception>
+    /// <exception cref="FileNotFoundException">There is no file at <paramref name="path"/>, or it is a symbolic link whose target does not exist or that loops (the message says which).</exception>
     /// <exception cref="HeapFileException">The file is read-only, already open, too small, truncated, not a heap file,
     /// of a newer format, damaged, or the requested domain is unavailable. The file is unchanged.</exception>
     /// <exception cref="IOException">The file could not be opened for another reason, such as no file descriptor left
     /// (RLIMIT_NOFILE) or an I/O error. The file is unchanged.</exception>
     /// <exception cref="ArgumentOutOfRangeException">The domain cannot map a file, or an option is not a value of its enum.</exception>
     public static HeapFile Open(string path, HeapFileOptions? options = null) => Open(path, options, HeapLayout.KindUnclaimed);
+
+    /// <summary>Whether the symbolic link at <paramref name="link"/> ends at a file or directory (not a missing target or a loop).</summary>
+    private static bool LeadsToAnEntry(string link)
+    {
+        try
+        {
+            return File.ResolveLinkTarget(link, returnFinalTarget: true) is { Exists: true };
+        }
+        catch (IOException)
+        {
+            // Too many levels of symbolic links (a loop).
+            return false;
+        }
+    }
 
     /// <summary>Opens the file for a heap of <paramref name="kind"/>: a file another kind of heap owns is refused before anything is written.</summary>
     internal static HeapFile Open(string path, HeapFileOptions? options, long kind)
@@ -395,6 +409,13 @@ public sealed unsafe partial class HeapFile : IDisposable
         if (Directory.Exists(fullPath))
         {
             ThrowHelper.ThrowHeapFile(HeapFileError.NotAHeapFile, $"Cannot open heap file '{fullPath}': it is a directory. Give the path of the heap file itself.");
+        }
+
+        // A symbolic link whose target is missing, or that leads back to itself (ELOOP), exists as a link: opening it said
+        // "Could not find file", sending the user looking for a file while the path names a link.
+        if (new FileInfo(fullPath).LinkTarget is { } target && !LeadsToAnEntry(fullPath))
+        {
+            throw new FileNotFoundException($"Heap file '{fullPath}' is a symbolic link to '{target}', which does not exist or leads back to the link (a loop). Point the link at the heap file, or give the heap file's own path.", fullPath);
         }
 
         if (!File.Exists(fullPath))

@@ -84,6 +84,20 @@ public sealed unsafe partial class PersistentHeap
                     maxBeyond = Math.Max(maxBeyond, header.EpochTag);
                 }
 
+                // Inside the span a crash leaves only the block's continuations or, while the span's table range was
+                // being persisted (in any order on persistent memory), what the segments held before: free descriptors,
+                // or a small segment whose blocks were all free (taken for the block as free). A small segment or another
+                // large start under a start whose block is complete, or damaged, is no crash's: the range is fenced before
+                // the header is written, and a release rewrites start and span in one fenced write. The start is stale
+                // (a lost or rolled-back write of the table) or damaged, and trusting its span would skip, or free, the
+                // healthy blocks of the segments under it without listing them; which of the two descriptors is right
+                // cannot be told. Refused, with or without salvage, as a descriptor that fails its check is.
+                long foreign = ForeignSegmentInSpan(s, payload);
+                if (foreign >= 0 && (complete || largeState == BlockState.Damaged) && !HeapFileTestHooks.IgnoreSeals)
+                {
+                    ThrowHelper.ThrowHeapFile(HeapFileError.Corrupt, $"Cannot open heap file '{_file.Path}': the descriptor of segment {s} (0x{_table[s]:X16}) starts a large block of {payload} segments, but segment {foreign} inside it has a descriptor of its own (0x{_table[foreign]:X16}, role {HeapLayout.DescriptorRole(_table[foreign])}), which no crash leaves: one of the two is stale or damaged, and the blocks of the segments between them cannot be trusted. Restore the file from a copy.");
+                }
+
                 if (complete && (filter is null || filter(new PayloadRef(offset), header)))
                 {
                     if (largeState == BlockState.Allocated && listUnsealed)
@@ -105,7 +119,25 @@ public sealed unsafe partial class PersistentHeap
 
                 // A torn, damaged or rejected large block: its whole span is freed durably (after the scan), so no
                 // stale descriptor inside it can resurface; its segments are free ones below.
-                freeSpans.Add((s, payload, complete || largeState == BlockState.Damaged ? offset : -1));
+                long freeOffset = complete || largeState == BlockState.Damaged ? offset : -1;
+                if (foreign < 0)
+                {
+                    freeSpans.Add((s, payload, freeOffset));
+                }
+                else
+                {
+                    // A block whose allocation a crash interrupted while its span's descriptors were being persisted:
+                    // the start and the continuations that became durable are freed; the others keep what they were (a
+                    // free segment, or a small one whose blocks the scan below finds free), never freed unread.
+                    freeSpans.Add((s, 1, freeOffset));
+                    for (long t = s + 1; t < s + payload; t++)
+                    {
+                        if (HeapLayout.DescriptorRole(_table[t]) == HeapLayout.RoleLargeContinuation)
+                        {
+                            freeSpans.Add((t, 1, -1));
+                        }
+                    }
+                }
             }
 
             // Free, orphan continuation, or anything unrecognizable: the segment is free.
@@ -414,6 +446,24 @@ public sealed unsafe partial class PersistentHeap
                 _file.Domain.Persist(0, _file.Size);
             }
         }
+    }
+
+    /// <summary>
+    /// The first segment after <paramref name="start"/> within its large block's <paramref name="span"/> whose descriptor is
+    /// a small segment's or another large start's (neither a continuation nor free), or -1.
+    /// </summary>
+    private long ForeignSegmentInSpan(long start, long span)
+    {
+        for (long t = start + 1; t < start + span; t++)
+        {
+            ulong role = HeapLayout.DescriptorRole(_table[t]);
+            if (role is HeapLayout.RoleSmall or HeapLayout.RoleLargeStart)
+            {
+                return t;
+            }
+        }
+
+        return -1;
     }
 
     private BlockState ClassifyBlock(long offset, uint generation, long maxPayload, out PayloadHeader header) =>

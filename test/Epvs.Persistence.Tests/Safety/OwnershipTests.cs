@@ -388,6 +388,37 @@ public sealed class OwnershipTests
         return disposal;
     }
 
+    /// <summary>A probe's finding: a symbolic link that loops, or whose target is gone, was reported as a file that does not exist.</summary>
+    [Theory]
+    [InlineData(true)]
+    [InlineData(false)]
+    public void Open_OfASymbolicLinkThatLoopsOrDangles_NamesTheLink(bool loop)
+    {
+        Assert.SkipWhen(OperatingSystem.IsWindows(), "symbolic links need privileges on Windows");
+        using var dir = new TempDirectory();
+        string link = dir.File("a.heap");
+        File.CreateSymbolicLink(link, loop ? dir.File("b.heap") : dir.File("gone.heap"));
+        if (loop)
+        {
+            File.CreateSymbolicLink(dir.File("b.heap"), link);
+        }
+
+        FileNotFoundException e = Assert.Throws<FileNotFoundException>(() => HeapFile.Open(link, Small).Dispose());
+        Assert.Contains("is a symbolic link to", e.Message, StringComparison.Ordinal);
+        Assert.Equal(Path.GetFullPath(link), e.FileName);
+    }
+
+    [Fact]
+    public void Open_ThroughASymbolicLinkToAHeapFile_Opens()
+    {
+        Assert.SkipWhen(OperatingSystem.IsWindows(), "symbolic links need privileges on Windows");
+        using var dir = new TempDirectory();
+        HeapFile.Create(dir.File("real.heap"), Small).Dispose();
+        File.CreateSymbolicLink(dir.File("link.heap"), dir.File("real.heap"));
+        using HeapFile file = HeapFile.Open(dir.File("link.heap"), Small);
+        Assert.True(file.Size > 0);
+    }
+
     [Fact]
     public void Create_InADirectoryThatDoesNotExist_SaysSo()
     {
