@@ -330,7 +330,55 @@ public sealed partial class EpochProtectedVersionScheme
         return AdvanceVersionCoreAsync(new CriticalSectionStateMachine(criticalSection, targetVersion), cancellationToken);
     }
 
-    private async Task<bool> AdvanceVersionCoreAsync(VersionSchemeStateMachine machine, CancellationToken cancellationToken)
+    /// <summary>
+    /// Runs <paramref name="machine"/> as <see cref="AdvanceVersionAsync"/> documents it. The machine's outcome is copied
+    /// into a task of our own rather than rethrown from an async method: an async method's task reports an
+    /// <see cref="OperationCanceledException"/> that escapes it as a cancellation, so a critical section that threw one
+    /// (honouring a token of its own, say) read as a transition that never started.
+    /// </summary>
+    private Task<bool> AdvanceVersionCoreAsync(VersionSchemeStateMachine machine, CancellationToken cancellationToken)
+    {
+        var result = new TaskCompletionSource<bool>();
+        _ = ReportAdvanceAsync(machine, cancellationToken, result);
+        return result.Task;
+    }
+
+    /// <summary>Completes <paramref name="result"/> with what <see cref="StartAndWaitAsync"/> and the machine came to. Never throws.</summary>
+    private async Task ReportAdvanceAsync(VersionSchemeStateMachine machine, CancellationToken cancellationToken, TaskCompletionSource<bool> result)
+    {
+        try
+        {
+            if (!await StartAndWaitAsync(machine, cancellationToken).ConfigureAwait(false))
+            {
+                result.TrySetResult(false);
+                return;
+            }
+        }
+        catch (OperationCanceledException e)
+        {
+            // The caller's token ended the wait before the transition started.
+            result.TrySetCanceled(e.CancellationToken);
+            return;
+        }
+        catch (Exception e)
+        {
+            // The version at its maximum, the scheme or its epoch disposed while the call waited: as the call documents.
+            TaskFaulting.Fault(result, e);
+            return;
+        }
+
+        Task done = machine.Completion;
+        if (done.IsCompletedSuccessfully)
+            result.TrySetResult(true);
+        else if (done.IsCanceled)
+            result.TrySetCanceled(); // the critical section's fault could not be given for lack of memory
+        else
+            TaskFaulting.Fault(result, done.Exception!.InnerException ?? done.Exception); // whatever its type
+    }
+
+    /// <summary>Starts <paramref name="machine"/> (waiting for others to end) and waits for it to complete, without
+    /// rethrowing its fault. False if its target was already reached or claimed.</summary>
+    private async Task<bool> StartAndWaitAsync(VersionSchemeStateMachine machine, CancellationToken cancellationToken)
     {
         while (true)
         {
@@ -368,7 +416,6 @@ public sealed partial class EpochProtectedVersionScheme
         Task done = machine.Completion;
         if (!done.IsCompleted)
             await WaitReportingStallsAsync(done).ConfigureAwait(false);
-        await done.ConfigureAwait(false); // rethrows the critical section's exception
         return true;
     }
 

@@ -48,6 +48,55 @@ public sealed class AdvanceVersionAsyncTests
         Assert.Equal(before.Version + 1, scheme.CurrentState.Version);
     }
 
+    /// <summary>
+    /// A probe's finding: a critical section that threw OperationCanceledException (honouring a token of its own, say)
+    /// made the task Canceled with no exception, as if the transition had never started: the async method rethrew the
+    /// machine's fault and the async builder turned it into a cancellation. It faults the task, as any exception does,
+    /// and as the machine's own Completion does; a cancellation whose transition did start stays distinguishable.
+    /// </summary>
+    [Theory]
+    [InlineData(false)]
+    [InlineData(true)]
+    public async Task AdvanceVersionAsync_CriticalSectionThrowingOperationCanceled_FaultsTheTask(bool waitsForAnotherMachine)
+    {
+        using var scheme = new EpochProtectedVersionScheme();
+        VersionSchemeState before = scheme.CurrentState;
+        var thrown = new OperationCanceledException("the critical section gave up");
+        Task<bool> advance;
+        if (waitsForAnotherMachine)
+        {
+            // Asynchronously: the call first waits for a transition held back by a protected thread.
+            using var entered = new ManualResetEventSlim();
+            using var release = new ManualResetEventSlim();
+            var holder = new Thread(() =>
+            {
+                scheme.Enter();
+                entered.Set();
+                release.Wait();
+                scheme.Leave();
+            });
+            holder.Start();
+            entered.Wait();
+            Task<bool> first = scheme.AdvanceVersionAsync((_, _) => { });
+            advance = scheme.AdvanceVersionAsync((_, _) => throw thrown, before.Version + 2);
+            Assert.False(advance.IsCompleted);
+            release.Set();
+            holder.Join();
+            Assert.True(await first.WaitAsync(Bound));
+            before = scheme.CurrentState;
+        }
+        else
+        {
+            advance = scheme.AdvanceVersionAsync((_, _) => throw thrown);
+        }
+
+        Exception? failure = await Record.ExceptionAsync(() => advance.WaitAsync(Bound));
+        Assert.True(advance.IsFaulted, $"the task is {advance.Status}");
+        Assert.Same(thrown, failure);
+        Assert.Same(thrown, advance.Exception!.InnerException);
+        Assert.Equal(before, scheme.CurrentState); // the section ran and failed: the version is unchanged
+    }
+
     [Fact]
     public void AdvanceVersionAsync_AtMaxVersion_FaultsTheTaskWithInvalidOperation()
     {
