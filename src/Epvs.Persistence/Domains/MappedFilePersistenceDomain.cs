@@ -48,8 +48,14 @@ internal sealed unsafe class MappedFilePersistenceDomain : PersistenceDomain
     private int _fileReleased;
     private long _writeBackCalls;
 
-    /// <summary>The process's file size limit when the file was mapped: the file never grows past it (SIGXFSZ).</summary>
-    private readonly long _fileSizeLimit = Interop.Libc.FileSizeLimit();
+    /// <summary>
+    /// The process's file size limit (RLIMIT_FSIZE) as last read (see <see cref="FileSizeLimit"/>): the file never grows,
+    /// nor is written, past it. A pwrite or an extension past it raises SIGXFSZ, which kills the process.
+    /// </summary>
+    private long _fileSizeLimit = Interop.Libc.FileSizeLimit();
+
+    /// <summary>When <see cref="_fileSizeLimit"/> was read (<see cref="Environment.TickCount64"/>).</summary>
+    private long _fileSizeLimitReadAt = Environment.TickCount64;
 
     /// <summary>pwrite/fdatasync/fallocate calls in progress (the write-back of a private mapping, growth, <see cref="PrepareOverwriteCore"/>): quarantine and dispose wait for them.</summary>
     private int _fileCalls;
@@ -394,7 +400,7 @@ internal sealed unsafe class MappedFilePersistenceDomain : PersistenceDomain
         // limit stores there through the mapping, which the limit does not cover.
         // Nor after a failed write-back or fence (fail-stop): a segment whose release failed may still be formatted on
         // the file, and zeros reaching it there would read as damage.
-        if (_windowsView is not null || offset + length > _fileSizeLimit || _failure is not null)
+        if (_windowsView is not null || offset + length > FileSizeLimit() || _failure is not null)
         {
             return;
         }
@@ -432,6 +438,14 @@ internal sealed unsafe class MappedFilePersistenceDomain : PersistenceDomain
     private void CopyToFile(long offset, long length)
     {
         BeforeFileCallForTesting?.Invoke();
+        if (offset + length > FileSizeLimit())
+        {
+            // The limit was lowered below the file's size since the heap opened: the pwrite would raise SIGXFSZ, which
+            // kills the process. Fail-stop instead, as for a failed write-back: nothing more becomes durable.
+            _failure ??= $"the write-back of {length} bytes at offset {offset} would pass the process's file size limit ({FileSizeLimit()} bytes, RLIMIT_FSIZE, lowered since the heap file was mapped), where the kernel kills the process (SIGXFSZ)";
+            ThrowHelper.ThrowIO($"{_failure}; the written-back range is not durable. Raise the limit (ulimit -f) and reopen the heap: recovery keeps every version up to the durable frontier.");
+        }
+
         BeginFileCall();
         try
         {
@@ -510,11 +524,31 @@ internal sealed unsafe class MappedFilePersistenceDomain : PersistenceDomain
         return true;
     }
 
+    /// <summary>
+    /// The process's file size limit, read again when a millisecond tick has passed since the last reading: a limit
+    /// lowered while the heap is open (<c>setrlimit</c>, <c>prlimit --pid</c>) used to be seen never, and the next growth
+    /// or write-back past it killed the process (SIGXFSZ). One <c>getrlimit</c> per tick at most. (A limit lowered while a
+    /// write-back is under way can still meet that write-back: only the kernel could close that window.)
+    /// </summary>
+    private long FileSizeLimit(bool fresh = false)
+    {
+        long now = Environment.TickCount64;
+        // Volatile: 64-bit fields shared by the writers' threads (growth) and the advancer (write-back); a race between
+        // two readings only stores two fresh values.
+        if (fresh || now != Volatile.Read(ref _fileSizeLimitReadAt))
+        {
+            Volatile.Write(ref _fileSizeLimit, Interop.Libc.FileSizeLimit());
+            Volatile.Write(ref _fileSizeLimitReadAt, now);
+        }
+
+        return Volatile.Read(ref _fileSizeLimit);
+    }
+
     private protected override bool TryGrowCore(long newLength)
     {
         // Past the process's file size limit the extension (and every later pwrite there) would raise SIGXFSZ, which
-        // kills the process by default: the heap is full at the limit instead.
-        if (_windowsView is not null || newLength > _fileSizeLimit)
+        // kills the process by default: the heap is full at the limit instead. Read now: growth is rare.
+        if (_windowsView is not null || newLength > FileSizeLimit(fresh: true))
         {
             return false;
         }

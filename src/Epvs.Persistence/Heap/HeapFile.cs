@@ -377,14 +377,15 @@ public sealed unsafe partial class HeapFile : IDisposable
 
     /// <summary>Opens an existing heap file and takes its exclusive lock; checks everything before changing a byte.</summary>
     /// <param name="path">The heap file.</param>
-    /// <param name="options">Which persistence domain to map it with (size fields are ignored); null for the defaults.</param>
+    /// <param name="options">Which persistence domain to map it with, and how far this open may grow the heap
+    /// (<see cref="HeapFileOptions.MaxSize"/>; <see cref="HeapFileOptions.Size"/> is ignored); null for the defaults.</param>
     /// <returns>The open heap file.</returns>
     /// <exception cref="FileNotFoundException">There is no file at <paramref name="path"/>, or it is a symbolic link whose target does not exist or that loops (the message says which).</exception>
     /// <exception cref="HeapFileException">The file is read-only, already open, too small, truncated, not a heap file,
     /// of a newer format, damaged, or the requested domain is unavailable. The file is unchanged.</exception>
     /// <exception cref="IOException">The file could not be opened for another reason, such as no file descriptor left
     /// (RLIMIT_NOFILE) or an I/O error. The file is unchanged.</exception>
-    /// <exception cref="ArgumentOutOfRangeException">The domain cannot map a file, or an option is not a value of its enum.</exception>
+    /// <exception cref="ArgumentOutOfRangeException">The domain cannot map a file, an option is not a value of its enum, or <see cref="HeapFileOptions.MaxSize"/> is negative.</exception>
     public static HeapFile Open(string path, HeapFileOptions? options = null) => Open(path, options, HeapLayout.KindUnclaimed);
 
     /// <summary>Whether the symbolic link at <paramref name="link"/> ends at a file or directory (not a missing target or a loop).</summary>
@@ -401,10 +402,23 @@ public sealed unsafe partial class HeapFile : IDisposable
         }
     }
 
+    /// <summary>
+    /// How far an open lets the heap grow, and so how much address space the domain reserves: the maximum recorded at
+    /// creation, or less when the caller's <see cref="HeapFileOptions.MaxSize"/> asks (a process under an address-space
+    /// limit could not open a heap whose recorded maximum it cannot reserve), never below the heap's size.
+    /// </summary>
+    private static long OpenCapacity(long recorded, long heapSize, long maxSize) =>
+        maxSize == 0 ? recorded : Math.Min(recorded, Math.Max(heapSize, maxSize));
+
     /// <summary>Opens the file for a heap of <paramref name="kind"/>: a file another kind of heap owns is refused before anything is written.</summary>
     internal static HeapFile Open(string path, HeapFileOptions? options, long kind)
     {
         options ??= new HeapFileOptions();
+        if (options.MaxSize < 0)
+        {
+            ThrowHelper.ThrowArgumentOutOfRange(nameof(options), $"HeapFileOptions.MaxSize is {options.MaxSize}: give 0 (grow to the maximum recorded at creation) or the most bytes this open may grow the heap to.");
+        }
+
         string fullPath = System.IO.Path.GetFullPath(path);
         if (Directory.Exists(fullPath))
         {
@@ -446,7 +460,7 @@ public sealed unsafe partial class HeapFile : IDisposable
             }
 
             (long heapSize, long maxSegments, long dataStart) = Validate(superblock, fileLength, fullPath, kind);
-            PersistenceDomain domain = MapDomain(stream, fullPath, fullPath, heapSize, dataStart + (maxSegments * HeapLayout.SegmentSize), options);
+            PersistenceDomain domain = MapDomain(stream, fullPath, fullPath, heapSize, OpenCapacity(dataStart + (maxSegments * HeapLayout.SegmentSize), heapSize, options.MaxSize), options);
             try
             {
                 // After every check and the mapping (which touches no page), before the first store.

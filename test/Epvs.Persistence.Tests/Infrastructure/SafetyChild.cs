@@ -36,6 +36,9 @@ internal static class SafetyChild
                 "buffered-file-disposed-first" => BufferedFileDisposedFirst(path),
                 "domain-disposed-under-file" => DomainDisposedUnderFile(path),
                 "file-size-limit" => FileSizeLimit(path, control),
+                "file-size-limit-lowered-after-open" => FileSizeLimitLoweredAfterOpen(path),
+                "file-size-limit-lowered-below-file" => FileSizeLimitLoweredBelowTheFile(path),
+                "open-under-address-space-limit" => OpenUnderAddressSpaceLimit(path),
                 "create-killed" => CreateKilled(path, control),
                 "structures-after-dispose" => StructuresAfterDispose(path),
                 "dispose-in-fault-handler-advancer" => DisposeInFaultHandler(path, FaultedStepRunsOn.Advancer),
@@ -272,6 +275,156 @@ internal static class SafetyChild
         Console.WriteLine($"private mapping refused: {refused.Message}");
         var auto = new HeapFileOptions { Domain = PersistenceDomainKind.MappedFile };
         return ReopenHolds(big, auto, BigFileValues, rewrite: true) && ReopenHolds(big, auto, BigFileValues, rewrite: false) ? Survived : WrongOutcome;
+    }
+
+    [System.Runtime.InteropServices.DllImport("libc", EntryPoint = "setrlimit", SetLastError = true)]
+    private static extern unsafe int SetRlimit(int resource, long* limit);
+
+    /// <summary>Sets the soft limit of <paramref name="resource"/> (RLIMIT_FSIZE 1, RLIMIT_AS 9), the hard one unlimited.</summary>
+    private static unsafe void SetSoftLimit(int resource, long soft)
+    {
+        long* limit = stackalloc long[2];
+        limit[0] = soft;
+        limit[1] = -1;
+        if (SetRlimit(resource, limit) != 0)
+        {
+            throw new InvalidOperationException($"setrlimit({resource}) failed: errno {System.Runtime.InteropServices.Marshal.GetLastPInvokeError()}");
+        }
+    }
+
+    /// <summary>
+    /// The file size limit (RLIMIT_FSIZE) lowered while a heap is open (by the process itself, or by <c>prlimit --pid</c>):
+    /// the heap must stop growing at it (full, as when the limit was set before the open) instead of the growth's
+    /// posix_fallocate or a write-back's pwrite past it raising SIGXFSZ, which kills the process. Before the fix: killed (exit 153).
+    /// </summary>
+    private static int FileSizeLimitLoweredAfterOpen(string path)
+    {
+        var grow = new HeapFileOptions { Size = 2L << 20, MaxSize = 64L << 20, MappedFileWriteBack = MappedFileWriteBack.PrivateMapping, Domain = PersistenceDomainKind.MappedFile };
+        int n = 0;
+        using (BufferedDurableHeap heap = BufferedDurableHeap.Create(path, grow))
+        {
+            SetSoftLimit(1, FileSizeLimitBytes);
+            var map = new PersistentByteMap<long>(heap, typeId: 1);
+            byte[] value = new byte[3000];
+            try
+            {
+                for (; n < 100_000; n++)
+                {
+                    value.AsSpan().Fill((byte)n);
+                    map.Set(n, value);
+                }
+            }
+            catch (InsufficientMemoryException)
+            {
+                // Full at the limit.
+            }
+
+            heap.Sync();
+        }
+
+        SetSoftLimit(1, -1);
+        Console.WriteLine($"grown to {new FileInfo(path).Length} bytes: full after {n} values");
+        return ReopenHolds(path, grow, n, rewrite: false) ? Survived : WrongOutcome;
+    }
+
+    /// <summary>
+    /// The file size limit lowered below the heap file's own size while it is open: a write-back past the limit would
+    /// raise SIGXFSZ (the kernel checks every pwrite against the limit, whatever the file's length), which kills the
+    /// process. The heap fails instead (IOException from Sync, fail-stop), and the file reopens, once the limit is raised,
+    /// with everything a Sync acknowledged before. Before the fix: killed (exit 153).
+    /// </summary>
+    private static int FileSizeLimitLoweredBelowTheFile(string path)
+    {
+        var options = new HeapFileOptions { Size = 8L << 20, MaxSize = 8L << 20, MappedFileWriteBack = MappedFileWriteBack.PrivateMapping, Domain = PersistenceDomainKind.MappedFile };
+        const int N = 2000; // 2000 values of 3000 bytes (4 KiB blocks): the heap's first 8 MiB, past the lowered limit
+        using (BufferedDurableHeap heap = BufferedDurableHeap.Create(path, options))
+        {
+            var map = new PersistentByteMap<long>(heap, typeId: 1);
+            byte[] value = new byte[3000];
+            for (int n = 0; n < N; n++)
+            {
+                value.AsSpan().Fill((byte)n);
+                map.Set(n, value);
+            }
+
+            heap.Sync();
+            SetSoftLimit(1, 2L << 20);
+
+            // Each value again (copies, the old versions are durable): some land past 2 MiB.
+            bool failed = false;
+            try
+            {
+                for (int n = 0; n < N; n++)
+                {
+                    value.AsSpan().Fill((byte)n);
+                    map.Set(n, value);
+                }
+
+                heap.Sync();
+            }
+            catch (Exception e) when (e is IOException or InvalidOperationException)
+            {
+                Console.WriteLine($"failed as it should: {e.GetType().Name}: {e.Message}");
+                failed = true;
+            }
+
+            try
+            {
+                heap.Dispose();
+            }
+            catch (Exception e) when (e is IOException or InvalidOperationException)
+            {
+                Console.WriteLine($"dispose reported: {e.GetType().Name}");
+            }
+
+            if (!failed)
+            {
+                Console.Error.WriteLine("the heap wrote past the lowered limit and said nothing");
+                return WrongOutcome;
+            }
+        }
+
+        SetSoftLimit(1, -1);
+        return ReopenHolds(path, options, N, rewrite: false) ? Survived : WrongOutcome;
+    }
+
+    /// <summary>
+    /// A heap of 64 MiB created with the default maximum size (16 × its size, a 1 GiB reservation) opened in a process
+    /// whose address space (RLIMIT_AS) leaves room for a few hundred MiB more: the open's IOException advises lowering
+    /// HeapFileOptions.MaxSize, which Open ignores ("size fields are ignored"), and SharedMapping fails the same way, so
+    /// nothing the caller could pass opened it. An open asking for a smaller MaxSize now reserves that much (its growth
+    /// bounded by it).
+    /// </summary>
+    private static int OpenUnderAddressSpaceLimit(string path)
+    {
+        using (BufferedDurableHeap created = BufferedDurableHeap.Create(path, new HeapFileOptions { Size = 64L << 20, Domain = PersistenceDomainKind.MappedFile }))
+        {
+            new PersistentHashMap<long, long>(created, typeId: 1).Set(1, 1);
+        }
+
+        long virtualSize = 0;
+        foreach (string line in File.ReadLines("/proc/self/status"))
+        {
+            if (line.StartsWith("VmSize:", StringComparison.Ordinal))
+            {
+                virtualSize = long.Parse(line["VmSize:".Length..].Trim().Split(' ')[0], System.Globalization.CultureInfo.InvariantCulture) * 1024;
+            }
+        }
+
+        SetSoftLimit(9, virtualSize + (384L << 20));
+        var smaller = new HeapFileOptions { Size = 64L << 20, MaxSize = 128L << 20, Domain = PersistenceDomainKind.MappedFile, MappedFileWriteBack = MappedFileWriteBack.SharedMapping };
+        try
+        {
+            using BufferedDurableHeap heap = BufferedDurableHeap.Open(path, smaller);
+            bool holds = new PersistentHashMap<long, long>(heap, typeId: 1).TryGetValue(1, out long v) && v == 1;
+            Console.WriteLine($"opened under the limit: {holds}");
+            return holds ? Survived : WrongOutcome;
+        }
+        catch (IOException e)
+        {
+            Console.WriteLine($"open under the limit failed: {e.Message}");
+            return WrongOutcome;
+        }
     }
 
     /// <summary>The file size limit the parent runs <see cref="FileSizeLimit"/> under.</summary>

@@ -82,6 +82,51 @@ public sealed class HeapSafetyTests
     }
 
     /// <summary>
+    /// RLIMIT_FSIZE lowered while the heap is open (setrlimit in the process, or prlimit --pid): growth and write-back
+    /// use the limit read when the file was mapped, so the next growth past the new limit raises SIGXFSZ and kills the
+    /// process (exit 128 + 25) instead of the heap being full (a probe's finding). Growth now reads the limit afresh.
+    /// </summary>
+    [Fact]
+    public void FileSizeLimit_LoweredAfterOpen_HeapIsFullInsteadOfSigxfsz()
+    {
+        Assert.SkipUnless(OperatingSystem.IsLinux(), "RLIMIT_FSIZE and private mappings: Linux");
+        using var dir = new TempDirectory();
+        (int code, string output) = TestProgram.RunChild(NoEnvironment, SafetyChild.Role, "file-size-limit-lowered-after-open", dir.File("lowered.heap"));
+        _output.WriteLine($"exit {code}: {output}");
+        Assert.True(code == SafetyChild.Survived, $"exit {code} (153 = SIGXFSZ): {output}");
+    }
+
+    /// <summary>
+    /// A 64 MiB heap with the default maximum size (a 1 GiB reservation) cannot be opened in a process whose address
+    /// space (RLIMIT_AS) has a few hundred MiB left, whatever the caller passes: Open ignores MaxSize, SharedMapping
+    /// reserved the same, and the IOException advised lowering MaxSize (a probe's finding). An open's MaxSize now caps its
+    /// growth and reservation.
+    /// </summary>
+    /// <summary>
+    /// RLIMIT_FSIZE lowered below the heap file's own size while it is open: the next write-back past it would raise
+    /// SIGXFSZ. The heap fails instead (fail-stop, Sync reports it), and reopens with what a Sync acknowledged.
+    /// </summary>
+    [Fact]
+    public void FileSizeLimit_LoweredBelowTheFile_FailsTheHeapInsteadOfSigxfsz()
+    {
+        Assert.SkipUnless(OperatingSystem.IsLinux(), "RLIMIT_FSIZE and private mappings: Linux");
+        using var dir = new TempDirectory();
+        (int code, string output) = TestProgram.RunChild(NoEnvironment, SafetyChild.Role, "file-size-limit-lowered-below-file", dir.File("below.heap"));
+        _output.WriteLine($"exit {code}: {output}");
+        Assert.True(code == SafetyChild.Survived, $"exit {code} (153 = SIGXFSZ): {output}");
+    }
+
+    [Fact]
+    public void Open_UnderAnAddressSpaceLimit_HonoursASmallerMaxSize()
+    {
+        Assert.SkipUnless(OperatingSystem.IsLinux(), "RLIMIT_AS and mmap reservations: Linux");
+        using var dir = new TempDirectory();
+        (int code, string output) = TestProgram.RunChild(NoEnvironment, SafetyChild.Role, "open-under-address-space-limit", dir.File("as.heap"));
+        _output.WriteLine($"exit {code}: {output}");
+        Assert.True(code == SafetyChild.Survived, $"exit {code}: {output}");
+    }
+
+    /// <summary>
     /// Out of file descriptors (RLIMIT_NOFILE): a failed open or create reports its own cause, and the file is closed
     /// and unlocked afterwards. Before the fix: AlreadyOpen (open) and InsufficientSpace (create). (With one descriptor
     /// left, the advancer's thread could not start, and the open's cleanup threw InvalidOperationException and left the
