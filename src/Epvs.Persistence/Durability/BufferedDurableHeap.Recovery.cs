@@ -250,6 +250,15 @@ public sealed unsafe partial class BufferedDurableHeap
 
                 // Newest tag wins; at an equal tag an anti-payload wins (a payload deleted in the version that wrote it).
                 ref Candidate b = ref all[best];
+                if (c.TypeId != b.TypeId && result.TypeConflict is null)
+                {
+                    // A copy and an anti-payload keep the type id of the payload they replace or delete: no crash leaves
+                    // one uid under two type ids. A block from another heap file (whose uids also count from 1) or a
+                    // forged header: freeing the loser as superseded would destroy a healthy payload of another
+                    // structure without a word.
+                    result.TypeConflict = (b.Offset, b.TypeId, c.Offset, c.TypeId, c.Uid);
+                }
+
                 bool newer = c.Tag > b.Tag || (c.Tag == b.Tag && c.Kind == PayloadKind.Delete && b.Kind != PayloadKind.Delete);
                 int loser = newer ? best : i;
                 if (newer)
@@ -281,6 +290,15 @@ public sealed unsafe partial class BufferedDurableHeap
 
             results[p] = result;
         });
+
+        foreach (PartitionResult result in results)
+        {
+            if (result.TypeConflict is { } conflict)
+            {
+                // Before anything of the resolution is written.
+                ThrowHelper.ThrowHeapFile(HeapFileError.Corrupt, $"Cannot open heap file '{heap.File.Path}': the payloads at 0x{conflict.First:X} (type id {conflict.FirstType}) and 0x{conflict.Second:X} (type id {conflict.SecondType}) carry one uid ({conflict.Uid}), which no crash leaves (a copy keeps its payload's type id): a block of another heap file, or a damaged header that passes its check. Resolving them would free a healthy payload. Restore the file from a copy.");
+            }
+        }
 
         // Superseded and cancelled payloads are freed durably before any anti-payload is: an anti-payload whose free
         // became durable first would let the payload it cancels come back at the next recovery.
@@ -399,5 +417,8 @@ public sealed unsafe partial class BufferedDurableHeap
         internal long Superseded;
 
         internal long Cancelled;
+
+        /// <summary>The first uid found under two type ids, if any (see Resolve).</summary>
+        internal (long First, int FirstType, long Second, int SecondType, long Uid)? TypeConflict;
     }
 }
