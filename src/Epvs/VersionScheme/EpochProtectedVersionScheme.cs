@@ -41,7 +41,10 @@ namespace Epvs;
 /// act on the innermost level whichever scheme they are called on.</para>
 /// <para>Nest regions of schemes that share one <see cref="LightEpoch"/>. A thread that holds protection on one epoch
 /// while it enters a scheme on another epoch can deadlock with a thread doing the opposite, exactly like two locks
-/// taken in opposite orders: each transition waits for the other thread to leave.</para>
+/// taken in opposite orders: each transition waits for the other thread to leave. The same holds within one epoch for
+/// a critical section (<see cref="VersionSchemeStateMachine.OnEnteringState"/>) that enters another scheme: a region of
+/// that scheme nested into this one waits for the critical section, which waits for that scheme's transition, which
+/// waits for the region.</para>
 /// </remarks>
 public sealed partial class EpochProtectedVersionScheme : IDisposable
 {

@@ -94,6 +94,14 @@ public abstract class VersionSchemeStateMachine
     /// observed <paramref name="fromState"/> and no thread can enter one: the critical section. It may run on any
     /// thread, including one that is itself between protected regions of this scheme.
     /// </summary>
+    /// <remarks>
+    /// Treat it like code holding a lock that every new region of this scheme waits for. In particular, entering another
+    /// scheme here (a region of a scheme that shares this scheme's <see cref="LightEpoch"/>, or of any scheme) may wait
+    /// for that scheme's own transition, which may wait for a thread inside one of its regions that is itself entering
+    /// this scheme, and so waits for this critical section: a deadlock, as with two locks taken in opposite orders. Keep
+    /// critical sections short and self-contained; if one must touch another scheme, let every thread take the two in
+    /// one order.
+    /// </remarks>
     /// <param name="fromState">The state being left.</param>
     /// <param name="toState">The state about to be entered.</param>
     public abstract void OnEnteringState(VersionSchemeState fromState, VersionSchemeState toState);
