@@ -92,6 +92,10 @@ internal sealed class DrainList
     /// <summary>Test-only: scans visit every segment, as before (also the ones with nothing taken).</summary>
     internal static bool ScanEverySegmentForTesting { get; set; }
 
+    /// <summary>Broken control for tests: behind 16 or more waiting actions, registrations continue from the hint even when
+    /// an earlier burst left it in a segment far larger than what waits (the old behaviour: every drain then walked it).</summary>
+    internal static bool KeepFarInsertHintForTesting { get; set; }
+
     /// <summary>Test-only: count the slots the scans visit in <see cref="SlotsScannedForTesting"/>.</summary>
     internal static bool CountScansForTesting { get; set; }
 
@@ -124,12 +128,16 @@ internal sealed class DrainList
     {
         Segment<Slot> start = Volatile.Read(ref insertHint);
         int from = Volatile.Read(ref insertIndex);
-        if (Volatile.Read(ref pending) < first.Items.Length && !RotateInsertionsForTesting)
+        long waiting = Volatile.Read(ref pending);
+        if ((waiting < first.Items.Length || (start.Items.Length > 4 * waiting && !KeepFarInsertHintForTesting)) && !RotateInsertionsForTesting)
         {
             // Few actions wait: take the first free slot from the front. Registrations then stay in the first segment,
             // and the scans (RunEligible, MinPendingEpoch) skip the others, which are empty; a list that once grew long
             // (a burst behind a parked thread) no longer makes every later drain walk all of it. Behind many waiting
-            // actions the hint below keeps a registration from rescanning them.
+            // actions the hint below keeps a registration from rescanning them — unless an earlier burst left it in a
+            // segment far larger than what waits now (segments double: one of length L starts about L slots in). It
+            // stayed there for the epoch's life, and every drain then walked that segment: after a burst of 200,000
+            // actions, 131,088 slots per drain with 40 waiting, against 48 on a fresh list.
             start = first;
             from = 0;
         }

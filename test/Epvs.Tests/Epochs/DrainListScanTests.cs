@@ -71,6 +71,73 @@ public class DrainListScanTests
         Assert.True(everySegment > 1_000, $"INCONCLUSIVE: the control (every segment scanned) scanned only {everySegment:0.0} slots per registration");
     }
 
+    /// <summary>
+    /// A probe's finding: behind 16 or more waiting actions a registration starts at the last one's segment, and after a
+    /// burst that hint stayed in the burst's last, largest segment for the epoch's life: a thread holding back a rolling
+    /// window of 40 actions made every drain walk that segment (131,088 slots per refresh after a burst of 200,000,
+    /// against 48 on a fresh list). A hint far beyond what waits now is dropped.
+    /// </summary>
+    [Fact]
+    public void AfterABurst_ARollingWindowAboveTheFirstSegment_ScansAboutWhatAFreshListScans()
+    {
+        double fresh = SlotsScannedPerRefreshOfARollingWindow(burst: 0);
+        double afterBurst = SlotsScannedPerRefreshOfARollingWindow(burst: 200_000);
+        DrainList.KeepFarInsertHintForTesting = true;
+        double control;
+        try
+        {
+            control = SlotsScannedPerRefreshOfARollingWindow(burst: 200_000);
+        }
+        finally
+        {
+            DrainList.KeepFarInsertHintForTesting = false;
+        }
+
+        output.WriteLine($"slots scanned per refresh: fresh list {fresh:0}, after a burst {afterBurst:0} (control, the far hint kept: {control:0})");
+        Assert.True(afterBurst <= (4 * fresh) + 256, $"after a burst each refresh scanned {afterBurst:0} slots, a fresh list {fresh:0}");
+        Assert.True(control > 10_000, $"INCONCLUSIVE: the control (the far hint kept) scanned only {control:0} slots per refresh");
+    }
+
+    /// <summary>After a burst of <paramref name="burst"/> actions behind a parked thread: one thread holds a rolling window
+    /// of 40 actions back (registers them in its region, then refreshes, which drains the previous window).</summary>
+    private static double SlotsScannedPerRefreshOfARollingWindow(int burst)
+    {
+        const int Window = 40;
+        const int Refreshes = 200;
+        using var epoch = new LightEpoch();
+        int ran = 0;
+        if (burst > 0)
+        {
+            using var parked = new ParkedThread(epoch.Resume, epoch.Suspend);
+            for (int i = 0; i < burst; i++)
+                epoch.BumpCurrentEpoch(() => Interlocked.Increment(ref ran));
+        }
+        Assert.Equal(burst, Volatile.Read(ref ran));
+        DrainList list = epoch.DrainListForTesting;
+        DrainList.CountScansForTesting = true;
+        try
+        {
+            epoch.Resume();
+            for (int i = 0; i < Window; i++)
+                epoch.BumpCurrentEpoch(() => Interlocked.Increment(ref ran));
+            long before = Interlocked.Read(ref list.SlotsScannedForTesting);
+            for (int round = 0; round < Refreshes; round++)
+            {
+                epoch.ProtectAndDrain();
+                for (int i = 0; i < Window; i++)
+                    epoch.BumpCurrentEpoch(() => Interlocked.Increment(ref ran));
+            }
+            long scanned = Interlocked.Read(ref list.SlotsScannedForTesting) - before;
+            epoch.Suspend();
+            Assert.Equal(burst + ((Refreshes + 1) * Window), Volatile.Read(ref ran));
+            return (double)scanned / Refreshes;
+        }
+        finally
+        {
+            DrainList.CountScansForTesting = false;
+        }
+    }
+
     private (double PerRound, int Capacity) WithFlag(Action on, Action off)
     {
         on();
