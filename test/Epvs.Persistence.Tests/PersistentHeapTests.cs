@@ -81,6 +81,10 @@ public sealed class PersistentHeapTests : IDisposable
         using var heap = new PersistentHeap(file);
         PayloadRef first = heap.Allocate(500, 1);
         heap.Free(first);
+
+        // Once the free is durable (before, the block is held: see RawFreeReuseTests).
+        heap.WriteBackHeader(first);
+        heap.Fence();
         PayloadRef second = heap.Allocate(590, 2); // 532 and 622 bytes with the header: both in the 640-byte class
         Assert.Equal(first, second);
         Assert.Equal(590, heap.GetHeader(second).Size);

@@ -67,4 +67,7 @@ internal enum HeapFaults
 
     /// <summary>Recovery takes a sealed block whose Epoch word holds its empty mark for damage, not for a free a crash interrupted (its mark durable, its free word not): a plain crash then reads as damage.</summary>
     MarkedFreesAreDamage = 262144,
+
+    /// <summary>A raw <see cref="PersistentHeap.Free(PayloadRef)"/> hands its block out again at once, before its free is durable (the old behaviour: after a crash, the freed payload's durable header could come back over the next payload's bytes).</summary>
+    ReuseRawFreesAtOnce = 524288,
 }

@@ -324,6 +324,9 @@ public sealed unsafe partial class PersistentHeap
         // segments stay. (Lock order: the segment gate, then the caches' gate, then a pool's.)
         ReleaseExitedThreadCaches();
         ThreadCache own = _caches.Value!;
+
+        // With the frees it holds until they are durable (a raw heap's: see Free), made durable now.
+        ReleaseHeldFrees(own);
         for (int cls = 0; cls < SizeClasses.Count; cls++)
         {
             if (own.Counts[cls] != 0)

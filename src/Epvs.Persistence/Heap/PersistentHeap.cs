@@ -1,6 +1,7 @@
 using System;
 using System.Collections.Generic;
 using System.Runtime.CompilerServices;
+using System.Runtime.InteropServices;
 using System.Runtime.Intrinsics.X86;
 using System.Threading;
 
@@ -16,7 +17,8 @@ namespace Epvs.Persistence;
 /// <remarks>
 /// <para>Thread safety: every member may be called from any thread. Each thread allocates from and frees to its own
 /// cache of blocks per size class; caches exchange batches of 32 blocks with a shared list per class under a lock,
-/// and new segments are formatted under another lock. A block freed by one thread may be reused by another.</para>
+/// and new segments are formatted under another lock. A block freed by one thread may be reused by another, once its
+/// free is durable (see <see cref="Free(PayloadRef)"/>).</para>
 /// <para>Durability: <see cref="Allocate(int, int, long, PayloadKind, long)"/> and <see cref="Free(PayloadRef)"/>
 /// only store. A block is durable, with its payload, once <see cref="Persist(PayloadRef)"/> (or
 /// <see cref="WriteBack(PayloadRef)"/> and then <see cref="Fence"/> on the same thread) returns; a free is durable once
@@ -381,15 +383,80 @@ public sealed unsafe partial class PersistentHeap : IDisposable
 
     /// <summary>
     /// Frees a block: one store of the header's commit word (no write-back, no fence; see <see cref="WriteBackHeader(PayloadRef)"/>).
-    /// The block may be handed out again at once, by any thread.
+    /// A small block is handed out again only once its free is durable: the thread holds it until its next
+    /// <see cref="Fence"/> (which writes the held frees back first), or until it has held 64, or needs a block of the
+    /// class (the heap then writes them back and fences itself).
     /// </summary>
+    /// <remarks>
+    /// Handed out at once, the block's next allocation could reach the medium before the free: after a crash, recovery
+    /// read the freed payload's durable header over the next payload's bytes, a block whose persist had completed,
+    /// with bytes it never had (the raw heap checks headers, not payloads). A large block's free is durable at once
+    /// (its segments' descriptors are persisted).
+    /// </remarks>
     /// <param name="block">A block returned by <c>Allocate</c> and not freed since.</param>
     /// <exception cref="InvalidOperationException">The block is not allocated (double free, or not a block of this heap);
     /// or this is a <see cref="BufferedDurableHeap"/>'s allocator (delete through <see cref="DurableOperation.Delete(PayloadRef)"/>).</exception>
     public void Free(PayloadRef block)
     {
         ThrowIfBufferedHeapsAllocator(nameof(Free));
-        FreeForOwner(block);
+        _file.EnterOperation();
+        try
+        {
+            (long segment, ulong descriptor) = MarkFreeCore(block);
+            if (HeapLayout.DescriptorRole(descriptor) == HeapLayout.RoleLargeStart || (_faults & HeapFaults.ReuseRawFreesAtOnce) != 0)
+            {
+                ReleaseCore(block, segment, descriptor);
+                return;
+            }
+
+            ThreadCache cache = _caches.Value!;
+            int cls = (int)HeapLayout.DescriptorPayload(descriptor);
+            cache.LiveBlocks--;
+            cache.LiveBytes -= SizeClasses.BlockSizes[cls];
+            cache.Held.Add(block.Offset);
+            cache.HeldBytes += SizeClasses.BlockSizes[cls];
+            if (cache.Held.Count >= HeldFreesLimit)
+            {
+                ReleaseHeldFrees(cache);
+            }
+        }
+        finally
+        {
+            _file.ExitOperation();
+        }
+    }
+
+    /// <summary>How many small blocks a thread holds after <see cref="Free(PayloadRef)"/> before the heap makes their frees durable itself.</summary>
+    private const int HeldFreesLimit = 64;
+
+    /// <summary>
+    /// Makes the frees <paramref name="cache"/> holds durable (their headers written back, one fence) and hands the
+    /// blocks out: into the thread's cache, or the shared pools.
+    /// </summary>
+    private void ReleaseHeldFrees(ThreadCache cache)
+    {
+        if (cache.Held.Count == 0)
+        {
+            return;
+        }
+
+        // The frees are marked: an interrupt between the fence and the hand-out would lose the blocks until the next open.
+        using InterruptShield.Scope shield = InterruptShield.Enter();
+        WriteBackRuns.WriteBackHeadersAndFence(_file.Domain, CollectionsMarshal.AsSpan(cache.Held));
+        foreach (long offset in cache.Held)
+        {
+            (_, ulong descriptor) = Locate(new PayloadRef(offset));
+            int cls = (int)HeapLayout.DescriptorPayload(descriptor);
+            if (cache.Counts[cls] == CacheCapacity)
+            {
+                Spill(cache, cls);
+            }
+
+            cache.Blocks[cls][cache.Counts[cls]++] = offset;
+        }
+
+        cache.Held.Clear();
+        cache.HeldBytes = 0;
     }
 
     /// <summary><see cref="Free(PayloadRef)"/> for the <see cref="BufferedDurableHeap"/> that owns this allocator (reclamation, recovery, an undone copy).</summary>
@@ -686,6 +753,7 @@ public sealed unsafe partial class PersistentHeap : IDisposable
     /// <exception cref="InvalidOperationException">The reference is outside the heap's segments or not 32-byte aligned.</exception>
     public void WriteBackHeader(PayloadRef block)
     {
+        ThrowIfDisposed();
         long relative = block.Offset - _dataStart;
 
         // Volatile.Read: acquire; pairs with the release in TryGrowLocked.
@@ -712,9 +780,18 @@ public sealed unsafe partial class PersistentHeap : IDisposable
     /// be durable yet; call it again.</exception>
     public void Fence()
     {
+        ThrowIfDisposed();
         _file.EnterOperation();
         try
         {
+            // The frees this thread holds (see Free) are written back under the same fence, then handed out.
+            ThreadCache? cache = _caches.IsValueCreated ? _caches.Value : null;
+            if (cache is not null && cache.Held.Count != 0)
+            {
+                ReleaseHeldFrees(cache);
+                return;
+            }
+
             _file.Domain.Fence();
         }
         finally
@@ -752,13 +829,21 @@ public sealed unsafe partial class PersistentHeap : IDisposable
     /// <see cref="long.MaxValue"/> (uids never wrap to negative or repeat).</exception>
     public long NewUid()
     {
-        // Volatile.Read: a fresh look (its per-thread cache, disposed with the heap, would report itself instead).
+        ThrowIfDisposed();
+        return _caches.Value!.NextUid(ref _nextUid);
+    }
+
+    /// <summary>
+    /// Throws once this heap is disposed. Needed where the heap file's own check does not reach: a heap that does not own
+    /// its file (another heap may use the file since) answered these calls with that heap's blocks and accounting.
+    /// </summary>
+    private void ThrowIfDisposed()
+    {
+        // Volatile.Read: a fresh look (the per-thread cache, disposed with the heap, would report itself instead).
         if (Volatile.Read(ref _disposed) != 0)
         {
             ThrowHelper.ThrowObjectDisposed(this);
         }
-
-        return _caches.Value!.NextUid(ref _nextUid);
     }
 
     /// <summary>
@@ -770,6 +855,7 @@ public sealed unsafe partial class PersistentHeap : IDisposable
     public void ForEachAllocated(Action<PayloadRef, PayloadHeader> visitor, int degreeOfParallelism = 1)
     {
         ArgumentNullException.ThrowIfNull(visitor);
+        ThrowIfDisposed();
         _file.EnterOperation();
         try
         {
@@ -788,6 +874,7 @@ public sealed unsafe partial class PersistentHeap : IDisposable
     /// <returns>The statistics.</returns>
     public HeapStatistics GetStatistics()
     {
+        ThrowIfDisposed();
         long liveBlocks, liveBytes, freeBytes = 0;
 
         // Under the caches' gate, which a release of exited threads' caches holds from taking them out of the list to
@@ -804,6 +891,7 @@ public sealed unsafe partial class PersistentHeap : IDisposable
                 // (exact once the owner is quiescent and its stores are visible, e.g. after joining it).
                 liveBlocks += Volatile.Read(ref cache.LiveBlocks);
                 liveBytes += Volatile.Read(ref cache.LiveBytes);
+                freeBytes += Volatile.Read(ref cache.HeldBytes);
                 for (int cls = 0; cls < SizeClasses.Count; cls++)
                 {
                     freeBytes += (long)Volatile.Read(ref cache.Counts[cls]) * SizeClasses.BlockSizes[cls];
@@ -1019,6 +1107,16 @@ public sealed unsafe partial class PersistentHeap : IDisposable
     /// <summary>Refills the empty class <paramref name="cls"/> of <paramref name="cache"/>; <paramref name="antiPayload"/>: for an anti-payload, which may take the delete reserve.</summary>
     private bool TryRefill(ThreadCache cache, int cls, bool antiPayload)
     {
+        // The frees this thread holds first (a raw heap's: see Free), made durable now.
+        if (cache.Held.Count != 0)
+        {
+            ReleaseHeldFrees(cache);
+            if (cache.Counts[cls] != 0)
+            {
+                return true;
+            }
+        }
+
         if (TryTakeBatch(cache, cls, out bool low))
         {
             if (low)
@@ -1171,6 +1269,9 @@ public sealed unsafe partial class PersistentHeap : IDisposable
                 // Interlocked.Add: the statistics read these atomically.
                 Interlocked.Add(ref _exitedLiveBlocks, cache.LiveBlocks);
                 Interlocked.Add(ref _exitedLiveBytes, cache.LiveBytes);
+
+                // Its held frees made durable first, as their thread would have (see Free).
+                ReleaseHeldFrees(cache);
                 for (int cls = 0; cls < SizeClasses.Count; cls++)
                 {
                     if (cache.Counts[cls] != 0)
@@ -1196,6 +1297,12 @@ public sealed unsafe partial class PersistentHeap : IDisposable
         internal readonly int[] Counts = new int[SizeClasses.Count];
         internal long LiveBlocks;
         internal long LiveBytes;
+
+        /// <summary>Small blocks a raw <see cref="Free(PayloadRef)"/> marked free, held until their frees are durable.</summary>
+        internal readonly List<long> Held = new();
+
+        /// <summary>The bytes of <see cref="Held"/>'s blocks (free in the statistics).</summary>
+        internal long HeldBytes;
         private long _uidNext;
         private long _uidEnd;
 
