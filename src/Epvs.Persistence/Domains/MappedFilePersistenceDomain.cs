@@ -537,8 +537,11 @@ internal sealed unsafe class MappedFilePersistenceDomain : PersistenceDomain
         // two readings only stores two fresh values.
         if (fresh || now != Volatile.Read(ref _fileSizeLimitReadAt))
         {
-            Volatile.Write(ref _fileSizeLimit, Interop.Libc.FileSizeLimit());
+            // This reading is returned, not the field, which a racing thread may overwrite with an older one.
+            long limit = Interop.Libc.FileSizeLimit();
+            Volatile.Write(ref _fileSizeLimit, limit);
             Volatile.Write(ref _fileSizeLimitReadAt, now);
+            return limit;
         }
 
         return Volatile.Read(ref _fileSizeLimit);

@@ -268,6 +268,9 @@ public sealed unsafe partial class HeapFile : IDisposable
 
     internal long MaxSegments { get; }
 
+    /// <summary>How far this open lets the heap grow, in bytes, when the caller's <see cref="HeapFileOptions.MaxSize"/> capped it below the recorded maximum; 0 otherwise.</summary>
+    internal long OpenMaxSize { get; private set; }
+
     internal long DataStart { get; }
 
     internal byte* Pointer => Domain.Pointer;
@@ -460,7 +463,9 @@ public sealed unsafe partial class HeapFile : IDisposable
             }
 
             (long heapSize, long maxSegments, long dataStart) = Validate(superblock, fileLength, fullPath, kind);
-            PersistenceDomain domain = MapDomain(stream, fullPath, fullPath, heapSize, OpenCapacity(dataStart + (maxSegments * HeapLayout.SegmentSize), heapSize, options.MaxSize), options);
+            long recorded = dataStart + (maxSegments * HeapLayout.SegmentSize);
+            long capacity = OpenCapacity(recorded, heapSize, options.MaxSize);
+            PersistenceDomain domain = MapDomain(stream, fullPath, fullPath, heapSize, capacity, options);
             try
             {
                 // After every check and the mapping (which touches no page), before the first store.
@@ -472,7 +477,9 @@ public sealed unsafe partial class HeapFile : IDisposable
                 throw;
             }
 
-            return Attach(domain, stream, ownsDomain: true, fullPath);
+            HeapFile file = Attach(domain, stream, ownsDomain: true, fullPath);
+            file.OpenMaxSize = capacity < recorded ? capacity : 0;
+            return file;
         }
         catch
         {

@@ -451,7 +451,11 @@ public sealed unsafe partial class PersistentHeap
     private bool TryGrowLocked(long span)
     {
         long current = _segmentFree.Length;
-        long doubled = Math.Min(_file.MaxSegments, Math.Max(current * 2, current + span));
+
+        // Doubling, clipped to what the domain can reach (an open's MaxSize may cap it below the recorded maximum: past
+        // it every growth failed the doubling and fell back to one span at a time).
+        long reachable = Math.Min(_file.MaxSegments, (_file.Domain.Capacity - _file.DataStart) / HeapLayout.SegmentSize);
+        long doubled = Math.Min(reachable, Math.Max(current * 2, current + span));
         if (!_file.TryGrow(doubled) && !_file.TryGrow(current + span))
         {
             return false;

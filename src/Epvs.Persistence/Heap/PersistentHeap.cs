@@ -214,7 +214,12 @@ public sealed unsafe partial class PersistentHeap : IDisposable
         long maxBytes = _file.DataStart + (_file.MaxSegments * HeapLayout.SegmentSize);
         PersistenceDomain domain = _file.Domain;
         string why;
-        if (domain.Kind == PersistenceDomainKind.Pmem || domain.Capacity < Math.Min(maxBytes, _file.DataStart + ((segments + 1) * HeapLayout.SegmentSize)))
+        long needed = (HeapLayout.HeaderSize + (long)size + HeapLayout.SegmentSize - 1) / HeapLayout.SegmentSize;
+        if (_file.OpenMaxSize != 0 && domain.Kind != PersistenceDomainKind.Pmem && _file.DataStart + ((segments + (needed > 1 ? needed : 1)) * HeapLayout.SegmentSize) > _file.OpenMaxSize && segments < _file.MaxSegments)
+        {
+            why = $"it is at the size this open allows ({_file.OpenMaxSize} bytes: the HeapFileOptions.MaxSize it was opened with; the file's maximum is {maxBytes} bytes); free blocks, or reopen it with a larger HeapFileOptions.MaxSize (0 for the file's maximum)";
+        }
+        else if (domain.Kind == PersistenceDomainKind.Pmem || domain.Capacity < Math.Min(maxBytes, _file.DataStart + ((segments + 1) * HeapLayout.SegmentSize)))
         {
             why = $"its persistence domain ({domain.Kind}) cannot grow the file beyond {domain.Length} bytes (the libpmem domain never grows a heap file, whatever its maximum size); free blocks, or create the heap with a larger HeapFileOptions.Size";
             if (segments < _file.MaxSegments)

@@ -334,46 +334,32 @@ public sealed partial class EpochProtectedVersionScheme
     /// Runs <paramref name="machine"/> as <see cref="AdvanceVersionAsync"/> documents it. The machine's outcome is copied
     /// into a task of our own rather than rethrown from an async method: an async method's task reports an
     /// <see cref="OperationCanceledException"/> that escapes it as a cancellation, so a critical section that threw one
-    /// (honouring a token of its own, say) read as a transition that never started.
+    /// (honouring a token of its own, say) read as a transition that never started. What happens before the start (the
+    /// caller's cancellation, with its own exception; a fault) is the async method's task itself, as it always was.
     /// </summary>
     private Task<bool> AdvanceVersionCoreAsync(VersionSchemeStateMachine machine, CancellationToken cancellationToken)
     {
-        var result = new TaskCompletionSource<bool>();
-        _ = ReportAdvanceAsync(machine, cancellationToken, result);
-        return result.Task;
+        Task<bool> started = StartAndWaitAsync(machine, cancellationToken);
+        return started.IsCompleted
+            ? Outcome(started, machine)
+            : started.ContinueWith(static (t, m) => Outcome(t, (VersionSchemeStateMachine)m!), machine, CancellationToken.None, TaskContinuationOptions.ExecuteSynchronously | TaskContinuationOptions.DenyChildAttach, TaskScheduler.Default).Unwrap();
     }
 
-    /// <summary>Completes <paramref name="result"/> with what <see cref="StartAndWaitAsync"/> and the machine came to. Never throws.</summary>
-    private async Task ReportAdvanceAsync(VersionSchemeStateMachine machine, CancellationToken cancellationToken, TaskCompletionSource<bool> result)
+    /// <summary>The task <see cref="AdvanceVersionAsync"/> returns once <paramref name="started"/> has completed.</summary>
+    private static Task<bool> Outcome(Task<bool> started, VersionSchemeStateMachine machine)
     {
-        try
-        {
-            if (!await StartAndWaitAsync(machine, cancellationToken).ConfigureAwait(false))
-            {
-                result.TrySetResult(false);
-                return;
-            }
-        }
-        catch (OperationCanceledException e)
-        {
-            // The caller's token ended the wait before the transition started.
-            result.TrySetCanceled(e.CancellationToken);
-            return;
-        }
-        catch (Exception e)
-        {
-            // The version at its maximum, the scheme or its epoch disposed while the call waited: as the call documents.
-            TaskFaulting.Fault(result, e);
-            return;
-        }
-
+        // Canceled by the caller's token, faulted before the start, or the target already reached or claimed.
+        if (!started.IsCompletedSuccessfully || !started.Result)
+            return started;
         Task done = machine.Completion;
         if (done.IsCompletedSuccessfully)
-            result.TrySetResult(true);
-        else if (done.IsCanceled)
+            return started; // true
+        var result = new TaskCompletionSource<bool>();
+        if (done.IsCanceled)
             result.TrySetCanceled(); // the critical section's fault could not be given for lack of memory
         else
             TaskFaulting.Fault(result, done.Exception!.InnerException ?? done.Exception); // whatever its type
+        return result.Task;
     }
 
     /// <summary>Starts <paramref name="machine"/> (waiting for others to end) and waits for it to complete, without

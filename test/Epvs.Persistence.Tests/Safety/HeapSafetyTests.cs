@@ -97,12 +97,6 @@ public sealed class HeapSafetyTests
     }
 
     /// <summary>
-    /// A 64 MiB heap with the default maximum size (a 1 GiB reservation) cannot be opened in a process whose address
-    /// space (RLIMIT_AS) has a few hundred MiB left, whatever the caller passes: Open ignores MaxSize, SharedMapping
-    /// reserved the same, and the IOException advised lowering MaxSize (a probe's finding). An open's MaxSize now caps its
-    /// growth and reservation.
-    /// </summary>
-    /// <summary>
     /// RLIMIT_FSIZE lowered below the heap file's own size while it is open: the next write-back past it would raise
     /// SIGXFSZ. The heap fails instead (fail-stop, Sync reports it), and reopens with what a Sync acknowledged.
     /// </summary>
@@ -116,6 +110,12 @@ public sealed class HeapSafetyTests
         Assert.True(code == SafetyChild.Survived, $"exit {code} (153 = SIGXFSZ): {output}");
     }
 
+    /// <summary>
+    /// A 64 MiB heap with the default maximum size (a 1 GiB reservation) could not be opened in a process whose address
+    /// space (RLIMIT_AS) has a few hundred MiB left, whatever the caller passed: Open ignored MaxSize, SharedMapping
+    /// reserved the same, and the IOException advised lowering MaxSize (a probe's finding). An open's MaxSize now caps its
+    /// growth and reservation.
+    /// </summary>
     [Fact]
     public void Open_UnderAnAddressSpaceLimit_HonoursASmallerMaxSize()
     {

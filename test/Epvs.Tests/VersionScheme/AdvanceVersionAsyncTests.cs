@@ -97,6 +97,54 @@ public sealed class AdvanceVersionAsyncTests
         Assert.Equal(before, scheme.CurrentState); // the section ran and failed: the version is unchanged
     }
 
+    /// <summary>
+    /// A review's finding: the caller's cancellation surfaced as a new TaskCanceledException ("A task was canceled.")
+    /// once the task became a TaskCompletionSource's; it is the OperationCanceledException the call threw, as before.
+    /// </summary>
+    [Theory]
+    [InlineData(false)]
+    [InlineData(true)]
+    public async Task AdvanceVersionAsync_CancelledBeforeStarting_ThrowsTheTokensOwnOperationCanceledException(bool whileWaiting)
+    {
+        using var scheme = new EpochProtectedVersionScheme();
+        using var cts = new CancellationTokenSource();
+        Task<bool> advance;
+        if (whileWaiting)
+        {
+            // Cancelled while it waits for another machine, held back by a protected thread.
+            using var entered = new ManualResetEventSlim();
+            using var release = new ManualResetEventSlim();
+            var holder = new Thread(() =>
+            {
+                scheme.Enter();
+                entered.Set();
+                release.Wait();
+                scheme.Leave();
+            });
+            holder.Start();
+            entered.Wait();
+            Task<bool> first = scheme.AdvanceVersionAsync((_, _) => { });
+            advance = scheme.AdvanceVersionAsync((_, _) => { }, scheme.CurrentState.Version + 2, cts.Token);
+            Assert.False(advance.IsCompleted);
+            cts.Cancel();
+            await Record.ExceptionAsync(() => advance.WaitAsync(Bound));
+            release.Set();
+            holder.Join();
+            Assert.True(await first.WaitAsync(Bound));
+        }
+        else
+        {
+            cts.Cancel();
+            advance = scheme.AdvanceVersionAsync((_, _) => { }, cancellationToken: cts.Token);
+        }
+
+        Exception? e = await Record.ExceptionAsync(() => advance);
+        Assert.True(advance.IsCanceled);
+        var canceled = Assert.IsAssignableFrom<OperationCanceledException>(e);
+        Assert.Equal(cts.Token, canceled.CancellationToken);
+        Assert.IsType<OperationCanceledException>(e, exactMatch: true);
+    }
+
     [Fact]
     public void AdvanceVersionAsync_AtMaxVersion_FaultsTheTaskWithInvalidOperation()
     {
