@@ -456,6 +456,12 @@ public sealed unsafe partial class PersistentHeap
         // it every growth failed the doubling and fell back to one span at a time).
         long reachable = Math.Min(_file.MaxSegments, (_file.Domain.Capacity - _file.DataStart) / HeapLayout.SegmentSize);
         long doubled = Math.Min(reachable, Math.Max(current * 2, current + span));
+        if (doubled <= current)
+        {
+            // At what the domain can reach: nothing to grow (TryGrow would report success without growing).
+            return false;
+        }
+
         if (!_file.TryGrow(doubled) && !_file.TryGrow(current + span))
         {
             return false;

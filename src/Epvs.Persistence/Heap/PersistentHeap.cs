@@ -11,7 +11,9 @@ namespace Epvs.Persistence;
 /// A recoverable allocator of payload blocks in a <see cref="HeapFile"/> (DESIGN §4, layer 3), in the style of
 /// Ralloc: size classes in 64 KiB segments plus large blocks of whole segments; every free list and other piece of
 /// metadata is transient and rebuilt when the heap opens by scanning the segment table and the block headers, so
-/// allocation and free neither write back nor fence. Persistent data refers to blocks by <see cref="PayloadRef"/>
+/// allocation and free only store into the block's header; what the allocator writes back and fences itself is its own
+/// bookkeeping (formatted segments, descriptors, and frees made durable, in batches, before their blocks are handed out
+/// again). Persistent data refers to blocks by <see cref="PayloadRef"/>
 /// offsets. The header layout and the order of its failure-atomic stores are documented on <see cref="HeapLayout"/>.
 /// </summary>
 /// <remarks>
@@ -20,7 +22,8 @@ namespace Epvs.Persistence;
 /// and new segments are formatted under another lock. A block freed by one thread may be reused by another, once its
 /// free is durable (see <see cref="Free(PayloadRef)"/>).</para>
 /// <para>Durability: <see cref="Allocate(int, int, long, PayloadKind, long)"/> and <see cref="Free(PayloadRef)"/>
-/// only store. A block is durable, with its payload, once <see cref="Persist(PayloadRef)"/> (or
+/// only store into the block's header (a free's block is handed out again only once the free is durable, which the
+/// heap ensures in batches: see <see cref="Free(PayloadRef)"/>). A block is durable, with its payload, once <see cref="Persist(PayloadRef)"/> (or
 /// <see cref="WriteBack(PayloadRef)"/> and then <see cref="Fence"/> on the same thread) returns; a free is durable once
 /// <see cref="WriteBackHeader(PayloadRef)"/> and <see cref="Fence"/> return. After a crash, a block is either a
 /// complete allocation (all four header words of one <c>Allocate</c>) or free; payload bytes of a block whose
@@ -217,7 +220,7 @@ public sealed unsafe partial class PersistentHeap : IDisposable
         long needed = (HeapLayout.HeaderSize + (long)size + HeapLayout.SegmentSize - 1) / HeapLayout.SegmentSize;
         if (_file.OpenMaxSize != 0 && domain.Kind != PersistenceDomainKind.Pmem && _file.DataStart + ((segments + (needed > 1 ? needed : 1)) * HeapLayout.SegmentSize) > _file.OpenMaxSize && segments < _file.MaxSegments)
         {
-            why = $"it is at the size this open allows ({_file.OpenMaxSize} bytes: the HeapFileOptions.MaxSize it was opened with; the file's maximum is {maxBytes} bytes); free blocks, or reopen it with a larger HeapFileOptions.MaxSize (0 for the file's maximum)";
+            why = $"it is at the size this open allows ({_file.OpenMaxSize} bytes: the HeapFileOptions.MaxSize it was opened with, or the heap's size if that was smaller; the file's maximum is {maxBytes} bytes); free blocks, or reopen it with a larger HeapFileOptions.MaxSize (0 for the file's maximum)";
         }
         else if (domain.Kind == PersistenceDomainKind.Pmem || domain.Capacity < Math.Min(maxBytes, _file.DataStart + ((segments + 1) * HeapLayout.SegmentSize)))
         {
@@ -401,6 +404,10 @@ public sealed unsafe partial class PersistentHeap : IDisposable
     /// <param name="block">A block returned by <c>Allocate</c> and not freed since.</param>
     /// <exception cref="InvalidOperationException">The block is not allocated (double free, or not a block of this heap);
     /// or this is a <see cref="BufferedDurableHeap"/>'s allocator (delete through <see cref="DurableOperation.Delete(PayloadRef)"/>).</exception>
+    /// <exception cref="System.IO.IOException">Making the held frees durable failed (the 64th free held: a write-back or
+    /// fence error; the persistence domain then fails every later write-back). The block is freed: do not free it again.</exception>
+    /// <exception cref="ObjectDisposedException">The heap was disposed (before the block was freed, or while the held frees
+    /// were made durable).</exception>
     public void Free(PayloadRef block)
     {
         ThrowIfBufferedHeapsAllocator(nameof(Free));
@@ -990,9 +997,32 @@ public sealed unsafe partial class PersistentHeap : IDisposable
 
     private void DisposeCore(bool operationsDrained, bool fileClosesNext)
     {
-        // The file first: it waits for the calls in flight, which use the caches. A caller's file may then be disposed
-        // (or host another heap); with operations still in flight, its Dispose only quarantines the mapping.
-        _file.DetachHeap(this, operationsDrained, fileClosesNext);
+        try
+        {
+            // The frees threads still hold (see Free) made durable before another heap may attach to a caller's file and
+            // hand their blocks out (its recovery reads them free from the mapping). A file the heap owns is persisted
+            // whole by its clean close.
+            if (operationsDrained && !_ownsFile)
+            {
+                using (InterruptShield.Hold(_cachesGate))
+                {
+                    foreach (ThreadCache cache in Caches)
+                    {
+                        if (cache.Held.Count != 0)
+                        {
+                            WriteBackRuns.WriteBackHeadersAndFence(_file.Domain, CollectionsMarshal.AsSpan(cache.Held));
+                        }
+                    }
+                }
+            }
+        }
+        finally
+        {
+            // The file first: it waits for the calls in flight, which use the caches. A caller's file may then be disposed
+            // (or host another heap); with operations still in flight, its Dispose only quarantines the mapping.
+            _file.DetachHeap(this, operationsDrained, fileClosesNext);
+        }
+
         if (_ownsFile)
         {
             _file.Dispose(operationsDrained);

@@ -126,6 +126,37 @@ public sealed class RawFreeReuseTests
         Assert.Equal(a, c);
     }
 
+    /// <summary>
+    /// A review's finding: a raw heap disposed while its file stays open left the frees its threads held not durable, and
+    /// a second heap attached to the file read those blocks free from the mapping and handed them out at once. Dispose
+    /// makes them durable first.
+    /// </summary>
+    [Fact]
+    public void Dispose_WithTheFileStayingOpen_MakesTheHeldFreesDurable()
+    {
+        using var domain = new SimulatedPersistenceDomain(1 << 20);
+        using HeapFile file = HeapFile.Create(domain);
+        var blocks = new List<PayloadRef>();
+        using (var heap = new PersistentHeap(file))
+        {
+            for (int i = 0; i < 40; i++)
+            {
+                PayloadRef a = heap.Allocate(400, typeId: 1);
+                heap.Persist(a);
+                blocks.Add(a);
+            }
+
+            foreach (PayloadRef a in blocks)
+            {
+                heap.Free(a);
+            }
+        }
+
+        byte[] durable = domain.GetDurableImage();
+        int stillAllocated = blocks.Count(b => HeapLayout.InUse(BitConverter.ToUInt64(durable, (int)b.Offset + HeapLayout.CommitOffset)));
+        Assert.Equal(0, stillAllocated);
+    }
+
     /// <summary>A heap disposed while its file stays open (another heap may use the file since): every call throws.</summary>
     [Fact]
     public void CallsOnADisposedHeap_WhoseFileStaysOpen_Throw()
