@@ -336,7 +336,7 @@ internal static class SafetyChild
     private static int FileSizeLimitLoweredBelowTheFile(string path)
     {
         var options = new HeapFileOptions { Size = 8L << 20, MaxSize = 8L << 20, MappedFileWriteBack = MappedFileWriteBack.PrivateMapping, Domain = PersistenceDomainKind.MappedFile };
-        const int N = 2000; // 2000 values of 3000 bytes (4 KiB blocks): the heap's first 8 MiB, past the lowered limit
+        const int N = 800; // 800 values of 3000 bytes (4 KiB blocks, 3.2 MB), and as much again for their copies: past the lowered limit, within the heap
         using (BufferedDurableHeap heap = BufferedDurableHeap.Create(path, options))
         {
             var map = new PersistentByteMap<long>(heap, typeId: 1);
