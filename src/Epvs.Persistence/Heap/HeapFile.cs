@@ -562,6 +562,15 @@ public sealed unsafe partial class HeapFile : IDisposable
     }
 
     /// <summary>Stores root word <paramref name="slot"/> and persists it: durable on return.</summary>
+    /// <remarks>
+    /// A root word is outside a <see cref="BufferedDurableHeap"/>'s versions: durable at once, while the payloads are
+    /// durable by version. After a crash a root may therefore name a block that recovery dropped (a payload of a version
+    /// beyond the durable frontier) or freed (a payload superseded by its copy, or deleted), and that block may since
+    /// hold another payload. On a buffered heap, point a root only at a payload that a <see cref="BufferedDurableHeap.Sync()"/>
+    /// has made durable and that is never replaced or deleted, or find payloads at open through
+    /// <see cref="BufferedDurableHeap.TakeRecoveredPayloads"/> (by type id and uid), not by offset. On a raw
+    /// <see cref="PersistentHeap"/>, persist the block before the root that names it, and clear the root before freeing it.
+    /// </remarks>
     /// <exception cref="ArgumentOutOfRangeException"><paramref name="slot"/> is not in [0, <see cref="RootSlotCount"/>).</exception>
     public void SetRoot(int slot, long value) => StoreAndPersist(RootOffset(slot), (ulong)value);
 

@@ -44,7 +44,8 @@ namespace Epvs.Persistence;
 ///                         that order or when damaged (recovery then takes torn blocks for damage) (sealed)
 ///   120  SalvagedThrough  the last version a salvage kept payloads of, persisted before it frees anything; the
 ///                         structures resolve a salvage's duplicates and gaps among payloads up to it; 0: never (sealed)
-///   128  Root[0..15]      16 root words for the structures built on the heap (PayloadRef offsets or anything)
+///   128  Root[0..15]      16 root words for the structures built on the heap (PayloadRef offsets or anything);
+///                         durable at once, outside a buffered heap's versions (see HeapFile.SetRoot)
 ///
 /// Segment descriptor (table word i; every i &lt; SegmentCount holds one, written when the heap is created or grows)
 ///   bits  0..23  Generation   incremented (mod 2^24) every time the descriptor is rewritten; 0 when created
