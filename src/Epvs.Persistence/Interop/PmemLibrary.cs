@@ -44,6 +44,8 @@ internal static class PmemLibrary
         {
             if (!NativeLibrary.TryGetExport(handle, export, out _))
             {
+                // Unloaded again (it stayed mapped for the process's life, one reference per name tried).
+                NativeLibrary.Free(handle);
                 failure = $"'{name}' loaded but does not export '{export}'; it is not PMDK's libpmem.";
                 return false;
             }
@@ -55,6 +57,12 @@ internal static class PmemLibrary
             {
                 // Volatile.Write: release; pairs with BoundHandle's acquire read in the resolver.
                 Volatile.Write(ref s_boundHandle, handle);
+            }
+            else
+            {
+                // The first library loaded is the one used: this load's reference is given back (the same library loaded
+                // again only drops its count by one).
+                NativeLibrary.Free(handle);
             }
         }
 
