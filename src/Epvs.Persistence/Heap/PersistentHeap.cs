@@ -390,7 +390,8 @@ public sealed unsafe partial class PersistentHeap : IDisposable
     }
 
     /// <summary>
-    /// Frees a block: one store of the header's commit word (no write-back, no fence; see <see cref="WriteBackHeader(PayloadRef)"/>).
+    /// Frees a block: one store of the header's commit word, durable once <see cref="WriteBackHeader(PayloadRef)"/> and
+    /// <see cref="Fence"/> return (or once the heap makes it durable itself, below; a crash before that may undo the free).
     /// A small block is handed out again only once its free is durable: the thread holds it until its next
     /// <see cref="Fence"/> (which writes the held frees back first), or until it has held 64, or needs a block of the
     /// class (the heap then writes them back and fences itself).
