@@ -11,6 +11,14 @@ public sealed class OpenMaxSizeCapTests
 {
     private const int Segment = 64 * 1024;
 
+    /// <summary>Creates a raw heap of 1 MiB that may grow to <paramref name="maxSize"/>; returns its size in bytes.</summary>
+    private static long CreateOneMegabyteHeap(string path, long maxSize)
+    {
+        PersistentHeap.Create(path, new HeapFileOptions { Size = 1L << 20, MaxSize = maxSize, Domain = PersistenceDomainKind.MappedFile }).Dispose();
+        using HeapFile probe = HeapFile.Open(path, new HeapFileOptions { Domain = PersistenceDomainKind.MappedFile });
+        return probe.Size;
+    }
+
     /// <summary>MaxSize on open equal to the heap's size (or below one more segment): the error blames the domain
     /// ("cannot grow ... the libpmem domain never grows ...; open it with PersistenceDomainKind.MappedFile") although the
     /// heap is open with MappedFile and the open's own MaxSize is the reason.</summary>
@@ -21,12 +29,7 @@ public sealed class OpenMaxSizeCapTests
     {
         using var dir = new TempDirectory();
         string path = dir.File("capped.heap");
-        PersistentHeap.Create(path, new HeapFileOptions { Size = 1L << 20, MaxSize = 64L << 20, Domain = PersistenceDomainKind.MappedFile }).Dispose();
-        long size;
-        using (HeapFile probe = HeapFile.Open(path, new HeapFileOptions { Domain = PersistenceDomainKind.MappedFile }))
-        {
-            size = probe.Size;
-        }
+        long size = CreateOneMegabyteHeap(path, maxSize: 64L << 20);
 
         using PersistentHeap heap = PersistentHeap.Open(path, new HeapFileOptions { MaxSize = size + beyond, Domain = PersistenceDomainKind.MappedFile });
         InsufficientMemoryException? full = null;
@@ -49,12 +52,7 @@ public sealed class OpenMaxSizeCapTests
     {
         using var dir = new TempDirectory();
         string path = dir.File("capped-large.heap");
-        PersistentHeap.Create(path, new HeapFileOptions { Size = 1L << 20, MaxSize = 64L << 20, Domain = PersistenceDomainKind.MappedFile }).Dispose();
-        long size;
-        using (HeapFile probe = HeapFile.Open(path, new HeapFileOptions { Domain = PersistenceDomainKind.MappedFile }))
-        {
-            size = probe.Size;
-        }
+        long size = CreateOneMegabyteHeap(path, maxSize: 64L << 20);
 
         using PersistentHeap heap = PersistentHeap.Open(path, new HeapFileOptions { MaxSize = size + (2L * Segment), Domain = PersistenceDomainKind.MappedFile });
         InsufficientMemoryException full = Assert.Throws<InsufficientMemoryException>(() => heap.Allocate(4 << 20, 1));
@@ -70,12 +68,7 @@ public sealed class OpenMaxSizeCapTests
     {
         using var dir = new TempDirectory();
         string path = dir.File("capped-growth.heap");
-        PersistentHeap.Create(path, new HeapFileOptions { Size = 1L << 20, MaxSize = 256L << 20, Domain = PersistenceDomainKind.MappedFile }).Dispose();
-        long size;
-        using (HeapFile probe = HeapFile.Open(path, new HeapFileOptions { Domain = PersistenceDomainKind.MappedFile }))
-        {
-            size = probe.Size;
-        }
+        long size = CreateOneMegabyteHeap(path, maxSize: 256L << 20);
 
         // Room for 1.5 times the heap: doubling passes the cap.
         using PersistentHeap heap = PersistentHeap.Open(path, new HeapFileOptions { MaxSize = size + (size / 2), Domain = PersistenceDomainKind.MappedFile });

@@ -66,23 +66,8 @@ public sealed class AdvanceVersionAsyncTests
         if (waitsForAnotherMachine)
         {
             // Asynchronously: the call first waits for a transition held back by a protected thread.
-            using var entered = new ManualResetEventSlim();
-            using var release = new ManualResetEventSlim();
-            var holder = new Thread(() =>
-            {
-                scheme.Enter();
-                entered.Set();
-                release.Wait();
-                scheme.Leave();
-            });
-            holder.Start();
-            entered.Wait();
-            Task<bool> first = scheme.AdvanceVersionAsync((_, _) => { });
-            advance = scheme.AdvanceVersionAsync((_, _) => throw thrown, before.Version + 2);
-            Assert.False(advance.IsCompleted);
-            release.Set();
-            holder.Join();
-            Assert.True(await first.WaitAsync(Bound));
+            long target = before.Version + 2;
+            advance = await StartWhileAnotherMachineIsHeldBack(scheme, () => scheme.AdvanceVersionAsync((_, _) => throw thrown, target));
             before = scheme.CurrentState;
         }
         else
@@ -112,25 +97,15 @@ public sealed class AdvanceVersionAsyncTests
         if (whileWaiting)
         {
             // Cancelled while it waits for another machine, held back by a protected thread.
-            using var entered = new ManualResetEventSlim();
-            using var release = new ManualResetEventSlim();
-            var holder = new Thread(() =>
-            {
-                scheme.Enter();
-                entered.Set();
-                release.Wait();
-                scheme.Leave();
-            });
-            holder.Start();
-            entered.Wait();
-            Task<bool> first = scheme.AdvanceVersionAsync((_, _) => { });
-            advance = scheme.AdvanceVersionAsync((_, _) => { }, scheme.CurrentState.Version + 2, cts.Token);
-            Assert.False(advance.IsCompleted);
-            cts.Cancel();
-            await Record.ExceptionAsync(() => advance.WaitAsync(Bound));
-            release.Set();
-            holder.Join();
-            Assert.True(await first.WaitAsync(Bound));
+            long target = scheme.CurrentState.Version + 2;
+            advance = await StartWhileAnotherMachineIsHeldBack(
+                scheme,
+                () => scheme.AdvanceVersionAsync((_, _) => { }, target, cts.Token),
+                async waiting =>
+                {
+                    cts.Cancel();
+                    await Record.ExceptionAsync(() => waiting.WaitAsync(Bound));
+                });
         }
         else
         {
@@ -143,6 +118,38 @@ public sealed class AdvanceVersionAsyncTests
         var canceled = Assert.IsAssignableFrom<OperationCanceledException>(e);
         Assert.Equal(cts.Token, canceled.CancellationToken);
         Assert.IsType<OperationCanceledException>(e, exactMatch: true);
+    }
+
+    /// <summary>
+    /// Calls <paramref name="start"/> while another machine's transition is held back by a protected thread (so the call
+    /// waits for that machine), runs <paramref name="whileWaiting"/>, then lets the other machine complete. Returns the
+    /// call's task.
+    /// </summary>
+    private static async Task<Task<bool>> StartWhileAnotherMachineIsHeldBack(EpochProtectedVersionScheme scheme, Func<Task<bool>> start, Func<Task<bool>, Task>? whileWaiting = null)
+    {
+        using var entered = new ManualResetEventSlim();
+        using var release = new ManualResetEventSlim();
+        var holder = new Thread(() =>
+        {
+            scheme.Enter();
+            entered.Set();
+            release.Wait();
+            scheme.Leave();
+        });
+        holder.Start();
+        entered.Wait();
+        Task<bool> first = scheme.AdvanceVersionAsync((_, _) => { });
+        Task<bool> advance = start();
+        Assert.False(advance.IsCompleted);
+        if (whileWaiting is not null)
+        {
+            await whileWaiting(advance);
+        }
+
+        release.Set();
+        holder.Join();
+        Assert.True(await first.WaitAsync(Bound));
+        return advance;
     }
 
     [Fact]
