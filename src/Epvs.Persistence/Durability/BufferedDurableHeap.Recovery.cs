@@ -230,7 +230,7 @@ public sealed unsafe partial class BufferedDurableHeap
         // OutOfMemoryException and 100,000 read every candidate 100,000 times).
         int partitions = Math.Clamp(parallelism, 1, Environment.ProcessorCount);
         var results = new PartitionResult[partitions];
-        Parallel.For(0, partitions, new ParallelOptions { MaxDegreeOfParallelism = partitions }, p =>
+        InterruptShield.RunToItsEnd(() => Parallel.For(0, partitions, new ParallelOptions { MaxDegreeOfParallelism = partitions }, p =>
         {
             var winners = new Dictionary<long, int>();
             var result = new PartitionResult();
@@ -289,7 +289,7 @@ public sealed unsafe partial class BufferedDurableHeap
             }
 
             results[p] = result;
-        });
+        }), partitions);
 
         foreach (PartitionResult result in results)
         {
@@ -308,6 +308,10 @@ public sealed unsafe partial class BufferedDurableHeap
             bool unordered = (_faults & DurabilityFaults.FreeAntiPayloadsWithoutOrdering) != 0;
             FreeDurably(heap, results, first: !unordered, partitions);
             FreeDurably(heap, results, first: unordered, partitions);
+
+            // The frees went to the caches of the loop's threads, the first of them its own thread, which has ended (see
+            // InterruptShield.RunToItsEnd): their blocks join the pools now, not at the advancer's next cycle.
+            heap.ReleaseExitedThreadCaches();
         }
 
         long live = 0;
@@ -345,7 +349,7 @@ public sealed unsafe partial class BufferedDurableHeap
             return;
         }
 
-        Parallel.For(0, results.Length, new ParallelOptions { MaxDegreeOfParallelism = parallelism }, p =>
+        InterruptShield.RunToItsEnd(() => Parallel.For(0, results.Length, new ParallelOptions { MaxDegreeOfParallelism = parallelism }, p =>
         {
             List<long> offsets = first ? results[p].FreeFirst : results[p].FreeSecond;
             foreach (long offset in offsets)
@@ -362,7 +366,7 @@ public sealed unsafe partial class BufferedDurableHeap
             {
                 heap.Fence();
             }
-        });
+        }), parallelism);
 
         var freed = new List<long>();
         foreach (PartitionResult result in results)

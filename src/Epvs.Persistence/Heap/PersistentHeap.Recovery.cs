@@ -159,7 +159,7 @@ public sealed unsafe partial class PersistentHeap
         bool leaveTorn = (_faults & HeapFaults.LeaveTornHeaders) != 0;
         bool tornIsDamaged = options.TornIsDamaged;
         bool scrubEpochWords = listUnsealed && _marksEmptyEpochs;
-        Parallel.For(
+        InterruptShield.RunToItsEnd(() => Parallel.For(
             0,
             small.Count,
             new ParallelOptions { MaxDegreeOfParallelism = Math.Max(1, options.RecoveryParallelism) },
@@ -308,7 +308,7 @@ public sealed unsafe partial class PersistentHeap
                         _freeSegmentCount++;
                     }
                 }
-            });
+            }), Math.Max(1, options.RecoveryParallelism));
 
         damaged.Sort();
         RecoveryDamagedBlocks = damaged;
@@ -496,7 +496,7 @@ public sealed unsafe partial class PersistentHeap
             s++;
         }
 
-        Parallel.ForEach(work, new ParallelOptions { MaxDegreeOfParallelism = Math.Max(1, degreeOfParallelism) }, segment =>
+        InterruptShield.RunToItsEnd(() => Parallel.ForEach(work, new ParallelOptions { MaxDegreeOfParallelism = Math.Max(1, degreeOfParallelism) }, segment =>
         {
             // Each scanning thread inside a call of the file (nested on the caller's): a visitor's Dispose on a pool
             // thread is then refused as on the caller's (it used to wait 30 s for the caller's call, which waited for it).
@@ -521,7 +521,7 @@ public sealed unsafe partial class PersistentHeap
             {
                 _file.ExitOperation();
             }
-        });
+        }), Math.Max(1, degreeOfParallelism));
     }
 
     /// <summary>Whether the block is a complete allocation (a sealed one checked whole, header and payload).</summary>

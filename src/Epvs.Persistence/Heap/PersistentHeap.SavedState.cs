@@ -394,7 +394,7 @@ public sealed unsafe partial class PersistentHeap
         if (!trust)
         {
             int bad = 0;
-            Parallel.For(0, small.Count, new ParallelOptions { MaxDegreeOfParallelism = Math.Max(1, parallelism) }, (i, state) =>
+            InterruptShield.RunToItsEnd(() => Parallel.For(0, small.Count, new ParallelOptions { MaxDegreeOfParallelism = Math.Max(1, parallelism) }, (i, state) =>
             {
                 (long segment, long word) = small[i];
                 ulong descriptor = _table[segment];
@@ -416,7 +416,7 @@ public sealed unsafe partial class PersistentHeap
                         return;
                     }
                 }
-            });
+            }), Math.Max(1, parallelism));
 
             if (bad != 0)
             {

@@ -52,6 +52,59 @@ internal static class InterruptShield
         return default;
     }
 
+    /// <summary>Test-only: <see cref="RunToItsEnd"/> runs its loop on the calling thread, as before (the broken control).</summary>
+    internal static bool RunLoopsInlineForTesting { get; set; }
+
+    /// <summary>
+    /// Runs <paramref name="loop"/> (a <see cref="Parallel"/> loop over the heap's memory: recovery's scans and
+    /// rebuilds, an enumeration) on a thread of its own and waits for it to end, absorbing interrupts (the outermost
+    /// shield requests them again), then throws what the loop threw. On the calling thread, an interrupt broke the
+    /// loop's wait for its workers: the loop threw while they went on, and the open that called it failed and unmapped
+    /// the file under them, which crashed the process (an access violation).
+    /// </summary>
+    /// <param name="loop">The loop.</param>
+    /// <param name="degreeOfParallelism">The loop's: at 1 it runs on the calling thread, inside a shield (such a loop has
+    /// no workers to wait for, and its frees go to the caller's cache, as they always did).</param>
+    internal static void RunToItsEnd(Action loop, int degreeOfParallelism)
+    {
+        if (RunLoopsInlineForTesting)
+        {
+            loop();
+            return;
+        }
+
+        if (degreeOfParallelism <= 1)
+        {
+            using (Enter())
+            {
+                loop();
+            }
+
+            return;
+        }
+
+        System.Runtime.ExceptionServices.ExceptionDispatchInfo? failure = null;
+        var worker = new Thread(() =>
+        {
+            try
+            {
+                loop();
+            }
+            catch (Exception e)
+            {
+                failure = System.Runtime.ExceptionServices.ExceptionDispatchInfo.Capture(e);
+            }
+        })
+        { IsBackground = true, Name = "epvs-parallel-loop" };
+        worker.Start();
+        using (Enter())
+        {
+            Join(worker, Timeout.InfiniteTimeSpan);
+        }
+
+        failure?.Throw();
+    }
+
     /// <summary><see cref="Monitor.Enter(object)"/> that absorbs an interrupt inside a shield.</summary>
     internal static void Lock(object gate)
     {

@@ -124,7 +124,7 @@ internal static class StructureRecovery
 
         try
         {
-            Parallel.For(0, payloads.Count, new ParallelOptions { MaxDegreeOfParallelism = Math.Max(1, parallelism) }, i => add(payloads[i]));
+            InterruptShield.RunToItsEnd(() => Parallel.For(0, payloads.Count, new ParallelOptions { MaxDegreeOfParallelism = Math.Max(1, parallelism) }, i => add(payloads[i])), Math.Max(1, parallelism));
         }
         catch (AggregateException e)
         {

@@ -33,6 +33,7 @@ internal static class SafetyChild
                 "open-mmap-fails" => OpenMmapFails(path),
                 "create-directory-sync-fails" => CreateDirectorySyncFails(path),
                 "open-buffered" => OpenBuffered(path),
+                "open-interrupted" => OpenInterrupted(path, control),
                 "buffered-file-disposed-first" => BufferedFileDisposedFirst(path),
                 "domain-disposed-under-file" => DomainDisposedUnderFile(path),
                 "file-size-limit" => FileSizeLimit(path, control),
@@ -425,6 +426,101 @@ internal static class SafetyChild
             Console.WriteLine($"open under the limit failed: {e.Message}");
             return WrongOutcome;
         }
+    }
+
+    /// <summary>
+    /// A crash image of a heap with 200,000 map entries opened (a full scan, RecoveryParallelism 2) on a thread that
+    /// another thread interrupts again and again, for 4 s. The interrupt broke the opener's wait for recovery's parallel
+    /// workers: the open threw and unmapped the file while they still read it, and the process died (an access
+    /// violation). Whatever an open throws now, the process lives, and the file then opens with every entry. The control
+    /// runs the loops on the opener's thread again (<see cref="InterruptShield.RunLoopsInlineForTesting"/>).
+    /// </summary>
+    private static int OpenInterrupted(string path, bool control)
+    {
+        InterruptShield.RunLoopsInlineForTesting = control;
+        const int Entries = 200_000;
+        string image = path + ".image";
+        var fileOptions = new HeapFileOptions { Size = 32L << 20, MaxSize = 1L << 30, Domain = PersistenceDomainKind.MappedFile };
+        using (BufferedDurableHeap heap = BufferedDurableHeap.Create(path, fileOptions))
+        {
+            var map = new PersistentHashMap<long, long>(heap, typeId: 1);
+            var batch = new KeyValuePair<long, long>[Entries];
+            for (int i = 0; i < Entries; i++)
+            {
+                batch[i] = new(i, i);
+            }
+
+            map.SetMany(batch);
+            heap.Sync();
+
+            // The durable state without the clean-shutdown mark, as a crash leaves it (cp: File.Copy would take the lock
+            // the open heap holds).
+            using Process copy = Process.Start("cp", new[] { path, image })!;
+            copy.WaitForExit();
+        }
+
+        var random = new Random(42);
+        var clock = Stopwatch.StartNew();
+        int opens = 0, interrupted = 0;
+        while (clock.Elapsed < TimeSpan.FromSeconds(4))
+        {
+            File.Copy(image, path, overwrite: true);
+            Exception? failure = null;
+            BufferedDurableHeap? opened = null;
+            using var done = new ManualResetEventSlim();
+            var opener = new Thread(() =>
+            {
+                try
+                {
+                    opened = BufferedDurableHeap.Open(path, fileOptions, new BufferedDurableHeapOptions { RecoveryParallelism = 2 });
+                }
+                catch (Exception e)
+                {
+                    failure = e;
+                }
+                finally
+                {
+                    done.Set();
+                }
+            });
+            opener.Start();
+            long next = random.Next(0, 2_000_000);
+            var since = Stopwatch.StartNew();
+            while (!done.IsSet)
+            {
+                if (since.ElapsedTicks > next)
+                {
+                    opener.Interrupt();
+                    next += random.Next(1_000, 200_000);
+                }
+
+                Thread.SpinWait(50);
+            }
+
+            opener.Join();
+            opened?.Dispose();
+            opens++;
+            if (failure is ThreadInterruptedException)
+            {
+                interrupted++;
+            }
+            else if (failure is not null)
+            {
+                Console.WriteLine($"open threw {failure}");
+                return WrongOutcome;
+            }
+
+            using BufferedDurableHeap again = BufferedDurableHeap.Open(path, fileOptions);
+            long count = new PersistentHashMap<long, long>(again, typeId: 1).Count;
+            if (count != Entries)
+            {
+                Console.WriteLine($"reopened with {count} entries, not {Entries}");
+                return WrongOutcome;
+            }
+        }
+
+        Console.WriteLine($"survived {opens} interrupted opens ({interrupted} threw ThreadInterruptedException)");
+        return Survived;
     }
 
     /// <summary>The file size limit the parent runs <see cref="FileSizeLimit"/> under.</summary>
