@@ -169,20 +169,19 @@ public sealed unsafe partial class BufferedDurableHeap : IDisposable
         options?.Validate();
         RefuseOpeningInsideAnotherHeapsOperation(options);
         HeapFile file = HeapFile.Create(path, fileOptions);
+
+        // A heap that never held data is not left behind either: removed while its lock is held, by whichever Dispose of
+        // the file runs first on the way out (the heap's constructor disposes it when it fails).
+        file.RemoveIfDisposedForFailedCreate = true;
         try
         {
-            return Own(file, options);
+            BufferedDurableHeap heap = Own(file, options);
+            file.RemoveIfDisposedForFailedCreate = false;
+            return heap;
         }
         catch
         {
-            // A heap that never held data: do not leave it behind either.
-            string? created = file.Path;
             file.Dispose();
-            if (created is not null)
-            {
-                System.IO.File.Delete(created);
-            }
-
             throw;
         }
     }

@@ -223,9 +223,12 @@ public sealed unsafe partial class HeapFile : IDisposable
     }
 
     /// <summary>Whether the file has no name left (Linux, <c>statx</c>: a link count of 0); false where that cannot be told.</summary>
-    private bool HasLostItsName()
+    private bool HasLostItsName() => _lockedFile is not null && HasNoName(_lockedFile.SafeFileHandle);
+
+    /// <summary>Whether the open file <paramref name="handle"/> has no name left (Linux, <c>statx</c>: a link count of 0); false where that cannot be told.</summary>
+    private static bool HasNoName(Microsoft.Win32.SafeHandles.SafeFileHandle handle)
     {
-        if (!OperatingSystem.IsLinux() || _lockedFile is null)
+        if (!OperatingSystem.IsLinux())
         {
             return false;
         }
@@ -233,7 +236,7 @@ public sealed unsafe partial class HeapFile : IDisposable
         byte* result = stackalloc byte[Interop.Libc.StatxSize];
         try
         {
-            if (Interop.Libc.Statx((int)_lockedFile.SafeFileHandle.DangerousGetHandle(), string.Empty, Interop.Libc.AtEmptyPath, Interop.Libc.StatxNlink, result) != 0)
+            if (Interop.Libc.Statx((int)handle.DangerousGetHandle(), string.Empty, Interop.Libc.AtEmptyPath, Interop.Libc.StatxNlink, result) != 0)
             {
                 return false;
             }
@@ -347,6 +350,20 @@ public sealed unsafe partial class HeapFile : IDisposable
             ThrowHelper.ThrowHeapFile(HeapFileError.ReadOnly, $"Cannot create heap file '{fullPath}': the file system is read-only.", e);
             throw;
         }
+        catch (IOException e) when (e.HResult is Interop.Libc.Eexist or unchecked((int)0x80070050))
+        {
+            // Another creator's file (EEXIST; ERROR_FILE_EXISTS on Windows): never reformatted.
+            ThrowHelper.ThrowHeapFile(HeapFileError.AlreadyExists, $"Cannot create heap file '{fullPath}': the path already exists. An existing file is never reformatted; delete it or open it with HeapFile.Open.", e);
+            throw;
+        }
+        catch (IOException e) when (IsLockConflict(e) && File.Exists(fullPath))
+        {
+            // Created (O_EXCL), then an opener took the lock before ours (.NET locks in a second step): the empty file
+            // is ours, and left there it read as "not a heap file" to every later Create and Open.
+            File.Delete(fullPath);
+            ThrowHelper.ThrowHeapFile(HeapFileError.AlreadyOpen, $"Cannot create heap file '{fullPath}': another opener locked the new file before it was formatted (it was removed). Try again.", e);
+            throw;
+        }
         catch (IOException e) when (!File.Exists(fullPath) && e.HResult is not (Interop.Libc.Emfile or Interop.Libc.Enfile))
         {
             // (Out of file descriptors is the IOException itself, not a full disk.)
@@ -371,9 +388,11 @@ public sealed unsafe partial class HeapFile : IDisposable
         }
         catch
         {
+            // Removed while its lock is still held: an opener that takes the lock after us finds no file to open (released
+            // first, the path could be opened in between and then deleted under that opener).
             domain?.Dispose();
-            stream.Dispose();
             File.Delete(fullPath);
+            stream.Dispose();
             throw;
         }
     }
@@ -446,6 +465,14 @@ public sealed unsafe partial class HeapFile : IDisposable
         }
 
         FileStream stream = OpenLocked(fullPath);
+        if (stream.CanSeek && HasNoName(stream.SafeFileHandle))
+        {
+            // Opened by name, then locked: removed in between (a failed creation removes its file before it releases the
+            // lock). Locked, it would be a heap that nothing can reopen.
+            stream.Dispose();
+            throw new FileNotFoundException($"Heap file '{fullPath}' was removed while it was being opened (a creation that failed removes its file); create it with HeapFile.Create.", fullPath);
+        }
+
         if (!stream.CanSeek)
         {
             // A pipe, a socket or a character device: it cannot be mapped (its Length threw NotSupportedException).
@@ -814,7 +841,19 @@ public sealed unsafe partial class HeapFile : IDisposable
                 }
             }
 
+            bool removeAfterUnlock = HeapFileTestHooks.RemoveFailedCreateAfterUnlockForTesting;
+            if (_removeOnRelease && !removeAfterUnlock)
+            {
+                // While the lock is still held (see RemoveIfDisposedForFailedCreate).
+                RemoveFailedCreate();
+            }
+
             ReleaseLock(_lockedFile);
+            if (_removeOnRelease && removeAfterUnlock)
+            {
+                RemoveFailedCreate();
+            }
+
             if (drained)
             {
                 _operations.Dispose();
@@ -841,6 +880,36 @@ public sealed unsafe partial class HeapFile : IDisposable
         }
 
         locked.Dispose();
+    }
+
+    /// <summary>
+    /// Set by a heap's Create while it sets the new file up: if the file is disposed meanwhile (the heap failed to open),
+    /// its path is removed before its lock is released. Removed after the release, the path could be opened by another
+    /// opener in between and then deleted under it.
+    /// </summary>
+    internal bool RemoveIfDisposedForFailedCreate
+    {
+        get => _removeOnRelease;
+        set => _removeOnRelease = value;
+    }
+
+    private volatile bool _removeOnRelease;
+
+    private void RemoveFailedCreate()
+    {
+        if (Path is not { } path)
+        {
+            return;
+        }
+
+        try
+        {
+            File.Delete(path);
+        }
+        catch (Exception e) when (e is IOException or UnauthorizedAccessException)
+        {
+            // Left behind: it opens as an empty heap (a retry of Create then finds the path taken).
+        }
     }
 
     /// <summary>The descriptor that holds the file's lock (tests: a child process inherits a copy of it).</summary>

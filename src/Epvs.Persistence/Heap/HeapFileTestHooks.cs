@@ -32,6 +32,9 @@ internal static class HeapFileTestHooks
     /// <summary>When set, the process's file size limit (RLIMIT_FSIZE) is taken as unlimited (the control for the file-size-limit test: the old behaviour, SIGXFSZ).</summary>
     internal static bool IgnoreFileSizeLimit { get; set; }
 
+    /// <summary>The broken control of <see cref="HeapFile.RemoveIfDisposedForFailedCreate"/>: the path is removed after the lock is released (the old order: an opener could open it in between and lose it).</summary>
+    internal static bool RemoveFailedCreateAfterUnlockForTesting { get; set; }
+
     /// <summary>When set, <c>HeapFile.Create</c> creates the file in place, under its name, before formatting it (the control for the interrupted-creation test: the old behaviour).</summary>
     internal static bool CreateInPlace { get; set; }
 
