@@ -120,11 +120,15 @@ public sealed class OpenerRaceTests
                     catch (HeapFileException) { }
                 }
             });
-            var options = new BufferedDurableHeapOptions { AdvancePeriod = Timeout.InfiniteTimeSpan, StartingAdvancerForTesting = () =>
+            var options = new BufferedDurableHeapOptions
+            {
+                AdvancePeriod = Timeout.InfiniteTimeSpan,
+                StartingAdvancerForTesting = () =>
             {
                 if (!opener.IsAlive) opener.Start();
                 throw new OutOfMemoryException("no thread for the advancer (simulated)");
-            } };
+            }
+            };
             Assert.Throws<OutOfMemoryException>(() => BufferedDurableHeap.Create(path, Options, options));
             Volatile.Write(ref stop, 1);
             opener.Join();
