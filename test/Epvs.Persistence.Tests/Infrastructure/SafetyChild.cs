@@ -338,7 +338,10 @@ internal static class SafetyChild
     {
         var options = new HeapFileOptions { Size = 8L << 20, MaxSize = 8L << 20, MappedFileWriteBack = MappedFileWriteBack.PrivateMapping, Domain = PersistenceDomainKind.MappedFile };
         const int N = 800; // 800 values of 3000 bytes (4 KiB blocks, 3.2 MB), and as much again for their copies: past the lowered limit, within the heap
-        using (BufferedDurableHeap heap = BufferedDurableHeap.Create(path, options))
+
+        // No background advancer (nor stocker): after the Sync nothing writes back until the next Sync, so no write-back is
+        // under way while the limit is lowered.
+        using (BufferedDurableHeap heap = BufferedDurableHeap.Create(path, options, new BufferedDurableHeapOptions { AdvancePeriod = Timeout.InfiniteTimeSpan }))
         {
             var map = new PersistentByteMap<long>(heap, typeId: 1);
             byte[] value = new byte[3000];
@@ -350,6 +353,15 @@ internal static class SafetyChild
 
             heap.Sync();
             SetSoftLimit(1, 2L << 20);
+
+            // The heap reads the limit again at most once per tick of Environment.TickCount64 (a limit lowered while a
+            // write-back is under way, or within the tick, can still meet it: a documented residual). The writes below
+            // begin two ticks later, once any reading is fresh.
+            long lowered = Environment.TickCount64;
+            while (Environment.TickCount64 < lowered + 2)
+            {
+                Thread.SpinWait(100);
+            }
 
             // Each value again (copies, the old versions are durable): some land past 2 MiB.
             bool failed = false;
