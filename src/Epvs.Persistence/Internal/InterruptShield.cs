@@ -96,7 +96,21 @@ internal static class InterruptShield
             }
         })
         { IsBackground = true, Name = "epvs-parallel-loop" };
-        worker.Start();
+        try
+        {
+            worker.Start();
+        }
+        catch (OutOfMemoryException)
+        {
+            // No thread to be had (the process's thread limit, memory): on the calling thread, as before, rather than fail.
+            using (Enter())
+            {
+                loop();
+            }
+
+            return;
+        }
+
         using (Enter())
         {
             Join(worker, Timeout.InfiniteTimeSpan);
