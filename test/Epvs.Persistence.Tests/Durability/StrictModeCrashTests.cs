@@ -85,7 +85,7 @@ public sealed class StrictModeCrashTests
                 {
                     try
                     {
-                        domain.ArmCrash(from + 20 + arming.NextInt64(Math.Max(1, estimate * 7 / 10)), arming.Next());
+                        domain.ArmCrash(from + 20 + arming.NextInt64(Math.Max(1, estimate * 4 / 10)), arming.Next());
                     }
                     catch (ArgumentOutOfRangeException)
                     {
