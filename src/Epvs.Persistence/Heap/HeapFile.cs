@@ -842,14 +842,14 @@ public sealed unsafe partial class HeapFile : IDisposable
             }
 
             bool removeAfterUnlock = HeapFileTestHooks.RemoveFailedCreateAfterUnlockForTesting;
-            if (_removeOnRelease && !removeAfterUnlock)
+            if (RemoveIfDisposedForFailedCreate && !removeAfterUnlock)
             {
                 // While the lock is still held (see RemoveIfDisposedForFailedCreate).
                 RemoveFailedCreate();
             }
 
             ReleaseLock(_lockedFile);
-            if (_removeOnRelease && removeAfterUnlock)
+            if (RemoveIfDisposedForFailedCreate && removeAfterUnlock)
             {
                 RemoveFailedCreate();
             }
@@ -887,13 +887,7 @@ public sealed unsafe partial class HeapFile : IDisposable
     /// its path is removed before its lock is released. Removed after the release, the path could be opened by another
     /// opener in between and then deleted under it.
     /// </summary>
-    internal bool RemoveIfDisposedForFailedCreate
-    {
-        get => _removeOnRelease;
-        set => _removeOnRelease = value;
-    }
-
-    private volatile bool _removeOnRelease;
+    internal bool RemoveIfDisposedForFailedCreate { get; set; }
 
     private void RemoveFailedCreate()
     {

@@ -37,16 +37,6 @@ public sealed unsafe partial class PersistentHeap
             return "frees were still waiting for the sweep";
         }
 
-        // The frees threads hold until they are durable (a raw heap's: see Free): made durable before the saved state calls
-        // their blocks free, or a fast reopen could hand one out while the freed payload's header is still the file's.
-        using (InterruptShield.Hold(_cachesGate))
-        {
-            foreach (ThreadCache cache in Caches)
-            {
-                ReleaseHeldFrees(cache);
-            }
-        }
-
         long segments = _segmentCount;
         var wordIndex = new long[segments];
         long bitmapWords = 0;
@@ -114,14 +104,6 @@ public sealed unsafe partial class PersistentHeap
                     {
                         return "a cached free block is outside the small-block segments";
                     }
-                }
-            }
-
-            foreach (long offset in cache.Held)
-            {
-                if (!ClearFree(offset))
-                {
-                    return "a held free block is outside the small-block segments";
                 }
             }
         }
@@ -272,10 +254,6 @@ public sealed unsafe partial class PersistentHeap
         {
             foreach (ThreadCache cache in Caches)
             {
-                // The frees a thread holds until they are durable (a raw heap's: see Free) made durable first: a fast
-                // reopen hands out what the saved state calls free, and a crash after that reuse must not find the
-                // freed payload's header over the new bytes.
-                ReleaseHeldFrees(cache);
                 for (int cls = 0; cls < SizeClasses.Count; cls++)
                 {
                     if (cache.Counts[cls] != 0)

@@ -459,13 +459,7 @@ public sealed unsafe partial class PersistentHeap : IDisposable
         foreach (long offset in cache.Held)
         {
             (_, ulong descriptor) = Locate(new PayloadRef(offset));
-            int cls = (int)HeapLayout.DescriptorPayload(descriptor);
-            if (cache.Counts[cls] == CacheCapacity)
-            {
-                Spill(cache, cls);
-            }
-
-            cache.Blocks[cls][cache.Counts[cls]++] = offset;
+            HandOut(cache, (int)HeapLayout.DescriptorPayload(descriptor), offset);
         }
 
         cache.Held.Clear();
@@ -579,12 +573,18 @@ public sealed unsafe partial class PersistentHeap : IDisposable
         int cls = (int)HeapLayout.DescriptorPayload(descriptor);
         cache.LiveBlocks--;
         cache.LiveBytes -= SizeClasses.BlockSizes[cls];
+        HandOut(cache, cls, block.Offset);
+    }
+
+    /// <summary>Puts a free small block of class <paramref name="cls"/> into <paramref name="cache"/> (spilling a batch to the pool when full).</summary>
+    private void HandOut(ThreadCache cache, int cls, long offset)
+    {
         if (cache.Counts[cls] == CacheCapacity)
         {
             Spill(cache, cls);
         }
 
-        cache.Blocks[cls][cache.Counts[cls]++] = block.Offset;
+        cache.Blocks[cls][cache.Counts[cls]++] = offset;
     }
 
     /// <summary>

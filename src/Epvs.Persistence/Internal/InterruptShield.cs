@@ -75,11 +75,7 @@ internal static class InterruptShield
 
         if (degreeOfParallelism <= 1)
         {
-            using (Enter())
-            {
-                loop();
-            }
-
+            RunShielded(loop);
             return;
         }
 
@@ -103,11 +99,7 @@ internal static class InterruptShield
         catch (OutOfMemoryException)
         {
             // No thread to be had (the process's thread limit, memory): on the calling thread, as before, rather than fail.
-            using (Enter())
-            {
-                loop();
-            }
-
+            RunShielded(loop);
             return;
         }
 
@@ -117,6 +109,15 @@ internal static class InterruptShield
         }
 
         failure?.Throw();
+    }
+
+    /// <summary>Runs <paramref name="loop"/> on the calling thread inside a shield.</summary>
+    private static void RunShielded(Action loop)
+    {
+        using (Enter())
+        {
+            loop();
+        }
     }
 
     /// <summary><see cref="Monitor.Enter(object)"/> that absorbs an interrupt inside a shield.</summary>
