@@ -96,6 +96,11 @@ internal sealed class DrainList
     /// an earlier burst left it in a segment far larger than what waits (the old behaviour: every drain then walked it).</summary>
     internal static bool KeepFarInsertHintForTesting { get; set; }
 
+    /// <summary>Broken control for tests, set on the thread that runs the action: a faulted action's task completes before
+    /// its fault is reported (the old order: a caller that awaited the task and then disposed the epoch could have a
+    /// handler still running).</summary>
+    [ThreadStatic] internal static bool FaultTaskBeforeReportForTesting;
+
     /// <summary>Test-only: count the slots the scans visit in <see cref="SlotsScannedForTesting"/>.</summary>
     internal static bool CountScansForTesting { get; set; }
 
@@ -242,13 +247,19 @@ internal sealed class DrainList
                 }
                 catch (Exception ex)
                 {
-                    // Giving the task the exception allocates, so it may fail: then the task is canceled rather than left
-                    // incomplete (its awaiter would wait for ever), and the failure is reported like the action's fault.
+                    // Reported before the task completes: a caller that awaits the task and then disposes the epoch
+                    // never has a DeferredActionFailed handler still running after Dispose returned (it used to fault the
+                    // task first). Giving the task the exception allocates, so it may fail: then the task is canceled
+                    // rather than left incomplete (its awaiter would wait for ever), and the failure is reported too.
                     // Never throws: the actions after this one would stay pending (on a closed epoch, for good, when this
                     // is Dispose's final run).
-                    if (completion is not null && TaskFaulting.Fault(completion, ex) is { } completing)
-                        onFault(completing);
+                    bool faultFirst = FaultTaskBeforeReportForTesting;
+                    Exception? completing = faultFirst && completion is not null ? TaskFaulting.Fault(completion, ex) : null;
                     onFault(ex);
+                    if (!faultFirst && completion is not null)
+                        completing = TaskFaulting.Fault(completion, ex);
+                    if (completing is not null)
+                        onFault(completing);
                 }
             }
         }

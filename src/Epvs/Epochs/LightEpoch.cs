@@ -125,7 +125,8 @@ public sealed unsafe partial class LightEpoch : IDisposable
 
     /// <summary>
     /// Raised when a deferred action throws. The action's slot is released and the epoch stays usable; the
-    /// handler runs on the thread that ran the action and must not throw (exceptions from handlers are ignored).
+    /// handler runs on the thread that ran the action and must not throw (exceptions from handlers are ignored). For an
+    /// action of <see cref="BumpCurrentEpochAsync(Action)"/>, the task completes after the handlers have returned.
     /// </summary>
     public event EventHandler<DeferredActionFailedEventArgs>? DeferredActionFailed;
 
@@ -520,9 +521,11 @@ public sealed unsafe partial class LightEpoch : IDisposable
     /// Like <see cref="BumpCurrentEpoch(Action)"/>, returning a task that completes when the action has run,
     /// or faults with the action's exception.
     /// </summary>
-    /// <remarks>Giving the task the action's exception allocates. Should that fail for lack of memory, the task is canceled
-    /// instead, never left incomplete, and the failure is reported through <see cref="DeferredActionFailed"/> along with
-    /// the action's exception.</remarks>
+    /// <remarks>A faulted action's task completes after the <see cref="DeferredActionFailed"/> handlers for its exception have
+    /// returned, so a caller that awaits the task and then disposes the epoch never has such a handler still running (a
+    /// handler must therefore not wait for that task). Giving the task the action's exception allocates. Should that fail
+    /// for lack of memory, the task is canceled instead, never left incomplete, and the failure is reported through
+    /// <see cref="DeferredActionFailed"/> after the action's exception, once the task completed.</remarks>
     /// <param name="onDrain">The action to run once the old epoch is safe.</param>
     /// <exception cref="ArgumentNullException"><paramref name="onDrain"/> is null.</exception>
     /// <exception cref="ObjectDisposedException">The epoch has been disposed.</exception>

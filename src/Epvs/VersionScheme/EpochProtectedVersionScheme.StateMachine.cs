@@ -39,9 +39,12 @@ public sealed partial class EpochProtectedVersionScheme
     /// may be inside a protected region (then a blocking start from the handler throws); exceptions from handlers are
     /// ignored. A handler that starts a machine which faults at once is raised again inside its own call; past 16 such
     /// raises on a thread, the event for a further fault is raised once the outermost handler has returned (so, from
-    /// there on, not always in the order of the faults). Should giving the machine's <see cref="VersionSchemeStateMachine.Completion"/> task that exception fail
-    /// (out of memory: the task is canceled instead, and <see cref="VersionSchemeStateMachine.Fault"/> keeps the
-    /// exception), it is raised first with that failure, then with the callback's exception.
+    /// there on, not always in the order of the faults). The machine's <see cref="VersionSchemeStateMachine.Completion"/>
+    /// completes once the handlers have returned (so a handler must not wait for it, and sees the machine's
+    /// <see cref="VersionSchemeStateMachine.IsCompleted"/> still false): a caller that awaits it and then disposes the
+    /// scheme never has a handler still running. Should giving that task the exception fail (out of memory: the task is
+    /// canceled instead, and <see cref="VersionSchemeStateMachine.Fault"/> keeps the exception), the event is raised again
+    /// with that failure, after the task completed.
     /// </summary>
     public event EventHandler<StateMachineFaultedEventArgs>? StateMachineFaulted;
 
@@ -755,47 +758,58 @@ public sealed partial class EpochProtectedVersionScheme
             TryStepStateMachine(mustNotLose: true);
     }
 
-    /// <summary>Retires <paramref name="machine"/>; for a fault, returns what to raise <see cref="StateMachineFaulted"/>
-    /// with once the step is released (<see cref="RaiseFaulted"/>), so that a handler may start and wait for another
-    /// transition.</summary>
+    /// <summary>Retires <paramref name="machine"/>; for a fault with a <see cref="StateMachineFaulted"/> handler, returns
+    /// what to raise it with once the step is released (<see cref="RaiseFaulted"/>), so that a handler may start and wait
+    /// for another transition. Such a machine's <see cref="VersionSchemeStateMachine.Completion"/> completes only after the
+    /// handlers have returned (<see cref="RaiseFaultedNow(FaultNotice)"/>): a caller that awaits it and then disposes the
+    /// scheme never has a handler still running after Dispose returned.</summary>
     private FaultNotice? FinishMachine(VersionSchemeStateMachine machine, Exception? fault)
     {
         Interlocked.CompareExchange(ref currentMachine, null, machine);
-        // Not null only for a fault whose task could not be given it (out of memory): the task is canceled then, and
-        // the failure is reported with the fault, as a drain reports a faulted action's (DrainList.RunEligible).
-        Exception? notGiven = machine.Complete(fault);
-        FinishMachineHookForTesting?.Invoke();
-        if (fault is null)
-            return null;
+        FaultNotice? notice = null;
+        try
+        {
+            FinishMachineHookForTesting?.Invoke();
+            if (fault is not null)
+            {
+                EpochDiagnostics.RecordTransitionFault();
+                if (StateMachineFaulted is not null)
+                    notice = new FaultNotice(new StateMachineFaultedEventArgs(machine, fault, CurrentState));
+            }
+        }
+        catch
+        {
+            // Out of memory making the event data: completed without its event; the failure escapes (see
+            // RetireThenReleaseStep), and is reported as a drain reports a faulted action's.
+            _ = machine.Complete(fault);
+            throw;
+        }
 
-        EpochDiagnostics.RecordTransitionFault();
-        if (StateMachineFaulted is null)
-            return null;
-        VersionSchemeState state = CurrentState;
-        var notice = new FaultNotice(
-            notGiven is null ? null : new StateMachineFaultedEventArgs(machine, notGiven, state),
-            new StateMachineFaultedEventArgs(machine, fault, state));
-        if (RaiseFaultedInsideStepForTesting)
+        if (notice is null || CompleteBeforeFaultedForTesting)
+        {
+            // Not null only for a fault whose task could not be given it (out of memory): the task is canceled then, and
+            // the failure is raised after the fault, as a drain reports a faulted action's (DrainList.RunEligible).
+            Exception? notGiven = machine.Complete(fault);
+            if (notGiven is not null && notice is not null)
+                notice.TaskNotFaulted = notGiven;
+        }
+        if (notice is not null && RaiseFaultedInsideStepForTesting)
             RaiseFaultedNow(notice);
         return notice;
     }
 
-    /// <summary>What to raise <see cref="StateMachineFaulted"/> with for a retired machine: the failure to give its task
-    /// the fault, if any, then the fault.</summary>
+    /// <summary>What to raise <see cref="StateMachineFaulted"/> with for a retired machine, which completes its machine
+    /// once raised.</summary>
     private sealed class FaultNotice
     {
-        public FaultNotice(StateMachineFaultedEventArgs? taskNotFaulted, StateMachineFaultedEventArgs fault)
-        {
-            TaskNotFaulted = taskNotFaulted;
-            Fault = fault;
-        }
-
-        /// <summary>The exception that kept the machine's <see cref="VersionSchemeStateMachine.Completion"/> from
-        /// faulting (it is canceled instead), or null.</summary>
-        public StateMachineFaultedEventArgs? TaskNotFaulted { get; }
+        public FaultNotice(StateMachineFaultedEventArgs fault) => Fault = fault;
 
         /// <summary>The machine's fault.</summary>
         public StateMachineFaultedEventArgs Fault { get; }
+
+        /// <summary>The exception that kept the machine's <see cref="VersionSchemeStateMachine.Completion"/> from
+        /// faulting (it is canceled instead), or null.</summary>
+        public Exception? TaskNotFaulted { get; set; }
     }
 
     /// <summary>Retired a faulted machine while owning its step: releases the step, then raises the event (even if the
@@ -861,11 +875,34 @@ public sealed partial class EpochProtectedVersionScheme
     /// <summary>The notices this thread's raises past <see cref="MaxFaultedNesting"/> left to its outermost raise, in the order they were left.</summary>
     [ThreadStatic] private static Queue<(EpochProtectedVersionScheme Scheme, FaultNotice Notice)>? t_faultedLeft;
 
+    /// <summary>Raises the fault, then completes the machine (never throws past the raise: the machine is completed even
+    /// if the raise fails), then raises the failure to give its task the fault, if any.</summary>
     private void RaiseFaultedNow(FaultNotice notice)
     {
-        if (notice.TaskNotFaulted is { } taskNotFaulted)
-            RaiseFaultedNow(taskNotFaulted);
-        RaiseFaultedNow(notice.Fault);
+        StateMachineFaultedEventArgs fault = notice.Fault;
+        try
+        {
+            RaiseFaultedNow(fault);
+        }
+        finally
+        {
+            // A second Complete (the control's, which completed first) changes nothing and returns null.
+            notice.TaskNotFaulted ??= fault.StateMachine.Complete(fault.Exception);
+        }
+        if (notice.TaskNotFaulted is { } notGiven)
+        {
+            StateMachineFaultedEventArgs? args = null;
+            try
+            {
+                args = new StateMachineFaultedEventArgs(fault.StateMachine, notGiven, fault.State);
+            }
+            catch (OutOfMemoryException)
+            {
+                // Out of memory again: the task is canceled and Fault keeps the exception; only this report is lost.
+            }
+            if (args is not null)
+                RaiseFaultedNow(args);
+        }
     }
 
     private void RaiseFaultedNow(StateMachineFaultedEventArgs notice)

@@ -74,10 +74,15 @@ public sealed partial class EpochProtectedVersionScheme
     /// failure there.</summary>
     internal static System.Action? EnterCallbackHookForTesting;
 
-    /// <summary>Test hook: runs on the thread retiring a machine, after it completed it and before the fault's event data
-    /// is allocated (completing the machine's task allocates too); a hook that throws stands for an allocation failure
+    /// <summary>Test hook: runs on the thread retiring a machine, before the fault's event data is allocated and the machine
+    /// completed (completing the machine's task allocates too); a hook that throws stands for an allocation failure
     /// there.</summary>
     internal static System.Action? FinishMachineHookForTesting;
+
+    /// <summary>Broken control for tests: a faulted machine's <see cref="VersionSchemeStateMachine.Completion"/> completes
+    /// before its <see cref="StateMachineFaulted"/> handlers run (the old order: a caller that awaited it and then disposed
+    /// the scheme could have a handler still running).</summary>
+    internal bool CompleteBeforeFaultedForTesting { get; set; }
 
     /// <summary>
     /// Test-only: the end of a step's ownership reads whether a machine is active before it clears the ownership (the

@@ -45,11 +45,11 @@ public class MachineCompletionFaultTests
         Assert.True(((IAsyncResult)advance).AsyncWaitHandle.WaitOne(GuardedThread.DefaultTimeout),
             "AdvanceVersionAsync never completed: the faulted machine's task was left incomplete");
         Assert.True(advance.IsCanceled, $"the task is {advance.Status}");
-        // Both are reported, as a drain reports a faulted action's task it could not fault: first the failure to give the
-        // task the fault (it used to be dropped), then the fault; and the version is unchanged.
+        // Both are reported, as a drain reports a faulted action's task it could not fault: first the fault (before the
+        // machine completes), then the failure to give the task the fault (it used to be dropped); the version is unchanged.
         Assert.Collection(reported,
-            e => Assert.IsType<OutOfMemoryException>(e),
-            e => Assert.IsType<InvalidOperationException>(e));
+            e => Assert.IsType<InvalidOperationException>(e),
+            e => Assert.IsType<OutOfMemoryException>(e));
         Assert.Equal(VersionSchemeState.Make(VersionSchemeState.Rest, 1), scheme.CurrentState);
         Assert.True(scheme.AdvanceVersionWithCriticalSection((_, _) => { }, spin: true)); // and the scheme moves on
     }
