@@ -84,7 +84,7 @@ internal static class DomainDescription
         [
             $"reopened {how}, {report.Duration.TotalMilliseconds:0.0} ms on {report.Parallelism} thread(s)",
             $"at the crash the epoch clock stood at version {report.PersistedClock} and the durable frontier at {report.PersistedFrontier}: recovery kept every payload of version {report.RecoveredVersion} or older",
-            $"blocks: {report.ScannedPayloads:N0} found, {report.Live:N0} live; freed {report.DroppedBeyondFrontier:N0} newer than the cut, {report.Superseded:N0} older copies, {report.Cancelled:N0} deleted",
+            $"blocks: {report.ScannedPayloads:N0} found, {report.Live:N0} live; freed {report.DroppedBeyondFrontier:N0} newer than the cut, {report.Superseded:N0} older or deleted copies, {report.Cancelled:N0} deletions",
         ];
     }
 }

@@ -48,7 +48,8 @@ public sealed unsafe class SimulatedPersistenceDomain : PersistenceDomain
 
     /// <summary>Creates a zero-filled domain of <paramref name="length"/> bytes that can grow to <paramref name="capacity"/>.</summary>
     /// <param name="length">Initial length; a positive multiple of <see cref="LineSize"/>.</param>
-    /// <param name="capacity">Maximum length for <see cref="PersistenceDomain.TryGrow(long)"/>; 0 means <paramref name="length"/>.</param>
+    /// <param name="capacity">Maximum length for <see cref="PersistenceDomain.TryGrow(long)"/>; 0 means <paramref name="length"/>.
+    /// A growth to a length that is not a multiple of <see cref="LineSize"/> returns false.</param>
     /// <exception cref="ArgumentOutOfRangeException">A size is not a positive multiple of <see cref="LineSize"/>, or capacity is below length.</exception>
     public SimulatedPersistenceDomain(long length, long capacity = 0)
         : this(Allocate(length, ref capacity), length, capacity)

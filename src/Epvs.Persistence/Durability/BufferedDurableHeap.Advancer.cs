@@ -149,14 +149,16 @@ public sealed unsafe partial class BufferedDurableHeap
         ThrowIfDisposed();
         ThrowIfProtected(nameof(SyncAsync));
         RefuseWaitInsideAnotherHeapsOperation(nameof(SyncAsync));
+
+        // Refused on a transient heap whatever the token (a canceled one used to give a canceled task there).
+        long target = SyncTarget();
         if (cancellationToken.IsCancellationRequested)
         {
             // Canceled whatever the state (it used to complete when nothing was pending and a background advancer ran).
             return Task.FromCanceled(cancellationToken);
         }
 
-        long target = SyncTarget();
-        if (DurableFrontier >= target)
+        if (Frontier >= target)
         {
             return Task.CompletedTask;
         }
@@ -164,7 +166,7 @@ public sealed unsafe partial class BufferedDurableHeap
         var completion = new TaskCompletionSource(TaskCreationOptions.RunContinuationsAsynchronously);
         using (InterruptShield.Hold(_waitersGate))
         {
-            if (DurableFrontier >= target)
+            if (Frontier >= target)
             {
                 return Task.CompletedTask;
             }
@@ -232,7 +234,7 @@ public sealed unsafe partial class BufferedDurableHeap
     /// set to <see cref="Timeout.InfiniteTimeSpan"/>).
     /// </summary>
     /// <param name="timeout">How long to wait for operations of v to end (up to int.MaxValue milliseconds, or <see cref="Timeout.InfiniteTimeSpan"/>).</param>
-    /// <returns>The new durable frontier.</returns>
+    /// <returns>The new durable frontier (<see cref="DurableFrontier"/>: 0 on a <see cref="DurabilityMode.Transient"/> heap).</returns>
     /// <exception cref="ArgumentOutOfRangeException"><paramref name="timeout"/> is negative (other than <see cref="Timeout.InfiniteTimeSpan"/>) or longer than int.MaxValue milliseconds.</exception>
     /// <exception cref="InvalidOperationException">The calling thread is inside an operation of this heap or of another
     /// buffered heap, or runs a deferred action of this heap's epoch (see <see cref="Sync()"/>).</exception>
@@ -331,7 +333,7 @@ public sealed unsafe partial class BufferedDurableHeap
 
     [DoesNotReturn]
     private void ThrowForeignTransition(long fromSchemeVersion) =>
-        ThrowHelper.ThrowInvalidOperation($"The heap's version scheme was advanced from version {_versionBase + _schemeVersion} to {_versionBase + fromSchemeVersion} by a state machine the heap did not run (BufferedDurableHeap.VersionScheme is for diagnostics: do not run state machines on it). The operations of the versions it ended were never written back, so nothing more can become durable in this heap: dispose it and reopen the file (recovery keeps every version up to DurableFrontier, {DurableFrontier}).");
+        ThrowHelper.ThrowInvalidOperation($"The heap's version scheme was advanced from version {_versionBase + _schemeVersion} to {_versionBase + fromSchemeVersion} by a state machine the heap did not run (BufferedDurableHeap.VersionScheme is for diagnostics: do not run state machines on it). The operations of the versions it ended were never written back, so nothing more can become durable in this heap: dispose it and reopen the file (recovery keeps every version up to Frontier, {Frontier}).");
 
     /// <summary>
     /// At the start of the cycle that writes back <paramref name="completed"/>, after its cut: no thread may still be
@@ -355,7 +357,7 @@ public sealed unsafe partial class BufferedDurableHeap
             long open = Volatile.Read(ref buffers.OpenVersion);
             if (open <= completed)
             {
-                ThrowHelper.ThrowInvalidOperation($"Thread {buffers.ManagedThreadId} is still inside an operation of version {open}, whose cut has passed: its protected region ended inside the operation (Refresh or Leave called on BufferedDurableHeap.VersionScheme, which is for diagnostics only), so what it writes from then on could never be made durable. Nothing more becomes durable in this heap: dispose it and reopen the file (recovery keeps every version up to DurableFrontier, {DurableFrontier}).");
+                ThrowHelper.ThrowInvalidOperation($"Thread {buffers.ManagedThreadId} is still inside an operation of version {open}, whose cut has passed: its protected region ended inside the operation (Refresh or Leave called on BufferedDurableHeap.VersionScheme, which is for diagnostics only), so what it writes from then on could never be made durable. Nothing more becomes durable in this heap: dispose it and reopen the file (recovery keeps every version up to Frontier, {Frontier}).");
             }
         }
     }
@@ -521,7 +523,7 @@ public sealed unsafe partial class BufferedDurableHeap
         }
 
         long deadline = Deadline(timeout);
-        while (DurableFrontier < target)
+        while (Frontier < target)
         {
             // (Failed for a thread that exited inside an operation: the cycle may still write back a version whose cut came.)
             if (_advancerFault is { } fault && !FailedForAnExitedThread)
@@ -566,9 +568,9 @@ public sealed unsafe partial class BufferedDurableHeap
             }
         }
 
-        if (DurableFrontier < target)
+        if (Frontier < target)
         {
-            throw new ObjectDisposedException(nameof(BufferedDurableHeap), $"The heap was disposed before version {target} became durable (the durable frontier is {DurableFrontier}): Dispose's last advance could not make it durable, and its exception says why.");
+            throw new ObjectDisposedException(nameof(BufferedDurableHeap), $"The heap was disposed before version {target} became durable (the durable frontier is {Frontier}): Dispose's last advance could not make it durable, and its exception says why.");
         }
     }
 
@@ -588,7 +590,7 @@ public sealed unsafe partial class BufferedDurableHeap
                 ThrowHelper.ThrowObjectDisposed(this);
             }
 
-            if (DurableFrontier >= target)
+            if (Frontier >= target)
             {
                 return;
             }
@@ -597,7 +599,7 @@ public sealed unsafe partial class BufferedDurableHeap
             {
                 // A thread exited inside an operation: a transition whose cut came before it is still written back (every
                 // operation of that version ended; the exited one is in a later version), so the frontier covers it.
-                if (FailedForAnExitedThread && FinishACutThatCame() && DurableFrontier >= target)
+                if (FailedForAnExitedThread && FinishACutThatCame() && Frontier >= target)
                 {
                     return;
                 }
@@ -777,7 +779,7 @@ public sealed unsafe partial class BufferedDurableHeap
             PersistFrontier(completed);
         }
 
-        // Volatile.Write: release; pairs with the acquire in DurableFrontier (Sync's loop, SyncAsync).
+        // Volatile.Write: release; pairs with the acquire in Frontier (Sync's loop, SyncAsync).
         Volatile.Write(ref _frontier, completed);
         CompleteWaiters(completed);
         long durableAt = Stopwatch.GetTimestamp();
@@ -1277,7 +1279,7 @@ public sealed unsafe partial class BufferedDurableHeap
         IReadOnlyList<EpochSlotInfo> blocking = _scheme.GetThreadsBlockingTransition();
         string who = blocking.Count == 0 ? "no thread is inside an operation now (it may just have left)" : "still inside an operation: " + string.Join("; ", blocking.Select(b => b.ToString()));
         throw new TimeoutException(
-            $"Waited {timeout} {what} (durable frontier {DurableFrontier}, current version {CurrentVersion}); " +
+            $"Waited {timeout} {what} (durable frontier {Frontier}, current version {CurrentVersion}); " +
             $"the version transition waits for every operation of the old version to end, and {who}. " +
             "A thread that stays inside an operation blocks durability: end its operation, or wait longer.");
     }

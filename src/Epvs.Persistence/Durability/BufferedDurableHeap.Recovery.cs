@@ -124,8 +124,10 @@ public sealed unsafe partial class BufferedDurableHeap
             heap.ReleaseRecoveryLists();
             report.SalvagedThrough = file.SalvagedThrough;
 
-            // Interlocked.Read: the scanning threads have been joined; an atomic read of their shared counter.
-            if (heap.OpenedFromSavedState && Interlocked.Read(ref dropped) == 0 && !HasAntiPayloads(candidates.Values))
+            // Interlocked.Read: the scanning threads have been joined; an atomic read of their shared counter. Set before
+            // Resolve, which counts the dropped blocks among the scanned ones (it read 0 here: ScannedPayloads left them out).
+            report.DroppedBeyondFrontier = Interlocked.Read(ref dropped);
+            if (heap.OpenedFromSavedState && report.DroppedBeyondFrontier == 0 && !HasAntiPayloads(candidates.Values))
             {
                 // Saved only after every replaced payload and anti-payload was reclaimed: each block is the one live
                 // payload of its uid, so there is nothing to resolve and nothing to free.
@@ -136,7 +138,6 @@ public sealed unsafe partial class BufferedDurableHeap
                 Resolve(heap, candidates.Values, options.RecoveryParallelism, report);
             }
 
-            report.DroppedBeyondFrontier = dropped;
 
             // New versions start above every tag that could be durable anywhere, and the frontier moves up to the
             // version before: nothing tagged between the cut and it survived (all of it was freed durably above).

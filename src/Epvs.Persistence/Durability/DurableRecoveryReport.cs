@@ -32,16 +32,18 @@ public sealed class DurableRecoveryReport
     /// <summary>The cut recovery used: every payload tagged at or below it was kept (max of the frontier and clock − 2).</summary>
     public long RecoveredVersion { get; internal set; }
 
-    /// <summary>Valid blocks the scan found.</summary>
+    /// <summary>Valid blocks the scan found: payloads and anti-payloads, including those <see cref="DroppedBeyondFrontier"/>.</summary>
     public long ScannedPayloads { get; internal set; }
 
     /// <summary>Blocks freed because their tag was beyond the recovered version (or 0: written without epochs).</summary>
     public long DroppedBeyondFrontier { get; internal set; }
 
-    /// <summary>Older copies freed because a newer copy of the same uid survived.</summary>
+    /// <summary>Blocks freed because a newer block of the same uid won: older copies of a payload, and the payloads (and any
+    /// older anti-payloads) of a uid whose newest block is an anti-payload.</summary>
     public long Superseded { get; internal set; }
 
-    /// <summary>Payloads and anti-payloads freed because a mature anti-payload deleted their uid.</summary>
+    /// <summary>Anti-payloads that won, each freed with the uid it deleted: one per deleted uid (the payloads it deleted
+    /// count in <see cref="Superseded"/>).</summary>
     public long Cancelled { get; internal set; }
 
     /// <summary>

@@ -107,8 +107,8 @@ public sealed unsafe partial class HeapFile : IDisposable
     /// The persisted epoch clock (buffered durability, part 2): an upper bound on the versions a
     /// <see cref="BufferedDurableHeap"/> has begun on this file — at least the version of its last transition; each cycle
     /// persists frontier v with clock v + 2, the version the next transition moves to, so it is two above
-    /// <see cref="DurableFrontier"/> (three, when a crash left the clock word of that pair durable and not the frontier
-    /// word). Read-only outside the library.
+    /// <see cref="DurableFrontier"/> after a cycle (one above after an open, until the heap's first cycle; three, when a
+    /// crash left the clock word of that pair durable and not the frontier word). Read-only outside the library.
     /// </summary>
     /// <remarks>
     /// Only the buffered heap's advancer and its recovery write it (internal setter: stores and persists the word,
@@ -1010,12 +1010,13 @@ public sealed unsafe partial class HeapFile : IDisposable
     /// Records which kind of heap owns the file (the first opener claims it) or fails if another kind does: a file of a
     /// raw <see cref="PersistentHeap"/> opened as a <see cref="BufferedDurableHeap"/> would otherwise lose every block.
     /// </summary>
-    internal void ClaimKind(long kind)
+    /// <returns>Whether this call claimed it (the file's first open).</returns>
+    internal bool ClaimKind(long kind)
     {
         long owner = SealedValue(HeapLayout.HeapKindOffset);
         if (owner == kind)
         {
-            return;
+            return false;
         }
 
         if (owner != HeapLayout.KindUnclaimed)
@@ -1024,6 +1025,7 @@ public sealed unsafe partial class HeapFile : IDisposable
         }
 
         StoreAndPersist(HeapLayout.HeapKindOffset, HeapLayout.Seal(kind, HeapLayout.HeapKindOffset));
+        return true;
     }
 
     private long SealedValue(int offset)

@@ -9,14 +9,15 @@ public sealed class HeapFileOptions
     /// <summary>
     /// The largest size the heap may grow to, in bytes; fixes the segment table's capacity at creation. 0 (default)
     /// means <see cref="Size"/> × 16 for a file (capped at what the table can address), and the domain's capacity for a
-    /// caller-supplied domain. At most 2^24 segments of 64 KiB (about 1 TiB): a larger value is refused
+    /// caller-supplied domain. At most 2^24 segments of 64 KiB (about 1 TiB): a larger value is refused by create
     /// with <see cref="System.ArgumentOutOfRangeException"/>, never clamped.
     /// </summary>
     /// <remarks>
     /// <para>On open, 0 lets the heap grow to the maximum recorded at creation, and the mapping reserves address space
     /// for all of it; a smaller value caps this open's growth (never below the heap's current size) and its reservation,
     /// for a process under an address-space limit (<c>RLIMIT_AS</c>). The recorded maximum is unchanged: a later open
-    /// may grow further. A negative value is refused.</para>
+    /// may grow further. A value at or above the recorded maximum (however large) sets no cap; a negative value is
+    /// refused.</para>
     /// <para>
     /// The libpmem domain (<see cref="PersistenceDomainKind.Pmem"/>, or <see cref="PersistenceDomainKind.Auto"/> when it
     /// picks libpmem) never grows the file: its heap stays at <see cref="Size"/>, whatever the maximum size, so size a

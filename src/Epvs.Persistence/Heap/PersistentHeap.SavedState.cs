@@ -18,8 +18,12 @@ public sealed unsafe partial class PersistentHeap
     /// </summary>
     public bool OpenedFromSavedState { get; private set; }
 
-    /// <summary>Why the saved state was not used, when one was expected (a clean shutdown) but rejected; null otherwise.</summary>
+    /// <summary>Why the saved state was not used, when one was expected (a clean shutdown of a buffered heap) but rejected;
+    /// null otherwise.</summary>
     public string? SavedStateRejection { get; private set; }
+
+    /// <summary>Whether this open claimed the file for its heap kind: the file's first open, after which no shutdown saved state.</summary>
+    private readonly bool _firstOpen;
 
     private static int WordsPerSegment(int cls) => (SizeClasses.BlocksPerSegment[cls] + 63) / 64;
 
@@ -279,7 +283,9 @@ public sealed unsafe partial class PersistentHeap
         ulong check = _file.Word(HeapLayout.SavedStateCheckOffset);
         if (offset == 0)
         {
-            SavedStateRejection = _file.WasCleanShutdown ? "the last shutdown saved no state" : null;
+            // Expected only after a clean shutdown of a buffered heap: not at the first open of a new file (it used to
+            // say "saved no state" there), nor for a raw heap, which never saves one.
+            SavedStateRejection = _file.WasCleanShutdown && !_firstOpen && _ownerKind == HeapLayout.KindBufferedDurable ? "the last shutdown saved no state" : null;
             return null;
         }
 

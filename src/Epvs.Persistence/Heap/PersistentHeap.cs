@@ -112,7 +112,7 @@ public sealed unsafe partial class PersistentHeap : IDisposable
         try
         {
             // Before recovery writes anything: a file of the other heap kind is refused, a new one is claimed.
-            file.ClaimKind(options.OwnerKind);
+            _firstOpen = file.ClaimKind(options.OwnerKind);
             RecoveryStatistics = Recover(options);
 
             // A buffered heap's recovery frees superseded and cancelled payloads after this constructor: it designates

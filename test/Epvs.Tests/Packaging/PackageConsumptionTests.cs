@@ -68,6 +68,18 @@ public class PackageConsumptionTests
                 Assert.Equal("README.md", (string?)metadata.Element(ns + "readme"));
                 Assert.Contains("CHANGELOG.md", (string?)metadata.Element(ns + "releaseNotes"), StringComparison.Ordinal);
                 Assert.Contains("epoch-protection", (string?)metadata.Element(ns + "tags"), StringComparison.Ordinal);
+
+                // The netstandard2.1 asset asks for the oldest Unsafe line it needs, so a consumer that pins an older one
+                // than the newest restores (it asked for 6.1.2).
+                System.Xml.Linq.XElement standard = metadata.Element(ns + "dependencies")!.Elements(ns + "group")
+                    .Single(g => (string?)g.Attribute("targetFramework") == ".NETStandard2.1");
+                Assert.Equal("4.5.3", (string?)standard.Elements(ns + "dependency").Single(d => (string?)d.Attribute("id") == "System.Runtime.CompilerServices.Unsafe").Attribute("version"));
+
+                // The README is read on nuget.org, where a link relative to the repository leads nowhere.
+                string readme = ReadEntry(zip, "README.md");
+                string[] relative = System.Text.RegularExpressions.Regex.Matches(readme, @"\]\(([^)#][^)]*)\)")
+                    .Select(m => m.Groups[1].Value).Where(link => !link.StartsWith("http", StringComparison.Ordinal)).ToArray();
+                Assert.True(relative.Length == 0, "relative links in the package's README: " + string.Join(", ", relative));
             }
             string version = Path.GetFileNameWithoutExtension(package).Substring("Epvs.".Length);
 
