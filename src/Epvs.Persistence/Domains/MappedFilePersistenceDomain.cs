@@ -203,7 +203,11 @@ internal sealed unsafe class MappedFilePersistenceDomain : PersistenceDomain
             ThrowHelper.ThrowHeapFile(HeapFileError.ReadOnly, $"{what} The file system is read-only (a file system may turn read-only after an I/O error; look at the kernel log): remount it read-write or copy the file to a writable place.");
         }
 
-        string advice = errno == Interop.Libc.Enomem && privateMapping ? " A private mapping counts its whole maximum size against the memory the system commits: lower HeapFileOptions.MaxSize or use MappedFileWriteBack.SharedMapping." : string.Empty;
+        // Both causes of ENOMEM are named: the advice for one alone misled under an address-space limit (a probe's
+        // RLIMIT_AS), where a shared mapping fails the same way.
+        string advice = errno != Interop.Libc.Enomem ? string.Empty
+            : privateMapping ? " Either the process's address-space limit (RLIMIT_AS, ulimit -v) is below the mapping's reservation, or the system's commit limit is: a private mapping counts its whole maximum size against the memory the system commits. Lower HeapFileOptions.MaxSize (on open too: it caps that open's reservation); for the commit limit alone, MappedFileWriteBack.SharedMapping also helps."
+            : " The process's address-space limit (RLIMIT_AS, ulimit -v) is below the mapping's reservation: lower HeapFileOptions.MaxSize (on open too: it caps that open's reservation) or raise the limit.";
         ThrowHelper.ThrowIO(what + advice);
     }
 

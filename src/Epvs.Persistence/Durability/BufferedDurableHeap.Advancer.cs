@@ -333,7 +333,7 @@ public sealed unsafe partial class BufferedDurableHeap
 
     [DoesNotReturn]
     private void ThrowForeignTransition(long fromSchemeVersion) =>
-        ThrowHelper.ThrowInvalidOperation($"The heap's version scheme was advanced from version {_versionBase + _schemeVersion} to {_versionBase + fromSchemeVersion} by a state machine the heap did not run (BufferedDurableHeap.VersionScheme is for diagnostics: do not run state machines on it). The operations of the versions it ended were never written back, so nothing more can become durable in this heap: dispose it and reopen the file (recovery keeps every version up to Frontier, {Frontier}).");
+        ThrowHelper.ThrowInvalidOperation($"The heap's version scheme was advanced from version {_versionBase + _schemeVersion} to {_versionBase + fromSchemeVersion} by a state machine the heap did not run (BufferedDurableHeap.VersionScheme is for diagnostics: do not run state machines on it). The operations of the versions it ended were never written back, so nothing more can become durable in this heap: dispose it and reopen the file (recovery keeps every version up to DurableFrontier, {DurableFrontier}).");
 
     /// <summary>
     /// At the start of the cycle that writes back <paramref name="completed"/>, after its cut: no thread may still be
@@ -357,7 +357,7 @@ public sealed unsafe partial class BufferedDurableHeap
             long open = Volatile.Read(ref buffers.OpenVersion);
             if (open <= completed)
             {
-                ThrowHelper.ThrowInvalidOperation($"Thread {buffers.ManagedThreadId} is still inside an operation of version {open}, whose cut has passed: its protected region ended inside the operation (Refresh or Leave called on BufferedDurableHeap.VersionScheme, which is for diagnostics only), so what it writes from then on could never be made durable. Nothing more becomes durable in this heap: dispose it and reopen the file (recovery keeps every version up to Frontier, {Frontier}).");
+                ThrowHelper.ThrowInvalidOperation($"Thread {buffers.ManagedThreadId} is still inside an operation of version {open}, whose cut has passed: its protected region ended inside the operation (Refresh or Leave called on BufferedDurableHeap.VersionScheme, which is for diagnostics only), so what it writes from then on could never be made durable. Nothing more becomes durable in this heap: dispose it and reopen the file (recovery keeps every version up to DurableFrontier, {DurableFrontier}).");
             }
         }
     }
@@ -570,7 +570,7 @@ public sealed unsafe partial class BufferedDurableHeap
 
         if (Frontier < target)
         {
-            throw new ObjectDisposedException(nameof(BufferedDurableHeap), $"The heap was disposed before version {target} became durable (the durable frontier is {Frontier}): Dispose's last advance could not make it durable, and its exception says why.");
+            throw new ObjectDisposedException(nameof(BufferedDurableHeap), $"The heap was disposed before version {target} became durable (the durable frontier is {DurableFrontier}): Dispose's last advance could not make it durable, and its exception says why.");
         }
     }
 
@@ -697,9 +697,7 @@ public sealed unsafe partial class BufferedDurableHeap
     /// <summary>Records the first failed cycle (under the cycle gate): from then on nothing more becomes durable, and every SyncAsync waiting fails.</summary>
     private void RecordAdvancerFault(Exception fault)
     {
-        // Interlocked.CompareExchange: the stocker records its faults without the cycle gate; the first one stays.
-        Interlocked.CompareExchange(ref _advancerFault, fault, null);
-        FailWaiters(new InvalidOperationException($"The heap's advancer failed: {fault.Message}", fault));
+        RecordBackgroundFault(fault);
     }
 
     private AdvanceStateMachine StartTransition(long deadline, long target, TimeSpan timeout)
@@ -1070,6 +1068,28 @@ public sealed unsafe partial class BufferedDurableHeap
         }
     }
 
+    /// <summary>
+    /// Records a failed cycle or stocking (the first fault stays: the stocker records its faults without the cycle gate)
+    /// and fails every SyncAsync waiting. Never throws: on the advancer's or the stocker's own thread an exception let out
+    /// ends the process, and out of memory the message built here, or the waiters' tasks given the fault, may fail to
+    /// allocate (a probe's stocker ended the process so). The fault is recorded first, without allocating, so Sync,
+    /// SyncAsync and Dispose report it from then on; a waiter that could not be failed ends at its
+    /// <see cref="BufferedDurableHeapOptions.SyncTimeout"/>.
+    /// </summary>
+    private void RecordBackgroundFault(Exception fault)
+    {
+        // Interlocked.CompareExchange: the first fault stays the one reported.
+        Interlocked.CompareExchange(ref _advancerFault, fault, null);
+        try
+        {
+            FailWaiters(new InvalidOperationException($"The heap's advancer failed: {fault.Message}", fault));
+        }
+        catch (Exception)
+        {
+            // Out of memory: recorded above, reported by the next call.
+        }
+    }
+
     /// <summary>Fails every SyncAsync waiting; with <paramref name="close"/> (Dispose, the finalizer), no SyncAsync may wait any more.</summary>
     private void FailWaiters(Exception fault, bool close = false)
     {
@@ -1131,6 +1151,28 @@ public sealed unsafe partial class BufferedDurableHeap
     private static void AdvancerLoop(object? state)
     {
         var link = (BackgroundLink)state!;
+        try
+        {
+            AdvanceUntilStopped(link);
+        }
+        catch (Exception e)
+        {
+            // Nothing may leave the thread (it would end the process): recorded, as a failed cycle is.
+            RecordEscaped(link, e);
+        }
+    }
+
+    /// <summary>Records an exception that reached the top of a background thread on the link's heap, if it is still alive; never throws.</summary>
+    private static void RecordEscaped(BackgroundLink link, Exception e)
+    {
+        if (link.Heap.TryGetTarget(out BufferedDurableHeap? heap))
+        {
+            heap.RecordBackgroundFault(e);
+        }
+    }
+
+    private static void AdvanceUntilStopped(BackgroundLink link)
+    {
         long started = Stopwatch.GetTimestamp();
         while (!link.Stopping)
         {
@@ -1179,8 +1221,7 @@ public sealed unsafe partial class BufferedDurableHeap
         catch (Exception e)
         {
             // The first fault stays the one reported (a cycle refused after an earlier fault, or the stocker's, wraps it).
-            Interlocked.CompareExchange(ref _advancerFault, e, null);
-            FailWaiters(new InvalidOperationException($"The heap's advancer failed: {e.Message}", e));
+            RecordBackgroundFault(e);
             return false;
         }
 
@@ -1279,7 +1320,7 @@ public sealed unsafe partial class BufferedDurableHeap
         IReadOnlyList<EpochSlotInfo> blocking = _scheme.GetThreadsBlockingTransition();
         string who = blocking.Count == 0 ? "no thread is inside an operation now (it may just have left)" : "still inside an operation: " + string.Join("; ", blocking.Select(b => b.ToString()));
         throw new TimeoutException(
-            $"Waited {timeout} {what} (durable frontier {Frontier}, current version {CurrentVersion}); " +
+            $"Waited {timeout} {what} (durable frontier {DurableFrontier}, current version {CurrentVersion}); " +
             $"the version transition waits for every operation of the old version to end, and {who}. " +
             "A thread that stays inside an operation blocks durability: end its operation, or wait longer.");
     }

@@ -127,6 +127,19 @@ public sealed partial class BufferedDurableHeap
     private static void StockerLoop(object? state)
     {
         var link = (BackgroundLink)state!;
+        try
+        {
+            StockUntilStopped(link);
+        }
+        catch (Exception e)
+        {
+            // Nothing may leave the thread (it would end the process): recorded, as a failed stocking is.
+            RecordEscaped(link, e);
+        }
+    }
+
+    private static void StockUntilStopped(BackgroundLink link)
+    {
         while (true)
         {
             using (InterruptShield.Hold(link.StockGate))
@@ -176,10 +189,17 @@ public sealed partial class BufferedDurableHeap
             // SyncAsync report why. Not under the cycle gate, which a Sync may hold for as long as a thread stays
             // inside an operation (Dispose then waited for this thread, and reported it, instead of the straggler):
             // a cycle that runs meanwhile is sound (no stocking is part of a version's durability), and the next one
-            // refuses. Interlocked.CompareExchange: the first fault stays the one reported.
-            var fault = new InvalidOperationException($"Stocking the heap's pools after an advance cycle failed: {e.Message}", e);
-            Interlocked.CompareExchange(ref _advancerFault, fault, null);
-            FailWaiters(new InvalidOperationException($"The heap's advancer failed: {fault.Message}", fault));
+            // refuses. Never throws (see RecordBackgroundFault): out of memory, the stocking's own exception is recorded.
+            Exception fault = e;
+            try
+            {
+                fault = new InvalidOperationException($"Stocking the heap's pools after an advance cycle failed: {e.Message}", e);
+            }
+            catch (Exception)
+            {
+            }
+
+            RecordBackgroundFault(fault);
             return false;
         }
 

@@ -338,11 +338,10 @@ public sealed unsafe partial class BufferedDurableHeap : IDisposable
     private void RefuseForeignVersion(long version)
     {
         _scheme.Leave();
-        var fault = new InvalidOperationException($"The heap's version scheme was advanced to version {version}, past the persisted epoch clock {Volatile.Read(ref _persistedClock)}, by a state machine the heap did not run (BufferedDurableHeap.VersionScheme is for diagnostics: do not run state machines on it). Nothing of those versions can become durable, so no operation writes in them: dispose the heap and reopen the file (recovery keeps every version up to Frontier, {Frontier}).");
+        var fault = new InvalidOperationException($"The heap's version scheme was advanced to version {version}, past the persisted epoch clock {Volatile.Read(ref _persistedClock)}, by a state machine the heap did not run (BufferedDurableHeap.VersionScheme is for diagnostics: do not run state machines on it). Nothing of those versions can become durable, so no operation writes in them: dispose the heap and reopen the file (recovery keeps every version up to DurableFrontier, {DurableFrontier}).");
 
         // As a failed cycle records its fault: the first one stays the one reported.
-        Interlocked.CompareExchange(ref _advancerFault, fault, null);
-        FailWaiters(new InvalidOperationException($"The heap's advancer failed: {fault.Message}", fault));
+        RecordBackgroundFault(fault);
         throw fault;
     }
 
@@ -701,7 +700,7 @@ public sealed unsafe partial class BufferedDurableHeap : IDisposable
 
         if (failure is TimeoutException && _backgroundStillRunning)
         {
-            throw new TimeoutException($"{failure.Message} The heap is closed without it, as with a thread left inside an operation: a file the heap opened is quarantined (not unmapped under the thread), a file of the caller's hosts no other heap (dispose it; the file can be opened again by its path). The file has no clean-shutdown mark; a reopen recovers at least up to version {Frontier}.", failure);
+            throw new TimeoutException($"{failure.Message} The heap is closed without it, as with a thread left inside an operation: a file the heap opened is quarantined (not unmapped under the thread), a file of the caller's hosts no other heap (dispose it; the file can be opened again by its path). The file has no clean-shutdown mark; a reopen recovers at least up to version {DurableFrontier}.", failure);
         }
 
         if (failure is TimeoutException)
@@ -712,7 +711,7 @@ public sealed unsafe partial class BufferedDurableHeap : IDisposable
         if (failure is not null)
         {
             string straggler = drained ? string.Empty : " A thread was still inside an operation: the mapping was quarantined, not unmapped under it.";
-            throw new InvalidOperationException($"BufferedDurableHeap.Dispose: the heap is closed, but operations after version {Frontier} were not made durable: {failure.Message} (The file has no clean-shutdown mark; a reopen recovers up to that version.){straggler}", failure);
+            throw new InvalidOperationException($"BufferedDurableHeap.Dispose: the heap is closed, but operations after version {DurableFrontier} were not made durable: {failure.Message} (The file has no clean-shutdown mark; a reopen recovers up to that version.){straggler}", failure);
         }
     }
 
@@ -1179,7 +1178,7 @@ public sealed unsafe partial class BufferedDurableHeap : IDisposable
     {
         // The heap's own ObjectDisposedException if it is disposed (or being disposed): the other objects are its parts.
         ThrowIfDisposed();
-        throw new InvalidOperationException($"No operation begins on this heap any more: its version scheme, or the scheme's epoch, was disposed under it (BufferedDurableHeap.VersionScheme is for diagnostics: dispose neither), so no operation can enter it. Dispose the heap and reopen the file: recovery keeps every version up to Frontier ({Frontier} now).", e);
+        throw new InvalidOperationException($"No operation begins on this heap any more: its version scheme, or the scheme's epoch, was disposed under it (BufferedDurableHeap.VersionScheme is for diagnostics: dispose neither), so no operation can enter it. Dispose the heap and reopen the file: recovery keeps every version up to DurableFrontier ({DurableFrontier} now).", e);
     }
 
     /// <summary>What the heap says when its version scheme, or the scheme's epoch, was disposed under it.</summary>
@@ -1191,7 +1190,7 @@ public sealed unsafe partial class BufferedDurableHeap : IDisposable
     {
         ThrowIfDisposed();
         Exception fault = _advancerFault!;
-        throw new InvalidOperationException($"No operation begins on this heap any more: an advance cycle failed or can never complete, so nothing more can become durable (Frontier stays at {Frontier}; dispose the heap and reopen the file to recover up to it): {fault.Message}", fault);
+        throw new InvalidOperationException($"No operation begins on this heap any more: an advance cycle failed or can never complete, so nothing more can become durable (DurableFrontier stays at {DurableFrontier}; dispose the heap and reopen the file to recover up to it): {fault.Message}", fault);
     }
 
     [DoesNotReturn]

@@ -1,4 +1,5 @@
 using System;
+using System.Collections.Generic;
 using System.Diagnostics;
 using System.Threading;
 using System.Threading.Tasks;
@@ -65,7 +66,24 @@ internal static class InterruptShield
     /// <param name="loop">The loop.</param>
     /// <param name="degreeOfParallelism">The loop's: at 1 it runs on the calling thread, inside a shield (such a loop has
     /// no workers to wait for, and its frees go to the caller's cache, as they always did).</param>
-    internal static void RunToItsEnd(Action loop, int degreeOfParallelism)
+    /// <param name="pick">Which of the exceptions the loop's bodies threw to throw (a <see cref="Parallel"/> loop
+    /// gathers them in an <see cref="AggregateException"/>); the first when null. Thrown as itself, not wrapped: the
+    /// opens document their exceptions, and an <see cref="AggregateException"/> of an
+    /// <see cref="OutOfMemoryException"/> (a probe's open under a managed memory limit) was none of them.</param>
+    internal static void RunToItsEnd(Action loop, int degreeOfParallelism, Func<IReadOnlyList<Exception>, Exception>? pick = null)
+    {
+        try
+        {
+            RunToItsEndWrapped(loop, degreeOfParallelism);
+        }
+        catch (AggregateException e) when (e.InnerExceptions.Count > 0)
+        {
+            System.Runtime.ExceptionServices.ExceptionDispatchInfo.Throw(pick is null ? e.InnerExceptions[0] : pick(e.InnerExceptions));
+        }
+    }
+
+    /// <summary><see cref="RunToItsEnd"/>, throwing what the loop threw as it is.</summary>
+    private static void RunToItsEndWrapped(Action loop, int degreeOfParallelism)
     {
         if (RunLoopsInlineForTesting)
         {
@@ -79,7 +97,9 @@ internal static class InterruptShield
             return;
         }
 
-        System.Runtime.ExceptionServices.ExceptionDispatchInfo? failure = null;
+        // The exception itself, captured on the caller's thread: capturing allocates, and an allocation that fails on
+        // the worker (out of memory) would escape its thread and end the process.
+        Exception? failure = null;
         var worker = new Thread(() =>
         {
             try
@@ -88,7 +108,7 @@ internal static class InterruptShield
             }
             catch (Exception e)
             {
-                failure = System.Runtime.ExceptionServices.ExceptionDispatchInfo.Capture(e);
+                failure = e;
             }
         })
         { IsBackground = true, Name = "epvs-parallel-loop" };
@@ -108,7 +128,10 @@ internal static class InterruptShield
             Join(worker, Timeout.InfiniteTimeSpan);
         }
 
-        failure?.Throw();
+        if (failure is not null)
+        {
+            System.Runtime.ExceptionServices.ExceptionDispatchInfo.Throw(failure);
+        }
     }
 
     /// <summary>Runs <paramref name="loop"/> on the calling thread inside a shield.</summary>

@@ -122,16 +122,11 @@ internal static class StructureRecovery
             }
         }
 
-        try
-        {
-            InterruptShield.RunToItsEnd(() => Parallel.For(0, payloads.Count, new ParallelOptions { MaxDegreeOfParallelism = Math.Max(1, parallelism) }, i => add(payloads[i])), Math.Max(1, parallelism));
-        }
-        catch (AggregateException e)
-        {
-            // As itself, not wrapped: the heap's inconsistency first, else the first failure (a key's GetHashCode or
-            // Equals, user code, throwing during the rebuild).
-            Exception inner = e.InnerExceptions.FirstOrDefault(x => x is InvalidDataException) ?? e.InnerExceptions[0];
-            ExceptionDispatchInfo.Capture(inner).Throw();
-        }
+        // The heap's inconsistency first, else the first failure (a key's GetHashCode or Equals, user code, throwing
+        // during the rebuild).
+        InterruptShield.RunToItsEnd(
+            () => Parallel.For(0, payloads.Count, new ParallelOptions { MaxDegreeOfParallelism = Math.Max(1, parallelism) }, i => add(payloads[i])),
+            Math.Max(1, parallelism),
+            failures => failures.FirstOrDefault(x => x is InvalidDataException) ?? failures[0]);
     }
 }

@@ -425,6 +425,28 @@ internal static class SafetyChild
         }
 
         SetSoftLimit(9, virtualSize + (384L << 20));
+
+        // The recorded maximum (1 GiB) cannot be reserved under the limit: the error names the limit, for either mapping
+        // (it advised SharedMapping, which fails the same way under an address-space limit).
+        foreach (MappedFileWriteBack writeBack in new[] { MappedFileWriteBack.PrivateMapping, MappedFileWriteBack.SharedMapping })
+        {
+            try
+            {
+                using BufferedDurableHeap whole = BufferedDurableHeap.Open(path, new HeapFileOptions { Domain = PersistenceDomainKind.MappedFile, MappedFileWriteBack = writeBack });
+                Console.WriteLine($"{writeBack}: the whole reservation opened under the limit (the limit is too high for this check)");
+                return WrongOutcome;
+            }
+            catch (IOException e) when (e.Message.Contains("RLIMIT_AS", StringComparison.Ordinal))
+            {
+                Console.WriteLine($"{writeBack}: refused, naming the limit");
+            }
+            catch (IOException e)
+            {
+                Console.WriteLine($"{writeBack}: refused without naming the address-space limit: {e.Message}");
+                return WrongOutcome;
+            }
+        }
+
         var smaller = new HeapFileOptions { Size = 64L << 20, MaxSize = 128L << 20, Domain = PersistenceDomainKind.MappedFile, MappedFileWriteBack = MappedFileWriteBack.SharedMapping };
         try
         {

@@ -46,6 +46,11 @@ public static class TestProgram
             return ArgumentsChild.Run(args[1], args[2]);
         }
 
+        if (args.Length >= 3 && args[0] == BackgroundFaultChild.Role)
+        {
+            return BackgroundFaultChild.Run(args[1], args[2]);
+        }
+
         if (args.Length >= 3 && args[0] == SafetyChild.Role)
         {
             return SafetyChild.Run(args[1], args[2], args.Length >= 4 && args[3] == "control");

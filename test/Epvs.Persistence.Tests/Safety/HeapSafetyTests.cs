@@ -114,7 +114,8 @@ public sealed class HeapSafetyTests
     /// A 64 MiB heap with the default maximum size (a 1 GiB reservation) could not be opened in a process whose address
     /// space (RLIMIT_AS) has a few hundred MiB left, whatever the caller passed: Open ignored MaxSize, SharedMapping
     /// reserved the same, and the IOException advised lowering MaxSize (a probe's finding). An open's MaxSize now caps its
-    /// growth and reservation.
+    /// growth and reservation. The refusal of the whole reservation names the address-space limit, for either mapping
+    /// (it advised SharedMapping, which fails the same way there: a later probe's finding).
     /// </summary>
     [Fact]
     public void Open_UnderAnAddressSpaceLimit_HonoursASmallerMaxSize()

@@ -1,0 +1,32 @@
+using System;
+using System.Threading.Tasks;
+using Xunit;
+
+namespace Epvs.Persistence.Tests;
+
+/// <summary>
+/// Recovery's parallel loops throw what their bodies threw, as itself: a probe's open under a managed memory limit
+/// (<c>DOTNET_GCHeapHardLimit</c>) threw an <see cref="AggregateException"/> wrapping the
+/// <see cref="OutOfMemoryException"/>, a type no open documents (the structures' rebuild already unwrapped its own).
+/// Every recovery loop runs through <see cref="InterruptShield.RunToItsEnd"/>, on a thread of its own or inline.
+/// </summary>
+public sealed class RecoveryLoopExceptionTests
+{
+    [Theory]
+    [InlineData(1)]
+    [InlineData(2)]
+    public void RunToItsEnd_ThrowsTheBodysException_NotAnAggregate(int parallelism)
+    {
+        var fault = new OutOfMemoryException("simulated: a recovery loop's allocation");
+        Exception thrown = Assert.ThrowsAny<Exception>(() => InterruptShield.RunToItsEnd(
+            () => Parallel.For(0, 8, new ParallelOptions { MaxDegreeOfParallelism = parallelism }, i =>
+            {
+                if (i == 3)
+                {
+                    throw fault;
+                }
+            }),
+            parallelism));
+        Assert.Same(fault, thrown);
+    }
+}
