@@ -188,7 +188,16 @@ public sealed unsafe class SimulatedPersistenceDomain : PersistenceDomain
     }
 
     /// <summary>Frees the images if the domain was not disposed.</summary>
-    ~SimulatedPersistenceDomain() => Dispose(false);
+    /// <remarks>Also runs for a domain whose public constructor threw (a bad length, out of memory): its argument's
+    /// allocation fails before any field is set, so there is no gate and nothing to free. Disposing it anyway threw on
+    /// the finalizer thread, which ended the process.</remarks>
+    ~SimulatedPersistenceDomain()
+    {
+        if (_gate is not null)
+        {
+            Dispose(false);
+        }
+    }
 
     private protected override void WriteBackCore(long offset, long length)
     {

@@ -66,7 +66,13 @@ public sealed unsafe partial class LightEpoch
         }
 
 #if !NET5_0_OR_GREATER
-        ~PinnedRecords() => handle.Free();
+        // Also runs when the constructor threw before the array was pinned (out of memory): freeing a handle never
+        // allocated would throw on the finalizer thread and end the process.
+        ~PinnedRecords()
+        {
+            if (handle.IsAllocated)
+                handle.Free();
+        }
 #endif
     }
 

@@ -39,10 +39,12 @@ public sealed partial class EpochProtectedVersionScheme
     /// may be inside a protected region (then a blocking start from the handler throws); exceptions from handlers are
     /// ignored. A handler that starts a machine which faults at once is raised again inside its own call; past 16 such
     /// raises on a thread, the event for a further fault is raised once the outermost handler has returned (so, from
-    /// there on, not always in the order of the faults). The machine's <see cref="VersionSchemeStateMachine.Completion"/>
-    /// completes once the handlers have returned (so a handler must not wait for it, and sees the machine's
-    /// <see cref="VersionSchemeStateMachine.IsCompleted"/> still false): a caller that awaits it and then disposes the
-    /// scheme never has a handler still running. Should giving that task the exception fail (out of memory: the task is
+    /// there on, not always in the order of the faults, and such a machine completes before its handlers run, so that a
+    /// handler up the stack waiting for it returns). Otherwise the machine's
+    /// <see cref="VersionSchemeStateMachine.Completion"/> completes once the handlers have returned: a caller that awaits
+    /// it and then disposes the scheme never has a handler still running. A handler must not wait for that Completion,
+    /// and should read the fault from the event data: the machine's <see cref="VersionSchemeStateMachine.IsCompleted"/>
+    /// is still false there (so its <see cref="VersionSchemeStateMachine.Fault"/> is null). Should giving that task the exception fail (out of memory: the task is
     /// canceled instead, and <see cref="VersionSchemeStateMachine.Fault"/> keeps the exception), the event is raised again
     /// with that failure, after the task completed.
     /// </summary>
@@ -838,18 +840,8 @@ public sealed partial class EpochProtectedVersionScheme
     {
         if (notice is null || RaiseFaultedInsideStepForTesting)
             return;
-        if (t_faultedDepth >= MaxFaultedNesting && !UnboundedFaultedNestingForTesting)
-        {
-            try
-            {
-                (t_faultedLeft ??= new Queue<(EpochProtectedVersionScheme, FaultNotice)>()).Enqueue((this, notice));
-                return;
-            }
-            catch (OutOfMemoryException)
-            {
-                // Raised here instead, one level deeper: never dropped.
-            }
-        }
+        if (t_faultedDepth >= MaxFaultedNesting && !UnboundedFaultedNestingForTesting && TryLeaveToOutermostRaise(notice))
+            return;
         t_faultedDepth++;
         try
         {
@@ -864,6 +856,27 @@ public sealed partial class EpochProtectedVersionScheme
         {
             t_faultedDepth--;
         }
+    }
+
+    /// <summary>Leaves <paramref name="notice"/> to this thread's outermost raise; false when that fails (out of memory:
+    /// the caller raises it at once, one level deeper: never dropped).</summary>
+    private bool TryLeaveToOutermostRaise(FaultNotice notice)
+    {
+        try
+        {
+            (t_faultedLeft ??= new Queue<(EpochProtectedVersionScheme, FaultNotice)>()).Enqueue((this, notice));
+        }
+        catch (OutOfMemoryException)
+        {
+            return false;
+        }
+
+        // Completed now, before its handlers run: a caller up this thread's stack (a handler that started the machine and
+        // waits for it, spin: true) waits for it inside the outermost raise that is to raise it, and would wait for ever.
+        // Raising it later completes nothing more (the first completion wins).
+        if (!KeepQueuedMachinesOpenForTesting)
+            notice.TaskNotFaulted ??= notice.Fault.StateMachine.Complete(notice.Fault.Exception);
+        return true;
     }
 
     /// <summary>How many <see cref="StateMachineFaulted"/> raises may nest on a thread before a notice waits for the outermost one.</summary>

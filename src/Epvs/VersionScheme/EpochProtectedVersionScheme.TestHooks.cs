@@ -84,6 +84,10 @@ public sealed partial class EpochProtectedVersionScheme
     /// the scheme could have a handler still running).</summary>
     internal bool CompleteBeforeFaultedForTesting { get; set; }
 
+    /// <summary>Broken control for tests: a notice left to the thread's outermost raise (past the nesting bound) leaves its
+    /// machine open until it is raised, so a waiter up the stack waits for ever.</summary>
+    internal bool KeepQueuedMachinesOpenForTesting { get; set; }
+
     /// <summary>
     /// Test-only: the end of a step's ownership reads whether a machine is active before it clears the ownership (the
     /// order a release store allows the hardware), so the step-release test can show that it catches a machine started in

@@ -519,8 +519,8 @@ public sealed partial class EpochProtectedVersionScheme : IDisposable
     /// refused too while the reason stands. The wait is interruptible: <see cref="Thread.Interrupt"/> makes the waiting
     /// call throw <see cref="ThreadInterruptedException"/>, and the other Dispose carries on. A machine's
     /// <see cref="VersionSchemeStateMachine.Completion"/> completes after its <see cref="StateMachineFaulted"/> handlers
-    /// have returned: awaited before Dispose, no handler of it runs after Dispose returned (a Dispose that did not wait
-    /// may return while one still runs).</remarks>
+    /// have returned (but for a fault raised past 16 nested raises on one thread, see the event): awaited before Dispose,
+    /// no handler of it runs after Dispose returned (a Dispose that did not wait may return while one still runs).</remarks>
     /// <exception cref="InvalidOperationException">A state machine is still running (wait for its
     /// <see cref="VersionSchemeStateMachine.Completion"/> first; from inside one of that machine's own callbacks, which it
     /// waits for, dispose from outside them instead), or a thread is still protected by the scheme's own

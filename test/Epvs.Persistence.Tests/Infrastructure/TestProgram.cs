@@ -51,6 +51,11 @@ public static class TestProgram
             return BackgroundFaultChild.Run(args[1], args[2]);
         }
 
+        if (args.Length >= 2 && args[0] == EscapeChild.Role)
+        {
+            return EscapeChild.Run(args[1]);
+        }
+
         if (args.Length >= 3 && args[0] == SafetyChild.Role)
         {
             return SafetyChild.Run(args[1], args[2], args.Length >= 4 && args[3] == "control");
