@@ -6,11 +6,8 @@ using System.IO;
 using System.Linq;
 using BenchmarkDotNet.Columns;
 using BenchmarkDotNet.Configs;
-using BenchmarkDotNet.ConsoleArguments;
-using BenchmarkDotNet.ConsoleArguments.ListBenchmarks;
 using BenchmarkDotNet.Diagnosers;
 using BenchmarkDotNet.Jobs;
-using BenchmarkDotNet.Loggers;
 using BenchmarkDotNet.Reports;
 using BenchmarkDotNet.Running;
 
@@ -24,7 +21,7 @@ namespace Epvs.Benchmarks;
 public static class BenchmarksCli
 {
     /// <summary>Exit code for a command line that does not parse or validate.</summary>
-    public const int BadInput = 2;
+    public const int BadInput = BenchmarkSuite.BadInput;
 
     /// <summary>Parses <paramref name="args"/> and runs the command, writing to the given writers.</summary>
     /// <param name="args">The command line.</param>
@@ -66,7 +63,11 @@ public static class BenchmarksCli
             TreatUnmatchedTokensAsErrors = false,
         };
         root.Subcommands.Add(plot);
-        root.SetAction(parse => RunSuite(parse.UnmatchedTokens.ToArray(), output, error, runBenchmarks));
+        root.SetAction(parse =>
+        {
+            string[] bdnArgs = parse.UnmatchedTokens.ToArray();
+            return BenchmarkSuite.Run(bdnArgs, CreateConfig(bdnArgs), output, error, "Try '--help', or '-- --help' for BenchmarkDotNet's own options.", runBenchmarks);
+        });
 
         ParseResult parsed = root.Parse(args);
         // System.CommandLine's own error action exits with 1; a bad command line is 2 here, as for the other tools.
@@ -78,9 +79,9 @@ public static class BenchmarksCli
     /// <summary>
     /// The suite's configuration for <paramref name="bdnArgs"/>. The default job is shorter than BenchmarkDotNet's
     /// (3 warm-up and 10 measured iterations, one launch) so the whole suite finishes in minutes on a 2-core machine;
-    /// it is left out when the command line names a job (e.g. --job short or --job dry), because BenchmarkDotNet 0.15
-    /// keeps a default job's explicit counts over the named job's. Median (the statistic RESULTS.md quotes; BDN shows
-    /// it only for skewed samples otherwise), Min and Max are always reported, for the chart's bars and whiskers.
+    /// it is left out when the command line names a job (e.g. --job short or --job dry: see
+    /// <see cref="BenchmarkSuite.CreateConfig"/>). Median (the statistic RESULTS.md quotes; BDN shows it only for skewed
+    /// samples otherwise), Min and Max are always reported, for the chart's bars and whiskers.
     /// </summary>
     public static IConfig CreateConfig(IReadOnlyList<string> bdnArgs)
     {
@@ -88,52 +89,9 @@ public static class BenchmarksCli
             .AddDiagnoser(MemoryDiagnoser.Default)
             .AddColumn(StatisticColumn.Median, StatisticColumn.Min, StatisticColumn.Max)
             .WithOptions(ConfigOptions.JoinSummary);
-        bool namesJob = bdnArgs.Any(a => a is "-j" or "--job" || a.StartsWith("--job=", StringComparison.Ordinal));
-        return namesJob ? config : config.AddJob(Job.Default
+        return BenchmarkSuite.CreateConfig(config, bdnArgs, Job.Default
             .WithLaunchCount(1)
             .WithWarmupCount(3)
-            .WithIterationCount(10)
-            .AsDefault());
-    }
-
-    private static int RunSuite(string[] bdnArgs, TextWriter output, TextWriter error, Func<string[], IConfig, IReadOnlyList<Summary>> runBenchmarks)
-    {
-        // Validate BenchmarkDotNet's arguments with its own parser first, so a typo is exit code 2 with its message
-        // rather than an empty run.
-        IConfig config = CreateConfig(bdnArgs);
-        var log = new AccumulationLogger();
-        (bool ok, _, CommandLineOptions? options) = ConfigParser.Parse(bdnArgs, log, config);
-        if (bdnArgs.Contains("--help"))
-        {
-            // BenchmarkDotNet's parser reports its own help as a failure to parse; here it is what was asked for.
-            output.Write(log.GetLog());
-            return 0;
-        }
-        if (!ok || options is null)
-        {
-            // BenchmarkDotNet follows its errors with its whole option list; keep the errors.
-            string text = log.GetLog();
-            int usage = text.IndexOf("USAGE:", StringComparison.Ordinal);
-            error.Write(usage >= 0 ? text[..usage] : text);
-            error.WriteLine("error: BenchmarkDotNet did not accept the arguments above. Try '--help', or '-- --help' for BenchmarkDotNet's own options.");
-            return BadInput;
-        }
-        bool listing = options.ListBenchmarkCaseMode != ListBenchmarkCaseMode.Disabled || options.PrintInformation;
-        IReadOnlyList<Summary> summaries = runBenchmarks(bdnArgs, config);
-        if (listing)
-            return 0;
-        if (options.Filters.Any() && summaries.Sum(s => s.BenchmarksCases.Length) == 0)
-        {
-            error.WriteLine($"error: no benchmark matches --filter {string.Join(' ', options.Filters)} (try --list flat)");
-            return BadInput;
-        }
-        int failed = summaries.Sum(s => s.Reports.Count(r => !r.Success)) + summaries.Count(s => s.HasCriticalValidationErrors);
-        if (failed > 0)
-        {
-            error.WriteLine($"error: {failed} benchmark(s) failed or did not validate; see the log above.");
-            return 1;
-        }
-        output.WriteLine($"ran {summaries.Sum(s => s.BenchmarksCases.Length)} benchmark case(s); reports in {summaries.FirstOrDefault()?.ResultsDirectoryPath ?? "(none)"}");
-        return 0;
+            .WithIterationCount(10));
     }
 }

@@ -9,8 +9,9 @@ namespace Epvs.Persistence.Benchmarks;
 /// <summary>
 /// One operation = allocate a block for a 1 KiB payload, write the 1 KiB, make it durable, free it (so the heap does
 /// not fill). Side by side per domain, against NativeMemory.Alloc + write + free in DRAM (the baseline, no durability).
-/// The libpmem domain is forced onto an ordinary file with PMEM_IS_PMEM_FORCE=1 (set by the job in Program.cs), so it
-/// measures the CLWB/CLFLUSHOPT + SFENCE path on DRAM-backed page cache, not real persistent memory.
+/// The libpmem domain is forced onto an ordinary file with PMEM_IS_PMEM_FORCE=1 (set on every job by
+/// <see cref="PersistenceSuite"/>), so it measures the CLWB/CLFLUSHOPT + SFENCE path on DRAM-backed page cache, not real
+/// persistent memory.
 /// </summary>
 [MemoryDiagnoser]
 public unsafe class AllocateWritePersistBenchmarks
@@ -37,7 +38,7 @@ public unsafe class AllocateWritePersistBenchmarks
         _pmem = PersistentHeap.Create(Path.Combine(_directory, "pmem.heap"), new HeapFileOptions { Size = 16L << 20, Domain = PersistenceDomainKind.Pmem });
         if (!_pmem.File.Domain.IsPersistentMemory)
         {
-            throw new InvalidOperationException("libpmem did not take the flush path: run with PMEM_IS_PMEM_FORCE=1 (Program.cs sets it for the benchmark job).");
+            throw new InvalidOperationException("libpmem did not take the flush path: run with PMEM_IS_PMEM_FORCE=1 (the bdn command sets it on every job).");
         }
     }
 
