@@ -13,6 +13,11 @@ namespace Epvs.Benchmarks;
 /// alone (<see cref="FullFenceOnly"/>) shows how much of it any announcement with store-load ordering pays.
 /// </summary>
 [MemoryDiagnoser]
+// A category of its own: the suite joins every class into one report grouped by category, where a class without one
+// would share a group (and the ratios' baseline) with every other such class.
+[GroupBenchmarksBy(BenchmarkLogicalGroupRule.ByCategory)]
+[CategoriesColumn]
+[BenchmarkCategory("In situ: two misses + a store")]
 public class InSituEpochBenchmarks
 {
     private const int Ops = 1024;

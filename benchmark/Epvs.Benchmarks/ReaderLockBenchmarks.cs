@@ -1,5 +1,6 @@
 using System.Threading;
 using BenchmarkDotNet.Attributes;
+using BenchmarkDotNet.Configs;
 using Epvs.Baselines;
 using FasterEpoch = FASTER.core.LightEpoch;
 using FasterEpvs = FASTER.core.EpochProtectedVersionScheme;
@@ -12,6 +13,11 @@ namespace Epvs.Benchmarks;
 /// operations.
 /// </summary>
 [MemoryDiagnoser]
+// A category of its own: the suite joins every class into one report grouped by category, where a class without one
+// would share a group (and the ratios' baseline) with every other such class.
+[GroupBenchmarksBy(BenchmarkLogicalGroupRule.ByCategory)]
+[CategoriesColumn]
+[BenchmarkCategory("Reader side, uncontended")]
 public class ReaderLockBenchmarks
 {
     private const int Ops = 16;
