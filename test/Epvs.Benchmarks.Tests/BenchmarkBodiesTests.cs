@@ -43,6 +43,45 @@ public sealed class BenchmarkBodiesTests
         Assert.True(missing.Count == 0, "without [GroupBenchmarksBy] or [CategoriesColumn]: " + string.Join(", ", missing));
     }
 
+    /// <summary>
+    /// InSituEpochBenchmarks promises two dependent cache misses per operation in a table it only reads. Stored into
+    /// the chain, the loop index (0..1023) would replace entries with small numbers, so the second load would land in
+    /// the table's first 8 KB (a hit); a default run does hundreds of millions of operations per process against 2^25
+    /// entries, so the body would change during the measurement, and the faster rows sooner than the slower ones.
+    /// </summary>
+    [Fact]
+    public void InSitu_BodyDoesNotRewriteTheChainItWalks()
+    {
+        const int Entries = 1 << 25;
+        var bench = new InSituEpochBenchmarks();
+        bench.Setup();
+        try
+        {
+            long[] table = (long[])typeof(InSituEpochBenchmarks).GetField("table", BindingFlags.NonPublic | BindingFlags.Instance)!.GetValue(bench)!;
+
+            // 2^22 operations: an eighth of the table's size, a few tenths of one default iteration.
+            for (int i = 0; i < 4096; i++)
+            {
+                bench.Unprotected();
+            }
+
+            long changed = 0;
+            for (int i = 0; i < Entries; i++)
+            {
+                if (table[i] != (long)(((ulong)i * 0x9E37_79B9UL) & (Entries - 1)))
+                {
+                    changed++;
+                }
+            }
+
+            Assert.True(changed == 0, $"{changed:N0} of {Entries:N0} chain entries ({100.0 * changed / Entries:0.0}%) were overwritten by 2^22 operations");
+        }
+        finally
+        {
+            bench.Cleanup();
+        }
+    }
+
     private static string Categories(MethodInfo method) => string.Join("+",
         (method.GetCustomAttribute<BenchmarkCategoryAttribute>()?.Categories ?? [])
             .Concat(method.DeclaringType!.GetCustomAttribute<BenchmarkCategoryAttribute>()?.Categories ?? []));
