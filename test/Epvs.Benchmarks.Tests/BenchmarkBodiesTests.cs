@@ -1,6 +1,9 @@
+using System;
 using System.Linq;
 using System.Reflection;
 using BenchmarkDotNet.Attributes;
+using Epvs.Persistence;
+using Epvs.Persistence.Benchmarks;
 using Xunit;
 
 namespace Epvs.Benchmarks.Tests;
@@ -75,6 +78,40 @@ public sealed class BenchmarkBodiesTests
             }
 
             Assert.True(changed == 0, $"{changed:N0} of {Entries:N0} chain entries ({100.0 * changed / Entries:0.0}%) were overwritten by 2^22 operations");
+        }
+        finally
+        {
+            bench.Cleanup();
+        }
+    }
+
+    /// <summary>
+    /// AllocateWritePersistBenchmarks' row "Mapped file (msync)" measures msync: its heap is mapped shared, not with the
+    /// default MappedFileWriteBack.Auto, which on Linux maps privately and writes back with pwrite + fdatasync. That
+    /// path has a row of its own.
+    /// </summary>
+    [Theory]
+    [InlineData("_mappedFile", nameof(AllocateWritePersistBenchmarks.MappedFile), MappedFileWriteBack.SharedMapping, "msync")]
+    [InlineData("_privateMappedFile", "MappedFilePrivate", MappedFileWriteBack.PrivateMapping, "pwrite")]
+    public void AllocateWritePersist_MappedRows_UseTheMappingTheirLabelNames(string field, string method, MappedFileWriteBack expected, string label)
+    {
+        var bench = new AllocateWritePersistBenchmarks();
+        try
+        {
+            try
+            {
+                bench.Setup();
+            }
+            catch (InvalidOperationException)
+            {
+                // No PMEM_IS_PMEM_FORCE in this process: the pmem heap is refused after the mapped ones were created.
+            }
+
+            var heap = (PersistentHeap?)typeof(AllocateWritePersistBenchmarks).GetField(field, BindingFlags.NonPublic | BindingFlags.Instance)?.GetValue(bench);
+            Assert.NotNull(heap);
+            Assert.Equal(expected, heap!.File.MappedFileWriteBack);
+            BenchmarkAttribute? row = typeof(AllocateWritePersistBenchmarks).GetMethod(method)?.GetCustomAttribute<BenchmarkAttribute>();
+            Assert.Contains(label, row?.Description ?? "(no such row)");
         }
         finally
         {
