@@ -6,6 +6,7 @@ using System.IO;
 using System.Linq;
 using System.Runtime.CompilerServices;
 using System.Threading;
+using Epvs.Benchmarks;
 
 namespace Epvs.Persistence.Benchmarks;
 
@@ -27,7 +28,10 @@ internal static class DurabilityHarness
         double seconds = args.Length > 1 ? double.Parse(args[1], CultureInfo.InvariantCulture) : 1.0;
         int preload = args.Length > 2 ? int.Parse(args[2], CultureInfo.InvariantCulture) : 500_000;
         string part = args.Length > 3 ? args[3] : "all";
-        string dir = Environment.GetEnvironmentVariable("EPVS_BENCH_DIR") ?? Path.GetTempPath();
+        // Every file of the run lives in a directory of its own, deleted on the way out and also when Ctrl-C, SIGTERM
+        // or an unhandled exception ends the process (none of which runs finally blocks).
+        using var files = new TemporaryDirectory(Environment.GetEnvironmentVariable("EPVS_BENCH_DIR") ?? Path.GetTempPath(), "epvs-durability-");
+        string dir = files.Path;
         Console.WriteLine($"# buffered durability harness: {seconds:0.##} s per cell, {preload:N0} preloaded of {KeyRange:N0} keys, {ValueSize} B values, files in {dir}");
         Console.WriteLine($"# {Environment.ProcessorCount} logical CPUs, .NET {Environment.Version}, PMEM_IS_PMEM_FORCE={Environment.GetEnvironmentVariable("PMEM_IS_PMEM_FORCE") ?? "(unset)"}");
         if (part is "all" or "throughput")
@@ -158,7 +162,8 @@ internal static class DurabilityHarness
         long total = 0;
         int stop = 0;
         var go = new Barrier(threads + 1);
-        var workers = Enumerable.Range(0, threads).Select(t => new Thread(() =>
+        var failure = new WorkerFailure();
+        var workers = Enumerable.Range(0, threads).Select(t => new Thread(failure.Guard(() =>
         {
             var random = new Random(1000 + t);
             byte[] value = new byte[ValueSize];
@@ -211,13 +216,14 @@ internal static class DurabilityHarness
             }
 
             Interlocked.Add(ref total, ops);
-        })).ToList();
+        }))).ToList();
         workers.ForEach(w => w.Start());
         go.SignalAndWait();
         var watch = Stopwatch.StartNew();
         Thread.Sleep(TimeSpan.FromSeconds(seconds));
         Volatile.Write(ref stop, 1);
         workers.ForEach(w => w.Join());
+        failure.ThrowIfFailed();
         return total / watch.Elapsed.TotalSeconds / 1e6;
     }
 
@@ -291,7 +297,8 @@ internal static class DurabilityHarness
                 using BufferedDurableHeap heap = BufferedDurableHeap.Create(path, new HeapFileOptions { Size = 512L << 20, Domain = domain }, new BufferedDurableHeapOptions { AdvancePeriod = TimeSpan.FromMilliseconds(20) });
                 var map = new PersistentByteMap<long>(heap, MapTypeId);
                 int stop = 0;
-                var writer = new Thread(() =>
+                var failure = new WorkerFailure();
+                var writer = new Thread(failure.Guard(() =>
                 {
                     var random = new Random(7);
                     byte[] value = new byte[ValueSize];
@@ -308,7 +315,7 @@ internal static class DurabilityHarness
                             map.Remove(key);
                         }
                     }
-                });
+                }));
                 writer.Start();
                 var latencies = new List<double>();
                 var random = new Random(8);
@@ -322,6 +329,7 @@ internal static class DurabilityHarness
 
                 Volatile.Write(ref stop, 1);
                 writer.Join();
+                failure.ThrowIfFailed();
                 latencies.Sort();
                 double P(double q) => latencies[(int)Math.Min(latencies.Count - 1, q * latencies.Count)];
                 Console.WriteLine(FormattableString.Invariant($"Sync latency, {domain} (pmem path {heap.Heap.File.Domain.IsPersistentMemory}; write-back: {WriteBack(heap.Heap.File)}), 20 ms period, 1 writer thread (1 KB set/remove), 200 Syncs: p50 {P(0.5):0.00} ms ({P(0.5) / 20:0.00} periods), p90 {P(0.9):0.00} ms, p99 {P(0.99):0.00} ms, max {latencies[^1]:0.00} ms"));
@@ -402,9 +410,11 @@ internal static class DurabilityHarness
 
     private static void Parallel(int threads, Action<int> body)
     {
-        var list = Enumerable.Range(0, threads).Select(t => new Thread(() => body(t))).ToList();
+        var failure = new WorkerFailure();
+        var list = Enumerable.Range(0, threads).Select(t => new Thread(failure.Guard(() => body(t)))).ToList();
         list.ForEach(t => t.Start());
         list.ForEach(t => t.Join());
+        failure.ThrowIfFailed();
     }
 
     private static long Scramble(long i) => (long)(((ulong)i * 0x9E37_79B9_7F4A_7C15UL) >> 1);

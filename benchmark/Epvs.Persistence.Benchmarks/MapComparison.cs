@@ -6,6 +6,7 @@ using System.IO;
 using System.Linq;
 using System.Runtime.InteropServices;
 using System.Threading;
+using Epvs.Benchmarks;
 
 namespace Epvs.Persistence.Benchmarks;
 
@@ -41,46 +42,42 @@ internal static class MapComparison
     {
         output.WriteLine($"# EPVS persistent map vs ConcurrentDictionary: {Environment.ProcessorCount} logical CPUs, {RuntimeInformation.OSDescription}, {RuntimeInformation.ProcessArchitecture}, .NET {Environment.Version}");
         output.WriteLine($"# key range {s.KeyRange:N0} (all preloaded), long keys and values, {s.Duration.TotalMilliseconds:0} ms per cell, {s.Repetitions} interleaved repetitions (median), threads {string.Join(",", s.Threads)}, domain {s.Domain}, files in {s.Directory}{(s.Quick ? ", QUICK mode" : string.Empty)}");
+        // Every file of the run lives in a directory of its own, deleted on the way out and also when Ctrl-C, SIGTERM
+        // or an unhandled exception ends the process (none of which runs finally blocks).
+        using var files = new TemporaryDirectory(s.Directory, "epvs-compare-");
+        output.WriteLine($"# heap files in {files.Path}");
         output.Flush();
-        string path = Path.Combine(s.Directory, $"epvs-compare-{Guid.NewGuid():N}.heap");
-        string transientPath = path + ".transient";
-        try
+        string path = files.File("map.heap");
+        string transientPath = files.File("map.heap.transient");
+        long heapSize = Math.Max(64L << 20, (long)s.KeyRange * 256);
+        using (BufferedDurableHeap heap = BufferedDurableHeap.Create(path, new HeapFileOptions { Size = heapSize, Domain = s.Domain, MappedFileWriteBack = s.WriteBack }, new BufferedDurableHeapOptions { AdvancePeriod = Period, MaxVersionAge = s.MaxVersionAge }))
+        using (BufferedDurableHeap transient = BufferedDurableHeap.Create(transientPath, new HeapFileOptions { Size = heapSize, Domain = s.Domain, MappedFileWriteBack = s.WriteBack }, new BufferedDurableHeapOptions { AdvancePeriod = Period, Mode = DurabilityMode.Transient }))
         {
-            long heapSize = Math.Max(64L << 20, (long)s.KeyRange * 256);
-            using (BufferedDurableHeap heap = BufferedDurableHeap.Create(path, new HeapFileOptions { Size = heapSize, Domain = s.Domain, MappedFileWriteBack = s.WriteBack }, new BufferedDurableHeapOptions { AdvancePeriod = Period, MaxVersionAge = s.MaxVersionAge }))
-            using (BufferedDurableHeap transient = BufferedDurableHeap.Create(transientPath, new HeapFileOptions { Size = heapSize, Domain = s.Domain, MappedFileWriteBack = s.WriteBack }, new BufferedDurableHeapOptions { AdvancePeriod = Period, Mode = DurabilityMode.Transient }))
+            var map = new PersistentHashMap<long, long>(heap, MapTypeId);
+            var transientMap = new PersistentHashMap<long, long>(transient, MapTypeId);
+            var dictionary = new ConcurrentDictionary<long, long>();
+            HeapFile file = heap.Heap.File;
+            output.WriteLine($"# map heap: domain {file.Domain.Kind}{(file.MappedFileWriteBack is { } writeBack ? $" ({writeBack})" : string.Empty)}, persistent memory {file.Domain.IsPersistentMemory}");
+            Progress(output, "preloading the three maps");
+            for (long k = 0; k < s.KeyRange; k++)
             {
-                var map = new PersistentHashMap<long, long>(heap, MapTypeId);
-                var transientMap = new PersistentHashMap<long, long>(transient, MapTypeId);
-                var dictionary = new ConcurrentDictionary<long, long>();
-                HeapFile file = heap.Heap.File;
-                output.WriteLine($"# map heap: domain {file.Domain.Kind}{(file.MappedFileWriteBack is { } writeBack ? $" ({writeBack})" : string.Empty)}, persistent memory {file.Domain.IsPersistentMemory}");
-                Progress(output, "preloading the three maps");
-                for (long k = 0; k < s.KeyRange; k++)
-                {
-                    map.Set(k, k);
-                    transientMap.Set(k, k);
-                    dictionary[k] = k;
-                }
-
-                Throughput(s, map, transientMap, dictionary, output);
+                map.Set(k, k);
+                transientMap.Set(k, k);
+                dictionary[k] = k;
             }
 
-            File.Delete(transientPath);
-            using (BufferedDurableHeap heap = BufferedDurableHeap.Open(path, new HeapFileOptions { Domain = s.Domain, MappedFileWriteBack = s.WriteBack }, new BufferedDurableHeapOptions { AdvancePeriod = Period, MaxVersionAge = s.MaxVersionAge }))
-            {
-                SyncAndLag(s, heap, new PersistentHashMap<long, long>(heap, MapTypeId), output);
-            }
+            Throughput(s, map, transientMap, dictionary, output);
+        }
 
-            File.Delete(path);
-            Recovery(s, path, output);
-            return 0;
-        }
-        finally
+        File.Delete(transientPath);
+        using (BufferedDurableHeap heap = BufferedDurableHeap.Open(path, new HeapFileOptions { Domain = s.Domain, MappedFileWriteBack = s.WriteBack }, new BufferedDurableHeapOptions { AdvancePeriod = Period, MaxVersionAge = s.MaxVersionAge }))
         {
-            File.Delete(path);
-            File.Delete(transientPath);
+            SyncAndLag(s, heap, new PersistentHashMap<long, long>(heap, MapTypeId), output);
         }
+
+        File.Delete(path);
+        Recovery(s, path, output);
+        return 0;
     }
 
     private static void Progress(TextWriter output, string what)
@@ -261,11 +258,12 @@ internal static class MapComparison
         long workerNanoseconds = 0;
         using var start = new Barrier(threads + 1);
         var workers = new Thread[threads];
+        var failure = new WorkerFailure();
         for (int t = 0; t < threads; t++)
         {
             int seed = t;
             Action<long, long> body = newBody();
-            workers[t] = new Thread(() =>
+            workers[t] = new Thread(failure.Guard(() =>
             {
                 ulong x = (ulong)(seed + 1) * 0x9E37_79B9_7F4A_7C15UL;
                 long ops = 0;
@@ -289,7 +287,7 @@ internal static class MapComparison
                 Interlocked.Add(ref total, ops);
                 long cpuAtEnd = ThreadCpuNanoseconds();
                 Interlocked.Add(ref workerNanoseconds, cpuAtStart < 0 || cpuAtEnd < 0 ? long.MinValue / 64 : cpuAtEnd - cpuAtStart);
-            })
+            }))
             { IsBackground = true, Name = $"{name}-{t}" };
             workers[t].Start();
         }
@@ -305,6 +303,7 @@ internal static class MapComparison
             worker.Join();
         }
 
+        failure.ThrowIfFailed();
         double seconds = watch.Elapsed.TotalSeconds;
         cpu = Process.GetCurrentProcess().TotalProcessorTime - cpu;
         long onCpu = Interlocked.Read(ref workerNanoseconds);
@@ -334,10 +333,11 @@ internal static class MapComparison
         Progress(output, $"Sync latency and durability lag under {Writers(s.LagWriters)}, {s.Syncs} samples each");
         int stop = 0;
         var writers = new List<Thread>();
+        var failure = new WorkerFailure();
         for (int w = 0; w < s.LagWriters; w++)
         {
             int seed = 7 + w;
-            var writer = new Thread(() =>
+            var writer = new Thread(failure.Guard(() =>
             {
                 var random = new Random(seed);
                 // Volatile.Read: acquire; pairs with the Volatile.Write below.
@@ -346,7 +346,7 @@ internal static class MapComparison
                     long key = random.Next(s.KeyRange);
                     map.Set(key, key);
                 }
-            })
+            }))
             { IsBackground = true };
             writer.Start();
             writers.Add(writer);
@@ -390,6 +390,7 @@ internal static class MapComparison
             writer.Join();
         }
 
+        failure.ThrowIfFailed();
         double p = Period.TotalMilliseconds;
 
         // Versions advanced while the writer ran: the mean time of one advance cycle (transition, write-back of the

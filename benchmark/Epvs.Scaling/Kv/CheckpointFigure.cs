@@ -4,6 +4,7 @@ using System.Collections.Generic;
 using System.IO;
 using System.Linq;
 using System.Threading;
+using Epvs.Benchmarks;
 using Epvs.Samples.CprCheckpoint;
 using Epvs.Scaling.Arrays;
 using Epvs.Scaling.Harness;
@@ -40,7 +41,10 @@ public static class CheckpointFigure
     {
         // Several checkpoints per measured run: one every tenth of it (50 ms in the published 500 ms runs).
         var interval = TimeSpan.FromMilliseconds(Math.Max(5, settings.Duration.TotalMilliseconds / 10));
-        string root = Path.Combine(Path.GetTempPath(), "epvs-fig16-" + Guid.NewGuid().ToString("N"));
+        // The checkpoint files live in a directory of their own, deleted on the way out and also when Ctrl-C, SIGTERM
+        // or an unhandled exception ends the process (none of which runs finally blocks).
+        using var checkpointFiles = new TemporaryDirectory(Path.GetTempPath(), "epvs-fig16-");
+        string root = checkpointFiles.Path;
         var fig = new FigureResult("fig16", "Checkpointing a KV store, YCSB 50:50 uniform, fine and coarse regions (paper Fig. 16)", "threads",
             settings.Threads.Select(ArrayFigures.Str), xIsThreads: true);
         var mechanisms = new (string Name, Mechanism M)[]
@@ -50,32 +54,19 @@ public static class CheckpointFigure
             ("RW-latch checkpoint", Mechanism.Latch),
             ("FASTER CPR", Mechanism.Faster),
         };
-        try
+        foreach (bool coarse in new[] { false, true })
         {
-            foreach (bool coarse in new[] { false, true })
+            foreach ((string name, Mechanism m) in mechanisms)
             {
-                foreach ((string name, Mechanism m) in mechanisms)
+                string series = $"{name}, {(coarse ? "coarse" : "fine")}";
+                foreach (int threads in settings.Threads)
                 {
-                    string series = $"{name}, {(coarse ? "coarse" : "fine")}";
-                    foreach (int threads in settings.Threads)
-                    {
-                        int t = threads;
-                        fig.Schedule(series, ArrayFigures.Str(t), t, () => Setup(m, coarse, series, t, interval, root));
-                    }
+                    int t = threads;
+                    fig.Schedule(series, ArrayFigures.Str(t), t, () => Setup(m, coarse, series, t, interval, root));
                 }
             }
-            fig.RunScheduled(settings);
         }
-        finally
-        {
-            try
-            {
-                Directory.Delete(root, recursive: true);
-            }
-            catch (IOException)
-            {
-            }
-        }
+        fig.RunScheduled(settings);
 
         fig.Note($"{Keys:N0} keys loaded first; each operation reads or upserts (50:50) a uniformly random key; one client/session per thread. Fine: one operation per protected region (stop flag read every {FineBatch}). Coarse: {CoarseBatch:N0} operations per region, refreshing protection (EPVS Refresh, FASTER UnsafeContext.Refresh, or releasing and retaking the shared latch) between regions.");
         fig.Note($"A driver thread (not counted) takes a checkpoint, waits for it to complete, then pauses {interval.TotalMilliseconds:0} ms, until the run ends. Checkpoint files go to a temporary directory on the local disk, without fsync; the paper wrote to /dev/null.");

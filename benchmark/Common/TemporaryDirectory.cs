@@ -1,0 +1,125 @@
+using System;
+using System.Collections.Generic;
+using System.IO;
+using System.Runtime.InteropServices;
+using System.Threading;
+
+namespace Epvs.Benchmarks;
+
+/// <summary>
+/// A fresh directory for a benchmark's files (heap files of hundreds of MiB to GiB), deleted on <see cref="Dispose"/>
+/// and also when the process is ended by SIGINT (Ctrl-C) or SIGTERM, or by an unhandled exception: none of these runs
+/// <c>finally</c> blocks. Unlinking a file that is still mapped and open is fine on Linux (its space is freed when the
+/// process is gone). The process then terminates as it would have (the signal's default handling is not cancelled).
+/// </summary>
+public sealed class TemporaryDirectory : IDisposable
+{
+    private static readonly Lock Gate = new();
+    private static readonly HashSet<TemporaryDirectory> Live = new();
+    private static readonly List<PosixSignalRegistration> Registrations = new();
+    private static bool terminating;
+    private int disposed;
+
+    /// <summary>Creates <c><paramref name="parent"/>/<paramref name="prefix"/>GUID</c> and registers it for deletion.</summary>
+    /// <param name="parent">An existing directory (the benchmark's --dir, EPVS_BENCH_DIR or the temp directory).</param>
+    /// <param name="prefix">The start of the directory's name, saying which program made it (<c>epvs-compare-</c>).</param>
+    /// <exception cref="OperationCanceledException">The process is terminating: a signal already deleted the others.</exception>
+    public TemporaryDirectory(string parent, string prefix)
+    {
+        ArgumentNullException.ThrowIfNull(parent);
+        ArgumentNullException.ThrowIfNull(prefix);
+        Path = System.IO.Path.Combine(parent, prefix + Guid.NewGuid().ToString("N"));
+        lock (Gate)
+        {
+            // Created under the lock: a signal's deletion sees either no directory (and this constructor then throws)
+            // or a registered one, never one created after it ran.
+            if (terminating)
+            {
+                throw new OperationCanceledException("The process is terminating.");
+            }
+
+            RegisterHandlers();
+            Directory.CreateDirectory(Path);
+            Live.Add(this);
+        }
+    }
+
+    /// <summary>The directory's full path.</summary>
+    public string Path { get; }
+
+    /// <summary>The path of <paramref name="name"/> in this directory.</summary>
+    /// <param name="name">A file name.</param>
+    /// <returns><c><see cref="Path"/>/<paramref name="name"/></c>.</returns>
+    public string File(string name) => System.IO.Path.Combine(Path, name);
+
+    /// <summary>Deletes the directory and what it holds; a second call does nothing. A failure is written to stderr, not thrown.</summary>
+    public void Dispose()
+    {
+        // Interlocked.Exchange: atomicity only; whoever disposes first deletes.
+        if (Interlocked.Exchange(ref disposed, 1) != 0)
+        {
+            return;
+        }
+
+        lock (Gate)
+        {
+            Live.Remove(this);
+        }
+
+        Delete(Path);
+    }
+
+    private static void RegisterHandlers()
+    {
+        if (Registrations.Count > 0)
+        {
+            return;
+        }
+
+        // The handlers run on a thread of their own while the benchmark's threads keep running; the process
+        // terminates after they return (context.Cancel stays false).
+        Registrations.Add(PosixSignalRegistration.Create(PosixSignal.SIGINT, _ => DeleteAll()));
+        Registrations.Add(PosixSignalRegistration.Create(PosixSignal.SIGTERM, _ => DeleteAll()));
+        AppDomain.CurrentDomain.UnhandledException += (_, _) => DeleteAll();
+    }
+
+    private static void DeleteAll()
+    {
+        lock (Gate)
+        {
+            terminating = true;
+            foreach (TemporaryDirectory directory in Live)
+            {
+                Delete(directory.Path);
+            }
+
+            Live.Clear();
+        }
+    }
+
+    private static void Delete(string path)
+    {
+        // The benchmark's threads may still be creating files in it (a signal does not stop them): retry the few times
+        // a recursive delete meets a directory that is no longer empty.
+        for (int attempt = 1; ; attempt++)
+        {
+            try
+            {
+                if (Directory.Exists(path))
+                {
+                    Directory.Delete(path, recursive: true);
+                }
+
+                return;
+            }
+            catch (Exception e) when (e is IOException or UnauthorizedAccessException)
+            {
+                if (attempt == 5)
+                {
+                    Console.Error.WriteLine($"warning: could not delete {path}: {e.Message}");
+                    return;
+                }
+            }
+        }
+    }
+}
