@@ -39,10 +39,12 @@ internal static class ComparisonCli
         var root = new RootCommand(
             "EPVS persistence benchmarks. Without a subcommand: the issue #10 table, side by side in one run — " +
             "PersistentHashMap vs ConcurrentDictionary upsert/read throughput, Sync latency and durability lag under load, 1 GiB crash recovery. " +
-            "'durability ...' runs the older per-mode harness; 'bdn ...' passes the rest to BenchmarkDotNet.")
+            "'durability ...' runs the older per-mode harness ('durability --help'); 'bdn ...' passes the rest to BenchmarkDotNet " +
+            "('bdn --help').")
         {
             quick, threads, keys, duration, repetitions, syncs, recovery, domain, writeBack, lagWriters, maxVersionAge, dir,
         };
+        root.Subcommands.Add(DurabilityHarness.CreateCommand());
         root.SetAction(parse =>
         {
             bool q = parse.GetValue(quick);
@@ -83,7 +85,7 @@ internal static class ComparisonCli
                 error.WriteLine($"error: {e.Message}");
             }
 
-            error.WriteLine("Try '--help'.");
+            error.WriteLine(parsed.CommandResult.Command == root ? "Try '--help'." : $"Try '{parsed.CommandResult.Command.Name} --help'.");
             return BadInput;
         }
 

@@ -1,5 +1,6 @@
 using System;
 using System.Collections.Generic;
+using System.CommandLine;
 using System.Diagnostics;
 using System.Globalization;
 using System.IO;
@@ -7,6 +8,7 @@ using System.Linq;
 using System.Runtime.CompilerServices;
 using System.Threading;
 using Epvs.Benchmarks;
+using Epvs.Samples;
 
 namespace Epvs.Persistence.Benchmarks;
 
@@ -23,11 +25,46 @@ internal static class DurabilityHarness
     private const int MapTypeId = 1;
     private const int QueueTypeId = 2;
 
-    internal static int Run(string[] args)
+    /// <summary>What <c>durability [part]</c> runs; <c>all</c> is every part but <c>leak</c>.</summary>
+    private static readonly string[] Parts = ["all", "throughput", "recovery", "sync", "advance", "leak"];
+
+    /// <summary>
+    /// The <c>durability</c> command: <c>[--seconds d] [--preload n] [--part p]</c>, or the positional form RESULTS.md
+    /// quotes, <c>durability [seconds-per-cell] [preload] [part]</c> (e.g. <c>durability 1 500000 throughput</c>).
+    /// </summary>
+    /// <param name="run">Runs the harness given seconds per cell, preload and part, returning the exit code; tests
+    /// replace it to see what would run.</param>
+    internal static Command CreateCommand(Func<double, int, string, int>? run = null)
     {
-        double seconds = args.Length > 1 ? double.Parse(args[1], CultureInfo.InvariantCulture) : 1.0;
-        int preload = args.Length > 2 ? int.Parse(args[2], CultureInfo.InvariantCulture) : 500_000;
-        string part = args.Length > 3 ? args[3] : "all";
+        run ??= Run;
+        var seconds = SampleCli.Duration("--seconds", "-s", "Measured time per throughput cell (strict through the page cache at most 0.5 s)", TimeSpan.FromSeconds(1), TimeSpan.FromMilliseconds(10), TimeSpan.FromMinutes(10), "seconds-per-cell");
+        var preload = SampleCli.Int("--preload", null, $"Keys preloaded into the map, of {KeyRange:N0}", 500_000, 0, KeyRange, "preload");
+        string parts = string.Join('|', Parts);
+        var partOption = new Option<string?>("--part") { Description = $"What to run: {parts} ('all' is every part but 'leak') [default: all]", HelpName = "part" };
+        partOption.AcceptOnlyFromAmong(Parts);
+        var partArgument = new Argument<string?>("part") { Description = "Same as --part (positional form)", HelpName = "part", Arity = ArgumentArity.ZeroOrOne };
+        partArgument.AcceptOnlyFromAmong(Parts);
+        var command = new Command(
+            "durability",
+            "The older per-mode harness: transient vs buffered vs strict throughput of the map and the queue per domain, " +
+            "1 GB recovery, Sync latency, the cost of one advance. Files go to EPVS_BENCH_DIR or the temp directory.");
+        seconds.AddTo(command);
+        preload.AddTo(command);
+        command.Add(partOption);
+        command.Add(partArgument);
+        command.Validators.Add(result =>
+        {
+            if (result.GetResult(partOption) is { Tokens.Count: > 0 } && result.GetResult(partArgument) is { Tokens.Count: > 0 })
+            {
+                result.AddError("--part and <part> set the same thing: give one of them.");
+            }
+        });
+        command.SetAction(parse => run(seconds.Value(parse).TotalSeconds, preload.Value(parse), parse.GetValue(partArgument) ?? parse.GetValue(partOption) ?? "all"));
+        return command;
+    }
+
+    private static int Run(double seconds, int preload, string part)
+    {
         // Every file of the run lives in a directory of its own, deleted on the way out and also when Ctrl-C, SIGTERM
         // or an unhandled exception ends the process (none of which runs finally blocks).
         using var files = new TemporaryDirectory(Environment.GetEnvironmentVariable("EPVS_BENCH_DIR") ?? Path.GetTempPath(), "epvs-durability-");

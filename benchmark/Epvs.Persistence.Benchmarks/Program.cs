@@ -1,12 +1,6 @@
 using System;
 using Epvs.Persistence.Benchmarks;
 
-if (args.Length > 0 && args[0] == "durability")
-{
-    // dotnet run -c Release --project benchmark/Epvs.Persistence.Benchmarks -- durability [seconds-per-cell] [preload] [all|throughput|recovery|sync]
-    return DurabilityHarness.Run(args);
-}
-
 if (args.Length > 0 && args[0] == "bdn")
 {
     // dotnet run -c Release --project benchmark/Epvs.Persistence.Benchmarks -- bdn --filter '*' [--job short]
@@ -14,5 +8,7 @@ if (args.Length > 0 && args[0] == "bdn")
     return PersistenceSuite.Run(args[1..], Console.Out, Console.Error);
 }
 
-// The issue #10 comparison table (--help for the options).
+// The issue #10 comparison table, and the older harness:
+//   dotnet run -c Release --project benchmark/Epvs.Persistence.Benchmarks -- durability [seconds-per-cell] [preload] [all|throughput|recovery|sync|advance|leak]
+// (--help, durability --help for the options).
 return ComparisonCli.Run(args, Console.Out, Console.Error);
