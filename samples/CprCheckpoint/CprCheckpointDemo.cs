@@ -15,7 +15,8 @@ public static class CprCheckpointDemo
     /// <param name="DuplicatesApplied">Resent requests that were applied again (must be 0).</param>
     /// <param name="Checkpoints">Checkpoints completed.</param>
     /// <param name="RecoveredVersion">The version recovered afterwards.</param>
-    /// <param name="Inconsistencies">Inconsistencies in the recovered checkpoint (must be 0).</param>
+    /// <param name="Inconsistencies">Inconsistencies in every checkpoint taken under load, each checked as it completed,
+    /// and in the recovered one (must be 0).</param>
     /// <param name="Seconds">Duration.</param>
     public sealed record Result(long Requests, long DuplicatesApplied, long Checkpoints, long RecoveredVersion, int Inconsistencies, double Seconds);
 
@@ -25,7 +26,12 @@ public static class CprCheckpointDemo
     /// <param name="clients">Client threads.</param>
     /// <param name="interval">Pause between checkpoints.</param>
     /// <returns>The result.</returns>
-    public static Result Run(TextWriter output, TimeSpan duration, int clients = 2, TimeSpan? interval = null)
+    public static Result Run(TextWriter output, TimeSpan duration, int clients = 2, TimeSpan? interval = null) =>
+        Run(output, duration, clients, interval, breakAtomicityForTesting: false);
+
+    /// <summary><see cref="Run(TextWriter, TimeSpan, int, TimeSpan?)"/>, with the store's broken control for tests
+    /// (<see cref="CprStore.BreakDedupAtomicityForTesting"/>), which the demo's own check must catch.</summary>
+    internal static Result Run(TextWriter output, TimeSpan duration, int clients, TimeSpan? interval, bool breakAtomicityForTesting)
     {
         ArgumentNullException.ThrowIfNull(output);
         TimeSpan pause = interval ?? TimeSpan.FromMilliseconds(5);
@@ -33,10 +39,11 @@ public static class CprCheckpointDemo
         try
         {
             long requests = 0, duplicates = 0, checkpoints;
-            int stop = 0;
+            int stop = 0, inconsistencies = 0, checkedUnderLoad = 0;
             var clock = Stopwatch.StartNew();
             using (var store = new CprStore(directory, new CprStoreOptions { RetainedCheckpoints = 3 }))
             {
+                store.BreakDedupAtomicityForTesting = breakAtomicityForTesting;
                 var tasks = new Task[clients];
                 for (int c = 0; c < clients; c++)
                 {
@@ -51,7 +58,12 @@ public static class CprCheckpointDemo
                 }
                 while (clock.Elapsed < duration)
                 {
-                    store.TakeCheckpointAsync().GetAwaiter().GetResult();
+                    // Each checked as it completes, cut while requests are in flight: what the protocol must get right.
+                    // (The final one below, taken at rest, would be consistent whatever the protocol did; it used to be
+                    // the only one checked.)
+                    CheckpointInfo taken = store.TakeCheckpointAsync().GetAwaiter().GetResult();
+                    inconsistencies += DedupWorkload.FindInconsistencies(CheckpointFile.Read(taken.Path)).Count;
+                    checkedUnderLoad++;
                     Thread.Sleep(pause);
                 }
                 Volatile.Write(ref stop, 1); // release
@@ -63,12 +75,13 @@ public static class CprCheckpointDemo
             double seconds = clock.Elapsed.TotalSeconds;
 
             using CprStore recovered = CprStore.Recover(directory, out RecoveryReport report);
-            int inconsistencies = DedupWorkload.FindInconsistencies(CheckpointFile.Read(report.RecoveredPath!)).Count;
+            inconsistencies += DedupWorkload.FindInconsistencies(CheckpointFile.Read(report.RecoveredPath!)).Count;
             var result = new Result(requests, duplicates, checkpoints, report.RecoveredVersion ?? 0, inconsistencies, seconds);
             output.WriteLine($"  {clients} client threads, a checkpoint every {pause.TotalMilliseconds:0} ms for {duration.TotalSeconds:0.#} s, written to a temporary directory ({directory}, deleted afterwards)");
             output.WriteLine($"  {result.Requests:N0} requests ({result.Requests / seconds / 1e6:0.00} M/s) applied; resent requests applied twice: {result.DuplicatesApplied}");
             output.WriteLine($"  {result.Checkpoints:N0} checkpoints taken (REST -> WAIT_FLUSH -> REST), each a real file, fsynced and renamed");
-            output.WriteLine($"  recovered checkpoint {result.RecoveredVersion} ({recovered.KeyCount:N0} keys, {report.ClientSequenceNumbers.Count} clients' commit points); inconsistencies: {result.Inconsistencies}");
+            output.WriteLine($"  recovered checkpoint {result.RecoveredVersion} ({recovered.KeyCount:N0} keys, {report.ClientSequenceNumbers.Count} clients' commit points)");
+            output.WriteLine($"  inconsistencies in the {checkedUnderLoad:N0} checkpoints taken under load (each checked as it completed) and the recovered one: {result.Inconsistencies}");
             return result;
         }
         finally
