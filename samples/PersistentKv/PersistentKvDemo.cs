@@ -61,7 +61,9 @@ public static class PersistentKvDemo
 
     private static string KillChild(string assembly, string path, TimeSpan duration, List<string> lines, TextWriter output)
     {
-        var start = new ProcessStartInfo(DotnetHost()) { RedirectStandardOutput = true, RedirectStandardError = true, UseShellExecute = false };
+        // Its standard input stays open and empty while this process lives: the child exits at its end, so it never
+        // outlives this process (see PersistentKvWriter.Run).
+        var start = new ProcessStartInfo(DotnetHost()) { RedirectStandardInput = true, RedirectStandardOutput = true, RedirectStandardError = true, UseShellExecute = false };
         start.ArgumentList.Add("exec");
         start.ArgumentList.Add(assembly);
         start.ArgumentList.Add(PersistentKvWriter.Role);

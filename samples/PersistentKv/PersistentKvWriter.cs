@@ -17,9 +17,10 @@ internal static class PersistentKvWriter
     internal const int KeysPerThread = 500;
     internal const int MapTypeId = 1;
 
-    /// <summary>The child process: create the heap and write until killed.</summary>
+    /// <summary>The child process: create the heap and write until killed, or until its parent is gone.</summary>
     internal static int Run(string path, int seed)
     {
+        ExitWhenTheParentIsGone();
         var heap = BufferedDurableHeap.Create(path, new HeapFileOptions { Size = 64L << 20 }, new BufferedDurableHeapOptions { AdvancePeriod = TimeSpan.FromMilliseconds(20) });
         var map = new PersistentByteMap<long>(heap, MapTypeId);
         // The parent waits for "ready" and prints the rest of the line.
@@ -40,6 +41,28 @@ internal static class PersistentKvWriter
 
         return 0;
     }
+
+    /// <summary>
+    /// The parent holds this process's standard input open and never writes to it: end of input means the parent is
+    /// gone, however it ended (a SIGINT or SIGKILL sent to it alone, an IDE's stop, a timeout), and this process exits
+    /// too. It used to write for ever, orphaned, at most of a core.
+    /// </summary>
+    private static void ExitWhenTheParentIsGone()
+    {
+        var watch = new Thread(() =>
+        {
+            while (Console.In.ReadLine() is not null)
+            {
+            }
+
+            Environment.Exit(ParentGone);
+        })
+        { IsBackground = true, Name = "parent-watch" };
+        watch.Start();
+    }
+
+    /// <summary>The exit code of a writer whose parent is gone.</summary>
+    internal const int ParentGone = 3;
 
     internal static void Write(BufferedDurableHeap heap, PersistentByteMap<long> map, int thread, int seed, CancellationToken stop, Action<string> log)
     {
