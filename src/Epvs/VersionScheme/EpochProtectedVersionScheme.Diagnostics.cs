@@ -70,6 +70,8 @@ public sealed partial class EpochProtectedVersionScheme
     /// <see cref="TryAdvanceVersionWithCriticalSection"/>, with no other thread entering meanwhile, stays unreported however
     /// long it is held back. Poll <see cref="GetThreadsBlockingTransition"/> for such steps (it names the same threads), or
     /// request the transition with a form that waits for it (<c>spin: true</c>, or <see cref="AdvanceVersionAsync"/>).</para>
+    /// <para>A step the machine itself delays (its <see cref="VersionSchemeStateMachine.GetNextStep"/> returns false) is
+    /// held back by no thread: it is neither reported here nor listed by <see cref="GetThreadsBlockingTransition"/>.</para>
     /// </remarks>
     public event EventHandler<TransitionStalledEventArgs>? TransitionStalled;
 

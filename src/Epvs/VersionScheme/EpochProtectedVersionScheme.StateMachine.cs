@@ -478,7 +478,10 @@ public sealed partial class EpochProtectedVersionScheme
     /// GetNextStep that signals every time it declines therefore keeps its thread asking. After the <see cref="LightEpoch"/> under the scheme was disposed (a shared one, or its own through
     /// <see cref="Epoch"/>), a machine already in flight still takes its steps here: nobody can be protected any more, so
     /// each is safe at once, and nothing else would take a delayed one (its <see cref="VersionSchemeStateMachine.Completion"/>
-    /// would never come, and <see cref="Dispose"/> refuses while the machine runs).</remarks>
+    /// would never come, and <see cref="Dispose"/> refuses while the machine runs). A signal from a thread of your own
+    /// can race the end of the machine and a Dispose that awaited its <see cref="VersionSchemeStateMachine.Completion"/>
+    /// (another thread may take the step before your signal): join that thread before disposing, or catch
+    /// <see cref="ObjectDisposedException"/> there.</remarks>
     /// <exception cref="ObjectDisposedException">The scheme has been disposed; or the <see cref="LightEpoch"/> under it was,
     /// and no machine is in flight (as <see cref="Enter()"/> reports it).</exception>
     public void SignalStepAvailable()

@@ -128,6 +128,10 @@ public sealed partial class EpochProtectedVersionScheme : IDisposable
     }
 
     /// <summary>The epoch under this scheme. For advanced uses only, such as sharing it with another scheme.</summary>
+    /// <remarks>A region entered on this epoch directly (<see cref="LightEpoch.Resume"/>,
+    /// <see cref="LightEpoch.EnterScope"/>) is not excluded by this scheme's critical sections: only one that began
+    /// before a transition was requested holds it back, and one that begins during the transition may overlap its
+    /// critical section. Guard whatever a critical section changes with this scheme's <see cref="Enter()"/>.</remarks>
     public LightEpoch Epoch => epoch;
 
     /// <summary>The current state, possibly intermediate. Outside a protected region it may change at any time. After

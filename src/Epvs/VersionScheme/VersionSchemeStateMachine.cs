@@ -83,6 +83,8 @@ public abstract class VersionSchemeStateMachine
     /// available yet (for example while waiting for I/O), and call
     /// <see cref="EpochProtectedVersionScheme.SignalStepAvailable"/> once it is.
     /// </summary>
+    /// <remarks>It may be called several times for one step, from any thread (every thread that asks for the step while
+    /// it is not available calls it again): make starting work from it idempotent (a once-guard).</remarks>
     /// <param name="currentState">The current state (never intermediate).</param>
     /// <param name="nextState">The state to enter: a phase below 128, and a version between the current one and
     /// <see cref="ActualToVersion"/>.</param>
@@ -110,6 +112,16 @@ public abstract class VersionSchemeStateMachine
     /// Runs after <paramref name="state"/> is published; may interleave with protected regions. Use it for heavy
     /// work that needs no exclusion (copying, flushing), then return; the next step is requested afterwards.
     /// </summary>
+    /// <remarks>
+    /// As in FASTER, it runs on whichever thread takes the step, which may be a thread of this scheme's epoch that is
+    /// itself protected: inside its <see cref="EpochProtectedVersionScheme.Refresh"/> (which announces the new epoch
+    /// before it runs what became safe) or inside a nested region's leave. So do not wait here for the epoch to move on
+    /// (a task of <see cref="LightEpoch.BumpCurrentEpochAsync(System.Action)"/>, a transition of a scheme on this epoch):
+    /// the thread's own protection holds it back, and the wait never ends. Long work delays that thread's call too.
+    /// For work that must wait, start it here (or in <see cref="GetNextStep"/>), return, let
+    /// <see cref="GetNextStep"/> return false until it is done, and call
+    /// <see cref="EpochProtectedVersionScheme.SignalStepAvailable"/> from the thread that completes it.
+    /// </remarks>
     /// <param name="state">The state just entered.</param>
     public abstract void AfterEnteringState(VersionSchemeState state);
 
