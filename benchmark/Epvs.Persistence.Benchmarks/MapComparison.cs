@@ -7,6 +7,7 @@ using System.Linq;
 using System.Runtime.InteropServices;
 using System.Threading;
 using Epvs.Benchmarks;
+using Epvs.Samples;
 
 namespace Epvs.Persistence.Benchmarks;
 

@@ -35,65 +35,53 @@ public static class CprCheckpointDemo
     {
         ArgumentNullException.ThrowIfNull(output);
         TimeSpan pause = interval ?? TimeSpan.FromMilliseconds(5);
-        string directory = Path.Combine(Path.GetTempPath(), "epvs-cpr-demo-" + Guid.NewGuid().ToString("N"));
-        try
+        // Deleted afterwards, and on Ctrl-C or SIGTERM too (its checkpoint files were left behind).
+        using var temporary = new TemporaryDirectory(Path.GetTempPath(), "epvs-cpr-demo-");
+        string directory = temporary.Path;
+        long requests = 0, duplicates = 0, checkpoints;
+        int stop = 0, inconsistencies = 0, checkedUnderLoad = 0;
+        var clock = Stopwatch.StartNew();
+        using (var store = new CprStore(directory, new CprStoreOptions { RetainedCheckpoints = 3 }))
         {
-            long requests = 0, duplicates = 0, checkpoints;
-            int stop = 0, inconsistencies = 0, checkedUnderLoad = 0;
-            var clock = Stopwatch.StartNew();
-            using (var store = new CprStore(directory, new CprStoreOptions { RetainedCheckpoints = 3 }))
+            store.BreakDedupAtomicityForTesting = breakAtomicityForTesting;
+            var tasks = new Task[clients];
+            for (int c = 0; c < clients; c++)
             {
-                store.BreakDedupAtomicityForTesting = breakAtomicityForTesting;
-                var tasks = new Task[clients];
-                for (int c = 0; c < clients; c++)
+                long client = c;
+                tasks[c] = Task.Factory.StartNew(() =>
                 {
-                    long client = c;
-                    tasks[c] = Task.Factory.StartNew(() =>
-                    {
-                        using CprSession session = store.OpenSession(client);
-                        (long applied, long dup) = DedupWorkload.RunClient(session, ref stop);
-                        Interlocked.Add(ref requests, applied);
-                        Interlocked.Add(ref duplicates, dup);
-                    }, TaskCreationOptions.LongRunning);
-                }
-                while (clock.Elapsed < duration)
-                {
-                    // Each checked as it completes, cut while requests are in flight: what the protocol must get right.
-                    // (The final one below, taken at rest, would be consistent whatever the protocol did; it used to be
-                    // the only one checked.)
-                    CheckpointInfo taken = store.TakeCheckpointAsync().GetAwaiter().GetResult();
-                    inconsistencies += DedupWorkload.FindInconsistencies(CheckpointFile.Read(taken.Path)).Count;
-                    checkedUnderLoad++;
-                    Thread.Sleep(pause);
-                }
-                Volatile.Write(ref stop, 1); // release
-                if (!Task.WaitAll(tasks, TimeSpan.FromSeconds(30)))
-                    throw new TimeoutException("A CPR client did not stop within 30 s.");
-                store.TakeCheckpointAsync().GetAwaiter().GetResult(); // a final one at rest
-                checkpoints = store.CheckpointsCompleted;
+                    using CprSession session = store.OpenSession(client);
+                    (long applied, long dup) = DedupWorkload.RunClient(session, ref stop);
+                    Interlocked.Add(ref requests, applied);
+                    Interlocked.Add(ref duplicates, dup);
+                }, TaskCreationOptions.LongRunning);
             }
-            double seconds = clock.Elapsed.TotalSeconds;
+            while (clock.Elapsed < duration)
+            {
+                // Each checked as it completes, cut while requests are in flight: what the protocol must get right.
+                // (The final one below, taken at rest, would be consistent whatever the protocol did; it used to be
+                // the only one checked.)
+                CheckpointInfo taken = store.TakeCheckpointAsync().GetAwaiter().GetResult();
+                inconsistencies += DedupWorkload.FindInconsistencies(CheckpointFile.Read(taken.Path)).Count;
+                checkedUnderLoad++;
+                Thread.Sleep(pause);
+            }
+            Volatile.Write(ref stop, 1); // release
+            if (!Task.WaitAll(tasks, TimeSpan.FromSeconds(30)))
+                throw new TimeoutException("A CPR client did not stop within 30 s.");
+            store.TakeCheckpointAsync().GetAwaiter().GetResult(); // a final one at rest
+            checkpoints = store.CheckpointsCompleted;
+        }
+        double seconds = clock.Elapsed.TotalSeconds;
 
-            using CprStore recovered = CprStore.Recover(directory, out RecoveryReport report);
-            inconsistencies += DedupWorkload.FindInconsistencies(CheckpointFile.Read(report.RecoveredPath!)).Count;
-            var result = new Result(requests, duplicates, checkpoints, report.RecoveredVersion ?? 0, inconsistencies, seconds);
-            output.WriteLine($"  {clients} client threads, a checkpoint every {pause.TotalMilliseconds:0} ms for {duration.TotalSeconds:0.#} s, written to a temporary directory ({directory}, deleted afterwards)");
-            output.WriteLine($"  {result.Requests:N0} requests ({result.Requests / seconds / 1e6:0.00} M/s) applied; resent requests applied twice: {result.DuplicatesApplied}");
-            output.WriteLine($"  {result.Checkpoints:N0} checkpoints taken (REST -> WAIT_FLUSH -> REST), each a real file, fsynced and renamed");
-            output.WriteLine($"  recovered checkpoint {result.RecoveredVersion} ({recovered.KeyCount:N0} keys, {report.ClientSequenceNumbers.Count} clients' commit points)");
-            output.WriteLine($"  inconsistencies in the {checkedUnderLoad:N0} checkpoints taken under load (each checked as it completed) and the recovered one: {result.Inconsistencies}");
-            return result;
-        }
-        finally
-        {
-            try
-            {
-                Directory.Delete(directory, recursive: true);
-            }
-            catch (IOException)
-            {
-                // best effort
-            }
-        }
+        using CprStore recovered = CprStore.Recover(directory, out RecoveryReport report);
+        inconsistencies += DedupWorkload.FindInconsistencies(CheckpointFile.Read(report.RecoveredPath!)).Count;
+        var result = new Result(requests, duplicates, checkpoints, report.RecoveredVersion ?? 0, inconsistencies, seconds);
+        output.WriteLine($"  {clients} client threads, a checkpoint every {pause.TotalMilliseconds:0} ms for {duration.TotalSeconds:0.#} s, written to a temporary directory ({directory}, deleted afterwards)");
+        output.WriteLine($"  {result.Requests:N0} requests ({result.Requests / seconds / 1e6:0.00} M/s) applied; resent requests applied twice: {result.DuplicatesApplied}");
+        output.WriteLine($"  {result.Checkpoints:N0} checkpoints taken (REST -> WAIT_FLUSH -> REST), each a real file, fsynced and renamed");
+        output.WriteLine($"  recovered checkpoint {result.RecoveredVersion} ({recovered.KeyCount:N0} keys, {report.ClientSequenceNumbers.Count} clients' commit points)");
+        output.WriteLine($"  inconsistencies in the {checkedUnderLoad:N0} checkpoints taken under load (each checked as it completed) and the recovered one: {result.Inconsistencies}");
+        return result;
     }
 }

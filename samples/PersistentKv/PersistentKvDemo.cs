@@ -29,28 +29,16 @@ public static class PersistentKvDemo
     public static PersistentKvDemoResult Run(TimeSpan duration, TextWriter output)
     {
         ArgumentNullException.ThrowIfNull(output);
-        string dir = Path.Combine(Path.GetTempPath(), "epvs-persistentkv-" + Guid.NewGuid().ToString("N"));
-        Directory.CreateDirectory(dir);
-        try
-        {
-            string path = Path.Combine(dir, "kv.heap");
-            var lines = new List<string>();
-            string crashKind = CanStartChild(out string? assembly)
-                ? KillChild(assembly!, path, duration, lines, output)
-                : SimulatePowerFailure(path, duration, lines, output);
-            return Verify(path, lines, crashKind, output);
-        }
-        finally
-        {
-            try
-            {
-                Directory.Delete(dir, recursive: true);
-            }
-            catch (IOException)
-            {
-                // Best effort.
-            }
-        }
+
+        // Deleted afterwards, and on Ctrl-C or SIGTERM too (the 64 MiB heap was left behind); the child exits with this
+        // process (see KillChild).
+        using var dir = new TemporaryDirectory(Path.GetTempPath(), "epvs-persistentkv-");
+        string path = dir.File("kv.heap");
+        var lines = new List<string>();
+        string crashKind = CanStartChild(out string? assembly)
+            ? KillChild(assembly!, path, duration, lines, output)
+            : SimulatePowerFailure(path, duration, lines, output);
+        return Verify(path, lines, crashKind, output);
     }
 
     private static bool CanStartChild(out string? assembly)

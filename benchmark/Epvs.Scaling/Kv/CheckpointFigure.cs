@@ -4,7 +4,7 @@ using System.Collections.Generic;
 using System.IO;
 using System.Linq;
 using System.Threading;
-using Epvs.Benchmarks;
+using Epvs.Samples;
 using Epvs.Samples.CprCheckpoint;
 using Epvs.Scaling.Arrays;
 using Epvs.Scaling.Harness;

@@ -4,10 +4,10 @@ using System.IO;
 using System.Runtime.InteropServices;
 using System.Threading;
 
-namespace Epvs.Benchmarks;
+namespace Epvs.Samples;
 
 /// <summary>
-/// A fresh directory for a benchmark's files (heap files of hundreds of MiB to GiB), deleted on <see cref="Dispose"/>
+/// A fresh directory for a sample's or a benchmark's files (heap files of up to GiB), deleted on <see cref="Dispose"/>
 /// and also when the process is ended by SIGINT (Ctrl-C) or SIGTERM, or by an unhandled exception: none of these runs
 /// <c>finally</c> blocks. Unlinking a file that is still mapped and open is fine on Linux (its space is freed when the
 /// process is gone). The process then terminates as it would have (the signal's default handling is not cancelled).
