@@ -1,6 +1,9 @@
 using System;
 using Epvs.Persistence.Benchmarks;
 
+// Ctrl-C or SIGTERM deletes a run's heap and checkpoint files too (see TemporaryDirectory).
+Epvs.Samples.TemporaryDirectory.DeleteAllOnTermination();
+
 if (args.Length > 0 && args[0] == "bdn")
 {
     // dotnet run -c Release --project benchmark/Epvs.Persistence.Benchmarks -- bdn --filter '*' [--job short]

@@ -7,11 +7,15 @@ using System.Threading;
 namespace Epvs.Samples;
 
 /// <summary>
-/// A fresh directory for a sample's or a benchmark's files (heap files of up to GiB), deleted on <see cref="Dispose"/>
-/// and also when the process is ended by SIGINT (Ctrl-C) or SIGTERM, or by an unhandled exception: none of these runs
-/// <c>finally</c> blocks. Unlinking a file that is still mapped and open is fine on Linux (its space is freed when the
-/// process is gone). The process then terminates as it would have (the signal's default handling is not cancelled).
+/// A fresh directory for a sample's or a benchmark's files (heap files of up to GiB), deleted on <see cref="Dispose"/>,
+/// and, in a program that called <see cref="DeleteAllOnTermination"/> from its Main, also when the process is ended by
+/// SIGINT (Ctrl-C) or SIGTERM, or by an unhandled exception: none of these runs <c>finally</c> blocks. Unlinking a file
+/// that is still mapped and open is fine on Linux (its space is freed when the process is gone). The process then
+/// terminates as it would have (the signal's default handling is not cancelled).
 /// </summary>
+/// <remarks>The signal hook is the program's choice, not the constructor's: a demo run inside a host of its own (a test
+/// runner, which may cancel Ctrl-C to stop its tests gracefully) must not have its live directories deleted, nor every
+/// later directory refused, by a signal the host handles.</remarks>
 public sealed class TemporaryDirectory : IDisposable
 {
     private static readonly Lock Gate = new();
@@ -38,7 +42,6 @@ public sealed class TemporaryDirectory : IDisposable
                 throw new OperationCanceledException("The process is terminating.");
             }
 
-            RegisterHandlers();
             Directory.CreateDirectory(Path);
             Live.Add(this);
         }
@@ -69,18 +72,25 @@ public sealed class TemporaryDirectory : IDisposable
         Delete(Path);
     }
 
-    private static void RegisterHandlers()
+    /// <summary>
+    /// Call once from the program's Main: from then on SIGINT, SIGTERM and an unhandled exception delete every live
+    /// directory before the process ends. A second call does nothing.
+    /// </summary>
+    public static void DeleteAllOnTermination()
     {
-        if (Registrations.Count > 0)
+        lock (Gate)
         {
-            return;
-        }
+            if (Registrations.Count > 0)
+            {
+                return;
+            }
 
-        // The handlers run on a thread of their own while the benchmark's threads keep running; the process
-        // terminates after they return (context.Cancel stays false).
-        Registrations.Add(PosixSignalRegistration.Create(PosixSignal.SIGINT, _ => DeleteAll()));
-        Registrations.Add(PosixSignalRegistration.Create(PosixSignal.SIGTERM, _ => DeleteAll()));
-        AppDomain.CurrentDomain.UnhandledException += (_, _) => DeleteAll();
+            // The handlers run on a thread of their own while the program's threads keep running; the process
+            // terminates after they return (context.Cancel stays false).
+            Registrations.Add(PosixSignalRegistration.Create(PosixSignal.SIGINT, _ => DeleteAll()));
+            Registrations.Add(PosixSignalRegistration.Create(PosixSignal.SIGTERM, _ => DeleteAll()));
+            AppDomain.CurrentDomain.UnhandledException += (_, _) => DeleteAll();
+        }
     }
 
     private static void DeleteAll()
@@ -99,8 +109,20 @@ public sealed class TemporaryDirectory : IDisposable
 
     private static void Delete(string path)
     {
-        // The benchmark's threads may still be creating files in it (a signal does not stop them): retry the few times
-        // a recursive delete meets a directory that is no longer empty.
+        // The program's threads may still be creating files in it (a signal does not stop them). Renamed first, so that
+        // they then miss it (DirectoryNotFound) instead of refilling the tree under the delete; then deleted, retrying
+        // the few times a recursive delete meets a directory that is no longer empty.
+        string tombstone = path + ".deleting";
+        try
+        {
+            Directory.Move(path, tombstone);
+            path = tombstone;
+        }
+        catch (Exception e) when (e is IOException or UnauthorizedAccessException)
+        {
+            // Gone already, or not movable: deleted where it is.
+        }
+
         for (int attempt = 1; ; attempt++)
         {
             try

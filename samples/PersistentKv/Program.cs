@@ -13,7 +13,12 @@ public static class Program
     /// <summary>Runs the sample on the console.</summary>
     /// <param name="args">The command line.</param>
     /// <returns>0 when the recovered map matches the op log, 1 otherwise, 2 on a bad command line.</returns>
-    public static int Main(string[] args) => Run(args, Console.Out, Console.Error);
+    public static int Main(string[] args)
+    {
+        // Ctrl-C or SIGTERM deletes the run's temporary files too (see TemporaryDirectory).
+        TemporaryDirectory.DeleteAllOnTermination();
+        return Run(args, Console.Out, Console.Error);
+    }
 
     /// <summary>Runs the sample with its output and errors going where the caller says (the tests call this).</summary>
     /// <param name="args">The command line.</param>

@@ -491,7 +491,18 @@ public sealed class LinearizabilityTests
             int threads = 2 + (seed % 3);
             int keys = new[] { 2, 3, 4, 8 }[seed % 4];
             int period = 1 + (seed % 5);
-            MapRun run = RunHashMap(seed, threads, keys, period, faults, reopen);
+            MapRun run;
+            try
+            {
+                run = RunHashMap(seed, threads, keys, period, faults, reopen);
+            }
+            catch (Exception e) when (faults != DurabilityFaults.None)
+            {
+                // A broken control may corrupt the heap enough for the heap's own checks to refuse it (a double free
+                // found at Dispose, say) before the checker sees the history: caught too (a review saw it fail the test).
+                return (runs + 1, operations, growths, versions, $"seed {seed}: the heap refused the broken variant: {e.GetType().Name}: {e.Message}");
+            }
+
             runs++;
             growths += run.Growths;
             versions += run.Versions;
