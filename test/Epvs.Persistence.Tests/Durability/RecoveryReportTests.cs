@@ -22,28 +22,16 @@ public sealed class RecoveryReportTests
     {
         // It used to leave them out: DroppedBeyondFrontier was set only after the resolve that adds it in (the Tour printed
         // "2,409 found, ...; freed 6,386 newer than the cut").
-        byte[] image;
-        using (var domain = new SimulatedPersistenceDomain(1 << 20, 8 << 20))
+        DurableRecoveryReport report = ReportAfterACrash(ManualStrict, heap =>
         {
-            using HeapFile file = HeapFile.Create(domain);
-            using (BufferedDurableHeap heap = BufferedDurableHeap.Open(file, ManualStrict))
+            // Strict: each operation writes back and fences its payload, so the blocks are on the durable image while no
+            // cycle has covered their version: a crash now drops them as beyond the frontier.
+            for (int i = 0; i < 10; i++)
             {
-                // Strict: each operation writes back and fences its payload, so the blocks are on the durable image while
-                // no cycle has covered their version: a crash now drops them as beyond the frontier.
-                for (int i = 0; i < 10; i++)
-                {
-                    using DurableOperation op = heap.BeginOperation();
-                    op.GetPayload(op.Allocate(16, typeId: 7)).Fill((byte)i);
-                }
-
-                image = domain.GetDurableImage();
+                using DurableOperation op = heap.BeginOperation();
+                op.GetPayload(op.Allocate(16, typeId: 7)).Fill((byte)i);
             }
-        }
-
-        using var crashed = SimulatedPersistenceDomain.FromImage(image, 8 << 20);
-        using HeapFile reopenedFile = HeapFile.Open(crashed);
-        using BufferedDurableHeap reopened = BufferedDurableHeap.Open(reopenedFile, Manual);
-        DurableRecoveryReport report = reopened.Recovery;
+        });
         Assert.Equal(10, report.DroppedBeyondFrontier);
         Assert.Equal(report.DroppedBeyondFrontier + report.Live + report.Superseded + report.Cancelled, report.ScannedPayloads);
     }
@@ -51,25 +39,39 @@ public sealed class RecoveryReportTests
     [Fact]
     public void Deletion_CountsItsPayloadAsSuperseded_AndItsAntiPayloadAsCancelled()
     {
+        DurableRecoveryReport report = ReportAfterACrash(Manual, heap =>
+        {
+            PayloadRef block;
+            using (DurableOperation op = heap.BeginOperation())
+            {
+                block = op.Allocate(16, typeId: 7);
+            }
+
+            heap.Sync();
+            using (DurableOperation op = heap.BeginOperation())
+            {
+                op.Delete(block);
+            }
+
+            heap.Sync();
+        });
+        Assert.True(report.ScannedPayloads == 2, "precondition: the payload and its anti-payload were both still in the file: " + report);
+        Assert.Equal(0, report.Live);
+        Assert.Equal(1, report.Superseded);
+        Assert.Equal(1, report.Cancelled);
+    }
+
+    /// <summary>Runs <paramref name="work"/> on a simulated heap, crashes it (its durable image) and returns what the
+    /// recovery of that image reports.</summary>
+    private static DurableRecoveryReport ReportAfterACrash(BufferedDurableHeapOptions options, Action<BufferedDurableHeap> work)
+    {
         byte[] image;
         using (var domain = new SimulatedPersistenceDomain(1 << 20, 8 << 20))
         {
             using HeapFile file = HeapFile.Create(domain);
-            using (BufferedDurableHeap heap = BufferedDurableHeap.Open(file, Manual))
+            using (BufferedDurableHeap heap = BufferedDurableHeap.Open(file, options))
             {
-                PayloadRef block;
-                using (DurableOperation op = heap.BeginOperation())
-                {
-                    block = op.Allocate(16, typeId: 7);
-                }
-
-                heap.Sync();
-                using (DurableOperation op = heap.BeginOperation())
-                {
-                    op.Delete(block);
-                }
-
-                heap.Sync();
+                work(heap);
                 image = domain.GetDurableImage();
             }
         }
@@ -77,11 +79,7 @@ public sealed class RecoveryReportTests
         using var crashed = SimulatedPersistenceDomain.FromImage(image, 8 << 20);
         using HeapFile reopenedFile = HeapFile.Open(crashed);
         using BufferedDurableHeap reopened = BufferedDurableHeap.Open(reopenedFile, Manual);
-        DurableRecoveryReport report = reopened.Recovery;
-        Assert.True(report.ScannedPayloads == 2, "precondition: the payload and its anti-payload were both still in the file: " + report);
-        Assert.Equal(0, report.Live);
-        Assert.Equal(1, report.Superseded);
-        Assert.Equal(1, report.Cancelled);
+        return reopened.Recovery;
     }
 
     [Fact]
