@@ -1,5 +1,4 @@
 using System;
-using System.Collections.Generic;
 using System.Diagnostics;
 using System.Threading;
 using System.Threading.Tasks;
@@ -66,11 +65,13 @@ internal static class InterruptShield
     /// <param name="loop">The loop.</param>
     /// <param name="degreeOfParallelism">The loop's: at 1 it runs on the calling thread, inside a shield (such a loop has
     /// no workers to wait for, and its frees go to the caller's cache, as they always did).</param>
-    /// <param name="pick">Which of the exceptions the loop's bodies threw to throw (a <see cref="Parallel"/> loop
-    /// gathers them in an <see cref="AggregateException"/>); the first when null. Thrown as itself, not wrapped: the
-    /// opens document their exceptions, and an <see cref="AggregateException"/> of an
-    /// <see cref="OutOfMemoryException"/> (a probe's open under a managed memory limit) was none of them.</param>
-    internal static void RunToItsEnd(Action loop, int degreeOfParallelism, Func<IReadOnlyList<Exception>, Exception>? pick = null)
+    /// <remarks>Of the exceptions the loop's bodies threw (a <see cref="Parallel"/> loop gathers them in an
+    /// <see cref="AggregateException"/>), one is thrown as itself, not wrapped: the opens document their exceptions, and
+    /// an <see cref="AggregateException"/> of an <see cref="OutOfMemoryException"/> (a probe's open under a managed
+    /// memory limit) was none of them. The file's damage first (<see cref="HeapFileException"/>, the structures'
+    /// <see cref="System.IO.InvalidDataException"/>), so that one worker's failure (out of memory, a key's user code)
+    /// never hides what another found wrong with the file; else the first.</remarks>
+    internal static void RunToItsEnd(Action loop, int degreeOfParallelism)
     {
         try
         {
@@ -78,7 +79,17 @@ internal static class InterruptShield
         }
         catch (AggregateException e) when (e.InnerExceptions.Count > 0)
         {
-            System.Runtime.ExceptionServices.ExceptionDispatchInfo.Throw(pick is null ? e.InnerExceptions[0] : pick(e.InnerExceptions));
+            Exception picked = e.InnerExceptions[0];
+            foreach (Exception inner in e.InnerExceptions)
+            {
+                if (inner is HeapFileException or System.IO.InvalidDataException)
+                {
+                    picked = inner;
+                    break;
+                }
+            }
+
+            System.Runtime.ExceptionServices.ExceptionDispatchInfo.Throw(picked);
         }
     }
 

@@ -122,11 +122,10 @@ internal static class StructureRecovery
             }
         }
 
-        // The heap's inconsistency first, else the first failure (a key's GetHashCode or Equals, user code, throwing
-        // during the rebuild).
+        // Throws the heap's inconsistency first, else the first failure (a key's GetHashCode or Equals, user code,
+        // throwing during the rebuild): see RunToItsEnd.
         InterruptShield.RunToItsEnd(
             () => Parallel.For(0, payloads.Count, new ParallelOptions { MaxDegreeOfParallelism = Math.Max(1, parallelism) }, i => add(payloads[i])),
-            Math.Max(1, parallelism),
-            failures => failures.FirstOrDefault(x => x is InvalidDataException) ?? failures[0]);
+            Math.Max(1, parallelism));
     }
 }

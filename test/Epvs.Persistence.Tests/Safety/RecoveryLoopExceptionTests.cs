@@ -29,4 +29,21 @@ public sealed class RecoveryLoopExceptionTests
             parallelism));
         Assert.Same(fault, thrown);
     }
+
+    [Fact]
+    public void RunToItsEnd_ThrowsTheFilesDamage_NotAnotherWorkersFailure()
+    {
+        // Two bodies fail together (the barrier holds both until both run): one out of memory, one finding the file
+        // damaged. The damage is what the open must report.
+        var damage = new System.IO.InvalidDataException("the file's damage");
+        using var both = new System.Threading.Barrier(2);
+        Exception thrown = Assert.ThrowsAny<Exception>(() => InterruptShield.RunToItsEnd(
+            () => Parallel.For(0, 2, new ParallelOptions { MaxDegreeOfParallelism = 2 }, i =>
+            {
+                Assert.True(both.SignalAndWait(TimeSpan.FromSeconds(30)), "the two bodies never ran together");
+                throw i == 0 ? new OutOfMemoryException("simulated") : damage;
+            }),
+            2));
+        Assert.Same(damage, thrown);
+    }
 }
