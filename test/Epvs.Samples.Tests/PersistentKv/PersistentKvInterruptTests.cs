@@ -20,7 +20,7 @@ public sealed class PersistentKvInterruptTests
     private static extern int kill(int pid, int sig);
 
     [Fact]
-    public void SampleInterrupted_NeitherItsWriterChildNorItsFilesOutliveIt()
+    public async System.Threading.Tasks.Task SampleInterrupted_NeitherItsWriterChildNorItsFilesOutliveIt()
     {
         Assert.SkipUnless(OperatingSystem.IsLinux(), "POSIX signals");
         string dll = Path.Combine(AppContext.BaseDirectory, "Epvs.Samples.PersistentKv.dll");
@@ -37,12 +37,25 @@ public sealed class PersistentKvInterruptTests
         start.Environment["TMPDIR"] = temp;
         using Process sample = Process.Start(start)!;
         int childPid = -1;
+        bool childGone = false;
         try
         {
+            sample.ErrorDataReceived += (_, _) => { }; // drained, so a chatty stderr never blocks the sample
+            sample.BeginErrorReadLine();
             var deadline = Stopwatch.StartNew();
             while (deadline.Elapsed < TimeSpan.FromSeconds(60))
             {
-                string? line = sample.StandardOutput.ReadLine();
+                // Bounded: a sample that hangs without output fails the test instead of hanging it.
+                string? line;
+                try
+                {
+                    line = await sample.StandardOutput.ReadLineAsync().WaitAsync(TimeSpan.FromSeconds(60));
+                }
+                catch (TimeoutException)
+                {
+                    break;
+                }
+
                 if (line is null)
                     break;
                 Match m = Regex.Match(line, @"writer child \(pid (\d+)\)");
@@ -57,7 +70,6 @@ public sealed class PersistentKvInterruptTests
             Assert.Equal(0, kill(sample.Id, 2)); // SIGINT to the sample only
             Assert.True(sample.WaitForExit(TimeSpan.FromSeconds(10)), "the sample did not stop on SIGINT");
 
-            bool childGone = false;
             var wait = Stopwatch.StartNew();
             while (wait.Elapsed < TimeSpan.FromSeconds(10) && !childGone)
             {
@@ -84,8 +96,8 @@ public sealed class PersistentKvInterruptTests
             {
             }
 
-            if (childPid > 0)
-                kill(childPid, 9);
+            if (childPid > 0 && !childGone)
+                kill(childPid, 9); // only a child seen alive: a gone child's pid may belong to another process by now
             if (!sample.HasExited)
                 sample.Kill();
         }

@@ -1,0 +1,37 @@
+using System.IO;
+using Xunit;
+
+namespace Epvs.Persistence.Tests;
+
+/// <summary>
+/// Creating on a read-only mount, through both creation paths. In the non-parallel collection: the in-place path is
+/// chosen through a process-wide test hook (<see cref="HeapFileTestHooks.CreateInPlace"/>), which tests of the unnamed
+/// path in other classes would see if they ran meanwhile (an audit's finding: a flake window of a few milliseconds).
+/// </summary>
+[Collection(nameof(InheritedLockTests))]
+public sealed class ReadOnlyMountCreateTests
+{
+    /// <summary>Creating on a read-only file system says so, whether the file is made unnamed (Linux) or in place: in
+    /// place it was reported as a full disk (the create's EROFS taken for a failed preallocation).</summary>
+    [Theory]
+    [InlineData(false)]
+    [InlineData(true)]
+    public void Create_OnAReadOnlyMount_ReportsReadOnly(bool inPlace)
+    {
+        using var dir = new TempDirectory();
+        string view = Path.Combine(dir.Path, "view");
+        Directory.CreateDirectory(view);
+        Assert.SkipUnless(HeapSafetyTests.Run("mount", "-t", "tmpfs", "-o", "ro,size=1m", "tmpfs", view), "needs root and mount(8) for a read-only mount");
+        HeapFileTestHooks.CreateInPlace = inPlace;
+        try
+        {
+            HeapFileException e = Assert.Throws<HeapFileException>(() => PersistentHeap.Create(Path.Combine(view, "a.heap"), new HeapFileOptions { Size = 1L << 20 }));
+            Assert.Equal(HeapFileError.ReadOnly, e.Error);
+        }
+        finally
+        {
+            HeapFileTestHooks.CreateInPlace = false;
+            HeapSafetyTests.Run("umount", view);
+        }
+    }
+}
