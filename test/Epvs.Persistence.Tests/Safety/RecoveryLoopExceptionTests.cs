@@ -46,4 +46,23 @@ public sealed class RecoveryLoopExceptionTests
             2));
         Assert.Same(damage, thrown);
     }
+
+    /// <summary>
+    /// The picker, deterministically: the loop's aggregate lists another worker's failure first (as a Parallel loop
+    /// does when that worker recorded first). The barrier test above catches a picker that takes the first only when
+    /// the out-of-memory happened to be recorded first.
+    /// </summary>
+    [Theory]
+    [InlineData(false)]
+    [InlineData(true)]
+    public void RunToItsEnd_ThrowsTheFilesDamage_WhenAnotherFailureIsListedFirst(bool heapFile)
+    {
+        Exception damage = heapFile
+            ? new HeapFileException(HeapFileError.Corrupt, "the file's damage")
+            : new System.IO.InvalidDataException("the file's damage");
+        Exception thrown = Assert.ThrowsAny<Exception>(() => InterruptShield.RunToItsEnd(
+            () => throw new AggregateException(new OutOfMemoryException("simulated"), new InvalidCastException("a key's user code"), damage),
+            1));
+        Assert.Same(damage, thrown);
+    }
 }

@@ -93,6 +93,7 @@ public sealed class ByteMapCrashTests
                 {
                     var random = new Random(seed);
                     int armed = 0;
+                    var running = System.Diagnostics.Stopwatch.StartNew();
                     try
                     {
                         while (!stop.IsCancellationRequested)
@@ -120,11 +121,13 @@ public sealed class ByteMapCrashTests
                             // 32 MiB domain, and arming for the whole 3 s captured hundreds of them (9 GB of the test
                             // host's memory, of which only about 60 were ever checked: a CI run's host was killed for
                             // want of memory).
+                            // Spread over the run (one arm per 3 s / MaxArmed), so late states are checked too.
                             try
                             {
-                                if (++armed <= MaxArmed)
+                                if (armed < MaxArmed && running.Elapsed.TotalMilliseconds >= 3000.0 * armed / MaxArmed)
                                 {
                                     domain.ArmCrash(domain.CrashPointCount + 200 + random.Next(3000), random.Next());
+                                    armed++;
                                 }
                             }
                             catch (ArgumentOutOfRangeException)
