@@ -622,7 +622,7 @@ public sealed unsafe partial class BufferedDurableHeap
                 // the last advance of Dispose, on its thread, the scheme can only have been disposed under the heap: it
                 // used to reach Dispose's caller as the scheme's bare ObjectDisposedException).
                 var failed = new InvalidOperationException(SchemeDisposedUnderHeap, e);
-                RecordAdvancerFault(failed);
+                RecordBackgroundFault(failed);
                 throw failed;
             }
 
@@ -668,7 +668,7 @@ public sealed unsafe partial class BufferedDurableHeap
                 var failed = new InvalidOperationException($"The version transition failed: {fault.Message}", fault);
                 if ((_faults & DurabilityFaults.ForgetTransitionFaults) == 0)
                 {
-                    RecordAdvancerFault(failed);
+                    RecordBackgroundFault(failed);
                 }
 
                 throw failed;
@@ -684,7 +684,7 @@ public sealed unsafe partial class BufferedDurableHeap
             catch (Exception e)
             {
                 // Recorded under the gate before anyone else can start a cycle: see the check above.
-                RecordAdvancerFault(e);
+                RecordBackgroundFault(e);
                 throw;
             }
         }
@@ -692,12 +692,6 @@ public sealed unsafe partial class BufferedDurableHeap
         {
             Monitor.Exit(_cycleGate);
         }
-    }
-
-    /// <summary>Records the first failed cycle (under the cycle gate): from then on nothing more becomes durable, and every SyncAsync waiting fails.</summary>
-    private void RecordAdvancerFault(Exception fault)
-    {
-        RecordBackgroundFault(fault);
     }
 
     private AdvanceStateMachine StartTransition(long deadline, long target, TimeSpan timeout)

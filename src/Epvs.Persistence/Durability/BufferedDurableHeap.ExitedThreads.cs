@@ -163,7 +163,7 @@ public sealed partial class BufferedDurableHeap
         // The first one found stays (a later look must not replace it: the heap's fault is compared with it by reference).
         // Interlocked.CompareExchange: full fence, before the fault is published below.
         Exception fault = Interlocked.CompareExchange(ref _exitedFault, new InvalidOperationException(why), null) ?? _exitedFault!;
-        RecordAdvancerFault(fault);
+        RecordBackgroundFault(fault);
         RefuseEntry();
 
         // A Sync's (or a writer's help's) wait for the version in a cycle, which can never end now: it gets the reason.
