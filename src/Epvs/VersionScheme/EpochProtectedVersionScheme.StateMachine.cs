@@ -255,7 +255,8 @@ public sealed partial class EpochProtectedVersionScheme
     /// <returns>See <see cref="TryExecuteStateMachine"/>. A fault of the critical section is reported through
     /// <see cref="StateMachineFaulted"/> and leaves the version unchanged.</returns>
     /// <exception cref="ArgumentNullException"><paramref name="criticalSection"/> is null.</exception>
-    /// <exception cref="ArgumentOutOfRangeException"><paramref name="targetVersion"/> is below -1 or too large.</exception>
+    /// <exception cref="ArgumentOutOfRangeException"><paramref name="targetVersion"/> is below -1 or above
+    /// <see cref="VersionSchemeState.MaxVersion"/>.</exception>
     /// <exception cref="InvalidOperationException"><paramref name="targetVersion"/> is -1 (next) and the version is at
     /// <see cref="VersionSchemeState.MaxVersion"/>.</exception>
     /// <exception cref="ObjectDisposedException">The scheme has been disposed, or the <see cref="LightEpoch"/> under it (a
@@ -264,6 +265,8 @@ public sealed partial class EpochProtectedVersionScheme
     {
         if (criticalSection is null)
             ThrowHelper.ThrowArgumentNull(nameof(criticalSection));
+        // Checked first: the answers below would otherwise call a target that can never be reached "reached" or "retry".
+        VersionSchemeStateMachine.ThrowIfInvalidTarget(targetVersion, nameof(targetVersion));
         ThrowIfDisposedOrEpochClosed();
         // Answer the common losing cases without allocating a machine (many threads asking for the same version).
         if (targetVersion != -1 && targetVersion <= CurrentState.Version)
@@ -286,6 +289,8 @@ public sealed partial class EpochProtectedVersionScheme
     /// <param name="spin">Whether to wait until the transition has completed.</param>
     /// <returns>False if the target version had already been reached or claimed.</returns>
     /// <exception cref="ArgumentNullException"><paramref name="criticalSection"/> is null.</exception>
+    /// <exception cref="ArgumentOutOfRangeException"><paramref name="targetVersion"/> is below -1 or above
+    /// <see cref="VersionSchemeState.MaxVersion"/>.</exception>
     /// <exception cref="InvalidOperationException">The calling thread is protected, or the version is at
     /// <see cref="VersionSchemeState.MaxVersion"/> (see <see cref="ExecuteStateMachine"/>).</exception>
     /// <exception cref="ObjectDisposedException">The scheme has been disposed, or the <see cref="LightEpoch"/> under it (a
@@ -323,6 +328,8 @@ public sealed partial class EpochProtectedVersionScheme
     /// <see cref="VersionSchemeState.MaxVersion"/>, and with <see cref="ObjectDisposedException"/> if the scheme (or its
     /// epoch) is disposed while the call waits for another machine.</returns>
     /// <exception cref="ArgumentNullException"><paramref name="criticalSection"/> is null.</exception>
+    /// <exception cref="ArgumentOutOfRangeException"><paramref name="targetVersion"/> is below -1 or above
+    /// <see cref="VersionSchemeState.MaxVersion"/>.</exception>
     /// <exception cref="InvalidOperationException">The calling thread is protected.</exception>
     /// <exception cref="ObjectDisposedException">The scheme has been disposed, or the <see cref="LightEpoch"/> under it (a
     /// shared one, or its own through <see cref="Epoch"/>), as <see cref="Enter()"/> reports it.</exception>

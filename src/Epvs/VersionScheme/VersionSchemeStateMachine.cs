@@ -31,9 +31,16 @@ public abstract class VersionSchemeStateMachine
     /// <see cref="VersionSchemeState.MaxVersion"/>.</exception>
     protected VersionSchemeStateMachine(long toVersion = -1)
     {
-        if (toVersion < -1 || toVersion > VersionSchemeState.MaxVersion)
-            ThrowHelper.ThrowArgumentOutOfRange(nameof(toVersion), $"The target version must be -1 (next) or between 0 and {VersionSchemeState.MaxVersion}.");
+        ThrowIfInvalidTarget(toVersion, nameof(toVersion));
         ToVersion = toVersion;
+    }
+
+    /// <summary>Throws <see cref="ArgumentOutOfRangeException"/> unless <paramref name="toVersion"/> is -1 or between 0
+    /// and <see cref="VersionSchemeState.MaxVersion"/> (the scheme's try form checks before its allocation-free answers).</summary>
+    internal static void ThrowIfInvalidTarget(long toVersion, string parameterName)
+    {
+        if (toVersion < -1 || toVersion > VersionSchemeState.MaxVersion)
+            ThrowHelper.ThrowArgumentOutOfRange(parameterName, $"The target version must be -1 (next) or between 0 and {VersionSchemeState.MaxVersion}.");
     }
 
     /// <summary>The requested target version, or -1 for "the next version".</summary>

@@ -435,4 +435,38 @@ public class MisuseTests
         Assert.Null(scheme.ActiveStateMachine);
         Assert.Equal(0, ran);
     }
+
+    /// <summary>
+    /// A probe's finding: the try form answered a target below -1 with Fail ("already reached") and one above
+    /// MaxVersion, while another machine was active, with Retry (an argument no retry can make valid), before it
+    /// checked the argument as documented. All three forms now throw ArgumentOutOfRangeException, whatever the state.
+    /// </summary>
+    [Theory]
+    [InlineData(-2L)]
+    [InlineData(long.MinValue)]
+    [InlineData(VersionSchemeState.MaxVersion + 1)]
+    [InlineData(long.MaxValue)]
+    public void AnInvalidTargetVersion_ThrowsArgumentOutOfRange_FromEveryAdvanceForm(long target)
+    {
+        using var scheme = new EpochProtectedVersionScheme();
+        bool ran = false;
+        Action<long, long> criticalSection = (_, _) => ran = true;
+        Assert.Throws<ArgumentOutOfRangeException>(() => scheme.TryAdvanceVersionWithCriticalSection(criticalSection, target));
+        Assert.Throws<ArgumentOutOfRangeException>(() => scheme.AdvanceVersionWithCriticalSection(criticalSection, target));
+        Assert.Throws<ArgumentOutOfRangeException>(() => { _ = scheme.AdvanceVersionAsync(criticalSection, target); });
+
+        // The same while another machine is active (started by a protected thread, it waits for this thread's Leave).
+        scheme.Enter();
+        try
+        {
+            Assert.Equal(StateMachineExecutionStatus.Ok, scheme.TryAdvanceVersionWithCriticalSection((_, _) => { }));
+            Assert.Throws<ArgumentOutOfRangeException>(() => scheme.TryAdvanceVersionWithCriticalSection(criticalSection, target));
+        }
+        finally
+        {
+            scheme.Leave();
+        }
+
+        Assert.False(ran);
+    }
 }
