@@ -16,7 +16,10 @@ namespace Epvs.Persistence;
 /// 8-byte aligned word may or may not be durable at a crash (a cache may evict any dirty line at any time), and an
 /// aligned 8-byte store is failure-atomic: after a crash a word holds an old or a new value, never a mix.</para>
 /// <para>A write-back and fence are per thread: a fence orders the calling thread's write-backs only.</para>
-/// <para>Disposing unmaps the memory: callers must stop using the domain (and pointers into it) first.</para>
+/// <para>Disposing unmaps the memory. It waits for the calls of this class in flight (<see cref="WriteBack"/>,
+/// <see cref="Fence"/>, <see cref="Persist"/>, <see cref="TryGrow"/>), which then throw
+/// <see cref="ObjectDisposedException"/>; spans from <see cref="GetSpan"/> and pointers from <see cref="BaseAddress"/>
+/// are the caller's to stop using first.</para>
 /// </remarks>
 public abstract unsafe class PersistenceDomain : IDisposable
 {
@@ -33,6 +36,13 @@ public abstract unsafe class PersistenceDomain : IDisposable
 
     /// <summary>Set under the gate by the public Dispose: no file may claim the domain any more.</summary>
     private bool _closing;
+
+    /// <summary>
+    /// The public calls in flight (<see cref="EnterCall"/>): a Dispose or <see cref="Quarantine"/> waits for them
+    /// before it unmaps or detaches the memory. The heap file's own calls (the <c>…Owned</c> methods) are not counted:
+    /// its Dispose has drained them before it disposes the domain.
+    /// </summary>
+    private int _publicCalls;
 
     /// <summary>Initializes the domain over mapped memory.</summary>
     /// <param name="baseAddress">Start of the mapping.</param>
@@ -64,8 +74,8 @@ public abstract unsafe class PersistenceDomain : IDisposable
     public virtual long Capacity => Length;
 
     /// <summary>Whether this domain has been disposed.</summary>
-    // Volatile.Read: acquire; pairs with the Interlocked.Exchange in Dispose (a best-effort check: disposing while
-    // other threads use the domain is misuse).
+    // Volatile.Read: acquire; pairs with the Interlocked.Exchange in Dispose. The public calls re-check it after counting
+    // themselves in (EnterCall), which is what makes a Dispose wait for them.
     public bool IsDisposed => Volatile.Read(ref _disposed) != 0;
 
     /// <summary>
@@ -124,17 +134,86 @@ public abstract unsafe class PersistenceDomain : IDisposable
 
     /// <summary>Starts writing back the cache lines (or pages) covering the range; durable only after <see cref="Fence"/>.</summary>
     /// <exception cref="ArgumentOutOfRangeException">The range is not inside <see cref="Length"/>.</exception>
-    /// <exception cref="ObjectDisposedException">The domain was disposed.</exception>
-    [MethodImpl(MethodImplOptions.AggressiveInlining)]
+    /// <exception cref="ObjectDisposedException">The domain was disposed (a Dispose that begins during the call waits for it).</exception>
     public void WriteBack(long offset, long length)
+    {
+        EnterCall();
+        try
+        {
+            CheckRange(offset, length);
+            InsideCallForTesting?.Invoke();
+            WriteBackCore(offset, length);
+        }
+        finally
+        {
+            ExitCall();
+        }
+    }
+
+    /// <summary>Waits until every range the calling thread wrote back is durable.</summary>
+    /// <exception cref="ObjectDisposedException">The domain was disposed (a Dispose that begins during the call waits for it).</exception>
+    public void Fence()
+    {
+        EnterCall();
+        try
+        {
+            InsideCallForTesting?.Invoke();
+            FenceCore();
+        }
+        finally
+        {
+            ExitCall();
+        }
+    }
+
+    /// <summary>Writes back the range and fences: on return every store to the range made before the call is durable.</summary>
+    /// <exception cref="ArgumentOutOfRangeException">The range is not inside <see cref="Length"/>.</exception>
+    /// <exception cref="ObjectDisposedException">The domain was disposed (a Dispose that begins during the call waits for it).</exception>
+    public void Persist(long offset, long length)
+    {
+        EnterCall();
+        try
+        {
+            CheckRange(offset, length);
+            InsideCallForTesting?.Invoke();
+            PersistCore(offset, length);
+        }
+        finally
+        {
+            ExitCall();
+        }
+    }
+
+    /// <summary>
+    /// Tries to make at least <paramref name="newLength"/> bytes usable without moving <see cref="BaseAddress"/>.
+    /// Existing bytes keep their values; new bytes read as zero.
+    /// </summary>
+    /// <returns><see langword="true"/> when <see cref="Length"/> is now at least <paramref name="newLength"/>;
+    /// <see langword="false"/> when it would exceed <see cref="Capacity"/> or the medium is full.</returns>
+    /// <exception cref="ObjectDisposedException">The domain was disposed (a Dispose that begins during the call waits for it).</exception>
+    public bool TryGrow(long newLength)
+    {
+        EnterCall();
+        try
+        {
+            return TryGrowOwned(newLength);
+        }
+        finally
+        {
+            ExitCall();
+        }
+    }
+
+    /// <summary><see cref="WriteBack"/> for the heap file that claimed the domain (its own gate keeps Dispose off it): not counted.</summary>
+    [MethodImpl(MethodImplOptions.AggressiveInlining)]
+    internal void WriteBackOwned(long offset, long length)
     {
         CheckRange(offset, length);
         WriteBackCore(offset, length);
     }
 
-    /// <summary>Waits until every range the calling thread wrote back is durable.</summary>
-    /// <exception cref="ObjectDisposedException">The domain was disposed.</exception>
-    public void Fence()
+    /// <summary><see cref="Fence"/> for the heap file that claimed the domain: not counted.</summary>
+    internal void FenceOwned()
     {
         if (IsDisposed)
         {
@@ -144,22 +223,15 @@ public abstract unsafe class PersistenceDomain : IDisposable
         FenceCore();
     }
 
-    /// <summary>Writes back the range and fences: on return every store to the range made before the call is durable.</summary>
-    /// <exception cref="ArgumentOutOfRangeException">The range is not inside <see cref="Length"/>.</exception>
-    /// <exception cref="ObjectDisposedException">The domain was disposed.</exception>
-    public void Persist(long offset, long length)
+    /// <summary><see cref="Persist"/> for the heap file that claimed the domain: not counted.</summary>
+    internal void PersistOwned(long offset, long length)
     {
         CheckRange(offset, length);
         PersistCore(offset, length);
     }
 
-    /// <summary>
-    /// Tries to make at least <paramref name="newLength"/> bytes usable without moving <see cref="BaseAddress"/>.
-    /// Existing bytes keep their values; new bytes read as zero.
-    /// </summary>
-    /// <returns><see langword="true"/> when <see cref="Length"/> is now at least <paramref name="newLength"/>;
-    /// <see langword="false"/> when it would exceed <see cref="Capacity"/> or the medium is full.</returns>
-    public bool TryGrow(long newLength)
+    /// <summary><see cref="TryGrow"/> for the heap file that claimed the domain: not counted.</summary>
+    internal bool TryGrowOwned(long newLength)
     {
         if (IsDisposed)
         {
@@ -192,6 +264,7 @@ public abstract unsafe class PersistenceDomain : IDisposable
             _disposal.Begin();
             try
             {
+                WaitForPublicCalls();
                 QuarantineCore();
             }
             finally
@@ -315,6 +388,7 @@ public abstract unsafe class PersistenceDomain : IDisposable
         try
         {
             DisposingHookForTesting?.Invoke();
+            WaitForPublicCalls();
             Dispose(true);
             GC.SuppressFinalize(this);
         }
@@ -326,6 +400,55 @@ public abstract unsafe class PersistenceDomain : IDisposable
 
     /// <summary>The test hooks of the Dispose that waits for another one.</summary>
     internal DisposalGate DisposalForTesting => _disposal;
+
+    /// <summary>Broken control for tests: Dispose and <see cref="Quarantine"/> do not wait for the public calls in flight.</summary>
+    internal static bool SkipCallDrainForTesting { get; set; }
+
+    /// <summary>Test hook: a Dispose (or quarantine) found public calls in flight and is about to wait for them.</summary>
+    internal Action? WaitingForCallsForTesting { get; set; }
+
+    /// <summary>Test hook: a public write-back, fence or persist has entered (counted, its range and the disposed flag
+    /// checked) and is about to touch the memory.</summary>
+    internal Action? InsideCallForTesting { get; set; }
+
+    /// <summary>Counts a public call in; throws if the domain is disposed (then nothing was counted).</summary>
+    private void EnterCall()
+    {
+        // Interlocked.Increment: full fence, store-load ordered against Dispose's exchange-then-read of the count
+        // (a Dekker pair): either Dispose sees this call counted and waits, or the call sees the flag and backs out.
+        Interlocked.Increment(ref _publicCalls);
+        if (IsDisposed)
+        {
+            Interlocked.Decrement(ref _publicCalls);
+            ThrowHelper.ThrowObjectDisposed(this);
+        }
+    }
+
+    private void ExitCall() => Interlocked.Decrement(ref _publicCalls);
+
+    /// <summary>
+    /// After the disposed flag is set: waits until the public calls that entered before it have returned (each is one
+    /// write-back, fence or extension, which returns). Uninterruptible: an interrupt is requested again afterwards.
+    /// </summary>
+    private void WaitForPublicCalls()
+    {
+        if (SkipCallDrainForTesting)
+        {
+            return;
+        }
+
+        if (Volatile.Read(ref _publicCalls) != 0)
+        {
+            WaitingForCallsForTesting?.Invoke();
+        }
+
+        using InterruptShield.Scope shield = InterruptShield.Enter();
+        var spinner = new SpinWait();
+        while (Volatile.Read(ref _publicCalls) != 0)
+        {
+            InterruptShield.SpinOnce(ref spinner);
+        }
+    }
 
     /// <summary>Test hook: runs on the Dispose that releases the memory, before it does.</summary>
     internal Action? DisposingHookForTesting { get; set; }

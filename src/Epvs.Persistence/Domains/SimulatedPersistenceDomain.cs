@@ -209,6 +209,9 @@ public sealed unsafe class SimulatedPersistenceDomain : PersistenceDomain
         PendingLines pending = _pending.Value!;
         using (InterruptShield.Hold(_gate))
         {
+            // Under the gate, as in Crash: a call that the domain's Dispose did not wait for (its test control) never
+            // copies from or into freed images.
+            ThrowIfFreed();
             BeginEvent();
             for (long line = offset / LineSize, last = (offset + length - 1) / LineSize; line <= last; line++)
             {
@@ -222,6 +225,7 @@ public sealed unsafe class SimulatedPersistenceDomain : PersistenceDomain
         PendingLines pending = _pending.Value!;
         using (InterruptShield.Hold(_gate))
         {
+            ThrowIfFreed();
             BeginEvent();
             for (int i = 0; i < pending.Count; i++)
             {

@@ -31,7 +31,7 @@ internal struct WriteBackRuns
     {
         if (!_coalesce)
         {
-            _domain.WriteBack(offset, length);
+            _domain.WriteBackOwned(offset, length);
             return;
         }
 
@@ -69,7 +69,7 @@ internal struct WriteBackRuns
         }
 
         runs.Flush();
-        domain.Fence();
+        domain.FenceOwned();
     }
 
     /// <summary>Writes back the run in progress (the caller fences).</summary>
@@ -77,7 +77,7 @@ internal struct WriteBackRuns
     {
         if (_start >= 0)
         {
-            _domain.WriteBack(_start, _end - _start);
+            _domain.WriteBackOwned(_start, _end - _start);
             _start = -1;
         }
     }

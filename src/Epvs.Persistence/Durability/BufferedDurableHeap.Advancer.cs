@@ -821,7 +821,7 @@ public sealed unsafe partial class BufferedDurableHeap
             _heap.File.WriteBackSealedFrontier(version);
         }
 
-        _domain.Fence();
+        _domain.FenceOwned();
         return n;
     }
 
@@ -892,7 +892,7 @@ public sealed unsafe partial class BufferedDurableHeap
         // Durable with the seals (one fence), before the frontier: recovery takes a sealed frontier below the frontier
         // for a window between the two (a file written in the broken control's order, or a damaged word).
         _heap.File.WriteBackSealedFrontier(version);
-        _domain.Fence();
+        _domain.FenceOwned();
         return Stopwatch.GetTimestamp() - started;
     }
 

@@ -382,7 +382,7 @@ public sealed unsafe partial class BufferedDurableHeap
         }
         else if (_pageWriteBack)
         {
-            _domain.Persist(0, heap.File.Size);
+            _domain.PersistOwned(0, heap.File.Size);
         }
     }
 

@@ -399,8 +399,10 @@ public sealed unsafe partial class BufferedDurableHeap : IDisposable
     /// <param name="typeId">The type id the structure's payloads carry.</param>
     /// <returns>The payloads, in no particular order; empty for a new heap.</returns>
     /// <exception cref="InvalidOperationException">The payloads of this type id were already taken.</exception>
+    /// <exception cref="ObjectDisposedException">The heap was disposed.</exception>
     public IReadOnlyList<RecoveredPayload> TakeRecoveredPayloads(int typeId)
     {
+        ThrowIfDisposed();
         using (InterruptShield.Hold(_recoveredGate))
         {
             if (!_claimedTypes.Add(typeId))
@@ -1058,10 +1060,10 @@ public sealed unsafe partial class BufferedDurableHeap : IDisposable
             for (int i = 0; i < pending.Count; i++)
             {
                 long offset = pending[i];
-                _domain.WriteBack(offset, HeapLayout.HeaderSize + (long)PayloadSize(offset));
+                _domain.WriteBackOwned(offset, HeapLayout.HeaderSize + (long)PayloadSize(offset));
             }
 
-            _domain.Fence();
+            _domain.FenceOwned();
         }
         catch
         {
@@ -1116,10 +1118,10 @@ public sealed unsafe partial class BufferedDurableHeap : IDisposable
 
         foreach (long offset in carried)
         {
-            _domain.WriteBack(offset, HeapLayout.HeaderSize + (long)PayloadSize(offset));
+            _domain.WriteBackOwned(offset, HeapLayout.HeaderSize + (long)PayloadSize(offset));
         }
 
-        _domain.Fence();
+        _domain.FenceOwned();
     }
 
     /// <summary>The payload size recorded in the header of an allocated block (no checks: internal callers hold a valid reference).</summary>

@@ -207,7 +207,7 @@ public sealed unsafe partial class HeapFile : IDisposable
             // Volatile.Write: release, as in StoreAndPersistCore; one aligned 8-byte store each.
             Volatile.Write(ref *(ulong*)(Pointer + HeapLayout.DurableFrontierOffset), HeapLayout.Seal(frontier, HeapLayout.DurableFrontierOffset));
             Volatile.Write(ref *(ulong*)(Pointer + HeapLayout.EpochClockOffset), HeapLayout.Seal(clock, HeapLayout.EpochClockOffset));
-            Domain.Persist(HeapLayout.EpochClockOffset, HeapLayout.DurableFrontierOffset + sizeof(ulong) - HeapLayout.EpochClockOffset);
+            Domain.PersistOwned(HeapLayout.EpochClockOffset, HeapLayout.DurableFrontierOffset + sizeof(ulong) - HeapLayout.EpochClockOffset);
 
             // Durable in a file that can be reopened: one deleted (or replaced by a rename over it) while open keeps
             // taking writes into an inode with no name, so a Sync would return for data nothing can ever reopen.
@@ -261,7 +261,7 @@ public sealed unsafe partial class HeapFile : IDisposable
         {
             // Volatile.Write: release, as in StoreAndPersistCore; one aligned 8-byte store, failure-atomic.
             Volatile.Write(ref *(ulong*)(Pointer + HeapLayout.SealedFrontierOffset), HeapLayout.Seal(value, HeapLayout.SealedFrontierOffset));
-            Domain.WriteBack(HeapLayout.SealedFrontierOffset, sizeof(ulong));
+            Domain.WriteBackOwned(HeapLayout.SealedFrontierOffset, sizeof(ulong));
         }
         finally
         {
@@ -807,7 +807,7 @@ public sealed unsafe partial class HeapFile : IDisposable
                 // back reaches the file (MappedFileWriteBack.PrivateMapping), which is everything this package commits.
                 if (!Domain.WritesBackByCopy)
                 {
-                    Domain.Persist(0, (long)(VolatileWord(HeapLayout.HeapSizeOffset) & HeapLayout.SealedValueMask));
+                    Domain.PersistOwned(0, (long)(VolatileWord(HeapLayout.HeapSizeOffset) & HeapLayout.SealedValueMask));
                 }
 
                 StoreAndPersist(HeapLayout.CleanShutdownOffset, HeapLayout.Seal(1, HeapLayout.CleanShutdownOffset));
@@ -980,7 +980,7 @@ public sealed unsafe partial class HeapFile : IDisposable
             }
 
             long newSize = DataStart + (segmentCount * HeapLayout.SegmentSize);
-            if (!Domain.TryGrow(newSize))
+            if (!Domain.TryGrowOwned(newSize))
             {
                 return false;
             }
@@ -995,7 +995,7 @@ public sealed unsafe partial class HeapFile : IDisposable
                 table[s] = HeapLayout.InitialDescriptor(s);
             }
 
-            Domain.Persist(HeapLayout.SuperblockSize + (current * sizeof(ulong)), (segmentCount - current) * sizeof(ulong));
+            Domain.PersistOwned(HeapLayout.SuperblockSize + (current * sizeof(ulong)), (segmentCount - current) * sizeof(ulong));
 
             // The file is longer before the superblock says so: a crash in between leaves unused tail bytes, never
             // a superblock claiming bytes the file lacks.
@@ -1070,7 +1070,7 @@ public sealed unsafe partial class HeapFile : IDisposable
         // Volatile.Write: release; a reader of the word also sees what was written before it. One aligned 8-byte
         // store, so failure-atomic.
         Volatile.Write(ref *(ulong*)(Pointer + offset), value);
-        Domain.Persist(offset, sizeof(ulong));
+        Domain.PersistOwned(offset, sizeof(ulong));
     }
 
     private static int RootOffset(int slot)
@@ -1090,7 +1090,7 @@ public sealed unsafe partial class HeapFile : IDisposable
 
         // The first write of an open. Volatile.Write: release (plain data before it is not reordered after it).
         Volatile.Write(ref *clean, HeapLayout.Seal(0, HeapLayout.CleanShutdownOffset));
-        domain.Persist(HeapLayout.CleanShutdownOffset, sizeof(ulong));
+        domain.PersistOwned(HeapLayout.CleanShutdownOffset, sizeof(ulong));
         return new HeapFile(domain, stream, ownsDomain, path, wasClean, claim);
     }
 
@@ -1162,12 +1162,12 @@ public sealed unsafe partial class HeapFile : IDisposable
         *(ulong*)(p + HeapLayout.MaxSegmentsOffset) = (ulong)maxSegments;
         *(ulong*)(p + HeapLayout.DataStartOffset) = (ulong)dataStart;
         *(ulong*)(p + HeapLayout.GeometryCheckOffset) = HeapLayout.GeometryCheck(HeapLayout.Magic, (ulong)HeapLayout.FormatVersion, HeapLayout.SegmentSize, (ulong)maxSegments, (ulong)dataStart);
-        domain.Persist(0, dataStart);
+        domain.PersistOwned(0, dataStart);
 
         // Magic last, alone: until it is durable the file is not a heap file.
         // Volatile.Write: release; every superblock store above precedes the magic in program order.
         Volatile.Write(ref *(ulong*)(p + HeapLayout.MagicOffset), HeapLayout.Magic);
-        domain.Persist(HeapLayout.MagicOffset, sizeof(ulong));
+        domain.PersistOwned(HeapLayout.MagicOffset, sizeof(ulong));
     }
 
     private static (long HeapSize, long MaxSegments, long DataStart) Validate(ReadOnlySpan<byte> superblock, long fileLength, string name, long kind)

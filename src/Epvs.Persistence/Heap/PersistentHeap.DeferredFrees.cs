@@ -597,7 +597,7 @@ public sealed unsafe partial class PersistentHeap
         }
 
         runs.Flush();
-        _file.Domain.Fence();
+        _file.Domain.FenceOwned();
         if (!early)
         {
             // The frees (free words and empty marks) are durable: the blocks can be reused.

@@ -406,7 +406,7 @@ public sealed unsafe partial class PersistentHeap
 
             if (perBlockWriteBack)
             {
-                _file.Domain.WriteBack(offset, HeapLayout.HeaderSize);
+                _file.Domain.WriteBackOwned(offset, HeapLayout.HeaderSize);
             }
         }
 
@@ -417,7 +417,7 @@ public sealed unsafe partial class PersistentHeap
                 ulong* commit = (ulong*)(_base + freeOffset + HeapLayout.CommitOffset);
                 // Volatile.Write: one aligned 8-byte store (failure-atomic), persisted before the descriptors below.
                 Volatile.Write(ref *commit, HeapLayout.FreeWord(freeOffset, HeapLayout.DescriptorGeneration(_table[segment])));
-                _file.Domain.Persist(freeOffset, HeapLayout.HeaderSize);
+                _file.Domain.PersistOwned(freeOffset, HeapLayout.HeaderSize);
             }
 
             for (long t = segment; t < segment + span; t++)
@@ -426,7 +426,7 @@ public sealed unsafe partial class PersistentHeap
                 Volatile.Write(ref _table[t], HeapLayout.FreedDescriptor(_table[t], t));
             }
 
-            _file.Domain.Persist(TableOffset(segment), span * sizeof(ulong));
+            _file.Domain.PersistOwned(TableOffset(segment), span * sizeof(ulong));
         }
 
         if (freeBlocks.Count != 0)
@@ -434,7 +434,7 @@ public sealed unsafe partial class PersistentHeap
             // Every free above is durable before the constructor returns (callers rely on it).
             if (perBlockWriteBack)
             {
-                _file.Domain.Fence();
+                _file.Domain.FenceOwned();
             }
             else if (_file.Domain.WritesBackByCopy)
             {
@@ -443,7 +443,7 @@ public sealed unsafe partial class PersistentHeap
             }
             else
             {
-                _file.Domain.Persist(0, _file.Size);
+                _file.Domain.PersistOwned(0, _file.Size);
             }
         }
     }

@@ -195,14 +195,14 @@ public sealed unsafe partial class PersistentHeap
         w[5] = HeapLayout.Hash(_table, segments, 0);
         w[6] = (ulong)bitmapWords;
         bitmap.AsSpan().CopyTo(new Span<ulong>(w + HeapLayout.SavedStateHeaderWords, checked((int)bitmapWords)));
-        _file.Domain.Persist(offsetOfState, words * sizeof(ulong));
+        _file.Domain.PersistOwned(offsetOfState, words * sizeof(ulong));
 
         // The state is durable before the words that point at it; the clean flag (HeapFile.Dispose) comes last.
         ulong* super = (ulong*)_base;
         super[HeapLayout.SavedStateWordsOffset / sizeof(ulong)] = (ulong)words;
         super[HeapLayout.SavedStateCheckOffset / sizeof(ulong)] = HeapLayout.Hash(w, words, (ulong)offsetOfState);
         super[HeapLayout.SavedStateOffset / sizeof(ulong)] = (ulong)offsetOfState;
-        _file.Domain.Persist(HeapLayout.SavedStateOffset, 3 * sizeof(ulong));
+        _file.Domain.PersistOwned(HeapLayout.SavedStateOffset, 3 * sizeof(ulong));
         return null;
     }
 
@@ -296,7 +296,7 @@ public sealed unsafe partial class PersistentHeap
             super[HeapLayout.SavedStateOffset / sizeof(ulong)] = 0;
             super[HeapLayout.SavedStateWordsOffset / sizeof(ulong)] = 0;
             super[HeapLayout.SavedStateCheckOffset / sizeof(ulong)] = 0;
-            _file.Domain.Persist(HeapLayout.SavedStateOffset, 3 * sizeof(ulong));
+            _file.Domain.PersistOwned(HeapLayout.SavedStateOffset, 3 * sizeof(ulong));
         }
 
         if ((_faults & HeapFaults.IgnoreSavedState) != 0)

@@ -108,7 +108,7 @@ public sealed unsafe partial class PersistentHeap
         if (any)
         {
             table.Flush();
-            _file.Domain.Fence();
+            _file.Domain.FenceOwned();
         }
     }
 
@@ -120,7 +120,7 @@ public sealed unsafe partial class PersistentHeap
         h[1] = FormattedEpochWord(offset);
         h[2] = 0;
         h[3] = HeapLayout.UnusedWord(offset, generation);
-        _file.Domain.Persist(offset, HeapLayout.HeaderSize);
+        _file.Domain.PersistOwned(offset, HeapLayout.HeaderSize);
     }
 
     private void PushFree(int cls, long start, int blockSize, int from, int to)
@@ -197,7 +197,7 @@ public sealed unsafe partial class PersistentHeap
 
             // Volatile.Write: release; the continuation descriptors are stored before the start descriptor.
             Volatile.Write(ref _table[segment], HeapLayout.Descriptor(generation, HeapLayout.RoleLargeStart, (ulong)span, segment));
-            _file.Domain.Persist(TableOffset(segment), span * sizeof(ulong));
+            _file.Domain.PersistOwned(TableOffset(segment), span * sizeof(ulong));
         }
 
         long offset = SegmentStart(segment);
@@ -230,7 +230,7 @@ public sealed unsafe partial class PersistentHeap
             Volatile.Write(ref _table[s], HeapLayout.FreedDescriptor(_table[s], s));
         }
 
-        _file.Domain.Persist(TableOffset(segment), span * sizeof(ulong));
+        _file.Domain.PersistOwned(TableOffset(segment), span * sizeof(ulong));
         for (long s = segment; s < segment + span; s++)
         {
             _segmentFree[s] = true;
@@ -429,7 +429,7 @@ public sealed unsafe partial class PersistentHeap
         try
         {
             table.Flush();
-            _file.Domain.Fence();
+            _file.Domain.FenceOwned();
         }
         finally
         {

@@ -264,7 +264,7 @@ public sealed unsafe partial class PersistentHeap
             zeroed.Flush();
             if (durable)
             {
-                _file.Domain.Fence();
+                _file.Domain.FenceOwned();
             }
         }
         catch
@@ -289,7 +289,7 @@ public sealed unsafe partial class PersistentHeap
         }
 
         table.Flush();
-        _file.Domain.Fence();
+        _file.Domain.FenceOwned();
     }
 
     /// <summary>

@@ -750,7 +750,7 @@ public sealed unsafe partial class PersistentHeap : IDisposable
         try
         {
             PayloadPointerCore(block, out int size);
-            _file.Domain.WriteBack(block.Offset, HeapLayout.HeaderSize + (long)size);
+            _file.Domain.WriteBackOwned(block.Offset, HeapLayout.HeaderSize + (long)size);
         }
         finally
         {
@@ -778,7 +778,7 @@ public sealed unsafe partial class PersistentHeap : IDisposable
         _file.EnterOperation();
         try
         {
-            _file.Domain.WriteBack(block.Offset, HeapLayout.HeaderSize);
+            _file.Domain.WriteBackOwned(block.Offset, HeapLayout.HeaderSize);
         }
         finally
         {
@@ -805,7 +805,7 @@ public sealed unsafe partial class PersistentHeap : IDisposable
                 return;
             }
 
-            _file.Domain.Fence();
+            _file.Domain.FenceOwned();
         }
         finally
         {
@@ -822,7 +822,7 @@ public sealed unsafe partial class PersistentHeap : IDisposable
         try
         {
             PayloadPointerCore(block, out int size);
-            _file.Domain.Persist(block.Offset, HeapLayout.HeaderSize + (long)size);
+            _file.Domain.PersistOwned(block.Offset, HeapLayout.HeaderSize + (long)size);
         }
         finally
         {
