@@ -255,7 +255,7 @@ internal sealed unsafe class MappedFilePersistenceDomain : PersistenceDomain
     }
 
     /// <inheritdoc/>
-    internal override void ReleaseQuarantine() => _unixMapping?.ReleaseQuarantine();
+    private protected override void ReleaseQuarantineCore() => _unixMapping?.ReleaseQuarantine();
 
     /// <inheritdoc/>
     internal override bool HoldsQuarantinedMemory => _unixMapping?.HoldsQuarantinedMemory ?? false;

@@ -38,8 +38,8 @@ public abstract unsafe class PersistenceDomain : IDisposable
     private bool _closing;
 
     /// <summary>
-    /// The public calls in flight (<see cref="EnterCall"/>): a Dispose or <see cref="Quarantine"/> waits for them
-    /// before it unmaps or detaches the memory. The heap file's own calls (the <c>…Owned</c> methods) are not counted:
+    /// The public calls in flight (<see cref="EnterCall"/>): a Dispose, or the release of a quarantine
+    /// (<see cref="ReleaseQuarantine"/>), waits for them before it unmaps the memory. The heap file's own calls (the <c>…Owned</c> methods) are not counted:
     /// its Dispose has drained them before it disposes the domain.
     /// </summary>
     private int _publicCalls;
@@ -264,7 +264,8 @@ public abstract unsafe class PersistenceDomain : IDisposable
             _disposal.Begin();
             try
             {
-                WaitForPublicCalls();
+                // No wait for the public calls in flight here: the memory stays addressable (see ReleaseQuarantine, which
+                // waits for them), and a domain whose calls reach a file waits for those itself (QuarantineCore).
                 QuarantineCore();
             }
             finally
@@ -283,7 +284,15 @@ public abstract unsafe class PersistenceDomain : IDisposable
     /// Frees the memory <see cref="Quarantine"/> detached, once no thread can use it any more (its owner knows when: the
     /// threads left inside operations have left). Nothing where the quarantine kept the memory as it is.
     /// </summary>
-    internal virtual void ReleaseQuarantine()
+    internal void ReleaseQuarantine()
+    {
+        // The public calls that entered before the quarantine may still be using the memory.
+        WaitForPublicCalls();
+        ReleaseQuarantineCore();
+    }
+
+    /// <summary>See <see cref="ReleaseQuarantine"/>, once no public call is in flight.</summary>
+    private protected virtual void ReleaseQuarantineCore()
     {
     }
 
@@ -401,10 +410,10 @@ public abstract unsafe class PersistenceDomain : IDisposable
     /// <summary>The test hooks of the Dispose that waits for another one.</summary>
     internal DisposalGate DisposalForTesting => _disposal;
 
-    /// <summary>Broken control for tests: Dispose and <see cref="Quarantine"/> do not wait for the public calls in flight.</summary>
+    /// <summary>Broken control for tests: Dispose and <see cref="ReleaseQuarantine"/> do not wait for the public calls in flight.</summary>
     internal static bool SkipCallDrainForTesting { get; set; }
 
-    /// <summary>Test hook: a Dispose (or quarantine) found public calls in flight and is about to wait for them.</summary>
+    /// <summary>Test hook: a Dispose (or a quarantine's release) found public calls in flight and is about to wait for them.</summary>
     internal Action? WaitingForCallsForTesting { get; set; }
 
     /// <summary>Test hook: a public write-back, fence or persist has entered (counted, its range and the disposed flag

@@ -82,7 +82,7 @@ internal sealed unsafe class PmemPersistenceDomain : PersistenceDomain
     private protected override void QuarantineCore() => _mapping.Quarantine();
 
     /// <inheritdoc/>
-    internal override void ReleaseQuarantine() => _mapping.ReleaseQuarantine();
+    private protected override void ReleaseQuarantineCore() => _mapping.ReleaseQuarantine();
 
     /// <inheritdoc/>
     internal override bool HoldsQuarantinedMemory => _mapping.HoldsQuarantinedMemory;

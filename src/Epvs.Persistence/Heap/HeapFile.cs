@@ -958,11 +958,27 @@ public sealed unsafe partial class HeapFile : IDisposable
 
     /// <summary>
     /// Whether a heap of <paramref name="segmentCount"/> segments could grow by one: the segment table has room
-    /// (<see cref="MaxSegments"/>) and the domain can reach the length (<see cref="PersistenceDomain.Capacity"/>; the
-    /// libpmem domain never grows). A file system out of space is not foreseen here: growth then fails when tried.
+    /// (<see cref="MaxSegments"/>), the domain can reach the length (<see cref="PersistenceDomain.Capacity"/>; the
+    /// libpmem domain never grows), and the medium has not refused a growth since this open (<see cref="GrowthRefused"/>).
     /// </summary>
     internal bool CanGrowBeyond(long segmentCount) =>
-        segmentCount < MaxSegments && DataStart + ((segmentCount + 1) * HeapLayout.SegmentSize) <= Domain.Capacity;
+        !GrowthRefused && segmentCount < MaxSegments && DataStart + ((segmentCount + 1) * HeapLayout.SegmentSize) <= Domain.Capacity;
+
+    /// <summary>
+    /// Whether the medium refused to extend the file (a full file system, the process's file size limit) since this
+    /// open: the heap then counts as at its maximum size, so that it keeps its delete reserve (see
+    /// <see cref="TryGrow"/>'s spare segment). Sticky until the heap is reopened.
+    /// </summary>
+    // Volatile.Read: acquire; pairs with the release in RefuseGrowth.
+    internal bool GrowthRefused => Volatile.Read(ref _growthRefused);
+
+    private bool _growthRefused;
+
+    /// <summary>Records that the medium refused a growth (see <see cref="GrowthRefused"/>).</summary>
+    internal void RefuseGrowth() => Volatile.Write(ref _growthRefused, true);
+
+    /// <summary>Test hook (broken control): a growth does not extend the medium by a spare segment beyond the heap.</summary>
+    internal static bool NoGrowthSpareForTesting { get; set; }
 
     /// <summary>Extends the heap to <paramref name="segmentCount"/> segments if the domain can grow; the new segments are free.</summary>
     internal bool TryGrow(long segmentCount)
@@ -1000,6 +1016,18 @@ public sealed unsafe partial class HeapFile : IDisposable
             // The file is longer before the superblock says so: a crash in between leaves unused tail bytes, never
             // a superblock claiming bytes the file lacks.
             StoreAndPersist(HeapLayout.HeapSizeOffset, HeapLayout.Seal(newSize, HeapLayout.HeapSizeOffset));
+
+            // A spare segment of medium beyond the heap (tail bytes, as above): when a later growth is refused (the file
+            // system full, the file size limit reached), the heap can still grow by one segment into it, which becomes
+            // its delete reserve; without it, a heap full because its file could not grow refused every delete (a delete
+            // needs a block for its anti-payload), after Syncs and reopens too. If even the spare is refused now, the
+            // heap counts as unable to grow from here on, while the segments it just gained are free.
+            long spare = newSize + HeapLayout.SegmentSize;
+            if (!NoGrowthSpareForTesting && segmentCount < MaxSegments && spare <= Domain.Capacity && !Domain.TryGrowOwned(spare))
+            {
+                RefuseGrowth();
+            }
+
             return true;
         }
     }

@@ -14,7 +14,8 @@ namespace Epvs.Persistence;
 /// <para>Only for an owner whose deletes write anti-payloads (<see cref="PersistentHeapOptions.KeepsDeleteReserve"/>: a
 /// buffered heap in Buffered or Strict mode); a raw heap frees with Free, and a transient heap writes none.</para>
 /// <para>The rule, under the segment gate: while the heap cannot grow (<see cref="HeapFile.CanGrowBeyond"/>: at its
-/// maximum size, or a domain that cannot grow) and no reserve segment is designated, an ordinary allocation (and the
+/// maximum size, a domain that cannot grow, or a medium that refused a growth since the open — each growth keeps a spare
+/// segment of medium beyond the heap for that moment, see <see cref="HeapFile.TryGrow"/>) and no reserve segment is designated, an ordinary allocation (and the
 /// stocker) leaves the last free segment free. An anti-payload that finds no block of its class takes it, and the
 /// segment becomes the reserve segment: formatted for the smallest class like any other, but a block of it that an
 /// ordinary allocation pops (from its cache, wherever the block came from: the format, a pool, a reclaimed
@@ -191,41 +192,51 @@ public sealed unsafe partial class PersistentHeap
     {
         using (InterruptShield.Hold(_segmentGate))
         {
-            if (!_keepsDeleteReserve || _freeSegmentCount != 0 || _file.CanGrowBeyond(_segmentFree.Length))
-            {
-                return;
-            }
+            DesignateReserveWithoutFreeSegmentLocked();
+        }
+    }
 
-            var pooled = new Dictionary<long, int>();
-            ClassPool pool = _pools[AntiPayloadClass];
-            using (InterruptShield.Hold(pool))
+    /// <summary>
+    /// Under the segment gate: if the heap keeps a delete reserve, cannot grow, has no free segment and no reserve
+    /// segment, designates the segment of the anti-payloads' class with the most free blocks in the pool (see
+    /// <see cref="DesignateReserveAfterRecovery"/>; also when the medium refuses a growth at run time).
+    /// </summary>
+    private void DesignateReserveWithoutFreeSegmentLocked()
+    {
+        if (!_keepsDeleteReserve || _reserveSegment >= 0 || _freeSegmentCount != 0 || _file.CanGrowBeyond(_segmentFree.Length))
+        {
+            return;
+        }
+
+        var pooled = new Dictionary<long, int>();
+        ClassPool pool = _pools[AntiPayloadClass];
+        using (InterruptShield.Hold(pool))
+        {
+            foreach (long[] batch in pool.Batches)
             {
-                foreach (long[] batch in pool.Batches)
+                foreach (long offset in batch)
                 {
-                    foreach (long offset in batch)
-                    {
-                        long segment = SegmentOf(offset);
-                        pooled[segment] = pooled.GetValueOrDefault(segment) + 1;
-                    }
+                    long segment = SegmentOf(offset);
+                    pooled[segment] = pooled.GetValueOrDefault(segment) + 1;
                 }
             }
+        }
 
-            long best = -1;
-            int bestCount = -1;
-            for (long s = 0; s < _segmentFree.Length; s++)
+        long best = -1;
+        int bestCount = -1;
+        for (long s = 0; s < _segmentFree.Length; s++)
+        {
+            ulong descriptor = _table[s];
+            if (HeapLayout.DescriptorRole(descriptor) == HeapLayout.RoleSmall && (int)HeapLayout.DescriptorPayload(descriptor) == AntiPayloadClass && pooled.GetValueOrDefault(s) > bestCount)
             {
-                ulong descriptor = _table[s];
-                if (HeapLayout.DescriptorRole(descriptor) == HeapLayout.RoleSmall && (int)HeapLayout.DescriptorPayload(descriptor) == AntiPayloadClass && pooled.GetValueOrDefault(s) > bestCount)
-                {
-                    best = s;
-                    bestCount = pooled.GetValueOrDefault(s);
-                }
+                best = s;
+                bestCount = pooled.GetValueOrDefault(s);
             }
+        }
 
-            if (best >= 0)
-            {
-                DesignateLocked(best);
-            }
+        if (best >= 0)
+        {
+            DesignateLocked(best);
         }
     }
 }

@@ -61,6 +61,11 @@ public static class TestProgram
             return SafetyChild.Run(args[1], args[2], args.Length >= 4 && args[3] == "control");
         }
 
+        if (args.Length >= 3 && args[0] == GrowthRefusalChild.Role)
+        {
+            return GrowthRefusalChild.Run(args[1], args[2]);
+        }
+
         if (args.Length >= 3 && args[0] == CorruptionFuzz.Role)
         {
             return CorruptionFuzz.Run(args[1], args[2], args.Length >= 4 && args[3] == "control");

@@ -340,12 +340,12 @@ public sealed class HeapSafetyTests
     }
 
     /// <summary>
-    /// A heap that may still grow but whose file cannot (its file system is full) fails with the advice for that, and
-    /// without the note that its last free segment is kept for deletes: no delete reserve applies to a heap that can grow
-    /// by design (the note was added to every heap-full error with the reserve, session 17).
+    /// A heap that may still grow but whose file cannot (its file system is full) fails with the advice for that. Its
+    /// last free segment is kept for deletes from then on (a growth leaves a spare segment of file for it: see
+    /// GrowthRefusedDeleteTests), so deleting still makes room, and the room takes new values.
     /// </summary>
     [Fact]
-    public void HeapFull_OnAFullFileSystem_SaysTheFileCouldNotGrow_AndNothingOfTheDeleteReserve()
+    public void HeapFull_OnAFullFileSystem_SaysTheFileCouldNotGrow_AndStillDeletes()
     {
         using var dir = new TempDirectory();
         string view = Path.Combine(dir.Path, "small");
@@ -356,15 +356,28 @@ public sealed class HeapSafetyTests
             var options = new HeapFileOptions { Size = 1L << 20, MaxSize = 64L << 20, Domain = PersistenceDomainKind.MappedFile, MappedFileWriteBack = MappedFileWriteBack.SharedMapping };
             using BufferedDurableHeap heap = BufferedDurableHeap.Create(Path.Combine(view, "a.heap"), options, new BufferedDurableHeapOptions { AdvancePeriod = System.Threading.Timeout.InfiniteTimeSpan });
             var map = new PersistentByteMap<long>(heap, typeId: 1);
+            long written = 0;
             InsufficientMemoryException full = Assert.Throws<InsufficientMemoryException>(() =>
             {
-                for (long key = 0; key < 100_000; key++)
+                for (; written < 100_000; written++)
                 {
-                    map.Set(key, new byte[1000]);
+                    map.Set(written, new byte[1000]);
                 }
             });
             Assert.Contains("could not grow", full.Message, StringComparison.Ordinal);
-            Assert.DoesNotContain("kept for deletes", full.Message, StringComparison.Ordinal);
+            Assert.Contains("kept for deletes", full.Message, StringComparison.Ordinal);
+            heap.Sync();
+            for (long key = 0; key < 50; key++)
+            {
+                Assert.True(map.Remove(key));
+            }
+
+            heap.Sync();
+            heap.Sync();
+            for (long key = 0; key < 20; key++)
+            {
+                map.Set(written + key, new byte[1000]);
+            }
         }
         finally
         {
