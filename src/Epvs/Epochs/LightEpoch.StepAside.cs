@@ -70,6 +70,11 @@ public sealed unsafe partial class LightEpoch
         Interlocked.Exchange(ref slot->Epoch, epoch);
         r->Slot = slot;
         r->Depth = 1;
+        // The same synchronous call that stepped aside, so the same async flow (ProtectAndDrain checked it): no fresh
+        // marker. An action that entered and left while the thread was aside wrote its own into the record; tag the region
+        // with this flow's current one again (that action may have run in an async method, whose marker did not flow out).
+        if (checkAsyncFlow && !StaleFlowAfterStepAsideForTesting)
+            r->Flow = flow!.Value;
         slot->OwnerThreadId = r->ThreadId; // diagnostics only
         if (Volatile.Read(ref currentEpoch.Value) != epoch)
             Reannounce(ref slot->Epoch, epoch, backOutOnFailure: false);

@@ -42,6 +42,11 @@ public sealed unsafe partial class LightEpoch
         /// <summary>The largest epoch of an action this thread registered while it held the action back itself and
         /// whose second look (<see cref="LightEpoch.SecondLook"/>) it owes when it stops holding it; 0 if none.</summary>
         public long OwedLook;
+
+        /// <summary>With <see cref="checkAsyncFlow"/>: the marker of the async flow that entered the open region (written at
+        /// each outermost entry, and also into that flow's <see cref="flow"/>), checked by the outermost Suspend and by
+        /// ProtectAndDrain. 0 when the instance does not check.</summary>
+        public long Flow;
     }
 
     /// <summary>A pinned array of records for one thread; kept alive by <see cref="t_recordStorage"/>.</summary>

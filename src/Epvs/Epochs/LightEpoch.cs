@@ -27,7 +27,22 @@ namespace Epvs;
 /// it: the fault is reported through <see cref="DeferredActionFailed"/> and, for
 /// <see cref="BumpCurrentEpochAsync(Action)"/>, through the returned task.</description></item>
 /// </list>
-/// <para>Protection belongs to a thread: do not <c>await</c> inside a protected region.</para>
+/// <para>Protection belongs to a thread: do not <c>await</c> inside a protected region. Two regions that do can share a
+/// thread's protection: if one flow's continuation lands on the thread where another flow's region is still open and leaves
+/// (or refreshes) there, it ends (or moves on) that other region, and an action that region holds back can run while its
+/// flow is still inside it; only that flow's own leave, later, on another thread, throws.</para>
+/// <para>To find such misuse, set the <see cref="AppContext"/> switch <c>Epvs.LightEpoch.CheckAsyncFlow</c> (for example
+/// <c>&lt;RuntimeHostConfigurationOption Include="Epvs.LightEpoch.CheckAsyncFlow" Value="true" /&gt;</c> in the project,
+/// or <c>AppContext.SetSwitch</c> before the epoch is created). Each instance reads it once, in its constructor
+/// (an <see cref="EpochProtectedVersionScheme"/> that creates its epoch inherits it); off, it costs one predictable branch.
+/// On, each outermost <see cref="Resume"/> tags the thread's protection and the calling async flow (an
+/// <see cref="System.Threading.AsyncLocal{T}"/>, which allocates) with a fresh marker, and the outermost
+/// <see cref="Suspend"/> and <see cref="ProtectAndDrain"/> throw <see cref="InvalidOperationException"/> when the calling
+/// flow is not the one that entered the region open on the thread, before changing anything: that region stays open and
+/// keeps protecting the flow that entered it. Deferred actions that enter and leave run on the draining thread's flow and
+/// are never refused. One correct pattern is refused too: a region entered inside an <c>async</c> method and left by its
+/// caller (even with no <c>await</c>, the method's return restores the caller's execution context, marker included); enter
+/// and leave in the same method, or in synchronous helpers.</para>
 /// </remarks>
 public sealed unsafe partial class LightEpoch : IDisposable
 {
@@ -104,6 +119,9 @@ public sealed unsafe partial class LightEpoch : IDisposable
         reportFault = ReportFault;
         currentEpoch.Value = 1;
         pendingHint.Value = long.MaxValue;
+        checkAsyncFlow = ReadCheckAsyncFlowSwitch();
+        if (checkAsyncFlow)
+            flow = new AsyncLocal<long>();
         id = AllocateId();
         token = Interlocked.Increment(ref s_nextToken);
     }
@@ -154,6 +172,9 @@ public sealed unsafe partial class LightEpoch : IDisposable
         EpochSlot* slot = r->Slot;
         if (slot != null)
         {
+            // Before the announcement (a Resume that throws has entered nothing); never with the check off.
+            if (checkAsyncFlow)
+                r->Flow = NewFlowMarker();
             // Any epoch not newer than the current one is a valid announcement: an older one only holds back
             // more actions. Acquire pairs with the increment in BumpCurrentEpoch.
             long epoch = Volatile.Read(ref currentEpoch.Value);
@@ -225,6 +246,8 @@ public sealed unsafe partial class LightEpoch : IDisposable
         if (Volatile.Read(ref lifecycle) == Closing)
             return false; // every free slot is marked: do not grow the table for nothing
 
+        if (checkAsyncFlow)
+            r->Flow = NewFlowMarker(); // before the claim: a Resume that throws has entered nothing
         ResumeSlowBeforeClaimHookForTesting?.Invoke();
         // First use on this thread, or someone else took our last slot: probe for a free one (growing the
         // table if needed). The CAS inside Claim is the announcing full fence.
@@ -358,6 +381,9 @@ public sealed unsafe partial class LightEpoch : IDisposable
             r->Depth = depth - 1;
             return;
         }
+        // Before anything changes: a region another async flow entered stays open (it still protects that flow).
+        if (checkAsyncFlow)
+            CheckFlow(r, nameof(Suspend));
         r->Depth = 0;
 
         // Release: every access the region made happens-before the slot reads 0 to a scanner.
@@ -430,6 +456,9 @@ public sealed unsafe partial class LightEpoch : IDisposable
             ThrowBelowTheActionFloor(depth, nameof(ProtectAndDrain));
         if (depth == 1)
         {
+            // As in Suspend: re-announcing a region another async flow entered would release what it holds back.
+            if (checkAsyncFlow)
+                CheckFlow(r, nameof(ProtectAndDrain));
             // Acquire: everything published before the epoch we read is visible to this thread's later loads.
             long epoch = Volatile.Read(ref currentEpoch.Value);
             // Release store, no fence needed: until it lands the older (smaller) announcement still protects.

@@ -1,0 +1,80 @@
+using System;
+using System.Diagnostics.CodeAnalysis;
+using System.Runtime.CompilerServices;
+using System.Threading;
+
+namespace Epvs;
+
+public sealed unsafe partial class LightEpoch
+{
+    /// <summary>
+    /// The <see cref="AppContext"/> switch that turns on the check that a region is left (and refreshed) by the async flow
+    /// that entered it (see <see cref="LightEpoch"/>'s remarks). Read once per instance, by its constructor.
+    /// </summary>
+    internal const string CheckAsyncFlowSwitch = "Epvs.LightEpoch.CheckAsyncFlow";
+
+    /// <summary>Test-only: when set, overrides <see cref="CheckAsyncFlowSwitch"/> for instances constructed afterwards (read
+    /// once, at construction), so that a test can build a checked epoch and an unchecked control in one process.</summary>
+    internal static bool? CheckAsyncFlowForTesting;
+
+    /// <summary>Test-only: coming back from a step aside keeps the marker the record holds (an action that entered and left
+    /// while the thread was aside may have written its own), so the test can show that the region's own Leave would then be
+    /// refused. Read only on that cold path.</summary>
+    internal static bool StaleFlowAfterStepAsideForTesting;
+
+    /// <summary>Whether this instance checks the async flow (<see cref="CheckAsyncFlowSwitch"/>); fixed at construction, so
+    /// that with the check off the fast paths pay one predictable branch on a field of <c>this</c>.</summary>
+    private readonly bool checkAsyncFlow;
+
+    /// <summary>With the check on: the marker of the outermost region the current async flow last entered on this instance
+    /// (null with the check off). A stale value is harmless: every outermost entry writes a fresh one, here and into the
+    /// thread's record (<see cref="ThreadRecord.Flow"/>).</summary>
+    private readonly AsyncLocal<long>? flow;
+
+    /// <summary>The last region marker handed out (all instances): markers are never 0, which means "not checked".</summary>
+    private static long s_lastFlowMarker;
+
+    private static bool ReadCheckAsyncFlowSwitch() =>
+        CheckAsyncFlowForTesting ?? (AppContext.TryGetSwitch(CheckAsyncFlowSwitch, out bool on) && on);
+
+    /// <summary>
+    /// The marker for an outermost entry about to announce: 0 with the check off; otherwise a fresh one, already stored in
+    /// the current async flow. Called before the announcement, so that a Resume that fails here (storing an
+    /// <see cref="AsyncLocal{T}"/> value allocates) has entered nothing.
+    /// </summary>
+    [MethodImpl(MethodImplOptions.NoInlining)]
+    private long NewFlowMarker()
+    {
+        long marker = Interlocked.Increment(ref s_lastFlowMarker);
+        flow!.Value = marker;
+        return marker;
+    }
+
+    /// <summary>
+    /// With the check on, before an outermost Suspend or ProtectAndDrain changes anything: throws if the region open on this
+    /// thread was entered by another async flow (an <c>await</c> inside a region brought this flow here, or took the one that
+    /// entered away). The region is left as it is: the flow that entered it is still protected by it.
+    /// </summary>
+    [MethodImpl(MethodImplOptions.NoInlining)]
+    private void CheckFlow(ThreadRecord* r, string operation)
+    {
+        long entered = r->Flow;
+        if (entered != 0 && flow!.Value != entered)
+            ThrowOtherFlow(operation);
+    }
+
+    [DoesNotReturn]
+    private static void ThrowOtherFlow(string operation)
+    {
+        string call = operation == nameof(Suspend) ? "Leave (Suspend)" : "Refresh (ProtectAndDrain)";
+        ThrowHelper.ThrowInvalidOperation(
+            $"{call} was called on a thread whose open region was entered by another async flow: an await inside a protected " +
+            "region moved a flow on to this thread, or away from it, while that region was open. Ending or refreshing the " +
+            "region here would release what it holds back while the flow that entered it still believes itself inside (G1). " +
+            "Nothing was changed: that region is still open. Leave on the flow (and the thread) that entered, and never " +
+            $"await inside a region. (Reported because the AppContext switch {CheckAsyncFlowSwitch} is on.)");
+    }
+
+    /// <summary>Whether this instance checks the async flow (test-only).</summary>
+    internal bool ChecksAsyncFlowForTesting => checkAsyncFlow;
+}
