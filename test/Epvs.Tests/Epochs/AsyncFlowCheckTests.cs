@@ -67,7 +67,8 @@ public sealed class AsyncFlowCheckTests
             {
                 foreach (Action a in work.GetConsumingEnumerable())
                     a();
-            }) { IsBackground = true, Name = name };
+            })
+            { IsBackground = true, Name = name };
             thread.Start();
         }
 
