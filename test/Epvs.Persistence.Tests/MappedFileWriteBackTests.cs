@@ -300,6 +300,34 @@ public sealed class MappedFileWriteBackTests : IDisposable
         Assert.Equal(Pattern(offset, 100), inFile);
     }
 
+    /// <summary>
+    /// A review's finding: a Dispose whose public write-back is stuck in the kernel (a failing disk; held here) gives up
+    /// after <see cref="MappedFilePersistenceDomain.FileCallWait"/> and leaves the mapping and the descriptor to the stuck
+    /// call (Dispose(bool)'s documented choice). The public-call drain first added in front of it waited without a bound,
+    /// so the Dispose (and a heap file's Dispose that owns the domain, and a quarantine's release run by a drain) hung for
+    /// as long as the call was stuck.
+    /// </summary>
+    [Fact]
+    public void PrivateMapping_ADisposeWhileAPublicWriteBackIsStuck_GivesUpAfterTheFileCallWait()
+    {
+        Assert.SkipUnless(OperatingSystem.IsLinux(), "private mappings are Linux only");
+        using var stream = new FileStream(_directory.File("dispose-stuck.heap"), FileMode.CreateNew, FileAccess.ReadWrite, FileShare.None);
+        MappedFilePersistenceDomain domain = MapWithPattern(stream);
+        domain.FileCallWait = TimeSpan.FromMilliseconds(50);
+        using var held = new HeldCall();
+        domain.InsideFileCallForTesting = held.Hold;
+        var straggler = new Thread(() => domain.WriteBack(QuarantineOffset, 100));
+        straggler.Start();
+        held.WaitUntilHeld();
+        var dispose = new Thread(domain.Dispose);
+        dispose.Start();
+        bool returned = dispose.Join(TimeSpan.FromSeconds(5));
+        held.Release();
+        Assert.True(straggler.Join(TimeSpan.FromSeconds(30)), "the straggler did not finish");
+        Assert.True(dispose.Join(TimeSpan.FromSeconds(30)), "the Dispose never returned");
+        Assert.True(returned, "Dispose waited for a stuck public write-back past FileCallWait (50 ms): 5 s and counting");
+    }
+
     [Fact]
     public void PrivateMapping_AWriteBackCheckedBeforeAQuarantine_ThrowsInsteadOfCopyingZeros()
     {

@@ -63,6 +63,9 @@ internal sealed unsafe class MappedFilePersistenceDomain : PersistenceDomain
     /// <summary>How long a quarantine or dispose waits for pwrite, fdatasync and fallocate calls in flight (tests shorten it).</summary>
     internal TimeSpan FileCallWait { get; set; } = TimeSpan.FromSeconds(30);
 
+    /// <inheritdoc/>
+    private protected override TimeSpan PublicCallWait => FileCallWait;
+
     /// <summary>
     /// Serializes msync and fdatasync calls: Linux reports a write-back error once per open file, to whichever call
     /// checks first, so under the gate the call that sees it records it before any other can return.

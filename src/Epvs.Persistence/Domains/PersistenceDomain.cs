@@ -16,10 +16,11 @@ namespace Epvs.Persistence;
 /// 8-byte aligned word may or may not be durable at a crash (a cache may evict any dirty line at any time), and an
 /// aligned 8-byte store is failure-atomic: after a crash a word holds an old or a new value, never a mix.</para>
 /// <para>A write-back and fence are per thread: a fence orders the calling thread's write-backs only.</para>
-/// <para>Disposing unmaps the memory. It waits for the calls of this class in flight (<see cref="WriteBack"/>,
-/// <see cref="Fence"/>, <see cref="Persist"/>, <see cref="TryGrow"/>), which then throw
-/// <see cref="ObjectDisposedException"/>; spans from <see cref="GetSpan"/> and pointers from <see cref="BaseAddress"/>
-/// are the caller's to stop using first.</para>
+/// <para>Disposing unmaps the memory. It first waits for the calls of this class in flight (<see cref="WriteBack"/>,
+/// <see cref="Fence"/>, <see cref="Persist"/>, <see cref="TryGrow"/>), which complete; later ones throw
+/// <see cref="ObjectDisposedException"/>. A call the medium keeps for more than 30 seconds (a failing disk) keeps the
+/// mapping, leaked rather than unmapped under it. Spans from <see cref="GetSpan"/> and pointers from
+/// <see cref="BaseAddress"/> are the caller's to stop using first.</para>
 /// </remarks>
 public abstract unsafe class PersistenceDomain : IDisposable
 {
@@ -286,9 +287,12 @@ public abstract unsafe class PersistenceDomain : IDisposable
     /// </summary>
     internal void ReleaseQuarantine()
     {
-        // The public calls that entered before the quarantine may still be using the memory.
-        WaitForPublicCalls();
-        ReleaseQuarantineCore();
+        // The public calls that entered before the quarantine may still be using the memory: one stuck for longer than
+        // PublicCallWait keeps it (held for the life of the process, as a call stuck in a Dispose keeps the mapping).
+        if (WaitForPublicCalls())
+        {
+            ReleaseQuarantineCore();
+        }
     }
 
     /// <summary>See <see cref="ReleaseQuarantine"/>, once no public call is in flight.</summary>
@@ -397,8 +401,15 @@ public abstract unsafe class PersistenceDomain : IDisposable
         try
         {
             DisposingHookForTesting?.Invoke();
-            WaitForPublicCalls();
-            Dispose(true);
+
+            // A public call stuck in the kernel for longer than PublicCallWait (a failing disk) keeps the mapping (and the
+            // descriptor): unmapping under it would end the process. Leaked for its life; the domain is disposed all
+            // the same (every later call throws).
+            if (WaitForPublicCalls())
+            {
+                Dispose(true);
+            }
+
             GC.SuppressFinalize(this);
         }
         finally
@@ -436,27 +447,38 @@ public abstract unsafe class PersistenceDomain : IDisposable
     private void ExitCall() => Interlocked.Decrement(ref _publicCalls);
 
     /// <summary>
-    /// After the disposed flag is set: waits until the public calls that entered before it have returned (each is one
-    /// write-back, fence or extension, which returns). Uninterruptible: an interrupt is requested again afterwards.
+    /// How long a Dispose (or a quarantine's release) waits for the public calls in flight before it gives up and leaves
+    /// the memory to them: each is one write-back, fence or extension, which returns unless the medium hangs it.
     /// </summary>
-    private void WaitForPublicCalls()
+    private protected virtual TimeSpan PublicCallWait => TimeSpan.FromSeconds(30);
+
+    /// <summary>
+    /// After the disposed flag is set: waits until the public calls that entered before it have returned, for at most
+    /// <see cref="PublicCallWait"/>; false if some are still in flight. Uninterruptible: an interrupt is requested again
+    /// afterwards.
+    /// </summary>
+    private bool WaitForPublicCalls()
     {
-        if (SkipCallDrainForTesting)
+        if (SkipCallDrainForTesting || Volatile.Read(ref _publicCalls) == 0)
         {
-            return;
+            return true;
         }
 
-        if (Volatile.Read(ref _publicCalls) != 0)
-        {
-            WaitingForCallsForTesting?.Invoke();
-        }
-
+        WaitingForCallsForTesting?.Invoke();
         using InterruptShield.Scope shield = InterruptShield.Enter();
+        long deadline = Environment.TickCount64 + (long)PublicCallWait.TotalMilliseconds;
         var spinner = new SpinWait();
         while (Volatile.Read(ref _publicCalls) != 0)
         {
+            if (Environment.TickCount64 > deadline)
+            {
+                return false;
+            }
+
             InterruptShield.SpinOnce(ref spinner);
         }
+
+        return true;
     }
 
     /// <summary>Test hook: runs on the Dispose that releases the memory, before it does.</summary>

@@ -965,17 +965,42 @@ public sealed unsafe partial class HeapFile : IDisposable
         !GrowthRefused && segmentCount < MaxSegments && DataStart + ((segmentCount + 1) * HeapLayout.SegmentSize) <= Domain.Capacity;
 
     /// <summary>
-    /// Whether the medium refused to extend the file (a full file system, the process's file size limit) since this
-    /// open: the heap then counts as at its maximum size, so that it keeps its delete reserve (see
-    /// <see cref="TryGrow"/>'s spare segment). Sticky until the heap is reopened.
+    /// Whether the medium refused the last extension of the file (a full file system, the process's file size limit):
+    /// a growth, or the spare segment beyond the heap that every growth keeps (<see cref="TryGrow"/>,
+    /// <see cref="EnsureGrowthSpare"/>). The heap then counts as unable to grow, so that it keeps its delete reserve,
+    /// until a growth and its spare succeed again (growth is still tried when an allocation finds no room).
     /// </summary>
-    // Volatile.Read: acquire; pairs with the release in RefuseGrowth.
+    // Volatile.Read: acquire; pairs with the release in RefuseGrowth and TryGrow.
     internal bool GrowthRefused => Volatile.Read(ref _growthRefused);
 
     private bool _growthRefused;
 
     /// <summary>Records that the medium refused a growth (see <see cref="GrowthRefused"/>).</summary>
     internal void RefuseGrowth() => Volatile.Write(ref _growthRefused, true);
+
+    /// <summary>
+    /// After recovery (which validates and writes first), for a heap that keeps a delete reserve: makes sure the medium
+    /// holds the spare segment beyond the heap that a growth refused later grows into (a heap that never grew, a file
+    /// written before the spare existed, or one whose spare a crash lost); if the medium refuses it, the heap counts as
+    /// unable to grow from the start (<see cref="GrowthRefused"/>), so its last free segment is kept for deletes.
+    /// </summary>
+    internal void EnsureGrowthSpare()
+    {
+        using (InterruptShield.Hold(_growGate))
+        {
+            long segments = SegmentCount;
+            long spare = Size + HeapLayout.SegmentSize;
+            if (NoGrowthSpareForTesting || !CanGrowBeyond(segments) || Domain.Length >= spare)
+            {
+                return;
+            }
+
+            if (!Domain.TryGrowOwned(spare))
+            {
+                RefuseGrowth();
+            }
+        }
+    }
 
     /// <summary>Test hook (broken control): a growth does not extend the medium by a spare segment beyond the heap.</summary>
     internal static bool NoGrowthSpareForTesting { get; set; }
@@ -1023,9 +1048,10 @@ public sealed unsafe partial class HeapFile : IDisposable
             // needs a block for its anti-payload), after Syncs and reopens too. If even the spare is refused now, the
             // heap counts as unable to grow from here on, while the segments it just gained are free.
             long spare = newSize + HeapLayout.SegmentSize;
-            if (!NoGrowthSpareForTesting && segmentCount < MaxSegments && spare <= Domain.Capacity && !Domain.TryGrowOwned(spare))
+            if (!NoGrowthSpareForTesting && segmentCount < MaxSegments && spare <= Domain.Capacity)
             {
-                RefuseGrowth();
+                // Volatile.Write: release; read by allocating threads under the segment gate (GrowthRefused).
+                Volatile.Write(ref _growthRefused, !Domain.TryGrowOwned(spare));
             }
 
             return true;

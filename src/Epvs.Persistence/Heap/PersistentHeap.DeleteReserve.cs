@@ -14,8 +14,9 @@ namespace Epvs.Persistence;
 /// <para>Only for an owner whose deletes write anti-payloads (<see cref="PersistentHeapOptions.KeepsDeleteReserve"/>: a
 /// buffered heap in Buffered or Strict mode); a raw heap frees with Free, and a transient heap writes none.</para>
 /// <para>The rule, under the segment gate: while the heap cannot grow (<see cref="HeapFile.CanGrowBeyond"/>: at its
-/// maximum size, a domain that cannot grow, or a medium that refused a growth since the open — each growth keeps a spare
-/// segment of medium beyond the heap for that moment, see <see cref="HeapFile.TryGrow"/>) and no reserve segment is designated, an ordinary allocation (and the
+/// maximum size, a domain that cannot grow, or a medium that refused the last growth — each growth, and each open, keeps a
+/// spare segment of medium beyond the heap for that moment, see <see cref="HeapFile.TryGrow"/> and
+/// <see cref="HeapFile.EnsureGrowthSpare"/>) and no reserve segment is designated, an ordinary allocation (and the
 /// stocker) leaves the last free segment free. An anti-payload that finds no block of its class takes it, and the
 /// segment becomes the reserve segment: formatted for the smallest class like any other, but a block of it that an
 /// ordinary allocation pops (from its cache, wherever the block came from: the format, a pool, a reclaimed
@@ -190,6 +191,11 @@ public sealed unsafe partial class PersistentHeap
     /// </summary>
     internal void DesignateReserveAfterRecovery()
     {
+        if (_keepsDeleteReserve)
+        {
+            _file.EnsureGrowthSpare();
+        }
+
         using (InterruptShield.Hold(_segmentGate))
         {
             DesignateReserveWithoutFreeSegmentLocked();

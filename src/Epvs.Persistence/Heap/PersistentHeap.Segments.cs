@@ -451,10 +451,6 @@ public sealed unsafe partial class PersistentHeap
     private bool TryGrowLocked(long span)
     {
         long current = _segmentFree.Length;
-        if (_file.GrowthRefused)
-        {
-            return false;
-        }
 
         // Doubling, clipped to what the domain can reach (an open's MaxSize may cap it below the recorded maximum: past
         // it every growth failed the doubling and fell back to one span at a time).
@@ -469,9 +465,9 @@ public sealed unsafe partial class PersistentHeap
         // The last try, one segment, fits the spare an earlier growth left (HeapFile.TryGrow): it becomes the reserve.
         if (!_file.TryGrow(doubled) && !_file.TryGrow(current + span) && (span == 1 || !_file.TryGrow(current + 1)))
         {
-            // The medium refused (a file size limit, a full file system): the heap is at its maximum size for this open.
-            // With no free segment to keep as the delete reserve, one of the anti-payloads' class is designated, as
-            // recovery does for a full heap that cannot grow.
+            // The medium refused (a file size limit, a full file system): the heap counts as unable to grow until a
+            // later growth succeeds (freed space, a raised limit). With no free segment to keep as the delete reserve,
+            // one of the anti-payloads' class is designated, as recovery does for a full heap that cannot grow.
             _file.RefuseGrowth();
             DesignateReserveWithoutFreeSegmentLocked();
             return false;

@@ -263,7 +263,8 @@ public sealed unsafe partial class PersistentHeap : IDisposable
         bool reserveApplies;
         using (InterruptShield.Hold(_segmentGate))
         {
-            reserveApplies = _reserveSegment >= 0 || ReservedSegmentsLocked(antiPayload: false) != 0;
+            // Only a reserve that exists: a designated segment, or a free segment that ordinary allocations leave.
+            reserveApplies = _reserveSegment >= 0 || (ReservedSegmentsLocked(antiPayload: false) != 0 && _freeSegmentCount > 0);
         }
 
         string reserve = !reserveApplies

@@ -12,7 +12,8 @@ internal static class GrowthRefusalChild
     internal const long LimitBytes = 4L << 20;
 
     /// <summary>Scenarios: <c>limit</c> (the heap may grow past the limit), <c>maxsize</c> (MaxSize at the limit: the heap
-    /// knows it cannot grow), <c>nospare</c> (as <c>limit</c>, with the broken control: growth keeps no spare segment).</summary>
+    /// knows it cannot grow), <c>nevergrew</c> (created at the limit: never grew), <c>rawsticky</c> (a raw heap grows again
+    /// once the limit is raised), <c>nospare</c> (as <c>limit</c>, with the broken control: no spare segment is kept).</summary>
     internal static int Run(string scenario, string path)
     {
         try
@@ -22,6 +23,8 @@ internal static class GrowthRefusalChild
                 "limit" => FullThenDelete(path, maxSizeAtLimit: false),
                 "maxsize" => FullThenDelete(path, maxSizeAtLimit: true),
                 "nospare" => WithoutSpare(() => FullThenDelete(path, maxSizeAtLimit: false)),
+                "rawsticky" => RawHeapGrowsAgainOnceTheLimitIsRaised(path),
+                "nevergrew" => FullThenDelete(path, maxSizeAtLimit: false, size: LimitBytes),
                 _ => throw new ArgumentException($"unknown scenario {scenario}"),
             };
         }
@@ -53,16 +56,43 @@ internal static class GrowthRefusalChild
     }
 
     /// <summary>
+    /// A raw heap (no delete reserve) full because the file size limit refused its growth: once the limit is raised (or
+    /// space freed on the file system, as the heap-full message advises) it should grow again without a reopen.
+    /// </summary>
+    private static int RawHeapGrowsAgainOnceTheLimitIsRaised(string path)
+    {
+        var options = new HeapFileOptions
+        {
+            Size = 1L << 20,
+            MaxSize = 64L << 20,
+            MappedFileWriteBack = MappedFileWriteBack.PrivateMapping,
+            Domain = PersistenceDomainKind.MappedFile,
+        };
+        SetFileSizeLimit(LimitBytes);
+        using PersistentHeap heap = PersistentHeap.Create(path, options);
+        int n = 0;
+        while (heap.TryAllocate(3000, 1, out _))
+        {
+            n++;
+        }
+
+        SetFileSizeLimit(-1); // RLIM_INFINITY: the hard limit was left unlimited
+        bool grew = heap.TryAllocate(3000, 1, out _);
+        Console.WriteLine($"full after {n} blocks at {new FileInfo(path).Length} bytes; after raising the limit an allocation {(grew ? "succeeded" : "still failed")}");
+        return grew ? SafetyChild.Survived : SafetyChild.WrongOutcome;
+    }
+
+    /// <summary>
     /// A heap that grows until its growth fails (the file size limit; a full file system behaves the same: the
     /// extension fails) and is then full: deletes must still work, as on a heap at its MaxSize, since deleting is the
     /// only way to make room; then the room they made takes new values, and after a reopen under the same limit deletes
     /// work again.
     /// </summary>
-    private static int FullThenDelete(string path, bool maxSizeAtLimit)
+    private static int FullThenDelete(string path, bool maxSizeAtLimit, long size = 1L << 20)
     {
         var options = new HeapFileOptions
         {
-            Size = 1L << 20,
+            Size = size,
             MaxSize = maxSizeAtLimit ? LimitBytes : 64L << 20,
             MappedFileWriteBack = MappedFileWriteBack.PrivateMapping,
             Domain = PersistenceDomainKind.MappedFile,

@@ -21,6 +21,8 @@ public sealed class GrowthRefusedDeleteTests
     [Theory]
     [InlineData("limit")]
     [InlineData("maxsize")]
+    [InlineData("nevergrew")]
+    [InlineData("rawsticky")]
     public void AHeapFullBecauseItsFileCouldNotGrow_StillDeletes_AndReusesTheRoom(string scenario)
     {
         Assert.SkipUnless(OperatingSystem.IsLinux(), "RLIMIT_FSIZE: Linux");
