@@ -37,6 +37,10 @@ public sealed class GrowthRefusedDeleteTests
         (int code, string output) = Run("nospare");
         Assert.True(code == SafetyChild.WrongOutcome, $"the control (no spare segment) was not caught: exit {code}: {output}");
         Assert.Contains("removed 0 of 50", output, StringComparison.Ordinal);
+
+        // Without a reserve, the heap-full messages do not claim one (they did: "kept for deletes", "a reserve of their own").
+        Assert.DoesNotContain("kept for deletes", output, StringComparison.Ordinal);
+        Assert.DoesNotContain("reserve of their own", output, StringComparison.Ordinal);
     }
 
     private (int Code, string Output) Run(string scenario)
