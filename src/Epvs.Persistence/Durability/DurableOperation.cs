@@ -62,6 +62,7 @@ public ref struct DurableOperation
     internal readonly PayloadRef AllocateTyped(int size, int typeId)
     {
         BufferedDurableHeap heap = InsideHeap;
+        _buffers!.EnsureRoom(ThreadBuffers.Slot(Version));
         PayloadRef block = heap.Allocator.AllocateInOperation(AllocatorCache(heap), size, typeId, Version, PayloadKind.Alloc, 0);
         heap.Track(_buffers!, Version, block);
         return block;
@@ -134,6 +135,9 @@ public ref struct DurableOperation
             heap.TrackRewrite(_buffers!, current);
             return current;
         }
+
+        // Before anything is allocated or claimed: no append after the allocations below can run out of memory.
+        _buffers!.EnsureRoom(ThreadBuffers.Slot(Version));
 
         // Claimed before anything is allocated: a payload already retired is refused here, with nothing to undo.
         if (claim)
@@ -252,6 +256,7 @@ public ref struct DurableOperation
         }
 
         ThrowIfEnded();
+        _buffers!.EnsureRoom(ThreadBuffers.Slot(Version));
         PayloadRef copy = heap.Allocator.AllocateInOperation(AllocatorCache(heap), size, typeId, Version, PayloadKind.Update, uid);
         heap.Track(_buffers!, Version, copy);
         _buffers!.Retire(ThreadBuffers.Slot(Version), current.Offset, HeapLayout.HeaderSize + size);
@@ -282,6 +287,7 @@ public ref struct DurableOperation
     {
         BufferedDurableHeap heap = InsideHeap;
         PayloadHeader header = heap.Allocator.GetHeader(current);
+        _buffers!.EnsureRoom(ThreadBuffers.Slot(Version));
         if (claim)
         {
             ThrowIfNotTheCallersPayload(current, header);

@@ -1,4 +1,5 @@
 using System;
+using System.Runtime.CompilerServices;
 
 namespace Epvs.Persistence;
 
@@ -15,10 +16,36 @@ internal sealed class OffsetList
     {
         if (Count == _items.Length)
         {
-            Array.Resize(ref _items, _items.Length * 2);
+            Grow(Count + 1);
         }
 
         _items[Count++] = offset;
+    }
+
+    /// <summary>
+    /// Makes room for <paramref name="more"/> entries, so that that many <see cref="Add(long)"/> calls allocate nothing
+    /// (an operation calls it before it allocates a block: an append that ran out of memory after the allocation left a
+    /// block allocated that no list knew of).
+    /// </summary>
+    [MethodImpl(MethodImplOptions.AggressiveInlining)]
+    internal void EnsureRoom(int more)
+    {
+        if (Count + more > _items.Length)
+        {
+            Grow(Count + more);
+        }
+    }
+
+    [MethodImpl(MethodImplOptions.NoInlining)]
+    private void Grow(int needed)
+    {
+        int length = _items.Length * 2;
+        while (length < needed)
+        {
+            length *= 2;
+        }
+
+        Array.Resize(ref _items, length);
     }
 
     /// <summary>Bytes the entries account for (retired blocks: header and payload), as given to <see cref="Add(long, long)"/>.</summary>

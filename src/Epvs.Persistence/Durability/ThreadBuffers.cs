@@ -174,6 +174,22 @@ internal sealed class ThreadBuffers
         return false;
     }
 
+    /// <summary>
+    /// Before an operation allocates a block: room in every list one step of it appends to (at most a copy and an
+    /// anti-payload written back, one retired block and one retired anti-payload), so that no append after the
+    /// allocation can run out of memory. One did (a list's growth under memory pressure): the block stayed allocated,
+    /// tracked by no list and never written, and recovery took it for a live payload of zeros, which made the structure
+    /// unopenable (two payloads of one key, two queue elements with one sequence number).
+    /// </summary>
+    [System.Runtime.CompilerServices.MethodImpl(System.Runtime.CompilerServices.MethodImplOptions.AggressiveInlining)]
+    internal void EnsureRoom(int slot)
+    {
+        WriteBack[slot].EnsureRoom(2);
+        Retired[slot].EnsureRoom(1);
+        AntiPayloads[slot].EnsureRoom(1);
+        StrictPending.EnsureRoom(2);
+    }
+
     /// <summary>Retires a replaced or deleted payload's block of <paramref name="bytes"/> (header included) in <paramref name="slot"/>.</summary>
     internal void Retire(int slot, long offset, long bytes)
     {

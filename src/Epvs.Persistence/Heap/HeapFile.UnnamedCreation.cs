@@ -138,7 +138,7 @@ public sealed unsafe partial class HeapFile
     /// Makes the new name <paramref name="fullPath"/> in <paramref name="directory"/> durable (Linux), so that a crash
     /// right after Create returns cannot lose the file: throws if the directory's fsync fails (the caller removes the
     /// file). A file system that cannot sync a directory (EINVAL, ENOTSUP) needs no sync, and a directory this process
-    /// cannot open for reading is left to the file system.
+    /// may not open for reading (EACCES, EPERM) is left to the file system; any other failure to open it throws.
     /// </summary>
     private static void SyncDirectory(string directory, string fullPath)
     {
@@ -148,7 +148,16 @@ public sealed unsafe partial class HeapFile
             int fd = Interop.Libc.Open(directory, Interop.Libc.ReadOnly | Interop.Libc.Directory | Interop.Libc.CloseOnExec, 0);
             if (fd < 0)
             {
-                return;
+                // Only a directory this process may not read is left to the file system. Any other failure (no descriptor
+                // left, no memory) throws: skipped silently, the Create succeeded without its name's fsync (a probe,
+                // with one descriptor left).
+                int openError = Marshal.GetLastPInvokeError();
+                if (openError is Interop.Libc.Eacces or Interop.Libc.Eperm)
+                {
+                    return;
+                }
+
+                ThrowHelper.ThrowIO($"Cannot create heap file '{fullPath}': its directory could not be opened for the fsync that makes the new name durable ({Marshal.GetPInvokeErrorMessage(openError)}, errno {openError}; out of file descriptors?), so its name might not survive a crash. The file was removed.");
             }
 
             if (Interop.Libc.Fsync(fd) != 0)

@@ -72,6 +72,9 @@ public sealed unsafe class PersistentQueue<T>
         using DurableOperation op = _heap.BeginOperation();
         lock (_gate)
         {
+            // Room first: an Enqueue whose growth of the list ran out of memory after the allocation failed for the caller
+            // while its element, written and tracked, became durable (the reopened queue had one element more).
+            _items.EnsureCapacity(_items.Count + 1);
             PayloadRef block = op.AllocateTyped(PayloadSize, _typeId);
             Span<byte> payload = _heap.PayloadUnchecked(block.Offset);
             long sequence = _nextSequence++;

@@ -66,6 +66,11 @@ public static class TestProgram
             return GrowthRefusalChild.Run(args[1], args[2]);
         }
 
+        if (args.Length >= 3 && args[0] == ExhaustionChild.Role)
+        {
+            return ExhaustionChild.Run(args[1], args[2]);
+        }
+
         if (args.Length >= 3 && args[0] == CorruptionFuzz.Role)
         {
             return CorruptionFuzz.Run(args[1], args[2], args.Length >= 4 && args[3] == "control");
