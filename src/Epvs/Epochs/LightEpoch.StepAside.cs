@@ -73,7 +73,7 @@ public sealed unsafe partial class LightEpoch
         // The same synchronous call that stepped aside, so the same async flow (ProtectAndDrain checked it): no fresh
         // marker. An action that entered and left while the thread was aside wrote its own into the record; tag the region
         // with this flow's current one again (that action may have run in an async method, whose marker did not flow out).
-        if (checkAsyncFlow && !StaleFlowAfterStepAsideForTesting)
+        if (ChecksAsyncFlow && !StaleFlowAfterStepAsideForTesting)
             r->Flow = flow!.Value;
         slot->OwnerThreadId = r->ThreadId; // diagnostics only
         if (Volatile.Read(ref currentEpoch.Value) != epoch)

@@ -120,7 +120,7 @@ public sealed unsafe partial class LightEpoch : IDisposable
         currentEpoch.Value = 1;
         pendingHint.Value = long.MaxValue;
         checkAsyncFlow = ReadCheckAsyncFlowSwitch();
-        if (checkAsyncFlow)
+        if (ChecksAsyncFlow)
             flow = new AsyncLocal<long>();
         id = AllocateId();
         token = Interlocked.Increment(ref s_nextToken);
@@ -173,7 +173,7 @@ public sealed unsafe partial class LightEpoch : IDisposable
         if (slot != null)
         {
             // Before the announcement (a Resume that throws has entered nothing); never with the check off.
-            if (checkAsyncFlow)
+            if (ChecksAsyncFlow)
                 r->Flow = NewFlowMarker();
             // Any epoch not newer than the current one is a valid announcement: an older one only holds back
             // more actions. Acquire pairs with the increment in BumpCurrentEpoch.
@@ -246,7 +246,7 @@ public sealed unsafe partial class LightEpoch : IDisposable
         if (Volatile.Read(ref lifecycle) == Closing)
             return false; // every free slot is marked: do not grow the table for nothing
 
-        if (checkAsyncFlow)
+        if (ChecksAsyncFlow)
             r->Flow = NewFlowMarker(); // before the claim: a Resume that throws has entered nothing
         ResumeSlowBeforeClaimHookForTesting?.Invoke();
         // First use on this thread, or someone else took our last slot: probe for a free one (growing the
@@ -382,7 +382,7 @@ public sealed unsafe partial class LightEpoch : IDisposable
             return;
         }
         // Before anything changes: a region another async flow entered stays open (it still protects that flow).
-        if (checkAsyncFlow)
+        if (ChecksAsyncFlow)
             CheckFlow(r, nameof(Suspend));
         r->Depth = 0;
 
@@ -457,7 +457,7 @@ public sealed unsafe partial class LightEpoch : IDisposable
         if (depth == 1)
         {
             // As in Suspend: re-announcing a region another async flow entered would release what it holds back.
-            if (checkAsyncFlow)
+            if (ChecksAsyncFlow)
                 CheckFlow(r, nameof(ProtectAndDrain));
             // Acquire: everything published before the epoch we read is visible to this thread's later loads.
             long epoch = Volatile.Read(ref currentEpoch.Value);
