@@ -91,55 +91,22 @@ internal static class ArgumentsChild
         while (clock.Elapsed < TimeSpan.FromSeconds(8))
         {
             var domain = new SimulatedPersistenceDomain(64L << 10);
-            int stop = 0;
-            int started = 0;
-            var threads = new Thread[2];
-            for (int t = 0; t < threads.Length; t++)
-            {
-                int which = t;
-                threads[t] = new Thread(() =>
+            RaceCallsWithDispose(
+                which =>
                 {
-                    Interlocked.Increment(ref started);
-                    while (Volatile.Read(ref stop) == 0)
+                    if (which == 0)
                     {
-                        try
-                        {
-                            if (which == 0)
-                            {
-                                domain.Persist(0, 64L << 10);
-                            }
-                            else
-                            {
-                                domain.WriteBack(0, 4096);
-                                domain.Fence();
-                            }
-                        }
-                        catch (ObjectDisposedException)
-                        {
-                            break;
-                        }
+                        domain.Persist(0, 64L << 10);
                     }
-                });
-                threads[t].Start();
-            }
-
-            while (Volatile.Read(ref started) < threads.Length)
-            {
-                Thread.Yield();
-            }
-
-            for (int spin = 0; spin < rounds % 7 * 500; spin++)
-            {
-                Thread.SpinWait(5);
-            }
-
-            domain.Dispose();
-            Volatile.Write(ref stop, 1);
-            foreach (Thread thread in threads)
-            {
-                thread.Join();
-            }
-
+                    else
+                    {
+                        domain.WriteBack(0, 4096);
+                        domain.Fence();
+                    }
+                },
+                rounds % 7 * 500,
+                domain.Dispose,
+                _ => false);
             rounds++;
         }
 
@@ -167,57 +134,75 @@ internal static class ArgumentsChild
                 Console.WriteLine($"domain {domain.Kind}, persistent memory: {domain.IsPersistentMemory}");
             }
 
-            int stop = 0;
-            int started = 0;
-            var threads = new Thread[2];
-            for (int t = 0; t < threads.Length; t++)
-            {
-                threads[t] = new Thread(() =>
+            int thisRound = round;
+            RaceCallsWithDispose(
+                _ => domain.Persist(4096, 65536),
+                round % 10 * 3000,
+                heap.Dispose,
+                e =>
                 {
-                    Interlocked.Increment(ref started);
-                    while (Volatile.Read(ref stop) == 0)
-                    {
-                        try
-                        {
-                            domain.Persist(4096, 65536);
-                        }
-                        catch (ObjectDisposedException)
-                        {
-                            break;
-                        }
-                        catch (Exception e)
-                        {
-                            Console.WriteLine($"round {round}: {e.GetType().Name}: {e.Message}");
-                            Interlocked.Increment(ref other);
-                            break;
-                        }
-                    }
+                    Console.WriteLine($"round {thisRound}: {e.GetType().Name}: {e.Message}");
+                    Interlocked.Increment(ref other);
+                    return true;
                 });
-                threads[t].Start();
-            }
-
-            while (Volatile.Read(ref started) < threads.Length)
-            {
-                Thread.Yield();
-            }
-
-            for (int spin = 0; spin < round % 10 * 3000; spin++)
-            {
-                Thread.SpinWait(10);
-            }
-
-            heap.Dispose();
-            Volatile.Write(ref stop, 1);
-            foreach (Thread thread in threads)
-            {
-                thread.Join();
-            }
-
             File.Delete(file);
         }
 
         Console.WriteLine($"40 rounds, no crash; {other} calls failed with another exception than ObjectDisposedException");
         return other == 0 ? 0 : 6;
+    }
+
+    /// <summary>
+    /// Two threads loop <paramref name="call"/> (given their index) until it throws <see cref="ObjectDisposedException"/>
+    /// or <paramref name="onOther"/> takes another exception (returning true: stop; false: rethrow), while this thread,
+    /// once both have started and after <paramref name="spins"/> spins, runs <paramref name="dispose"/>.
+    /// </summary>
+    private static void RaceCallsWithDispose(Action<int> call, int spins, Action dispose, Func<Exception, bool> onOther)
+    {
+        int stop = 0;
+        int started = 0;
+        var threads = new Thread[2];
+        for (int t = 0; t < threads.Length; t++)
+        {
+            int which = t;
+            threads[t] = new Thread(() =>
+            {
+                Interlocked.Increment(ref started);
+                while (Volatile.Read(ref stop) == 0)
+                {
+                    try
+                    {
+                        call(which);
+                    }
+                    catch (ObjectDisposedException)
+                    {
+                        break;
+                    }
+                    catch (Exception e) when (onOther(e))
+                    {
+                        break;
+                    }
+                }
+            });
+            threads[t].Start();
+        }
+
+        while (Volatile.Read(ref started) < threads.Length)
+        {
+            Thread.Yield();
+        }
+
+        for (int spin = 0; spin < spins; spin++)
+        {
+            Thread.SpinWait(5);
+        }
+
+        dispose();
+        Volatile.Write(ref stop, 1);
+        foreach (Thread thread in threads)
+        {
+            thread.Join();
+        }
     }
 
     private static int ExploreRaw(string path)
