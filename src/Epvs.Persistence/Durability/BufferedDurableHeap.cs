@@ -570,6 +570,7 @@ public sealed unsafe partial class BufferedDurableHeap : IDisposable
         bool cyclesEnded = false;
         bool drained = false;
         bool released = false;
+        bool disposeTimedOut = false; // the Dispose's own wait for the operations (its message says so), not the final Sync's
         try
         {
             // Not for an operation that can never end (a thread exited inside it): the heap fails first, so the last advance
@@ -643,6 +644,7 @@ public sealed unsafe partial class BufferedDurableHeap : IDisposable
                 if (!drained)
                 {
                     exited ??= FailIfAThreadExitedInsideAnOperation();
+                    disposeTimedOut = failure is null;
                     failure ??= new TimeoutException(exited is null
                         ? $"BufferedDurableHeap.Dispose: a thread stayed inside an operation for {_syncTimeout.TotalSeconds:0.#} s; the heap was closed without unmapping under it (see the remarks of Dispose)."
                         : $"BufferedDurableHeap.Dispose: the heap was closed without unmapping under the operation left open. {exited}");
@@ -705,9 +707,16 @@ public sealed unsafe partial class BufferedDurableHeap : IDisposable
             throw new TimeoutException($"{failure.Message} The heap is closed without it, as with a thread left inside an operation: a file the heap opened is quarantined (not unmapped under the thread), a file of the caller's hosts no other heap (dispose it; the file can be opened again by its path). The file has no clean-shutdown mark; a reopen recovers at least up to version {DurableFrontier}.", failure);
         }
 
+        if (disposeTimedOut)
+        {
+            throw failure!;
+        }
+
         if (failure is TimeoutException)
         {
-            throw failure;
+            // The final Sync's timeout, whose message speaks of Sync and of waiting longer: say what happened to the heap.
+            string straggler = drained ? string.Empty : " A thread was still inside an operation: the mapping was quarantined, not unmapped under it.";
+            throw new TimeoutException($"BufferedDurableHeap.Dispose: the heap is closed, but its final Sync did not complete within SyncTimeout ({_syncTimeout.TotalSeconds:0.###} s; the inner exception says what it waited for). The file has no clean-shutdown mark; a reopen recovers at least up to version {DurableFrontier}; a second Dispose does nothing.{straggler}", failure);
         }
 
         if (failure is not null)
@@ -1200,7 +1209,7 @@ public sealed unsafe partial class BufferedDurableHeap : IDisposable
     private static void ThrowDisposeInsideCycle() =>
         ThrowHelper.ThrowInvalidOperation("BufferedDurableHeap.Dispose was called on a thread that is running one of the heap's advance cycles (the background advancer, or a Sync, AdvanceVersion or back-pressure help in progress on this thread), from a callback such as a VersionScheme.StateMachineFaulted handler. Dispose waits for the cycle, which cannot end before the callback returns. Nothing was disposed: dispose the heap from another thread (for example Task.Run(heap.Dispose)).");
 
-    private void ThrowIfDisposed()
+    internal void ThrowIfDisposed()
     {
         // Volatile.Read: acquire; pairs with the exchange in Dispose (best effort: use during Dispose is misuse).
         if (Volatile.Read(ref _disposed) != 0)

@@ -319,6 +319,13 @@ public sealed unsafe partial class HeapFile : IDisposable
             ThrowHelper.ThrowHeapFile(HeapFileError.InsufficientSpace, $"Cannot create heap file '{fullPath}': it needs {heapSize} bytes but the process may write files of at most {sizeLimit} bytes (RLIMIT_FSIZE, ulimit -f). Choose a smaller HeapFileOptions.Size or raise the limit.");
         }
 
+        // A read-only file system first: it may report less free space than the heap needs (or none), which read as
+        // InsufficientSpace instead of the ReadOnly that says what to do.
+        if (!OperatingSystem.IsWindows() && Interop.Libc.Access(directory, Interop.Libc.WriteOk) != 0 && Marshal.GetLastPInvokeError() == Interop.Libc.Erofs)
+        {
+            ThrowHelper.ThrowHeapFile(HeapFileError.ReadOnly, $"Cannot create heap file '{fullPath}': the file system is read-only.");
+        }
+
         long available = new DriveInfo(directory).AvailableFreeSpace;
         if (available < heapSize)
         {

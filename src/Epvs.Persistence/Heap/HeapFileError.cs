@@ -33,7 +33,8 @@ public enum HeapFileError
     /// <summary>The requested persistence domain is not available (for example libpmem is not installed).</summary>
     DomainUnavailable = 10,
 
-    /// <summary>The file has a format version older than this library reads (version 1, before the superblock checksums).</summary>
+    /// <summary>The file has a format version older than this library reads (every version before the current one: the
+    /// checks of the older formats do not cover what this one relies on).</summary>
     OlderFormatVersion = 11,
 
     /// <summary>The file belongs to the other kind of heap (a <see cref="PersistentHeap"/> file opened as a <see cref="BufferedDurableHeap"/>, or the reverse).</summary>

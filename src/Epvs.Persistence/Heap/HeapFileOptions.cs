@@ -3,7 +3,8 @@ namespace Epvs.Persistence;
 /// <summary>How to create or open a heap file.</summary>
 public sealed class HeapFileOptions
 {
-    /// <summary>The heap's size at creation, in bytes (rounded down to whole 64 KiB segments). Default 64 MiB. Ignored by open.</summary>
+    /// <summary>The file's size at creation, in bytes: the superblock and the segment table, then as many whole 64 KiB
+    /// segments as fit (at least one). Default 64 MiB. Ignored by open.</summary>
     public long Size { get; set; } = 64L << 20;
 
     /// <summary>

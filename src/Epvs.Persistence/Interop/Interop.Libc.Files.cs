@@ -52,6 +52,13 @@ internal static partial class Interop
         [LibraryImport(NativeLibraryResolver.LibcLibraryName, EntryPoint = "close", SetLastError = true)]
         internal static partial int Close(int fd);
 
+        /// <summary><c>access(2)</c>'s <c>W_OK</c>.</summary>
+        internal const int WriteOk = 2;
+
+        /// <summary>0 if the calling process may access <paramref name="path"/> as <paramref name="mode"/> asks, or -1 with errno set (<c>EROFS</c> on a read-only file system).</summary>
+        [LibraryImport(NativeLibraryResolver.LibcLibraryName, EntryPoint = "access", SetLastError = true, StringMarshalling = StringMarshalling.Utf8)]
+        internal static partial int Access(string path, int mode);
+
         [LibraryImport(NativeLibraryResolver.LibcLibraryName, EntryPoint = "flock", SetLastError = true)]
         internal static partial int Flock(int fd, int operation);
 

@@ -114,6 +114,7 @@ public sealed class PersistentHashMap<TKey, TValue>
     /// <param name="key">The key.</param>
     /// <param name="value">The value, or default when absent.</param>
     /// <returns>Whether the key is present.</returns>
+    /// <exception cref="ObjectDisposedException">The heap was disposed.</exception>
     public bool TryGetValue(TKey key, out TValue value) => _core.TryRead(key, out value);
 
     /// <summary>Removes <paramref name="key"/> (writes an anti-payload).</summary>
@@ -129,5 +130,6 @@ public sealed class PersistentHashMap<TKey, TValue>
 
     /// <summary>A copy of every entry. Each entry is read atomically, the whole map is not (like enumerating a <see cref="System.Collections.Concurrent.ConcurrentDictionary{TKey, TValue}"/>).</summary>
     /// <returns>The entries, in no particular order.</returns>
+    /// <exception cref="ObjectDisposedException">The heap was disposed.</exception>
     public Dictionary<TKey, TValue> ToDictionary() => _core.Snapshot();
 }

@@ -254,7 +254,12 @@ internal sealed unsafe class ValueMapCore<TKey, TValue>
     }
 
     [MethodImpl(MethodImplOptions.AggressiveInlining)]
-    internal bool TryRead(TKey key, out TValue value) => _index.TryRead(key, ValueIndex<TKey, TValue>.Hash(key), out value, _tornReads);
+    internal bool TryRead(TKey key, out TValue value)
+    {
+        // The index is in DRAM and outlives the heap; a read after Dispose throws all the same, as every call does.
+        _heap.ThrowIfDisposed();
+        return _index.TryRead(key, ValueIndex<TKey, TValue>.Hash(key), out value, _tornReads);
+    }
 
     [MethodImpl(MethodImplOptions.AggressiveInlining)]
     private void WritePayload(PayloadRef block, TKey key, TValue value)
@@ -281,7 +286,11 @@ internal sealed unsafe class ValueMapCore<TKey, TValue>
         return true;
     }
 
-    internal Dictionary<TKey, TValue> Snapshot() => _index.Snapshot();
+    internal Dictionary<TKey, TValue> Snapshot()
+    {
+        _heap.ThrowIfDisposed();
+        return _index.Snapshot();
+    }
 
     private int UserTypeId => _typeId & (StructureKind.TypeIdLimit - 1);
 

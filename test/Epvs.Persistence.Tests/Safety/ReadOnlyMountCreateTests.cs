@@ -34,4 +34,27 @@ public sealed class ReadOnlyMountCreateTests
             HeapSafetyTests.Run("umount", view);
         }
     }
+
+    /// <summary>
+    /// A probe's finding: on a read-only mount with less free space than the heap needs, Create reported
+    /// InsufficientSpace (its space check ran before anything looked at the mount); a read-only file system may report
+    /// no free space at all.
+    /// </summary>
+    [Fact]
+    public void Create_OnAReadOnlyMountSmallerThanTheHeap_ReportsReadOnly()
+    {
+        using var dir = new TempDirectory();
+        string view = Path.Combine(dir.Path, "view");
+        Directory.CreateDirectory(view);
+        Assert.SkipUnless(HeapSafetyTests.Run("mount", "-t", "tmpfs", "-o", "ro,size=1m", "tmpfs", view), "needs root and mount(8) for a read-only mount");
+        try
+        {
+            HeapFileException e = Assert.Throws<HeapFileException>(() => PersistentHeap.Create(Path.Combine(view, "a.heap"), new HeapFileOptions { Size = 8L << 20 }));
+            Assert.Equal(HeapFileError.ReadOnly, e.Error);
+        }
+        finally
+        {
+            HeapSafetyTests.Run("umount", view);
+        }
+    }
 }
