@@ -18,7 +18,9 @@ public static class CprCheckpointDemo
     /// <param name="Inconsistencies">Inconsistencies in every checkpoint taken under load, each checked as it completed,
     /// and in the recovered one (must be 0).</param>
     /// <param name="Seconds">Duration.</param>
-    public sealed record Result(long Requests, long DuplicatesApplied, long Checkpoints, long RecoveredVersion, int Inconsistencies, double Seconds);
+    /// <param name="CheckedUnderLoad">Checkpoints taken while the clients ran, each checked (at least one: a checkpoint
+    /// taken at rest is consistent whatever the protocol does, so it proves nothing).</param>
+    public sealed record Result(long Requests, long DuplicatesApplied, long Checkpoints, long RecoveredVersion, int Inconsistencies, double Seconds, int CheckedUnderLoad);
 
     /// <summary>Runs the demo in a fresh temporary directory (deleted afterwards) and prints its result.</summary>
     /// <param name="output">Where to print.</param>
@@ -40,32 +42,52 @@ public static class CprCheckpointDemo
         string directory = temporary.Path;
         long requests = 0, duplicates = 0, checkpoints;
         int stop = 0, inconsistencies = 0, checkedUnderLoad = 0;
-        var clock = Stopwatch.StartNew();
+        Stopwatch clock;
         using (var store = new CprStore(directory, new CprStoreOptions { RetainedCheckpoints = 3 }))
         {
             store.BreakDedupAtomicityForTesting = breakAtomicityForTesting;
             var tasks = new Task[clients];
+
+            // Every client has its session before the clock starts: on two cores, the first clients' busy loops starved
+            // the thread still starting the others, and the whole duration could pass before the first checkpoint.
+            using var ready = new CountdownEvent(clients);
+            using var go = new ManualResetEventSlim();
             for (int c = 0; c < clients; c++)
             {
                 long client = c;
                 tasks[c] = Task.Factory.StartNew(() =>
                 {
-                    using CprSession session = store.OpenSession(client);
-                    (long applied, long dup) = DedupWorkload.RunClient(session, ref stop);
+                    CprSession session;
+                    try
+                    {
+                        session = store.OpenSession(client);
+                    }
+                    finally
+                    {
+                        ready.Signal(); // also when the session failed: the clock must not wait for ever
+                    }
+
+                    using CprSession opened = session;
+                    go.Wait();
+                    (long applied, long dup) = DedupWorkload.RunClient(opened, ref stop);
                     Interlocked.Add(ref requests, applied);
                     Interlocked.Add(ref duplicates, dup);
                 }, TaskCreationOptions.LongRunning);
             }
-            while (clock.Elapsed < duration)
+            ready.Wait();
+            clock = Stopwatch.StartNew();
+            go.Set();
+            do
             {
                 // Each checked as it completes, cut while requests are in flight: what the protocol must get right.
                 // (The final one below, taken at rest, would be consistent whatever the protocol did; it used to be
-                // the only one checked.)
+                // the only one checked.) At least one, however short the run.
                 CheckpointInfo taken = store.TakeCheckpointAsync().GetAwaiter().GetResult();
                 inconsistencies += DedupWorkload.FindInconsistencies(CheckpointFile.Read(taken.Path)).Count;
                 checkedUnderLoad++;
                 Thread.Sleep(pause);
             }
+            while (clock.Elapsed < duration);
             Volatile.Write(ref stop, 1); // release
             if (!Task.WaitAll(tasks, TimeSpan.FromSeconds(30)))
                 throw new TimeoutException("A CPR client did not stop within 30 s.");
@@ -76,7 +98,7 @@ public static class CprCheckpointDemo
 
         using CprStore recovered = CprStore.Recover(directory, out RecoveryReport report);
         inconsistencies += DedupWorkload.FindInconsistencies(CheckpointFile.Read(report.RecoveredPath!)).Count;
-        var result = new Result(requests, duplicates, checkpoints, report.RecoveredVersion ?? 0, inconsistencies, seconds);
+        var result = new Result(requests, duplicates, checkpoints, report.RecoveredVersion ?? 0, inconsistencies, seconds, checkedUnderLoad);
         output.WriteLine($"  {clients} client threads, a checkpoint every {pause.TotalMilliseconds:0} ms for {duration.TotalSeconds:0.#} s, written to a temporary directory ({directory}, deleted afterwards)");
         output.WriteLine($"  {result.Requests:N0} requests ({result.Requests / seconds / 1e6:0.00} M/s) applied; resent requests applied twice: {result.DuplicatesApplied}");
         output.WriteLine($"  {result.Checkpoints:N0} checkpoints taken (REST -> WAIT_FLUSH -> REST), each a real file, fsynced and renamed");

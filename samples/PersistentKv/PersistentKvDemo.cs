@@ -61,6 +61,10 @@ public static class PersistentKvDemo
         // libpmem's cache-flush path on an ordinary file (see the Epvs.Persistence README); without libpmem the
         // heap falls back to the mapped-file domain (pwrite or msync through the page cache), equally correct.
         start.Environment["PMEM_IS_PMEM_FORCE"] = "1";
+
+        // The child is killed (SIGKILL): its runtime's diagnostic pipes and socket, which only a normal exit removes,
+        // would be left in the temp directory by every run.
+        start.Environment["DOTNET_EnableDiagnostics"] = "0";
         using var ready = new ManualResetEventSlim();
         using Process child = Process.Start(start)!;
         child.OutputDataReceived += (_, e) =>

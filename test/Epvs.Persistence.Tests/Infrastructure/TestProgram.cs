@@ -153,8 +153,15 @@ public static class TestProgram
         return Run(start);
     }
 
+    /// <summary>
+    /// Children are often killed (SIGKILL, a crash): their runtime's diagnostic pipes and socket in the temp directory,
+    /// which only a normal exit removes, piled up by the thousand. A child started here makes none (unless the test asks).
+    /// </summary>
+    private static void NoDiagnosticFiles(ProcessStartInfo start) => start.Environment.TryAdd("DOTNET_EnableDiagnostics", "0");
+
     private static (int ExitCode, string Output) Run(ProcessStartInfo start)
     {
+        NoDiagnosticFiles(start);
         using Process process = Process.Start(start)!;
         var output = new StringBuilder();
         process.OutputDataReceived += (_, e) => { lock (output) { output.AppendLine(e.Data); } };
@@ -195,6 +202,7 @@ public static class TestProgram
             start.Environment[key] = value;
         }
 
+        NoDiagnosticFiles(start);
         Process process = Process.Start(start)!;
         process.OutputDataReceived += (_, e) => { if (e.Data is not null) { onLine(e.Data); } };
         process.ErrorDataReceived += (_, e) => { if (e.Data is not null) { onLine("stderr: " + e.Data); } };
