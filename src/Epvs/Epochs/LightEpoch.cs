@@ -34,15 +34,20 @@ namespace Epvs;
 /// <para>To find such misuse, set the <see cref="AppContext"/> switch <c>Epvs.LightEpoch.CheckAsyncFlow</c> (for example
 /// <c>&lt;RuntimeHostConfigurationOption Include="Epvs.LightEpoch.CheckAsyncFlow" Value="true" /&gt;</c> in the project,
 /// or <c>AppContext.SetSwitch</c> before the epoch is created). Each instance reads it once, in its constructor
-/// (an <see cref="EpochProtectedVersionScheme"/> that creates its epoch inherits it); off, it costs one predictable branch.
+/// (an <see cref="EpochProtectedVersionScheme"/> that creates its epoch inherits it); off (both it and the library's test
+/// switch), the check is compiled out of the fast paths.
 /// On, each outermost <see cref="Resume"/> tags the thread's protection and the calling async flow (an
 /// <see cref="System.Threading.AsyncLocal{T}"/>, which allocates) with a fresh marker, and the outermost
 /// <see cref="Suspend"/> and <see cref="ProtectAndDrain"/> throw <see cref="InvalidOperationException"/> when the calling
 /// flow is not the one that entered the region open on the thread, before changing anything: that region stays open and
 /// keeps protecting the flow that entered it. Deferred actions that enter and leave run on the draining thread's flow and
-/// are never refused. One correct pattern is refused too: a region entered inside an <c>async</c> method and left by its
-/// caller (even with no <c>await</c>, the method's return restores the caller's execution context, marker included); enter
-/// and leave in the same method, or in synchronous helpers.</para>
+/// are never refused. Limits (it is a diagnostic, not a guard): a task or async call started inside a region carries the
+/// region's marker (execution contexts flow to it), so its leave or refresh on the entering thread is not refused; two
+/// correct patterns are refused — a region entered inside an <c>async</c> method and left by its caller (even with no
+/// <c>await</c>, the method's return restores the caller's execution context, marker included), and a region held across
+/// a <c>yield return</c> of an async iterator (each <c>MoveNextAsync</c> restores its caller's context); and a refused
+/// region stays open until the flow that entered it leaves (never, if that flow already left a nested level for it).
+/// Enter and leave in the same synchronous stretch of one method.</para>
 /// </remarks>
 public sealed unsafe partial class LightEpoch : IDisposable
 {
