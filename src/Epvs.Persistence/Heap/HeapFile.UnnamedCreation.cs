@@ -87,25 +87,62 @@ public sealed unsafe partial class HeapFile
             SyncDirectory(directory, fullPath);
             return new HeapFile(domain, stream, ownsDomain: true, fullPath, wasClean: true);
         }
-        catch
+        catch (Exception e)
         {
-            if (named)
+            Exception? removal = null;
+            try
             {
-                // A new, empty heap under its name that might not be durable: removed, as a failed creation in place is.
-                File.Delete(fullPath);
+                if (named)
+                {
+                    // A new, empty heap under its name that might not be durable: removed, as a failed creation in place is.
+                    removal = TryDelete(fullPath);
+                }
+            }
+            finally
+            {
+                // Whatever the removal did: a removal that threw used to leave the mapping, the descriptor and the lock
+                // held for the life of the process.
+                domain?.Dispose();
+                if (stream is not null)
+                {
+                    stream.Dispose();
+                }
+                else
+                {
+                    handle.Dispose();
+                }
             }
 
-            domain?.Dispose();
-            if (stream is not null)
-            {
-                stream.Dispose();
-            }
-            else
-            {
-                handle.Dispose();
-            }
-
+            ThrowIfNotRemoved(fullPath, e, removal);
             throw;
+        }
+    }
+
+    /// <summary>Deletes a file a failed creation made; the failure to, if any (the file is then left behind).</summary>
+    private static Exception? TryDelete(string fullPath)
+    {
+        try
+        {
+            if (HeapFileTestHooks.SimulatedRemovalFailure)
+            {
+                throw new IOException("simulated: the file system refused the removal");
+            }
+
+            File.Delete(fullPath);
+            return null;
+        }
+        catch (Exception e) when (e is IOException or UnauthorizedAccessException)
+        {
+            return e;
+        }
+    }
+
+    /// <summary>After a failed creation whose file could not be removed: says so (the creation's own error is the inner exception).</summary>
+    private static void ThrowIfNotRemoved(string fullPath, Exception failure, Exception? removal)
+    {
+        if (removal is not null)
+        {
+            throw new IOException($"{failure.Message.Replace("; the new file is removed.", ".", StringComparison.Ordinal)} Removing the new file failed too ({removal.Message}): delete '{fullPath}' before creating the heap again.", failure);
         }
     }
 
@@ -157,7 +194,7 @@ public sealed unsafe partial class HeapFile
                     return;
                 }
 
-                ThrowHelper.ThrowIO($"Cannot create heap file '{fullPath}': its directory could not be opened for the fsync that makes the new name durable ({Marshal.GetPInvokeErrorMessage(openError)}, errno {openError}; out of file descriptors?), so its name might not survive a crash. The file was removed.");
+                ThrowHelper.ThrowIO($"Cannot create heap file '{fullPath}': its directory could not be opened for the fsync that makes the new name durable ({Marshal.GetPInvokeErrorMessage(openError)}, errno {openError}; out of file descriptors?), so its name might not survive a crash; the new file is removed.");
             }
 
             if (Interop.Libc.Fsync(fd) != 0)
@@ -170,7 +207,7 @@ public sealed unsafe partial class HeapFile
 
         if (error is not (0 or Interop.Libc.Einval or Interop.Libc.Enotsup))
         {
-            ThrowHelper.ThrowIO($"Cannot create heap file '{fullPath}': the fsync of its directory failed ({Marshal.GetPInvokeErrorMessage(error)}, errno {error}), so its name might not survive a crash. The file was removed.");
+            ThrowHelper.ThrowIO($"Cannot create heap file '{fullPath}': the fsync of its directory failed ({Marshal.GetPInvokeErrorMessage(error)}, errno {error}), so its name might not survive a crash; the new file is removed.");
         }
     }
 }

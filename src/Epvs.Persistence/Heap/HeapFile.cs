@@ -393,13 +393,22 @@ public sealed unsafe partial class HeapFile : IDisposable
 
             return new HeapFile(domain, stream, ownsDomain: true, fullPath, wasClean: true);
         }
-        catch
+        catch (Exception e)
         {
             // Removed while its lock is still held: an opener that takes the lock after us finds no file to open (released
             // first, the path could be opened in between and then deleted under that opener).
-            domain?.Dispose();
-            File.Delete(fullPath);
-            stream.Dispose();
+            Exception? removal;
+            try
+            {
+                domain?.Dispose();
+                removal = TryDelete(fullPath);
+            }
+            finally
+            {
+                stream.Dispose();
+            }
+
+            ThrowIfNotRemoved(fullPath, e, removal);
             throw;
         }
     }

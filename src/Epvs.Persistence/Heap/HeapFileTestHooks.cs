@@ -17,6 +17,9 @@ internal static class HeapFileTestHooks
     /// <summary>When set, the fsync of a new heap file's directory (Linux) reports this errno instead of being called (0: succeeds).</summary>
     internal static int? SimulatedDirectorySyncError { get; set; }
 
+    /// <summary>Removing the file of a failed creation fails (as on a file system that turned read-only meanwhile).</summary>
+    internal static bool SimulatedRemovalFailure { get; set; }
+
     /// <summary>When set, <c>HeapFile.Open</c> skips preallocation (the control for the sparse-file test: the old behaviour).</summary>
     internal static bool SkipPreallocation { get; set; }
 

@@ -9,7 +9,7 @@ public sealed unsafe partial class LightEpoch
 {
     /// <summary>
     /// The <see cref="AppContext"/> switch that turns on the check that a region is left (and refreshed) by the async flow
-    /// that entered it (see <see cref="LightEpoch"/>'s remarks). Read once per instance, by its constructor.
+    /// that entered it (see <see cref="LightEpoch"/>'s remarks). Read for the whole process when the first instance is created (see <see cref="s_mayCheckAsyncFlow"/>).
     /// </summary>
     internal const string CheckAsyncFlowSwitch = "Epvs.LightEpoch.CheckAsyncFlow";
 
@@ -57,8 +57,28 @@ public sealed unsafe partial class LightEpoch
 
     private static bool IsOn(string name) => AppContext.TryGetSwitch(name, out bool on) && on;
 
-    private static bool ReadCheckAsyncFlowSwitch() =>
-        s_mayCheckAsyncFlow && (CheckAsyncFlowForTesting ?? IsOn(CheckAsyncFlowSwitch));
+    private static bool ReadCheckAsyncFlowSwitch()
+    {
+        if (!s_mayCheckAsyncFlow)
+        {
+            // The switch is read for the whole process when the first LightEpoch is created (so that, off, the check is
+            // compiled out): one set later would be ignored silently.
+            ThrowIfSwitchSetTooLate(mayCheck: false, switchOn: IsOn(CheckAsyncFlowSwitch));
+            return false;
+        }
+
+        return CheckAsyncFlowForTesting ?? IsOn(CheckAsyncFlowSwitch);
+    }
+
+    /// <summary>Throws if the check's switch is on now but was off when the process's first epoch was created.</summary>
+    internal static void ThrowIfSwitchSetTooLate(bool mayCheck, bool switchOn)
+    {
+        if (!mayCheck && switchOn)
+            ThrowHelper.ThrowInvalidOperation(
+                $"The AppContext switch {CheckAsyncFlowSwitch} was turned on after the process's first LightEpoch was created, " +
+                "when it was read for the whole process: the check would be off. Turn it on before any epoch exists (best in the " +
+                $"project: <RuntimeHostConfigurationOption Include=\"{CheckAsyncFlowSwitch}\" Value=\"true\" />), or turn it off again.");
+    }
 
     /// <summary>
     /// The marker for an outermost entry about to announce: 0 with the check off; otherwise a fresh one, already stored in

@@ -33,9 +33,10 @@ namespace Epvs;
 /// flow is still inside it; only that flow's own leave, later, on another thread, throws.</para>
 /// <para>To find such misuse, set the <see cref="AppContext"/> switch <c>Epvs.LightEpoch.CheckAsyncFlow</c> (for example
 /// <c>&lt;RuntimeHostConfigurationOption Include="Epvs.LightEpoch.CheckAsyncFlow" Value="true" /&gt;</c> in the project,
-/// or <c>AppContext.SetSwitch</c> before the epoch is created). Each instance reads it once, in its constructor
-/// (an <see cref="EpochProtectedVersionScheme"/> that creates its epoch inherits it); off (both it and the library's test
-/// switch), the check is compiled out of the fast paths.
+/// or <c>AppContext.SetSwitch</c> before the process's first epoch is created: it is read for the whole process then, and an
+/// epoch created after it was turned on later throws <see cref="InvalidOperationException"/> saying so). An
+/// <see cref="EpochProtectedVersionScheme"/> that creates its epoch inherits it; off, the check is compiled out of the
+/// fast paths.
 /// On, each outermost <see cref="Resume"/> tags the thread's protection and the calling async flow (an
 /// <see cref="System.Threading.AsyncLocal{T}"/>, which allocates) with a fresh marker, and the outermost
 /// <see cref="Suspend"/> and <see cref="ProtectAndDrain"/> throw <see cref="InvalidOperationException"/> when the calling
@@ -119,12 +120,12 @@ public sealed unsafe partial class LightEpoch : IDisposable
     {
         if (initialTableSize < 1)
             ThrowHelper.ThrowArgumentOutOfRange(nameof(initialTableSize), "The table needs at least one slot.");
+        checkAsyncFlow = ReadCheckAsyncFlowSwitch(); // first: it may throw (the switch turned on too late)
         table = new EpochSlotTable(initialTableSize);
         drainList = new DrainList(DefaultInitialDrainListSize);
         reportFault = ReportFault;
         currentEpoch.Value = 1;
         pendingHint.Value = long.MaxValue;
-        checkAsyncFlow = ReadCheckAsyncFlowSwitch();
         if (ChecksAsyncFlow)
             flow = new AsyncLocal<long>();
         id = AllocateId();

@@ -32,6 +32,7 @@ internal static class SafetyChild
                 "open-out-of-descriptors" => OpenOutOfDescriptors(path),
                 "open-mmap-fails" => OpenMmapFails(path),
                 "create-directory-sync-fails" => CreateDirectorySyncFails(path),
+                "create-removal-fails" => CreateRemovalFails(path),
                 "open-buffered" => OpenBuffered(path),
                 "open-interrupted" => OpenInterrupted(path, control),
                 "buffered-file-disposed-first" => BufferedFileDisposedFirst(path),
@@ -1065,6 +1066,65 @@ internal static class SafetyChild
                 HeapFileTestHooks.SimulatedDirectorySyncError = null;
                 HeapFileTestHooks.CreateInPlace = false;
             }
+        }
+
+        return wrong == 0 ? Survived : WrongOutcome;
+    }
+
+    /// <summary>
+    /// A review's finding: when the creation failed (its directory's fsync here) and removing the new file failed too,
+    /// the removal's exception skipped the disposal: the mapping, the descriptor and the file's lock stayed held for the
+    /// life of the process, and the creation's message said the file was removed. Both paths: Create throws an
+    /// IOException that says the file is left, and the file's lock is released (an Open does not find it AlreadyOpen).
+    /// </summary>
+    private static int CreateRemovalFails(string path)
+    {
+        int wrong = 0;
+        foreach (bool inPlace in new[] { false, true })
+        {
+            string file = $"{path}.{(inPlace ? "in-place" : "unnamed")}";
+            HeapFileTestHooks.CreateInPlace = inPlace;
+            HeapFileTestHooks.SimulatedDirectorySyncError = 5;
+            HeapFileTestHooks.SimulatedRemovalFailure = true;
+            try
+            {
+                PersistentHeap.Create(file, new HeapFileOptions { Size = 1L << 20 }).Dispose();
+                Console.Error.WriteLine($"{file}: created although its directory's fsync failed");
+                wrong++;
+            }
+            catch (IOException e) when (e.Message.Contains("Removing the new file failed too", StringComparison.Ordinal))
+            {
+                Console.WriteLine($"{file}: {e.Message}");
+            }
+            finally
+            {
+                HeapFileTestHooks.SimulatedDirectorySyncError = null;
+                HeapFileTestHooks.SimulatedRemovalFailure = false;
+                HeapFileTestHooks.CreateInPlace = false;
+            }
+
+            if (!File.Exists(file))
+            {
+                Console.Error.WriteLine($"{file}: not left behind although its removal failed");
+                wrong++;
+                continue;
+            }
+
+            try
+            {
+                PersistentHeap.Open(file).Dispose();
+            }
+            catch (HeapFileException e) when (e.Error == HeapFileError.AlreadyOpen)
+            {
+                Console.Error.WriteLine($"{file}: still locked by the failed creation: {e.Message}");
+                wrong++;
+            }
+            catch (Exception e) when (e is IOException or InvalidDataException)
+            {
+                Console.WriteLine($"{file}: opened after the failure: {e.GetType().Name}: {e.Message}");
+            }
+
+            File.Delete(file);
         }
 
         return wrong == 0 ? Survived : WrongOutcome;

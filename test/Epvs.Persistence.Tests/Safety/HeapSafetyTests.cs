@@ -317,6 +317,20 @@ public sealed class HeapSafetyTests
         Assert.True(code == SafetyChild.Survived, $"exit {code}: {output}");
     }
 
+    /// <summary>
+    /// A review's finding: a failed creation whose file could not be removed either kept the mapping, the descriptor and
+    /// the lock for the life of the process, and said the file was removed (in a child: the hooks are process-wide).
+    /// </summary>
+    [Fact]
+    public void Create_WhenItFailsAndItsFileCannotBeRemoved_SaysSoAndReleasesTheFile()
+    {
+        Assert.SkipUnless(OperatingSystem.IsLinux(), "directory fsync (Linux)");
+        using var dir = new TempDirectory();
+        (int code, string output) = TestProgram.RunChild(NoEnvironment, SafetyChild.Role, "create-removal-fails", dir.File("a.heap"));
+        _output.WriteLine(output);
+        Assert.True(code == SafetyChild.Survived, $"exit {code}: {output}");
+    }
+
     [Fact]
     public void Open_OnAReadOnlyMount_ReportsReadOnlyNotAlreadyOpen()
     {

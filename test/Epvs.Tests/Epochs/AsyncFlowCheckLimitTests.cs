@@ -131,4 +131,24 @@ public sealed class AsyncFlowCheckLimitTests
         Assert.False(protectedAfter);
         epoch.Dispose();
     }
+
+    /// <summary>
+    /// A review's finding: the switch is read for the whole process when the first epoch is created (so that, off, the
+    /// check is compiled out); turned on later, it was ignored silently. The next epoch's constructor says so. (The
+    /// decision alone: this test process turns the check's test switch on before any epoch, so the late case cannot
+    /// arise in it.)
+    /// </summary>
+    [Theory]
+    [InlineData(false, true, true)]
+    [InlineData(false, false, false)]
+    [InlineData(true, true, false)]
+    [InlineData(true, false, false)]
+    public void TheSwitchTurnedOnAfterTheFirstEpoch_IsReported(bool mayCheck, bool switchOn, bool throws)
+    {
+        Exception? e = Record.Exception(() => LightEpoch.ThrowIfSwitchSetTooLate(mayCheck, switchOn));
+        if (throws)
+            Assert.Contains("after the process's first LightEpoch", Assert.IsType<InvalidOperationException>(e).Message);
+        else
+            Assert.Null(e);
+    }
 }
