@@ -716,7 +716,7 @@ public sealed unsafe partial class BufferedDurableHeap : IDisposable
         {
             // The final Sync's timeout, whose message speaks of Sync and of waiting longer: say what happened to the heap.
             string straggler = drained ? string.Empty : " A thread was still inside an operation: the mapping was quarantined, not unmapped under it.";
-            throw new TimeoutException($"BufferedDurableHeap.Dispose: the heap is closed, but its final Sync did not complete within SyncTimeout ({_syncTimeout.TotalSeconds:0.###} s; the inner exception says what it waited for). The file has no clean-shutdown mark; a reopen recovers at least up to version {DurableFrontier}; a second Dispose does nothing.{straggler}", failure);
+            throw new TimeoutException($"BufferedDurableHeap.Dispose: the heap is closed (the file has no clean-shutdown mark; a reopen recovers at least up to version {DurableFrontier}; a second Dispose does nothing).{straggler} Its final Sync timed out: {failure.Message}", failure);
         }
 
         if (failure is not null)

@@ -20,6 +20,14 @@ namespace Epvs.Persistence.Tests;
 public sealed class LinearizabilityTests
 {
     private const long Absent = long.MinValue;
+
+    /// <summary>
+    /// How much later than another operation's response an invocation must be stamped for the two to count as ordered in
+    /// real time: 200 ns. A timestamp is not ordered with stores (a write's last store may still sit in its core's store
+    /// buffer when its response is stamped) and two cores' clocks may differ by tens of nanoseconds, so a read stamped
+    /// 19 ns after a write's response could still see the older value (a CI run's false "not linearizable").
+    /// </summary>
+    private static readonly long Slack = Math.Max(1, Stopwatch.Frequency / 5_000_000);
     private static readonly TimeSpan RunLength = TimeSpan.FromMilliseconds(150);
     private readonly ITestOutputHelper _output;
 
@@ -135,7 +143,7 @@ public sealed class LinearizabilityTests
                 }
 
                 Op op = threads[i][idx[i]];
-                if (op.Inv > minRes)
+                if (op.Inv > minRes + Slack)
                 {
                     continue;
                 }
@@ -276,8 +284,9 @@ public sealed class LinearizabilityTests
     [Fact]
     public void Checker_AcceptsAndRejectsHandMadeHistories()
     {
+        // In units well above the checker's slack, so that "after" means after.
         static Op O(int t, long inv, long res, Kind k, long arg = Absent, bool flag = false, long value = Absent) =>
-            new() { Thread = t, Inv = inv, Res = res, Kind = k, Arg = arg, Flag = flag, Value = value };
+            new() { Thread = t, Inv = inv * 10 * Slack, Res = res * 10 * Slack, Kind = k, Arg = arg, Flag = flag, Value = value };
 
         // Overlapping set and read: the read may see either value.
         Assert.Null(CheckRegister([[O(0, 0, 10, Kind.Set, 1, true), O(0, 11, 20, Kind.Set, 2, false)], [O(1, 12, 30, Kind.Read, flag: true, value: 1)]]));
@@ -758,11 +767,12 @@ public sealed class LinearizabilityTests
         var all = records.SelectMany(r => r).ToList();
         foreach (var read in all.Where(r => r.Op.Kind == Kind.Read && r.Op.Flag))
         {
-            var sets = all.Where(r => r.Key == read.Key && r.Op.Kind == Kind.Set && r.Op.Res < read.Op.Inv).OrderBy(r => r.Op.Res).ToList();
+            // Ordered beyond the checker's slack, or the mutant would not be a definite stale read.
+            var sets = all.Where(r => r.Key == read.Key && r.Op.Kind == Kind.Set && r.Op.Res + Slack < read.Op.Inv).OrderBy(r => r.Op.Res).ToList();
             for (int i = 0; i < sets.Count; i++)
             {
                 Op older = sets[i].Op;
-                bool overwritten = sets.Skip(i + 1).Any(s => s.Op.Inv > older.Res && s.Op.Res < read.Op.Inv);
+                bool overwritten = sets.Skip(i + 1).Any(s => s.Op.Inv > older.Res + Slack && s.Op.Res + Slack < read.Op.Inv);
                 if (overwritten && older.Arg != read.Op.Value)
                 {
                     read.Op.Value = older.Arg;
