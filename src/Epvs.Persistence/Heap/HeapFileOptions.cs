@@ -3,8 +3,9 @@ namespace Epvs.Persistence;
 /// <summary>How to create or open a heap file.</summary>
 public sealed class HeapFileOptions
 {
-    /// <summary>The file's size at creation, in bytes: the superblock and the segment table, then as many whole 64 KiB
-    /// segments as fit (at least one). Default 64 MiB. Ignored by open.</summary>
+    /// <summary>The heap's size at creation, in bytes: the superblock and the segment table, then as many whole 64 KiB
+    /// segments as fit (at least one). Default 64 MiB. Ignored by open. A buffered heap that may grow keeps its file one
+    /// segment longer (a spare it grows into, for its delete reserve, when the file system refuses a growth).</summary>
     public long Size { get; set; } = 64L << 20;
 
     /// <summary>
