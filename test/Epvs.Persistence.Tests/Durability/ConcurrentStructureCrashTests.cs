@@ -564,35 +564,27 @@ public sealed class ConcurrentStructureCrashTests
     [InlineData((long)DurabilityFaults.UpdateOlderVersionInPlace, (long)DurabilityFaults.None)]
     [InlineData((long)DurabilityFaults.None, (long)DurabilityFaults.KeepTagsBeyondFrontier)]
     [InlineData((long)DurabilityFaults.PersistFrontierBeforeWriteBack, (long)DurabilityFaults.None)]
-    public void Control_NotNested_BrokenDurability_IsCaught(long workloadFlags, long recoveryFlags)
-    {
-        var workload = (DurabilityFaults)workloadFlags;
-        var recovery = (DurabilityFaults)recoveryFlags;
-        // Up to three seeds: a run whose crash points miss the control's window is not a failure of the checker, three
-        // in a row are (a checker that never reports would otherwise leave only skips).
-        List<string> violations = new();
-        for (int seed = 7201; seed <= 7203 && violations.Count == 0; seed++)
-        {
-            violations = Run(seed, DurabilityMode.Buffered, workload, recovery, secondGeneration: recovery != DurabilityFaults.None, out _, nested: false, length: 1 << 20);
-        }
-
-        _output.WriteLine($"control: {violations.Count} violations, e.g. {string.Join(" | ", violations.Take(3))}");
-        Assert.True(violations.Count > 0, "the broken control was not caught in three runs");
-    }
+    public void Control_NotNested_BrokenDurability_IsCaught(long workloadFlags, long recoveryFlags) =>
+        AssertControlCaught(7201, seed => Run(seed, DurabilityMode.Buffered, (DurabilityFaults)workloadFlags, (DurabilityFaults)recoveryFlags, secondGeneration: recoveryFlags != 0, out _, nested: false, length: 1 << 20));
 
     [Theory]
     [InlineData((long)DurabilityFaults.UpdateOlderVersionInPlace, (long)DurabilityFaults.None)]
     [InlineData((long)DurabilityFaults.None, (long)DurabilityFaults.KeepTagsBeyondFrontier)]
     [InlineData((long)DurabilityFaults.PersistFrontierBeforeWriteBack, (long)DurabilityFaults.None)]
     [InlineData((long)DurabilityFaults.SyncBeforeFrontierCovers, (long)DurabilityFaults.None)]
-    public void Control_BrokenDurability_IsCaught(long workloadFlags, long recoveryFlags)
+    public void Control_BrokenDurability_IsCaught(long workloadFlags, long recoveryFlags) =>
+        AssertControlCaught(7101, seed => Run(seed, DurabilityMode.Buffered, (DurabilityFaults)workloadFlags, (DurabilityFaults)recoveryFlags, secondGeneration: recoveryFlags != 0, out _));
+
+    /// <summary>
+    /// Up to three seeds from <paramref name="firstSeed"/>: a run whose crash points miss the control's window is not a
+    /// failure of the checker, three in a row are (a checker that never reports would otherwise leave only skips).
+    /// </summary>
+    private void AssertControlCaught(int firstSeed, Func<int, List<string>> run)
     {
-        var workload = (DurabilityFaults)workloadFlags;
-        var recovery = (DurabilityFaults)recoveryFlags;
         List<string> violations = new();
-        for (int seed = 7101; seed <= 7103 && violations.Count == 0; seed++)
+        for (int seed = firstSeed; seed < firstSeed + 3 && violations.Count == 0; seed++)
         {
-            violations = Run(seed, DurabilityMode.Buffered, workload, recovery, secondGeneration: recovery != DurabilityFaults.None, out _);
+            violations = run(seed);
         }
 
         _output.WriteLine($"control: {violations.Count} violations, e.g. {string.Join(" | ", violations.Take(3))}");
