@@ -167,7 +167,9 @@ internal static class CollectionChild
             map.Set(i, i);
         }
 
-        heap.Sync();
+        // Its own timeout: the heap's short default is for the Dispose behind the thread below, and this Sync, with
+        // nothing held, may take longer on a loaded machine (a full test run beside other work timed out here).
+        heap.Sync(TimeSpan.FromSeconds(30));
         using var inOperation = new ManualResetEventSlim();
         using var leaveOperation = new ManualResetEventSlim();
         using var inVisitor = new ManualResetEventSlim();
@@ -485,7 +487,9 @@ internal static class CollectionChild
             map.Set(i, i);
         }
 
-        heap.Sync();
+        // Its own timeout: the heap's short default is for the Dispose behind the thread below, and this Sync, with
+        // nothing held, may take longer on a loaded machine (a full test run beside other work timed out here).
+        heap.Sync(TimeSpan.FromSeconds(30));
         using var inOperation = new ManualResetEventSlim();
         using var leave = new ManualResetEventSlim();
         var straggler = new Thread(() =>
