@@ -11,10 +11,8 @@ using Epvs;
 
 namespace Epvs.Persistence;
 
-/// <summary>
-/// The advancer: moves the version, writes back the completed version's payloads, persists the frontier, reclaims;
-/// and <c>Sync</c>, which runs (helps with) the same cycle until the frontier covers the caller's version.
-/// </summary>
+// The advancer: moves the version, writes back the completed version's payloads, persists the frontier, reclaims;
+// and Sync, which runs (helps with) the same cycle until the frontier covers the caller's version.
 public sealed unsafe partial class BufferedDurableHeap
 {
     /// <summary>Bytes kept ready beyond two cycles' demand, for each size class in use (see <see cref="StockAfterCycle"/>): one segment's worth.</summary>
@@ -237,7 +235,8 @@ public sealed unsafe partial class BufferedDurableHeap
     /// <returns>The new durable frontier (<see cref="DurableFrontier"/>: 0 on a <see cref="DurabilityMode.Transient"/> heap).</returns>
     /// <exception cref="ArgumentOutOfRangeException"><paramref name="timeout"/> is negative (other than <see cref="Timeout.InfiniteTimeSpan"/>) or longer than int.MaxValue milliseconds.</exception>
     /// <exception cref="InvalidOperationException">The calling thread is inside an operation of this heap or of another
-    /// buffered heap, or runs a deferred action of this heap's epoch (see <see cref="Sync()"/>).</exception>
+    /// buffered heap, or runs a deferred action of this heap's epoch (see <see cref="Sync()"/>). Or: the heap's version
+    /// space is used up (2^42 versions less those kept for opens: see the README's limits), so no version begins.</exception>
     /// <exception cref="TimeoutException">Another thread stayed inside an operation for the whole timeout.</exception>
     /// <exception cref="ObjectDisposedException">The heap has been disposed, or Dispose began on another thread while
     /// this call waited for the operations of v to end (Dispose's last advance then completes it or reports why not).</exception>
@@ -248,6 +247,11 @@ public sealed unsafe partial class BufferedDurableHeap
         ThrowIfProtected(nameof(AdvanceVersion));
         ThrowIfDraining(nameof(AdvanceVersion));
         RefuseWaitInsideAnotherHeapsOperation(nameof(AdvanceVersion));
+        if (VersionSpaceExhausted)
+        {
+            ThrowHelper.ThrowInvalidOperation(ExhaustedVersionSpaceMessage(CurrentVersion));
+        }
+
         RunCycle(long.MaxValue, Deadline(timeout), timeout);
         return DurableFrontier;
     }
@@ -507,8 +511,9 @@ public sealed unsafe partial class BufferedDurableHeap
             ThrowHelper.ThrowInvalidOperation("Sync on a transient heap: nothing is ever durable in DurabilityMode.Transient. Open the heap with DurabilityMode.Buffered.");
         }
 
-        // Every operation that completed before this call observed a version at or below the current one.
-        long current = CurrentVersion;
+        // Every operation that completed before this call observed a version at or below the current one (and at or
+        // below the last writable one: none begins past it, and no version ends after it).
+        long current = VersionSpaceExhausted ? HeapLayout.LastWritableVersion : CurrentVersion;
         return (_faults & DurabilityFaults.SyncBeforeFrontierCovers) != 0 ? current - 1 : current;
     }
 
@@ -520,6 +525,13 @@ public sealed unsafe partial class BufferedDurableHeap
             // (Dispose checked for itself before it changed anything.)
             ThrowIfDraining(caller);
             RefuseWaitInsideAnotherHeapsOperation(caller);
+        }
+
+        if (VersionSpaceExhausted)
+        {
+            // No version ends after the last writable one, and no operation writes past it (Dispose asks for the current
+            // version): its frontier is the last there will be.
+            target = Math.Min(target, HeapLayout.LastWritableVersion);
         }
 
         long deadline = Deadline(timeout);
@@ -607,6 +619,13 @@ public sealed unsafe partial class BufferedDurableHeap
                 // A cycle failed after its transition: that version's write-back is incomplete, so no later version
                 // may be covered by the frontier (it would cover the incomplete one too).
                 ThrowHelper.ThrowInvalidOperation($"The heap's advancer failed, so nothing more can become durable: {earlier.Message}", earlier);
+            }
+
+            if (_inflight is null && VersionSpaceExhausted)
+            {
+                // The last writable version has ended (its cycle made it durable): no operation writes in the current
+                // one, and the versions left are the opens' (HeapLayout.VersionHeadroom). Nothing to advance.
+                return;
             }
 
             AdvanceStateMachine machine;

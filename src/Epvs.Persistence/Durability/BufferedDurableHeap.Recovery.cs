@@ -7,10 +7,8 @@ using System.Threading.Tasks;
 
 namespace Epvs.Persistence;
 
-/// <summary>
-/// Recovery (DESIGN §4, layer 6): a parallel scan that keeps 0 &lt; tag ≤ cut, the newest copy per uid, lets mature
-/// anti-payloads cancel their uid, frees the rest durably, and restores the clock.
-/// </summary>
+// Recovery (DESIGN §4, layer 6): a parallel scan that keeps 0 &lt; tag ≤ cut, the newest copy per uid, lets mature
+// anti-payloads cancel their uid, frees the rest durably, and restores the clock.
 public sealed unsafe partial class BufferedDurableHeap
 {
     private readonly object _recoveredGate = new();
@@ -43,6 +41,14 @@ public sealed unsafe partial class BufferedDurableHeap
         // clock word of that pair durable without its frontier word (frontier v − 1, clock v + 2); taking the max keeps
         // the Montage guarantee then, and for a file whose frontier word was never written.
         long cut = Math.Max(report.PersistedFrontier, report.PersistedClock - 2);
+        if (_mode != DurabilityMode.Transient && Math.Max(report.PersistedClock, report.PersistedFrontier) >= (long)HeapLayout.SealedValueMask)
+        {
+            // The open's first version (below: above the clock, the frontier and the cut) would not fit the clock word.
+            // Only once the opens' headroom (HeapLayout.VersionHeadroom) is used up too, or under the broken control that
+            // lets transitions run past the last writable version. Refused before anything is written.
+            ThrowHelper.ThrowHeapFile(HeapFileError.VersionSpaceExhausted, $"Cannot open heap file '{file.Path}': its versions are used up (epoch clock {report.PersistedClock}, durable frontier {report.PersistedFrontier}; every open begins a new version, and the file stores versions in {HeapLayout.SealedValueBits} bits). Its payloads up to the frontier are intact on the file, but no buffered heap can open it.");
+        }
+
         if (file.SalvagedThroughDamaged && !options.SalvageDamagedBlocks)
         {
             // Read as 0 it would erase the record of an earlier salvage silently, and the structures would then refuse what

@@ -315,6 +315,11 @@ public sealed unsafe partial class BufferedDurableHeap : IDisposable
             RefuseForeignVersion(version);
         }
 
+        if (version > HeapLayout.LastWritableVersion && refuseAfterFault && _mode != DurabilityMode.Transient && (_faults & DurabilityFaults.AdvancePastTheVersionSpace) == 0)
+        {
+            RefuseExhaustedVersionSpace(version);
+        }
+
         return new DurableOperation(this, buffers, version, buffers.OpenOperation(version));
     }
 
@@ -323,7 +328,23 @@ public sealed unsafe partial class BufferedDurableHeap : IDisposable
     /// may still write: the heap has not failed, and the version is one the heap began (see <see cref="RefuseForeignVersion"/>).
     /// </summary>
     internal bool MayWriteIn(long version) =>
-        _mode == DurabilityMode.Transient || (Volatile.Read(ref _advancerFault) is null && version <= Volatile.Read(ref _persistedClock));
+        _mode == DurabilityMode.Transient || (Volatile.Read(ref _advancerFault) is null && version <= Volatile.Read(ref _persistedClock) && (version <= HeapLayout.LastWritableVersion || (_faults & DurabilityFaults.AdvancePastTheVersionSpace) != 0));
+
+    /// <summary>Whether the heap's versions have run out (<see cref="HeapLayout.LastWritableVersion"/>): no operation begins, no version ends.</summary>
+    private bool VersionSpaceExhausted => _mode != DurabilityMode.Transient && CurrentVersion > HeapLayout.LastWritableVersion && (_faults & DurabilityFaults.AdvancePastTheVersionSpace) == 0;
+
+    /// <summary>The message of every refusal once the versions have run out (see <see cref="HeapLayout.LastWritableVersion"/>).</summary>
+    private string ExhaustedVersionSpaceMessage(long version) =>
+        $"The heap's version space is used up: version {version} is past the last version a buffered heap writes in ({HeapLayout.LastWritableVersion}; the file stores versions in {HeapLayout.SealedValueBits} bits and keeps the last {HeapLayout.VersionHeadroom} for opens). Everything up to DurableFrontier ({DurableFrontier}) stays durable and readable, here and after a reopen; to write again, copy the data into a new heap file.";
+
+    /// <summary>A writing operation is beginning past <see cref="HeapLayout.LastWritableVersion"/>: refused (leaves the region first). The heap does not fail: reads, Sync and Dispose go on.</summary>
+    [MethodImpl(MethodImplOptions.NoInlining)]
+    [DoesNotReturn]
+    private void RefuseExhaustedVersionSpace(long version)
+    {
+        _scheme.Leave();
+        ThrowHelper.ThrowInvalidOperation(ExhaustedVersionSpaceMessage(version));
+    }
 
     /// <summary>
     /// A writing operation is beginning in a version above the persisted epoch clock: one a state machine the heap did not

@@ -160,4 +160,7 @@ internal enum DurabilityFaults : long
 
     /// <summary>Sync, AdvanceVersion and Dispose run from a deferred action of the heap's epoch (as before): one whose drain holds the transition's critical section behind it waited for ever.</summary>
     WaitInsideTheEpochsDrain = 562949953421312,
+
+    /// <summary>Transitions go on past the last writable version (as before): the clock reaches 2^42 − 1, the next transition fails the heap, and no open can begin a version again.</summary>
+    AdvancePastTheVersionSpace = 1125899906842624,
 }

@@ -39,4 +39,9 @@ public enum HeapFileError
 
     /// <summary>The file belongs to the other kind of heap (a <see cref="PersistentHeap"/> file opened as a <see cref="BufferedDurableHeap"/>, or the reverse).</summary>
     WrongHeapKind = 12,
+
+    /// <summary>A buffered heap's versions are used up: every open begins a new version, and the file stores versions
+    /// in 42 bits. A heap stops writing 2^20 versions before that (its operations are refused, its data stays readable),
+    /// so a file reaches this only after that many opens past the limit.</summary>
+    VersionSpaceExhausted = 13,
 }

@@ -127,6 +127,9 @@ namespace Epvs.Persistence;
 /// any other write it clears word 80 durably, so a crash after a fast reopen always rescans.</para>
 /// <para>Creation writes and persists every superblock word except Magic, then writes and persists Magic: a file
 /// whose creation was interrupted is rejected as "not a heap file" and is never silently reformatted.</para>
+/// <para>Version space. Sealed words hold 42 bits, so a buffered heap's versions end at 2^42 − 1; it writes in
+/// versions up to <see cref="LastWritableVersion"/> and keeps the last <see cref="VersionHeadroom"/> for opens (each
+/// open begins one), so a heap that used its versions up still opens, read-only in effect.</para>
 /// <para>Limits. The checks detect a word or block that no sequence of failure-atomic stores of this format leaves:
 /// zeroed or truncated ranges, flipped bits, words from another offset or another use of the segment. They cannot
 /// detect a lost write — a stale but internally valid older copy of a page or of the whole file (a disk or a cache
@@ -168,6 +171,20 @@ internal static class HeapLayout
     /// <summary>Bits of a sealed word that carry the value; the 22 bits above carry its check.</summary>
     internal const int SealedValueBits = 42;
     internal const ulong SealedValueMask = (1UL << SealedValueBits) - 1;
+
+    /// <summary>
+    /// The versions kept for opens once a buffered heap's version space is used up: every open begins a version, so
+    /// the last 2^20 values a sealed clock word takes are never written in. Without them a heap whose clock reached
+    /// 2^42 − 1 could never be opened again (each open needs the next version), and its data was out of reach.
+    /// </summary>
+    internal const long VersionHeadroom = 1L << 20;
+
+    /// <summary>
+    /// The last version a buffered heap's operations may write in: 2^42 − 1 − <see cref="VersionHeadroom"/> (at one
+    /// version per default 20 ms period, about 2,800 years). Past it no operation begins and no transition starts: what
+    /// was written stays durable and readable (reopens draw on the headroom); to write again, copy it into a new heap.
+    /// </summary>
+    internal const long LastWritableVersion = (long)SealedValueMask - VersionHeadroom;
 
     /// <summary>Heap kinds recorded in <see cref="HeapKindOffset"/> (sealed): 0 until a heap first opens the file.</summary>
     internal const long KindUnclaimed = 0;
@@ -245,8 +262,24 @@ internal static class HeapLayout
     }
 
     /// <summary>XxHash3 (System.IO.Hashing) of <paramref name="words"/>, seeded (for the saved state and the segment table).</summary>
-    internal static unsafe ulong Hash(ulong* words, long count, ulong seed) =>
-        System.IO.Hashing.XxHash3.HashToUInt64(new ReadOnlySpan<byte>(words, checked((int)(count * sizeof(ulong)))), (long)seed);
+    /// <remarks>Past 2^28 words (a saved state of a heap near its largest size, or a damaged count within the heap) a
+    /// span cannot hold the bytes: hashed in chunks, which gives the one-shot hash of the whole (XxHash3 streaming).</remarks>
+    internal static unsafe ulong Hash(ulong* words, long count, ulong seed)
+    {
+        const long ChunkWords = 1L << 24;
+        if (count <= ChunkWords)
+        {
+            return System.IO.Hashing.XxHash3.HashToUInt64(new ReadOnlySpan<byte>(words, (int)(count * sizeof(ulong))), (long)seed);
+        }
+
+        var hash = new System.IO.Hashing.XxHash3((long)seed);
+        for (long done = 0; done < count; done += ChunkWords)
+        {
+            hash.Append(new ReadOnlySpan<byte>(words + done, (int)(Math.Min(ChunkWords, count - done) * sizeof(ulong))));
+        }
+
+        return hash.GetCurrentHashAsUInt64();
+    }
 
     // ---- segment descriptors ----
 
@@ -413,7 +446,9 @@ internal static class HeapLayout
         }
 
         PayloadKind kind = CommitKind(commit);
-        bool shapeFits = kind is >= PayloadKind.Alloc and <= PayloadKind.Delete && (ulong)(uint)ShapeSize(shape) <= (ulong)maxPayload;
+        // A size word of 2^31 or more is no payload this format writes (PersistentHeap.MaxPayloadSize < int.MaxValue): read
+        // as an int it is negative, which no span takes (a large block's maxPayload reaches 2^40).
+        bool shapeFits = kind is >= PayloadKind.Alloc and <= PayloadKind.Delete && ShapeSize(shape) >= 0 && ShapeSize(shape) <= maxPayload;
         if (state == StateAllocated)
         {
             // Allocated, not sealed: a crash may leave any subset of the header's stores durable, so a failed check

@@ -76,6 +76,11 @@ public static class TestProgram
             return CorruptionFuzz.Run(args[1], args[2], args.Length >= 4 && args[3] == "control");
         }
 
+        if (args.Length >= 3 && args[0] == LimitsChild.Role)
+        {
+            return LimitsChild.Run(args[1], args[2], args.Length >= 4 && args[3] == "control");
+        }
+
         if (args.Length >= 3 && args[0] == BitFlipSweep.Role)
         {
             return BitFlipSweep.Run(args[1], args[2], args.Length >= 4 && args[3] == "control");
