@@ -3,20 +3,16 @@ using System.Threading;
 
 namespace Epvs.Persistence;
 
-/// <summary>
-/// What the heap's background threads hold of it.
-/// </summary>
-/// <remarks>
-/// The advancer and the stocker hold the heap only while they run a cycle or a stocking: between them, only this link,
-/// whose reference to the heap is weak. Their threads used to hold the heap itself, so a heap nobody disposed was never
-/// garbage: its two threads, its mapping, its descriptor and its file lock (a reopen in the same process said
-/// <see cref="HeapFileError.AlreadyOpen"/>) lived until the process exited. Such a heap is now collected: its finalizer
-/// stops both threads, and the file's own handles release the lock and the mapping as they are finalized. While a
-/// SyncAsync waits, the link holds the heap strongly (its task may be all that references the heap), until a cycle
-/// reaches its target or the heap fails or is disposed (a SyncAsync that timed out or was canceled still counts until
-/// then); a task still pending when the heap is finalized fails. Nothing is written: as after a crash, the next open recovers up to the durable
-/// frontier.
-/// </remarks>
+// What the heap's background threads hold of it.
+// The advancer and the stocker hold the heap only while they run a cycle or a stocking: between them, only this link,
+// whose reference to the heap is weak. Their threads used to hold the heap itself, so a heap nobody disposed was never
+// garbage: its two threads, its mapping, its descriptor and its file lock (a reopen in the same process said
+// HeapFileError.AlreadyOpen) lived until the process exited. Such a heap is now collected: its finalizer
+// stops both threads, and the file's own handles release the lock and the mapping as they are finalized. While a
+// SyncAsync waits, the link holds the heap strongly (its task may be all that references the heap), until a cycle
+// reaches its target or the heap fails or is disposed (a SyncAsync that timed out or was canceled still counts until
+// then); a task still pending when the heap is finalized fails. Nothing is written: as after a crash, the next open recovers up to the durable
+// frontier.
 public sealed partial class BufferedDurableHeap
 {
     private readonly BackgroundLink _link;

@@ -5,15 +5,13 @@ using System.Threading;
 
 namespace Epvs.Persistence;
 
-/// <summary>
-/// A payload replaced or deleted twice through the public <see cref="DurableOperation.Replace(PayloadRef, int)"/> and
-/// <see cref="DurableOperation.Delete(PayloadRef)"/> (their precondition: not yet replaced or deleted) was retired
-/// twice: both calls returned, and the heap failed at the version's reclamation ("parked for the sweep twice"), taking
-/// every later write with it; or, retired again while a sweep freed it, its block was freed a second time under a new
-/// payload. The second call is now refused as it is made: each retirement is claimed until its block's header is free,
-/// after which the header check every such call makes first refuses it, until the block holds a new payload (a later
-/// version's tag).
-/// </summary>
+// A payload replaced or deleted twice through the public DurableOperation.Replace(PayloadRef, int) and
+// DurableOperation.Delete(PayloadRef) (their precondition: not yet replaced or deleted) was retired
+// twice: both calls returned, and the heap failed at the version's reclamation ("parked for the sweep twice"), taking
+// every later write with it; or, retired again while a sweep freed it, its block was freed a second time under a new
+// payload. The second call is now refused as it is made: each retirement is claimed until its block's header is free,
+// after which the header check every such call makes first refuses it, until the block holds a new payload (a later
+// version's tag).
 public sealed unsafe partial class BufferedDurableHeap
 {
     /// <summary>The payloads the public Replace and Delete retired whose blocks are not free yet (offset → the payload's

@@ -8,19 +8,15 @@ using System.Threading.Tasks;
 
 namespace Epvs.Persistence;
 
-/// <summary>
-/// Threads that exited inside an operation, and the operations that wait for them.
-/// </summary>
-/// <remarks>
-/// A thread that exits with an operation open (a <see cref="DurableOperation"/> it never disposed) stays inside the
-/// version scheme's region for good: nothing can make it leave. The transition out of its version then never completes,
-/// so no later version becomes durable, and every operation that begins waits in the scheme for that transition — for
-/// ever, and past the heap's Dispose, which cannot dispose a scheme with a thread inside. Operations therefore enter with
-/// a token (<see cref="EpochProtectedVersionScheme.Enter(CancellationToken)"/>) that ends their wait when the heap
-/// refuses entry: at Dispose, and as soon as the heap finds such a thread (a stalled transition's report, a Sync that
-/// timed out, Dispose). The heap then fails as a failed cycle does, naming the thread; its operation's version, never
-/// cut, is not in the durable prefix, so reopening the file recovers a consistent state without it.
-/// </remarks>
+// Threads that exited inside an operation, and the operations that wait for them.
+// A thread that exits with an operation open (a DurableOperation it never disposed) stays inside the
+// version scheme's region for good: nothing can make it leave. The transition out of its version then never completes,
+// so no later version becomes durable, and every operation that begins waits in the scheme for that transition — for
+// ever, and past the heap's Dispose, which cannot dispose a scheme with a thread inside. Operations therefore enter with
+// a token (EpochProtectedVersionScheme.Enter(CancellationToken)) that ends their wait when the heap
+// refuses entry: at Dispose, and as soon as the heap finds such a thread (a stalled transition's report, a Sync that
+// timed out, Dispose). The heap then fails as a failed cycle does, naming the thread; its operation's version, never
+// cut, is not in the durable prefix, so reopening the file recovers a consistent state without it.
 public sealed partial class BufferedDurableHeap
 {
     /// <summary>Cancelled when no operation may enter any more (Dispose began, or a thread exited inside an operation):

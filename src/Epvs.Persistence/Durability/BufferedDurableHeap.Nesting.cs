@@ -3,21 +3,17 @@ using System.Threading;
 
 namespace Epvs.Persistence;
 
-/// <summary>
-/// The calls refused inside an operation of another heap on the same thread.
-/// </summary>
-/// <remarks>
-/// Each heap's version transition waits for the operations of its version to end, and holds back operations that begin
-/// meanwhile. A thread inside an operation of heap A that begins an operation of heap B, or waits for B's version (a
-/// Sync, an AdvanceVersion, a Dispose's last advance), therefore waits for B's transition while holding back A's; a
-/// thread doing the same with the heaps the other way round holds back B's while it waits for A's. Both waited for ever
-/// (every writer and both advancers, until a Dispose). So every such call is refused before it changes anything: an
-/// operation's beginning, Sync, SyncAsync, AdvanceVersion, Dispose (also a second one waiting for one in progress),
-/// and creating or opening a heap (whose Dispose would be refused there, so a heap created in a <c>using</c> there stayed
-/// open with its file locked). Operations of one heap still nest. The thread's open operation is read through its
-/// buffers (<see cref="ThreadBuffers.InsideAnOperationOfALiveHeap"/>); an operation left open in a heap since disposed
-/// no longer counts. The broken control, <see cref="DurabilityFaults.NestAcrossHeaps"/>, lets every one of them through.
-/// </remarks>
+// The calls refused inside an operation of another heap on the same thread.
+// Each heap's version transition waits for the operations of its version to end, and holds back operations that begin
+// meanwhile. A thread inside an operation of heap A that begins an operation of heap B, or waits for B's version (a
+// Sync, an AdvanceVersion, a Dispose's last advance), therefore waits for B's transition while holding back A's; a
+// thread doing the same with the heaps the other way round holds back B's while it waits for A's. Both waited for ever
+// (every writer and both advancers, until a Dispose). So every such call is refused before it changes anything: an
+// operation's beginning, Sync, SyncAsync, AdvanceVersion, Dispose (also a second one waiting for one in progress),
+// and creating or opening a heap (whose Dispose would be refused there, so a heap created in a using there stayed
+// open with its file locked). Operations of one heap still nest. The thread's open operation is read through its
+// buffers (ThreadBuffers.InsideAnOperationOfALiveHeap); an operation left open in a heap since disposed
+// no longer counts. The broken control, DurabilityFaults.NestAcrossHeaps, lets every one of them through.
 public sealed partial class BufferedDurableHeap
 {
     /// <summary>The refusal of this heap's operation beginning inside another heap's operation (the caller found one on its hot path).</summary>

@@ -4,29 +4,25 @@ using System.Threading;
 
 namespace Epvs.Persistence;
 
-/// <summary>
-/// The stocker: with a background advancer, a second thread stocks the heap's pools for the allocating threads after
-/// each cycle, off the cycle gate, so that the next transition does not wait for it.
-/// </summary>
-/// <remarks>
-/// <para>Why. Stocking is bursty: once the heap has no free segment left it sweeps parked frees in whole segments, a few
-/// cycles' demand at a time (a write-back and a fence of every page it frees). Inside the cycle, a cycle that swept
-/// took about twice the period under one full-speed writer through the page cache (a write-back of 4–9 ms, a seal of
-/// 4–9 ms, a sweep of 13–29 ms), so the next version started late and grew, its write-back grew in turn, and the
-/// durability lag's p99 was about three periods. Nothing of a version's durability depends on the stocking: the
-/// frontier is persisted and the waiters completed before it, and an allocating thread that finds its class's pool
-/// empty sweeps or formats for itself, as it did before the pools were stocked.</para>
-/// <para>What a cycle may still wait for. A sweep holds the sweep's lock only while it takes its blocks off the bitmaps
-/// (it writes them back outside it: see <see cref="PersistentHeap.FlushPendingFrees"/>), so a cycle parking its frees
-/// waits for that much at most. A cycle whose version deleted something flushes every parked free before it frees the
-/// anti-payloads, and so waits for the sweeps in flight (an anti-payload's free must not reach the file before a
-/// cancelled copy's). Freeing a large block takes the segment gate, which a stocking holds while it formats free
-/// segments.</para>
-/// <para>Safety. The stocking takes the heap's own locks (the segment gate, the sweep's gate, the pools'), as the
-/// allocating threads' own sweeps and formats do while a cycle runs; one thread stocks at a time (this one, or without
-/// a background advancer the cycle itself, under its gate). A failure is recorded as the advancer's, as it was when the
-/// cycle stocked: nothing more becomes durable. Dispose stops this thread before its last cycles, which stock nothing.</para>
-/// </remarks>
+// The stocker: with a background advancer, a second thread stocks the heap's pools for the allocating threads after
+// each cycle, off the cycle gate, so that the next transition does not wait for it.
+// Why. Stocking is bursty: once the heap has no free segment left it sweeps parked frees in whole segments, a few
+// cycles' demand at a time (a write-back and a fence of every page it frees). Inside the cycle, a cycle that swept
+// took about twice the period under one full-speed writer through the page cache (a write-back of 4–9 ms, a seal of
+// 4–9 ms, a sweep of 13–29 ms), so the next version started late and grew, its write-back grew in turn, and the
+// durability lag's p99 was about three periods. Nothing of a version's durability depends on the stocking: the
+// frontier is persisted and the waiters completed before it, and an allocating thread that finds its class's pool
+// empty sweeps or formats for itself, as it did before the pools were stocked.
+// What a cycle may still wait for. A sweep holds the sweep's lock only while it takes its blocks off the bitmaps
+// (it writes them back outside it: see PersistentHeap.FlushPendingFrees), so a cycle parking its frees
+// waits for that much at most. A cycle whose version deleted something flushes every parked free before it frees the
+// anti-payloads, and so waits for the sweeps in flight (an anti-payload's free must not reach the file before a
+// cancelled copy's). Freeing a large block takes the segment gate, which a stocking holds while it formats free
+// segments.
+// Safety. The stocking takes the heap's own locks (the segment gate, the sweep's gate, the pools'), as the
+// allocating threads' own sweeps and formats do while a cycle runs; one thread stocks at a time (this one, or without
+// a background advancer the cycle itself, under its gate). A failure is recorded as the advancer's, as it was when the
+// cycle stocked: nothing more becomes durable. Dispose stops this thread before its last cycles, which stock nothing.
 public sealed partial class BufferedDurableHeap
 {
     private Thread? _stocker;

@@ -64,8 +64,7 @@ internal sealed class OffsetList
         Bytes = 0;
     }
 
-    /// <summary>Removes the last offset if it is <paramref name="offset"/>; whether it did.</summary>
-    /// <summary>Removes the last entry if it is <paramref name="offset"/> (write-back lists only: <see cref="Bytes"/> is not adjusted).</summary>
+    /// <summary>Removes the last entry if it is <paramref name="offset"/>; whether it did (write-back lists only: <see cref="Bytes"/> is not adjusted).</summary>
     internal bool RemoveLast(long offset)
     {
         if (Count == 0 || _items[Count - 1] != offset)

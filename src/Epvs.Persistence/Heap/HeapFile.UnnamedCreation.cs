@@ -5,7 +5,7 @@ using Microsoft.Win32.SafeHandles;
 
 namespace Epvs.Persistence;
 
-/// <summary>Creating a heap file atomically on Linux: formatted unnamed, then named.</summary>
+// Creating a heap file atomically on Linux: formatted unnamed, then named.
 public sealed unsafe partial class HeapFile
 {
     /// <summary>

@@ -11,7 +11,7 @@ namespace Epvs.Persistence;
 /// <summary>
 /// The heap file (DESIGN §4, layer 2): a superblock (magic, format version, size, clean-shutdown flag, epoch clock,
 /// roots), a segment table and the segments, mapped through a <see cref="PersistenceDomain"/> and held under an
-/// exclusive lock. The persistent layout is documented on <see cref="HeapLayout"/>.
+/// exclusive lock. The persistent layout is documented in the package README (and, in the repository, on the internal class HeapLayout).
 /// </summary>
 /// <remarks>
 /// <para>Bad input never changes the file: every check (read-only, lock, size, magic, version, geometry) runs before
@@ -1430,7 +1430,7 @@ public sealed unsafe partial class HeapFile : IDisposable
 
                 if (options.Domain == PersistenceDomainKind.Pmem)
                 {
-                    ThrowHelper.ThrowHeapFile(HeapFileError.DomainUnavailable, $"Cannot map heap file '{path}' with libpmem: {failure ?? "HeapFileOptions.PmemLibraryName is null."} Use PersistenceDomainKind.Auto or MappedFile to fall back to msync.");
+                    ThrowHelper.ThrowHeapFile(HeapFileError.DomainUnavailable, $"Cannot map heap file '{path}' with libpmem: {failure ?? "HeapFileOptions.PmemLibraryName is null."} Use PersistenceDomainKind.Auto or MappedFile to fall back to the mapped-file domain (pwrite or msync, and fdatasync).");
                 }
 
                 return MapFile(stream, path, length, capacity, options);

@@ -6,31 +6,27 @@ using System.Threading;
 
 namespace Epvs.Persistence;
 
-/// <summary>
-/// Deferred frees for a <see cref="BufferedDurableHeap"/>: a freed small block is parked, untouched, with the other
-/// pending frees of its segment; a sweep later takes the segments with the most pending frees, marks those free, writes
-/// them back, fences, and only then hands the blocks out again, in address order.
-/// </summary>
-/// <remarks>
-/// <para>Why. A version's frees fall on random pages of the heap. Writing each version's frees back as they happen costs
-/// one cache-line flush or one dirty page (and, through the page cache, a write-protect fault) per free, every version;
-/// swept densest segment first, each page is written once for all the frees it collected meanwhile, and the blocks
-/// handed out next lie together, so a version's new payloads fill a few runs of pages instead of one page each.</para>
-/// <para>Safety. A pending block keeps its durable image (its old, sealed payload) until the sweep writes its free
-/// back, and is never handed out before that free is durable (the invariant reclamation had before: a reuse never
-/// reaches the file over an old seal). Its replacement is durable already, so after a crash recovery finds both copies
-/// of the uid and keeps the newer. An anti-payload may be freed only once every older copy of its uid is durably free:
-/// <see cref="FlushPendingFrees"/> (all of them) comes first.</para>
-/// <para>Threads. The bitmaps and counters are guarded by <see cref="_pendingGate"/>. A sweep takes its blocks off the
-/// bitmaps under it, then marks them, writes them back, fences and hands them out outside it (counted in
-/// <see cref="_sweepsInFlight"/>), so that parking frees and other sweeps — an allocating thread's, when no block of its
-/// class is ready — go on meanwhile: a sweep of a stocking took 20–30 ms through the page cache, and a writer that waited
-/// for it inside its operation held up the next version transition as long. <see cref="FlushPendingFrees"/> waits for
-/// the sweeps taken before its own too, since their blocks are neither parked nor durably free until they end. Sweeps run on slow
-/// paths only: the stocking (the stocker thread, or the advancer's cycle), an allocating thread when no block is ready,
-/// and under the segment gate when the heap cannot grow and gives segments back to the free list (lock order: the
-/// segment gate, then this one).</para>
-/// </remarks>
+// Deferred frees for a BufferedDurableHeap: a freed small block is parked, untouched, with the other
+// pending frees of its segment; a sweep later takes the segments with the most pending frees, marks those free, writes
+// them back, fences, and only then hands the blocks out again, in address order.
+// Why. A version's frees fall on random pages of the heap. Writing each version's frees back as they happen costs
+// one cache-line flush or one dirty page (and, through the page cache, a write-protect fault) per free, every version;
+// swept densest segment first, each page is written once for all the frees it collected meanwhile, and the blocks
+// handed out next lie together, so a version's new payloads fill a few runs of pages instead of one page each.
+// Safety. A pending block keeps its durable image (its old, sealed payload) until the sweep writes its free
+// back, and is never handed out before that free is durable (the invariant reclamation had before: a reuse never
+// reaches the file over an old seal). Its replacement is durable already, so after a crash recovery finds both copies
+// of the uid and keeps the newer. An anti-payload may be freed only once every older copy of its uid is durably free:
+// FlushPendingFrees (all of them) comes first.
+// Threads. The bitmaps and counters are guarded by _pendingGate. A sweep takes its blocks off the
+// bitmaps under it, then marks them, writes them back, fences and hands them out outside it (counted in
+// _sweepsInFlight), so that parking frees and other sweeps — an allocating thread's, when no block of its
+// class is ready — go on meanwhile: a sweep of a stocking took 20–30 ms through the page cache, and a writer that waited
+// for it inside its operation held up the next version transition as long. FlushPendingFrees waits for
+// the sweeps taken before its own too, since their blocks are neither parked nor durably free until they end. Sweeps run on slow
+// paths only: the stocking (the stocker thread, or the advancer's cycle), an allocating thread when no block is ready,
+// and under the segment gate when the heap cannot grow and gives segments back to the free list (lock order: the
+// segment gate, then this one).
 public sealed unsafe partial class PersistentHeap
 {
     private readonly object _pendingGate = new();

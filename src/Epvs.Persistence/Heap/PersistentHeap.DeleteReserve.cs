@@ -4,31 +4,27 @@ using System.Threading;
 
 namespace Epvs.Persistence;
 
-/// <summary>
-/// The delete reserve: room that only anti-payloads (<see cref="PayloadKind.Delete"/> allocations of the smallest size
-/// class, what <see cref="DurableOperation.Delete(PayloadRef)"/> writes) may take once the heap cannot grow. Deleting is
-/// the only way to make room in a full heap, and a delete needs a block for its anti-payload: without a reserve, a heap
-/// that cannot grow, once full, refused every delete for ever (after Syncs and reopens too).
-/// </summary>
-/// <remarks>
-/// <para>Only for an owner whose deletes write anti-payloads (<see cref="PersistentHeapOptions.KeepsDeleteReserve"/>: a
-/// buffered heap in Buffered or Strict mode); a raw heap frees with Free, and a transient heap writes none.</para>
-/// <para>The rule, under the segment gate: while the heap cannot grow (<see cref="HeapFile.CanGrowBeyond"/>: at its
-/// maximum size, a domain that cannot grow, or a medium that refused the last growth — each growth, and each open, keeps a
-/// spare segment of medium beyond the heap for that moment, see <see cref="HeapFile.TryGrow"/> and
-/// <see cref="HeapFile.EnsureGrowthSpare"/>) and no reserve segment is designated, an ordinary allocation (and the
-/// stocker) leaves the last free segment free. An anti-payload that finds no block of its class takes it, and the
-/// segment becomes the reserve segment: formatted for the smallest class like any other, but a block of it that an
-/// ordinary allocation pops (from its cache, wherever the block came from: the format, a pool, a reclaimed
-/// anti-payload's free) is set aside for anti-payloads instead. Anti-payloads take any block, and the set-aside ones
-/// once their class has none left. So the reserve holds up to a segment's worth of anti-payloads (1,024) beyond the
-/// free blocks of their class; it refills as the deletes are reclaimed, two versions after them, together with the
-/// payloads they delete.</para>
-/// <para>All of it is transient, like the rest of the allocator's state. Recovery rebuilds it: a heap that opens unable
-/// to grow and with no free segment designates the segment of the smallest class with the most free blocks (the
-/// former reserve segment, typically); one that opens with a free segment keeps the rule above. The designation lasts
-/// until the heap closes: the reserve segment is never released to other classes (<see cref="ReleasePooledSegmentsLocked"/>).</para>
-/// </remarks>
+// The delete reserve: room that only anti-payloads (PayloadKind.Delete allocations of the smallest size
+// class, what DurableOperation.Delete(PayloadRef) writes) may take once the heap cannot grow. Deleting is
+// the only way to make room in a full heap, and a delete needs a block for its anti-payload: without a reserve, a heap
+// that cannot grow, once full, refused every delete for ever (after Syncs and reopens too).
+// Only for an owner whose deletes write anti-payloads (PersistentHeapOptions.KeepsDeleteReserve: a
+// buffered heap in Buffered or Strict mode); a raw heap frees with Free, and a transient heap writes none.
+// The rule, under the segment gate: while the heap cannot grow (HeapFile.CanGrowBeyond: at its
+// maximum size, a domain that cannot grow, or a medium that refused the last growth — each growth, and each open, keeps a
+// spare segment of medium beyond the heap for that moment, see HeapFile.TryGrow and
+// HeapFile.EnsureGrowthSpare) and no reserve segment is designated, an ordinary allocation (and the
+// stocker) leaves the last free segment free. An anti-payload that finds no block of its class takes it, and the
+// segment becomes the reserve segment: formatted for the smallest class like any other, but a block of it that an
+// ordinary allocation pops (from its cache, wherever the block came from: the format, a pool, a reclaimed
+// anti-payload's free) is set aside for anti-payloads instead. Anti-payloads take any block, and the set-aside ones
+// once their class has none left. So the reserve holds up to a segment's worth of anti-payloads (1,024) beyond the
+// free blocks of their class; it refills as the deletes are reclaimed, two versions after them, together with the
+// payloads they delete.
+// All of it is transient, like the rest of the allocator's state. Recovery rebuilds it: a heap that opens unable
+// to grow and with no free segment designates the segment of the smallest class with the most free blocks (the
+// former reserve segment, typically); one that opens with a free segment keeps the rule above. The designation lasts
+// until the heap closes: the reserve segment is never released to other classes (ReleasePooledSegmentsLocked).
 public sealed unsafe partial class PersistentHeap
 {
     /// <summary>The size class of anti-payloads (0-byte payloads): the only class the reserve serves.</summary>

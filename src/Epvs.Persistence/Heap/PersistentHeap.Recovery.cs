@@ -6,7 +6,7 @@ using System.Threading.Tasks;
 
 namespace Epvs.Persistence;
 
-/// <summary>Recovery: rebuilding every transient structure from the segment table and the block headers.</summary>
+// Recovery: rebuilding every transient structure from the segment table and the block headers.
 public sealed unsafe partial class PersistentHeap
 {
     private HeapStatistics Recover(PersistentHeapOptions options)

@@ -5,11 +5,9 @@ using System.Threading.Tasks;
 
 namespace Epvs.Persistence;
 
-/// <summary>
-/// Fast reopen: at a clean shutdown, the allocator's state (one bit per small block) is saved into free segments, so
-/// the next open rebuilds the free lists from the bits instead of reading every block header. The format and the
-/// protocol (checksum, clean flag, durable invalidation at open) are documented on <see cref="HeapLayout"/>.
-/// </summary>
+// Fast reopen: at a clean shutdown, the allocator's state (one bit per small block) is saved into free segments, so
+// the next open rebuilds the free lists from the bits instead of reading every block header. The format and the
+// protocol (checksum, clean flag, durable invalidation at open) are documented on HeapLayout.
 public sealed unsafe partial class PersistentHeap
 {
     /// <summary>

@@ -5,7 +5,7 @@ using System.Threading;
 
 namespace Epvs.Persistence;
 
-/// <summary>Segment management: formatting small-block segments, large blocks, growth. Slow paths, under <see cref="_segmentGate"/>.</summary>
+// Segment management: formatting small-block segments, large blocks, growth. Slow paths, under _segmentGate.
 public sealed unsafe partial class PersistentHeap
 {
     private readonly object _segmentGate = new();

@@ -6,34 +6,30 @@ using System.Threading;
 
 namespace Epvs.Persistence;
 
-/// <summary>
-/// Stocking the class pools for a <see cref="BufferedDurableHeap"/>'s allocating threads: after each advance cycle, and
-/// whenever an allocating thread finds its class's pool below its low-water mark, each class gets its demand over the
-/// stocking horizon ready, from free segments first (formatted in a batch), and only then from the densest parked frees
-/// of that class.
-/// </summary>
-/// <remarks>
-/// <para>Why a horizon and a low-water mark. An allocating thread whose pool is empty formats a segment or sweeps for
-/// itself: a write-back and a fence (through the page cache, an <c>fdatasync</c> of milliseconds) inside its operation,
-/// which every other thread's next transition waits for. Stocked only after each cycle, for twice the last cycle's
-/// demand, the pools ran dry whenever the demand grew (a burst after a quiet spell, a writer speeding up) or a stocking
-/// took longer than a cycle: under two full-speed writers through the page cache, hundreds of such fences per second on
-/// the writers' threads (their time off the CPU, measured with <c>perf sched</c>). The stocking now keeps
-/// <see cref="StockHorizonPeriods"/> periods of each class's demand ready, at the rate measured since the previous
-/// stocking (at least twice the demand since then); a thread that takes a batch and leaves the pool below half of that
-/// wakes the stocker at once instead of waiting for the next cycle.</para>
-/// <para>Why free segments first. A sweep hands out the parked blocks of segments whose live blocks sit between them,
-/// so a version's new payloads share their pages with blocks nobody touched, and through the page cache every such page
-/// is copied to the file whole: for the payloads, again for their seals, and again when they are freed. Swept every cycle
-/// while the heap still had free segments, even the densest segments were mostly live blocks. Formatted segments are
-/// handed out whole; meanwhile the parked frees accumulate, so that when the free segments run out the sweep's densest
-/// segments are mostly parked blocks.</para>
-/// <para>Why per class. A pool is stocked for the demand of its own class, so a workload of one size does not leave
-/// blocks of every other class formatted or swept for nothing.</para>
-/// <para>Durability: as for a segment an allocating thread formats (<see cref="TryFormatSmallSegment"/>), the zeroing
-/// and the unused commit words are durable before the descriptors are, and the descriptors before any block is handed
-/// out; here one write-back pass and one fence cover the whole batch, twice.</para>
-/// </remarks>
+// Stocking the class pools for a BufferedDurableHeap's allocating threads: after each advance cycle, and
+// whenever an allocating thread finds its class's pool below its low-water mark, each class gets its demand over the
+// stocking horizon ready, from free segments first (formatted in a batch), and only then from the densest parked frees
+// of that class.
+// Why a horizon and a low-water mark. An allocating thread whose pool is empty formats a segment or sweeps for
+// itself: a write-back and a fence (through the page cache, an fdatasync of milliseconds) inside its operation,
+// which every other thread's next transition waits for. Stocked only after each cycle, for twice the last cycle's
+// demand, the pools ran dry whenever the demand grew (a burst after a quiet spell, a writer speeding up) or a stocking
+// took longer than a cycle: under two full-speed writers through the page cache, hundreds of such fences per second on
+// the writers' threads (their time off the CPU, measured with perf sched). The stocking now keeps
+// StockHorizonPeriods periods of each class's demand ready, at the rate measured since the previous
+// stocking (at least twice the demand since then); a thread that takes a batch and leaves the pool below half of that
+// wakes the stocker at once instead of waiting for the next cycle.
+// Why free segments first. A sweep hands out the parked blocks of segments whose live blocks sit between them,
+// so a version's new payloads share their pages with blocks nobody touched, and through the page cache every such page
+// is copied to the file whole: for the payloads, again for their seals, and again when they are freed. Swept every cycle
+// while the heap still had free segments, even the densest segments were mostly live blocks. Formatted segments are
+// handed out whole; meanwhile the parked frees accumulate, so that when the free segments run out the sweep's densest
+// segments are mostly parked blocks.
+// Why per class. A pool is stocked for the demand of its own class, so a workload of one size does not leave
+// blocks of every other class formatted or swept for nothing.
+// Durability: as for a segment an allocating thread formats (TryFormatSmallSegment), the zeroing
+// and the unused commit words are durable before the descriptors are, and the descriptors before any block is handed
+// out; here one write-back pass and one fence cover the whole batch, twice.
 public sealed unsafe partial class PersistentHeap
 {
     /// <summary>Blocks of each class that allocating threads took from the pools or formatted themselves, since the heap opened.</summary>

@@ -14,7 +14,7 @@ namespace Epvs.Persistence;
 /// allocation and free only store into the block's header; what the allocator writes back and fences itself is its own
 /// bookkeeping (formatted segments, descriptors, and frees made durable, in batches, before their blocks are handed out
 /// again). Persistent data refers to blocks by <see cref="PayloadRef"/>
-/// offsets. The header layout and the order of its failure-atomic stores are documented on <see cref="HeapLayout"/>.
+/// offsets. The header layout and the order of its failure-atomic stores are documented in the repository, on the internal class HeapLayout.
 /// </summary>
 /// <remarks>
 /// <para>Thread safety: every member may be called from any thread. Each thread allocates from and frees to its own

@@ -4,12 +4,10 @@ namespace Epvs.Persistence;
 
 internal static partial class Interop
 {
-    /// <summary>
-    /// The C library's file calls for creating a heap file atomically on Linux (see <c>HeapFile.Create</c>): an unnamed
-    /// file (<c>O_TMPFILE</c>) formatted in full, then given its name with <c>linkat</c>, which never replaces an existing
-    /// file; and the errno values the heap file tells apart. The open flags are Linux's for the architecture:
-    /// <c>O_DIRECTORY</c> differs between x86 and Arm.
-    /// </summary>
+    // The C library's file calls for creating a heap file atomically on Linux (see HeapFile.Create): an unnamed
+    // file (O_TMPFILE) formatted in full, then given its name with linkat, which never replaces an existing
+    // file; and the errno values the heap file tells apart. The open flags are Linux's for the architecture:
+    // O_DIRECTORY differs between x86 and Arm.
     internal static unsafe partial class Libc
     {
         internal const int ReadWrite = 0x2;

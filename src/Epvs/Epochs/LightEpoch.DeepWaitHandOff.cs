@@ -4,7 +4,7 @@ using System.Threading;
 
 namespace Epvs;
 
-/// <summary>A wait past the per-thread depth bound hands what it waits for to a drain on a fresh stack.</summary>
+// A wait past the per-thread depth bound hands what it waits for to a drain on a fresh stack.
 public sealed partial class LightEpoch
 {
     /// <summary>

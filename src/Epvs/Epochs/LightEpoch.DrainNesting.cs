@@ -5,8 +5,8 @@ using System.Threading;
 
 namespace Epvs;
 
-/// <summary>How deep drains nest on a thread: per instance (<see cref="MaxInlineDrainDepth"/>) and for all instances
-/// together (<see cref="MaxThreadDrainDepth"/>), and what a drain past either bound leaves to an outer one.</summary>
+// How deep drains nest on a thread: per instance (MaxInlineDrainDepth) and for all instances
+// together (MaxThreadDrainDepth), and what a drain past either bound leaves to an outer one.
 public sealed unsafe partial class LightEpoch
 {
     /// <summary>Per thread and per instance: drain nesting (actions that bump or step run drains inside drains), and

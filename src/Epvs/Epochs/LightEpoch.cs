@@ -412,9 +412,11 @@ public sealed unsafe partial class LightEpoch : IDisposable
     [DoesNotReturn]
     private void ThrowBelowTheActionFloor(int depth, string operation)
     {
-        if (depth == 0)
-            ThrowNotProtectedOrDisposed(operation);
+        // Named by both APIs that reach it: a scheme's Leave and Refresh call Suspend and ProtectAndDrain (its message
+        // named only those, which the scheme's caller never called).
         string call = operation == nameof(Suspend) ? "Leave (Suspend)" : "Refresh (ProtectAndDrain)";
+        if (depth == 0)
+            ThrowNotProtectedOrDisposed(call);
         ThrowHelper.ThrowInvalidOperation(
             $"{call} was called inside a deferred action with no level of the action's own: the action runs in a drain of a " +
             "protected thread (its Refresh or Enter, or a BumpCurrentEpoch inside its region), whose region it would end or " +

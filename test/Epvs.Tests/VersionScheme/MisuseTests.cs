@@ -13,6 +13,7 @@ public class MisuseTests
         var ex = Assert.Throws<InvalidOperationException>(scheme.Leave);
         Assert.Contains("Enter()", ex.Message);
         Assert.Contains("same thread", ex.Message);
+        Assert.StartsWith("Leave", ex.Message); // (it said "Suspend was called", a method the caller never called)
 
         scheme.Enter();
         scheme.Leave();
@@ -56,7 +57,7 @@ public class MisuseTests
     public void Refresh_AndProtectAndDrain_Unprotected_Throw()
     {
         using var scheme = new EpochProtectedVersionScheme();
-        Assert.Throws<InvalidOperationException>(() => scheme.Refresh());
+        Assert.StartsWith("Refresh", Assert.Throws<InvalidOperationException>(() => scheme.Refresh()).Message);
         Assert.Throws<InvalidOperationException>(scheme.Epoch.ProtectAndDrain);
         Assert.Throws<InvalidOperationException>(scheme.Epoch.Suspend);
     }
