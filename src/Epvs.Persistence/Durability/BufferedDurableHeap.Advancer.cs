@@ -513,7 +513,7 @@ public sealed unsafe partial class BufferedDurableHeap
 
         // Every operation that completed before this call observed a version at or below the current one (and at or
         // below the last writable one: none begins past it, and no version ends after it).
-        long current = VersionSpaceExhausted ? HeapLayout.LastWritableVersion : CurrentVersion;
+        long current = WritableAtMost(CurrentVersion);
         return (_faults & DurabilityFaults.SyncBeforeFrontierCovers) != 0 ? current - 1 : current;
     }
 
@@ -527,12 +527,9 @@ public sealed unsafe partial class BufferedDurableHeap
             RefuseWaitInsideAnotherHeapsOperation(caller);
         }
 
-        if (VersionSpaceExhausted)
-        {
-            // No version ends after the last writable one, and no operation writes past it (Dispose asks for the current
-            // version): its frontier is the last there will be.
-            target = Math.Min(target, HeapLayout.LastWritableVersion);
-        }
+        // No operation writes past the last writable version, and no version ends after it (Dispose asks for the current
+        // version): its frontier is the last there will be.
+        target = WritableAtMost(target);
 
         long deadline = Deadline(timeout);
         while (Frontier < target)

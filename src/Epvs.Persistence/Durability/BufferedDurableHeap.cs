@@ -333,6 +333,15 @@ public sealed unsafe partial class BufferedDurableHeap : IDisposable
     /// <summary>Whether the heap's versions have run out (<see cref="HeapLayout.LastWritableVersion"/>): no operation begins, no version ends.</summary>
     private bool VersionSpaceExhausted => _mode != DurabilityMode.Transient && CurrentVersion > HeapLayout.LastWritableVersion && (_faults & DurabilityFaults.AdvancePastTheVersionSpace) == 0;
 
+    /// <summary>
+    /// <paramref name="version"/>, or the last writable version if that is lower: what a Sync can wait for (no operation
+    /// writes past it, and no version ends after it). One read of the caller's version: a target computed from two reads
+    /// of <see cref="CurrentVersion"/> could name the version after the last, which never becomes durable (a review found
+    /// a SyncAsync waiting for it).
+    /// </summary>
+    private long WritableAtMost(long version) =>
+        _mode == DurabilityMode.Transient || (_faults & DurabilityFaults.AdvancePastTheVersionSpace) != 0 ? version : Math.Min(version, HeapLayout.LastWritableVersion);
+
     /// <summary>The message of every refusal once the versions have run out (see <see cref="HeapLayout.LastWritableVersion"/>).</summary>
     private string ExhaustedVersionSpaceMessage(long version) =>
         $"The heap's version space is used up: version {version} is past the last version a buffered heap writes in ({HeapLayout.LastWritableVersion}; the file stores versions in {HeapLayout.SealedValueBits} bits and keeps the last {HeapLayout.VersionHeadroom} for opens). Everything up to DurableFrontier ({DurableFrontier}) stays durable and readable, here and after a reopen; to write again, copy the data into a new heap file.";

@@ -22,6 +22,7 @@ internal static class LimitsChild
             {
                 "version-limit" => VersionLimit(path, control),
                 "clock-at-max" => ClockAtMax(path),
+                "dispose-at-limit" => DisposeAtLimit(path),
                 "large-size-word" => LargeSizeWord(path, control),
                 "saved-state-words" => SavedStateWords(path),
                 _ => throw new ArgumentException($"unknown scenario {scenario}"),
@@ -191,6 +192,44 @@ internal static class LimitsChild
         }
 
         Console.WriteLine($"{acknowledged.Count} acknowledged keys kept through two reopens");
+        return null;
+    }
+
+    /// <summary>
+    /// The last writable version L reached with a replaced payload still waiting for reclamation (a review's case):
+    /// Dispose, whose save of the allocator state runs cycles until everything is reclaimed, must run no transition past
+    /// L, so the clock it leaves is L + 2 (persisted with frontier L) and each reopen begins exactly one version higher.
+    /// (Without the cycle's stop at the limit, the background advancer, back-pressure and Dispose would use up the
+    /// opens' versions.)
+    /// </summary>
+    private static string? DisposeAtLimit(string path)
+    {
+        long last = HeapLayout.LastWritableVersion;
+        CreateWithClock(path, last - 2);
+        var heap = BufferedDurableHeap.Open(path, Mapped, new BufferedDurableHeapOptions { AdvancePeriod = Timeout.InfiniteTimeSpan });
+        var map = new PersistentByteMap<long>(heap, 7);
+        map.Set(1, new byte[] { 1 }); // in L - 1
+        heap.Sync();
+        map.Set(1, new byte[] { 2 }); // in L: retires L - 1's payload, reclaimed only once a version after L + 1 ends
+        heap.Sync();
+        Console.WriteLine($"after Sync: current L + {heap.CurrentVersion - last}, frontier L + {heap.DurableFrontier - last}");
+        heap.Dispose();
+        for (int reopen = 1; reopen <= 2; reopen++)
+        {
+            using var reopened = BufferedDurableHeap.Open(path, Mapped, new BufferedDurableHeapOptions { AdvancePeriod = Timeout.InfiniteTimeSpan });
+            long start = reopened.Heap.File.EpochClock;
+            Console.WriteLine($"reopen {reopen} begins at L + {start - last}");
+            if (start != last + 2 + reopen)
+            {
+                return $"reopen {reopen} begins at L + {start - last}, not L + {2 + reopen}: transitions ran past the last writable version";
+            }
+
+            if (Holds(new PersistentByteMap<long>(reopened, 7), new Dictionary<long, byte> { [1] = 2 }) is { } lost)
+            {
+                return lost;
+            }
+        }
+
         return null;
     }
 

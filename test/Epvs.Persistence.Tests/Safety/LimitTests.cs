@@ -30,6 +30,10 @@ public sealed class LimitTests
     }
 
     [Fact]
+    public void VersionSpaceUsedUp_DisposeRunsNoTransitionPastIt_AndEachReopenUsesOneVersion() =>
+        Assert.Equal("verdict: ok", Run("dispose-at-limit"));
+
+    [Fact]
     public void ClockAtTheLargestSealedValue_TheOpenIsRefusedAsVersionSpaceExhausted_OneBelowOpensReadOnly() =>
         Assert.Equal("verdict: ok", Run("clock-at-max"));
 
