@@ -37,6 +37,10 @@ public sealed unsafe partial class BufferedDurableHeap : IDisposable
     private readonly EpochProtectedVersionScheme _scheme;
     private readonly DurabilityMode _mode;
     private readonly DurabilityFaults _faults;
+
+    /// <summary>The last version operations may write in (<see cref="HeapLayout.LastWritableVersion"/>; unbounded for a
+    /// transient heap, which persists no version, and under the broken control that runs past it).</summary>
+    private readonly long _lastWritableVersion;
     private readonly TimeSpan _syncTimeout;
     private readonly long _backlogLimit;
     private readonly byte* _base;
@@ -69,6 +73,7 @@ public sealed unsafe partial class BufferedDurableHeap : IDisposable
         _ownsFile = ownsFile;
         _mode = options.Mode;
         _faults = options.Faults;
+        _lastWritableVersion = _mode == DurabilityMode.Transient || (_faults & DurabilityFaults.AdvancePastTheVersionSpace) != 0 ? long.MaxValue : HeapLayout.LastWritableVersion;
         _syncTimeout = options.SyncTimeout;
         _backlogLimit = options.ReclaimBacklogLimit;
         _domain = file.Domain;
@@ -315,7 +320,7 @@ public sealed unsafe partial class BufferedDurableHeap : IDisposable
             RefuseForeignVersion(version);
         }
 
-        if (version > HeapLayout.LastWritableVersion && refuseAfterFault && _mode != DurabilityMode.Transient && (_faults & DurabilityFaults.AdvancePastTheVersionSpace) == 0)
+        if (version > _lastWritableVersion && refuseAfterFault)
         {
             RefuseExhaustedVersionSpace(version);
         }
@@ -328,10 +333,10 @@ public sealed unsafe partial class BufferedDurableHeap : IDisposable
     /// may still write: the heap has not failed, and the version is one the heap began (see <see cref="RefuseForeignVersion"/>).
     /// </summary>
     internal bool MayWriteIn(long version) =>
-        _mode == DurabilityMode.Transient || (Volatile.Read(ref _advancerFault) is null && version <= Volatile.Read(ref _persistedClock) && (version <= HeapLayout.LastWritableVersion || (_faults & DurabilityFaults.AdvancePastTheVersionSpace) != 0));
+        _mode == DurabilityMode.Transient || (Volatile.Read(ref _advancerFault) is null && version <= Volatile.Read(ref _persistedClock) && version <= _lastWritableVersion);
 
     /// <summary>Whether the heap's versions have run out (<see cref="HeapLayout.LastWritableVersion"/>): no operation begins, no version ends.</summary>
-    private bool VersionSpaceExhausted => _mode != DurabilityMode.Transient && CurrentVersion > HeapLayout.LastWritableVersion && (_faults & DurabilityFaults.AdvancePastTheVersionSpace) == 0;
+    private bool VersionSpaceExhausted => CurrentVersion > _lastWritableVersion;
 
     /// <summary>
     /// <paramref name="version"/>, or the last writable version if that is lower: what a Sync can wait for (no operation
@@ -339,8 +344,7 @@ public sealed unsafe partial class BufferedDurableHeap : IDisposable
     /// of <see cref="CurrentVersion"/> could name the version after the last, which never becomes durable (a review found
     /// a SyncAsync waiting for it).
     /// </summary>
-    private long WritableAtMost(long version) =>
-        _mode == DurabilityMode.Transient || (_faults & DurabilityFaults.AdvancePastTheVersionSpace) != 0 ? version : Math.Min(version, HeapLayout.LastWritableVersion);
+    private long WritableAtMost(long version) => Math.Min(version, _lastWritableVersion);
 
     /// <summary>The message of every refusal once the versions have run out (see <see cref="HeapLayout.LastWritableVersion"/>).</summary>
     private string ExhaustedVersionSpaceMessage(long version) =>

@@ -42,20 +42,24 @@ internal static class ArgumentsChild
 
     internal static string Try(string name, Action action)
     {
-        string outcome;
-        try
-        {
-            action();
-            outcome = "ok";
-        }
-        catch (Exception e)
-        {
-            outcome = $"{e.GetType().Name}: {e.Message}";
-        }
-
+        string outcome = Outcome(action);
         Console.WriteLine($"{name}: {outcome}");
         Console.Out.Flush();
         return outcome;
+    }
+
+    /// <summary>"ok", or the exception's type and message (<see cref="Try"/> without the printed line).</summary>
+    internal static string Outcome(Action action)
+    {
+        try
+        {
+            action();
+            return "ok";
+        }
+        catch (Exception e)
+        {
+            return $"{e.GetType().Name}: {e.Message}";
+        }
     }
 
     private static int SimAfterDispose(Func<SimulatedPersistenceDomain, byte[]> call)

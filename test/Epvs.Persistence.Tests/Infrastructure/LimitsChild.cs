@@ -41,19 +41,6 @@ internal static class LimitsChild
 
     private static long MaxSealed => (long)HeapLayout.SealedValueMask;
 
-    private static string Outcome(Action action)
-    {
-        try
-        {
-            action();
-            return "ok";
-        }
-        catch (Exception e)
-        {
-            return $"{e.GetType().Name}: {e.Message}";
-        }
-    }
-
     private static void Patch(string path, int offset, ulong word)
     {
         using var stream = new FileStream(path, FileMode.Open, FileAccess.ReadWrite, FileShare.None);
@@ -118,7 +105,7 @@ internal static class LimitsChild
             for (int i = 0; i < 1000 && refusal is null; i++)
             {
                 byte value = (byte)i;
-                string set = Outcome(() => map.Set(i % 50, new[] { value }));
+                string set = ArgumentsChild.Outcome(() => map.Set(i % 50, new[] { value }));
                 if (set != "ok")
                 {
                     refusal = set;
@@ -126,7 +113,7 @@ internal static class LimitsChild
                 }
 
                 written[i % 50] = value;
-                string sync = Outcome(() => heap.Sync(TimeSpan.FromSeconds(30)));
+                string sync = ArgumentsChild.Outcome(() => heap.Sync(TimeSpan.FromSeconds(30)));
                 if (sync != "ok")
                 {
                     refusal = sync;
@@ -142,12 +129,12 @@ internal static class LimitsChild
                 return $"the writes did not stop with the version-space refusal: {refusal}";
             }
 
-            if (Outcome(() => heap.Sync(TimeSpan.FromSeconds(30))) is var sync2 && sync2 != "ok")
+            if (ArgumentsChild.Outcome(() => heap.Sync(TimeSpan.FromSeconds(30))) is var sync2 && sync2 != "ok")
             {
                 return $"Sync after the refusal: {sync2}";
             }
 
-            if (Outcome(() => heap.AdvanceVersion(TimeSpan.FromSeconds(30))) is var advance && !advance.Contains("version space is used up", StringComparison.Ordinal))
+            if (ArgumentsChild.Outcome(() => heap.AdvanceVersion(TimeSpan.FromSeconds(30))) is var advance && !advance.Contains("version space is used up", StringComparison.Ordinal))
             {
                 return $"AdvanceVersion after the refusal: {advance}";
             }
@@ -160,7 +147,7 @@ internal static class LimitsChild
         finally
         {
             // (The control's heap failed: its Dispose throws. Reported below, after any earlier failure.)
-            disposed = Outcome(heap.Dispose);
+            disposed = ArgumentsChild.Outcome(heap.Dispose);
         }
 
         if (disposed != "ok")
@@ -171,12 +158,12 @@ internal static class LimitsChild
         for (int reopen = 1; reopen <= 2; reopen++)
         {
             string? broken = null;
-            string open = Outcome(() =>
+            string open = ArgumentsChild.Outcome(() =>
             {
                 using var reopened = BufferedDurableHeap.Open(path, Mapped, new BufferedDurableHeapOptions { AdvancePeriod = TimeSpan.FromMilliseconds(1), Faults = options.Faults });
                 var reopenedMap = new PersistentByteMap<long>(reopened, 7);
                 broken = Holds(reopenedMap, acknowledged);
-                string write = Outcome(() => reopenedMap.Set(1, new byte[] { 1 }));
+                string write = ArgumentsChild.Outcome(() => reopenedMap.Set(1, new byte[] { 1 }));
                 Console.WriteLine($"reopen {reopen}: clock {reopened.Heap.File.EpochClock}; a write: {write}");
                 broken ??= write.Contains("version space is used up", StringComparison.Ordinal) ? null : $"a write after reopen {reopen}: {write}";
             });
@@ -241,12 +228,12 @@ internal static class LimitsChild
     {
         CreateWithClock(path, MaxSealed - 1);
         string? broken = null;
-        string open = Outcome(() =>
+        string open = ArgumentsChild.Outcome(() =>
         {
             using var heap = BufferedDurableHeap.Open(path, Mapped, new BufferedDurableHeapOptions { AdvancePeriod = Timeout.InfiniteTimeSpan });
             var map = new PersistentByteMap<long>(heap, 7);
             broken = Holds(map, new Dictionary<long, byte>());
-            string write = Outcome(() => map.Set(1, new byte[] { 1 }));
+            string write = ArgumentsChild.Outcome(() => map.Set(1, new byte[] { 1 }));
             broken ??= write.Contains("version space is used up", StringComparison.Ordinal) ? null : $"a write: {write}";
         });
         Console.WriteLine($"clock 2^42 - 2: open {open}");
@@ -255,7 +242,7 @@ internal static class LimitsChild
             return broken ?? $"the open at 2^42 - 2: {open}";
         }
 
-        string atMax = Outcome(() => BufferedDurableHeap.Open(path, Mapped, new BufferedDurableHeapOptions { AdvancePeriod = Timeout.InfiniteTimeSpan }).Dispose());
+        string atMax = ArgumentsChild.Outcome(() => BufferedDurableHeap.Open(path, Mapped, new BufferedDurableHeapOptions { AdvancePeriod = Timeout.InfiniteTimeSpan }).Dispose());
         Console.WriteLine($"clock 2^42 - 1: open {atMax}");
         return atMax.StartsWith("HeapFileException", StringComparison.Ordinal) && atMax.Contains("versions are used up", StringComparison.Ordinal) ? null : $"the open at 2^42 - 1: {atMax}";
     }
@@ -293,7 +280,7 @@ internal static class LimitsChild
         Patch(path, (int)dataStart + 8, 7);
         Patch(path, (int)dataStart + 16, shape);
         Patch(path, (int)dataStart + 24, commit);
-        string open = Outcome(() => PersistentHeap.Open(path, Mapped).Dispose());
+        string open = ArgumentsChild.Outcome(() => PersistentHeap.Open(path, Mapped).Dispose());
         Console.WriteLine($"open: {open}");
         return open.StartsWith("HeapFileException", StringComparison.Ordinal) && open.Contains("fail their checks", StringComparison.Ordinal) ? null : $"the open did not report the damaged block: {open}";
     }
@@ -317,7 +304,7 @@ internal static class LimitsChild
         Patch(path, HeapLayout.SavedStateWordsOffset, (1UL << 28) + 8);
         Patch(path, HeapLayout.SavedStateCheckOffset, 12345);
         string? rejection = null;
-        string open = Outcome(() =>
+        string open = ArgumentsChild.Outcome(() =>
         {
             using PersistentHeap heap = PersistentHeap.Open(path, Mapped);
             rejection = heap.SavedStateRejection;
