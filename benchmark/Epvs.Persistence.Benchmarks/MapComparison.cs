@@ -67,7 +67,7 @@ internal static class MapComparison
                 dictionary[k] = k;
             }
 
-            Throughput(s, map, transientMap, dictionary, output);
+            Throughput(s, heap, map, transientMap, dictionary, output);
         }
 
         File.Delete(transientPath);
@@ -87,7 +87,7 @@ internal static class MapComparison
         output.Flush();
     }
 
-    private static void Throughput(ComparisonSettings s, PersistentHashMap<long, long> map, PersistentHashMap<long, long> transientMap, ConcurrentDictionary<long, long> dictionary, TextWriter output)
+    private static void Throughput(ComparisonSettings s, BufferedDurableHeap heap, PersistentHashMap<long, long> map, PersistentHashMap<long, long> transientMap, ConcurrentDictionary<long, long> dictionary, TextWriter output)
     {
         // The transient cell is the breakdown: the same map on a DurabilityMode.Transient heap updates each payload in
         // place (no copy, no write-back, no seal, no reclamation), so it is the cost of the operation itself (version
@@ -100,6 +100,7 @@ internal static class MapComparison
         var cores = new Dictionary<(string, int), List<double>>();
         var workerCores = new Dictionary<(string, int), List<double>>();
         var perWorkerCore = new Dictionary<(string, int), List<double>>();
+        var durability = new Dictionary<(string, int), List<AdvancerStatistics>>();
         foreach (int threads in s.Threads)
         {
             for (int rep = 0; rep < s.Repetitions; rep++)
@@ -108,7 +109,9 @@ internal static class MapComparison
                 for (int c = 0; c < cells.Length; c++)
                 {
                     string cell = cells[c];
+                    AdvancerStatistics before = heap.GetAdvancerStatistics();
                     (double mops, double used, double byWorkers) = Measure(threads, s.Duration, s.KeyRange, $"cell{c}", () => Body(cell, map, transientMap, dictionary));
+                    (CollectionsMarshal.GetValueRefOrAddDefault(durability, (cell, threads), out _) ??= new List<AdvancerStatistics>()).Add(heap.GetAdvancerStatistics().Since(before));
                     (CollectionsMarshal.GetValueRefOrAddDefault(results, (cell, threads), out _) ??= new List<double>()).Add(mops);
                     (CollectionsMarshal.GetValueRefOrAddDefault(cores, (cell, threads), out _) ??= new List<double>()).Add(used);
                     (CollectionsMarshal.GetValueRefOrAddDefault(workerCores, (cell, threads), out _) ??= new List<double>()).Add(byWorkers);
@@ -161,6 +164,27 @@ internal static class MapComparison
                 double process = Median(cores[(cell, threads)]);
                 double workers = Median(workerCores[(cell, threads)]);
                 output.WriteLine(FormattableString.Invariant($"| {cell} | {threads} | {process:0.00} | {Cell(workers)} | {Cell(process - workers)} | {Cell(Median(perWorkerCore[(cell, threads)]))} |"));
+            }
+        }
+
+        // What the durability work cost the map's writers in its two cells: the share of their time the back-pressure held
+        // them at the start of an operation (a version older than MaxVersionAge: ended by them or waited for), and the
+        // cycles that paced them (per cycle: the write-back with its fences — the medium's time — the seals, the
+        // reclamation). The heap's statistics over each cell (the cycles also run between cells: the ones that ended in it).
+        output.WriteLine();
+        output.WriteLine("| durable upsert cell | threads | writers held back by the back-pressure (share of their time, median) | held-back waits per second | cycles per second | write-back per cycle (ms) | of which fences (ms) | seal per cycle (ms) | reclaim per cycle (ms) |");
+        output.WriteLine("|---|---:|---:|---:|---:|---:|---:|---:|---:|");
+        foreach (string cell in new[] { "PersistentHashMap upsert", BatchCell })
+        {
+            foreach (int threads in s.Threads)
+            {
+                List<AdvancerStatistics> measured = durability[(cell, threads)];
+                double seconds = s.Duration.TotalSeconds;
+                double held = Median(measured.Select(d => d.BackPressureTime.TotalSeconds / (threads * seconds)).ToList());
+                double waits = Median(measured.Select(d => d.BackPressureWaits / seconds).ToList());
+                double cycles = Median(measured.Select(d => d.Cycles / seconds).ToList());
+                double PerCycle(Func<AdvancerStatistics, TimeSpan> part) => Median(measured.Select(d => d.Cycles == 0 ? double.NaN : part(d).TotalMilliseconds / d.Cycles).ToList());
+                output.WriteLine(FormattableString.Invariant($"| {cell} | {threads} | {held:P0} | {waits:0} | {cycles:0} | {PerCycle(d => d.WriteBackTime):0.0} | {PerCycle(d => d.FenceTime):0.0} | {PerCycle(d => d.SealTime):0.0} | {PerCycle(d => d.ReclaimTime):0.0} |"));
             }
         }
 

@@ -6,7 +6,8 @@ namespace Epvs.Persistence;
 /// Where a <see cref="BufferedDurableHeap"/>'s advance cycles have spent their time since the heap opened: sealing each
 /// finished version's blocks, writing them back (and persisting the frontier), and reclaiming (freeing what older versions
 /// replaced, sweeping deferred frees). Read with <see cref="BufferedDurableHeap.GetAdvancerStatistics"/>; subtract two
-/// readings for an interval.
+/// readings for an interval. It also counts what the cycles cost the heap's writers: the times their operations were held
+/// back at their start by the back-pressure (<see cref="BackPressureWaits"/>).
 /// </summary>
 /// <remarks>Each counter is read atomically, the set is not: a reading taken during a cycle may include some of that
 /// cycle's phases and not others.</remarks>
@@ -19,7 +20,10 @@ public readonly struct AdvancerStatistics
     /// <param name="sealTime">Time spent sealing blocks: computing their checks (in <see cref="DurabilityMode.Strict"/>, also making the seals durable).</param>
     /// <param name="reclaimTime">Time spent reclaiming: deferring and sweeping frees, freeing anti-payloads.</param>
     /// <param name="allocatorRefills">Times an operation's thread found its size class's pool empty and formatted a segment or swept parked frees itself.</param>
-    public AdvancerStatistics(long cycles, long blocksWrittenBack, TimeSpan writeBackTime, TimeSpan sealTime, TimeSpan reclaimTime, long allocatorRefills)
+    /// <param name="fenceTime">Of <paramref name="writeBackTime"/>, the time spent waiting on fences.</param>
+    /// <param name="backPressureWaits">Times an operation's thread was held back at its start by the back-pressure.</param>
+    /// <param name="backPressureTime">The time those threads were held back, summed over the threads.</param>
+    public AdvancerStatistics(long cycles, long blocksWrittenBack, TimeSpan writeBackTime, TimeSpan sealTime, TimeSpan reclaimTime, long allocatorRefills, TimeSpan fenceTime, long backPressureWaits, TimeSpan backPressureTime)
     {
         Cycles = cycles;
         BlocksWrittenBack = blocksWrittenBack;
@@ -27,6 +31,9 @@ public readonly struct AdvancerStatistics
         SealTime = sealTime;
         ReclaimTime = reclaimTime;
         AllocatorRefills = allocatorRefills;
+        FenceTime = fenceTime;
+        BackPressureWaits = backPressureWaits;
+        BackPressureTime = backPressureTime;
     }
 
     /// <summary>Completed cycles that found a version to finish.</summary>
@@ -52,13 +59,31 @@ public readonly struct AdvancerStatistics
     /// </summary>
     public long AllocatorRefills { get; }
 
+    /// <summary>
+    /// Of <see cref="WriteBackTime"/>, the time the cycles spent waiting on their fences — the version's write-back and the
+    /// frontier's (through the page cache, <c>fdatasync</c>: the medium's time, which grows with the pages a version
+    /// dirtied; on persistent memory, a store fence).
+    /// </summary>
+    public TimeSpan FenceTime { get; }
+
+    /// <summary>
+    /// Times an operation's thread was held back at its start by the heap's back-pressure: the current version was older
+    /// than <see cref="BufferedDurableHeapOptions.MaxVersionAge"/> (the thread ended it, or waited while another thread
+    /// did), or the reclamation backlog was over its limit (the thread ran cycles to free it). Near zero while the cycles
+    /// keep to their period; under writers faster than the cycles, this is how the heap slows them to its pace.
+    /// </summary>
+    public long BackPressureWaits { get; }
+
+    /// <summary>The time the threads counted by <see cref="BackPressureWaits"/> were held back, summed over the threads (two threads held for 1 ms each count 2 ms).</summary>
+    public TimeSpan BackPressureTime { get; }
+
     /// <summary>The counters accumulated since <paramref name="earlier"/> (an earlier reading of the same heap).</summary>
     /// <param name="earlier">The earlier reading.</param>
     /// <returns>This reading minus <paramref name="earlier"/>.</returns>
     public AdvancerStatistics Since(AdvancerStatistics earlier) =>
-        new(Cycles - earlier.Cycles, BlocksWrittenBack - earlier.BlocksWrittenBack, WriteBackTime - earlier.WriteBackTime, SealTime - earlier.SealTime, ReclaimTime - earlier.ReclaimTime, AllocatorRefills - earlier.AllocatorRefills);
+        new(Cycles - earlier.Cycles, BlocksWrittenBack - earlier.BlocksWrittenBack, WriteBackTime - earlier.WriteBackTime, SealTime - earlier.SealTime, ReclaimTime - earlier.ReclaimTime, AllocatorRefills - earlier.AllocatorRefills, FenceTime - earlier.FenceTime, BackPressureWaits - earlier.BackPressureWaits, BackPressureTime - earlier.BackPressureTime);
 
     /// <inheritdoc/>
     public override string ToString() =>
-        $"cycles={Cycles} blocks={BlocksWrittenBack} write-back={WriteBackTime.TotalMilliseconds:0.0} ms seal={SealTime.TotalMilliseconds:0.0} ms reclaim={ReclaimTime.TotalMilliseconds:0.0} ms allocator-refills={AllocatorRefills}";
+        $"cycles={Cycles} blocks={BlocksWrittenBack} write-back={WriteBackTime.TotalMilliseconds:0.0} ms seal={SealTime.TotalMilliseconds:0.0} ms reclaim={ReclaimTime.TotalMilliseconds:0.0} ms allocator-refills={AllocatorRefills} fences={FenceTime.TotalMilliseconds:0.0} ms back-pressure={BackPressureWaits} waits, {BackPressureTime.TotalMilliseconds:0.0} ms";
 }

@@ -54,6 +54,13 @@ public sealed unsafe partial class BufferedDurableHeap
     private long _statSealTicks;
     private long _statReclaimTicks;
 
+    /// <summary>Of <see cref="_statWriteBackTicks"/>, the time the cycles waited on their fences (the version's, the frontier's).</summary>
+    private long _statFenceTicks;
+
+    /// <summary>Times an operation's thread was held back at its start (see <see cref="ApplyBackPressure"/>); written with Interlocked by any thread.</summary>
+    private long _statBackPressureWaits;
+    private long _statBackPressureTicks;
+
     /// <summary>Where the advance cycles have spent their time since the heap opened (see <see cref="AdvancerStatistics"/>).</summary>
     /// <returns>The counters, each read atomically.</returns>
     public AdvancerStatistics GetAdvancerStatistics()
@@ -65,7 +72,10 @@ public sealed unsafe partial class BufferedDurableHeap
             Stopwatch.GetElapsedTime(0, Volatile.Read(ref _statWriteBackTicks)),
             Stopwatch.GetElapsedTime(0, Volatile.Read(ref _statSealTicks)),
             Stopwatch.GetElapsedTime(0, Volatile.Read(ref _statReclaimTicks)),
-            _heap.AllocatorRefills);
+            _heap.AllocatorRefills,
+            Stopwatch.GetElapsedTime(0, Volatile.Read(ref _statFenceTicks)),
+            Volatile.Read(ref _statBackPressureWaits),
+            Stopwatch.GetElapsedTime(0, Volatile.Read(ref _statBackPressureTicks)));
     }
 
     /// <summary>Test hook: runs in reclamation once the version's frees are handed to the heap (deferred: see <see cref="PersistentHeap.AfterSweepMarkedForTesting"/> for the window in which an early reuse would race the free to the file).</summary>
@@ -328,7 +338,9 @@ public sealed unsafe partial class BufferedDurableHeap
     private void PersistFrontier(long frontier)
     {
         long clock = (_faults & DurabilityFaults.ClockLeftBehind) != 0 ? frontier + 1 : frontier + 2;
+        long started = Stopwatch.GetTimestamp();
         _heap.File.PersistFrontierAndClock(frontier, clock);
+        _cycleFenceTicks += Stopwatch.GetTimestamp() - started;
         Volatile.Write(ref _persistedClock, Math.Max(Volatile.Read(ref _persistedClock), clock));
     }
 
@@ -400,6 +412,20 @@ public sealed unsafe partial class BufferedDurableHeap
             return;
         }
 
+        long started = Stopwatch.GetTimestamp();
+        try
+        {
+            EndOrAwait(version);
+        }
+        finally
+        {
+            CountBackPressure(started);
+        }
+    }
+
+    /// <summary><see cref="HelpOldVersion"/> once <paramref name="version"/> is older than the bound: ends it, or waits while another thread does.</summary>
+    private void EndOrAwait(long version)
+    {
         // One helper at a time; the others wait until the old version has ended too (not for the helper's whole cycle),
         // so that the lag stays bounded instead of growing with the overload (more writers than the advancer keeps up
         // with). They used to carry on writing into the old version up to twice the bound, and under two full-speed
@@ -738,6 +764,7 @@ public sealed unsafe partial class BufferedDurableHeap
         CheckNoOperationOutlivedItsCut(completed);
         long start = Stopwatch.GetTimestamp();
         long sealTicks = 0;
+        _cycleFenceTicks = 0;
         int written = 0;
         bool frontierFirst = (_faults & DurabilityFaults.PersistFrontierBeforeSeals) != 0;
         if (_mode == DurabilityMode.Buffered)
@@ -801,6 +828,7 @@ public sealed unsafe partial class BufferedDurableHeap
         Volatile.Write(ref _statBlocks, _statBlocks + written);
         Volatile.Write(ref _statWriteBackTicks, _statWriteBackTicks + (durableAt - start - sealTicks));
         Volatile.Write(ref _statSealTicks, _statSealTicks + sealTicks);
+        Volatile.Write(ref _statFenceTicks, _statFenceTicks + _cycleFenceTicks);
         Volatile.Write(ref _statReclaimTicks, _statReclaimTicks + (reclaimed - durableAt));
     }
 
@@ -837,7 +865,7 @@ public sealed unsafe partial class BufferedDurableHeap
             _heap.File.WriteBackSealedFrontier(version);
         }
 
-        _domain.FenceOwned();
+        Fence();
         return n;
     }
 
@@ -908,8 +936,26 @@ public sealed unsafe partial class BufferedDurableHeap
         // Durable with the seals (one fence), before the frontier: recovery takes a sealed frontier below the frontier
         // for a window between the two (a file written in the broken control's order, or a damaged word).
         _heap.File.WriteBackSealedFrontier(version);
-        _domain.FenceOwned();
+        Fence();
         return Stopwatch.GetTimestamp() - started;
+    }
+
+    /// <summary>The fence of a cycle's write-back, timed for <see cref="AdvancerStatistics.FenceTime"/>.</summary>
+    private void Fence()
+    {
+        long started = Stopwatch.GetTimestamp();
+        _domain.FenceOwned();
+        _cycleFenceTicks += Stopwatch.GetTimestamp() - started;
+    }
+
+    /// <summary>The time the cycle in progress has waited on fences so far (under the cycle gate: one cycle at a time).</summary>
+    private long _cycleFenceTicks;
+
+    /// <summary>Counts a thread held back by the back-pressure since <paramref name="started"/> (see <see cref="AdvancerStatistics.BackPressureWaits"/>).</summary>
+    private void CountBackPressure(long started)
+    {
+        Interlocked.Add(ref _statBackPressureTicks, Stopwatch.GetTimestamp() - started);
+        Interlocked.Increment(ref _statBackPressureWaits);
     }
 
     private long[] Scratch(int count)

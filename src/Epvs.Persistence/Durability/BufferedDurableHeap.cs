@@ -964,6 +964,7 @@ public sealed unsafe partial class BufferedDurableHeap : IDisposable
         ThrowIfDisposed();
         BeforeBackPressureCyclesForTesting?.Invoke();
         long deadline = Deadline(_syncTimeout);
+        long started = System.Diagnostics.Stopwatch.GetTimestamp();
         try
         {
             // A payload retired in v is freed when the frontier passes v + 1: a few advances free the whole backlog.
@@ -976,6 +977,10 @@ public sealed unsafe partial class BufferedDurableHeap : IDisposable
         {
             // Another thread stays inside an operation: nothing can be reclaimed now; carry on (an allocation may
             // then find the heap full, which is what the limit tries to prevent, not guarantee).
+        }
+        finally
+        {
+            CountBackPressure(started);
         }
     }
 

@@ -48,10 +48,14 @@ public sealed class BackPressureTests
     [Fact]
     public void AVersionOlderThanTheLagBound_IsEndedByTheNextThreadToBeginAnOperation_AndOnlyOnce()
     {
-        (long before, long after, long frontier, long versionAtJump) = AgeAVersion(DurabilityFaults.None, null, hours: 2);
+        (long before, long after, long frontier, long versionAtJump, AdvancerStatistics held) = AgeAVersion(DurabilityFaults.None, null, hours: 2);
         Assert.Equal(0, before);
         Assert.Equal(1, after);
         Assert.True(frontier >= versionAtJump, $"the durable frontier {frontier} does not cover the old version {versionAtJump}");
+
+        // The thread that ended it is the one counted as held back (its cycle's time), once.
+        Assert.Equal(1, held.BackPressureWaits);
+        Assert.True(held.BackPressureTime > TimeSpan.Zero, held.ToString());
     }
 
     [Theory]
@@ -60,14 +64,17 @@ public sealed class BackPressureTests
     public void MaxVersionAge_IsTheBound(int hours, int ended)
     {
         // Ten one-hour periods instead of the default 1.25: a version nine hours old is left alone, one of eleven ended.
-        (_, long after, _, _) = AgeAVersion(DurabilityFaults.None, TimeSpan.FromHours(10), hours);
+        (_, long after, _, _, AdvancerStatistics held) = AgeAVersion(DurabilityFaults.None, TimeSpan.FromHours(10), hours);
         Assert.Equal(ended, after);
+
+        // Only the thread that ended it was held back (counted).
+        Assert.Equal(ended, held.BackPressureWaits);
     }
 
     [Fact]
     public void MaxVersionAge_Infinite_LeavesEvenAVeryOldVersionToTheAdvancer()
     {
-        (_, long after, _, _) = AgeAVersion(DurabilityFaults.None, Timeout.InfiniteTimeSpan, hours: 1000);
+        (_, long after, _, _, _) = AgeAVersion(DurabilityFaults.None, Timeout.InfiniteTimeSpan, hours: 1000);
         Assert.Equal(0, after);
     }
 
@@ -78,13 +85,17 @@ public sealed class BackPressureTests
     {
         // The bound is 1.25 one-hour periods: at two hours every writer waits for the advance in progress, at one (a
         // version within the bound) none does.
-        Assert.Equal(held, !WriterFinishesWhileAnotherHelps(DurabilityFaults.None, hours, held ? TimeSpan.FromMilliseconds(500) : TimeSpan.FromSeconds(20)));
+        (bool finished, long waits) = WriterFinishesWhileAnotherHelps(DurabilityFaults.None, hours, held ? TimeSpan.FromMilliseconds(500) : TimeSpan.FromSeconds(20));
+        Assert.Equal(held, !finished);
+
+        // A writer held back is counted (at least its wait for the help; it may end the version itself after it).
+        Assert.Equal(held, waits > 0);
     }
 
     [Fact]
     public void AVeryOldVersion_SlowingOnlyItsHelper_IsCaught()
     {
-        Assert.SkipUnless(WriterFinishesWhileAnotherHelps(DurabilityFaults.OnlyTheHelperWaits, 2, TimeSpan.FromSeconds(20)), "INCONCLUSIVE: the broken control (only the helper waits) held the writer back anyway; the check proves nothing on this run.");
+        Assert.SkipUnless(WriterFinishesWhileAnotherHelps(DurabilityFaults.OnlyTheHelperWaits, 2, TimeSpan.FromSeconds(20)).Finished, "INCONCLUSIVE: the broken control (only the helper waits) held the writer back anyway; the check proves nothing on this run.");
     }
 
     [Fact]
@@ -109,7 +120,7 @@ public sealed class BackPressureTests
     [Fact]
     public void AnOldVersion_WithoutBackPressure_IsCaughtNeverEnding()
     {
-        (_, long after, _, _) = AgeAVersion(DurabilityFaults.NoBackPressure, null, hours: 2);
+        (_, long after, _, _, _) = AgeAVersion(DurabilityFaults.NoBackPressure, null, hours: 2);
         Assert.SkipUnless(after == 0, "INCONCLUSIVE: the broken control (no back-pressure) ended the old version anyway; the check proves nothing on this run.");
     }
 
@@ -391,6 +402,13 @@ public sealed class BackPressureTests
             violations.Add($"backlog peaked at {peak} bytes, over twice the limit {limit}");
         }
 
+        // With no advancer, every reclamation ran on the writer, held back for it (and counted as such).
+        AdvancerStatistics statistics = heap.GetAdvancerStatistics();
+        if (faults == DurabilityFaults.None && (statistics.BackPressureWaits == 0 || statistics.BackPressureWaits > statistics.Cycles))
+        {
+            violations.Add($"the writer ran {statistics.Cycles} cycles for the backlog but was counted held back {statistics.BackPressureWaits} times");
+        }
+
         return violations;
     }
 
@@ -399,7 +417,7 @@ public sealed class BackPressureTests
     /// while the version is young, then the clock jumps <paramref name="hours"/> ahead and ten checks' worth more. Returns how many
     /// versions the operations ended before and after the jump, the durable frontier, and the version at the jump.
     /// </summary>
-    private static (long Before, long After, long Frontier, long VersionAtJump) AgeAVersion(DurabilityFaults faults, TimeSpan? maxVersionAge, int hours)
+    private static (long Before, long After, long Frontier, long VersionAtJump, AdvancerStatistics Held) AgeAVersion(DurabilityFaults faults, TimeSpan? maxVersionAge, int hours)
     {
         using var domain = new SimulatedPersistenceDomain(Capacity);
         using HeapFile file = HeapFile.Create(domain);
@@ -416,13 +434,14 @@ public sealed class BackPressureTests
         }
 
         long versionAtJump = heap.CurrentVersion;
+        AdvancerStatistics atJump = heap.GetAdvancerStatistics();
         Volatile.Write(ref jump, hours * System.Diagnostics.Stopwatch.Frequency * 3600);
         for (int i = 0; i < operations; i++)
         {
             map.Set(i % Keys, i);
         }
 
-        return (versionAtJump - start, heap.CurrentVersion - versionAtJump, heap.DurableFrontier, versionAtJump);
+        return (versionAtJump - start, heap.CurrentVersion - versionAtJump, heap.DurableFrontier, versionAtJump, heap.GetAdvancerStatistics().Since(atJump));
     }
 
     /// <summary>
@@ -431,8 +450,9 @@ public sealed class BackPressureTests
     /// writer runs a check's worth of operations. Returns whether the writer finished within <paramref name="wait"/>,
     /// before the advance ended: a writer held back cannot (its own wait is five hours here), so a short wait suffices
     /// where it is expected to be held, and a long one (which returns as soon as it finishes) where it is expected not to be.
+    /// Also returns how many times the back-pressure held the writer (<see cref="AdvancerStatistics.BackPressureWaits"/>).
     /// </summary>
-    private static bool WriterFinishesWhileAnotherHelps(DurabilityFaults faults, int hours, TimeSpan wait)
+    private static (bool Finished, long Waits) WriterFinishesWhileAnotherHelps(DurabilityFaults faults, int hours, TimeSpan wait)
     {
         using var domain = new SimulatedPersistenceDomain(Capacity);
         using HeapFile file = HeapFile.Create(domain);
@@ -467,6 +487,6 @@ public sealed class BackPressureTests
 
         heap.SetHelperForTesting(false);
         Assert.True(writer.Join(TimeSpan.FromSeconds(30)), "the writer did not finish once the advance ended");
-        return finished;
+        return (finished, heap.GetAdvancerStatistics().BackPressureWaits);
     }
 }

@@ -377,6 +377,11 @@ public sealed class BufferedDurableHeapTests
         Assert.Equal((3L, 110L), (all.Cycles, all.BlocksWrittenBack));
         Assert.True(all.WriteBackTime > TimeSpan.Zero && all.SealTime > TimeSpan.Zero && all.ReclaimTime > TimeSpan.Zero, all.ToString());
         Assert.True(all.WriteBackTime >= first.WriteBackTime && all.SealTime >= first.SealTime, $"{first} then {all}");
+
+        // The fences are part of the write-back (each cycle fences its version and its frontier); nothing held the
+        // writer back (no age bound without a background advancer, and no backlog).
+        Assert.True(all.FenceTime > TimeSpan.Zero && all.FenceTime <= all.WriteBackTime, all.ToString());
+        Assert.Equal((0L, TimeSpan.Zero), (all.BackPressureWaits, all.BackPressureTime));
     }
 
     [Fact]
