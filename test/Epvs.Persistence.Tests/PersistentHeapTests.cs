@@ -224,6 +224,26 @@ public sealed class PersistentHeapTests : IDisposable
         }
     }
 
+    /// <summary>
+    /// Each payload size gets the smallest block that holds it and its header (format 9): a long key and value (16 bytes)
+    /// a 48-byte block, three quarters of the 64-byte one they took before; one byte more the 64-byte block.
+    /// </summary>
+    [Fact]
+    public void SizeClasses_ForPayload_IsTheSmallestBlockThatHoldsIt()
+    {
+        Assert.Equal((48, 64), (SizeClasses.BlockSizes[SizeClasses.ForPayload(16)], SizeClasses.BlockSizes[SizeClasses.ForPayload(17)]));
+        Assert.Equal(65536 / 48, SizeClasses.BlocksPerSegment[SizeClasses.ForPayload(16)]);
+        for (int size = 0; size <= SizeClasses.MaxSmallPayload; size++)
+        {
+            int cls = SizeClasses.ForPayload(size);
+            int need = size + HeapLayout.HeaderSize;
+            if (SizeClasses.BlockSizes[cls] < need || (cls > 0 && SizeClasses.BlockSizes[cls - 1] >= need))
+            {
+                Assert.Fail($"a payload of {size} bytes gets the class of {SizeClasses.BlockSizes[cls]}-byte blocks");
+            }
+        }
+    }
+
     /// <summary>Offsets inside a block, past the last whole block of a segment, and at every block start, as the heap's checks see them.</summary>
     [Fact]
     public void Free_OfAnOffsetThatIsNotABlockStart_IsRefusedAndBlockStartsAreNot()

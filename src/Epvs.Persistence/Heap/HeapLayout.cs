@@ -4,12 +4,14 @@ using System.Runtime.CompilerServices;
 namespace Epvs.Persistence;
 
 /// <summary>
-/// The persistent layout of an EPVS heap file, format version 7 (older files are refused: version 2 added the
+/// The persistent layout of an EPVS heap file, format version 9 (older files are refused: version 2 added the
 /// sealed superblock words and the heap kind, version 3 the sealed blocks, XxHash3 block checks and zeroed segments,
 /// version 4 a checked word in every state: no all-zero descriptor or commit word is valid, version 5 descriptors
 /// bound to their slot: a descriptor copied or moved into another slot of the table fails its check, version 6 sealed
 /// words carrying their version's low bits, so that a buffered heap seals a version in the pass that writes it back,
-/// version 7 an empty mark bound to the offset, not 0, in the Epoch word of every block that holds no payload). Every persistent field is an 8-byte little-endian
+/// version 7 an empty mark bound to the offset, not 0, in the Epoch word of every block that holds no payload, version 8
+/// a key-size record for structures with keys of 31 bytes or more, version 9 a 48-byte size class below the 64-byte one,
+/// which renumbers the class index every small segment's descriptor holds). Every persistent field is an 8-byte little-endian
 /// word at an 8-byte aligned offset, written with a single aligned store, so it is failure-atomic: after a crash it
 /// holds an old or a new value, never a mix. Persistent data holds offsets from the start of the file, never pointers.
 /// </summary>
@@ -24,7 +26,8 @@ namespace Epvs.Persistence;
 ///
 /// Superblock (offset: word)
 ///     0  Magic            0x5041_4548_5356_5045, "EPVSHEAP" in ASCII; written last at creation
-///     8  FormatVersion    8 (8: structures with keys of 31 bytes or more keep a key-size record)
+///     8  FormatVersion    9 (9: the 48-byte size class, class indexes renumbered; 8: structures with keys of 31
+///                         bytes or more keep a key-size record)
 ///    16  HeapSize         bytes in use: DataStart + SegmentCount*65536; grows (store + persist) after the file grew (sealed)
 ///    24  SegmentSize      65536
 ///    32  MaxSegments      capacity of the segment table
@@ -55,7 +58,7 @@ namespace Epvs.Persistence;
 ///                             (whose segment it would make recovery read with another block size) is damage
 ///   bits 32..35  Role         8 free, 9 small (one size class), 10 large start, 11 large continuation: bit 35 is set
 ///                             in every descriptor, so the all-zero word is damage in every slot
-///   bits 40..63  Class index (small) or span in segments (large start)
+///   bits 40..63  Class index (small: into SizeClasses.BlockSizes, 48, 64, 96, ... 16384 bytes) or span in segments (large start)
 ///
 /// Block (small: at segment start + k*BlockSize; large: at the start of its first segment)
 ///   +0   Uid     word 0: the payload's logical identity (kept by UPDATE copies and by DELETE anti-payloads)
@@ -141,7 +144,7 @@ namespace Epvs.Persistence;
 internal static class HeapLayout
 {
     internal const ulong Magic = 0x5041_4548_5356_5045UL;
-    internal const long FormatVersion = 8;
+    internal const long FormatVersion = 9;
     internal const int SuperblockSize = 4096;
     internal const int SegmentSize = 64 * 1024;
     internal const int RootSlotCount = 16;

@@ -5,14 +5,16 @@ using System.Runtime.CompilerServices;
 namespace Epvs.Persistence;
 
 /// <summary>
-/// Block sizes of small allocations (header included), four per power of two, every one a multiple of 32 so that a
-/// 32-byte header never straddles a 64-byte cache line. Payloads above <see cref="MaxSmallPayload"/> get whole segments.
+/// Block sizes of small allocations (header included), four per power of two from 64 bytes, every one a multiple of 32
+/// so that a 32-byte header never straddles a 64-byte cache line; below them 48 bytes (format 9), a header and a
+/// 16-byte payload — a long key and value — in three quarters of a 64-byte block's space, memory and write-back (one
+/// header in four straddles a line). Payloads above <see cref="MaxSmallPayload"/> get whole segments.
 /// </summary>
 internal static class SizeClasses
 {
     internal static readonly int[] BlockSizes =
     [
-        64, 96, 128, 160, 192, 224, 256, 320, 384, 448, 512, 640, 768, 896, 1024, 1280, 1536, 1792, 2048,
+        48, 64, 96, 128, 160, 192, 224, 256, 320, 384, 448, 512, 640, 768, 896, 1024, 1280, 1536, 1792, 2048,
         2560, 3072, 3584, 4096, 5120, 6144, 7168, 8192, 10240, 12288, 14336, 16384,
     ];
 
@@ -46,15 +48,19 @@ internal static class SizeClasses
     private static readonly byte[] s_classByUnits = BuildLookup();
 
     /// <summary>The class of a payload of <paramref name="size"/> bytes (0 ≤ size ≤ <see cref="MaxSmallPayload"/>).</summary>
-    internal static int ForPayload(int size) => s_classByUnits[(size + HeapLayout.HeaderSize + 31) >> 5];
+    internal static int ForPayload(int size) => s_classByUnits[(size + HeapLayout.HeaderSize + (Unit - 1)) >> UnitShift];
+
+    /// <summary>The granularity of the class lookup: 16 bytes, which every block size is a multiple of.</summary>
+    private const int UnitShift = 4;
+    private const int Unit = 1 << UnitShift;
 
     private static byte[] BuildLookup()
     {
-        var lookup = new byte[(MaxSmallBlock >> 5) + 1];
+        var lookup = new byte[(MaxSmallBlock >> UnitShift) + 1];
         int cls = 0;
         for (int units = 0; units < lookup.Length; units++)
         {
-            while (BlockSizes[cls] < units << 5)
+            while (BlockSizes[cls] < units << UnitShift)
             {
                 cls++;
             }

@@ -476,6 +476,7 @@ public sealed class HeapSafetyTests
     [InlineData(1L)]
     [InlineData(3L)]
     [InlineData(6L)]
+    [InlineData(8L)]
     public void Open_AnOlderFormatVersion_IsRefusedAsOlderAndUnchanged(long version)
     {
         using var dir = new TempDirectory();

@@ -22,11 +22,16 @@ public sealed class MovedDamageTests
 
     public MovedDamageTests(ITestOutputHelper output) => _output = output;
 
+    /// <summary>Every block of every class begins a multiple of 16 bytes past its segment's start (and segments 64 KiB
+    /// apart): the scans below look at each such offset for the block they want.</summary>
+    private const int BlockStartStride = 16;
+
     /// <summary>
     /// A descriptor is bound to its slot: a small segment's descriptor copied over another small segment's of the same
     /// generation, whose block size is a multiple of the other's (1024 over 64), made recovery read the 64-byte blocks
     /// at a 1024-byte stride — every sixteenth block is a valid header at its own offset — and open silently with 15 of
-    /// every 16 map entries of that segment gone (found by the corruption fuzz, copy-descriptor, case 230).
+    /// every 16 map entries of that segment gone (found by the corruption fuzz, copy-descriptor, case 230). Since format 9
+    /// the map's blocks are 48 bytes and the byte map's here 768 (16 of them).
     /// </summary>
     [Theory]
     [InlineData(false, false)]
@@ -49,14 +54,14 @@ public sealed class MovedDamageTests
 
             for (long k = 0; k < 40; k++)
             {
-                bytes.Set(k, new byte[900]);
+                bytes.Set(k, new byte[700]);
             }
         }
 
         byte[] image = File.ReadAllBytes(path);
         (long small, ulong smallDescriptor) = FindSmall(image, cls: 0);
-        (long large, ulong largeDescriptor) = FindSmall(image, cls: SizeClasses.ForPayload(900 + sizeof(long)));
-        Assert.Equal(0, SizeClasses.BlockSizes[SizeClasses.ForPayload(900 + sizeof(long))] % SizeClasses.BlockSizes[0]);
+        (long large, ulong largeDescriptor) = FindSmall(image, cls: SizeClasses.ForPayload(700 + sizeof(long)));
+        Assert.Equal(0, SizeClasses.BlockSizes[SizeClasses.ForPayload(700 + sizeof(long))] % SizeClasses.BlockSizes[0]);
         Assert.Equal(HeapLayout.DescriptorGeneration(smallDescriptor), HeapLayout.DescriptorGeneration(largeDescriptor));
         BitConverter.GetBytes(largeDescriptor).CopyTo(image, HeapLayout.SuperblockSize + (int)(small * sizeof(ulong)));
         if (swap)
@@ -224,7 +229,7 @@ public sealed class MovedDamageTests
         long dataStart = BitConverter.ToInt64(crashed, HeapLayout.DataStartOffset);
         long second = -1;
         long newest = -1;
-        for (long at = dataStart; at < crashed.Length - HeapLayout.HeaderSize - 16; at += SizeClasses.BlockSizes[0])
+        for (long at = dataStart; at < crashed.Length - HeapLayout.HeaderSize - 16; at += BlockStartStride)
         {
             ulong commit = BitConverter.ToUInt64(crashed, (int)at + HeapLayout.CommitOffset);
             long epoch = BitConverter.ToInt64(crashed, (int)at + HeapLayout.EpochOffset);
@@ -297,7 +302,7 @@ public sealed class MovedDamageTests
         byte[] image = File.ReadAllBytes(path);
         long dataStart = BitConverter.ToInt64(image, HeapLayout.DataStartOffset);
         victim = -1;
-        for (long at = dataStart; at < image.Length - HeapLayout.HeaderSize - 16 && victim < 0; at += SizeClasses.BlockSizes[0])
+        for (long at = dataStart; at < image.Length - HeapLayout.HeaderSize - 16 && victim < 0; at += BlockStartStride)
         {
             ulong commit = BitConverter.ToUInt64(image, (int)at + HeapLayout.CommitOffset);
             if (HeapLayout.InUse(commit) && BitConverter.ToInt64(image, (int)at + HeapLayout.HeaderSize) == 10 && BitConverter.ToInt64(image, (int)at + HeapLayout.HeaderSize + 8) == 1000)
@@ -424,7 +429,7 @@ public sealed class MovedDamageTests
 
         long anti = -1;
         long dataStart = BitConverter.ToInt64(image, HeapLayout.DataStartOffset);
-        for (long at = dataStart; at < image.Length - HeapLayout.HeaderSize; at += SizeClasses.BlockSizes[0])
+        for (long at = dataStart; at < image.Length - HeapLayout.HeaderSize; at += BlockStartStride)
         {
             ulong commit = BitConverter.ToUInt64(image, (int)at + HeapLayout.CommitOffset);
             if (HeapLayout.InUse(commit) && HeapLayout.CommitKind(commit) == PayloadKind.Delete)
