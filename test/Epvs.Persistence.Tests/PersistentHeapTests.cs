@@ -244,6 +244,34 @@ public sealed class PersistentHeapTests : IDisposable
         }
     }
 
+    /// <summary>
+    /// The 16-byte tail of a segment of 48-byte blocks holds no block: <see cref="PersistentHeap.WriteBackHeader"/> of it
+    /// is refused like any offset that is not a block position (in the heap's last segment it used to throw the domain's
+    /// ArgumentOutOfRangeException, its header's write-back ending past the mapping; found by a review of format 9).
+    /// </summary>
+    [Fact]
+    public void WriteBackHeader_OfTheTailOfASegmentOf48ByteBlocks_IsRefusedAsNotABlock()
+    {
+        using var domain = new SimulatedPersistenceDomain(1 << 20);
+        using HeapFile file = HeapFile.Create(domain);
+        using var heap = new PersistentHeap(file);
+        var blocks = new List<PayloadRef>();
+        while (heap.TryAllocate(16, typeId: 1, out PayloadRef block))
+        {
+            blocks.Add(block);
+        }
+
+        long last = file.DataStart + ((file.SegmentCount - 1) * (long)HeapLayout.SegmentSize);
+        Assert.Contains(blocks, b => b.Offset == last + HeapLayout.SegmentSize - 64);
+        foreach (long offset in new[] { last + HeapLayout.SegmentSize - 16, file.DataStart + HeapLayout.SegmentSize - 16 })
+        {
+            InvalidOperationException e = Assert.Throws<InvalidOperationException>(() => heap.WriteBackHeader(new PayloadRef(offset)));
+            Assert.Contains("not a block position", e.Message);
+        }
+
+        heap.WriteBackHeader(blocks[^1]);
+    }
+
     /// <summary>Offsets inside a block, past the last whole block of a segment, and at every block start, as the heap's checks see them.</summary>
     [Fact]
     public void Free_OfAnOffsetThatIsNotABlockStart_IsRefusedAndBlockStartsAreNot()
@@ -275,8 +303,8 @@ public sealed class PersistentHeapTests : IDisposable
 
     /// <summary>
     /// A segment whose parked frees were swept, released and formatted again for a class with more blocks parks those
-    /// blocks too: its bitmap of the old class (one word for 16 blocks of 4 KiB) must grow to the new class's (1024
-    /// blocks of 64 bytes), or a free of a block past the old class's count would fall outside it.
+    /// blocks too: its bitmap of the old class (one word for 16 blocks of 4 KiB) must grow to the new class's (1365
+    /// blocks of 48 bytes), or a free of a block past the old class's count would fall outside it.
     /// </summary>
     [Fact]
     public void DeferredFrees_OfASegmentFormattedAgainForAClassWithMoreBlocks_AreAllParkedAndSwept()

@@ -936,7 +936,8 @@ public sealed unsafe partial class BufferedDurableHeap
         // Durable with the seals (one fence), before the frontier: recovery takes a sealed frontier below the frontier
         // for a window between the two (a file written in the broken control's order, or a damaged word).
         _heap.File.WriteBackSealedFrontier(version);
-        Fence();
+        // Not Fence(): this fence is the seals' (in SealTime, which the write-back time excludes), not the write-back's.
+        _domain.FenceOwned();
         return Stopwatch.GetTimestamp() - started;
     }
 

@@ -1169,7 +1169,8 @@ public sealed unsafe partial class BufferedDurableHeap : IDisposable
             _domain.WriteBackOwned(offset, HeapLayout.HeaderSize + (long)PayloadSize(offset));
         }
 
-        _domain.FenceOwned();
+        // In the cycle's write-back time, so its fence is among the cycle's fences.
+        Fence();
     }
 
     /// <summary>The payload size recorded in the header of an allocated block (no checks: internal callers hold a valid reference).</summary>

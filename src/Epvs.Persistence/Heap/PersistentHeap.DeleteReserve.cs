@@ -18,7 +18,7 @@ namespace Epvs.Persistence;
 // segment becomes the reserve segment: formatted for the smallest class like any other, but a block of it that an
 // ordinary allocation pops (from its cache, wherever the block came from: the format, a pool, a reclaimed
 // anti-payload's free) is set aside for anti-payloads instead. Anti-payloads take any block, and the set-aside ones
-// once their class has none left. So the reserve holds up to a segment's worth of anti-payloads (1,024) beyond the
+// once their class has none left. So the reserve holds up to a segment's worth of anti-payloads (1,365) beyond the
 // free blocks of their class; it refills as the deletes are reclaimed, two versions after them, together with the
 // payloads they delete.
 // All of it is transient, like the rest of the allocator's state. Recovery rebuilds it: a heap that opens unable

@@ -764,14 +764,16 @@ public sealed unsafe partial class PersistentHeap : IDisposable
     /// <see cref="Free(PayloadRef)"/>, so it accepts blocks that are no longer allocated. (Freeing a large block is
     /// durable already: its segment descriptors are persisted.)
     /// </summary>
-    /// <exception cref="InvalidOperationException">The reference is outside the heap's segments or not 16-byte aligned (every block size is a multiple of 16).</exception>
+    /// <exception cref="InvalidOperationException">The reference is outside the heap's segments, not 16-byte aligned (every block size is a multiple of 16), or too close to its segment's end for a header.</exception>
     public void WriteBackHeader(PayloadRef block)
     {
         ThrowIfDisposed();
         long relative = block.Offset - _dataStart;
 
         // Volatile.Read: acquire; pairs with the release in TryGrowLocked.
-        if (relative < 0 || relative % 16 != 0 || relative / HeapLayout.SegmentSize >= Volatile.Read(ref _segmentCount))
+        // (Within a segment of 48-byte blocks the last 16 bytes hold no block: a header there would end past the segment,
+        // past the mapping for the last one.)
+        if (relative < 0 || relative % 16 != 0 || relative % HeapLayout.SegmentSize > HeapLayout.SegmentSize - HeapLayout.HeaderSize || relative / HeapLayout.SegmentSize >= Volatile.Read(ref _segmentCount))
         {
             ThrowHelper.ThrowInvalidPayloadRef(block, "the offset is not a block position of this heap");
         }

@@ -100,7 +100,7 @@ public sealed class PersistentByteMap<TKey>
     /// <returns>Whether the key was present.</returns>
     /// <exception cref="InsufficientMemoryException">The heap has no block for the anti-payload: possible only on a heap
     /// that cannot grow (at its maximum size, or the libpmem domain) after a burst of deletes that took the whole delete
-    /// reserve (a segment's worth, about 1,000 anti-payloads beyond the free blocks of their size, which other
+    /// reserve (a segment's worth, about 1,400 anti-payloads beyond the free blocks of their size, which other
     /// allocations leave free) before any of them was reclaimed; they are reclaimed, and the reserve refilled, two
     /// versions after the deletes (a <see cref="BufferedDurableHeap.Sync()"/>, or the advancer's next cycles). The key stays
     /// then.</exception>

@@ -117,9 +117,9 @@ public sealed class StaleLargeDescriptorTests
     }
 
     /// <summary>
-    /// The old image of segment 0's descriptor and of the bytes of the old large block (segment 0 and the first two
-    /// 64-byte blocks of segment 1) — a rollback of those ranges. The large block is whole again (a lost write, accepted),
-    /// but its span covers segment 1, a small segment whose other 1,022 live blocks were never rolled back. Recovery
+    /// The old image of segment 0's descriptor and of the bytes of the old large block (segment 0 and the first blocks
+    /// of segment 1) — a rollback of those ranges. The large block is whole again (a lost write, accepted),
+    /// but its span covers segment 1, a small segment whose other live blocks were never rolled back. Recovery
     /// skipped them without a word (no damage, a clean open), then freed the resurrected block as superseded, which
     /// rewrote segment 1's descriptor as free durably. No crash leaves a complete large start over a descriptor that is
     /// not its continuation (the table is persisted, one fence, before the header is written): the open is refused.
