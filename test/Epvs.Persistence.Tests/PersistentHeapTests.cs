@@ -233,6 +233,7 @@ public sealed class PersistentHeapTests : IDisposable
     {
         Assert.Equal((48, 64), (SizeClasses.BlockSizes[SizeClasses.ForPayload(16)], SizeClasses.BlockSizes[SizeClasses.ForPayload(17)]));
         Assert.Equal(65536 / 48, SizeClasses.BlocksPerSegment[SizeClasses.ForPayload(16)]);
+        Assert.All(SizeClasses.BlockSizes, size => Assert.Equal(0, size % SizeClasses.Alignment));
         for (int size = 0; size <= SizeClasses.MaxSmallPayload; size++)
         {
             int cls = SizeClasses.ForPayload(size);

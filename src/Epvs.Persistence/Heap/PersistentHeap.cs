@@ -773,7 +773,7 @@ public sealed unsafe partial class PersistentHeap : IDisposable
         // Volatile.Read: acquire; pairs with the release in TryGrowLocked.
         // (Within a segment of 48-byte blocks the last 16 bytes hold no block: a header there would end past the segment,
         // past the mapping for the last one.)
-        if (relative < 0 || relative % 16 != 0 || relative % HeapLayout.SegmentSize > HeapLayout.SegmentSize - HeapLayout.HeaderSize || relative / HeapLayout.SegmentSize >= Volatile.Read(ref _segmentCount))
+        if (relative < 0 || relative % SizeClasses.Alignment != 0 || relative % HeapLayout.SegmentSize > HeapLayout.SegmentSize - HeapLayout.HeaderSize || relative / HeapLayout.SegmentSize >= Volatile.Read(ref _segmentCount))
         {
             ThrowHelper.ThrowInvalidPayloadRef(block, "the offset is not a block position of this heap");
         }

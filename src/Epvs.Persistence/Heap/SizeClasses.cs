@@ -48,19 +48,19 @@ internal static class SizeClasses
     private static readonly byte[] s_classByUnits = BuildLookup();
 
     /// <summary>The class of a payload of <paramref name="size"/> bytes (0 ≤ size ≤ <see cref="MaxSmallPayload"/>).</summary>
-    internal static int ForPayload(int size) => s_classByUnits[(size + HeapLayout.HeaderSize + (Unit - 1)) >> UnitShift];
+    internal static int ForPayload(int size) => s_classByUnits[(size + HeapLayout.HeaderSize + (Alignment - 1)) >> AlignmentShift];
 
-    /// <summary>The granularity of the class lookup: 16 bytes, which every block size is a multiple of.</summary>
-    private const int UnitShift = 4;
-    private const int Unit = 1 << UnitShift;
+    /// <summary>What every block size is a multiple of, so every block begins this many bytes' multiple past its segment's start (and the class lookup's granularity): 16.</summary>
+    internal const int Alignment = 1 << AlignmentShift;
+    private const int AlignmentShift = 4;
 
     private static byte[] BuildLookup()
     {
-        var lookup = new byte[(MaxSmallBlock >> UnitShift) + 1];
+        var lookup = new byte[(MaxSmallBlock >> AlignmentShift) + 1];
         int cls = 0;
         for (int units = 0; units < lookup.Length; units++)
         {
-            while (BlockSizes[cls] < units << UnitShift)
+            while (BlockSizes[cls] < units << AlignmentShift)
             {
                 cls++;
             }

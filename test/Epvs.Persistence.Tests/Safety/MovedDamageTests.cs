@@ -22,9 +22,9 @@ public sealed class MovedDamageTests
 
     public MovedDamageTests(ITestOutputHelper output) => _output = output;
 
-    /// <summary>Every block of every class begins a multiple of 16 bytes past its segment's start (and segments 64 KiB
-    /// apart): the scans below look at each such offset for the block they want.</summary>
-    private const int BlockStartStride = 16;
+    /// <summary>Every block of every class begins a multiple of <see cref="SizeClasses.Alignment"/> past its segment's
+    /// start (and segments 64 KiB apart): the scans below look at each such offset for the block they want.</summary>
+    private const int BlockStartStride = SizeClasses.Alignment;
 
     /// <summary>
     /// A descriptor is bound to its slot: a small segment's descriptor copied over another small segment's of the same
