@@ -158,6 +158,100 @@ public sealed class MappedFileWriteBackTests : IDisposable
     }
 
     [Fact]
+    public void PrivateMapping_FlushWholePages_WritesBackTheRunUpToItsLastPage_WhichTheNextRangeTakesWithIt()
+    {
+        Assert.SkipUnless(OperatingSystem.IsLinux(), "private mappings are Linux only");
+        using HeapFile file = HeapFile.Create(_directory.File("whole-pages.heap"), Options(MappedFileWriteBack.PrivateMapping));
+        var domain = (MappedFilePersistenceDomain)file.Domain;
+        (long start, _) = Fill(domain);
+        var copied = new List<(long Offset, long Length)>();
+        domain.StartWriteOutForTesting = (offset, length) => copied.Add((offset, length));
+
+        // A run over two and a half pages: its two whole pages are copied now, its last page is kept.
+        var runs = new WriteBackRuns(domain);
+        runs.Add(start, 1000);
+        runs.Add(start + 1000, (2 * Page) + 1000);
+        runs.FlushWholePages();
+        domain.Fence();
+        Assert.Equal([(start, 2 * Page)], copied);
+        Assert.Equal(Pattern(start, 2 * (int)Page), FileBytes(domain, start, 2 * (int)Page));
+        Assert.Equal(new byte[100], FileBytes(domain, start + (2 * Page), 100));
+
+        // The next range on that page joins the kept part: the page is copied once, with both.
+        runs.Add(start + (2 * Page) + 2000, 500);
+        runs.Flush();
+        domain.Fence();
+        Assert.Equal([(start, 2 * Page), (start + (2 * Page), 2500)], copied);
+        Assert.Equal(Pattern(start, (2 * (int)Page) + 2500), FileBytes(domain, start, (2 * (int)Page) + 2500));
+
+        // A run that ends on a page boundary is copied whole, and nothing is left to flush.
+        runs.Add(start + (4 * Page), Page);
+        runs.FlushWholePages();
+        runs.Flush();
+        Assert.Equal((start + (4 * Page), Page), copied[^1]);
+        Assert.Equal(3, copied.Count);
+    }
+
+    [Fact]
+    public void PrivateMapping_AWriteBackStartsTheWriteOutOfTheRangeItCopied()
+    {
+        Assert.SkipUnless(OperatingSystem.IsLinux(), "private mappings are Linux only");
+        using var stream = new FileStream(_directory.File("write-out.heap"), FileMode.CreateNew, FileAccess.ReadWrite, FileShare.None);
+        using MappedFilePersistenceDomain domain = MapWithPattern(stream);
+        var started = new List<(long Offset, long Length)>();
+        domain.StartWriteOutForTesting = (offset, length) => started.Add((offset, length));
+        long before = domain.WriteOutsStarted;
+
+        domain.WriteBack(QuarantineOffset, 100);
+
+        // The kernel took the request (sync_file_range returned 0): a wrong entry point or argument would not count.
+        Assert.Equal([(QuarantineOffset, 100L)], started);
+        Assert.Equal(before + 1, domain.WriteOutsStarted);
+
+        // Only a hint: the fence is what makes the range durable; and a copy that failed starts nothing.
+        domain.Fence();
+        Assert.Equal(Pattern(QuarantineOffset, 100), FileBytes(stream, QuarantineOffset, 100));
+        domain.FailFileCallsForTesting = 5;
+        Assert.ThrowsAny<IOException>(() => domain.WriteBack(QuarantineOffset, 100));
+        Assert.Single(started);
+    }
+
+    [Fact]
+    public void BufferedHeap_AVersionOfSeveralWriteBackChunks_IsWholeInTheFileAfterSync()
+    {
+        Assert.SkipUnless(OperatingSystem.IsLinux(), "private mappings are Linux only");
+        using BufferedDurableHeap heap = BufferedDurableHeap.Create(_directory.File("chunks.heap"), Options(MappedFileWriteBack.PrivateMapping), new BufferedDurableHeapOptions { AdvancePeriod = Timeout.InfiniteTimeSpan });
+        var map = new PersistentHashMap<long, long>(heap, 1);
+
+        // One version of two and a half chunks of blocks (each a new key: no update in place), sealed and copied chunk
+        // by chunk; each chunk's last page waits for the next chunk.
+        int keys = (2 * BufferedDurableHeap.WriteBackChunk) + (BufferedDurableHeap.WriteBackChunk / 2);
+        for (long key = 0; key < keys; key++)
+        {
+            map.Set(key, (key * 3) + 1);
+        }
+
+        var domain = (MappedFilePersistenceDomain)heap.Heap.File.Domain;
+        long startedBefore = domain.WriteOutsStarted;
+        heap.Sync();
+        Assert.True(domain.WriteOutsStarted - startedBefore >= 3, $"{domain.WriteOutsStarted - startedBefore} write-outs started for a version of three chunks");
+
+        // The file alone, as a crash leaves it now: every key, sealed (recovery checks each block's seal).
+        byte[] image = new byte[domain.Length];
+        Assert.Equal(image.Length, domain.ReadFile(0, image));
+        using var crashed = SimulatedPersistenceDomain.FromImage(image);
+        using BufferedDurableHeap recovered = BufferedDurableHeap.Open(HeapFile.Open(crashed), new BufferedDurableHeapOptions { AdvancePeriod = Timeout.InfiniteTimeSpan });
+        Assert.Empty(recovered.Recovery.DamagedBlocks);
+        Assert.Equal(0, recovered.Recovery.SealedAtRecovery);
+        Dictionary<long, long> values = new PersistentHashMap<long, long>(recovered, 1).ToDictionary();
+        Assert.Equal(keys, values.Count);
+        for (long key = 0; key < keys; key++)
+        {
+            Assert.Equal((key * 3) + 1, values[key]);
+        }
+    }
+
+    [Fact]
     public void SharedMapping_RangesAFewPagesApartAreOneMsync()
     {
         using HeapFile file = HeapFile.Create(_directory.File("runs-shared.heap"), Options(MappedFileWriteBack.SharedMapping));

@@ -99,6 +99,12 @@ internal sealed unsafe class MappedFilePersistenceDomain : PersistenceDomain
     /// <summary>Broken control for tests: msync and fdatasync calls are not serialized (a concurrent call may take another's error).</summary>
     internal bool UngatedSyncForTesting;
 
+    /// <summary>Test hook: runs with the range of each private-mapping write-back whose write-out it is about to start (see <see cref="StartWriteOut"/>).</summary>
+    internal Action<long, long>? StartWriteOutForTesting;
+
+    /// <summary>Test hook and benchmark baseline: write-backs do not start the write-out (the fence's fdatasync writes everything, as before).</summary>
+    internal bool SkipWriteOutForTesting;
+
     private MappedFilePersistenceDomain(byte* pointer, long length, long capacity, bool privateMapping, SafeFileHandle file, SafeMappingHandle? unixMapping, MemoryMappedFile? windowsMap, MemoryMappedViewAccessor? windowsView)
         : base(pointer, length)
     {
@@ -458,6 +464,8 @@ internal sealed unsafe class MappedFilePersistenceDomain : PersistenceDomain
         {
             InsideFileCallForTesting?.Invoke();
             int fd = (int)_file.DangerousGetHandle();
+            long start = offset;
+            long total = length;
             while (length > 0)
             {
                 nint written = FailFileCallsForTesting != 0 && offset >= FailFromOffsetForTesting ? Fail() : Interop.Libc.Pwrite(fd, Pointer + offset, (nuint)length, offset);
@@ -483,12 +491,57 @@ internal sealed unsafe class MappedFilePersistenceDomain : PersistenceDomain
                     ThrowSyncFailed("pwrite");
                 }
             }
+
+            StartWriteOut(fd, start, total);
         }
         finally
         {
             Interlocked.Decrement(ref _fileCalls);
         }
     }
+
+    /// <summary>
+    /// Linux: asks the kernel to start writing the copied range to the disk now (<c>sync_file_range</c> with
+    /// <c>SYNC_FILE_RANGE_WRITE</c>), instead of when the fence's <c>fdatasync</c> finds the pages dirty.
+    /// </summary>
+    /// <remarks>
+    /// <para>Why. A write-back is followed by a fence, but not at once: a cycle seals and copies a version in chunks
+    /// (see BufferedDurableHeap.WriteBackVersion), a sweep marks and copies segment after segment. Started as each
+    /// chunk is copied, the disk writes while the next is sealed and copied, and the fence waits only for what is left
+    /// (benchmark/RESULTS.md).</para>
+    /// <para>Only a hint, so its result is not checked: it makes nothing durable (the fence's <c>fdatasync</c> does, and
+    /// that one reports every write-back error of the file, this write-out's too), and with this flag alone it neither
+    /// waits for pages nor takes the file's write-back error, so it needs no place under the fences' gate.</para>
+    /// </remarks>
+    private void StartWriteOut(int fd, long offset, long length)
+    {
+        StartWriteOutForTesting?.Invoke(offset, length);
+        if (!OperatingSystem.IsLinux() || s_noSyncFileRange || SkipWriteOutForTesting)
+        {
+            return;
+        }
+
+        try
+        {
+            if (Interop.Libc.SyncFileRange(fd, offset, length, Interop.Libc.SyncFileRangeWrite) == 0)
+            {
+                _writeOutsStarted++;
+            }
+        }
+        catch (EntryPointNotFoundException)
+        {
+            // A C library without it (it is in glibc since 2.6, in musl too): the fence writes everything.
+            s_noSyncFileRange = true;
+        }
+    }
+
+    /// <summary>Write-outs <see cref="StartWriteOut"/> started (diagnostic, tests; may undercount under concurrency).</summary>
+    internal long WriteOutsStarted => _writeOutsStarted;
+
+    private long _writeOutsStarted;
+
+    /// <summary>Set once the C library turned out not to export <c>sync_file_range</c>.</summary>
+    private static bool s_noSyncFileRange;
 
     /// <summary>
     /// Counts a pwrite/fdatasync in; throws if the domain was disposed or quarantined. Interlocked.Increment: full

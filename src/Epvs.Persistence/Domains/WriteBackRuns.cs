@@ -72,6 +72,31 @@ internal struct WriteBackRuns
         domain.FenceOwned();
     }
 
+    /// <summary>
+    /// Through the page cache: writes back the whole pages of the run in progress and keeps its last page, which a range
+    /// added next may still extend (a page copied twice would also be written to the disk twice); on persistent memory
+    /// every range was written back as it was added.
+    /// </summary>
+    internal void FlushWholePages()
+    {
+        if (_start < 0)
+        {
+            return;
+        }
+
+        long lastPage = _end & ~_pageMask;
+        if (lastPage == _end)
+        {
+            // Ends on a page boundary: nothing to keep.
+            Flush();
+        }
+        else if (lastPage > _start)
+        {
+            _domain.WriteBackOwned(_start, lastPage - _start);
+            _start = lastPage;
+        }
+    }
+
     /// <summary>Writes back the run in progress (the caller fences).</summary>
     internal void Flush()
     {

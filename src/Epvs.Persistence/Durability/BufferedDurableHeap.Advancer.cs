@@ -845,17 +845,27 @@ public sealed unsafe partial class BufferedDurableHeap
     {
         int n = CollectVersion(version);
         long[] offsets = _sealScratch;
-        if (seal && n != 0)
-        {
-            long sealing = Stopwatch.GetTimestamp();
-            _heap.Seal(offsets.AsSpan(0, n), version);
-            sealTicks += Stopwatch.GetTimestamp() - sealing;
-        }
-
         var ranges = new WriteBackRuns(_domain);
-        for (int i = 0; i < n; i++)
+
+        // In chunks, each sealed and then copied (through the page cache, whole pages only: the last page of a chunk
+        // waits for the next one), so the disk writes one chunk while the next is sealed and copied (see
+        // MappedFilePersistenceDomain.StartWriteOut): the fence after them waits for what is left.
+        for (int chunk = 0; chunk < n; chunk += WriteBackChunk)
         {
-            ranges.Add(offsets[i], HeapLayout.HeaderSize + (long)PayloadSize(offsets[i]));
+            int end = Math.Min(n, chunk + WriteBackChunk);
+            if (seal)
+            {
+                long sealing = Stopwatch.GetTimestamp();
+                _heap.Seal(offsets.AsSpan(chunk, end - chunk), version);
+                sealTicks += Stopwatch.GetTimestamp() - sealing;
+            }
+
+            for (int i = chunk; i < end; i++)
+            {
+                ranges.Add(offsets[i], HeapLayout.HeaderSize + (long)PayloadSize(offsets[i]));
+            }
+
+            ranges.FlushWholePages();
         }
 
         ranges.Flush();
@@ -868,6 +878,9 @@ public sealed unsafe partial class BufferedDurableHeap
         Fence();
         return n;
     }
+
+    /// <summary>How many blocks <see cref="WriteBackVersion"/> seals and copies at a time (192 KiB of 48-byte blocks).</summary>
+    internal const int WriteBackChunk = 4096;
 
     /// <summary>
     /// Moves the offsets of the blocks allocated in <paramref name="version"/> from every thread's list into

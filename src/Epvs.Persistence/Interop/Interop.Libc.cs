@@ -48,6 +48,13 @@ internal static partial class Interop
         [LibraryImport(NativeLibraryResolver.LibcLibraryName, EntryPoint = "fdatasync", SetLastError = true)]
         internal static partial int Fdatasync(int fd);
 
+        /// <summary><c>sync_file_range</c>'s <c>SYNC_FILE_RANGE_WRITE</c>: start the write-out of the range's dirty pages, without waiting.</summary>
+        internal const uint SyncFileRangeWrite = 2;
+
+        /// <summary>Linux's <c>sync_file_range</c>: 0, or -1 with errno set. With <see cref="SyncFileRangeWrite"/> alone only a hint (it makes nothing durable and reports no write-back error: the file's next <c>fdatasync</c> does).</summary>
+        [LibraryImport(NativeLibraryResolver.LibcLibraryName, EntryPoint = "sync_file_range", SetLastError = true)]
+        internal static partial int SyncFileRange(int fd, long offset, long count, uint flags);
+
         /// <summary>Returns 0 or an errno value (it does not set errno).</summary>
         [LibraryImport(NativeLibraryResolver.LibcLibraryName, EntryPoint = "posix_fallocate")]
         internal static partial int PosixFallocate(int fd, long offset, long length);
