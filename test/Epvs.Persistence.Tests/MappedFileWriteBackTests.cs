@@ -217,38 +217,95 @@ public sealed class MappedFileWriteBackTests : IDisposable
     }
 
     [Fact]
-    public void BufferedHeap_AVersionOfSeveralWriteBackChunks_IsWholeInTheFileAfterSync()
+    public void BufferedHeap_AVersionOfThreeChunks_IsCopiedChunkByChunk_AndIsWholeInTheFileAfterSync()
     {
         Assert.SkipUnless(OperatingSystem.IsLinux(), "private mappings are Linux only");
         using BufferedDurableHeap heap = BufferedDurableHeap.Create(_directory.File("chunks.heap"), Options(MappedFileWriteBack.PrivateMapping), new BufferedDurableHeapOptions { AdvancePeriod = Timeout.InfiniteTimeSpan });
-        var map = new PersistentHashMap<long, long>(heap, 1);
 
-        // One version of two and a half chunks of blocks (each a new key: no update in place), sealed and copied chunk
-        // by chunk; each chunk's last page waits for the next chunk.
-        int keys = (2 * BufferedDurableHeap.WriteBackChunk) + (BufferedDurableHeap.WriteBackChunk / 2);
-        for (long key = 0; key < keys; key++)
+        // One version of two and a half chunks of 48-byte blocks, one class: contiguous, so copied in one piece it would
+        // be one write-back (its segments' 16-byte tails share pages with their neighbours).
+        int count = (2 * BufferedDurableHeap.WriteBackChunk) + (BufferedDurableHeap.WriteBackChunk / 2);
+        var blocks = new List<PayloadRef>(count);
+        for (int i = 0; i < count; i++)
         {
-            map.Set(key, (key * 3) + 1);
+            using DurableOperation operation = heap.BeginOperation();
+            PayloadRef block = operation.Allocate(sizeof(long), typeId: 1);
+            BitConverter.TryWriteBytes(operation.GetPayload(block), (i * 3L) + 1);
+            blocks.Add(block);
         }
 
         var domain = (MappedFilePersistenceDomain)heap.Heap.File.Domain;
-        long startedBefore = domain.WriteOutsStarted;
+        var copied = new List<(long Offset, long Length)>();
+        domain.StartWriteOutForTesting = (offset, length) => copied.Add((offset, length));
         heap.Sync();
-        Assert.True(domain.WriteOutsStarted - startedBefore >= 3, $"{domain.WriteOutsStarted - startedBefore} write-outs started for a version of three chunks");
+        domain.StartWriteOutForTesting = null;
 
-        // The file alone, as a crash leaves it now: every key, sealed (recovery checks each block's seal).
+        // Sealed and copied chunk by chunk: a copy of each chunk's whole pages, and one of the last page kept, inside the
+        // version's blocks (the cycle's other write-backs, the superblock's words and the segments it formats, lie
+        // outside them). In one piece: the whole pages and the last page, two.
+        long first = blocks.Min(b => b.Offset);
+        long last = blocks.Max(b => b.Offset) + SizeClasses.BlockSizes[0];
+        int inside = copied.Count(r => r.Offset >= (first & ~(Page - 1)) && r.Offset + r.Length <= last + Page);
+        Assert.True(inside >= 3, $"{inside} copies inside the version's blocks: {string.Join(", ", copied)}");
+
+        // The file alone, as a crash leaves it now: every block, sealed (recovery checks each block's seal).
         byte[] image = new byte[domain.Length];
         Assert.Equal(image.Length, domain.ReadFile(0, image));
         using var crashed = SimulatedPersistenceDomain.FromImage(image);
         using BufferedDurableHeap recovered = BufferedDurableHeap.Open(HeapFile.Open(crashed), new BufferedDurableHeapOptions { AdvancePeriod = Timeout.InfiniteTimeSpan });
         Assert.Empty(recovered.Recovery.DamagedBlocks);
         Assert.Equal(0, recovered.Recovery.SealedAtRecovery);
-        Dictionary<long, long> values = new PersistentHashMap<long, long>(recovered, 1).ToDictionary();
-        Assert.Equal(keys, values.Count);
+        Dictionary<long, long> values = recovered.TakeRecoveredPayloads(1).ToDictionary(p => p.Block.Offset, p => BitConverter.ToInt64(recovered.Heap.GetPayload(p.Block)));
+        Assert.Equal(count, values.Count);
+        for (int i = 0; i < count; i++)
+        {
+            Assert.Equal((i * 3L) + 1, values[blocks[i].Offset]);
+        }
+    }
+
+    [Theory]
+    [InlineData(MappedFileWriteBack.PrivateMapping)]
+    [InlineData(MappedFileWriteBack.SharedMapping)]
+    public void BufferedHeap_AVersionOfThreeChunksOfBlocksOfManySizes_IsWholeInTheFileAfterSync(MappedFileWriteBack writeBack)
+    {
+        Assert.SkipWhen(writeBack == MappedFileWriteBack.PrivateMapping && !OperatingSystem.IsLinux(), "private mappings are Linux only");
+
+        // Values of 1 to 700 bytes: blocks of many classes, some over two pages, and chunks that end inside a page (the
+        // page kept for the next chunk). (From a review of the chunked write-back.)
+        using BufferedDurableHeap heap = BufferedDurableHeap.Create(_directory.File("chunks-mixed.heap"), new HeapFileOptions { Size = 16L << 20, Domain = PersistenceDomainKind.MappedFile, MappedFileWriteBack = writeBack }, new BufferedDurableHeapOptions { AdvancePeriod = Timeout.InfiniteTimeSpan });
+        var map = new PersistentByteMap<long>(heap, 1);
+        int keys = (2 * BufferedDurableHeap.WriteBackChunk) + 1234;
         for (long key = 0; key < keys; key++)
         {
-            Assert.Equal((key * 3) + 1, values[key]);
+            map.Set(key, MixedValue(key));
         }
+
+        heap.Sync();
+
+        var domain = (MappedFilePersistenceDomain)heap.Heap.File.Domain;
+        byte[] image = new byte[domain.Length];
+        Assert.Equal(image.Length, domain.ReadFile(0, image));
+        using var crashed = SimulatedPersistenceDomain.FromImage(image);
+        using BufferedDurableHeap recovered = BufferedDurableHeap.Open(HeapFile.Open(crashed), new BufferedDurableHeapOptions { AdvancePeriod = Timeout.InfiniteTimeSpan });
+        Assert.Empty(recovered.Recovery.DamagedBlocks);
+        Assert.Equal(0, recovered.Recovery.SealedAtRecovery);
+        var back = new PersistentByteMap<long>(recovered, 1);
+        Assert.Equal(keys, back.Count);
+        for (long key = 0; key < keys; key++)
+        {
+            Assert.Equal(MixedValue(key), back.Get(key));
+        }
+    }
+
+    private static byte[] MixedValue(long key)
+    {
+        byte[] value = new byte[(int)((key * 37) % 700) + 1];
+        for (int i = 0; i < value.Length; i++)
+        {
+            value[i] = (byte)(key + (i * 7));
+        }
+
+        return value;
     }
 
     [Fact]
