@@ -216,6 +216,53 @@ public sealed class MappedFileWriteBackTests : IDisposable
         Assert.Single(started);
     }
 
+    [Theory]
+    [InlineData(false)]
+    [InlineData(true)]
+    public void PrivateMapping_AWriteOutThatFails_FailsTheWriteBack_OneNotAvailableIsNoLongerAskedFor(bool control)
+    {
+        Assert.SkipUnless(OperatingSystem.IsLinux(), "private mappings are Linux only");
+        using var stream = new FileStream(_directory.File(control ? "write-out-failed-control.heap" : "write-out-failed.heap"), FileMode.CreateNew, FileAccess.ReadWrite, FileShare.None);
+        using MappedFilePersistenceDomain domain = MapWithPattern(stream);
+        int calls = 0;
+
+        // Not available (a sandbox's ENOSYS): the write-back goes on, the fence writes the range, and the domain stops asking.
+        domain.SyncFileRangeCallForTesting = () => Fail(ref calls, 38);
+        domain.WriteBack(QuarantineOffset, 100);
+        domain.WriteBack(QuarantineOffset, 100);
+        domain.Fence();
+        Assert.Equal(1, calls);
+        Assert.Equal(Pattern(QuarantineOffset, 100), FileBytes(stream, QuarantineOffset, 100));
+
+        // A write-out that failed (EIO) on a domain that still asks: the write-back fails, and so does every later one and
+        // every fence (fail-stop), since the fence's fdatasync may never see that error. The control ignores the failure
+        // (as the first version of this code did): the write-back returns as if the range were on its way to the disk.
+        using var stream2 = new FileStream(_directory.File(control ? "write-out-eio-control.heap" : "write-out-eio.heap"), FileMode.CreateNew, FileAccess.ReadWrite, FileShare.None);
+        using MappedFilePersistenceDomain failing = MapWithPattern(stream2);
+        failing.SyncFileRangeCallForTesting = () => Fail(ref calls, 5);
+        failing.IgnoreFileCallErrorsForTesting = control;
+        if (control)
+        {
+            failing.WriteBack(QuarantineOffset, 100);
+            failing.Fence();
+            Assert.Equal(2, calls);
+            return;
+        }
+
+        IOException failed = Assert.ThrowsAny<IOException>(() => failing.WriteBack(QuarantineOffset, 100));
+        Assert.Contains("sync_file_range", failed.Message);
+        Assert.Equal(2, calls);
+        Assert.ThrowsAny<IOException>(() => failing.Fence());
+        Assert.ThrowsAny<IOException>(() => failing.WriteBack(QuarantineOffset, 100));
+
+        static int Fail(ref int calls, int errno)
+        {
+            calls++;
+            System.Runtime.InteropServices.Marshal.SetLastPInvokeError(errno);
+            return -1;
+        }
+    }
+
     [Fact]
     public void BufferedHeap_AVersionOfThreeChunks_IsCopiedChunkByChunk_AndIsWholeInTheFileAfterSync()
     {

@@ -90,7 +90,7 @@ internal sealed unsafe class MappedFilePersistenceDomain : PersistenceDomain
     /// <summary>Test hook: with <see cref="FailFileCallsForTesting"/>, only pwrites at or above this offset fail (fdatasync does not).</summary>
     internal long FailFromOffsetForTesting;
 
-    /// <summary>Broken control for tests: a failed pwrite or fdatasync is ignored (as if its result were not checked).</summary>
+    /// <summary>Broken control for tests: a failed pwrite, fdatasync or sync_file_range is ignored (as if its result were not checked).</summary>
     internal bool IgnoreFileCallErrorsForTesting;
 
     /// <summary>Test hook: replaces the msync (shared mapping) or fdatasync (private mapping) system call; a simulated kernel whose result (0, or -1 with errno set) is the call's.</summary>
@@ -104,6 +104,9 @@ internal sealed unsafe class MappedFilePersistenceDomain : PersistenceDomain
 
     /// <summary>Test hook and benchmark baseline: write-backs do not start the write-out (the fence's fdatasync writes everything, as before).</summary>
     internal bool SkipWriteOutForTesting;
+
+    /// <summary>Test hook: replaces the <c>sync_file_range</c> call of <see cref="StartWriteOut"/>; a simulated kernel whose result (0, or -1 with errno set) is the call's.</summary>
+    internal Func<int>? SyncFileRangeCallForTesting;
 
     private MappedFilePersistenceDomain(byte* pointer, long length, long capacity, bool privateMapping, SafeFileHandle file, SafeMappingHandle? unixMapping, MemoryMappedFile? windowsMap, MemoryMappedViewAccessor? windowsView)
         : base(pointer, length)
@@ -509,39 +512,66 @@ internal sealed unsafe class MappedFilePersistenceDomain : PersistenceDomain
     /// (see BufferedDurableHeap.WriteBackVersion), a sweep marks and copies segment after segment. Started as each
     /// chunk is copied, the disk writes while the next is sealed and copied, and the fence waits only for what is left
     /// (benchmark/RESULTS.md).</para>
-    /// <para>Only a hint, so its result is not checked: it makes nothing durable (the fence's <c>fdatasync</c> does, and
-    /// that one reports every write-back error of the file, this write-out's too), and with this flag alone it neither
-    /// waits for pages nor takes the file's write-back error, so it needs no place under the fences' gate.</para>
+    /// <para>A hint: it makes nothing durable (the fence's <c>fdatasync</c> does, and reports the errors of the pages'
+    /// write-out, this one's included), and with this flag alone it neither waits for pages nor takes the file's
+    /// write-back error, so it needs no place under the fences' gate. Where the call is not available (no such entry
+    /// point or system call, a file it does not apply to) the domain stops asking. Any other failure is a failed
+    /// write-back (fail-stop, as a failed <c>pwrite</c>): a file system may return an error of the write-out it started
+    /// here without recording it for the fence, and a write-back must never fail silently.</para>
     /// </remarks>
     private void StartWriteOut(int fd, long offset, long length)
     {
         StartWriteOutForTesting?.Invoke(offset, length);
-        if (!OperatingSystem.IsLinux() || s_noSyncFileRange || SkipWriteOutForTesting)
+        if (!OperatingSystem.IsLinux() || _noWriteOut || SkipWriteOutForTesting)
         {
             return;
         }
 
+        int result;
         try
         {
-            if (Interop.Libc.SyncFileRange(fd, offset, length, Interop.Libc.SyncFileRangeWrite) == 0)
-            {
-                _writeOutsStarted++;
-            }
+            result = SyncFileRangeCallForTesting?.Invoke() ?? Interop.Libc.SyncFileRange(fd, offset, length, Interop.Libc.SyncFileRangeWrite);
         }
         catch (EntryPointNotFoundException)
         {
             // A C library without it (it is in glibc since 2.6, in musl too): the fence writes everything.
-            s_noSyncFileRange = true;
+            _noWriteOut = true;
+            return;
+        }
+
+        if (result == 0)
+        {
+            _writeOutsStarted++;
+            return;
+        }
+
+        switch (Marshal.GetLastPInvokeError())
+        {
+            case Interop.Libc.Enosys or Interop.Libc.Eperm or Interop.Libc.Einval or Interop.Libc.Espipe:
+                // Not available here (a sandbox that refuses the call, a file system or file it does not apply to).
+                _noWriteOut = true;
+                return;
+            case Interop.Libc.Eintr:
+                // Interrupted before it started anything: the pages are still dirty, the fence writes them.
+                return;
+            default:
+                if (!IgnoreFileCallErrorsForTesting)
+                {
+                    ThrowSyncFailed("sync_file_range");
+                }
+
+                return;
         }
     }
+
+    /// <summary>Set once <see cref="StartWriteOut"/> found <c>sync_file_range</c> unavailable for this file: write-backs stop asking.</summary>
+    private bool _noWriteOut;
 
     /// <summary>Write-outs <see cref="StartWriteOut"/> started (diagnostic, tests; may undercount under concurrency).</summary>
     internal long WriteOutsStarted => _writeOutsStarted;
 
     private long _writeOutsStarted;
 
-    /// <summary>Set once the C library turned out not to export <c>sync_file_range</c>.</summary>
-    private static bool s_noSyncFileRange;
 
     /// <summary>
     /// Counts a pwrite/fdatasync in; throws if the domain was disposed or quarantined. Interlocked.Increment: full

@@ -20,6 +20,10 @@ internal static partial class Interop
         /// <summary><c>EINTR</c> (the same value on Linux, macOS and the BSDs).</summary>
         internal const int Eintr = 4;
 
+        /// <summary><c>ESPIPE</c> and <c>ENOSYS</c>: Linux's values (read only after Linux-only calls).</summary>
+        internal const int Espipe = 29;
+        internal const int Enosys = 38;
+
         /// <summary><c>MS_SYNC</c>: 4 on Linux, 0x10 on macOS and the BSDs.</summary>
         internal static int MsSync => OperatingSystem.IsLinux() ? 4 : 0x10;
 
