@@ -1010,6 +1010,10 @@ public sealed unsafe partial class BufferedDurableHeap
         _largeScratch.Clear();
         if (n != 0)
         {
+            // In address order: parking a block touches its segment's descriptor, bitmap and count, so a version's
+            // frees, retired in random order, visit each segment once instead of each line of those at random.
+            AscendingRuns.Sort(_scratch, n, ref _sortScratch);
+
             // (Skipped when nothing was retired: parking takes the sweep's lock, however briefly.)
             _heap.DeferFrees(_scratch, n, _largeScratch);
             AfterReclaimMarkedForTesting?.Invoke();
