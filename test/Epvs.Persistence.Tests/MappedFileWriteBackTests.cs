@@ -95,10 +95,7 @@ public sealed class MappedFileWriteBackTests : IDisposable
         heap.Sync();
 
         // The file as the process leaves it if it dies now (no Dispose, no further write-back): what the page cache holds.
-        var domain = (MappedFilePersistenceDomain)heap.Heap.File.Domain;
-        byte[] image = new byte[domain.Length];
-        Assert.Equal(image.Length, domain.ReadFile(0, image));
-        using var crashed = SimulatedPersistenceDomain.FromImage(image);
+        using SimulatedPersistenceDomain crashed = PageCacheImage(heap);
         using BufferedDurableHeap recovered = BufferedDurableHeap.Open(HeapFile.Open(crashed), new BufferedDurableHeapOptions { AdvancePeriod = Timeout.InfiniteTimeSpan });
         Assert.False(recovered.Recovery.WasCleanShutdown);
         Assert.Equal(expected.OrderBy(e => e.Key), new PersistentHashMap<long, long>(recovered, 1).ToDictionary().OrderBy(e => e.Key));
@@ -296,9 +293,7 @@ public sealed class MappedFileWriteBackTests : IDisposable
         Assert.True(inside >= 3, $"{inside} copies inside the version's blocks: {string.Join(", ", copied)}");
 
         // The file alone, as a crash leaves it now: every block, sealed (recovery checks each block's seal).
-        byte[] image = new byte[domain.Length];
-        Assert.Equal(image.Length, domain.ReadFile(0, image));
-        using var crashed = SimulatedPersistenceDomain.FromImage(image);
+        using SimulatedPersistenceDomain crashed = PageCacheImage(heap);
         using BufferedDurableHeap recovered = BufferedDurableHeap.Open(HeapFile.Open(crashed), new BufferedDurableHeapOptions { AdvancePeriod = Timeout.InfiniteTimeSpan });
         Assert.Empty(recovered.Recovery.DamagedBlocks);
         Assert.Equal(0, recovered.Recovery.SealedAtRecovery);
@@ -329,10 +324,7 @@ public sealed class MappedFileWriteBackTests : IDisposable
 
         heap.Sync();
 
-        var domain = (MappedFilePersistenceDomain)heap.Heap.File.Domain;
-        byte[] image = new byte[domain.Length];
-        Assert.Equal(image.Length, domain.ReadFile(0, image));
-        using var crashed = SimulatedPersistenceDomain.FromImage(image);
+        using SimulatedPersistenceDomain crashed = PageCacheImage(heap);
         using BufferedDurableHeap recovered = BufferedDurableHeap.Open(HeapFile.Open(crashed), new BufferedDurableHeapOptions { AdvancePeriod = Timeout.InfiniteTimeSpan });
         Assert.Empty(recovered.Recovery.DamagedBlocks);
         Assert.Equal(0, recovered.Recovery.SealedAtRecovery);
@@ -625,9 +617,7 @@ public sealed class MappedFileWriteBackTests : IDisposable
         heap.Sync();
 
         // The file alone, as a crash would leave it: the copy must be free there, not a second live payload.
-        byte[] image = new byte[domain.Length];
-        Assert.Equal(image.Length, domain.ReadFile(0, image));
-        using var crashed = SimulatedPersistenceDomain.FromImage(image);
+        using SimulatedPersistenceDomain crashed = PageCacheImage(heap);
         using BufferedDurableHeap recovered = BufferedDurableHeap.Open(HeapFile.Open(crashed), new BufferedDurableHeapOptions { AdvancePeriod = Timeout.InfiniteTimeSpan });
         IReadOnlyList<RecoveredPayload> live = recovered.TakeRecoveredPayloads(7);
         Assert.Equal(new[] { original.Offset }, live.Select(p => p.Block.Offset));
@@ -969,6 +959,15 @@ public sealed class MappedFileWriteBackTests : IDisposable
         }
 
         return expected;
+    }
+
+    /// <summary>The file of <paramref name="heap"/> as a crash leaves it now (no Dispose, no further write-back): what the page cache holds, as a simulated domain to open.</summary>
+    private static SimulatedPersistenceDomain PageCacheImage(BufferedDurableHeap heap)
+    {
+        var domain = (MappedFilePersistenceDomain)heap.Heap.File.Domain;
+        byte[] image = new byte[domain.Length];
+        Assert.Equal(image.Length, domain.ReadFile(0, image));
+        return SimulatedPersistenceDomain.FromImage(image);
     }
 
     private static HeapFileOptions Options(MappedFileWriteBack writeBack) =>
