@@ -102,9 +102,6 @@ internal sealed unsafe class MappedFilePersistenceDomain : PersistenceDomain
     /// <summary>Test hook: runs with the range of each private-mapping write-back whose write-out it is about to start (see <see cref="StartWriteOut"/>).</summary>
     internal Action<long, long>? StartWriteOutForTesting;
 
-    /// <summary>Test hook and benchmark baseline: write-backs do not start the write-out (the fence's fdatasync writes everything, as before).</summary>
-    internal bool SkipWriteOutForTesting;
-
     /// <summary>Test hook: replaces the <c>sync_file_range</c> call of <see cref="StartWriteOut"/>; a simulated kernel whose result (0, or -1 with errno set) is the call's.</summary>
     internal Func<int>? SyncFileRangeCallForTesting;
 
@@ -522,7 +519,7 @@ internal sealed unsafe class MappedFilePersistenceDomain : PersistenceDomain
     private void StartWriteOut(int fd, long offset, long length)
     {
         StartWriteOutForTesting?.Invoke(offset, length);
-        if (!OperatingSystem.IsLinux() || _noWriteOut || SkipWriteOutForTesting)
+        if (!OperatingSystem.IsLinux() || _noWriteOut)
         {
             return;
         }
@@ -571,7 +568,6 @@ internal sealed unsafe class MappedFilePersistenceDomain : PersistenceDomain
     internal long WriteOutsStarted => _writeOutsStarted;
 
     private long _writeOutsStarted;
-
 
     /// <summary>
     /// Counts a pwrite/fdatasync in; throws if the domain was disposed or quarantined. Interlocked.Increment: full

@@ -55,7 +55,7 @@ internal static partial class Interop
         /// <summary><c>sync_file_range</c>'s <c>SYNC_FILE_RANGE_WRITE</c>: start the write-out of the range's dirty pages, without waiting.</summary>
         internal const uint SyncFileRangeWrite = 2;
 
-        /// <summary>Linux's <c>sync_file_range</c>: 0, or -1 with errno set. With <see cref="SyncFileRangeWrite"/> alone only a hint (it makes nothing durable and reports no write-back error: the file's next <c>fdatasync</c> does).</summary>
+        /// <summary>Linux's <c>sync_file_range</c>: 0, or -1 with errno set. With <see cref="SyncFileRangeWrite"/> alone a hint: it makes nothing durable and does not take the file's write-back error from the next <c>fdatasync</c> (an error it returns is one of the write-out it started).</summary>
         [LibraryImport(NativeLibraryResolver.LibcLibraryName, EntryPoint = "sync_file_range", SetLastError = true)]
         internal static partial int SyncFileRange(int fd, long offset, long count, uint flags);
 
