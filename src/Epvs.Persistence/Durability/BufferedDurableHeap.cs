@@ -597,7 +597,7 @@ public sealed unsafe partial class BufferedDurableHeap : IDisposable
         Volatile.Write(ref _disposingThread, Environment.CurrentManagedThreadId);
         if (gated)
         {
-            Monitor.Exit(_cycleGate);
+            ExitCycleGate();
         }
 
         bool machineInFlight = false;
@@ -656,7 +656,7 @@ public sealed unsafe partial class BufferedDurableHeap : IDisposable
                     }
                     finally
                     {
-                        Monitor.Exit(_cycleGate);
+                        ExitCycleGate();
                     }
                 }
                 else
@@ -1009,6 +1009,8 @@ public sealed unsafe partial class BufferedDurableHeap : IDisposable
         {
             _heap.FlushPendingFrees();
         }
+
+        WakeCycleGateWaiters(released: true);
 
         return _heap.TrySaveStateForReopen();
     }

@@ -1,0 +1,88 @@
+using System;
+using System.Threading;
+using Xunit;
+
+namespace Epvs.Persistence.Tests;
+
+/// <summary>
+/// A Sync that finds the cycle gate held by another thread returns as soon as that thread's cycles make its version
+/// durable, not when the gate is finally free. It used to wait for the gate alone: a monitor is not fair, and a
+/// background advancer behind its schedule takes the gate again as soon as it lets it go, so under one full-speed writer
+/// a Sync waited through several cycles after its version was durable (its p99 was 4–5 advance periods in the
+/// benchmark). Here the test's thread stands for that advancer: it holds the gate, and inside it runs a whole cycle
+/// (the gate is re-entrant) that makes the Sync's version durable, then keeps the gate until the Sync has returned or
+/// the test gives up. The order is fixed by a hook (the Sync is waiting before the cycle runs), not by timing.
+/// </summary>
+public sealed class SyncBehindOtherCyclesTests
+{
+    private const long Capacity = 4 << 20;
+
+    [Fact]
+    public void Sync_WhoseVersionAnotherThreadsCycleMakesDurable_ReturnsWhileThatThreadKeepsTheGate()
+    {
+        (Exception? failure, long target, long frontier) = SyncBehindAHeldGate(DurabilityFaults.None);
+        Assert.Null(failure);
+        Assert.True(frontier >= target, $"the Sync returned with frontier {frontier}, below its version {target}");
+    }
+
+    /// <summary>The control waits for the gate alone: it times out although its version became durable just after it began waiting.</summary>
+    [Fact]
+    public void Control_ASyncThatWaitsForTheGateAlone_TimesOutAlthoughItsVersionIsDurable()
+    {
+        (Exception? failure, long target, long frontier) = SyncBehindAHeldGate(DurabilityFaults.WaitForTheCycleGateAlone);
+        Assert.IsType<TimeoutException>(failure);
+        Assert.True(frontier >= target);
+    }
+
+    /// <summary>
+    /// A heap driven by hand; this thread takes the cycle gate, another calls Sync (3 s timeout) and waits for it; this
+    /// thread then runs a cycle inside the gate, and keeps the gate until the Sync's thread ends (at most 30 s). Returns
+    /// the Sync's failure, its target version and the durable frontier when it ended.
+    /// </summary>
+    private static (Exception? Failure, long Target, long Frontier) SyncBehindAHeldGate(DurabilityFaults faults)
+    {
+        using var domain = new SimulatedPersistenceDomain(Capacity);
+        using HeapFile file = HeapFile.Create(domain);
+        using BufferedDurableHeap heap = BufferedDurableHeap.Open(file, new BufferedDurableHeapOptions { AdvancePeriod = Timeout.InfiniteTimeSpan, Faults = faults });
+        var map = new PersistentHashMap<long, long>(heap, DurableWorkload.MapTypeId);
+        map.Set(1, 10);
+        long target = heap.CurrentVersion;
+        Assert.True(heap.DurableFrontier < target);
+
+        using var waiting = new ManualResetEventSlim();
+        heap.WaitingForTheCycleGateForTesting = waiting.Set;
+        Exception? failure = null;
+        long frontier = -1;
+        var syncer = new Thread(() =>
+        {
+            try
+            {
+                heap.Sync(TimeSpan.FromSeconds(3));
+            }
+            catch (Exception e)
+            {
+                failure = e;
+            }
+
+            // Read on the Sync's thread as it ends: what it returned (or gave up) with.
+            frontier = heap.DurableFrontier;
+        });
+
+        bool ended;
+        Monitor.Enter(heap.CycleGateForTesting);
+        try
+        {
+            syncer.Start();
+            Assert.True(waiting.Wait(TimeSpan.FromSeconds(30)), "the Sync never waited for the gate");
+            Assert.True(heap.AdvanceVersion(TimeSpan.FromSeconds(30)) >= target);
+            ended = syncer.Join(TimeSpan.FromSeconds(30));
+        }
+        finally
+        {
+            Monitor.Exit(heap.CycleGateForTesting);
+        }
+
+        Assert.True(ended, "the Sync did not end while the other thread kept the gate (neither returned nor timed out)");
+        return (failure, target, frontier);
+    }
+}
