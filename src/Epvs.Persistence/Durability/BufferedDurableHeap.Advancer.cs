@@ -119,8 +119,8 @@ public sealed unsafe partial class BufferedDurableHeap
     /// <see cref="InvalidOperationException"/>, and a reopen recovers up to <see cref="DurableFrontier"/>.</exception>
     /// <exception cref="ObjectDisposedException">The heap has been disposed; or Dispose began on another thread while
     /// this call waited, and its last advance could not make the operations durable (when it could, this call returns
-    /// normally once Dispose has completed: a Sync that holds the heap's cycle gate gives it up to Dispose, which
-    /// closes within its own timeout).</exception>
+    /// normally: as soon as that advance made them durable if it was waiting for the cycle gate, else once Dispose has
+    /// completed — a Sync that holds the gate gives it up to Dispose, which closes within its own timeout).</exception>
     public void Sync() => Sync(_syncTimeout);
 
     /// <summary>Like <see cref="Sync()"/>, with an explicit bound on the wait.</summary>
@@ -836,6 +836,9 @@ public sealed unsafe partial class BufferedDurableHeap
     /// <summary>How many times the cycle gate was released through <see cref="ExitCycleGate"/> (written under <see cref="_cycleGateSignal"/>).</summary>
     private long _cycleGateReleases;
 
+    /// <summary>Test hook: runs in a cycle right after its frontier moved and its waiters were woken, before its reclamation.</summary>
+    internal Action<long>? FrontierMovedForTesting { get; set; }
+
     /// <summary>Test hook: runs on a thread about to wait for the cycle gate, held by another thread (see <see cref="EnterCycleGate"/>).</summary>
     internal Action? WaitingForTheCycleGateForTesting { get; set; }
 
@@ -923,6 +926,7 @@ public sealed unsafe partial class BufferedDurableHeap
         // Volatile.Write: release; pairs with the acquire in Frontier (Sync's loop, SyncAsync).
         Volatile.Write(ref _frontier, completed);
         CompleteWaiters(completed);
+        FrontierMovedForTesting?.Invoke(completed);
         long durableAt = Stopwatch.GetTimestamp();
         Reclaim(completed - 1, written, parked);
         ForgetExitedThreads();

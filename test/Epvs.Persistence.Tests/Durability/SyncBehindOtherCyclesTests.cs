@@ -35,6 +35,80 @@ public sealed class SyncBehindOtherCyclesTests
     }
 
     /// <summary>
+    /// The Sync returns while the cycle that made its version durable is still running (held in a hook right after its
+    /// frontier moved, until the Sync has ended or 5 s have passed), not when that cycle lets the gate go: the frontier's
+    /// move wakes it. (The test above is passed by the wake of the nested cycle's release alone.)
+    /// </summary>
+    [Fact]
+    public void Sync_ReturnsInsideTheCycleThatMakesItsVersionDurable()
+    {
+        (Exception? failure, bool? endedInsideTheCycle) = SyncWhileTheCycleThatCoversItRuns(DurabilityFaults.None);
+        Assert.Null(failure);
+        Assert.True(endedInsideTheCycle == true, $"the Sync did not return while the cycle that made its version durable ran (the hook ran: {endedInsideTheCycle is not null})");
+    }
+
+    /// <summary>The control waits for the gate alone: it returns only once the cycle has let the gate go.</summary>
+    [Fact]
+    public void Control_ASyncThatWaitsForTheGateAlone_DoesNotReturnInsideTheCycle()
+    {
+        (Exception? failure, bool? endedInsideTheCycle) = SyncWhileTheCycleThatCoversItRuns(DurabilityFaults.WaitForTheCycleGateAlone);
+        Assert.Null(failure);
+        Assert.True(endedInsideTheCycle == false);
+    }
+
+    /// <summary>
+    /// As <see cref="SyncBehindAHeldGate"/>, but the cycle this thread runs waits in its <see cref="BufferedDurableHeap.FrontierMovedForTesting"/>
+    /// hook for the Sync's thread to end (at most 5 s). Returns the Sync's failure and whether it ended inside the cycle.
+    /// </summary>
+    private static (Exception? Failure, bool? EndedInsideTheCycle) SyncWhileTheCycleThatCoversItRuns(DurabilityFaults faults)
+    {
+        using var domain = new SimulatedPersistenceDomain(Capacity);
+        using HeapFile file = HeapFile.Create(domain);
+        using BufferedDurableHeap heap = BufferedDurableHeap.Open(file, new BufferedDurableHeapOptions { AdvancePeriod = Timeout.InfiniteTimeSpan, Faults = faults });
+        var map = new PersistentHashMap<long, long>(heap, DurableWorkload.MapTypeId);
+        map.Set(1, 10);
+        long target = heap.CurrentVersion;
+
+        using var waiting = new ManualResetEventSlim();
+        heap.WaitingForTheCycleGateForTesting = waiting.Set;
+        Exception? failure = null;
+        var syncer = new Thread(() =>
+        {
+            try
+            {
+                heap.Sync(TimeSpan.FromSeconds(30));
+            }
+            catch (Exception e)
+            {
+                failure = e;
+            }
+        });
+
+        bool? endedInsideTheCycle = null;
+        heap.FrontierMovedForTesting = frontier =>
+        {
+            if (frontier >= target)
+            {
+                endedInsideTheCycle ??= syncer.Join(TimeSpan.FromSeconds(5));
+            }
+        };
+        Monitor.Enter(heap.CycleGateForTesting);
+        try
+        {
+            syncer.Start();
+            Assert.True(waiting.Wait(TimeSpan.FromSeconds(30)), "the Sync never waited for the gate");
+            Assert.True(heap.AdvanceVersion(TimeSpan.FromSeconds(30)) >= target);
+        }
+        finally
+        {
+            Monitor.Exit(heap.CycleGateForTesting);
+        }
+
+        Assert.True(syncer.Join(TimeSpan.FromSeconds(30)), "the Sync did not end once the gate was free");
+        return (failure, endedInsideTheCycle);
+    }
+
+    /// <summary>
     /// A heap driven by hand; this thread takes the cycle gate, another calls Sync (3 s timeout) and waits for it; this
     /// thread then runs a cycle inside the gate, and keeps the gate until the Sync's thread ends (at most 30 s). Returns
     /// the Sync's failure, its target version and the durable frontier when it ended.
