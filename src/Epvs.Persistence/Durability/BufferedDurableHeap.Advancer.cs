@@ -871,8 +871,6 @@ public sealed unsafe partial class BufferedDurableHeap
         long start = Stopwatch.GetTimestamp();
         long sealTicks = 0;
         _cycleFenceTicks = 0;
-        long parkTicks = 0;
-        bool parked = false;
         int written = 0;
         bool frontierFirst = (_faults & DurabilityFaults.PersistFrontierBeforeSeals) != 0;
         if (_mode == DurabilityMode.Buffered)
@@ -887,7 +885,7 @@ public sealed unsafe partial class BufferedDurableHeap
             {
                 // The broken control's order: written back and fenced unsealed, the frontier, then the seals (a crash
                 // between leaves a durable version checked by its headers only, and the sealed-frontier word below it).
-                written = WriteBackVersion(completed, seal: false, ref sealTicks, ref parkTicks);
+                written = WriteBackVersion(completed, seal: false, ref sealTicks);
                 PersistFrontier(completed);
                 BeforeSealForTesting?.Invoke(completed);
                 sealTicks += SealVersion(completed, written);
@@ -898,8 +896,7 @@ public sealed unsafe partial class BufferedDurableHeap
                 // block a frontier covers is whole and checked whole at recovery, and a seal a crash left over bytes
                 // that are not durable belongs to this version, beyond the frontier (see HeapLayout, sealing).
                 BeforeSealForTesting?.Invoke(completed);
-                written = WriteBackVersion(completed, seal: true, ref sealTicks, ref parkTicks);
-                parked = true;
+                written = WriteBackVersion(completed, seal: true, ref sealTicks);
                 SealedBeforeTheFrontierForTesting?.Invoke(completed);
 
                 // Store and persist: the payloads and their seals were fenced first.
@@ -928,7 +925,7 @@ public sealed unsafe partial class BufferedDurableHeap
         CompleteWaiters(completed);
         FrontierMovedForTesting?.Invoke(completed);
         long durableAt = Stopwatch.GetTimestamp();
-        Reclaim(completed - 1, written, parked);
+        Reclaim(completed - 1, written);
         ForgetExitedThreads();
         long reclaimed = Stopwatch.GetTimestamp();
 
@@ -936,10 +933,10 @@ public sealed unsafe partial class BufferedDurableHeap
         // (one writer), so a plain read-modify-write of each counter is enough.
         Volatile.Write(ref _statCycles, _statCycles + 1);
         Volatile.Write(ref _statBlocks, _statBlocks + written);
-        Volatile.Write(ref _statWriteBackTicks, _statWriteBackTicks + (durableAt - start - sealTicks - parkTicks));
+        Volatile.Write(ref _statWriteBackTicks, _statWriteBackTicks + (durableAt - start - sealTicks));
         Volatile.Write(ref _statSealTicks, _statSealTicks + sealTicks);
         Volatile.Write(ref _statFenceTicks, _statFenceTicks + _cycleFenceTicks);
-        Volatile.Write(ref _statReclaimTicks, _statReclaimTicks + (reclaimed - durableAt) + parkTicks);
+        Volatile.Write(ref _statReclaimTicks, _statReclaimTicks + (reclaimed - durableAt));
     }
 
     /// <summary>
@@ -950,16 +947,8 @@ public sealed unsafe partial class BufferedDurableHeap
     /// <param name="version">The version whose cut has passed.</param>
     /// <param name="seal">Whether to seal the blocks in this pass (format 6), or leave them for <see cref="SealVersion"/>.</param>
     /// <param name="sealTicks">Accumulates the time spent computing the seals.</param>
-    /// <param name="parkTicks">Accumulates the time spent parking the previous version's frees (see below).</param>
     /// <returns>How many blocks it wrote back.</returns>
-    /// <remarks>
-    /// Before the fence, while the disk writes what was copied, it parks the frees of the version before
-    /// (<see cref="ParkRetired"/>, memory only): their replacements have been durable since the previous cycle and their
-    /// readers are gone (no thread is inside <paramref name="version"/> or an older one), so they need not wait for this
-    /// version's frontier. The cycle then ends as soon as the frontier is persisted, instead of parking them after it,
-    /// and the next version's transition comes that much sooner when cycles run back to back.
-    /// </remarks>
-    private int WriteBackVersion(long version, bool seal, ref long sealTicks, ref long parkTicks)
+    private int WriteBackVersion(long version, bool seal, ref long sealTicks)
     {
         int n = CollectVersion(version);
         long[] offsets = _sealScratch;
@@ -987,13 +976,6 @@ public sealed unsafe partial class BufferedDurableHeap
         }
 
         ranges.Flush();
-        if (seal)
-        {
-            long parking = Stopwatch.GetTimestamp();
-            ParkRetired(version - 1);
-            parkTicks += Stopwatch.GetTimestamp() - parking;
-        }
-
         if (seal)
         {
             // In the seals' fence, so it never says less than the frontier, persisted after it.
@@ -1116,8 +1098,7 @@ public sealed unsafe partial class BufferedDurableHeap
     /// </summary>
     /// <param name="version">The version whose retired blocks become free.</param>
     /// <param name="allocated">How many blocks the cycle's version allocated (bounds the sweep of an excess of parked frees).</param>
-    /// <param name="parked">Whether the cycle parked the version's replaced and deleted payloads already, before its fence (see <see cref="WriteBackVersion"/>).</param>
-    private void Reclaim(long version, int allocated, bool parked)
+    private void Reclaim(long version, int allocated)
     {
         int slot = ThreadBuffers.Slot(version);
         bool durable = _mode != DurabilityMode.Transient;
@@ -1132,9 +1113,17 @@ public sealed unsafe partial class BufferedDurableHeap
             return;
         }
 
-        if (!parked)
+        int n = Collect(registry, b => b.Retired[slot]);
+        _largeScratch.Clear();
+        if (n != 0)
         {
-            ParkRetired(version);
+            // In address order: parking a block touches its segment's descriptor, bitmap and count, so a version's
+            // frees, retired in random order, visit each segment once instead of each line of those at random.
+            AscendingRuns.Sort(_scratch, n, ref _sortScratch);
+
+            // (Skipped when nothing was retired: parking takes the sweep's lock, however briefly.)
+            _heap.DeferFrees(_scratch, n, _largeScratch);
+            AfterReclaimMarkedForTesting?.Invoke();
         }
 
         if (_largeScratch.Count != 0)
@@ -1161,29 +1150,6 @@ public sealed unsafe partial class BufferedDurableHeap
         }
 
         StockAfterCycle(allocated);
-    }
-
-    /// <summary>
-    /// Parks the payloads <paramref name="version"/> replaced or deleted (<see cref="PersistentHeap.DeferFrees"/>: in
-    /// memory; the sweep marks them free and writes that back before it hands them out) and leaves the large ones in
-    /// <see cref="_largeScratch"/> for <see cref="Reclaim"/>, which frees them the eager way.
-    /// </summary>
-    private void ParkRetired(long version)
-    {
-        int slot = ThreadBuffers.Slot(version);
-        // Volatile.Read: acquire; pairs with the release in RegisterThread.
-        int n = Collect(Volatile.Read(ref _registry), b => b.Retired[slot]);
-        _largeScratch.Clear();
-        if (n != 0)
-        {
-            // In address order: parking a block touches its segment's descriptor, bitmap and count, so a version's
-            // frees, retired in random order, visit each segment once instead of each line of those at random.
-            AscendingRuns.Sort(_scratch, n, ref _sortScratch);
-
-            // (Skipped when nothing was retired: parking takes the sweep's lock, however briefly.)
-            _heap.DeferFrees(_scratch, n, _largeScratch);
-            AfterReclaimMarkedForTesting?.Invoke();
-        }
     }
 
     /// <summary>Copies the offsets the lists <paramref name="select"/> picks into <see cref="_scratch"/>, clears the lists and counts their bytes as reclaimed.</summary>
