@@ -745,8 +745,8 @@ public sealed unsafe partial class BufferedDurableHeap
     /// A thread that only waited for the gate used to wait for it alone, although the cycle running (or the next one)
     /// could make its target durable: a Sync whose version the background advancer had written back 10 ms after the call
     /// still waited, because a monitor is not fair and an advancer behind its schedule takes the gate again at once, cycle
-    /// after cycle. Under one full-speed writer through the page cache, Sync's p99 was 4–5 periods (benchmark/RESULTS.md).
-    /// Now the wait ends at whichever comes first: the gate released (<see cref="ExitCycleGate"/>) or the frontier at the
+    /// after cycle. Through the page cache, Sync's p99 was 8.6–10.2 periods under two full-speed writers and 2.2–3.6
+    /// under one (benchmark/RESULTS.md). Now the wait ends at whichever comes first: the gate released (<see cref="ExitCycleGate"/>) or the frontier at the
     /// target (<see cref="CompleteWaiters"/>).
     /// </remarks>
     /// <exception cref="TimeoutException">Neither came before <paramref name="deadline"/>.</exception>
