@@ -448,7 +448,7 @@ public sealed unsafe partial class BufferedDurableHeap
             // Bounded as the background advancer bounds its own cycles, not by the Sync timeout: a thread that stays
             // inside an operation holds the transition, and this thread only offered help.
             TimeSpan wait = HelpWait();
-            RunCycle(version, Deadline(wait), wait, untilEnded: true);
+            RunCycle(version, Deadline(wait), wait);
         }
         catch (TimeoutException)
         {
@@ -499,8 +499,6 @@ public sealed unsafe partial class BufferedDurableHeap
     {
         Volatile.Write(ref _lastEndedVersion, ended);
         WakeVersionWaiters();
-        // A helper waiting for the cycle gate goes back to its operation now (see EnterCycleGate).
-        WakeCycleGateWaiters(released: false);
     }
 
     private void WakeVersionWaiters()
@@ -611,16 +609,11 @@ public sealed unsafe partial class BufferedDurableHeap
         }
     }
 
-    /// <param name="target">The version to make durable (long.MaxValue: the next advance, whatever it is).</param>
-    /// <param name="deadline">Until when to wait for the cycle gate and the version's cut.</param>
-    /// <param name="timeout">The timeout the deadline came from (for the message).</param>
-    /// <param name="untilEnded">A helper's cycle (<see cref="HelpOldVersion"/>): it needs <paramref name="target"/> ended,
-    /// not durable, so its wait for the gate ends once another thread's transition has ended it.</param>
-    private void RunCycle(long target, long deadline, TimeSpan timeout, bool untilEnded = false)
+    private void RunCycle(long target, long deadline, TimeSpan timeout)
     {
-        if (!EnterCycleGate(target, deadline, timeout, untilEnded))
+        if (!EnterCycleGate(target, deadline, timeout))
         {
-            // Another thread's cycle made the target durable (or, for a helper, ended it) while this one waited for the gate.
+            // Another thread's cycle made the target durable while this one waited for the gate.
             return;
         }
 
@@ -746,21 +739,18 @@ public sealed unsafe partial class BufferedDurableHeap
 
     /// <summary>
     /// Takes the cycle gate for a cycle towards <paramref name="target"/>; or returns false, without it, once the durable
-    /// frontier covers the target (with <paramref name="untilEnded"/>, once a transition has ended it) while another
-    /// thread holds the gate.
+    /// frontier covers the target while another thread holds the gate.
     /// </summary>
     /// <remarks>
     /// A thread that only waited for the gate used to wait for it alone, although the cycle running (or the next one)
     /// could make its target durable: a Sync whose version the background advancer had written back 10 ms after the call
     /// still waited, because a monitor is not fair and an advancer behind its schedule takes the gate again at once, cycle
     /// after cycle. Through the page cache, Sync's p99 was 8.6–10.2 periods under two full-speed writers and 2.2–3.6
-    /// under one (benchmark/RESULTS.md). Likewise a writer helping with an old version waited for the whole write-back of
-    /// the version it only needed ended. Now the wait ends at whichever comes first: the gate released
-    /// (<see cref="ExitCycleGate"/>), or the frontier at the target (<see cref="CompleteWaiters"/>), or for a helper the
-    /// target ended (<see cref="EndedVersion"/>).
+    /// under one (benchmark/RESULTS.md). Now the wait ends at whichever comes first: the gate released (<see cref="ExitCycleGate"/>) or the frontier at the
+    /// target (<see cref="CompleteWaiters"/>).
     /// </remarks>
-    /// <exception cref="TimeoutException">None came before <paramref name="deadline"/>.</exception>
-    private bool EnterCycleGate(long target, long deadline, TimeSpan timeout, bool untilEnded)
+    /// <exception cref="TimeoutException">Neither came before <paramref name="deadline"/>.</exception>
+    private bool EnterCycleGate(long target, long deadline, TimeSpan timeout)
     {
         if ((_faults & DurabilityFaults.WaitForTheCycleGateAlone) != 0)
         {
@@ -784,7 +774,7 @@ public sealed unsafe partial class BufferedDurableHeap
                 return true;
             }
 
-            if (Reached(target, untilEnded))
+            if (Frontier >= target)
             {
                 return false;
             }
@@ -795,7 +785,7 @@ public sealed unsafe partial class BufferedDurableHeap
             {
                 // Both conditions read under the signal's lock, which the release and the frontier's pulse take: no
                 // wake-up is lost between the reads and the wait.
-                while (Volatile.Read(ref _cycleGateReleases) == releases && !Reached(target, untilEnded))
+                while (Volatile.Read(ref _cycleGateReleases) == releases && Frontier < target)
                 {
                     TimeSpan left = Remaining(deadline);
                     if (left == TimeSpan.Zero)
@@ -815,10 +805,6 @@ public sealed unsafe partial class BufferedDurableHeap
         }
     }
 
-    /// <summary>Whether <paramref name="target"/> is durable, or with <paramref name="untilEnded"/> has ended (its successor began).</summary>
-    // Volatile.Read: pairs with the Volatile.Write in EndedVersion (Frontier is a Volatile.Read too).
-    private bool Reached(long target, bool untilEnded) => untilEnded ? Volatile.Read(ref _lastEndedVersion) >= target : Frontier >= target;
-
     /// <summary>Releases the cycle gate and wakes the threads waiting for it in <see cref="EnterCycleGate"/>.</summary>
     private void ExitCycleGate()
     {
@@ -831,7 +817,7 @@ public sealed unsafe partial class BufferedDurableHeap
         }
     }
 
-    /// <summary>Wakes the threads in <see cref="EnterCycleGate"/>: the gate was released, or the frontier moved, or a version ended.</summary>
+    /// <summary>Wakes the threads in <see cref="EnterCycleGate"/>: the gate was released, or the frontier moved.</summary>
     private void WakeCycleGateWaiters(bool released)
     {
         using (InterruptShield.Hold(_cycleGateSignal))

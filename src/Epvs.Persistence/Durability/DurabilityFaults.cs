@@ -164,6 +164,6 @@ internal enum DurabilityFaults : long
     /// <summary>Transitions go on past the last writable version (as before): the clock reaches 2^42 − 1, the next transition fails the heap, and no open can begin a version again.</summary>
     AdvancePastTheVersionSpace = 1125899906842624,
 
-    /// <summary>A thread that needs the cycle gate (a Sync, a helping writer) waits for the gate alone (as before), not for the gate or its target durable (a helper: ended): it waits through cycles that made its version durable, or ended it, as long as another thread keeps the gate.</summary>
+    /// <summary>A thread that needs the cycle gate (a Sync, a helping writer) waits for the gate alone (as before), not for the gate or the durable frontier at its target: it waits through cycles that made its version durable, as long as another thread keeps the gate.</summary>
     WaitForTheCycleGateAlone = 2251799813685248,
 }

@@ -98,24 +98,6 @@ public sealed class BackPressureTests
         Assert.SkipUnless(WriterFinishesWhileAnotherHelps(DurabilityFaults.OnlyTheHelperWaits, 2, TimeSpan.FromSeconds(20)).Finished, "INCONCLUSIVE: the broken control (only the helper waits) held the writer back anyway; the check proves nothing on this run.");
     }
 
-    /// <summary>
-    /// A writer that finds its version past the bound while another thread's cycle holds the gate (a background advancer
-    /// behind its period) helps: it waits for the gate, and goes back to its operations as soon as that thread's
-    /// transition has ended the version, not after the version's write-back (it used to wait for the gate alone).
-    /// </summary>
-    [Fact]
-    public void AHelperWaitingForTheGate_GoesOnOnceAnotherThreadsTransitionEndsItsVersion()
-    {
-        Assert.True(HelperFinishesInsideAnotherThreadsCycle(DurabilityFaults.None) == true, "the helper waited for the write-back of the version it only needed ended");
-    }
-
-    /// <summary>The control waits for the gate alone: the helper finishes only after the other thread's whole cycle.</summary>
-    [Fact]
-    public void AHelperThatWaitsForTheGateAlone_IsCaughtWaitingForTheWriteBack()
-    {
-        Assert.True(HelperFinishesInsideAnotherThreadsCycle(DurabilityFaults.WaitForTheCycleGateAlone) == false);
-    }
-
     [Fact]
     public void AVeryLongPeriod_StillLetsAWriterEndAnOldVersion()
     {
@@ -460,57 +442,6 @@ public sealed class BackPressureTests
         }
 
         return (versionAtJump - start, heap.CurrentVersion - versionAtJump, heap.DurableFrontier, versionAtJump, heap.GetAdvancerStatistics().Since(atJump));
-    }
-
-    /// <summary>
-    /// A heap whose one-hour periods are dated by a test clock, jumped two hours ahead while this thread holds the cycle
-    /// gate (standing for a background advancer behind its period); a writer then runs a check's worth of operations,
-    /// finds its version past the bound, and waits for the gate as its helper. This thread runs a cycle (the gate is
-    /// re-entrant) whose transition ends that version, and waits in the cycle, before its seals and write-back, for the
-    /// writer to finish (at most 5 s). Returns whether it did.
-    /// </summary>
-    private static bool? HelperFinishesInsideAnotherThreadsCycle(DurabilityFaults faults)
-    {
-        using var domain = new SimulatedPersistenceDomain(Capacity);
-        using HeapFile file = HeapFile.Create(domain);
-        using BufferedDurableHeap heap = BufferedDurableHeap.Open(file, new BufferedDurableHeapOptions { AdvancePeriod = TimeSpan.FromHours(1), Faults = faults });
-        long jump = 0;
-        // Volatile.Read: the writer thread reads the jump made on this one.
-        heap.ClockForTesting = () => System.Diagnostics.Stopwatch.GetTimestamp() + Volatile.Read(ref jump);
-        var map = new PersistentHashMap<long, long>(heap, DurableWorkload.MapTypeId);
-        using var done = new ManualResetEventSlim();
-        Exception? failure = null;
-        Thread writer = new(() =>
-        {
-            failure = Record.Exception(() =>
-            {
-                for (int i = 0; i <= BufferedDurableHeap.LagCheckInterval; i++)
-                {
-                    map.Set(i % Keys, i);
-                }
-            });
-            done.Set();
-        });
-        using var waiting = new ManualResetEventSlim();
-        heap.WaitingForTheCycleGateForTesting = waiting.Set;
-        bool? finishedInsideTheCycle = null;
-        heap.BeforeSealForTesting = _ => finishedInsideTheCycle ??= done.Wait(TimeSpan.FromSeconds(5));
-        Monitor.Enter(heap.CycleGateForTesting);
-        try
-        {
-            Volatile.Write(ref jump, 2 * System.Diagnostics.Stopwatch.Frequency * 3600);
-            writer.Start();
-            Assert.True(waiting.Wait(TimeSpan.FromSeconds(30)), "the writer never waited for the gate as the old version's helper");
-            heap.AdvanceVersion(TimeSpan.FromSeconds(30));
-        }
-        finally
-        {
-            Monitor.Exit(heap.CycleGateForTesting);
-        }
-
-        Assert.True(writer.Join(TimeSpan.FromSeconds(30)), "the writer did not finish once the gate was free");
-        Assert.Null(failure);
-        return finishedInsideTheCycle;
     }
 
     /// <summary>
