@@ -432,6 +432,10 @@ public sealed unsafe partial class BufferedDurableHeap
         // writers through the page cache Sync's median was about 3.8 periods and the lag's p99 about 3.4, against
         // about 1.6 and 2.4-2.9 with every writer waiting (benchmark --lag-writers 2), at no throughput the benchmark
         // could tell apart. A background advancer that keeps to its period never lets a version reach the bound.
+        // The helper itself waits until the version is durable (its own cycle, or the one holding the gate), which holds
+        // one writer for a write-back: letting it go once the version had ended (tried: 10612b1) gave two full-speed
+        // writers 4-7 % more upserts but a lag p99 of 3.5-3.6 periods instead of 2.9 and Sync's median past 2 periods
+        // (benchmark/RESULTS.md, "Tried and reverted").
         if (Interlocked.CompareExchange(ref _lagHelper, 1, 0) != 0)
         {
             if ((_faults & DurabilityFaults.OnlyTheHelperWaits) == 0)
