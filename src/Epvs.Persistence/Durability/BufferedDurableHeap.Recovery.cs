@@ -237,7 +237,7 @@ public sealed unsafe partial class BufferedDurableHeap
         // OutOfMemoryException and 100,000 read every candidate 100,000 times).
         int partitions = Math.Clamp(parallelism, 1, Environment.ProcessorCount);
         var results = new PartitionResult[partitions];
-        InterruptShield.RunToItsEnd(() => Parallel.For(0, partitions, new ParallelOptions { MaxDegreeOfParallelism = partitions }, p =>
+        InterruptShield.RunToItsEnd(bodies => Parallel.For(0, partitions, new ParallelOptions { MaxDegreeOfParallelism = partitions }, bodies.Guard<int>(p =>
         {
             var winners = new Dictionary<long, int>();
             var result = new PartitionResult();
@@ -296,7 +296,7 @@ public sealed unsafe partial class BufferedDurableHeap
             }
 
             results[p] = result;
-        }), partitions);
+        })), partitions);
 
         foreach (PartitionResult result in results)
         {
@@ -356,7 +356,7 @@ public sealed unsafe partial class BufferedDurableHeap
             return;
         }
 
-        InterruptShield.RunToItsEnd(() => Parallel.For(0, results.Length, new ParallelOptions { MaxDegreeOfParallelism = parallelism }, p =>
+        InterruptShield.RunToItsEnd(bodies => Parallel.For(0, results.Length, new ParallelOptions { MaxDegreeOfParallelism = parallelism }, bodies.Guard<int>(p =>
         {
             List<long> offsets = first ? results[p].FreeFirst : results[p].FreeSecond;
             foreach (long offset in offsets)
@@ -373,7 +373,7 @@ public sealed unsafe partial class BufferedDurableHeap
             {
                 heap.Fence();
             }
-        }), parallelism);
+        })), parallelism);
 
         var freed = new List<long>();
         foreach (PartitionResult result in results)

@@ -159,12 +159,12 @@ public sealed unsafe partial class PersistentHeap
         bool leaveTorn = (_faults & HeapFaults.LeaveTornHeaders) != 0;
         bool tornIsDamaged = options.TornIsDamaged;
         bool scrubEpochWords = listUnsealed && _marksEmptyEpochs;
-        InterruptShield.RunToItsEnd(() => Parallel.For(
+        InterruptShield.RunToItsEnd(bodies => Parallel.For(
             0,
             small.Count,
             new ParallelOptions { MaxDegreeOfParallelism = Math.Max(1, options.RecoveryParallelism) },
             () => new ScanTotals(),
-            (index, loopState, totals) =>
+            bodies.Guard<ScanTotals>((index, loopState, totals) =>
             {
                 long segment = small[index];
                 ulong descriptor = _table[segment];
@@ -287,8 +287,8 @@ public sealed unsafe partial class PersistentHeap
                 totals.Overhead += SizeClasses.SegmentOverhead(cls);
                 PushFree(cls, free, freeCount);
                 return totals;
-            },
-            totals =>
+            }),
+            bodies.Guard<ScanTotals>(totals =>
             {
                 using (InterruptShield.Hold(gate))
                 {
@@ -308,7 +308,7 @@ public sealed unsafe partial class PersistentHeap
                         _freeSegmentCount++;
                     }
                 }
-            }), Math.Max(1, options.RecoveryParallelism));
+            })), Math.Max(1, options.RecoveryParallelism));
 
         damaged.Sort();
         RecoveryDamagedBlocks = damaged;
@@ -496,7 +496,7 @@ public sealed unsafe partial class PersistentHeap
             s++;
         }
 
-        InterruptShield.RunToItsEnd(() => Parallel.ForEach(work, new ParallelOptions { MaxDegreeOfParallelism = Math.Max(1, degreeOfParallelism) }, segment =>
+        InterruptShield.RunToItsEnd(bodies => Parallel.ForEach(work, new ParallelOptions { MaxDegreeOfParallelism = Math.Max(1, degreeOfParallelism) }, bodies.Guard<long>(segment =>
         {
             // Each scanning thread inside a call of the file (nested on the caller's): a visitor's Dispose on a pool
             // thread is then refused as on the caller's (it used to wait 30 s for the caller's call, which waited for it).
@@ -521,7 +521,7 @@ public sealed unsafe partial class PersistentHeap
             {
                 _file.ExitOperation();
             }
-        }), Math.Max(1, degreeOfParallelism));
+        })), Math.Max(1, degreeOfParallelism));
     }
 
     /// <summary>Whether the block is a complete allocation (a sealed one checked whole, header and payload).</summary>

@@ -376,7 +376,7 @@ public sealed unsafe partial class PersistentHeap
         if (!trust)
         {
             int bad = 0;
-            InterruptShield.RunToItsEnd(() => Parallel.For(0, small.Count, new ParallelOptions { MaxDegreeOfParallelism = Math.Max(1, parallelism) }, (i, state) =>
+            InterruptShield.RunToItsEnd(bodies => Parallel.For(0, small.Count, new ParallelOptions { MaxDegreeOfParallelism = Math.Max(1, parallelism) }, bodies.Guard((i, state) =>
             {
                 (long segment, long word) = small[i];
                 ulong descriptor = _table[segment];
@@ -398,7 +398,7 @@ public sealed unsafe partial class PersistentHeap
                         return;
                     }
                 }
-            }), Math.Max(1, parallelism));
+            })), Math.Max(1, parallelism));
 
             if (bad != 0)
             {

@@ -60,9 +60,11 @@ internal static class InterruptShield
     /// rebuilds, an enumeration) on a thread of its own and waits for it to end, absorbing interrupts (the outermost
     /// shield requests them again), then throws what the loop threw. On the calling thread, an interrupt broke the
     /// loop's wait for its workers: the loop threw while they went on, and the open that called it failed and unmapped
-    /// the file under them, which crashed the process (an access violation).
+    /// the file under them, which crashed the process (an access violation). A body can interrupt the loop's own thread
+    /// too (user code in it: a visitor, a filter, a key's hash), which broke the same wait there: so the call ends only
+    /// once no body runs, whatever the loop's wait did (see <see cref="LoopBodies"/>).
     /// </summary>
-    /// <param name="loop">The loop.</param>
+    /// <param name="loop">The loop; each of its bodies (and thread-local finallies) wrapped by the given <see cref="LoopBodies"/>' <c>Guard</c>.</param>
     /// <param name="degreeOfParallelism">The loop's: at 1 it runs on the calling thread, inside a shield (such a loop has
     /// no workers to wait for, and its frees go to the caller's cache, as they always did).</param>
     /// <remarks>Of the exceptions the loop's bodies threw (a <see cref="Parallel"/> loop gathers them in an
@@ -71,11 +73,12 @@ internal static class InterruptShield
     /// memory limit) was none of them. The file's damage first (<see cref="HeapFileException"/>, the structures'
     /// <see cref="System.IO.InvalidDataException"/>), so that one worker's failure (out of memory, a key's user code)
     /// never hides what another found wrong with the file; else the first.</remarks>
-    internal static void RunToItsEnd(Action loop, int degreeOfParallelism)
+    internal static void RunToItsEnd(Action<LoopBodies> loop, int degreeOfParallelism)
     {
+        var bodies = new LoopBodies();
         try
         {
-            RunToItsEndWrapped(loop, degreeOfParallelism);
+            RunToItsEndWrapped(() => loop(bodies), degreeOfParallelism);
         }
         catch (AggregateException e) when (e.InnerExceptions.Count > 0)
         {
@@ -90,6 +93,11 @@ internal static class InterruptShield
             }
 
             System.Runtime.ExceptionServices.ExceptionDispatchInfo.Throw(picked);
+        }
+        finally
+        {
+            // Whatever the loop did: its wait for its workers is not to be trusted (see LoopBodies).
+            bodies.Close();
         }
     }
 

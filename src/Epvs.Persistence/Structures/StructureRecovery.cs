@@ -125,7 +125,7 @@ internal static class StructureRecovery
         // Throws the heap's inconsistency first, else the first failure (a key's GetHashCode or Equals, user code,
         // throwing during the rebuild): see RunToItsEnd.
         InterruptShield.RunToItsEnd(
-            () => Parallel.For(0, payloads.Count, new ParallelOptions { MaxDegreeOfParallelism = Math.Max(1, parallelism) }, i => add(payloads[i])),
+            bodies => Parallel.For(0, payloads.Count, new ParallelOptions { MaxDegreeOfParallelism = Math.Max(1, parallelism) }, bodies.Guard<int>(i => add(payloads[i]))),
             Math.Max(1, parallelism));
     }
 }

@@ -19,13 +19,13 @@ public sealed class RecoveryLoopExceptionTests
     {
         var fault = new OutOfMemoryException("simulated: a recovery loop's allocation");
         Exception thrown = Assert.ThrowsAny<Exception>(() => InterruptShield.RunToItsEnd(
-            () => Parallel.For(0, 8, new ParallelOptions { MaxDegreeOfParallelism = parallelism }, i =>
+            bodies => Parallel.For(0, 8, new ParallelOptions { MaxDegreeOfParallelism = parallelism }, bodies.Guard<int>(i =>
             {
                 if (i == 3)
                 {
                     throw fault;
                 }
-            }),
+            })),
             parallelism));
         Assert.Same(fault, thrown);
     }
@@ -38,11 +38,11 @@ public sealed class RecoveryLoopExceptionTests
         var damage = new System.IO.InvalidDataException("the file's damage");
         using var both = new System.Threading.Barrier(2);
         Exception thrown = Assert.ThrowsAny<Exception>(() => InterruptShield.RunToItsEnd(
-            () => Parallel.For(0, 2, new ParallelOptions { MaxDegreeOfParallelism = 2 }, i =>
+            bodies => Parallel.For(0, 2, new ParallelOptions { MaxDegreeOfParallelism = 2 }, bodies.Guard<int>(i =>
             {
                 Assert.True(both.SignalAndWait(TimeSpan.FromSeconds(30)), "the two bodies never ran together");
                 throw i == 0 ? new OutOfMemoryException("simulated") : damage;
-            }),
+            })),
             2));
         Assert.Same(damage, thrown);
     }
@@ -61,7 +61,7 @@ public sealed class RecoveryLoopExceptionTests
             ? new HeapFileException(HeapFileError.Corrupt, "the file's damage")
             : new System.IO.InvalidDataException("the file's damage");
         Exception thrown = Assert.ThrowsAny<Exception>(() => InterruptShield.RunToItsEnd(
-            () => throw new AggregateException(new OutOfMemoryException("simulated"), new InvalidCastException("a key's user code"), damage),
+            _ => throw new AggregateException(new OutOfMemoryException("simulated"), new InvalidCastException("a key's user code"), damage),
             1));
         Assert.Same(damage, thrown);
     }
