@@ -346,6 +346,12 @@ public sealed unsafe partial class HeapFile : IDisposable
             // PreallocationSize reserves the blocks (posix_fallocate), so a full disk fails here, cleanly, instead
             // of as SIGBUS on a later store through the mapping. .NET deletes the file when that fails.
             stream = new FileStream(fullPath, new FileStreamOptions { Mode = FileMode.CreateNew, Access = FileAccess.ReadWrite, Share = FileShare.None, PreallocationSize = heapSize });
+            if (!LockOrRefuse(stream))
+            {
+                // As below: an opener locked the new file before us (both without .NET's own lock, see LockOrRefuse).
+                File.Delete(fullPath);
+                ThrowHelper.ThrowHeapFile(HeapFileError.AlreadyOpen, $"Cannot create heap file '{fullPath}': another opener locked the new file before it was formatted (it was removed). Try again.");
+            }
         }
         catch (UnauthorizedAccessException e)
         {
@@ -1356,8 +1362,14 @@ public sealed unsafe partial class HeapFile : IDisposable
         try
         {
             // FileShare.None takes an exclusive advisory lock (flock on Unix, a share mode on Windows) that a second
-            // opener, in this process or another, fails to get.
-            return new FileStream(path, FileMode.Open, FileAccess.ReadWrite, FileShare.None);
+            // opener, in this process or another, fails to get; on Unix taken again here (see LockOrRefuse).
+            FileStream stream = new FileStream(path, FileMode.Open, FileAccess.ReadWrite, FileShare.None);
+            if (!LockOrRefuse(stream))
+            {
+                ThrowHelper.ThrowHeapFile(HeapFileError.AlreadyOpen, $"Cannot open heap file '{path}': another opener holds its exclusive lock (a heap file is opened by one HeapFile at a time). Dispose the other one first.");
+            }
+
+            return stream;
         }
         catch (UnauthorizedAccessException e)
         {
@@ -1377,6 +1389,33 @@ public sealed unsafe partial class HeapFile : IDisposable
 
         // Any other failure to open (no file descriptor left, RLIMIT_NOFILE; an I/O error) is the IOException itself:
         // reported as AlreadyOpen, it sent the operator looking for another process.
+    }
+
+    /// <summary>
+    /// On Unix, takes the file's exclusive lock (<c>flock</c>) itself, as <see cref="FileShare.None"/> does — unless the
+    /// runtime's switch <c>System.IO.DisableFileLocking</c> (<c>DOTNET_SYSTEM_IO_DISABLEFILELOCKING=1</c>, or the
+    /// runtimeconfig property) is set, which turns <see cref="FileShare.None"/> into no lock at all. With the switch, one
+    /// heap file opened twice (in one process or two), both heaps wrote and synced, and the file kept one heap's writes
+    /// and lost the other's without a word. A no-op where the stream holds the lock already (flock on the same open file).
+    /// </summary>
+    /// <returns>False, with the stream disposed, when another opener holds the lock; true otherwise (a file system
+    /// without locks included, as <see cref="FileShare.None"/> treats it).</returns>
+    private static bool LockOrRefuse(FileStream stream)
+    {
+        if (OperatingSystem.IsWindows())
+        {
+            return true;
+        }
+
+        if (Interop.Libc.Flock((int)stream.SafeFileHandle.DangerousGetHandle(), Interop.Libc.LockExclusive | Interop.Libc.LockNonBlocking) == 0
+            || Marshal.GetLastPInvokeError() != (OperatingSystem.IsLinux() ? EWOULDBLOCKLinux : EWOULDBLOCKBsd)
+            || HeapFileTestHooks.IgnoreLockConflictsForTesting)
+        {
+            return true;
+        }
+
+        stream.Dispose();
+        return false;
     }
 
     /// <summary>

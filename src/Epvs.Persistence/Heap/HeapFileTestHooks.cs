@@ -23,6 +23,9 @@ internal static class HeapFileTestHooks
     /// <summary>When set, <c>HeapFile.Open</c> skips preallocation (the control for the sparse-file test: the old behaviour).</summary>
     internal static bool SkipPreallocation { get; set; }
 
+    /// <summary>Broken control: an open takes no lock of its own beyond <see cref="System.IO.FileShare.None"/>'s (as before), so the runtime's DisableFileLocking switch leaves the file unlocked.</summary>
+    internal static bool IgnoreLockConflictsForTesting { get; set; }
+
     /// <summary>Broken control: Dispose releases the file's lock only by closing its descriptor (as before), not with LOCK_UN.</summary>
     internal static bool KeepLockUntilCloseForTesting { get; set; }
 

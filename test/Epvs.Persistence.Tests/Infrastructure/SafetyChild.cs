@@ -35,6 +35,8 @@ internal static class SafetyChild
                 "create-removal-fails" => CreateRemovalFails(path),
                 "open-buffered" => OpenBuffered(path),
                 "open-interrupted" => OpenInterrupted(path, control),
+                "visitor-interrupts-its-loop" => VisitorInterruptsItsLoop(path, control),
+                "open-twice-without-runtime-locking" => OpenTwiceWithoutRuntimeLocking(path, control),
                 "buffered-file-disposed-first" => BufferedFileDisposedFirst(path),
                 "domain-disposed-under-file" => DomainDisposedUnderFile(path),
                 "file-size-limit" => FileSizeLimit(path, control),
@@ -470,6 +472,114 @@ internal static class SafetyChild
     /// violation). Whatever an open throws now, the process lives, and the file then opens with every entry. The control
     /// runs the loops on the opener's thread again (<see cref="InterruptShield.RunLoopsInlineForTesting"/>).
     /// </summary>
+    /// <summary>
+    /// A parallel <see cref="PersistentHeap.ForEachAllocated"/> whose visitor interrupts its own thread once, on the scan's
+    /// loop thread (which runs bodies too), then the heap is disposed. The interrupt broke the loop's wait for its other
+    /// workers there: the scan threw while they went on calling the visitor over the mapping, and the Dispose unmapped
+    /// under them (an access violation: the process died). Now the scan returns or throws only once no visitor runs: a
+    /// visitor call after it ended is a wrong outcome, a crash is a crash. The control lets the scan end without waiting
+    /// for its bodies (<see cref="LoopBodies.CloseWithoutWaitingForTesting"/>).
+    /// </summary>
+    private static int VisitorInterruptsItsLoop(string path, bool control)
+    {
+        LoopBodies.CloseWithoutWaitingForTesting = control;
+        var options = new HeapFileOptions { Size = 64L << 20, Domain = PersistenceDomainKind.MappedFile };
+        for (int round = 0; round < 5; round++)
+        {
+            PersistentHeap heap = PersistentHeap.Create(path + round, options);
+            for (int i = 0; i < 100_000; i++)
+            {
+                heap.Allocate(200, typeId: 1);
+            }
+
+            int interrupted = 0, ended = 0;
+            long callsAfterTheEnd = 0;
+            string outcome;
+            try
+            {
+                heap.ForEachAllocated(
+                    (_, _) =>
+                    {
+                        // Volatile.Read: pairs with the Volatile.Write after the scan.
+                        if (Volatile.Read(ref ended) != 0)
+                        {
+                            Interlocked.Increment(ref callsAfterTheEnd);
+                        }
+
+                        if (Thread.CurrentThread.Name == "epvs-parallel-loop" && Interlocked.Exchange(ref interrupted, 1) == 0)
+                        {
+                            Thread.CurrentThread.Interrupt();
+                        }
+
+                        Thread.SpinWait(2000);
+                    },
+                    degreeOfParallelism: 8);
+                outcome = "returned";
+            }
+            catch (ThreadInterruptedException)
+            {
+                outcome = "threw ThreadInterruptedException";
+            }
+
+            // Volatile.Write: release; the visitor's Volatile.Read.
+            Volatile.Write(ref ended, 1);
+            heap.Dispose();
+            long after = Interlocked.Read(ref callsAfterTheEnd);
+            Console.WriteLine($"round {round}: the scan {outcome} (interrupt raised: {interrupted == 1}); visitor calls after it ended: {after}");
+            if (after != 0)
+            {
+                return WrongOutcome;
+            }
+        }
+
+        return Survived;
+    }
+
+    /// <summary>
+    /// Run with the runtime's DisableFileLocking switch (DOTNET_SYSTEM_IO_DISABLEFILELOCKING=1), under which
+    /// <see cref="FileShare.None"/> takes no lock: a heap file open in this process is opened again. The second open must
+    /// be refused (AlreadyOpen); it used to succeed, both heaps wrote and synced, and the file kept one heap's writes only.
+    /// Inconclusive when the switch is not in effect (two plain FileShare.None opens of one file are refused). The control
+    /// takes no lock of its own (<see cref="HeapFileTestHooks.IgnoreLockConflictsForTesting"/>).
+    /// </summary>
+    private static int OpenTwiceWithoutRuntimeLocking(string path, bool control)
+    {
+        HeapFileTestHooks.IgnoreLockConflictsForTesting = control;
+        string probe = path + ".probe";
+        File.WriteAllBytes(probe, new byte[1]);
+        using (new FileStream(probe, FileMode.Open, FileAccess.ReadWrite, FileShare.None))
+        {
+            try
+            {
+                using var again = new FileStream(probe, FileMode.Open, FileAccess.ReadWrite, FileShare.None);
+            }
+            catch (IOException)
+            {
+                Console.WriteLine("the runtime locks files (DisableFileLocking not in effect)");
+                return Inconclusive;
+            }
+        }
+
+        var options = new HeapFileOptions { Size = 4L << 20, Domain = PersistenceDomainKind.MappedFile };
+        using (BufferedDurableHeap created = BufferedDurableHeap.Create(path, options))
+        {
+            new PersistentHashMap<long, long>(created, typeId: 1).Set(1, 1);
+        }
+
+        using BufferedDurableHeap first = BufferedDurableHeap.Open(path, options);
+        try
+        {
+            using BufferedDurableHeap second = BufferedDurableHeap.Open(path, options);
+            Console.WriteLine("the second open of a file already open succeeded: two heaps would write one file");
+            return WrongOutcome;
+        }
+        catch (HeapFileException e) when (e.Error == HeapFileError.AlreadyOpen)
+        {
+            Console.WriteLine($"the second open was refused: {e.Message}");
+            return Survived;
+        }
+    }
+
     private static int OpenInterrupted(string path, bool control)
     {
         InterruptShield.RunLoopsInlineForTesting = control;
