@@ -116,6 +116,23 @@ public sealed class SimulatedPersistenceDomainTests
         Assert.Equal(6UL, ReadWord(domain.Crash(99), 8));
     }
 
+    /// <summary>
+    /// A probe's finding: after Dispose, ArmCrash at a point already passed said "has already passed", and at a point
+    /// ahead it armed a crash that no event could ever reach, without a word; every other member of a disposed domain
+    /// throws <see cref="ObjectDisposedException"/>.
+    /// </summary>
+    [Theory]
+    [InlineData(0L)]
+    [InlineData(100L)]
+    public void ArmCrash_AfterDispose_ThrowsObjectDisposed(long point)
+    {
+        var domain = new SimulatedPersistenceDomain(4096);
+        WriteWord(domain, 0, 5);
+        domain.Persist(0, 8); // points 0 and 1 pass
+        domain.Dispose();
+        Assert.Throws<ObjectDisposedException>(() => domain.ArmCrash(point, seed: 0));
+    }
+
     [Fact]
     public void TryGrow_WithinCapacity_KeepsBaseAddressAndContents()
     {

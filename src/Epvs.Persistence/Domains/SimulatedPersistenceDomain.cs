@@ -114,10 +114,14 @@ public sealed unsafe class SimulatedPersistenceDomain : PersistenceDomain
     /// The workload is not interrupted. Several seeds may be armed at one point.
     /// </summary>
     /// <exception cref="ArgumentOutOfRangeException">The point has already passed.</exception>
+    /// <exception cref="ObjectDisposedException">The domain has been disposed (no event can reach the point any more).</exception>
     public void ArmCrash(long point, int seed)
     {
         using (InterruptShield.Hold(_gate))
         {
+            // First: after a Dispose, a point still ahead was armed without a word and never captured, and one passed
+            // was refused as passed.
+            ThrowIfFreed();
             if (point < _crashPoints)
             {
                 ThrowHelper.ThrowArgumentOutOfRange(nameof(point), $"Crash point {point} has already passed (the next one is {_crashPoints}).");

@@ -131,5 +131,19 @@ public sealed class PersistentHashMap<TKey, TValue>
     /// <summary>A copy of every entry. Each entry is read atomically, the whole map is not (like enumerating a <see cref="System.Collections.Concurrent.ConcurrentDictionary{TKey, TValue}"/>).</summary>
     /// <returns>The entries, in no particular order.</returns>
     /// <exception cref="ObjectDisposedException">The heap was disposed.</exception>
-    public Dictionary<TKey, TValue> ToDictionary() => _core.Snapshot();
+    /// <exception cref="NotSupportedException"><typeparamref name="TValue"/> is too large for a .NET array (64 KiB or more,
+    /// with the key and the dictionary's entry fields): read the values one at a time with <see cref="TryGetValue"/>.</exception>
+    public Dictionary<TKey, TValue> ToDictionary()
+    {
+        try
+        {
+            return _core.Snapshot();
+        }
+        catch (TypeLoadException e)
+        {
+            // The dictionary's entry array: the runtime refuses arrays of value types of 64 KiB or more.
+            ThrowHelper.ThrowTooLargeForArrays(nameof(ToDictionary), typeof(TValue), System.Runtime.CompilerServices.Unsafe.SizeOf<TValue>(), e);
+            throw;
+        }
+    }
 }

@@ -115,6 +115,9 @@ public sealed unsafe class PersistentQueue<T>
 
     /// <summary>A copy of the elements, oldest first.</summary>
     /// <returns>The elements.</returns>
+    /// <remarks>.NET makes no arrays of value types of 64 KiB or more: for such a <typeparamref name="T"/> the runtime refuses
+    /// the call itself (its result type) with a <see cref="TypeLoadException"/> before this method runs. The queue holds
+    /// such elements all the same: take them one at a time with <see cref="TryDequeue"/>.</remarks>
     public T[] ToArray()
     {
         using DurableOperation op = _heap.BeginReadOperation();
