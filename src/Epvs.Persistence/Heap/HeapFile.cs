@@ -346,12 +346,6 @@ public sealed unsafe partial class HeapFile : IDisposable
             // PreallocationSize reserves the blocks (posix_fallocate), so a full disk fails here, cleanly, instead
             // of as SIGBUS on a later store through the mapping. .NET deletes the file when that fails.
             stream = new FileStream(fullPath, new FileStreamOptions { Mode = FileMode.CreateNew, Access = FileAccess.ReadWrite, Share = FileShare.None, PreallocationSize = heapSize });
-            if (!LockOrRefuse(stream))
-            {
-                // As below: an opener locked the new file before us (both without .NET's own lock, see LockOrRefuse).
-                File.Delete(fullPath);
-                ThrowHelper.ThrowHeapFile(HeapFileError.AlreadyOpen, $"Cannot create heap file '{fullPath}': another opener locked the new file before it was formatted (it was removed). Try again.");
-            }
         }
         catch (UnauthorizedAccessException e)
         {
@@ -382,6 +376,14 @@ public sealed unsafe partial class HeapFile : IDisposable
             // (Out of file descriptors is the IOException itself, not a full disk.)
             ThrowHelper.ThrowHeapFile(HeapFileError.InsufficientSpace, $"Cannot create heap file '{fullPath}' of {heapSize} bytes: {e.Message}", e);
             throw;
+        }
+
+        if (!LockOrRefuse(stream))
+        {
+            // As above: an opener locked the new file before us (both without .NET's own lock, see LockOrRefuse). Out of
+            // the try: its IOException filters took this HeapFileException (an IOException) for a full disk.
+            File.Delete(fullPath);
+            ThrowHelper.ThrowHeapFile(HeapFileError.AlreadyOpen, $"Cannot create heap file '{fullPath}': another opener locked the new file before it was formatted (it was removed). Try again.");
         }
 
         PersistenceDomain? domain = null;

@@ -19,7 +19,7 @@ namespace Epvs.Persistence;
 /// then reads the count. Both sides use interlocked operations (full fences), so at least one sees the other: either the
 /// body sees the flag and backs out, or the close sees the body and waits for it. A body that ends after the close and
 /// leaves the count at 0 pulses the waiter under the lock the waiter holds between its read and its wait, so the wake-up
-/// is never lost.</para>
+/// is never lost; it takes that lock inside a shield, so an interrupt its thread carries cannot skip the pulse.</para>
 /// </remarks>
 internal sealed class LoopBodies
 {
@@ -44,13 +44,30 @@ internal sealed class LoopBodies
         return true;
     }
 
+    /// <summary>Test-only: <see cref="Exit"/> takes the lock for its pulse with a plain, interruptible lock (the broken control).</summary>
+    internal static bool ExitPulsesWithoutShieldForTesting { get; set; }
+
     /// <summary>Counts a body out (after a <see cref="TryEnter"/> that returned true).</summary>
     internal void Exit()
     {
         // Interlocked: full fence, before the read of the flag (see the remarks).
         if (Interlocked.Decrement(ref _running) == 0 && Volatile.Read(ref _closed) != 0)
         {
-            lock (_gate)
+            if (ExitPulsesWithoutShieldForTesting)
+            {
+                lock (_gate)
+                {
+                    Monitor.PulseAll(_gate);
+                }
+
+                return;
+            }
+
+            // In a shield: this thread may carry an interrupt its body raised (the case this type is for), which a
+            // contended lock would throw before the pulse — and the count is 0 now, so nothing would pulse again and
+            // Close would wait for ever (a review found it). The outermost shield requests the interrupt again.
+            using (InterruptShield.Enter())
+            using (InterruptShield.Hold(_gate))
             {
                 Monitor.PulseAll(_gate);
             }

@@ -37,6 +37,7 @@ internal static class SafetyChild
                 "open-interrupted" => OpenInterrupted(path, control),
                 "visitor-interrupts-its-loop" => VisitorInterruptsItsLoop(path, control),
                 "open-twice-without-runtime-locking" => OpenTwiceWithoutRuntimeLocking(path, control),
+                "create-in-place-loses-the-lock" => CreateInPlaceLosesTheLock(path),
                 "buffered-file-disposed-first" => BufferedFileDisposedFirst(path),
                 "domain-disposed-under-file" => DomainDisposedUnderFile(path),
                 "file-size-limit" => FileSizeLimit(path, control),
@@ -466,13 +467,6 @@ internal static class SafetyChild
     }
 
     /// <summary>
-    /// A crash image of a heap with 200,000 map entries opened (a full scan, RecoveryParallelism 2) on a thread that
-    /// another thread interrupts again and again, for 4 s. The interrupt broke the opener's wait for recovery's parallel
-    /// workers: the open threw and unmapped the file while they still read it, and the process died (an access
-    /// violation). Whatever an open throws now, the process lives, and the file then opens with every entry. The control
-    /// runs the loops on the opener's thread again (<see cref="InterruptShield.RunLoopsInlineForTesting"/>).
-    /// </summary>
-    /// <summary>
     /// A parallel <see cref="PersistentHeap.ForEachAllocated"/> whose visitor interrupts its own thread once, on the scan's
     /// loop thread (which runs bodies too), then the heap is disposed. The interrupt broke the loop's wait for its other
     /// workers there: the scan threw while they went on calling the visitor over the mapping, and the Dispose unmapped
@@ -542,6 +536,63 @@ internal static class SafetyChild
     /// Inconclusive when the switch is not in effect (two plain FileShare.None opens of one file are refused). The control
     /// takes no lock of its own (<see cref="HeapFileTestHooks.IgnoreLockConflictsForTesting"/>).
     /// </summary>
+    /// <summary>
+    /// Run without the runtime's file locking: an in-place create (<see cref="HeapFileTestHooks.CreateInPlace"/>) races an
+    /// opener that opens and locks the new file before the create takes its own lock. The create must say AlreadyOpen
+    /// (a review found the create's full-disk filter taking that error for InsufficientSpace). Inconclusive when the racer
+    /// never wins in 40 rounds.
+    /// </summary>
+    private static int CreateInPlaceLosesTheLock(string path)
+    {
+        HeapFileTestHooks.CreateInPlace = true;
+        var options = new HeapFileOptions { Size = 512L << 20, Domain = PersistenceDomainKind.MappedFile };
+        for (int round = 0; round < 40; round++)
+        {
+            string file = path + round;
+            int stop = 0, racerFd = -1;
+            var racer = new Thread(() =>
+            {
+                // Volatile.Read: pairs with the Volatile.Write below.
+                while (Volatile.Read(ref stop) == 0)
+                {
+                    int fd = Interop.Libc.Open(file, Interop.Libc.ReadWrite | Interop.Libc.CloseOnExec, 0);
+                    if (fd >= 0)
+                    {
+                        _ = Interop.Libc.Flock(fd, Interop.Libc.LockExclusive | Interop.Libc.LockNonBlocking);
+                        racerFd = fd;
+                        return;
+                    }
+                }
+            })
+            { IsBackground = true };
+            racer.Start();
+            try
+            {
+                using HeapFile created = HeapFile.Create(file, options);
+                Console.WriteLine($"round {round}: created (the racer lost)");
+            }
+            catch (HeapFileException e)
+            {
+                Console.WriteLine($"round {round}: {e.Error}: {e.Message}");
+                return e.Error == HeapFileError.AlreadyOpen ? Survived : WrongOutcome;
+            }
+            finally
+            {
+                // Volatile.Write: release; the racer's Volatile.Read.
+                Volatile.Write(ref stop, 1);
+                racer.Join();
+                if (racerFd >= 0)
+                {
+                    _ = Interop.Libc.Close(racerFd);
+                }
+
+                File.Delete(file);
+            }
+        }
+
+        return Inconclusive;
+    }
+
     private static int OpenTwiceWithoutRuntimeLocking(string path, bool control)
     {
         HeapFileTestHooks.IgnoreLockConflictsForTesting = control;
@@ -580,6 +631,13 @@ internal static class SafetyChild
         }
     }
 
+    /// <summary>
+    /// A crash image of a heap with 200,000 map entries opened (a full scan, RecoveryParallelism 2) on a thread that
+    /// another thread interrupts again and again, for 4 s. The interrupt broke the opener's wait for recovery's parallel
+    /// workers: the open threw and unmapped the file while they still read it, and the process died (an access
+    /// violation). Whatever an open throws now, the process lives, and the file then opens with every entry. The control
+    /// runs the loops on the opener's thread again (<see cref="InterruptShield.RunLoopsInlineForTesting"/>).
+    /// </summary>
     private static int OpenInterrupted(string path, bool control)
     {
         InterruptShield.RunLoopsInlineForTesting = control;

@@ -32,4 +32,17 @@ public sealed class RuntimeFileLockingTests
         _output.WriteLine($"control (no lock of its own): exit {controlCode}: {controlOutput}");
         Assert.True(controlCode == SafetyChild.WrongOutcome, $"INCONCLUSIVE: the control (no lock of its own) was not caught: exit {controlCode}: {controlOutput}");
     }
+
+    /// <summary>A review's finding: an in-place create whose new file another opener locked first said InsufficientSpace
+    /// (its full-disk filter took the AlreadyOpen for one); it says AlreadyOpen. Scenario "create-in-place-loses-the-lock".</summary>
+    [Fact]
+    public void AnInPlaceCreateThatLosesTheLock_SaysAlreadyOpen()
+    {
+        Assert.SkipUnless(System.OperatingSystem.IsLinux(), "flock and the runtime's switch: Unix (Linux here)");
+        using var dir = new TempDirectory();
+        (int code, string output) = TestProgram.RunChild(WithoutRuntimeLocking, SafetyChild.Role, "create-in-place-loses-the-lock", dir.File("a.heap"));
+        _output.WriteLine($"exit {code}: {output}");
+        Assert.SkipWhen(code == SafetyChild.Inconclusive, $"INCONCLUSIVE: the racer never locked the new file first: {output}");
+        Assert.True(code == SafetyChild.Survived, $"exit {code}: {output}");
+    }
 }
