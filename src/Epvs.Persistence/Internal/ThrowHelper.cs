@@ -34,11 +34,11 @@ internal static class ThrowHelper
     internal static void ThrowHeapFull(int size, string why, string reserve) =>
         throw new InsufficientMemoryException($"The persistent heap has no free block for a {size}-byte payload and cannot grow further: {why}.{reserve}");
 
-    /// <summary>A copy method's array of <paramref name="type"/> that .NET cannot make (a value type of 64 KiB or more, or an
-    /// entry holding one): said as such, not as the runtime's <see cref="TypeLoadException"/>.</summary>
+    /// <summary>A copy method's array that .NET cannot make (its entries, described by <paramref name="entry"/>, are a value
+    /// type of 64 KiB or more): said as such, not as the runtime's <see cref="TypeLoadException"/>.</summary>
     [DoesNotReturn]
-    internal static void ThrowTooLargeForArrays(string method, Type type, int size, TypeLoadException e) =>
-        throw new NotSupportedException($"{method} copies into an array, and .NET cannot make arrays of {type.Name} ({size} bytes: a value type of 64 KiB or more, or an entry holding one). The structure itself holds such values: read them one at a time.", e);
+    internal static void ThrowTooLargeForArrays(string method, string entry, TypeLoadException e) =>
+        throw new NotSupportedException($"{method} copies into an array, and .NET cannot make arrays of value types of 64 KiB or more (with the array entry's own fields); each entry here holds {entry}. The structure itself holds such values: read them one at a time.", e);
 
     [DoesNotReturn]
     internal static void ThrowInvalidPayloadRef(PayloadRef reference, string why) =>

@@ -41,6 +41,8 @@ public sealed class PersistentHashMap<TKey, TValue>
     /// <exception cref="ArgumentOutOfRangeException"><paramref name="typeId"/> is not in [0, 2^24) (the high bits record the structure's kind).</exception>
     /// <exception cref="InvalidOperationException">A structure with this type id was already opened on the heap.</exception>
     /// <exception cref="System.IO.InvalidDataException">The recovered payloads of this type id are not this map's (other key or value size).</exception>
+    /// <exception cref="NotSupportedException"><typeparamref name="TKey"/> takes more than 60 KiB (61,440 bytes): .NET cannot
+    /// make the dictionary entries the map keeps its keys in.</exception>
     /// <exception cref="ObjectDisposedException">The heap has been disposed.</exception>
     public PersistentHashMap(BufferedDurableHeap heap, int typeId)
     {
@@ -131,8 +133,9 @@ public sealed class PersistentHashMap<TKey, TValue>
     /// <summary>A copy of every entry. Each entry is read atomically, the whole map is not (like enumerating a <see cref="System.Collections.Concurrent.ConcurrentDictionary{TKey, TValue}"/>).</summary>
     /// <returns>The entries, in no particular order.</returns>
     /// <exception cref="ObjectDisposedException">The heap was disposed.</exception>
-    /// <exception cref="NotSupportedException"><typeparamref name="TValue"/> is too large for a .NET array (64 KiB or more,
-    /// with the key and the dictionary's entry fields): read the values one at a time with <see cref="TryGetValue"/>.</exception>
+    /// <exception cref="NotSupportedException"><typeparamref name="TKey"/> or <typeparamref name="TValue"/> is too large for
+    /// a .NET array (64 KiB or more, with the other and the dictionary's entry fields): read the values one at a time with
+    /// <see cref="TryGetValue"/>.</exception>
     public Dictionary<TKey, TValue> ToDictionary()
     {
         try
@@ -141,8 +144,9 @@ public sealed class PersistentHashMap<TKey, TValue>
         }
         catch (TypeLoadException e)
         {
-            // The dictionary's entry array: the runtime refuses arrays of value types of 64 KiB or more.
-            ThrowHelper.ThrowTooLargeForArrays(nameof(ToDictionary), typeof(TValue), System.Runtime.CompilerServices.Unsafe.SizeOf<TValue>(), e);
+            // The dictionary's entry array: the runtime refuses arrays of value types of 64 KiB or more. Each entry holds
+            // a key and a value, either of which (or both together) may make it too large: the message names both.
+            ThrowHelper.ThrowTooLargeForArrays(nameof(ToDictionary), $"a {typeof(TKey).Name} key ({Unsafe.SizeOf<TKey>()} bytes) and a {typeof(TValue).Name} value ({Unsafe.SizeOf<TValue>()} bytes)", e);
             throw;
         }
     }

@@ -21,6 +21,23 @@ internal static class StructureKind
     internal const int Queue = 3;
     internal const int TypeIdLimit = 1 << 24;
 
+    /// <summary>
+    /// The largest key type a map takes, in bytes: the maps keep keys in .NET dictionaries and arrays (a byte map's index,
+    /// a salvage's resolution of duplicates, <see cref="PersistentHashMap{TKey, TValue}.ToDictionary"/>), whose entries
+    /// .NET refuses at 64 KiB; with the entries' own fields, keys of 60 KiB or less always fit.
+    /// </summary>
+    internal const int MaxKeySize = 60 * 1024;
+
+    /// <summary>Refuses a map's key type larger than <see cref="MaxKeySize"/>, before the map reads or writes anything.</summary>
+    /// <exception cref="NotSupportedException">The key type is larger.</exception>
+    internal static void RefuseHugeKeys(Type keyType, int keySize)
+    {
+        if (keySize > MaxKeySize)
+        {
+            throw new NotSupportedException($"A map's key type may take at most {MaxKeySize} bytes; {keyType.Name} takes {keySize}. The maps keep keys in .NET dictionaries, whose entries .NET refuses at 64 KiB: use a smaller key (a hash or an id of the large one), with the large data in the value.");
+        }
+    }
+
     /// <summary>Key sizes below this are recorded exactly in the code; this value stands for every larger one, whose exact size the key-size record holds.</summary>
     private const int MaxKeyCode = 31;
 

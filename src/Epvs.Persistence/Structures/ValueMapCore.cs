@@ -48,6 +48,7 @@ internal sealed unsafe class ValueMapCore<TKey, TValue>
     internal ValueMapCore(BufferedDurableHeap heap, int typeId, int recoveryParallelism)
     {
         ArgumentNullException.ThrowIfNull(heap);
+        StructureKind.RefuseHugeKeys(typeof(TKey), sizeof(TKey));
         _heap = heap;
 
         // The rebuild reads the payloads in the mapping: inside a read operation, so that a disposed heap throws and a

@@ -33,7 +33,7 @@ public sealed class HugeValueTypeTests
         queue.Enqueue(value);
 
         NotSupportedException fromMap = Assert.Throws<NotSupportedException>(() => map.ToDictionary());
-        Assert.Contains("70000 bytes", fromMap.Message, StringComparison.Ordinal);
+        Assert.Contains("Huge value (70000 bytes)", fromMap.Message, StringComparison.Ordinal);
         Assert.IsType<TypeLoadException>(fromMap.InnerException);
         Assert.Throws<TypeLoadException>(() => queue.ToArray()); // the runtime's, as documented
 
@@ -41,5 +41,108 @@ public sealed class HugeValueTypeTests
         Assert.Equal(42, ((ReadOnlySpan<byte>)read)[5]);
         Assert.True(queue.TryDequeue(out Huge dequeued));
         Assert.Equal(42, ((ReadOnlySpan<byte>)dequeued)[5]);
+    }
+
+    /// <summary>A probe's note: the message named the value's type even when the key made the entry too large. Now it names both.</summary>
+    [Fact]
+    public void ToDictionary_OfEntriesTooLargeByKeyAndValue_NamesBoth()
+    {
+        using var domain = new SimulatedPersistenceDomain(1 << 20, 64 << 20);
+        using HeapFile file = HeapFile.Create(domain);
+        using BufferedDurableHeap heap = BufferedDurableHeap.Open(file);
+        var map = new PersistentHashMap<WideKey, Wide>(heap, typeId: 3);
+        var key = default(WideKey);
+        ((Span<byte>)key)[7] = 9;
+        var value = default(Wide);
+        ((Span<byte>)value)[3] = 4;
+        map.Set(key, value);
+
+        NotSupportedException e = Assert.Throws<NotSupportedException>(() => map.ToDictionary());
+        Assert.Contains("WideKey key (40000 bytes) and a Wide value (40000 bytes)", e.Message, StringComparison.Ordinal);
+        Assert.True(map.TryGetValue(key, out Wide read));
+        Assert.Equal(4, ((ReadOnlySpan<byte>)read)[3]);
+    }
+
+    /// <summary>
+    /// A probe's finding: a map of keys of 64 KiB or more failed in its constructor with the runtime's
+    /// InvalidProgramException (a hash map: after it had claimed its type id, so a second attempt was told the type id was
+    /// taken) or TypeLoadException (a byte map). Both refuse such key types first now, saying why, and the type id stays free.
+    /// </summary>
+    [Fact]
+    public void MapsOfHugeKeys_AreRefusedBeforeTheyClaimTheirTypeId()
+    {
+        using var domain = new SimulatedPersistenceDomain(1 << 20, 64 << 20);
+        using HeapFile file = HeapFile.Create(domain);
+        using BufferedDurableHeap heap = BufferedDurableHeap.Open(file);
+
+        NotSupportedException fromHashMap = Assert.Throws<NotSupportedException>(() => new PersistentHashMap<HugeKey, long>(heap, typeId: 4));
+        Assert.Contains("HugeKey takes 70000", fromHashMap.Message, StringComparison.Ordinal);
+        NotSupportedException fromByteMap = Assert.Throws<NotSupportedException>(() => new PersistentByteMap<HugeKey>(heap, typeId: 5));
+        Assert.Contains("HugeKey takes 70000", fromByteMap.Message, StringComparison.Ordinal);
+
+        // Nothing claimed: the type ids take maps of keys that fit.
+        new PersistentHashMap<long, long>(heap, typeId: 4).Set(1, 2);
+        new PersistentByteMap<long>(heap, typeId: 5).Set(1, new byte[] { 3 });
+        heap.Sync();
+    }
+
+    [Fact]
+    public void TheLargestKeyTypeAMapTakes_Works()
+    {
+        using var domain = new SimulatedPersistenceDomain(1 << 20, 64 << 20);
+        using HeapFile file = HeapFile.Create(domain);
+        using BufferedDurableHeap heap = BufferedDurableHeap.Open(file);
+        Assert.Equal(StructureKind.MaxKeySize, Unsafe.SizeOf<LargestKey>());
+        var key = default(LargestKey);
+        ((Span<byte>)key)[7] = 9;
+        var map = new PersistentHashMap<LargestKey, long>(heap, typeId: 6);
+        var bytes = new PersistentByteMap<LargestKey>(heap, typeId: 7);
+        map.Set(key, 5);
+        bytes.Set(key, new byte[] { 6 });
+        Assert.Single(map.ToDictionary());
+        Assert.Equal(new byte[] { 6 }, bytes.Get(key));
+        Assert.Single(bytes.ToList());
+    }
+
+    [InlineArray(70_000)]
+    public struct HugeKey : IEquatable<HugeKey>
+    {
+        private byte _element;
+
+        public readonly bool Equals(HugeKey other) => ((ReadOnlySpan<byte>)this).SequenceEqual(other);
+
+        public override readonly bool Equals(object? obj) => obj is HugeKey other && Equals(other);
+
+        public override readonly int GetHashCode() => ((ReadOnlySpan<byte>)this)[7];
+    }
+
+    [InlineArray(StructureKind.MaxKeySize)]
+    public struct LargestKey : IEquatable<LargestKey>
+    {
+        private byte _element;
+
+        public readonly bool Equals(LargestKey other) => ((ReadOnlySpan<byte>)this).SequenceEqual(other);
+
+        public override readonly bool Equals(object? obj) => obj is LargestKey other && Equals(other);
+
+        public override readonly int GetHashCode() => ((ReadOnlySpan<byte>)this)[7];
+    }
+
+    [InlineArray(40_000)]
+    public struct WideKey : IEquatable<WideKey>
+    {
+        private byte _element;
+
+        public readonly bool Equals(WideKey other) => ((ReadOnlySpan<byte>)this).SequenceEqual(other);
+
+        public override readonly bool Equals(object? obj) => obj is WideKey other && Equals(other);
+
+        public override readonly int GetHashCode() => ((ReadOnlySpan<byte>)this)[7];
+    }
+
+    [InlineArray(40_000)]
+    public struct Wide
+    {
+        private byte _element;
     }
 }
