@@ -17,12 +17,24 @@ public readonly struct EpochSlotInfo
     /// <summary>Position of the slot in the table.</summary>
     public int SlotIndex { get; }
 
-    /// <summary>The epoch the thread announced; it holds back every action registered at this epoch or later.</summary>
+    /// <summary>
+    /// The epoch the thread announced; it holds back every action registered at this epoch or later. For a thread
+    /// stepped aside (<see cref="IsSteppedAside"/>): <see cref="long.MaxValue"/> − 1, above every epoch (it holds nothing back).
+    /// </summary>
     public long Epoch { get; }
+
+    /// <summary>
+    /// Whether the thread has stepped aside inside an <see cref="EpochProtectedVersionScheme.Refresh"/> while a transition
+    /// waits for other threads: it holds nothing back, but keeps its slot (so <see cref="LightEpoch.Dispose"/> counts it)
+    /// and takes its region up again when the transition is done.
+    /// </summary>
+    public bool IsSteppedAside => Epoch == EpochSlotTable.ParkedMarker;
 
     /// <summary>The managed thread id (<see cref="System.Environment.CurrentManagedThreadId"/>) of the owner.</summary>
     public int ManagedThreadId { get; }
 
     /// <inheritdoc/>
-    public override string ToString() => $"slot {SlotIndex}: thread {ManagedThreadId} at epoch {Epoch}";
+    public override string ToString() => IsSteppedAside
+        ? $"slot {SlotIndex}: thread {ManagedThreadId} stepped aside in Refresh (waiting for a transition; holds nothing back)"
+        : $"slot {SlotIndex}: thread {ManagedThreadId} at epoch {Epoch}";
 }

@@ -33,7 +33,7 @@ public sealed class EpochTableSnapshot
     /// <summary>Slots in the pending-action list (it grows with the peak number of pending actions).</summary>
     public int DrainListCapacity { get; }
 
-    /// <summary>Threads protected at the time of the snapshot, oldest announcement first.</summary>
+    /// <summary>Threads protected at the time of the snapshot, oldest announcement first (those stepped aside in a Refresh last: see <see cref="EpochSlotInfo.IsSteppedAside"/>).</summary>
     public IReadOnlyList<EpochSlotInfo> ProtectedThreads { get; }
 
     /// <summary>For each pending deferred action, the epoch that must become safe before it runs (sorted).</summary>

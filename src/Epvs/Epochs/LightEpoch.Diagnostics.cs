@@ -6,12 +6,14 @@ namespace Epvs;
 public sealed unsafe partial class LightEpoch
 {
     /// <summary>
-    /// Takes a snapshot of the table and the pending actions for debugging, without stopping other threads.
+    /// Takes a snapshot of the table and the pending actions for debugging, without stopping other threads. Every thread
+    /// that holds a slot is listed, as <see cref="Dispose"/> counts them: those stepped aside inside a
+    /// <see cref="EpochProtectedVersionScheme.Refresh"/> too (<see cref="EpochSlotInfo.IsSteppedAside"/>).
     /// </summary>
     /// <returns>The snapshot; <see cref="EpochTableSnapshot.ToString"/> prints a readable dump.</returns>
-    public EpochTableSnapshot GetSnapshot() => GetSnapshot(long.MaxValue - 2);
+    public EpochTableSnapshot GetSnapshot() => GetSnapshot(EpochSlotTable.ParkedMarker);
 
-    /// <summary>Snapshot listing only the threads that announced <paramref name="atOrBelow"/> or older.</summary>
+    /// <summary>Snapshot listing only the threads that announced <paramref name="atOrBelow"/> or older (<see cref="EpochSlotTable.ParkedMarker"/>: parked ones too).</summary>
     internal EpochTableSnapshot GetSnapshot(long atOrBelow)
     {
         var threads = new List<EpochSlotInfo>();

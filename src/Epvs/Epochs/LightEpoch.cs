@@ -1221,7 +1221,8 @@ public sealed unsafe partial class LightEpoch : IDisposable
     /// </remarks>
     /// <exception cref="InvalidOperationException">A thread is still protected by this instance (a thread inside an
     /// <see cref="EpochProtectedVersionScheme.Refresh"/> on it counts, also while it has stepped aside for a transition);
-    /// nothing is disposed, so the caller can make the threads leave and try again. Or: called from inside an action that
+    /// nothing is disposed, so the caller can make the threads leave and try again (called from a deferred action that a
+    /// protected thread runs, the message says so: that thread cannot leave from inside the action). Or: called from inside an action that
     /// this epoch's own Dispose is running (on the thread of that Dispose, which cannot wait for itself); that Dispose
     /// completes regardless. Or: called 512 or more drains deep on the calling thread (deferred actions inside deferred
     /// actions): its final run would run the pending actions deeper still, and a chain of them overflowed the stack;
@@ -1229,6 +1230,13 @@ public sealed unsafe partial class LightEpoch : IDisposable
     /// <exception cref="ThreadInterruptedException">The call waited for another Dispose and was interrupted.</exception>
     public void Dispose()
     {
+        // The action's own case first: the advice for a protected caller (Suspend first) is refused inside the action.
+        if (ProtectedOnlyByTheThreadRunningThisAction())
+            ThrowHelper.ThrowInvalidOperation(
+                "Dispose was called from a deferred action that a protected thread runs (in its ProtectAndDrain/Refresh or " +
+                "Resume/Enter, or a BumpCurrentEpoch inside its region): that thread stays protected while the action runs, so " +
+                "the epoch cannot close, and the action may not end the region for it. Dispose from outside the deferred " +
+                "action, once the thread has left (TryDispose returns false here). The epoch was not disposed.");
         if (ThisInstanceProtected())
             ThrowHelper.ThrowInvalidOperation("Dispose was called by a thread that is still protected by this epoch; call Suspend()/Leave() first.");
         if (!DisposeCompleted)
