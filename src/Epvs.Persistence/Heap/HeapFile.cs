@@ -271,6 +271,12 @@ public sealed unsafe partial class HeapFile : IDisposable
 
     internal long MaxSegments { get; }
 
+    /// <summary>
+    /// How many bytes the medium holds: the file's length (a growth extends it before the superblock's size covers the
+    /// new segments, and keeps a spare segment beyond), or the domain's length without a file of this heap's own.
+    /// </summary>
+    internal long MediumLength => _lockedFile is not null ? RandomAccess.GetLength(_lockedFile.SafeFileHandle) : Domain.Length;
+
     /// <summary>How far this open lets the heap grow, in bytes, when the caller's <see cref="HeapFileOptions.MaxSize"/> capped it below the recorded maximum; 0 otherwise.</summary>
     internal long OpenMaxSize { get; private set; }
 

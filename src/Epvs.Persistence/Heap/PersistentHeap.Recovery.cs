@@ -9,6 +9,35 @@ namespace Epvs.Persistence;
 // Recovery: rebuilding every transient structure from the segment table and the block headers.
 public sealed unsafe partial class PersistentHeap
 {
+    /// <summary>Broken control for tests: recovery does not look at the table beyond the heap size (as before).</summary>
+    internal static bool SkipTableBeyondTheHeapSizeForTesting { get; set; }
+
+    /// <summary>
+    /// A superblock older than a growth (a lost write of its page, an old copy of it put back): its heap size hides the
+    /// segments the growth added, and every block in them, silently (a heap full before the growth put every later
+    /// payload there); and the session's next growth formats them, for good. A growth extends the medium first, then
+    /// writes only free, generation-0 descriptors beyond the heap size before the size covers them (see
+    /// <see cref="HeapFile.TryGrow"/>): a checked descriptor there that is any other is no crash's, and proves the size
+    /// word older than the table. Looked at up to the end of the medium (a spare segment, normally), before anything is written.
+    /// </summary>
+    /// <exception cref="HeapFileException"><see cref="HeapFileError.Corrupt"/>: such a descriptor.</exception>
+    private void RefuseDescriptorsBeyondTheHeapSize(long segments)
+    {
+        if (SkipTableBeyondTheHeapSizeForTesting || HeapFileTestHooks.IgnoreSeals)
+        {
+            return;
+        }
+
+        long onMedium = Math.Min(_file.MaxSegments, Math.Max(0, (_file.MediumLength - _file.DataStart) / HeapLayout.SegmentSize));
+        for (long s = segments; s < onMedium; s++)
+        {
+            if (HeapLayout.IsValidDescriptor(_table[s], s) && _table[s] != HeapLayout.InitialDescriptor(s))
+            {
+                ThrowHelper.ThrowHeapFile(HeapFileError.Corrupt, $"Cannot open heap file '{_file.Path}': the descriptor of segment {s} (0x{_table[s]:X16}), beyond the {segments} segments the superblock's heap size covers, is one only a heap that grew over it writes: the superblock is older than the segment table (a lost write of its first page, or an old copy of it), and opening would hide those segments' blocks. Restore the superblock (the file's first page) from a copy of the file, or the file.");
+            }
+        }
+    }
+
     private HeapStatistics Recover(PersistentHeapOptions options)
     {
         long segments = _file.SegmentCount;
@@ -35,6 +64,8 @@ public sealed unsafe partial class PersistentHeap
                 ThrowHelper.ThrowHeapFile(HeapFileError.Corrupt, $"Cannot open heap file '{_file.Path}': the descriptor of segment {s} (0x{_table[s]:X16}) passes its check but describes no segment this format writes (role {HeapLayout.DescriptorRole(_table[s])}, {HeapLayout.DescriptorPayload(_table[s])}); the segment's blocks cannot be trusted. Restore the file from a copy.");
             }
         }
+
+        RefuseDescriptorsBeyondTheHeapSize(segments);
 
         // Fast reopen: checked (read-only, every block it marks allocated checked whole) and invalidated durably.
         (ulong[] Bitmap, long NextUid)? saved = TryReadSavedState(options.RecoveryParallelism);
