@@ -10,12 +10,14 @@ namespace Epvs.Persistence.Tests;
 /// Child-process corruption fuzz of a cleanly closed buffered heap that went through churn (a hash map, a byte map
 /// of values in several size classes whose segments were released and reused and of large values, a queue): one kind of damage beyond a
 /// single bit flip per case — "garbage" (a run of random bytes), "zero-page" (a 4 KiB page zeroed), "swap-pages" (two
-/// 4 KiB pages exchanged), "swap-segments" (two 64 KiB segments exchanged), "swap-descriptors" (two descriptor words
+/// 4 KiB pages exchanged), "ff-page" (a page of 0xFF), "copy-page" and "copy-run" (a misdirected write: a page, or 2–16
+/// pages, copied over others of the file), "zero-run" (2–32 pages zeroed), "swap-segments" (two 64 KiB segments exchanged), "swap-descriptors" (two descriptor words
 /// exchanged), "copy-descriptor" (one descriptor word copied over another), "truncate" (cut into the data, and
 /// optionally extended again with zeros), "extend" (bytes appended), "fuzz" (random bytes of the whole file
 /// replaced). Each case reopens the damaged copy twice, in the clean image and as after a crash (clean flag cleared):
 /// by default it must be refused or recover exactly; with <c>SalvageDamagedBlocks</c> every surviving entry must hold
-/// a value its key once had durably, and an open that reports no damage must be exact. Seeds are fixed
+/// a value its key once had durably, no more entries may be lost or changed than it lists damaged blocks, and the next
+/// open (no salvage) must report no damage and find what the salvage kept; an open that reports no damage must be exact. Seeds are fixed
 /// (<see cref="Seed"/> + case); <c>EPVS_CORRUPTION_FUZZ_CASES</c> raises the count per kind. Exits 0 when nothing was
 /// silently wrong; an unexpected exception type is reported too. A crash kills the child, which the test sees.
 /// </summary>
@@ -498,6 +500,41 @@ internal static class CorruptionFuzz
                     return longer;
                 }
 
+            case "ff-page":
+                {
+                    int page = random.Next(pages);
+                    data.AsSpan(page * 4096, 4096).Fill(0xFF);
+                    what = $"0xFF page {page}";
+                    return data;
+                }
+
+            case "copy-page":
+                {
+                    // A misdirected write: page a's bytes also written over page b.
+                    int a = random.Next(pages), b = random.Next(pages);
+                    Array.Copy(original, a * 4096L, data, b * 4096L, 4096);
+                    what = $"copy page {a} over {b}";
+                    return data;
+                }
+
+            case "zero-run":
+                {
+                    int count = 2 + random.Next(31);
+                    int page = random.Next(pages - count);
+                    data.AsSpan(page * 4096, count * 4096).Clear();
+                    what = $"zero pages [{page}, +{count})";
+                    return data;
+                }
+
+            case "copy-run":
+                {
+                    int count = 2 + random.Next(15);
+                    int a = random.Next(pages - count), b = random.Next(pages - count);
+                    Array.Copy(original, a * 4096L, data, b * 4096L, count * 4096);
+                    what = $"copy pages [{a}, +{count}) over [{b}, +{count})";
+                    return data;
+                }
+
             case "fuzz":
                 {
                     int count = 1 + random.Next(64);
@@ -520,6 +557,24 @@ internal static class CorruptionFuzz
         byte[] t = data.AsSpan((int)a, length).ToArray();
         Array.Copy(data, b, data, a, length);
         t.CopyTo(data, b);
+    }
+
+    /// <summary>After a salvaging open was closed: null when the next open (no salvage) reports no damage and holds what the salvage kept; otherwise why not.</summary>
+    private static string? SecondOpen(string path, Dictionary<long, long> map, Dictionary<long, byte[]> bytes, long[] queue)
+    {
+        using BufferedDurableHeap again = BufferedDurableHeap.Open(path, new HeapFileOptions { Domain = PersistenceDomainKind.MappedFile }, new BufferedDurableHeapOptions { AdvancePeriod = Timeout.InfiniteTimeSpan });
+        if (again.Recovery.DamagedBlocks.Count != 0)
+        {
+            return $"SILENT: the open after a salvage reports {again.Recovery.DamagedBlocks.Count} damaged blocks";
+        }
+
+        Dictionary<long, long> map2 = new PersistentHashMap<long, long>(again, MapType).ToDictionary();
+        var bytes2 = new PersistentByteMap<long>(again, BytesType).ToList().ToDictionary(e => e.Key, e => e.Value);
+        long[] queue2 = new PersistentQueue<long>(again, QueueType).ToArray();
+        bool same = map2.Count == map.Count && map2.All(e => map.TryGetValue(e.Key, out long v) && v == e.Value)
+            && bytes2.Count == bytes.Count && bytes2.All(e => bytes.TryGetValue(e.Key, out byte[]? v) && v.AsSpan().SequenceEqual(e.Value))
+            && queue2.SequenceEqual(queue);
+        return same ? null : $"SILENT: the open after a salvage differs from it: map {map2.Count}/{map.Count}, bytes {bytes2.Count}/{bytes.Count}, queue {queue2.Length}/{queue.Length}";
     }
 
     /// <summary>Opens the file and classifies the result: "refused", "exact", "salvaged" or "SILENT ..."/"UNEXPECTED ...".</summary>
@@ -571,7 +626,26 @@ internal static class CorruptionFuzz
                 return "SILENT: salvaged queue holds elements never enqueued, or twice, or out of FIFO order";
             }
 
-            return "salvaged";
+            // Each damaged block held one entry at most: a salvage loses or changes no more entries than it lists.
+            int lost = image.Map.Count(e => !gotMap.TryGetValue(e.Key, out long v) || v != e.Value)
+                + image.Bytes.Count(e => !gotBytes.TryGetValue(e.Key, out byte[]? v) || !v.AsSpan().SequenceEqual(e.Value))
+                + image.Queue.Count(e => !gotQueue.Contains(e));
+            if (lost > heap.Recovery.DamagedBlocks.Count)
+            {
+                return $"SILENT: the salvage lost or changed {lost} entries for {heap.Recovery.DamagedBlocks.Count} damaged blocks listed";
+            }
+
+            // The salvage leaves a sound file: the next open reports no damage and finds what this one kept.
+            heap.Sync();
+            heap.Dispose();
+            try
+            {
+                return SecondOpen(path, gotMap, gotBytes, gotQueue) ?? "salvaged";
+            }
+            catch (Exception e)
+            {
+                return $"SILENT: the open after a salvage failed: {e.GetType().Name}: {e.Message.Split('\n')[0]}";
+            }
         }
         catch (HeapFileException)
         {
