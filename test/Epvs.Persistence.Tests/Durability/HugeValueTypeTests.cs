@@ -50,15 +50,15 @@ public sealed class HugeValueTypeTests
         using var domain = new SimulatedPersistenceDomain(1 << 20, 64 << 20);
         using HeapFile file = HeapFile.Create(domain);
         using BufferedDurableHeap heap = BufferedDurableHeap.Open(file);
-        var map = new PersistentHashMap<WideKey, Wide>(heap, typeId: 3);
-        var key = default(WideKey);
+        var map = new PersistentHashMap<LargestKey, Wide>(heap, typeId: 3);
+        var key = default(LargestKey);
         ((Span<byte>)key)[7] = 9;
         var value = default(Wide);
         ((Span<byte>)value)[3] = 4;
         map.Set(key, value);
 
         NotSupportedException e = Assert.Throws<NotSupportedException>(() => map.ToDictionary());
-        Assert.Contains("WideKey key (40000 bytes) and a Wide value (40000 bytes)", e.Message, StringComparison.Ordinal);
+        Assert.Contains("LargestKey key (61440 bytes) and a Wide value (40000 bytes)", e.Message, StringComparison.Ordinal);
         Assert.True(map.TryGetValue(key, out Wide read));
         Assert.Equal(4, ((ReadOnlySpan<byte>)read)[3]);
     }
@@ -124,18 +124,6 @@ public sealed class HugeValueTypeTests
         public readonly bool Equals(LargestKey other) => ((ReadOnlySpan<byte>)this).SequenceEqual(other);
 
         public override readonly bool Equals(object? obj) => obj is LargestKey other && Equals(other);
-
-        public override readonly int GetHashCode() => ((ReadOnlySpan<byte>)this)[7];
-    }
-
-    [InlineArray(40_000)]
-    public struct WideKey : IEquatable<WideKey>
-    {
-        private byte _element;
-
-        public readonly bool Equals(WideKey other) => ((ReadOnlySpan<byte>)this).SequenceEqual(other);
-
-        public override readonly bool Equals(object? obj) => obj is WideKey other && Equals(other);
 
         public override readonly int GetHashCode() => ((ReadOnlySpan<byte>)this)[7];
     }
