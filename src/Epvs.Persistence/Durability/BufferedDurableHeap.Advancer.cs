@@ -138,6 +138,9 @@ public sealed unsafe partial class BufferedDurableHeap
         SyncCore(target, timeout);
     }
 
+    /// <summary>Test hook: runs in <see cref="SyncAsync"/> once it found the heap not disposed, before it reads its target.</summary>
+    internal Action? SyncAsyncCheckedForTesting { get; set; }
+
     /// <summary>Test hook: runs in <see cref="SyncAsync"/> after its wait is registered, before it wakes the advancer.</summary>
     internal Action? SyncAsyncWakingForTesting { get; set; }
 
@@ -146,7 +149,10 @@ public sealed unsafe partial class BufferedDurableHeap
     /// durable. The background advancer (or, without one, a pool thread) does the work.
     /// </summary>
     /// <param name="cancellationToken">Cancels the wait (not the advance).</param>
-    /// <returns>A task that completes when durable, or faults with <see cref="TimeoutException"/> after <see cref="BufferedDurableHeapOptions.SyncTimeout"/>.</returns>
+    /// <returns>A task that completes when durable, or faults with <see cref="TimeoutException"/> after
+    /// <see cref="BufferedDurableHeapOptions.SyncTimeout"/>. A Dispose on another thread meanwhile completes it with its last
+    /// advance (which covers every operation completed before the Dispose), or faults it with
+    /// <see cref="ObjectDisposedException"/> when that advance failed or could not run.</returns>
     /// <exception cref="InvalidOperationException">The calling thread is inside an operation of this heap or of another
     /// buffered heap (as for <see cref="Sync()"/>: the task could not complete before the operation ends, so a caller
     /// that waited for it there would wait for ever; end the operation first), the heap is
@@ -155,6 +161,7 @@ public sealed unsafe partial class BufferedDurableHeap
     public Task SyncAsync(CancellationToken cancellationToken = default)
     {
         ThrowIfDisposed();
+        SyncAsyncCheckedForTesting?.Invoke();
         ThrowIfProtected(nameof(SyncAsync));
         RefuseWaitInsideAnotherHeapsOperation(nameof(SyncAsync));
 

@@ -605,6 +605,7 @@ public sealed unsafe partial class BufferedDurableHeap : IDisposable
         bool drained = false;
         bool released = false;
         bool disposeTimedOut = false; // the Dispose's own wait for the operations (its message says so), not the final Sync's
+        bool lastAdvanceDone = false;
         try
         {
             // Not for an operation that can never end (a thread exited inside it): the heap fails first, so the last advance
@@ -624,6 +625,7 @@ public sealed unsafe partial class BufferedDurableHeap : IDisposable
                     try
                     {
                         SyncCore(version, Remaining(deadline), nameof(Dispose));
+                        lastAdvanceDone = true;
                         break;
                     }
                     catch (ThreadInterruptedException) when (InterruptShield.Absorbs())
@@ -665,6 +667,15 @@ public sealed unsafe partial class BufferedDurableHeap : IDisposable
                 }
 
                 AfterDisposeClosedCyclesForTesting?.Invoke();
+
+                // After the last advance, every SyncAsync still waiting is one that began before this Dispose (a later one
+                // is refused): the operations it covers completed before it, so in a version at or below the one that advance
+                // made durable, though its target, read after the advance's transition, may be the version above (it was
+                // failed as if its operations were lost).
+                if (lastAdvanceDone && (_faults & DurabilityFaults.DisposeFailsCoveredWaiters) == 0)
+                {
+                    CompleteWaiters(long.MaxValue);
+                }
 
                 // SyncAsync waiters the last advance did not complete (it failed, or did not run) would otherwise wait for
                 // ever (an infinite SyncTimeout) or time out against a disposed heap.

@@ -166,4 +166,7 @@ internal enum DurabilityFaults : long
 
     /// <summary>A thread that needs the cycle gate (a Sync, a helping writer) waits for the gate alone (as before), not for the gate or the durable frontier at its target: it waits through cycles that made its version durable, as long as another thread keeps the gate.</summary>
     WaitForTheCycleGateAlone = 2251799813685248,
+
+    /// <summary>Dispose fails every SyncAsync its last advance left waiting (as before), also those whose operations that advance made durable (their target read after its transition).</summary>
+    DisposeFailsCoveredWaiters = 4503599627370496,
 }

@@ -100,4 +100,65 @@ public sealed class DisposeFaultTests
         Assert.Null(failure);
         Assert.True(sync!.IsCompletedSuccessfully, $"SyncAsync's task is {sync.Status}");
     }
+
+    [Fact]
+    public void ASyncAsyncWhoseTargetTheLastAdvanceMovedPast_Completes()
+    {
+        Assert.Null(SyncAsyncReadingItsTargetAfterDisposesLastAdvance(control: false));
+    }
+
+    [Fact]
+    public void FailingEveryWaiterTheLastAdvanceLeft_IsCaught()
+    {
+        Assert.IsType<ObjectDisposedException>(SyncAsyncReadingItsTargetAfterDisposesLastAdvance(control: true));
+    }
+
+    /// <summary>
+    /// A probe's note (1 in 660,000 tasks racing Dispose): a SyncAsync that began before a Dispose and read its target
+    /// after Dispose's last advance had moved the version waited for the version above the one that advance made durable,
+    /// and Dispose failed its task with ObjectDisposedException, as if its operations were lost; they were durable (every
+    /// operation it covers completed before it, so before the Dispose, in a version that advance wrote back). Now
+    /// Dispose completes the waiters its last advance left. Returns what the task ended with (null: completed), after
+    /// checking that the operation is durable either way. The control fails them as before.
+    /// </summary>
+    private static Exception? SyncAsyncReadingItsTargetAfterDisposesLastAdvance(bool control)
+    {
+        TimeSpan wait = TimeSpan.FromSeconds(30);
+        using var dir = new TempDirectory();
+        string path = dir.File($"sync-target-{control}.heap");
+        BufferedDurableHeap heap = BufferedDurableHeap.Create(path, Small, new BufferedDurableHeapOptions
+        {
+            AdvancePeriod = TimeSpan.FromHours(1),
+            Faults = control ? DurabilityFaults.DisposeFailsCoveredWaiters : DurabilityFaults.None,
+        });
+        new PersistentHashMap<int, int>(heap, typeId: 1).Set(1, 10);
+        using var passedItsCheck = new ManualResetEventSlim();
+        using var lastAdvanceDone = new ManualResetEventSlim();
+        using var registered = new ManualResetEventSlim();
+        heap.SyncAsyncCheckedForTesting = () =>
+        {
+            passedItsCheck.Set();
+            Assert.True(lastAdvanceDone.Wait(wait));
+        };
+        heap.AfterDisposeClosedCyclesForTesting = () =>
+        {
+            lastAdvanceDone.Set();
+            Assert.True(registered.Wait(wait));
+        };
+        heap.SyncAsyncWakingForTesting = registered.Set;
+        System.Threading.Tasks.Task? sync = null;
+        Exception? failure = null;
+        var caller = new Thread(() => failure = Record.Exception(() => { sync = heap.SyncAsync(); })) { IsBackground = true };
+        caller.Start();
+        Assert.True(passedItsCheck.Wait(wait));
+
+        heap.Dispose();
+
+        Assert.True(caller.Join(wait));
+        Assert.Null(failure);
+        Exception? outcome = Record.Exception(() => sync!.Wait(wait));
+        using BufferedDurableHeap reopened = BufferedDurableHeap.Open(path, Small, new BufferedDurableHeapOptions { AdvancePeriod = Timeout.InfiniteTimeSpan });
+        Assert.Equal(new Dictionary<int, int> { [1] = 10 }, new PersistentHashMap<int, int>(reopened, typeId: 1).ToDictionary());
+        return outcome is AggregateException { InnerException: { } inner } ? inner : outcome;
+    }
 }
