@@ -41,8 +41,8 @@ public sealed class PersistentHashMap<TKey, TValue>
     /// <exception cref="ArgumentOutOfRangeException"><paramref name="typeId"/> is not in [0, 2^24) (the high bits record the structure's kind).</exception>
     /// <exception cref="InvalidOperationException">A structure with this type id was already opened on the heap.</exception>
     /// <exception cref="System.IO.InvalidDataException">The recovered payloads of this type id are not this map's (other key or value size).</exception>
-    /// <exception cref="NotSupportedException"><typeparamref name="TKey"/> takes more than 60 KiB (61,440 bytes): .NET cannot
-    /// make the dictionary entries the map keeps its keys in.</exception>
+    /// <exception cref="NotSupportedException"><typeparamref name="TKey"/> takes more than 4 KiB (4,096 bytes): the map
+    /// passes keys by value on the thread's stack and keeps them in .NET dictionaries.</exception>
     /// <exception cref="ObjectDisposedException">The heap has been disposed.</exception>
     public PersistentHashMap(BufferedDurableHeap heap, int typeId)
     {

@@ -22,11 +22,11 @@ internal static class StructureKind
     internal const int TypeIdLimit = 1 << 24;
 
     /// <summary>
-    /// The largest key type a map takes, in bytes: the maps keep keys in .NET dictionaries and arrays (a byte map's index,
-    /// a salvage's resolution of duplicates, <see cref="PersistentHashMap{TKey, TValue}.ToDictionary"/>), whose entries
-    /// .NET refuses at 64 KiB; with the entries' own fields, keys of 60 KiB or less always fit.
+    /// The largest key type a map takes, in bytes (4 KiB). The maps pass keys by value through their calls, several frames
+    /// deep, and keep them in .NET dictionaries (a byte map's index, a salvage's resolution of duplicates): keys of 60 KiB
+    /// overflowed a 1 MiB thread stack in <c>SetMany</c> (the process died), and .NET refuses dictionary entries of 64 KiB.
     /// </summary>
-    internal const int MaxKeySize = 60 * 1024;
+    internal const int MaxKeySize = 4 * 1024;
 
     /// <summary>Refuses a map's key type larger than <see cref="MaxKeySize"/>, before the map reads or writes anything.</summary>
     /// <exception cref="NotSupportedException">The key type is larger.</exception>
@@ -34,7 +34,7 @@ internal static class StructureKind
     {
         if (keySize > MaxKeySize)
         {
-            throw new NotSupportedException($"A map's key type may take at most {MaxKeySize} bytes; {keyType.Name} takes {keySize}. The maps keep keys in .NET dictionaries, whose entries .NET refuses at 64 KiB: use a smaller key (a hash or an id of the large one), with the large data in the value.");
+            throw new NotSupportedException($"A map's key type may take at most {MaxKeySize} bytes; {keyType.Name} takes {keySize}. The maps pass keys by value (on the thread's stack) and keep them in .NET dictionaries: use a smaller key (a hash or an id of the large one), with the large data in the value.");
         }
     }
 

@@ -1,4 +1,5 @@
 using System;
+using System.Collections.Generic;
 using System.Runtime.CompilerServices;
 using Xunit;
 
@@ -58,7 +59,7 @@ public sealed class HugeValueTypeTests
         map.Set(key, value);
 
         NotSupportedException e = Assert.Throws<NotSupportedException>(() => map.ToDictionary());
-        Assert.Contains("LargestKey key (61440 bytes) and a Wide value (40000 bytes)", e.Message, StringComparison.Ordinal);
+        Assert.Contains("LargestKey key (4096 bytes) and a Wide value (62000 bytes)", e.Message, StringComparison.Ordinal);
         Assert.True(map.TryGetValue(key, out Wide read));
         Assert.Equal(4, ((ReadOnlySpan<byte>)read)[3]);
     }
@@ -104,6 +105,19 @@ public sealed class HugeValueTypeTests
         Assert.Single(bytes.ToList());
     }
 
+    /// <summary>
+    /// A review's finding: with the limit at 60 KiB, <c>SetMany</c> of the widest key overflowed a 1 MiB thread stack
+    /// (Windows' default), which killed the process (the map passes keys by value, several frames deep). At the limit
+    /// every call works on such a stack. In a child process: an overflow kills it.
+    /// </summary>
+    [Fact]
+    public void TheWidestKeys_WorkOnAOneMiBStack()
+    {
+        using var dir = new TempDirectory();
+        (int code, string output) = TestProgram.RunChild(new Dictionary<string, string>(), SafetyChild.Role, "widest-keys-on-a-small-stack", dir.File("a.heap"));
+        Assert.True(code == SafetyChild.Survived, $"exit {code}: {output}");
+    }
+
     [InlineArray(70_000)]
     public struct HugeKey : IEquatable<HugeKey>
     {
@@ -128,7 +142,7 @@ public sealed class HugeValueTypeTests
         public override readonly int GetHashCode() => ((ReadOnlySpan<byte>)this)[7];
     }
 
-    [InlineArray(40_000)]
+    [InlineArray(62_000)]
     public struct Wide
     {
         private byte _element;

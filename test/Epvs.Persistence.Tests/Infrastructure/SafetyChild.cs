@@ -36,6 +36,7 @@ internal static class SafetyChild
                 "open-buffered" => OpenBuffered(path),
                 "open-interrupted" => OpenInterrupted(path, control),
                 "visitor-interrupts-its-loop" => VisitorInterruptsItsLoop(path, control),
+                "widest-keys-on-a-small-stack" => WidestKeysOnASmallStack(),
                 "open-twice-without-runtime-locking" => OpenTwiceWithoutRuntimeLocking(path, control),
                 "create-in-place-loses-the-lock" => CreateInPlaceLosesTheLock(path),
                 "buffered-file-disposed-first" => BufferedFileDisposedFirst(path),
@@ -527,6 +528,41 @@ internal static class SafetyChild
         }
 
         return Survived;
+    }
+
+    /// <summary>
+    /// A map of the widest key type it takes used on a thread with a 1 MiB stack (Windows' default): every call, SetMany
+    /// included, must work (with 60 KiB keys SetMany overflowed it, and the process died).
+    /// </summary>
+    private static int WidestKeysOnASmallStack()
+    {
+        using var domain = new SimulatedPersistenceDomain(1 << 20, 64 << 20);
+        using HeapFile file = HeapFile.Create(domain);
+        using BufferedDurableHeap heap = BufferedDurableHeap.Open(file);
+        var map = new PersistentHashMap<HugeValueTypeTests.LargestKey, long>(heap, typeId: 1);
+        bool holds = false;
+        var worker = new Thread(
+            () =>
+            {
+                var items = new KeyValuePair<HugeValueTypeTests.LargestKey, long>[3];
+                for (int i = 0; i < items.Length; i++)
+                {
+                    var key = default(HugeValueTypeTests.LargestKey);
+                    ((Span<byte>)key)[7] = (byte)(i + 1);
+                    items[i] = new KeyValuePair<HugeValueTypeTests.LargestKey, long>(key, i * 10);
+                }
+
+                map.SetMany(items);
+                map.Set(items[0].Key, 5);
+                holds = map.TryGetValue(items[0].Key, out long first) && first == 5 && map.TryGetValue(items[2].Key, out long last) && last == 20
+                    && map.Remove(items[1].Key) && map.Count == 2;
+            },
+            maxStackSize: 1 << 20);
+        worker.Start();
+        worker.Join();
+        heap.Sync();
+        Console.WriteLine($"the widest keys on a 1 MiB stack: {(holds ? "every call worked" : "wrong results")}");
+        return holds ? Survived : WrongOutcome;
     }
 
     /// <summary>
