@@ -1191,7 +1191,7 @@ public sealed unsafe partial class HeapFile : IDisposable
     internal const long MaxAddressableSegments = 1L << 24;
 
     /// <summary>The largest maximum size a caller may ask for: one byte more would need a segment the table cannot address.</summary>
-    internal const long MaxAddressableSize = HeapLayout.SuperblockSize + ((MaxAddressableSegments + 1) * HeapLayout.SegmentSize) - 1;
+    internal static readonly long MaxAddressableSize = HeapLayout.DataStart(MaxAddressableSegments + 1) + ((MaxAddressableSegments + 1) * HeapLayout.SegmentSize) - 1;
 
     /// <summary>
     /// The heap's geometry for <paramref name="size"/> bytes growing up to <paramref name="maxSize"/>. A maximum the
@@ -1211,8 +1211,7 @@ public sealed unsafe partial class HeapFile : IDisposable
         }
 
         maxSize = Math.Max(maxSize, size);
-        long maxSegments = Math.Max(1, (maxSize - HeapLayout.SuperblockSize) / HeapLayout.SegmentSize);
-        maxSegments = Math.Min(maxSegments, MaxAddressableSegments);
+        long maxSegments = Math.Min(SegmentsWithin(maxSize), MaxAddressableSegments);
         long dataStart = HeapLayout.DataStart(maxSegments);
         long segments = (size - dataStart) / HeapLayout.SegmentSize;
         if (segments < 1)
@@ -1221,6 +1220,24 @@ public sealed unsafe partial class HeapFile : IDisposable
         }
 
         return (maxSegments, dataStart, Math.Min(segments, maxSegments));
+    }
+
+    /// <summary>
+    /// The most segments a heap of at most <paramref name="maxSize"/> bytes holds, its segment table included (a
+    /// maximum size bounds the file, the superblock and the table with the segments; at least one segment, which a
+    /// size too small for it then refuses).
+    /// </summary>
+    private static long SegmentsWithin(long maxSize)
+    {
+        // Each segment takes its 64 KiB and a descriptor word of the table, which is rounded up to whole pages: start
+        // from the count without the rounding and step down past it (one segment at most).
+        long segments = (maxSize - HeapLayout.SuperblockSize) / (HeapLayout.SegmentSize + sizeof(long));
+        while (segments > 1 && HeapLayout.DataStart(segments) + (segments * HeapLayout.SegmentSize) > maxSize)
+        {
+            segments--;
+        }
+
+        return Math.Max(1, segments);
     }
 
     private static void Format(PersistenceDomain domain, long heapSize, long maxSegments, long dataStart)

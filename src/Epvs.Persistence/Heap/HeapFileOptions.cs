@@ -9,7 +9,8 @@ public sealed class HeapFileOptions
     public long Size { get; set; } = 64L << 20;
 
     /// <summary>
-    /// The largest size the heap may grow to, in bytes; fixes the segment table's capacity at creation. 0 (default)
+    /// The largest size the heap may grow to, in bytes, the superblock and the segment table included (as many whole
+    /// segments as fit with their table); fixes the segment table's capacity at creation. 0 (default)
     /// means <see cref="Size"/> × 16 for a file (capped at what the table can address), and the domain's capacity for a
     /// caller-supplied domain. At most 2^24 segments of 64 KiB (about 1 TiB): a larger value is refused by create
     /// with <see cref="System.ArgumentOutOfRangeException"/>, never clamped.

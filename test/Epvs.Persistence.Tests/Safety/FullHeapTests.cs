@@ -178,6 +178,39 @@ public sealed class FullHeapTests
     }
 
     /// <summary>
+    /// A heap grows up to its maximum size and no further, its segment table included (a probe: the table was left out
+    /// of the count, so a file created with a 4 MiB maximum grew 4 KiB past it, one with a 1 GiB maximum 128 KiB past,
+    /// and at the table's limit about 128 MiB past); and it takes the whole room: a maximum that is exactly a table and
+    /// 64 segments gets all 64.
+    /// </summary>
+    [Theory]
+    [InlineData(0)]
+    [InlineData(1)]
+    [InlineData(-1)]
+    [InlineData(HeapLayout.SegmentSize - 1)]
+    public void Grow_StopsAtTheMaximumSizeWithTheTableCounted(int beyondAnExactFit)
+    {
+        long exactFit = HeapLayout.DataStart(64) + (64L * HeapLayout.SegmentSize);
+        long maxSize = exactFit + beyondAnExactFit;
+        using var dir = new TempDirectory();
+        string path = dir.File("capped.heap");
+        long grown;
+        using (var heap = PersistentHeap.Create(path, new HeapFileOptions { Size = 1 << 20, MaxSize = maxSize, Domain = PersistenceDomainKind.MappedFile }))
+        {
+            while (heap.TryAllocate(60_000, 1, out _))
+            {
+            }
+
+            grown = heap.File.Size;
+        }
+
+        long length = new System.IO.FileInfo(path).Length;
+        Assert.True(grown <= maxSize, $"The heap grew to {grown} bytes, past its maximum size of {maxSize}.");
+        Assert.True(length <= maxSize, $"The file is {length} bytes long, past the maximum size of {maxSize}.");
+        Assert.Equal(beyondAnExactFit < 0 ? exactFit - HeapLayout.SegmentSize : exactFit, grown);
+    }
+
+    /// <summary>
     /// A maximum size beyond what the segment table addresses (2^24 segments) used to be clamped silently (a heap of
     /// 130 MiB, room enough for the full table, was created with a 1 TiB maximum); now refused, leaving no file.
     /// </summary>
