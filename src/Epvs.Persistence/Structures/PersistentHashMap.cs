@@ -50,7 +50,10 @@ public sealed class PersistentHashMap<TKey, TValue>
         _core = new ValueMapCore<TKey, TValue>(heap, typeId, heap.Recovery.Parallelism);
     }
 
-    /// <summary>The number of entries.</summary>
+    /// <summary>The number of entries: exact while no write runs. It takes no lock, and counts an insert or a remove that is
+    /// in progress on another thread: meanwhile it may count a key that a read does not find yet, or no longer count one
+    /// that a read still finds (unlike <see cref="System.Collections.Concurrent.ConcurrentDictionary{TKey, TValue}.Count"/>,
+    /// which takes every lock).</summary>
     public long Count => _core.Count;
 
     /// <summary>How many times the index allocated (or tried to allocate) a larger table (tests).</summary>
@@ -82,7 +85,7 @@ public sealed class PersistentHashMap<TKey, TValue>
     /// <returns><see langword="true"/> if the key was added, <see langword="false"/> if its value was replaced.</returns>
     /// <exception cref="InsufficientMemoryException">The heap is full.</exception>
     /// <exception cref="OutOfMemoryException">A new key needs a larger index and there is no memory for it; nothing was written.</exception>
-    public bool Set(TKey key, TValue value) => _core.Upsert(key, value);
+    public bool Set(TKey key, TValue value) => _core.Upsert(key, in value);
 
     /// <summary>
     /// Inserts or replaces the value of each key of <paramref name="items"/>, in order: the same as <see cref="Set"/>
@@ -96,7 +99,8 @@ public sealed class PersistentHashMap<TKey, TValue>
     /// <para>Not atomic: each item is its own write, as with <see cref="Set"/>, and the items of one batch may fall into
     /// different versions, so after a crash a prefix of the batch may be durable without the rest
     /// (<see cref="BufferedDurableHeap.Sync()"/> after the call makes all of them durable).</para>
-    /// <para>If it throws part-way — an item does not fit (the heap is full, the index cannot grow), or the heap is
+    /// <para>If it throws part-way — an item does not fit (the heap is full, the index cannot grow), an item's key throws
+    /// from its <see cref="object.GetHashCode"/> or <see cref="IEquatable{T}.Equals(T)"/> (the same exception), or the heap is
     /// disposed or fails between two groups of 64 items (<see cref="ObjectDisposedException"/>,
     /// <see cref="InvalidOperationException"/>) — the items before that point are written and the rest are not:
     /// <see cref="TryGetValue"/> tells which while the heap is open, and after a dispose a reopen shows the written ones

@@ -147,7 +147,16 @@ internal sealed unsafe class ValueIndex<TKey, TValue>
             return false;
         }
 
-        value = torn ? Unsafe.Read<TValue>(slot + ValueOffset) : ReadValue(slot);
+        if (torn)
+        {
+            Unsafe.SkipInit(out value);
+            CopyValue(ref value, slot + ValueOffset);
+        }
+        else
+        {
+            ReadValue(slot, out value);
+        }
+
         GC.KeepAlive(table);
         return true;
     }
@@ -275,7 +284,9 @@ internal sealed unsafe class ValueIndex<TKey, TValue>
         return slot != null;
     }
 
-    /// <summary>Grows (or rehashes away tombstones) if the table is still over its load factor. The caller holds no lock of this index.</summary>
+    /// <summary>Grows (or rehashes away tombstones) if the table is still over its load factor. The caller holds no lock of
+    /// this index, and is inside an <see cref="InterruptShield"/> scope: its waits absorb an interrupt (outside one, a wait
+    /// that throws leaves the table as it was).</summary>
     [MethodImpl(MethodImplOptions.NoInlining)]
     internal void Grow()
     {
@@ -293,7 +304,7 @@ internal sealed unsafe class ValueIndex<TKey, TValue>
         {
             for (; taken < _locks.Length; taken++)
             {
-                Monitor.Enter(_locks[taken]);
+                InterruptShield.Lock(_locks[taken]);
             }
 
             Table old = _table;
@@ -451,7 +462,8 @@ internal sealed unsafe class ValueIndex<TKey, TValue>
             byte* slot = table.Slot(i);
             if (IsReadable(Volatile.Read(ref *(int*)(slot + StateOffset))))
             {
-                entries[Unsafe.Read<TKey>(slot + KeyOffset)] = ReadValue(slot);
+                ReadValue(slot, out TValue value);
+                entries[Unsafe.Read<TKey>(slot + KeyOffset)] = value;
             }
         }
 
@@ -491,20 +503,38 @@ internal sealed unsafe class ValueIndex<TKey, TValue>
 
     /// <summary>The value, never torn: retries while a write is in progress or one completed during the read.</summary>
     [MethodImpl(MethodImplOptions.AggressiveInlining)]
-    private static TValue ReadValue(byte* slot) => TryReadValue(slot, out TValue value) ? value : ReadValueContended(slot);
+    private static void ReadValue(byte* slot, out TValue value)
+    {
+        if (!TryReadValue(slot, out value))
+        {
+            ReadValueContended(slot, out value);
+        }
+    }
 
     [MethodImpl(MethodImplOptions.NoInlining)]
-    private static TValue ReadValueContended(byte* slot)
+    private static void ReadValueContended(byte* slot, out TValue value)
     {
         var spinner = new SpinWait();
-        TValue value;
         do
         {
             spinner.SpinOnce();
         }
         while (!TryReadValue(slot, out value));
-        return value;
     }
+
+    /// <summary>
+    /// Copies a value as bytes, from a reference to it: never a copy of the value on the stack (a value type may be as
+    /// large as a payload, hundreds of KiB: a copy per frame overflowed a 1 MiB thread stack). The source may be unaligned
+    /// (a payload's bytes).
+    /// </summary>
+    [MethodImpl(MethodImplOptions.AggressiveInlining)]
+    internal static void CopyValue(byte* destination, ref readonly TValue value) =>
+        Unsafe.CopyBlockUnaligned(ref *destination, ref Unsafe.As<TValue, byte>(ref Unsafe.AsRef(in value)), (uint)sizeof(TValue));
+
+    /// <summary>Copies a value as bytes into <paramref name="value"/> (see <see cref="CopyValue(byte*, ref readonly TValue)"/>).</summary>
+    [MethodImpl(MethodImplOptions.AggressiveInlining)]
+    private static void CopyValue(ref TValue value, byte* source) =>
+        Unsafe.CopyBlockUnaligned(ref Unsafe.As<TValue, byte>(ref value), ref *source, (uint)sizeof(TValue));
 
     /// <summary>One attempt of the sequence-lock read: false if a value store overlapped it.</summary>
     [MethodImpl(MethodImplOptions.AggressiveInlining)]
@@ -514,7 +544,8 @@ internal sealed unsafe class ValueIndex<TKey, TValue>
 
         // Volatile.Read: acquire; pairs with the writer's final release, so the value loads below see that write.
         int before = Volatile.Read(ref sequence);
-        value = Unsafe.Read<TValue>(slot + ValueOffset);
+        Unsafe.SkipInit(out value);
+        CopyValue(ref value, slot + ValueOffset);
 
         // LoadLoadBarrier: the value's loads complete before the sequence is loaded again, pairing with the writer's
         // Storing store followed by its store-store barrier.
@@ -541,7 +572,8 @@ internal sealed unsafe class ValueIndex<TKey, TValue>
         var spinner = new SpinWait();
         do
         {
-            spinner.SpinOnce();
+            // (A growth's copy waits here inside a shield: it absorbs an interrupt; an update's lookup does not.)
+            InterruptShield.SpinOnce(ref spinner);
         }
         while (!TryAcquire(slot));
     }
@@ -635,7 +667,7 @@ internal sealed unsafe class ValueIndex<TKey, TValue>
         internal TKey Key => Unsafe.Read<TKey>(_slot + KeyOffset);
 
         /// <summary>Publishes a new payload and value.</summary>
-        internal void Write(long offset, long uid, long tag, TValue value)
+        internal void Write(long offset, long uid, long tag, in TValue value)
         {
             *(long*)(_slot + PayloadOffset) = offset;
             *(long*)(_slot + UidOffset) = uid;
@@ -649,7 +681,7 @@ internal sealed unsafe class ValueIndex<TKey, TValue>
             // value's stores below from becoming visible before it, pairing with the reader's second sequence load.
             Volatile.Write(ref word, sequence | Storing);
             StoreStoreBarrier();
-            Unsafe.Write(_slot + ValueOffset, value);
+            CopyValue(_slot + ValueOffset, in value);
 
             // Volatile.Write: release; the value's stores are visible before the next step, pairing with the reader's
             // first (acquire) sequence load. Still locked.
@@ -700,12 +732,12 @@ internal sealed unsafe class ValueIndex<TKey, TValue>
 
         /// <summary>Fills the slot and makes the key live.</summary>
         /// <returns>Whether the table should grow (call <see cref="Grow"/> after releasing the stripe lock).</returns>
-        internal bool Publish(TKey key, long offset, long uid, long tag, TValue value)
+        internal bool Publish(TKey key, long offset, long uid, long tag, in TValue value)
         {
             byte* slot = _slot;
             _slot = null;
             Unsafe.Write(slot + KeyOffset, key);
-            Unsafe.Write(slot + ValueOffset, value);
+            CopyValue(slot + ValueOffset, in value);
             *(long*)(slot + PayloadOffset) = offset;
             *(long*)(slot + UidOffset) = uid;
             *(long*)(slot + TagOffset) = tag;

@@ -2,6 +2,7 @@ using System;
 using System.Collections.Generic;
 using System.IO;
 using System.Runtime.CompilerServices;
+using System.Runtime.ExceptionServices;
 using System.Runtime.InteropServices;
 using System.Threading;
 
@@ -78,6 +79,10 @@ internal sealed unsafe class ValueMapCore<TKey, TValue>
     /// <summary>Test hook: <see cref="UpsertMany"/> has read the keys ahead of item i (its argument) and is about to write it.</summary>
     internal Action<int>? ItemsReadAheadForTesting { get; set; }
 
+    /// <summary>Broken control for tests: a key's GetHashCode that throws in <see cref="UpsertMany"/>'s read-ahead leaves the call at once
+    /// (as it used to), with the items between the one being written and that key not written.</summary>
+    internal bool HashFailureEscapesForTesting { get; set; }
+
     /// <summary>Broken control for tests: <see cref="UpsertMany"/> reads each key again at its write, after hashing it (as it used to).</summary>
     internal bool KeysReadAgainForTesting { get; set; }
 
@@ -87,7 +92,10 @@ internal sealed unsafe class ValueMapCore<TKey, TValue>
     /// <summary>See <see cref="ValueIndex{TKey, TValue}.Capacity"/>.</summary>
     internal long IndexCapacity => _index.Capacity;
 
-    internal bool Upsert(TKey key, TValue value)
+    /// <remarks>The value is passed by reference down to its copies into the payload and the slot (<c>in</c>, copied as
+    /// bytes): a value type as large as a payload (hundreds of KiB) would otherwise be copied into every frame on the way,
+    /// and overflow a thread's stack (a 256 KiB value did on a 1 MiB stack).</remarks>
+    internal bool Upsert(TKey key, in TValue value)
     {
         uint hash = ValueIndex<TKey, TValue>.Hash(key);
 
@@ -98,7 +106,7 @@ internal sealed unsafe class ValueMapCore<TKey, TValue>
             Outcome outcome;
             using (DurableOperation op = _heap.BeginOperation())
             {
-                outcome = Upsert(in op, key, hash, value);
+                outcome = Upsert(in op, key, hash, in value);
             }
 
             GrowAfter(outcome);
@@ -110,7 +118,7 @@ internal sealed unsafe class ValueMapCore<TKey, TValue>
     }
 
     /// <summary>
-    /// <see cref="Upsert(TKey, TValue)"/> of each item in order, <see cref="BatchPerOperation"/> items per operation,
+    /// <see cref="Upsert(TKey, in TValue)"/> of each item in order, <see cref="BatchPerOperation"/> items per operation,
     /// with the index slot of the item <see cref="PrefetchDistance"/> ahead loaded while this one is written: the
     /// lookups' cache misses overlap instead of following one another. Each key is read and hashed once, when its slot
     /// is prefetched (a ring of <see cref="HashRing"/> keys and hashes holds both until its write): a caller's thread
@@ -125,30 +133,53 @@ internal sealed unsafe class ValueMapCore<TKey, TValue>
         int ahead = 0;
         int inserted = 0;
         int i = 0;
-        while (i < items.Length)
+
+        // The items written: all of them, or those before the first whose key's GetHashCode threw (user code, called up
+        // to PrefetchDistance items ahead): that call fails after writing every item before the key, as the docs say of a
+        // failure part-way, not with the few items between the write and the read-ahead left out.
+        int limit = items.Length;
+        ExceptionDispatchInfo? hashFailure = null;
+        while (i < limit)
         {
             Outcome outcome = Outcome.Updated;
             int first = i;
             using (DurableOperation op = _heap.BeginOperation())
             {
-                int end = Math.Min(items.Length, i + BatchPerOperation);
-                while (i < end)
+                int end = Math.Min(limit, i + BatchPerOperation);
+                while (i < Math.Min(end, limit))
                 {
                     // Up to PrefetchDistance items past this one (the ring overwrites item i's hash only once ahead
                     // reaches i + HashRing, more than PrefetchDistance + 1 past it, so a retried item still finds it).
-                    for (int stop = Math.Min(items.Length, i + 1 + PrefetchDistance); ahead < stop; ahead++)
+                    for (int stop = Math.Min(limit, i + 1 + PrefetchDistance); ahead < stop; ahead++)
                     {
                         TKey key = items[ahead].Key;
-                        uint next = ValueIndex<TKey, TValue>.Hash(key);
+                        uint next;
+                        try
+                        {
+                            next = ValueIndex<TKey, TValue>.Hash(key);
+                        }
+                        catch (Exception e) when (!HashFailureEscapesForTesting)
+                        {
+                            hashFailure = ExceptionDispatchInfo.Capture(e);
+                            limit = ahead;
+                            break;
+                        }
+
                         keys[ahead & (HashRing - 1)] = key;
                         hashes[ahead & (HashRing - 1)] = next;
                         _index.Prefetch(next);
                     }
 
+                    if (i == limit)
+                    {
+                        break;
+                    }
+
                     ItemsReadAheadForTesting?.Invoke(i);
-                    outcome = KeysReadAgainForTesting
-                        ? Upsert(in op, items[i].Key, hashes[i & (HashRing - 1)], items[i].Value)
-                        : Upsert(in op, keys[i & (HashRing - 1)], hashes[i & (HashRing - 1)], items[i].Value);
+                    ref readonly KeyValuePair<TKey, TValue> item = ref items[i];
+                    TKey written = KeysReadAgainForTesting ? item.Key : keys[i & (HashRing - 1)];
+                    // One copy of the value in this frame (the pair's Value is a property), none below it.
+                    outcome = Upsert(in op, written, hashes[i & (HashRing - 1)], item.Value);
                     if (outcome == Outcome.NoRoom)
                     {
                         // Nothing written for this item: grow outside the operation, then retry it.
@@ -175,6 +206,7 @@ internal sealed unsafe class ValueMapCore<TKey, TValue>
             GrowAfter(outcome);
         }
 
+        hashFailure?.Throw();
         return inserted;
     }
 
@@ -183,6 +215,21 @@ internal sealed unsafe class ValueMapCore<TKey, TValue>
     /// the index, and would hold back version transitions inside one) and outside the locks.
     /// </summary>
     private void GrowAfter(Outcome outcome)
+    {
+        // Runs to its end when the thread is interrupted (its waits: every stripe lock, and each slot an update holds),
+        // and requests the interrupt again after: after an insert the call must not fail for a wait, since the insert
+        // happened (Set threw ThreadInterruptedException with its key in the map), and an interrupt that broke the
+        // slot wait's sleep was taken for a key's hash failure and lost. (No scope on the path that does not grow.)
+        if (outcome is Outcome.InsertedAndGrow or Outcome.NoRoom)
+        {
+            using (InterruptShield.Enter())
+            {
+                Grow(outcome);
+            }
+        }
+    }
+
+    private void Grow(Outcome outcome)
     {
         if (outcome == Outcome.InsertedAndGrow)
         {
@@ -205,7 +252,7 @@ internal sealed unsafe class ValueMapCore<TKey, TValue>
         }
     }
 
-    private Outcome Upsert(scoped in DurableOperation op, TKey key, uint hash, TValue value)
+    private Outcome Upsert(scoped in DurableOperation op, TKey key, uint hash, in TValue value)
     {
         while (true)
         {
@@ -224,8 +271,8 @@ internal sealed unsafe class ValueMapCore<TKey, TValue>
 
                     // The key's bytes as the index holds them (a key Equal to it may differ in its bytes: -0.0 and 0.0),
                     // so that the reopened map has the key the running one has.
-                    WritePayload(block, slot.Key, value);
-                    slot.Write(block.Offset, uid, tag, value);
+                    WritePayload(block, slot.Key, in value);
+                    slot.Write(block.Offset, uid, tag, in value);
                     return Outcome.Updated;
                 }
             }
@@ -248,8 +295,8 @@ internal sealed unsafe class ValueMapCore<TKey, TValue>
                 }
 
                 PayloadRef added = op.AllocateTyped(PayloadSize, _typeId);
-                WritePayload(added, key, value);
-                return claim.Publish(key, added.Offset, _heap.HeaderWords(added.Offset).Uid, op.Version, value) ? Outcome.InsertedAndGrow : Outcome.Inserted;
+                WritePayload(added, key, in value);
+                return claim.Publish(key, added.Offset, _heap.HeaderWords(added.Offset).Uid, op.Version, in value) ? Outcome.InsertedAndGrow : Outcome.Inserted;
             }
         }
     }
@@ -263,12 +310,13 @@ internal sealed unsafe class ValueMapCore<TKey, TValue>
     }
 
     [MethodImpl(MethodImplOptions.AggressiveInlining)]
-    private void WritePayload(PayloadRef block, TKey key, TValue value)
+    private void WritePayload(PayloadRef block, TKey key, in TValue value)
     {
         byte* payload = _heap.PayloadPointer(block.Offset);
         Unsafe.WriteUnaligned(payload, key);
-        Unsafe.WriteUnaligned(payload + sizeof(TKey), value);
+        ValueIndex<TKey, TValue>.CopyValue(payload + sizeof(TKey), in value);
     }
+
 
     internal bool Remove(TKey key)
     {
@@ -316,7 +364,7 @@ internal sealed unsafe class ValueMapCore<TKey, TValue>
                     ThrowHelper.ThrowInvalidOperation("Internal error: the map's index, sized for the recovered payloads, has no room.");
                 }
 
-                claim.Publish(key, payload.Block.Offset, payload.Header.Uid, payload.Header.EpochTag, Unsafe.ReadUnaligned<TValue>(bytes + sizeof(TKey)));
+                claim.Publish(key, payload.Block.Offset, payload.Header.Uid, payload.Header.EpochTag, in Unsafe.AsRef<TValue>(bytes + sizeof(TKey)));
             }
         });
     }

@@ -118,6 +118,25 @@ public sealed class HugeValueTypeTests
         Assert.True(code == SafetyChild.Survived, $"exit {code}: {output}");
     }
 
+    /// <summary>
+    /// A probe: <c>Set</c> of a 256 KiB value overflowed a 1 MiB thread stack and killed the process (the map copied the
+    /// value into each frame on its way to the payload and the index slot; 224 KiB did, 192 KiB did not). The map passes
+    /// values by reference now: every call works on such a stack, and so does a reopen. In a child process.
+    /// </summary>
+    [Fact]
+    public void WideValues_WorkOnAOneMiBStack()
+    {
+        using var dir = new TempDirectory();
+        (int code, string output) = TestProgram.RunChild(new Dictionary<string, string>(), SafetyChild.Role, "wide-values-on-a-small-stack", dir.File("a.heap"));
+        Assert.True(code == SafetyChild.Survived, $"exit {code}: {output}");
+    }
+
+    [InlineArray(256 * 1024)]
+    public struct WideValue
+    {
+        private byte _element;
+    }
+
     [InlineArray(70_000)]
     public struct HugeKey : IEquatable<HugeKey>
     {

@@ -37,6 +37,7 @@ internal static class SafetyChild
                 "open-interrupted" => OpenInterrupted(path, control),
                 "visitor-interrupts-its-loop" => VisitorInterruptsItsLoop(path, control),
                 "widest-keys-on-a-small-stack" => WidestKeysOnASmallStack(),
+                "wide-values-on-a-small-stack" => WideValuesOnASmallStack(path),
                 "open-twice-without-runtime-locking" => OpenTwiceWithoutRuntimeLocking(path, control),
                 "create-in-place-loses-the-lock" => CreateInPlaceLosesTheLock(path),
                 "buffered-file-disposed-first" => BufferedFileDisposedFirst(path),
@@ -564,6 +565,97 @@ internal static class SafetyChild
         Console.WriteLine($"the widest keys on a 1 MiB stack: {(holds ? "every call worked" : "wrong results")}");
         return holds ? Survived : WrongOutcome;
     }
+
+    /// <summary>
+    /// A map of 256 KiB values on a thread with a 1 MiB stack: every call, and a reopen's recovery. The values live in
+    /// native memory; the only copies on the stack are the ones the calls' own signatures make in the caller's frames
+    /// (<c>Set</c>'s argument, the pairs built for <c>SetMany</c>, which a native buffer holds: the runtime makes no array of
+    /// so large a type), in frames that return before the next call.
+    /// </summary>
+    private static unsafe int WideValuesOnASmallStack(string path)
+    {
+        var value = (HugeValueTypeTests.WideValue*)System.Runtime.InteropServices.NativeMemory.AllocZeroed((nuint)sizeof(HugeValueTypeTests.WideValue));
+        try
+        {
+            string? failed = null;
+            var worker = new Thread(() => failed = WideValueCalls(path, value), maxStackSize: 1 << 20);
+            worker.Start();
+            worker.Join();
+            Console.WriteLine($"values of {sizeof(HugeValueTypeTests.WideValue)} bytes on a 1 MiB stack: {failed ?? "every call worked"}");
+            return failed is null ? Survived : WrongOutcome;
+        }
+        finally
+        {
+            System.Runtime.InteropServices.NativeMemory.Free(value);
+        }
+    }
+
+    [System.Runtime.CompilerServices.MethodImpl(System.Runtime.CompilerServices.MethodImplOptions.NoInlining)]
+    private static unsafe string? WideValueCalls(string path, HugeValueTypeTests.WideValue* value)
+    {
+        var options = new BufferedDurableHeapOptions { AdvancePeriod = Timeout.InfiniteTimeSpan };
+        using (BufferedDurableHeap heap = BufferedDurableHeap.Create(path, new HeapFileOptions { Size = 16L << 20 }, options))
+        {
+            var map = new PersistentHashMap<long, HugeValueTypeTests.WideValue>(heap, typeId: 1);
+            Mark(value, 1);
+            SetWide(map, 1, value);
+            Mark(value, 2);
+            SetWide(map, 1, value);
+            // In native memory: the runtime makes no array of a type this large.
+            var items = (KeyValuePair<long, HugeValueTypeTests.WideValue>*)System.Runtime.InteropServices.NativeMemory.Alloc(2, (nuint)sizeof(KeyValuePair<long, HugeValueTypeTests.WideValue>));
+            try
+            {
+                WidePairs(items, value);
+                if (map.SetMany(new ReadOnlySpan<KeyValuePair<long, HugeValueTypeTests.WideValue>>(items, 2)) != 2)
+                {
+                    return "SetMany did not insert its two new keys";
+                }
+            }
+            finally
+            {
+                System.Runtime.InteropServices.NativeMemory.Free(items);
+            }
+
+            if (!map.Remove(3) || map.Count != 2)
+            {
+                return "Remove or Count was wrong";
+            }
+
+            heap.Sync();
+        }
+
+        using (BufferedDurableHeap heap = BufferedDurableHeap.Open(path, null, options))
+        {
+            var map = new PersistentHashMap<long, HugeValueTypeTests.WideValue>(heap, typeId: 1);
+            if (map.Count != 2 || !map.TryGetValue(1, out *value) || Marked(value) != 2 || !map.TryGetValue(2, out *value) || Marked(value) != 20 || map.TryGetValue(3, out *value))
+            {
+                return "the reopened map differs";
+            }
+        }
+
+        return null;
+    }
+
+    [System.Runtime.CompilerServices.MethodImpl(System.Runtime.CompilerServices.MethodImplOptions.NoInlining)]
+    private static unsafe void SetWide(PersistentHashMap<long, HugeValueTypeTests.WideValue> map, long key, HugeValueTypeTests.WideValue* value) => map.Set(key, *value);
+
+    [System.Runtime.CompilerServices.MethodImpl(System.Runtime.CompilerServices.MethodImplOptions.NoInlining)]
+    private static unsafe void WidePairs(KeyValuePair<long, HugeValueTypeTests.WideValue>* items, HugeValueTypeTests.WideValue* value)
+    {
+        Mark(value, 20);
+        items[0] = new KeyValuePair<long, HugeValueTypeTests.WideValue>(2, *value);
+        Mark(value, 30);
+        items[1] = new KeyValuePair<long, HugeValueTypeTests.WideValue>(3, *value);
+    }
+
+    private static unsafe void Mark(HugeValueTypeTests.WideValue* value, byte mark)
+    {
+        ((Span<byte>)(*value))[0] = mark;
+        ((Span<byte>)(*value))[sizeof(HugeValueTypeTests.WideValue) - 1] = mark;
+    }
+
+    private static unsafe int Marked(HugeValueTypeTests.WideValue* value) =>
+        ((Span<byte>)(*value))[0] == ((Span<byte>)(*value))[sizeof(HugeValueTypeTests.WideValue) - 1] ? ((Span<byte>)(*value))[0] : -1;
 
     /// <summary>
     /// Run with the runtime's DisableFileLocking switch (DOTNET_SYSTEM_IO_DISABLEFILELOCKING=1), under which
