@@ -514,12 +514,18 @@ internal sealed unsafe class ValueIndex<TKey, TValue>
     [MethodImpl(MethodImplOptions.NoInlining)]
     private static void ReadValueContended(byte* slot, out TValue value)
     {
+        // Runs to its end when the thread is interrupted (SpinWait sleeps at times), and requests the interrupt again
+        // after: each attempt copies into the caller's location, so a read that threw there left a mix of two values in
+        // it (a review); a read never throws ThreadInterruptedException now.
         var spinner = new SpinWait();
-        do
+        using (InterruptShield.Enter())
         {
-            spinner.SpinOnce();
+            do
+            {
+                InterruptShield.SpinOnce(ref spinner);
+            }
+            while (!TryReadValue(slot, out value));
         }
-        while (!TryReadValue(slot, out value));
     }
 
     /// <summary>
