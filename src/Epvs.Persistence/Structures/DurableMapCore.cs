@@ -45,7 +45,7 @@ internal sealed unsafe class DurableMapCore<TKey>
                 _shards[i] = new Shard();
             }
 
-            IReadOnlyList<RecoveredPayload> payloads = StructureRecovery.KeepNewestPerKey(heap, heap.TakeRecoveredPayloads(_typeId), size => size >= KeySize, payload => MemoryMarshal.Read<TKey>(heap.PayloadUnchecked(payload.Block.Offset)), out losers);
+            IReadOnlyList<RecoveredPayload> payloads = StructureRecovery.KeepNewestPerKey(heap, heap.TakeRecoveredPayloads(_typeId), size => size >= KeySize, KeySize, payload => MemoryMarshal.Read<TKey>(heap.PayloadUnchecked(payload.Block.Offset)), out losers);
             Rebuild(payloads, recoveryParallelism);
         }
 

@@ -30,9 +30,13 @@ internal static class StructureRecovery
     /// which the map would refuse as an inconsistent heap at this open and at every later one. The newer version is the
     /// key's last durable state. Otherwise, or with no duplicate, returns <paramref name="payloads"/> itself (nothing is
     /// read without a salvage; with a payload whose size does not fit, nothing is resolved and the rebuild's size check
-    /// reports it).
+    /// reports it). Two payloads of keys Equal with different bytes (the first <paramref name="keySize"/> bytes of each
+    /// payload) are not such a pair: the map keeps a key's first bytes on every update, so they come from a key type
+    /// other than the one that wrote them (a <c>long</c> map opened as <c>double</c>: 0 and -0.0, two NaNs), or from an
+    /// Equals that changed; resolving them deleted entries for good, where the same open without a salvage on record
+    /// is refused. They are left to the rebuild, which refuses them in both cases.
     /// </summary>
-    internal static IReadOnlyList<RecoveredPayload> KeepNewestPerKey<TKey>(BufferedDurableHeap heap, IReadOnlyList<RecoveredPayload> payloads, Func<int, bool> sizeFits, Func<RecoveredPayload, TKey> keyOf, out List<RecoveredPayload> losers)
+    internal static IReadOnlyList<RecoveredPayload> KeepNewestPerKey<TKey>(BufferedDurableHeap heap, IReadOnlyList<RecoveredPayload> payloads, Func<int, bool> sizeFits, int keySize, Func<RecoveredPayload, TKey> keyOf, out List<RecoveredPayload> losers)
         where TKey : notnull
     {
         losers = new List<RecoveredPayload>();
@@ -64,9 +68,10 @@ internal static class StructureRecovery
             // Newer version first; in one version (a key removed and inserted again, the anti-payload dropped), the larger
             // uid: the later insert when one thread made both, as in that example (uids rise on each thread); which of
             // two threads' inserts was later cannot be told, and either was the key's value in that version.
-            if (Math.Max(other.Header.EpochTag, payload.Header.EpochTag) > salvaged)
+            if (Math.Max(other.Header.EpochTag, payload.Header.EpochTag) > salvaged || (!heap.SalvageAnyEqualKeysForTesting && !SameKeyBytes(heap, other, payload, keySize)))
             {
-                // Not left by a salvage: the rebuild reports the inconsistent heap (it must see every payload).
+                // Not left by a salvage (a version above it, or keys of other bytes): the rebuild reports the inconsistent
+                // heap (it must see every payload).
                 losers.Clear();
                 return payloads;
             }
@@ -78,6 +83,9 @@ internal static class StructureRecovery
 
         return losers.Count == 0 ? payloads : new List<RecoveredPayload>(newest.Values);
     }
+
+    private static bool SameKeyBytes(BufferedDurableHeap heap, RecoveredPayload a, RecoveredPayload b, int keySize) =>
+        heap.PayloadUnchecked(a.Block.Offset)[..keySize].SequenceEqual(heap.PayloadUnchecked(b.Block.Offset)[..keySize]);
 
     /// <summary>
     /// Deletes the <paramref name="losers"/> of <see cref="KeepNewestPerKey"/> (anti-payloads tagged with the current

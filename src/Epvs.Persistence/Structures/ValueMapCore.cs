@@ -58,7 +58,7 @@ internal sealed unsafe class ValueMapCore<TKey, TValue>
         using (DurableOperation op = heap.BeginRebuildOperation())
         {
             _typeId = StructureKind.Claim(heap, op, StructureKind.HashMap, typeId, sizeof(TKey));
-            IReadOnlyList<RecoveredPayload> payloads = StructureRecovery.KeepNewestPerKey(heap, heap.TakeRecoveredPayloads(_typeId), size => size == PayloadSize, payload => Unsafe.ReadUnaligned<TKey>(heap.PayloadPointer(payload.Block.Offset)), out losers);
+            IReadOnlyList<RecoveredPayload> payloads = StructureRecovery.KeepNewestPerKey(heap, heap.TakeRecoveredPayloads(_typeId), size => size == PayloadSize, sizeof(TKey), payload => Unsafe.ReadUnaligned<TKey>(heap.PayloadPointer(payload.Block.Offset)), out losers);
             _tornReads = (heap.Faults & DurabilityFaults.TornIndexReads) != 0;
             _insertWithoutRecheck = (heap.Faults & DurabilityFaults.InsertWithoutRecheck) != 0;
             _index = new ValueIndex<TKey, TValue>(StructureRecovery.StripeCount(), payloads.Count, heap.Faults);
