@@ -104,11 +104,14 @@ public sealed unsafe class PersistentQueue<T>
                 return false;
             }
 
-            // The anti-payload first: if the heap is full it throws and the element stays, as recovery would see it.
-            T head = MemoryMarshal.Read<T>(_heap.PayloadUnchecked(offset)[sizeof(long)..]);
+            // Copied as bytes straight into the caller's variable: a copy in this frame (as T head) made the call need
+            // twice the element's size of stack (a 600 KiB element into a local overflowed a 1 MiB stack). Read before
+            // the anti-payload, whose block stays valid inside this operation; if the heap is full Delete throws and the
+            // element stays, as recovery would see it.
+            Unsafe.SkipInit(out value);
+            Unsafe.CopyBlockUnaligned(ref Unsafe.As<T, byte>(ref value), ref _heap.PayloadUnchecked(offset)[sizeof(long)], (uint)sizeof(T));
             op.DeleteOwned(new PayloadRef(offset));
             _items.Dequeue();
-            value = head;
             return true;
         }
     }

@@ -40,6 +40,9 @@ internal sealed unsafe class ValueMapCore<TKey, TValue>
     /// <summary>The hashes <see cref="UpsertMany"/> keeps between a key's prefetch and its write: a power of two above <see cref="PrefetchDistance"/> + 1.</summary>
     private const int HashRing = 16;
 
+    /// <summary>The widest key whose <see cref="UpsertMany"/> ring is stackalloc'ed (16 keys, 1 KiB); wider ones take an array.</summary>
+    private const int MaxStackRingKeySize = 64;
+
     private readonly BufferedDurableHeap _heap;
     private readonly int _typeId;
     private readonly ValueIndex<TKey, TValue> _index;
@@ -128,7 +131,9 @@ internal sealed unsafe class ValueMapCore<TKey, TValue>
     /// </summary>
     internal int UpsertMany(ReadOnlySpan<KeyValuePair<TKey, TValue>> items)
     {
-        Span<TKey> keys = stackalloc TKey[HashRing];
+        // The ring on the stack for small keys only: for wide ones (up to StructureKind.MaxKeySize) it took 16 keys'
+        // worth (64 KiB at the limit), most of SetMany's stack. (sizeof(TKey) is a constant: the JIT keeps one branch.)
+        Span<TKey> keys = sizeof(TKey) <= MaxStackRingKeySize ? stackalloc TKey[HashRing] : new TKey[HashRing];
         Span<uint> hashes = stackalloc uint[HashRing];
         int ahead = 0;
         int inserted = 0;

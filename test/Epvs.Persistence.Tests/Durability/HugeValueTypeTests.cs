@@ -131,6 +131,51 @@ public sealed class HugeValueTypeTests
         Assert.True(code == SafetyChild.Survived, $"exit {code}: {output}");
     }
 
+    /// <summary>
+    /// A probe: ToDictionary of the largest entry it can return (a 4 KiB key and a 61,424-byte value) overflowed a 256 KiB
+    /// thread stack and killed the process: the snapshot's frames held about 2.5 copies of the value and 13 of the key
+    /// (260 KiB in optimized code, 220 KiB in tier 0), where the result is on the heap. Optimized code (tier 1): the
+    /// child runs with tiered compilation off. In a child process.
+    /// </summary>
+    [Fact]
+    public void ToDictionary_OfTheLargestEntries_WorksOnA128KiBStack()
+    {
+        using var dir = new TempDirectory();
+        (int code, string output) = TestProgram.RunChild(new Dictionary<string, string> { ["DOTNET_TieredCompilation"] = "0" }, SafetyChild.Role, "largest-entries-to-dictionary-on-a-128k-stack", dir.File("a.heap"));
+        Assert.True(code == SafetyChild.Survived, $"exit {code}: {output}");
+    }
+
+    /// <summary>
+    /// A probe: SetMany of the widest keys needed 84 KiB of stack (21 copies of a 4 KiB key: its read-ahead ring of 16
+    /// keys was stackalloc'ed), Set 16 KiB; on a 96 KiB stack it overflowed and killed the process. In a child process.
+    /// </summary>
+    [Fact]
+    public void SetMany_OfTheWidestKeys_WorksOnA96KiBStack()
+    {
+        using var dir = new TempDirectory();
+        (int code, string output) = TestProgram.RunChild(new Dictionary<string, string>(), SafetyChild.Role, "widest-keys-set-many-on-a-96k-stack", dir.File("a.heap"));
+        Assert.True(code == SafetyChild.Survived, $"exit {code}: {output}");
+    }
+
+    /// <summary>
+    /// A probe: TryDequeue of a 600 KiB element into a caller's local overflowed a 1 MiB stack and killed the process
+    /// (TryDequeue copied the element into its own frame before the out parameter), where the map's TryGetValue into such
+    /// a local works. In a child process.
+    /// </summary>
+    [Fact]
+    public void TryDequeue_OfAWideElement_IntoALocal_WorksOnAOneMiBStack()
+    {
+        using var dir = new TempDirectory();
+        (int code, string output) = TestProgram.RunChild(new Dictionary<string, string>(), SafetyChild.Role, "wide-dequeue-on-a-small-stack", dir.File("a.heap"));
+        Assert.True(code == SafetyChild.Survived, $"exit {code}: {output}");
+    }
+
+    [InlineArray(600 * 1024)]
+    public struct WiderValue
+    {
+        private byte _element;
+    }
+
     [InlineArray(256 * 1024)]
     public struct WideValue
     {
@@ -159,6 +204,13 @@ public sealed class HugeValueTypeTests
         public override readonly bool Equals(object? obj) => obj is LargestKey other && Equals(other);
 
         public override readonly int GetHashCode() => ((ReadOnlySpan<byte>)this)[7];
+    }
+
+    /// <summary>The widest value a dictionary entry holds with a <see cref="LargestKey"/> (its entry: 8 + 4,096 + 61,424 bytes, under 64 KiB).</summary>
+    [InlineArray(61_424)]
+    public struct WidestDictionaryValue
+    {
+        private byte _element;
     }
 
     [InlineArray(62_000)]

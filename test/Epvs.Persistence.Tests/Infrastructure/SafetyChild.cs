@@ -38,6 +38,9 @@ internal static class SafetyChild
                 "visitor-interrupts-its-loop" => VisitorInterruptsItsLoop(path, control),
                 "widest-keys-on-a-small-stack" => WidestKeysOnASmallStack(),
                 "wide-values-on-a-small-stack" => WideValuesOnASmallStack(path),
+                "wide-dequeue-on-a-small-stack" => WideDequeueOnASmallStack(),
+                "widest-keys-set-many-on-a-96k-stack" => WidestKeysSetManyOnA96KStack(),
+                "largest-entries-to-dictionary-on-a-128k-stack" => LargestEntriesToDictionaryOnA128KStack(),
                 "open-twice-without-runtime-locking" => OpenTwiceWithoutRuntimeLocking(path, control),
                 "create-in-place-loses-the-lock" => CreateInPlaceLosesTheLock(path),
                 "buffered-file-disposed-first" => BufferedFileDisposedFirst(path),
@@ -564,6 +567,117 @@ internal static class SafetyChild
         heap.Sync();
         Console.WriteLine($"the widest keys on a 1 MiB stack: {(holds ? "every call worked" : "wrong results")}");
         return holds ? Survived : WrongOutcome;
+    }
+
+    /// <summary>
+    /// TryDequeue of a 600 KiB element into a local of the caller, on a thread with a 1 MiB stack: the local is the one
+    /// copy the type needs (the map's TryGetValue into such a local works, the control); TryDequeue made another in its
+    /// own frame (its <c>head</c>), 1.2 MiB in all. The element is enqueued from native memory, on the main thread.
+    /// </summary>
+    private static unsafe int WideDequeueOnASmallStack()
+    {
+        using var domain = new SimulatedPersistenceDomain(1 << 20, 64 << 20);
+        using HeapFile file = HeapFile.Create(domain);
+        using BufferedDurableHeap heap = BufferedDurableHeap.Open(file);
+        var queue = new PersistentQueue<HugeValueTypeTests.WiderValue>(heap, typeId: 1);
+        var map = new PersistentHashMap<long, HugeValueTypeTests.WiderValue>(heap, typeId: 2);
+        var value = (HugeValueTypeTests.WiderValue*)System.Runtime.InteropServices.NativeMemory.AllocZeroed((nuint)sizeof(HugeValueTypeTests.WiderValue));
+        try
+        {
+            ((byte*)value)[5] = 42;
+            EnqueueWider(queue, value);
+            SetWider(map, value);
+            string? failed = null;
+            var worker = new Thread(
+                () =>
+                {
+                    failed = ReadWiderFromMap(map) ? null : "the map's TryGetValue read a wrong value";
+                    failed ??= DequeueWider(queue) ? null : "TryDequeue read a wrong value";
+                },
+                maxStackSize: 1 << 20);
+            worker.Start();
+            worker.Join();
+            Console.WriteLine($"TryDequeue of {sizeof(HugeValueTypeTests.WiderValue)} bytes into a local on a 1 MiB stack: {failed ?? "worked"}");
+            return failed is null ? Survived : WrongOutcome;
+        }
+        finally
+        {
+            System.Runtime.InteropServices.NativeMemory.Free(value);
+        }
+    }
+
+    [System.Runtime.CompilerServices.MethodImpl(System.Runtime.CompilerServices.MethodImplOptions.NoInlining)]
+    private static unsafe void EnqueueWider(PersistentQueue<HugeValueTypeTests.WiderValue> queue, HugeValueTypeTests.WiderValue* value) => queue.Enqueue(*value);
+
+    [System.Runtime.CompilerServices.MethodImpl(System.Runtime.CompilerServices.MethodImplOptions.NoInlining)]
+    private static unsafe void SetWider(PersistentHashMap<long, HugeValueTypeTests.WiderValue> map, HugeValueTypeTests.WiderValue* value) => map.Set(1, *value);
+
+    [System.Runtime.CompilerServices.MethodImpl(System.Runtime.CompilerServices.MethodImplOptions.NoInlining)]
+    private static bool ReadWiderFromMap(PersistentHashMap<long, HugeValueTypeTests.WiderValue> map) =>
+        map.TryGetValue(1, out HugeValueTypeTests.WiderValue read) && ((ReadOnlySpan<byte>)read)[5] == 42;
+
+    [System.Runtime.CompilerServices.MethodImpl(System.Runtime.CompilerServices.MethodImplOptions.NoInlining)]
+    private static bool DequeueWider(PersistentQueue<HugeValueTypeTests.WiderValue> queue) =>
+        queue.TryDequeue(out HugeValueTypeTests.WiderValue read) && ((ReadOnlySpan<byte>)read)[5] == 42;
+
+    /// <summary>
+    /// SetMany of the widest keys (4 KiB) on a thread with a 96 KiB stack, after a warm-up on this thread (the JIT's own
+    /// stack left out): Set of them needs about 16 KiB above the thread's start (four copies of the key), SetMany needed 84
+    /// (its ring of 16 keys read ahead, stackalloc'ed: 64 KiB, and five copies).
+    /// </summary>
+    private static int WidestKeysSetManyOnA96KStack()
+    {
+        using var domain = new SimulatedPersistenceDomain(1 << 20, 64 << 20);
+        using HeapFile file = HeapFile.Create(domain);
+        using BufferedDurableHeap heap = BufferedDurableHeap.Open(file);
+        var map = new PersistentHashMap<HugeValueTypeTests.LargestKey, long>(heap, typeId: 1);
+        var items = new KeyValuePair<HugeValueTypeTests.LargestKey, long>[20];
+        for (int i = 0; i < items.Length; i++)
+        {
+            var key = default(HugeValueTypeTests.LargestKey);
+            ((Span<byte>)key)[7] = (byte)(i + 1);
+            items[i] = new KeyValuePair<HugeValueTypeTests.LargestKey, long>(key, i * 10);
+        }
+
+        map.SetMany(items); // the warm-up: compiled on this thread
+        int inserted = -1;
+        var worker = new Thread(() => inserted = map.SetMany(items), maxStackSize: 96 << 10);
+        worker.Start();
+        worker.Join();
+        Console.WriteLine($"SetMany of the widest keys on a 96 KiB stack: {inserted} inserted, {map.Count} keys");
+        return inserted == 0 && map.Count == items.Length ? Survived : WrongOutcome;
+    }
+
+    /// <summary>
+    /// ToDictionary of the largest entry a .NET dictionary holds (the widest key, 4 KiB, and a value of 61,424 bytes: 64 KiB
+    /// with the entry's fields) on a thread with a 128 KiB stack: the call's result is on the heap, so its frames should
+    /// hold at most about one copy of the entry.
+    /// </summary>
+    private static int LargestEntriesToDictionaryOnA128KStack()
+    {
+        using var domain = new SimulatedPersistenceDomain(1 << 20, 64 << 20);
+        using HeapFile file = HeapFile.Create(domain);
+        using BufferedDurableHeap heap = BufferedDurableHeap.Open(file);
+        var map = new PersistentHashMap<HugeValueTypeTests.LargestKey, HugeValueTypeTests.WidestDictionaryValue>(heap, typeId: 1);
+        var key = default(HugeValueTypeTests.LargestKey);
+        ((Span<byte>)key)[7] = 1;
+        var value = default(HugeValueTypeTests.WidestDictionaryValue);
+        ((Span<byte>)value)[3] = 4;
+        map.Set(key, value);
+        int count = -1;
+        byte read = 0;
+        var worker = new Thread(
+            () =>
+            {
+                Dictionary<HugeValueTypeTests.LargestKey, HugeValueTypeTests.WidestDictionaryValue> all = map.ToDictionary();
+                count = all.Count;
+                read = ((ReadOnlySpan<byte>)System.Runtime.InteropServices.CollectionsMarshal.GetValueRefOrNullRef(all, key))[3];
+            },
+            maxStackSize: 128 << 10);
+        worker.Start();
+        worker.Join();
+        Console.WriteLine($"ToDictionary of the largest entries on a 128 KiB stack: {count} entries, byte {read}");
+        return count == 1 && read == 4 ? Survived : WrongOutcome;
     }
 
     /// <summary>
