@@ -109,8 +109,8 @@ public sealed class InterruptedIndexWaitTests
     {
         using var dir = new TempDirectory();
         using BufferedDurableHeap heap = HandDriven(dir, DurabilityFaults.ReadersWaitForSlotLock);
-        var map = new PersistentHashMap<long, Wide>(heap, typeId: 1);
-        map.Set(7, Wide.Of(70));
+        var map = new PersistentHashMap<long, HashMapReadTests.Wide>(heap, typeId: 1);
+        map.Set(7, HashMapReadTests.Wide.Of(70));
         using var parked = new ManualResetEventSlim();
         using var releaseUpdate = new ManualResetEventSlim();
         heap.InsideSlotLockForTesting = () =>
@@ -118,12 +118,12 @@ public sealed class InterruptedIndexWaitTests
             parked.Set();
             Assert.True(releaseUpdate.Wait(Workers.JoinTimeout));
         };
-        var updater = new Thread(() => map.Set(7, Wide.Of(71))) { IsBackground = true };
+        var updater = new Thread(() => map.Set(7, HashMapReadTests.Wide.Of(71))) { IsBackground = true };
         updater.Start();
         Assert.True(parked.Wait(Workers.JoinTimeout), "the update never took its slot");
         heap.InsideSlotLockForTesting = null;
 
-        var read = new Wide[1];
+        var read = new HashMapReadTests.Wide[1];
         bool found = false;
         (Exception? failure, bool pending) = InterruptWhileBlocked(() => found = map.TryGetValue(7, out read[0]), control, hold: () => { }, release: releaseUpdate.Set);
         Assert.True(updater.Join(Workers.JoinTimeout));
@@ -135,7 +135,7 @@ public sealed class InterruptedIndexWaitTests
 
         Assert.Null(failure);
         Assert.True(pending, "the interrupt was lost: the thread's next wait must still see it");
-        Assert.True(found && read[0].Is(71), "the read returned a value the map never held");
+        Assert.True(found && read[0].IsUniform && ((ReadOnlySpan<long>)read[0])[0] == 71, "the read returned a value the map never held");
     }
 
     private static BufferedDurableHeap HandDriven(TempDirectory dir, DurabilityFaults faults = DurabilityFaults.None) =>
@@ -171,27 +171,18 @@ public sealed class InterruptedIndexWaitTests
                 caught.Set();
             }
         };
-        Exception? failure = null;
-        bool pending = false;
         hold();
         bool released = false;
         try
         {
-            caller = new Thread(() =>
-            {
-                InterruptShield.InterruptibleForTesting = control;
-                Thread.CurrentThread.Interrupt(); // pending: the first wait that blocks sees it
-                failure = Record.Exception(call);
-                InterruptShield.InterruptibleForTesting = false;
-                pending = PendingInterrupt.TryConsume();
-            })
-            { IsBackground = true };
+            var interrupted = new InterruptedThread(call, control);
+            caller = interrupted.Thread;
             caller.Start();
             Assert.True(caught.Wait(Workers.JoinTimeout), "the call never blocked inside its shield with the interrupt pending");
             release();
             released = true;
             Assert.True(caller.Join(Workers.JoinTimeout));
-            return (failure, pending);
+            return (interrupted.Failure, interrupted.InterruptPending);
         }
         finally
         {
@@ -202,21 +193,5 @@ public sealed class InterruptedIndexWaitTests
 
             InterruptShield.InterruptCaughtForTesting = null;
         }
-    }
-
-    /// <summary>A 64-byte value (wider than one store: a mix of two values shows).</summary>
-    [System.Runtime.CompilerServices.InlineArray(8)]
-    public struct Wide
-    {
-        private long _element;
-
-        public static Wide Of(long n)
-        {
-            var value = default(Wide);
-            ((Span<long>)value).Fill(n);
-            return value;
-        }
-
-        public readonly bool Is(long n) => !((ReadOnlySpan<long>)this).ContainsAnyExcept(n);
     }
 }

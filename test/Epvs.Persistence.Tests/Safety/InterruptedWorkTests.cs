@@ -61,23 +61,14 @@ public sealed class InterruptedWorkTests
         {
             parker.Start();
             Assert.True(parked.Wait(Workers.JoinTimeout), "the parked fence never entered the gate");
-            Exception? failure = null;
-            bool pending = false;
-            worker = new Thread(() =>
-            {
-                InterruptShield.InterruptibleForTesting = control;
-                Thread.CurrentThread.Interrupt(); // pending: the first wait that blocks sees it
-                failure = Record.Exception(work);
-                InterruptShield.InterruptibleForTesting = false;
-                pending = PendingInterrupt.TryConsume();
-            })
-            { IsBackground = true };
+            var interrupted = new InterruptedThread(work, control);
+            worker = interrupted.Thread;
             worker.Start();
             Assert.True(caught.Wait(Workers.JoinTimeout), "the work never blocked inside its shield with the interrupt pending");
             release.Set();
             Assert.True(worker.Join(Workers.JoinTimeout));
             Assert.True(parker.Join(Workers.JoinTimeout));
-            return (failure, pending);
+            return (interrupted.Failure, interrupted.InterruptPending);
         }
         finally
         {
