@@ -113,9 +113,7 @@ public sealed class HugeValueTypeTests
     [Fact]
     public void TheWidestKeys_WorkOnAOneMiBStack()
     {
-        using var dir = new TempDirectory();
-        (int code, string output) = TestProgram.RunChild(new Dictionary<string, string>(), SafetyChild.Role, "widest-keys-on-a-small-stack", dir.File("a.heap"));
-        Assert.True(code == SafetyChild.Survived, $"exit {code}: {output}");
+        ChildSurvives("widest-keys-on-a-small-stack");
     }
 
     /// <summary>
@@ -126,9 +124,7 @@ public sealed class HugeValueTypeTests
     [Fact]
     public void WideValues_WorkOnAOneMiBStack()
     {
-        using var dir = new TempDirectory();
-        (int code, string output) = TestProgram.RunChild(new Dictionary<string, string>(), SafetyChild.Role, "wide-values-on-a-small-stack", dir.File("a.heap"));
-        Assert.True(code == SafetyChild.Survived, $"exit {code}: {output}");
+        ChildSurvives("wide-values-on-a-small-stack");
     }
 
     /// <summary>
@@ -140,9 +136,7 @@ public sealed class HugeValueTypeTests
     [Fact]
     public void ToDictionary_OfTheLargestEntries_WorksOnA128KiBStack()
     {
-        using var dir = new TempDirectory();
-        (int code, string output) = TestProgram.RunChild(new Dictionary<string, string> { ["DOTNET_TieredCompilation"] = "0" }, SafetyChild.Role, "largest-entries-to-dictionary-on-a-128k-stack", dir.File("a.heap"));
-        Assert.True(code == SafetyChild.Survived, $"exit {code}: {output}");
+        ChildSurvives("largest-entries-to-dictionary-on-a-128k-stack", optimized: true);
     }
 
     /// <summary>
@@ -152,9 +146,7 @@ public sealed class HugeValueTypeTests
     [Fact]
     public void SetMany_OfTheWidestKeys_WorksOnA96KiBStack()
     {
-        using var dir = new TempDirectory();
-        (int code, string output) = TestProgram.RunChild(new Dictionary<string, string>(), SafetyChild.Role, "widest-keys-set-many-on-a-96k-stack", dir.File("a.heap"));
-        Assert.True(code == SafetyChild.Survived, $"exit {code}: {output}");
+        ChildSurvives("widest-keys-set-many-on-a-96k-stack");
     }
 
     /// <summary>
@@ -165,8 +157,16 @@ public sealed class HugeValueTypeTests
     [Fact]
     public void TryDequeue_OfAWideElement_IntoALocal_WorksOnAOneMiBStack()
     {
+        ChildSurvives("wide-dequeue-on-a-small-stack");
+    }
+
+    /// <summary>Runs a <see cref="SafetyChild"/> scenario in a child process (a stack overflow kills only the child) and
+    /// asserts it survived; <paramref name="optimized"/> runs it with tiered compilation off (optimized code from the start).</summary>
+    private static void ChildSurvives(string scenario, bool optimized = false)
+    {
         using var dir = new TempDirectory();
-        (int code, string output) = TestProgram.RunChild(new Dictionary<string, string>(), SafetyChild.Role, "wide-dequeue-on-a-small-stack", dir.File("a.heap"));
+        var environment = optimized ? new Dictionary<string, string> { ["DOTNET_TieredCompilation"] = "0" } : new Dictionary<string, string>();
+        (int code, string output) = TestProgram.RunChild(environment, SafetyChild.Role, scenario, dir.File("a.heap"));
         Assert.True(code == SafetyChild.Survived, $"exit {code}: {output}");
     }
 
