@@ -35,6 +35,7 @@ internal static class ComparisonCli
                 r.AddError($"--max-version-age takes 'default', 'none' or milliseconds from 1 to 600000, not '{text}'");
             }
         });
+        var period = new Option<int?>("--period") { Description = "BufferedDurableHeapOptions.AdvancePeriod of the map's heap in milliseconds, 1 to 10000 (default 20); Sync latency and the lag are also reported in periods of it.", HelpName = "MS", CustomParser = r => ParseInt(r, "--period", 1, 10_000) };
         var dir = new Option<string?>("--dir") { Description = "Directory for the heap files (default: EPVS_BENCH_DIR or the temp directory).", HelpName = "DIR" };
         var root = new RootCommand(
             "EPVS persistence benchmarks. Without a subcommand: the issue #10 table, side by side in one run — " +
@@ -42,7 +43,7 @@ internal static class ComparisonCli
             "'durability ...' runs the older per-mode harness ('durability --help'); 'bdn ...' passes the rest to BenchmarkDotNet " +
             "('bdn --help').")
         {
-            quick, threads, keys, duration, repetitions, syncs, recovery, domain, writeBack, lagWriters, maxVersionAge, dir,
+            quick, threads, keys, duration, repetitions, syncs, recovery, domain, writeBack, lagWriters, maxVersionAge, period, dir,
         };
         root.Subcommands.Add(DurabilityHarness.CreateCommand());
         root.SetAction(parse =>
@@ -72,7 +73,8 @@ internal static class ComparisonCli
                     "none" => Timeout.InfiniteTimeSpan,
                     "default" or null => null,
                     string ms => TimeSpan.FromMilliseconds(int.Parse(ms, System.Globalization.CultureInfo.InvariantCulture)),
-                });
+                },
+                TimeSpan.FromMilliseconds(parse.GetValue(period) ?? 20));
             return MapComparison.Run(settings, output);
         });
 

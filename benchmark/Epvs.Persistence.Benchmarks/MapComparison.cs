@@ -8,6 +8,7 @@ using System.Runtime.InteropServices;
 using System.Threading;
 using Epvs.Benchmarks;
 using Epvs.Samples;
+using Microsoft.Win32.SafeHandles;
 
 namespace Epvs.Persistence.Benchmarks;
 
@@ -24,7 +25,12 @@ internal sealed record ComparisonSettings(
     string Directory,
     bool Quick,
     int LagWriters = 1,
-    TimeSpan? MaxVersionAge = null);
+    TimeSpan? MaxVersionAge = null,
+    TimeSpan? AdvancePeriod = null)
+{
+    /// <summary>The map's advance period (20 ms unless set): the unit of the Sync and lag targets.</summary>
+    public TimeSpan Period => AdvancePeriod ?? TimeSpan.FromMilliseconds(20);
+}
 
 /// <summary>
 /// Issue #10's performance table, side by side in one run: <see cref="PersistentHashMap{TKey, TValue}"/> against
@@ -37,7 +43,6 @@ internal sealed record ComparisonSettings(
 internal static class MapComparison
 {
     private const int MapTypeId = 1;
-    private static readonly TimeSpan Period = TimeSpan.FromMilliseconds(20);
 
     internal static int Run(ComparisonSettings s, TextWriter output)
     {
@@ -51,8 +56,8 @@ internal static class MapComparison
         string path = files.File("map.heap");
         string transientPath = files.File("map.heap.transient");
         long heapSize = Math.Max(64L << 20, (long)s.KeyRange * 256);
-        using (BufferedDurableHeap heap = BufferedDurableHeap.Create(path, new HeapFileOptions { Size = heapSize, Domain = s.Domain, MappedFileWriteBack = s.WriteBack }, new BufferedDurableHeapOptions { AdvancePeriod = Period, MaxVersionAge = s.MaxVersionAge }))
-        using (BufferedDurableHeap transient = BufferedDurableHeap.Create(transientPath, new HeapFileOptions { Size = heapSize, Domain = s.Domain, MappedFileWriteBack = s.WriteBack }, new BufferedDurableHeapOptions { AdvancePeriod = Period, Mode = DurabilityMode.Transient }))
+        using (BufferedDurableHeap heap = BufferedDurableHeap.Create(path, new HeapFileOptions { Size = heapSize, Domain = s.Domain, MappedFileWriteBack = s.WriteBack }, new BufferedDurableHeapOptions { AdvancePeriod = s.Period, MaxVersionAge = s.MaxVersionAge }))
+        using (BufferedDurableHeap transient = BufferedDurableHeap.Create(transientPath, new HeapFileOptions { Size = heapSize, Domain = s.Domain, MappedFileWriteBack = s.WriteBack }, new BufferedDurableHeapOptions { AdvancePeriod = s.Period, Mode = DurabilityMode.Transient }))
         {
             var map = new PersistentHashMap<long, long>(heap, MapTypeId);
             var transientMap = new PersistentHashMap<long, long>(transient, MapTypeId);
@@ -71,9 +76,14 @@ internal static class MapComparison
         }
 
         File.Delete(transientPath);
-        using (BufferedDurableHeap heap = BufferedDurableHeap.Open(path, new HeapFileOptions { Domain = s.Domain, MappedFileWriteBack = s.WriteBack }, new BufferedDurableHeapOptions { AdvancePeriod = Period, MaxVersionAge = s.MaxVersionAge }))
+        using (BufferedDurableHeap heap = BufferedDurableHeap.Open(path, new HeapFileOptions { Domain = s.Domain, MappedFileWriteBack = s.WriteBack }, new BufferedDurableHeapOptions { AdvancePeriod = s.Period, MaxVersionAge = s.MaxVersionAge }))
         {
             SyncAndLag(s, heap, new PersistentHashMap<long, long>(heap, MapTypeId), output);
+        }
+
+        if (s.Domain == PersistenceDomainKind.MappedFile)
+        {
+            DiskFloor(s, files.File("floor.bin"), output);
         }
 
         File.Delete(path);
@@ -416,7 +426,7 @@ internal static class MapComparison
         }
 
         failure.ThrowIfFailed();
-        double p = Period.TotalMilliseconds;
+        double p = s.Period.TotalMilliseconds;
 
         // Versions advanced while the writer ran: the mean time of one advance cycle (transition, write-back of the
         // version, frontier, reclamation). When it exceeds the period, cycles run back to back and the write-back of a
@@ -437,6 +447,52 @@ internal static class MapComparison
         output.WriteLine();
         output.Flush();
     }
+
+    /// <summary>
+    /// The floor under the page cache's lag, on the disk of the heap files and with nothing else running: a cycle
+    /// ends with two fences (its version's payloads and seals, then the frontier, which must not be durable before
+    /// them), and each waits for the disk to flush. Timed here with the smallest write each can have (one page), the
+    /// cycle's fences take at least this; a sample's lag adds the rest of its version (up to a period), sealing and
+    /// its version's bytes.
+    /// </summary>
+    private static void DiskFloor(ComparisonSettings s, string path, TextWriter output)
+    {
+        Progress(output, $"disk floor: one-page writes flushed to disk, {s.Syncs} samples each, after the map's heap closed");
+        byte[] page = new byte[4096];
+        var one = new List<double>();
+        var two = new List<double>();
+        using (SafeFileHandle file = File.OpenHandle(path, FileMode.Create, FileAccess.ReadWrite, FileShare.None, FileOptions.None, preallocationSize: 1L << 20))
+        {
+            RandomAccess.Write(file, new byte[1 << 20], 0);
+            RandomAccess.FlushToDisk(file);
+            for (int i = 0; i < s.Syncs; i++)
+            {
+                page[0] = (byte)i;
+                var watch = Stopwatch.StartNew();
+                RandomAccess.Write(file, page, 4096);
+                RandomAccess.FlushToDisk(file);
+                one.Add(watch.Elapsed.TotalMilliseconds);
+                watch.Restart();
+                RandomAccess.Write(file, page, 8192);
+                RandomAccess.FlushToDisk(file);
+                RandomAccess.Write(file, page, 0);
+                RandomAccess.FlushToDisk(file);
+                two.Add(watch.Elapsed.TotalMilliseconds);
+            }
+        }
+
+        File.Delete(path);
+        double p = s.Period.TotalMilliseconds;
+        output.WriteLine(FormattableString.Invariant($"| disk floor, in periods of {p:0} ms | p50 (ms) | p90 (ms) | p99 (ms) | max (ms) | p50 (periods) | p99 (periods) | note |"));
+        output.WriteLine("|---|---:|---:|---:|---:|---:|---:|---|");
+        output.WriteLine(FloorRow("one page written and flushed", one, p, "one fence at its smallest"));
+        output.WriteLine(FloorRow("two, one after the other", two, p, "a cycle's two fences at their smallest"));
+        output.WriteLine();
+        output.Flush();
+    }
+
+    private static string FloorRow(string name, List<double> samples, double period, string note) =>
+        FormattableString.Invariant($"| {name} ({samples.Count} samples) | {Percentile(samples, 0.5):0.0} | {Percentile(samples, 0.9):0.0} | {Percentile(samples, 0.99):0.0} | {samples.Max():0.0} | {Percentile(samples, 0.5) / period:0.00} | {Percentile(samples, 0.99) / period:0.00} | {note} |");
 
     private static string Writers(int count) => count == 1 ? "one writer" : FormattableString.Invariant($"{count} writers");
 
