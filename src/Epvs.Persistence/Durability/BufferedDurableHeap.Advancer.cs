@@ -572,7 +572,8 @@ public sealed unsafe partial class BufferedDurableHeap
         while (Frontier < target)
         {
             // (Failed for a thread that exited inside an operation: the cycle may still write back a version whose cut came.)
-            if (_advancerFault is { } fault && !FailedForAnExitedThread)
+            // Volatile.Read: acquire; pairs with the recording CAS (see IsExitedFault).
+            if (Volatile.Read(ref _advancerFault) is { } fault && !IsExitedFault(fault))
             {
                 ThrowHelper.ThrowInvalidOperation($"The heap's advancer failed, so nothing more can become durable: {fault.Message}", fault);
             }
@@ -642,11 +643,12 @@ public sealed unsafe partial class BufferedDurableHeap
                 return;
             }
 
-            if (_advancerFault is { } earlier)
+            // Volatile.Read: acquire; pairs with the recording CAS (see IsExitedFault).
+            if (Volatile.Read(ref _advancerFault) is { } earlier)
             {
                 // A thread exited inside an operation: a transition whose cut came before it is still written back (every
                 // operation of that version ended; the exited one is in a later version), so the frontier covers it.
-                if (FailedForAnExitedThread && FinishACutThatCame() && Frontier >= target)
+                if (IsExitedFault(earlier) && FinishACutThatCame() && Frontier >= target)
                 {
                     return;
                 }
@@ -1474,7 +1476,7 @@ public sealed unsafe partial class BufferedDurableHeap
         // version whose cut came before it, then reports it.)
         // (One read of the fault: a stall watch's tick may record one meanwhile.)
         Exception? fault = Volatile.Read(ref _advancerFault);
-        return stuck ?? (fault is not null && ReferenceEquals(fault, Volatile.Read(ref _exitedFault)) ? null : fault);
+        return stuck ?? (fault is not null && IsExitedFault(fault) ? null : fault);
     }
 
     private void ThrowIfProtected(string what)

@@ -57,17 +57,14 @@ public sealed partial class BufferedDurableHeap
     /// <summary>The fault recorded for a thread that exited inside an operation (null otherwise).</summary>
     private Exception? _exitedFault;
 
-    /// <summary>Whether the heap failed (first) because a thread exited inside an operation: a failure that leaves every
-    /// version whose cut came before it writable (see <see cref="FinishACutThatCame"/>).</summary>
-    private bool FailedForAnExitedThread
-    {
-        get
-        {
-            // Volatile.Read: acquire; the exited fault is written before it is recorded as the heap's fault.
-            Exception? exited = Volatile.Read(ref _exitedFault);
-            return exited is not null && ReferenceEquals(Volatile.Read(ref _advancerFault), exited);
-        }
-    }
+    /// <summary>Whether <paramref name="fault"/>, the heap's fault read with an acquire, is that of a thread that exited inside
+    /// an operation: a failure that leaves every version whose cut came before it writable (see <see cref="FinishACutThatCame"/>).</summary>
+    /// <remarks>The caller reads the heap's fault first and passes it: the exited fault is stored (a full fence) before it is
+    /// recorded as the heap's fault, so a reader whose acquire saw the heap's fault sees the exited one too. Read the other
+    /// way round, or the heap's fault with a plain load, an ARM64 core may satisfy the exited fault's load first (still null)
+    /// and the heap's fault's after both stores: an exited thread's fault taken for a failed cycle, and the version whose
+    /// cut came left unwritten.</remarks>
+    private bool IsExitedFault(Exception fault) => ReferenceEquals(fault, Volatile.Read(ref _exitedFault));
 
     /// <summary>
     /// Under the cycle gate, after the heap failed because a thread exited inside an operation: if the transition in flight

@@ -933,8 +933,8 @@ public sealed unsafe partial class BufferedDurableHeap : IDisposable
             // Volatile.Read: acquire; pairs with the release in RegisterThread.
             foreach (ThreadBuffers buffers in Volatile.Read(ref _registry))
             {
-                // Volatile.Read: acquire; RetiredBytes is the owner's plain counter (a stale value only delays help),
-                // ReclaimedBytes pairs with the Volatile.Write in Collect.
+                // Volatile.Read: acquire, and untorn on a 32-bit runtime; RetiredBytes is the owner's counter (a stale
+                // value only delays help), ReclaimedBytes pairs with the Volatile.Write in Collect.
                 backlog += Volatile.Read(ref buffers.RetiredBytes) - Volatile.Read(ref buffers.ReclaimedBytes);
             }
 

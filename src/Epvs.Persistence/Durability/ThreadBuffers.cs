@@ -67,8 +67,7 @@ internal sealed class ThreadBuffers
 
     internal OffsetList[] AntiPayloads { get; } = new OffsetList[Slots];
 
-
-    /// <summary>Bytes this thread has retired (replaced or deleted payloads, anti-payloads) so far. Written by the owner only.</summary>
+    /// <summary>Bytes this thread has retired (replaced or deleted payloads, anti-payloads) so far. Written by the owner only, with single (volatile) stores: other threads read it.</summary>
     internal long RetiredBytes;
 
     /// <summary>Bytes of this thread's retired blocks the advancer has freed so far. Written by the advancer (under the cycle gate) only.</summary>
@@ -194,14 +193,16 @@ internal sealed class ThreadBuffers
     internal void Retire(int slot, long offset, long bytes)
     {
         Retired[slot].Add(offset, bytes);
-        RetiredBytes += bytes;
+
+        // Volatile.Write: one 64-bit store, also on a 32-bit runtime (other threads read the counter, see ReclaimBacklog).
+        System.Threading.Volatile.Write(ref RetiredBytes, RetiredBytes + bytes);
     }
 
     /// <summary>Retires an anti-payload's block (a header only) in <paramref name="slot"/>.</summary>
     internal void RetireAntiPayload(int slot, long offset)
     {
         AntiPayloads[slot].Add(offset, HeapLayout.HeaderSize);
-        RetiredBytes += HeapLayout.HeaderSize;
+        System.Threading.Volatile.Write(ref RetiredBytes, RetiredBytes + HeapLayout.HeaderSize);
     }
 
     /// <summary>Whether the heap of these buffers was disposed (an operation left open in it then holds nothing back).</summary>

@@ -55,7 +55,8 @@ internal sealed unsafe class DurableMapCore<TKey>
 
     internal static int KeySize => sizeof(TKey);
 
-    // Volatile.Read: acquire; the count is maintained with Interlocked under the shard locks.
+    // Volatile.Read: one untorn 64-bit load (also on a 32-bit runtime); nothing is published with the count, which is
+    // maintained with Interlocked under the shard locks.
     internal long Count => Volatile.Read(ref _count);
 
     /// <summary>For tests: the index's entries, placeholders included (a lookup takes a placeholder as absent).</summary>
