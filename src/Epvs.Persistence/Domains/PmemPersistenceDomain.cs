@@ -53,15 +53,25 @@ internal sealed unsafe class PmemPersistenceDomain : PersistenceDomain
     /// <summary>Diagnostic call counts (may undercount under concurrency): which libpmem path the domain took.</summary>
     internal (long Flush, long Drain, long Persist, long Msync) CallCounts => (_flushCalls, _drainCalls, _persistCalls, _msyncCalls);
 
-    /// <summary>Maps the whole existing file with <c>pmem_map_file</c>. The caller has loaded libpmem (<see cref="PmemLibrary.TryLoad(string?, out string?)"/>).</summary>
-    internal static PmemPersistenceDomain Map(string path)
+    /// <summary>Maps the whole existing file with <c>pmem_map_file</c>, or says why libpmem refused it. The caller has loaded libpmem (<see cref="PmemLibrary.TryLoad(string?, out string?)"/>).</summary>
+    /// <param name="path">The path libpmem opens (the heap file's locked descriptor, through /proc/self/fd).</param>
+    /// <param name="failure">Why <c>pmem_map_file</c> failed (libpmem's message), when it returns null.</param>
+    internal static PmemPersistenceDomain? TryMap(string path, out string? failure)
     {
+        if (HeapFileTestHooks.SimulatedPmemMapFailure)
+        {
+            failure = "pmem_map_file failed: simulated (HeapFileTestHooks)";
+            return null;
+        }
+
         void* address = Interop.Pmem.MapFile(path, 0, 0, 0, out nuint mappedLength, out int mapIsPmem);
         if (address == null)
         {
-            ThrowHelper.ThrowIO($"pmem_map_file('{path}') failed: {Interop.Pmem.LastErrorMessage()}");
+            failure = $"pmem_map_file failed: {Interop.Pmem.LastErrorMessage()}";
+            return null;
         }
 
+        failure = null;
         var mapping = new SafeMappingHandle(address, mappedLength, pmem: true);
 
         // pmem_map_file reports the same answer through its out parameter; ask pmem_is_pmem explicitly since that is

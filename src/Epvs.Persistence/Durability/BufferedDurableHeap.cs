@@ -200,7 +200,9 @@ public sealed unsafe partial class BufferedDurableHeap : IDisposable
     /// <param name="fileOptions">Which persistence domain to map it with; null for the defaults.</param>
     /// <param name="options">Durability mode, advance period, recovery; null for the defaults.</param>
     /// <returns>The recovered heap; structures take their payloads with <see cref="TakeRecoveredPayloads(int)"/>.</returns>
+    /// <exception cref="System.IO.FileNotFoundException">There is no file at <paramref name="path"/> (see <see cref="HeapFile.Open(string, HeapFileOptions?)"/>).</exception>
     /// <exception cref="HeapFileException">See <see cref="HeapFile.Open(string, HeapFileOptions?)"/>.</exception>
+    /// <exception cref="System.IO.IOException">The file could not be opened for another reason (see <see cref="HeapFile.Open(string, HeapFileOptions?)"/>).</exception>
     /// <exception cref="ArgumentOutOfRangeException">An option is out of range; the file is not opened.</exception>
     /// <exception cref="InvalidOperationException">The calling thread is inside an operation of another buffered heap (as for <see cref="Create"/>).</exception>
     public static BufferedDurableHeap Open(string path, HeapFileOptions? fileOptions = null, BufferedDurableHeapOptions? options = null)

@@ -434,7 +434,9 @@ public sealed unsafe partial class HeapFile : IDisposable
     /// <returns>The open heap file.</returns>
     /// <exception cref="FileNotFoundException">There is no file at <paramref name="path"/>, or it is a symbolic link whose target does not exist or that loops (the message says which).</exception>
     /// <exception cref="HeapFileException">The file is read-only, already open, too small, truncated, not a heap file,
-    /// of a newer format, damaged, or the requested domain is unavailable. The file is unchanged.</exception>
+    /// of a newer format, damaged, sparse on a file system without the space to fill its holes, or the requested domain
+    /// is unavailable. The file's contents are unchanged (a file system may keep the blocks a refused reservation of a
+    /// sparse file did allocate: ext4 does).</exception>
     /// <exception cref="IOException">The file could not be opened for another reason, such as no file descriptor left
     /// (RLIMIT_NOFILE) or an I/O error. The file is unchanged.</exception>
     /// <exception cref="ArgumentOutOfRangeException">The domain cannot map a file, an option is not a value of its enum, or <see cref="HeapFileOptions.MaxSize"/> is negative.</exception>
@@ -525,8 +527,10 @@ public sealed unsafe partial class HeapFile : IDisposable
             PersistenceDomain domain = MapDomain(stream, fullPath, fullPath, heapSize, capacity, options);
             try
             {
-                // After every check and the mapping (which touches no page), before the first store.
-                Preallocate(stream, heapSize, fullPath);
+                // After every check and the mapping (which touches no page), before the first store: all the domain
+                // maps (the libpmem domain maps the whole file, a grown heap's spare segment beyond its size too, which a
+                // growth then takes without extending the file).
+                Preallocate(stream, HeapFileTestHooks.ReserveHeapPartOnlyForTesting ? heapSize : Math.Max(heapSize, domain.Length), fullPath);
             }
             catch
             {
@@ -1357,15 +1361,21 @@ public sealed unsafe partial class HeapFile : IDisposable
             return;
         }
 
-        int error = HeapFileTestHooks.SimulatedFallocateError ?? Interop.Libc.PosixFallocate((int)stream.SafeFileHandle.DangerousGetHandle(), 0, length);
+        int error;
+        do
+        {
+            error = HeapFileTestHooks.SimulatedFallocateError ?? Interop.Libc.PosixFallocate((int)stream.SafeFileHandle.DangerousGetHandle(), 0, length);
+        }
+        while (error == Interop.Libc.Eintr && HeapFileTestHooks.SimulatedFallocateError is null);
+
         if (Interop.Libc.IsOutOfSpace(error))
         {
             ThrowHelper.ThrowHeapFile(HeapFileError.InsufficientSpace, $"Cannot open heap file '{name}': its {length} bytes are not all allocated on disk (a sparse file) and the file system has no space left to allocate them ({Marshal.GetPInvokeErrorMessage(error)}). Mapping it would crash the process on the first store into a hole. Free space, or copy the file without holes.");
         }
 
         // Other errors (EOPNOTSUPP, EINVAL on file systems without fallocate) leave the file as it is, like before.
+        // (EINTR, a signal during a long reservation, is asked again above.)
     }
-
 
     private static ulong Read(ReadOnlySpan<byte> superblock, int offset) => BinaryPrimitives.ReadUInt64LittleEndian(superblock[offset..]);
 
@@ -1380,10 +1390,8 @@ public sealed unsafe partial class HeapFile : IDisposable
         return (File.GetUnixFileMode(path) & UnixFileMode.UserWrite) == 0;
     }
 
-
     private static FileStream OpenLocked(string path)
     {
-
         try
         {
             // FileShare.None takes an exclusive advisory lock (flock on Unix, a share mode on Windows) that a second
@@ -1478,10 +1486,11 @@ public sealed unsafe partial class HeapFile : IDisposable
         {
             case PersistenceDomainKind.Auto:
             case PersistenceDomainKind.Pmem:
-                if (options.PmemLibraryName is not null && PmemLibrary.TryLoad(options.PmemLibraryName, out failure))
+                // (A library that loads but refuses the mapping, or a file system that refuses libpmem's shared mapping:
+                // Auto falls back, Pmem says so, as for a library that does not load.)
+                if (options.PmemLibraryName is not null && PmemLibrary.TryLoad(options.PmemLibraryName, out failure)
+                    && PmemPersistenceDomain.TryMap(mapPath, out failure) is { } pmem)
                 {
-                    PmemPersistenceDomain pmem = PmemPersistenceDomain.Map(mapPath);
-
                     // Auto on a file that is not persistent memory: libpmem would only msync it (and cannot grow it);
                     // the mapped-file domain does that job better.
                     if (options.Domain == PersistenceDomainKind.Pmem || pmem.IsPersistentMemory)

@@ -14,6 +14,9 @@ internal static class HeapFileTestHooks
     /// <summary>When set, mapping a heap file (the MappedFile domain on Unix) fails with this errno instead of calling mmap.</summary>
     internal static int? SimulatedMmapError { get; set; }
 
+    /// <summary>When set, <c>pmem_map_file</c> is taken to have failed (libpmem loaded, the mapping refused) without being called.</summary>
+    internal static bool SimulatedPmemMapFailure { get; set; }
+
     /// <summary>When set, the fsync of a new heap file's directory (Linux) reports this errno instead of being called (0: succeeds).</summary>
     internal static int? SimulatedDirectorySyncError { get; set; }
 
@@ -22,6 +25,9 @@ internal static class HeapFileTestHooks
 
     /// <summary>When set, <c>HeapFile.Open</c> skips preallocation (the control for the sparse-file test: the old behaviour).</summary>
     internal static bool SkipPreallocation { get; set; }
+
+    /// <summary>Broken control: <c>HeapFile.Open</c> reserves the heap's part of the file only, not all the domain maps (the old behaviour: the libpmem domain then grew into an unreserved tail).</summary>
+    internal static bool ReserveHeapPartOnlyForTesting { get; set; }
 
     /// <summary>Broken control: an open takes no lock of its own beyond <see cref="System.IO.FileShare.None"/>'s (as before), so the runtime's DisableFileLocking switch leaves the file unlocked.</summary>
     internal static bool IgnoreLockConflictsForTesting { get; set; }

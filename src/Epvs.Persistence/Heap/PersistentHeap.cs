@@ -163,7 +163,9 @@ public sealed unsafe partial class PersistentHeap : IDisposable
     /// <param name="options">Which domain to map it with; null for the defaults.</param>
     /// <param name="heapOptions">Recovery options; null for the defaults.</param>
     /// <returns>The recovered heap.</returns>
+    /// <exception cref="System.IO.FileNotFoundException">There is no file at <paramref name="path"/> (see <see cref="HeapFile.Open(string, HeapFileOptions?)"/>).</exception>
     /// <exception cref="HeapFileException">See <see cref="HeapFile.Open(string, HeapFileOptions?)"/>.</exception>
+    /// <exception cref="System.IO.IOException">The file could not be opened for another reason (see <see cref="HeapFile.Open(string, HeapFileOptions?)"/>).</exception>
     /// <exception cref="ArgumentOutOfRangeException">A recovery option is out of range (<see cref="PersistentHeapOptions.RecoveryParallelism"/> below 1); the file is not opened.</exception>
     public static PersistentHeap Open(string path, HeapFileOptions? options = null, PersistentHeapOptions? heapOptions = null)
     {

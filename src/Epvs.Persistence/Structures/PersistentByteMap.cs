@@ -54,6 +54,8 @@ public sealed class PersistentByteMap<TKey>
     /// <exception cref="ArgumentOutOfRangeException"><paramref name="value"/> is longer than the heap's
     /// <see cref="PersistentHeap.MaxPayloadSize"/> less the key's size (the map is unchanged).</exception>
     /// <exception cref="InsufficientMemoryException">The heap is full.</exception>
+    /// <exception cref="InvalidOperationException">The heap's advancer failed (a write-back or a fence failed: see <see cref="BufferedDurableHeap.Sync()"/>), so nothing more can become durable; no write begins, and this one changed nothing.</exception>
+    /// <exception cref="ObjectDisposedException">The heap was disposed.</exception>
     public bool Set(TKey key, ReadOnlySpan<byte> value) => _core.Upsert(key, value);
 
     /// <summary>Copies the value of <paramref name="key"/> into <paramref name="destination"/> (as much as fits).</summary>
@@ -106,6 +108,8 @@ public sealed class PersistentByteMap<TKey>
     /// allocations leave free) before any of them was reclaimed; they are reclaimed, and the reserve refilled, two
     /// versions after the deletes (a <see cref="BufferedDurableHeap.Sync()"/>, or the advancer's next cycles). The key stays
     /// then.</exception>
+    /// <exception cref="InvalidOperationException">The heap's advancer failed (a write-back or a fence failed: see <see cref="BufferedDurableHeap.Sync()"/>), so nothing more can become durable; no write begins, and this one changed nothing.</exception>
+    /// <exception cref="ObjectDisposedException">The heap was disposed.</exception>
     public bool Remove(TKey key) => _core.Remove(key);
 
     /// <summary>A copy of every entry. Each shard is copied atomically, the whole map is not: concurrent operations may be partly seen.</summary>

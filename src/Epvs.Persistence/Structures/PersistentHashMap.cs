@@ -85,6 +85,8 @@ public sealed class PersistentHashMap<TKey, TValue>
     /// <returns><see langword="true"/> if the key was added, <see langword="false"/> if its value was replaced.</returns>
     /// <exception cref="InsufficientMemoryException">The heap is full.</exception>
     /// <exception cref="OutOfMemoryException">A new key needs a larger index and there is no memory for it; nothing was written.</exception>
+    /// <exception cref="InvalidOperationException">The heap's advancer failed (a write-back or a fence failed: see <see cref="BufferedDurableHeap.Sync()"/>), so nothing more can become durable; no write begins, and this one changed nothing.</exception>
+    /// <exception cref="ObjectDisposedException">The heap was disposed.</exception>
     public bool Set(TKey key, TValue value) => _core.Upsert(key, in value);
 
     /// <summary>
@@ -132,6 +134,8 @@ public sealed class PersistentHashMap<TKey, TValue>
     /// allocations leave free) before any of them was reclaimed; they are reclaimed, and the reserve refilled, two
     /// versions after the deletes (a <see cref="BufferedDurableHeap.Sync()"/>, or the advancer's next cycles). The key stays
     /// then.</exception>
+    /// <exception cref="InvalidOperationException">The heap's advancer failed (a write-back or a fence failed: see <see cref="BufferedDurableHeap.Sync()"/>), so nothing more can become durable; no write begins, and this one changed nothing.</exception>
+    /// <exception cref="ObjectDisposedException">The heap was disposed.</exception>
     public bool Remove(TKey key) => _core.Remove(key);
 
     /// <summary>A copy of every entry. Each entry is read atomically, the whole map is not (like enumerating a <see cref="System.Collections.Concurrent.ConcurrentDictionary{TKey, TValue}"/>).</summary>

@@ -67,6 +67,8 @@ public sealed unsafe class PersistentQueue<T>
     /// <summary>Appends <paramref name="value"/>.</summary>
     /// <param name="value">The value.</param>
     /// <exception cref="InsufficientMemoryException">The heap is full.</exception>
+    /// <exception cref="InvalidOperationException">The heap's advancer failed (a write-back or a fence failed: see <see cref="BufferedDurableHeap.Sync()"/>), so nothing more can become durable; no write begins, and this one changed nothing.</exception>
+    /// <exception cref="ObjectDisposedException">The heap was disposed.</exception>
     public void Enqueue(T value)
     {
         using DurableOperation op = _heap.BeginOperation();
@@ -93,6 +95,8 @@ public sealed unsafe class PersistentQueue<T>
     /// allocations leave free) before any of them was reclaimed; they are reclaimed, and the reserve refilled, two
     /// versions after the deletes (a <see cref="BufferedDurableHeap.Sync()"/>, or the advancer's next cycles). The element stays
     /// at the head then.</exception>
+    /// <exception cref="InvalidOperationException">The heap's advancer failed (a write-back or a fence failed: see <see cref="BufferedDurableHeap.Sync()"/>), so nothing more can become durable; no write begins, and this one changed nothing.</exception>
+    /// <exception cref="ObjectDisposedException">The heap was disposed.</exception>
     public bool TryDequeue(out T value)
     {
         using DurableOperation op = _heap.BeginOperation();

@@ -31,6 +31,8 @@ internal static class SafetyChild
                 "open-sparse-on-full-disk" => OpenSparseOnFullDisk(path, control),
                 "open-out-of-descriptors" => OpenOutOfDescriptors(path),
                 "open-mmap-fails" => OpenMmapFails(path),
+                "open-pmem-sparse-tail-on-full-disk" => OpenPmemSparseTailOnFullDisk(path, control),
+                "pmem-map-refused" => PmemMapRefused(path),
                 "create-directory-sync-fails" => CreateDirectorySyncFails(path),
                 "create-removal-fails" => CreateRemovalFails(path),
                 "open-buffered" => OpenBuffered(path),
@@ -1564,6 +1566,88 @@ internal static class SafetyChild
             Console.Error.WriteLine("the heap filled up without touching a hole");
             return WrongOutcome;
         }
+    }
+
+    /// <summary>
+    /// A sparse copy whose heap part is allocated and whose tail (a grown heap's spare segment, beyond its recorded size)
+    /// is a hole, on a full file system, opened with the libpmem domain, which maps the whole file: the open must refuse
+    /// it (before the fix it reserved the heap part only, and the growth into the tail ended the process with SIGBUS).
+    /// </summary>
+    private static int OpenPmemSparseTailOnFullDisk(string path, bool control)
+    {
+        HeapFileTestHooks.ReserveHeapPartOnlyForTesting = control;
+        try
+        {
+            using (var heap = BufferedDurableHeap.Open(path, new HeapFileOptions { Domain = PersistenceDomainKind.Pmem }, new BufferedDurableHeapOptions { AdvancePeriod = Timeout.InfiniteTimeSpan }))
+            {
+                var map = new PersistentByteMap<long>(heap, typeId: 1);
+                byte[] value = new byte[3000];
+                try
+                {
+                    for (long k = 0; k < 100_000; k++)
+                    {
+                        map.Set(k, value);
+                    }
+                }
+                catch (InsufficientMemoryException)
+                {
+                    // Full: the heap took its tail without touching a hole (no crash).
+                }
+            }
+
+            Console.Error.WriteLine("opened, filled and closed the heap: its tail was not a hole on a full file system");
+            return WrongOutcome;
+        }
+        catch (HeapFileException e) when (e.Error == HeapFileError.InsufficientSpace)
+        {
+            Console.WriteLine(e.Message);
+            return Survived;
+        }
+    }
+
+    /// <summary>
+    /// libpmem loads but refuses the mapping (simulated): Auto falls back to the mapped-file domain, and Pmem reports
+    /// <see cref="HeapFileError.DomainUnavailable"/> naming the heap file (before the fix both threw libpmem's IOException,
+    /// naming a /proc/self/fd path).
+    /// </summary>
+    private static int PmemMapRefused(string path)
+    {
+        PersistentHeap.Create(path, new HeapFileOptions { Size = 4L << 20, Domain = PersistenceDomainKind.MappedFile }).Dispose();
+        HeapFileTestHooks.SimulatedPmemMapFailure = true;
+        int wrong = 0;
+        try
+        {
+            using (PersistentHeap heap = PersistentHeap.Open(path, new HeapFileOptions { Domain = PersistenceDomainKind.Auto }))
+            {
+                Console.WriteLine($"Auto: {heap.File.Domain.Kind}");
+                if (heap.File.Domain.Kind != PersistenceDomainKind.MappedFile)
+                {
+                    wrong++;
+                }
+            }
+
+            try
+            {
+                PersistentHeap.Open(path, new HeapFileOptions { Domain = PersistenceDomainKind.Pmem }).Dispose();
+                Console.Error.WriteLine("Pmem: opened");
+                wrong++;
+            }
+            catch (HeapFileException e) when (e.Error == HeapFileError.DomainUnavailable && e.Message.Contains(Path.GetFullPath(path), StringComparison.Ordinal))
+            {
+                Console.WriteLine($"Pmem: {e.Error}: {e.Message}");
+            }
+        }
+        catch (Exception e)
+        {
+            Console.Error.WriteLine($"{e.GetType().Name}: {e.Message}");
+            wrong++;
+        }
+        finally
+        {
+            HeapFileTestHooks.SimulatedPmemMapFailure = false;
+        }
+
+        return wrong == 0 ? Survived : WrongOutcome;
     }
 
     /// <summary>

@@ -286,6 +286,74 @@ public sealed class HeapSafetyTests
     }
 
     /// <summary>
+    /// A probe (disk faults): the libpmem domain maps the whole file, a grown heap's spare segment beyond its recorded
+    /// size too, but the open reserved the heap's part only; with that tail a hole (a sparse copy) on a full file system,
+    /// the heap's growth into it ended the process with SIGBUS. The open now reserves all the domain maps and refuses
+    /// the file (<see cref="HeapFileError.InsufficientSpace"/>). Control: the heap part only (the old reservation).
+    /// </summary>
+    [Fact]
+    public void Open_PmemDomainOnASparseTailOnAFullFileSystem_ReportsInsufficientSpaceInsteadOfSigbus()
+    {
+        using var dir = new TempDirectory();
+        string source = dir.File("source.heap");
+        using (var heap = BufferedDurableHeap.Create(source, new HeapFileOptions { Size = 1L << 20, MaxSize = 64L << 20, Domain = PersistenceDomainKind.MappedFile }))
+        {
+            new PersistentByteMap<long>(heap, typeId: 1).Set(1, new byte[100]);
+        }
+
+        long heapSize;
+        using (HeapFile file = HeapFile.Open(source, new HeapFileOptions { Domain = PersistenceDomainKind.MappedFile }))
+        {
+            heapSize = file.Size;
+        }
+
+        Assert.True(new FileInfo(source).Length > heapSize, "the file has no spare segment beyond the heap");
+        string mount = Path.Combine(dir.Path, "small");
+        Directory.CreateDirectory(mount);
+        Assert.SkipUnless(Run("mount", "-t", "tmpfs", "-o", "size=4m", "tmpfs", mount), "needs root and mount(8) for a 4 MiB tmpfs (a full file system)");
+        try
+        {
+            foreach (string name in new[] { "a.heap", "b.heap" })
+            {
+                string copy = Path.Combine(mount, name);
+                Assert.True(Run("cp", "--sparse=always", source, copy), "sparse copy");
+                Assert.True(Run("fallocate", "-o", "0", "-l", heapSize.ToString(System.Globalization.CultureInfo.InvariantCulture), copy), "the heap part allocated");
+            }
+
+            // Full: dd stops (and fails) when the file system has no block left.
+            Run("dd", "if=/dev/zero", "of=" + Path.Combine(mount, "filler"), "bs=4k");
+            (int code, string output) = TestProgram.RunChild(NoEnvironment, SafetyChild.Role, "open-pmem-sparse-tail-on-full-disk", Path.Combine(mount, "a.heap"));
+            Assert.True(code == SafetyChild.Survived, $"exit {code}: {output}");
+            Assert.Contains("sparse", output, StringComparison.Ordinal);
+
+            (int controlCode, string controlOutput) = TestProgram.RunChild(NoEnvironment, SafetyChild.Role, "open-pmem-sparse-tail-on-full-disk", Path.Combine(mount, "b.heap"), "control");
+            _output.WriteLine($"control (the heap part reserved only): exit {controlCode}");
+            Assert.SkipWhen(controlCode == SafetyChild.Survived, $"inconclusive: the control did not fail: {controlOutput}");
+            Assert.NotEqual(SafetyChild.Survived, controlCode);
+        }
+        finally
+        {
+            Run("umount", mount);
+        }
+    }
+
+    /// <summary>
+    /// A probe (disk faults): libpmem loads but <c>pmem_map_file</c> fails (simulated; a file system that refuses its
+    /// mapping): <see cref="PersistenceDomainKind.Auto"/> threw libpmem's IOException naming a /proc/self/fd path instead
+    /// of falling back to the mapped-file domain, and <see cref="PersistenceDomainKind.Pmem"/> did not report
+    /// <see cref="HeapFileError.DomainUnavailable"/>. Child process: the hook is process-wide.
+    /// </summary>
+    [Fact]
+    public void Open_WhenLibpmemRefusesTheMapping_AutoFallsBackAndPmemReportsDomainUnavailable()
+    {
+        Assert.SkipUnless(OperatingSystem.IsLinux(), "libpmem (Linux)");
+        using var dir = new TempDirectory();
+        (int code, string output) = TestProgram.RunChild(NoEnvironment, SafetyChild.Role, "pmem-map-refused", dir.File("a.heap"));
+        _output.WriteLine(output);
+        Assert.True(code == SafetyChild.Survived, $"exit {code}: {output}");
+    }
+
+    /// <summary>
     /// A probe: ext4 turned read-only after an I/O error still opens the file for writing, and mmap then fails with EROFS,
     /// which Open reported as a plain IOException advising to lower MaxSize (the advice for a commit-limit failure). It is
     /// now <see cref="HeapFileError.ReadOnly"/>, and the advice comes with ENOMEM only (errno simulated, in a child: the
