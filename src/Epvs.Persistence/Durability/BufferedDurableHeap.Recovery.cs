@@ -18,6 +18,23 @@ public sealed unsafe partial class BufferedDurableHeap
     private readonly HashSet<int> _structureTypeIds = new();
     private Dictionary<int, List<RecoveredPayload>> _recovered = new();
 
+    /// <summary>
+    /// Refuses <see cref="DurabilityMode.Transient"/> over a file that holds durable data, before anything of the heap
+    /// exists: the refused open changed nothing, so the file keeps its clean-shutdown mark and its saved state (the
+    /// next open is still a fast reopen; refused inside recovery, it lost both).
+    /// </summary>
+    private static void RefuseTransientOverDurableData(HeapFile file, DurabilityMode mode)
+    {
+        long frontier = file.DurableFrontier;
+        long clock = file.EpochClock;
+        if (mode == DurabilityMode.Transient && (frontier > 0 || clock > 0))
+        {
+            // Transient updates payloads of any version in place and frees without making the free durable: over
+            // durable data it would destroy what the file promises to keep (and leave seals over changed payloads).
+            ThrowHelper.ThrowInvalidOperation($"Cannot open heap file '{file.Path}' in DurabilityMode.Transient: it holds durable data (frontier {frontier}, clock {clock}), which a transient heap would overwrite in place. Open it with DurabilityMode.Buffered or Strict, or give the transient heap a new file.");
+        }
+    }
+
     private (PersistentHeap Heap, DurableRecoveryReport Report) Recover(HeapFile file, BufferedDurableHeapOptions options)
     {
         var watch = Stopwatch.StartNew();
@@ -28,13 +45,6 @@ public sealed unsafe partial class BufferedDurableHeap
             PersistedFrontier = file.DurableFrontier,
             Parallelism = options.RecoveryParallelism,
         };
-
-        if (_mode == DurabilityMode.Transient && (report.PersistedFrontier > 0 || report.PersistedClock > 0))
-        {
-            // Transient updates payloads of any version in place and frees without making the free durable: over
-            // durable data it would destroy what the file promises to keep (and leave seals over changed payloads).
-            ThrowHelper.ThrowInvalidOperation($"Cannot open heap file '{file.Path}' in DurabilityMode.Transient: it holds durable data (frontier {report.PersistedFrontier}, clock {report.PersistedClock}), which a transient heap would overwrite in place. Open it with DurabilityMode.Buffered or Strict, or give the transient heap a new file.");
-        }
 
         // Montage's rule (clock − 2) and ours (the frontier): the advancer writes back and fences version v before it
         // persists frontier v with clock v + 2, so every version up to clock − 2 is whole even when a crash left the

@@ -70,6 +70,7 @@ public sealed unsafe partial class BufferedDurableHeap : IDisposable
     {
         options ??= new BufferedDurableHeapOptions();
         options.Validate();
+        RefuseTransientOverDurableData(file, options.Mode);
         _ownsFile = ownsFile;
         _mode = options.Mode;
         _faults = options.Faults;
@@ -1215,6 +1216,18 @@ public sealed unsafe partial class BufferedDurableHeap : IDisposable
 
     private static BufferedDurableHeap Own(HeapFile file, BufferedDurableHeapOptions? options)
     {
+        try
+        {
+            RefuseTransientOverDurableData(file, options?.Mode ?? DurabilityMode.Buffered);
+        }
+        catch
+        {
+            // Refused before anything was read or written beyond the superblock: the file closes with its clean-shutdown
+            // mark back (the next open is still a fast one).
+            file.Dispose();
+            throw;
+        }
+
         try
         {
             var heap = new BufferedDurableHeap(file, ownsFile: true, options);

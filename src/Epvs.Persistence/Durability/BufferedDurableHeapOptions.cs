@@ -13,7 +13,7 @@ public sealed class BufferedDurableHeapOptions
     /// How often the background advancer moves the version (and so the durable frontier). Default 20 ms; about one
     /// period of completed operations is at risk at a crash. <see cref="Timeout.InfiniteTimeSpan"/> starts no
     /// background advancer: versions then move only in <see cref="BufferedDurableHeap.Sync(TimeSpan)"/> and
-    /// <see cref="BufferedDurableHeap.AdvanceVersion(TimeSpan)"/>.
+    /// <see cref="BufferedDurableHeap.AdvanceVersion(TimeSpan)"/>. At most <see cref="int.MaxValue"/> milliseconds.
     /// </summary>
     public TimeSpan AdvancePeriod { get; set; } = TimeSpan.FromMilliseconds(20);
 
@@ -24,7 +24,7 @@ public sealed class BufferedDurableHeapOptions
     /// threads beginning operations meanwhile wait until the old version has ended, not for the advance's write-back). Writers then slow down to what the
     /// medium takes, instead of letting versions, and the time until an operation is durable, grow without bound. Null (the default): 1.25 × <see cref="AdvancePeriod"/>, which a background
     /// advancer keeping to its period never reaches. <see cref="Timeout.InfiniteTimeSpan"/>: no bound (throughput
-    /// first; the lag then grows with the overload).
+    /// first; the lag then grows with the overload). At most <see cref="int.MaxValue"/> milliseconds.
     /// </summary>
     public TimeSpan? MaxVersionAge { get; set; }
 
@@ -68,12 +68,12 @@ public sealed class BufferedDurableHeapOptions
     {
         if (AdvancePeriod != Timeout.InfiniteTimeSpan && (AdvancePeriod <= TimeSpan.Zero || AdvancePeriod.TotalMilliseconds > int.MaxValue))
         {
-            ThrowHelper.ThrowArgumentOutOfRange(nameof(AdvancePeriod), $"AdvancePeriod must be positive (or Timeout.InfiniteTimeSpan for no background advancer), not {AdvancePeriod}.");
+            ThrowHelper.ThrowArgumentOutOfRange(nameof(AdvancePeriod), $"AdvancePeriod must be positive and at most int.MaxValue milliseconds (about 24.8 days), or Timeout.InfiniteTimeSpan for no background advancer, not {AdvancePeriod}.");
         }
 
         if (MaxVersionAge is { } age && age != Timeout.InfiniteTimeSpan && (age <= TimeSpan.Zero || age.TotalMilliseconds > int.MaxValue))
         {
-            ThrowHelper.ThrowArgumentOutOfRange(nameof(MaxVersionAge), $"MaxVersionAge must be positive, null (1.25 advance periods) or Timeout.InfiniteTimeSpan (no bound), not {age}.");
+            ThrowHelper.ThrowArgumentOutOfRange(nameof(MaxVersionAge), $"MaxVersionAge must be positive and at most int.MaxValue milliseconds (about 24.8 days), null (1.25 advance periods) or Timeout.InfiniteTimeSpan (no bound), not {age}.");
         }
 
         if (SyncTimeout != Timeout.InfiniteTimeSpan && (SyncTimeout <= TimeSpan.Zero || SyncTimeout.TotalMilliseconds > int.MaxValue))

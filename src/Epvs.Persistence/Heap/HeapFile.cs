@@ -1509,8 +1509,11 @@ public sealed unsafe partial class HeapFile : IDisposable
                 return MapFile(stream, path, length, capacity, options);
             case PersistenceDomainKind.MappedFile:
                 return MapFile(stream, path, length, capacity, options);
-            default:
+            case PersistenceDomainKind.Simulated:
                 ThrowHelper.ThrowArgumentOutOfRange(nameof(options), $"Domain {options.Domain} cannot map a file; create a SimulatedPersistenceDomain and use HeapFile.Create(PersistenceDomain).");
+                return null;
+            default:
+                ThrowHelper.ThrowArgumentOutOfRange(nameof(options), $"HeapFileOptions.Domain {options.Domain} is not a PersistenceDomainKind value.");
                 return null;
         }
     }

@@ -109,9 +109,11 @@ public sealed class BufferedDurableHeapTests
         byte[] after = System.IO.File.ReadAllBytes(path);
         Assert.True(before.AsSpan(HeapLayout.SuperblockSize).SequenceEqual(after.AsSpan(HeapLayout.SuperblockSize)), "the refused open changed the file past the superblock");
 
-        // Still intact for a durable open; a file only ever used transiently reopens transiently (empty).
+        // Still intact for a durable open, which is still a fast reopen (the refusal kept the clean-shutdown mark: a
+        // soak probe found it lost); a file only ever used transiently reopens transiently (empty).
         using (BufferedDurableHeap heap = BufferedDurableHeap.Open(path, fileOptions, Manual))
         {
+            Assert.True(heap.Recovery.FastReopen, $"not a fast reopen after the refused one: {heap.Recovery.FastReopenRejection}");
             Assert.True(new PersistentHashMap<long, long>(heap, typeId: 1).TryGetValue(1, out long v) && v == 2);
         }
 

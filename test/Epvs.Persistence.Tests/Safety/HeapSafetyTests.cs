@@ -259,30 +259,7 @@ public sealed class HeapSafetyTests
             heap.GetPayload(heap.Allocate(100, 1)).Fill(3);
         }
 
-        string mount = Path.Combine(dir.Path, "small");
-        Directory.CreateDirectory(mount);
-        Assert.SkipUnless(Run("mount", "-t", "tmpfs", "-o", "size=1m", "tmpfs", mount), "needs root and mount(8) for a 1 MiB tmpfs (a full file system)");
-        try
-        {
-            foreach (string name in new[] { "a.heap", "b.heap" })
-            {
-                string copy = Path.Combine(mount, name);
-                Assert.True(Run("cp", "--sparse=always", source, copy), "sparse copy");
-            }
-
-            (int code, string output) = TestProgram.RunChild(NoEnvironment, SafetyChild.Role, "open-sparse-on-full-disk", Path.Combine(mount, "a.heap"));
-            Assert.True(code == SafetyChild.Survived, $"exit {code}: {output}");
-            Assert.Contains("sparse", output, StringComparison.Ordinal);
-
-            (int controlCode, string controlOutput) = TestProgram.RunChild(NoEnvironment, SafetyChild.Role, "open-sparse-on-full-disk", Path.Combine(mount, "b.heap"), "control");
-            _output.WriteLine($"control (no preallocation at open): exit {controlCode}");
-            Assert.SkipWhen(controlCode == SafetyChild.Survived, $"inconclusive: the control did not fail: {controlOutput}");
-            Assert.NotEqual(SafetyChild.Survived, controlCode);
-        }
-        finally
-        {
-            Run("umount", mount);
-        }
+        OpenCopiesOnAFullTmpfs(dir, source, "1m", copy => { }, "open-sparse-on-full-disk", "no preallocation at open");
     }
 
     /// <summary>
@@ -308,26 +285,37 @@ public sealed class HeapSafetyTests
         }
 
         Assert.True(new FileInfo(source).Length > heapSize, "the file has no spare segment beyond the heap");
+        string heapPart = heapSize.ToString(System.Globalization.CultureInfo.InvariantCulture);
+        OpenCopiesOnAFullTmpfs(dir, source, "4m", copy => Assert.True(Run("fallocate", "-o", "0", "-l", heapPart, copy), "the heap part allocated"), "open-pmem-sparse-tail-on-full-disk", "the heap part reserved only");
+    }
+
+    /// <summary>
+    /// Copies <paramref name="source"/> sparsely (twice) onto a tmpfs of <paramref name="size"/>, each copy then prepared,
+    /// fills the file system, and runs the child <paramref name="role"/> on one copy (it must survive, reporting the
+    /// sparse file) and its control on the other (it must not).
+    /// </summary>
+    private void OpenCopiesOnAFullTmpfs(TempDirectory dir, string source, string size, Action<string> prepare, string role, string control)
+    {
         string mount = Path.Combine(dir.Path, "small");
         Directory.CreateDirectory(mount);
-        Assert.SkipUnless(Run("mount", "-t", "tmpfs", "-o", "size=4m", "tmpfs", mount), "needs root and mount(8) for a 4 MiB tmpfs (a full file system)");
+        Assert.SkipUnless(Run("mount", "-t", "tmpfs", "-o", "size=" + size, "tmpfs", mount), $"needs root and mount(8) for a {size} tmpfs (a full file system)");
         try
         {
             foreach (string name in new[] { "a.heap", "b.heap" })
             {
                 string copy = Path.Combine(mount, name);
                 Assert.True(Run("cp", "--sparse=always", source, copy), "sparse copy");
-                Assert.True(Run("fallocate", "-o", "0", "-l", heapSize.ToString(System.Globalization.CultureInfo.InvariantCulture), copy), "the heap part allocated");
+                prepare(copy);
             }
 
             // Full: dd stops (and fails) when the file system has no block left.
             Run("dd", "if=/dev/zero", "of=" + Path.Combine(mount, "filler"), "bs=4k");
-            (int code, string output) = TestProgram.RunChild(NoEnvironment, SafetyChild.Role, "open-pmem-sparse-tail-on-full-disk", Path.Combine(mount, "a.heap"));
+            (int code, string output) = TestProgram.RunChild(NoEnvironment, SafetyChild.Role, role, Path.Combine(mount, "a.heap"));
             Assert.True(code == SafetyChild.Survived, $"exit {code}: {output}");
             Assert.Contains("sparse", output, StringComparison.Ordinal);
 
-            (int controlCode, string controlOutput) = TestProgram.RunChild(NoEnvironment, SafetyChild.Role, "open-pmem-sparse-tail-on-full-disk", Path.Combine(mount, "b.heap"), "control");
-            _output.WriteLine($"control (the heap part reserved only): exit {controlCode}");
+            (int controlCode, string controlOutput) = TestProgram.RunChild(NoEnvironment, SafetyChild.Role, role, Path.Combine(mount, "b.heap"), "control");
+            _output.WriteLine($"control ({control}): exit {controlCode}");
             Assert.SkipWhen(controlCode == SafetyChild.Survived, $"inconclusive: the control did not fail: {controlOutput}");
             Assert.NotEqual(SafetyChild.Survived, controlCode);
         }
@@ -623,6 +611,33 @@ public sealed class HeapSafetyTests
 
         // A retry with valid options succeeds (it used to find the path taken).
         using BufferedDurableHeap heap = BufferedDurableHeap.Create(path, new HeapFileOptions { Size = 1L << 20 });
+    }
+
+    /// <summary>
+    /// A probe (soak, options varied between reopens): a period or age above int.MaxValue milliseconds was refused with
+    /// "must be positive", and an undefined domain with advice for the simulated one; each message now says what is wrong.
+    /// </summary>
+    [Fact]
+    public void Open_WithAnOutOfRangeOption_SaysWhatIsWrong()
+    {
+        using var dir = new TempDirectory();
+        string path = dir.File("options.heap");
+        BufferedDurableHeap.Create(path, new HeapFileOptions { Size = 1L << 20 }).Dispose();
+        TimeSpan hundredDays = TimeSpan.FromDays(100);
+        foreach (var options in new[] { new BufferedDurableHeapOptions { AdvancePeriod = hundredDays }, new BufferedDurableHeapOptions { MaxVersionAge = hundredDays } })
+        {
+            var e = Assert.Throws<ArgumentOutOfRangeException>(() => BufferedDurableHeap.Open(path, null, options).Dispose());
+            Assert.Contains("at most int.MaxValue milliseconds", e.Message, StringComparison.Ordinal);
+        }
+
+        var domain = Assert.Throws<ArgumentOutOfRangeException>(() => BufferedDurableHeap.Open(path, new HeapFileOptions { Domain = (PersistenceDomainKind)77 }).Dispose());
+        Assert.Contains("is not a PersistenceDomainKind value", domain.Message, StringComparison.Ordinal);
+        var simulated = Assert.Throws<ArgumentOutOfRangeException>(() => BufferedDurableHeap.Open(path, new HeapFileOptions { Domain = PersistenceDomainKind.Simulated }).Dispose());
+        Assert.Contains("SimulatedPersistenceDomain", simulated.Message, StringComparison.Ordinal);
+
+        // None of the refusals changed the file: it still reopens fast (its clean-shutdown mark kept).
+        using BufferedDurableHeap heap = BufferedDurableHeap.Open(path);
+        Assert.True(heap.Recovery.FastReopen, heap.Recovery.FastReopenRejection);
     }
 
     [Theory]
