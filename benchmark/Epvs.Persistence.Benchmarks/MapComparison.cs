@@ -389,6 +389,7 @@ internal static class MapComparison
 
         long firstVersion = heap.CurrentVersion;
         AdvancerStatistics before = heap.GetAdvancerStatistics();
+        long ioBefore = BytesWrittenBySystemCalls();
         var phase = Stopwatch.StartNew();
         var random = new Random(8);
         var syncs = new List<double>();
@@ -426,6 +427,7 @@ internal static class MapComparison
         }
 
         failure.ThrowIfFailed();
+        long ioAfter = BytesWrittenBySystemCalls();
         double p = s.Period.TotalMilliseconds;
 
         // Versions advanced while the writer ran: the mean time of one advance cycle (transition, write-back of the
@@ -439,6 +441,14 @@ internal static class MapComparison
         AdvancerStatistics cycles = heap.GetAdvancerStatistics().Since(before);
         double n = Math.Max(1, cycles.Cycles);
         output.WriteLine(FormattableString.Invariant($"# per cycle ({cycles.Cycles} cycles): {cycles.BlocksWrittenBack / n:0} blocks written back; write-back {cycles.WriteBackTime.TotalMilliseconds / n:0.0} ms, seal {cycles.SealTime.TotalMilliseconds / n:0.0} ms, reclaim {cycles.ReclaimTime.TotalMilliseconds / n:0.0} ms; {cycles.AllocatorRefills} refills by the writer itself"));
+
+        // What the cycles wrote into the page cache (the process's write system calls: the private mapping's pwrites of
+        // whole pages, which the fences then send to the disk).
+        if (ioBefore >= 0 && ioAfter >= 0)
+        {
+            output.WriteLine(FormattableString.Invariant($"# per cycle, from /proc/self/io (wchar): {(ioAfter - ioBefore) / n / 1024:0} KiB written by system calls ({(ioAfter - ioBefore) / Math.Max(1, cycles.BlocksWrittenBack):0} bytes per block written back)"));
+        }
+
         string age = s.MaxVersionAge is { } a ? (a == Timeout.InfiniteTimeSpan ? ", no MaxVersionAge" : FormattableString.Invariant($", MaxVersionAge {a.TotalMilliseconds:0} ms")) : string.Empty;
         output.WriteLine(FormattableString.Invariant($"| under {Writers(s.LagWriters)}, {p:0} ms advance period{age} | p50 (ms) | p90 (ms) | p99 (ms) | max (ms) | p50 (periods) | p99 (periods) | target |"));
         output.WriteLine("|---|---:|---:|---:|---:|---:|---:|---|");
@@ -493,6 +503,31 @@ internal static class MapComparison
 
     private static string FloorRow(string name, List<double> samples, double period, string note) =>
         FormattableString.Invariant($"| {name} ({samples.Count} samples) | {Percentile(samples, 0.5):0.0} | {Percentile(samples, 0.9):0.0} | {Percentile(samples, 0.99):0.0} | {samples.Max():0.0} | {Percentile(samples, 0.5) / period:0.00} | {Percentile(samples, 0.99) / period:0.00} | {note} |");
+
+    /// <summary>
+    /// The process's bytes written by system calls so far (/proc/self/io, wchar), or -1 where it cannot be read. (Not
+    /// write_bytes: with large page-cache folios, as ext4 has since Linux 6.16, it counts a whole folio for each page
+    /// written, several times what the disk receives.)
+    /// </summary>
+    private static long BytesWrittenBySystemCalls()
+    {
+        try
+        {
+            foreach (string line in File.ReadLines("/proc/self/io"))
+            {
+                if (line.StartsWith("wchar:", StringComparison.Ordinal))
+                {
+                    return long.Parse(line.AsSpan(6), System.Globalization.CultureInfo.InvariantCulture);
+                }
+            }
+
+            return -1;
+        }
+        catch (Exception e) when (e is IOException or UnauthorizedAccessException or FormatException)
+        {
+            return -1;
+        }
+    }
 
     private static string Writers(int count) => count == 1 ? "one writer" : FormattableString.Invariant($"{count} writers");
 
