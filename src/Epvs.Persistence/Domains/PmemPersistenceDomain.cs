@@ -60,14 +60,14 @@ internal sealed unsafe class PmemPersistenceDomain : PersistenceDomain
     {
         if (HeapFileTestHooks.SimulatedPmemMapFailure)
         {
-            failure = "pmem_map_file failed: simulated (HeapFileTestHooks)";
+            failure = "pmem_map_file failed: simulated (HeapFileTestHooks).";
             return null;
         }
 
         void* address = Interop.Pmem.MapFile(path, 0, 0, 0, out nuint mappedLength, out int mapIsPmem);
         if (address == null)
         {
-            failure = $"pmem_map_file failed: {Interop.Pmem.LastErrorMessage()}";
+            failure = $"pmem_map_file failed: {Interop.Pmem.LastErrorMessage()}.";
             return null;
         }
 

@@ -205,7 +205,8 @@ public sealed unsafe partial class BufferedDurableHeap : IDisposable
     /// <exception cref="HeapFileException">See <see cref="HeapFile.Open(string, HeapFileOptions?)"/>.</exception>
     /// <exception cref="System.IO.IOException">The file could not be opened for another reason (see <see cref="HeapFile.Open(string, HeapFileOptions?)"/>).</exception>
     /// <exception cref="ArgumentOutOfRangeException">An option is out of range; the file is not opened.</exception>
-    /// <exception cref="InvalidOperationException">The calling thread is inside an operation of another buffered heap (as for <see cref="Create"/>).</exception>
+    /// <exception cref="InvalidOperationException">The calling thread is inside an operation of another buffered heap (as for <see cref="Create"/>),
+    /// or <see cref="DurabilityMode.Transient"/> was asked over a file that holds durable data (the file is left as it was).</exception>
     public static BufferedDurableHeap Open(string path, HeapFileOptions? fileOptions = null, BufferedDurableHeapOptions? options = null)
     {
         // Options first, as in Create: an invalid one opens nothing.
@@ -219,7 +220,8 @@ public sealed unsafe partial class BufferedDurableHeap : IDisposable
     /// <param name="options">Durability mode, advance period, recovery; null for the defaults.</param>
     /// <returns>The recovered heap.</returns>
     /// <exception cref="ArgumentOutOfRangeException">An option is out of range; nothing is opened.</exception>
-    /// <exception cref="InvalidOperationException">The calling thread is inside an operation of another buffered heap (as for <see cref="Create"/>).</exception>
+    /// <exception cref="InvalidOperationException">The calling thread is inside an operation of another buffered heap (as for <see cref="Create"/>),
+    /// or <see cref="DurabilityMode.Transient"/> was asked over a file that holds durable data (the file is left as it was).</exception>
     public static BufferedDurableHeap Open(HeapFile file, BufferedDurableHeapOptions? options = null)
     {
         ArgumentNullException.ThrowIfNull(file);
@@ -1222,8 +1224,13 @@ public sealed unsafe partial class BufferedDurableHeap : IDisposable
         }
         catch
         {
-            // Refused before anything was read or written beyond the superblock: the file closes with its clean-shutdown
-            // mark back (the next open is still a fast one).
+            // Refused before anything was read or written beyond the superblock: a cleanly closed file closes with its
+            // clean-shutdown mark back (the next open is still a fast one), a crashed one without (as it came).
+            if (!file.WasCleanShutdown)
+            {
+                file.ForgoCleanShutdown();
+            }
+
             file.Dispose();
             throw;
         }

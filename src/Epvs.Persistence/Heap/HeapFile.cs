@@ -528,9 +528,10 @@ public sealed unsafe partial class HeapFile : IDisposable
             try
             {
                 // After every check and the mapping (which touches no page), before the first store: all the domain
-                // maps (the libpmem domain maps the whole file, a grown heap's spare segment beyond its size too, which a
-                // growth then takes without extending the file).
-                Preallocate(stream, HeapFileTestHooks.ReserveHeapPartOnlyForTesting ? heapSize : Math.Max(heapSize, domain.Length), fullPath);
+                // maps up to the heap's recorded maximum (the libpmem domain maps the whole file, a grown heap's spare
+                // segment beyond its size too, which a growth then takes without extending the file; nothing is ever
+                // stored past the recorded maximum, so a longer file's tail is left as it is).
+                Preallocate(stream, HeapFileTestHooks.ReserveHeapPartOnlyForTesting ? heapSize : Math.Max(heapSize, Math.Min(domain.Length, recorded)), fullPath);
             }
             catch
             {

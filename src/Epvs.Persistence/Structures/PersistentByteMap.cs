@@ -54,7 +54,11 @@ public sealed class PersistentByteMap<TKey>
     /// <exception cref="ArgumentOutOfRangeException"><paramref name="value"/> is longer than the heap's
     /// <see cref="PersistentHeap.MaxPayloadSize"/> less the key's size (the map is unchanged).</exception>
     /// <exception cref="InsufficientMemoryException">The heap is full.</exception>
-    /// <exception cref="InvalidOperationException">The heap's advancer failed (a write-back or a fence failed: see <see cref="BufferedDurableHeap.Sync()"/>), so nothing more can become durable; no write begins, and this one changed nothing.</exception>
+    /// <exception cref="InvalidOperationException">No operation can begin on the heap (this one changed nothing): its advancer
+    /// failed (a write-back or a fence failed: see <see cref="BufferedDurableHeap.Sync()"/>), its version space is used up, or the
+    /// calling thread is inside an operation of another buffered heap.</exception>
+    /// <exception cref="System.IO.IOException">In <see cref="DurabilityMode.Strict"/>, this write's own write-back failed: the
+    /// write is in place but not durable (see <see cref="DurabilityMode.Strict"/>).</exception>
     /// <exception cref="ObjectDisposedException">The heap was disposed.</exception>
     public bool Set(TKey key, ReadOnlySpan<byte> value) => _core.Upsert(key, value);
 
@@ -108,7 +112,11 @@ public sealed class PersistentByteMap<TKey>
     /// allocations leave free) before any of them was reclaimed; they are reclaimed, and the reserve refilled, two
     /// versions after the deletes (a <see cref="BufferedDurableHeap.Sync()"/>, or the advancer's next cycles). The key stays
     /// then.</exception>
-    /// <exception cref="InvalidOperationException">The heap's advancer failed (a write-back or a fence failed: see <see cref="BufferedDurableHeap.Sync()"/>), so nothing more can become durable; no write begins, and this one changed nothing.</exception>
+    /// <exception cref="InvalidOperationException">No operation can begin on the heap (this one changed nothing): its advancer
+    /// failed (a write-back or a fence failed: see <see cref="BufferedDurableHeap.Sync()"/>), its version space is used up, or the
+    /// calling thread is inside an operation of another buffered heap.</exception>
+    /// <exception cref="System.IO.IOException">In <see cref="DurabilityMode.Strict"/>, this write's own write-back failed: the
+    /// write is in place but not durable (see <see cref="DurabilityMode.Strict"/>).</exception>
     /// <exception cref="ObjectDisposedException">The heap was disposed.</exception>
     public bool Remove(TKey key) => _core.Remove(key);
 

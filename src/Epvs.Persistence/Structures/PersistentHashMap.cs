@@ -85,7 +85,11 @@ public sealed class PersistentHashMap<TKey, TValue>
     /// <returns><see langword="true"/> if the key was added, <see langword="false"/> if its value was replaced.</returns>
     /// <exception cref="InsufficientMemoryException">The heap is full.</exception>
     /// <exception cref="OutOfMemoryException">A new key needs a larger index and there is no memory for it; nothing was written.</exception>
-    /// <exception cref="InvalidOperationException">The heap's advancer failed (a write-back or a fence failed: see <see cref="BufferedDurableHeap.Sync()"/>), so nothing more can become durable; no write begins, and this one changed nothing.</exception>
+    /// <exception cref="InvalidOperationException">No operation can begin on the heap (this one changed nothing): its advancer
+    /// failed (a write-back or a fence failed: see <see cref="BufferedDurableHeap.Sync()"/>), its version space is used up, or the
+    /// calling thread is inside an operation of another buffered heap.</exception>
+    /// <exception cref="System.IO.IOException">In <see cref="DurabilityMode.Strict"/>, this write's own write-back failed: the
+    /// write is in place but not durable (see <see cref="DurabilityMode.Strict"/>).</exception>
     /// <exception cref="ObjectDisposedException">The heap was disposed.</exception>
     public bool Set(TKey key, TValue value) => _core.Upsert(key, in value);
 
@@ -134,7 +138,11 @@ public sealed class PersistentHashMap<TKey, TValue>
     /// allocations leave free) before any of them was reclaimed; they are reclaimed, and the reserve refilled, two
     /// versions after the deletes (a <see cref="BufferedDurableHeap.Sync()"/>, or the advancer's next cycles). The key stays
     /// then.</exception>
-    /// <exception cref="InvalidOperationException">The heap's advancer failed (a write-back or a fence failed: see <see cref="BufferedDurableHeap.Sync()"/>), so nothing more can become durable; no write begins, and this one changed nothing.</exception>
+    /// <exception cref="InvalidOperationException">No operation can begin on the heap (this one changed nothing): its advancer
+    /// failed (a write-back or a fence failed: see <see cref="BufferedDurableHeap.Sync()"/>), its version space is used up, or the
+    /// calling thread is inside an operation of another buffered heap.</exception>
+    /// <exception cref="System.IO.IOException">In <see cref="DurabilityMode.Strict"/>, this write's own write-back failed: the
+    /// write is in place but not durable (see <see cref="DurabilityMode.Strict"/>).</exception>
     /// <exception cref="ObjectDisposedException">The heap was disposed.</exception>
     public bool Remove(TKey key) => _core.Remove(key);
 

@@ -129,6 +129,35 @@ public sealed class BufferedDurableHeapTests
         }
     }
 
+    /// <summary>
+    /// Review: the refusal of <see cref="DurabilityMode.Transient"/> keeps a cleanly closed file's mark (above), and must
+    /// not give one to a crashed file: its first version marked every refused file clean on the way out.
+    /// </summary>
+    [Fact]
+    public void OpenTransient_ACrashedFileHoldingDurableData_IsRefusedAndStillReadsAsCrashed()
+    {
+        using var dir = new TempDirectory();
+        string path = dir.File("live.heap");
+        string crashed = dir.File("crashed.heap");
+        var fileOptions = new HeapFileOptions { Size = 1L << 20, Domain = PersistenceDomainKind.MappedFile };
+        using (BufferedDurableHeap heap = BufferedDurableHeap.Create(path, fileOptions, Manual))
+        {
+            new PersistentHashMap<long, long>(heap, typeId: 1).Set(1, 2);
+            heap.Sync();
+
+            // The image of a crash now: the open cleared the clean-shutdown word (cp: the runtime's copy honours the lock).
+            Assert.True(HeapSafetyTests.Run("cp", path, crashed), "cp");
+        }
+
+        var transient = new BufferedDurableHeapOptions { AdvancePeriod = Timeout.InfiniteTimeSpan, Mode = DurabilityMode.Transient };
+        Assert.Throws<InvalidOperationException>(() => BufferedDurableHeap.Open(crashed, fileOptions, transient).Dispose());
+        using (BufferedDurableHeap heap = BufferedDurableHeap.Open(crashed, fileOptions, Manual))
+        {
+            Assert.False(heap.Recovery.WasCleanShutdown, "a crashed file reads as cleanly shut down after a refused transient open");
+            Assert.True(new PersistentHashMap<long, long>(heap, typeId: 1).TryGetValue(1, out long v) && v == 2);
+        }
+    }
+
     [Fact]
     public void AdvanceVersion_AfterACycleFailedPastItsTransition_RefusesInsteadOfMovingTheFrontierOverIt()
     {

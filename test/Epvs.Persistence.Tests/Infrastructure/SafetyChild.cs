@@ -1632,7 +1632,8 @@ internal static class SafetyChild
                 Console.Error.WriteLine("Pmem: opened");
                 wrong++;
             }
-            catch (HeapFileException e) when (e.Error == HeapFileError.DomainUnavailable && e.Message.Contains(Path.GetFullPath(path), StringComparison.Ordinal))
+            catch (HeapFileException e) when (e.Error == HeapFileError.DomainUnavailable && e.Message.Contains(Path.GetFullPath(path), StringComparison.Ordinal)
+                && e.Message.Contains("simulated", StringComparison.Ordinal))
             {
                 Console.WriteLine($"Pmem: {e.Error}: {e.Message}");
             }

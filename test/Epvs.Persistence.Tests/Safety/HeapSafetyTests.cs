@@ -290,6 +290,42 @@ public sealed class HeapSafetyTests
     }
 
     /// <summary>
+    /// Review: the libpmem domain maps the whole file, but nothing is stored past the heap's recorded maximum, so a file
+    /// longer than that (here a heap that can never grow, extended by hand) opens on a full file system with its tail a
+    /// hole: the open reserves up to the recorded maximum only (the first version of the fix refused it).
+    /// </summary>
+    [Fact]
+    public void Open_PmemDomainOnASparseTailBeyondTheRecordedMaximum_IsNotRefused()
+    {
+        using var dir = new TempDirectory();
+        string mount = Path.Combine(dir.Path, "small");
+        Directory.CreateDirectory(mount);
+        Assert.SkipUnless(Run("mount", "-t", "tmpfs", "-o", "size=4m", "tmpfs", mount), "needs root and mount(8) for a 4 MiB tmpfs (a full file system)");
+        try
+        {
+            string path = Path.Combine(mount, "a.heap");
+            long size;
+            using (PersistentHeap heap = PersistentHeap.Create(path, new HeapFileOptions { Size = 1L << 20, MaxSize = 1L << 20, Domain = PersistenceDomainKind.MappedFile }))
+            {
+                size = heap.File.Size;
+                heap.GetPayload(heap.Allocate(100, 1)).Fill(3);
+            }
+
+            Assert.True(Run("truncate", "-s", "64M", path), "the file extended");
+            Run("dd", "if=/dev/zero", "of=" + Path.Combine(mount, "filler"), "bs=4k");
+            using (PersistentHeap heap = PersistentHeap.Open(path, new HeapFileOptions { Domain = PersistenceDomainKind.Pmem }))
+            {
+                Assert.Equal(PersistenceDomainKind.Pmem, heap.File.Domain.Kind);
+                Assert.Equal(size, heap.File.Size);
+            }
+        }
+        finally
+        {
+            Run("umount", mount);
+        }
+    }
+
+    /// <summary>
     /// Copies <paramref name="source"/> sparsely (twice) onto a tmpfs of <paramref name="size"/>, each copy then prepared,
     /// fills the file system, and runs the child <paramref name="role"/> on one copy (it must survive, reporting the
     /// sparse file) and its control on the other (it must not).
