@@ -298,30 +298,21 @@ public sealed class HeapSafetyTests
     public void Open_PmemDomainOnASparseTailBeyondTheRecordedMaximum_IsNotRefused()
     {
         using var dir = new TempDirectory();
-        string mount = Path.Combine(dir.Path, "small");
-        Directory.CreateDirectory(mount);
-        Assert.SkipUnless(Run("mount", "-t", "tmpfs", "-o", "size=4m", "tmpfs", mount), "needs root and mount(8) for a 4 MiB tmpfs (a full file system)");
-        try
+        using var tmpfs = SmallTmpfs.MountOrSkip(dir, "size=4m");
+        string path = tmpfs.File("a.heap");
+        long size;
+        using (PersistentHeap heap = PersistentHeap.Create(path, new HeapFileOptions { Size = 1L << 20, MaxSize = 1L << 20, Domain = PersistenceDomainKind.MappedFile }))
         {
-            string path = Path.Combine(mount, "a.heap");
-            long size;
-            using (PersistentHeap heap = PersistentHeap.Create(path, new HeapFileOptions { Size = 1L << 20, MaxSize = 1L << 20, Domain = PersistenceDomainKind.MappedFile }))
-            {
-                size = heap.File.Size;
-                heap.GetPayload(heap.Allocate(100, 1)).Fill(3);
-            }
-
-            Assert.True(Run("truncate", "-s", "64M", path), "the file extended");
-            Run("dd", "if=/dev/zero", "of=" + Path.Combine(mount, "filler"), "bs=4k");
-            using (PersistentHeap heap = PersistentHeap.Open(path, new HeapFileOptions { Domain = PersistenceDomainKind.Pmem }))
-            {
-                Assert.Equal(PersistenceDomainKind.Pmem, heap.File.Domain.Kind);
-                Assert.Equal(size, heap.File.Size);
-            }
+            size = heap.File.Size;
+            heap.GetPayload(heap.Allocate(100, 1)).Fill(3);
         }
-        finally
+
+        Assert.True(Run("truncate", "-s", "64M", path), "the file extended");
+        tmpfs.Fill();
+        using (PersistentHeap heap = PersistentHeap.Open(path, new HeapFileOptions { Domain = PersistenceDomainKind.Pmem }))
         {
-            Run("umount", mount);
+            Assert.Equal(PersistenceDomainKind.Pmem, heap.File.Domain.Kind);
+            Assert.Equal(size, heap.File.Size);
         }
     }
 
@@ -332,33 +323,23 @@ public sealed class HeapSafetyTests
     /// </summary>
     private void OpenCopiesOnAFullTmpfs(TempDirectory dir, string source, string size, Action<string> prepare, string role, string control)
     {
-        string mount = Path.Combine(dir.Path, "small");
-        Directory.CreateDirectory(mount);
-        Assert.SkipUnless(Run("mount", "-t", "tmpfs", "-o", "size=" + size, "tmpfs", mount), $"needs root and mount(8) for a {size} tmpfs (a full file system)");
-        try
+        using var tmpfs = SmallTmpfs.MountOrSkip(dir, "size=" + size);
+        foreach (string name in new[] { "a.heap", "b.heap" })
         {
-            foreach (string name in new[] { "a.heap", "b.heap" })
-            {
-                string copy = Path.Combine(mount, name);
-                Assert.True(Run("cp", "--sparse=always", source, copy), "sparse copy");
-                prepare(copy);
-            }
-
-            // Full: dd stops (and fails) when the file system has no block left.
-            Run("dd", "if=/dev/zero", "of=" + Path.Combine(mount, "filler"), "bs=4k");
-            (int code, string output) = TestProgram.RunChild(NoEnvironment, SafetyChild.Role, role, Path.Combine(mount, "a.heap"));
-            Assert.True(code == SafetyChild.Survived, $"exit {code}: {output}");
-            Assert.Contains("sparse", output, StringComparison.Ordinal);
-
-            (int controlCode, string controlOutput) = TestProgram.RunChild(NoEnvironment, SafetyChild.Role, role, Path.Combine(mount, "b.heap"), "control");
-            _output.WriteLine($"control ({control}): exit {controlCode}");
-            Assert.SkipWhen(controlCode == SafetyChild.Survived, $"inconclusive: the control did not fail: {controlOutput}");
-            Assert.NotEqual(SafetyChild.Survived, controlCode);
+            string copy = tmpfs.File(name);
+            Assert.True(Run("cp", "--sparse=always", source, copy), "sparse copy");
+            prepare(copy);
         }
-        finally
-        {
-            Run("umount", mount);
-        }
+
+        tmpfs.Fill();
+        (int code, string output) = TestProgram.RunChild(NoEnvironment, SafetyChild.Role, role, tmpfs.File("a.heap"));
+        Assert.True(code == SafetyChild.Survived, $"exit {code}: {output}");
+        Assert.Contains("sparse", output, StringComparison.Ordinal);
+
+        (int controlCode, string controlOutput) = TestProgram.RunChild(NoEnvironment, SafetyChild.Role, role, tmpfs.File("b.heap"), "control");
+        _output.WriteLine($"control ({control}): exit {controlCode}");
+        Assert.SkipWhen(controlCode == SafetyChild.Survived, $"inconclusive: the control did not fail: {controlOutput}");
+        Assert.NotEqual(SafetyChild.Survived, controlCode);
     }
 
     /// <summary>
@@ -454,40 +435,31 @@ public sealed class HeapSafetyTests
     public void HeapFull_OnAFullFileSystem_SaysTheFileCouldNotGrow_AndStillDeletes()
     {
         using var dir = new TempDirectory();
-        string view = Path.Combine(dir.Path, "small");
-        Directory.CreateDirectory(view);
-        Assert.SkipUnless(Run("mount", "-t", "tmpfs", "-o", "size=2m", "tmpfs", view), "needs root and mount(8) for a small file system");
-        try
+        using var tmpfs = SmallTmpfs.MountOrSkip(dir, "size=2m");
+        var options = new HeapFileOptions { Size = 1L << 20, MaxSize = 64L << 20, Domain = PersistenceDomainKind.MappedFile, MappedFileWriteBack = MappedFileWriteBack.SharedMapping };
+        using BufferedDurableHeap heap = BufferedDurableHeap.Create(tmpfs.File("a.heap"), options, new BufferedDurableHeapOptions { AdvancePeriod = System.Threading.Timeout.InfiniteTimeSpan });
+        var map = new PersistentByteMap<long>(heap, typeId: 1);
+        long written = 0;
+        InsufficientMemoryException full = Assert.Throws<InsufficientMemoryException>(() =>
         {
-            var options = new HeapFileOptions { Size = 1L << 20, MaxSize = 64L << 20, Domain = PersistenceDomainKind.MappedFile, MappedFileWriteBack = MappedFileWriteBack.SharedMapping };
-            using BufferedDurableHeap heap = BufferedDurableHeap.Create(Path.Combine(view, "a.heap"), options, new BufferedDurableHeapOptions { AdvancePeriod = System.Threading.Timeout.InfiniteTimeSpan });
-            var map = new PersistentByteMap<long>(heap, typeId: 1);
-            long written = 0;
-            InsufficientMemoryException full = Assert.Throws<InsufficientMemoryException>(() =>
+            for (; written < 100_000; written++)
             {
-                for (; written < 100_000; written++)
-                {
-                    map.Set(written, new byte[1000]);
-                }
-            });
-            Assert.Contains("could not grow", full.Message, StringComparison.Ordinal);
-            Assert.Contains("kept for deletes", full.Message, StringComparison.Ordinal);
-            heap.Sync();
-            for (long key = 0; key < 50; key++)
-            {
-                Assert.True(map.Remove(key));
+                map.Set(written, new byte[1000]);
             }
-
-            heap.Sync();
-            heap.Sync();
-            for (long key = 0; key < 20; key++)
-            {
-                map.Set(written + key, new byte[1000]);
-            }
+        });
+        Assert.Contains("could not grow", full.Message, StringComparison.Ordinal);
+        Assert.Contains("kept for deletes", full.Message, StringComparison.Ordinal);
+        heap.Sync();
+        for (long key = 0; key < 50; key++)
+        {
+            Assert.True(map.Remove(key));
         }
-        finally
+
+        heap.Sync();
+        heap.Sync();
+        for (long key = 0; key < 20; key++)
         {
-            Run("umount", view);
+            map.Set(written + key, new byte[1000]);
         }
     }
 

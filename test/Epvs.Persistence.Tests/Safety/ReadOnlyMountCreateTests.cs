@@ -19,19 +19,16 @@ public sealed class ReadOnlyMountCreateTests
     public void Create_OnAReadOnlyMount_ReportsReadOnly(bool inPlace)
     {
         using var dir = new TempDirectory();
-        string view = Path.Combine(dir.Path, "view");
-        Directory.CreateDirectory(view);
-        Assert.SkipUnless(HeapSafetyTests.Run("mount", "-t", "tmpfs", "-o", "ro,size=1m", "tmpfs", view), "needs root and mount(8) for a read-only mount");
+        using var view = SmallTmpfs.MountOrSkip(dir, "ro,size=1m");
         HeapFileTestHooks.CreateInPlace = inPlace;
         try
         {
-            HeapFileException e = Assert.Throws<HeapFileException>(() => PersistentHeap.Create(Path.Combine(view, "a.heap"), new HeapFileOptions { Size = 1L << 20 }));
+            HeapFileException e = Assert.Throws<HeapFileException>(() => PersistentHeap.Create(view.File("a.heap"), new HeapFileOptions { Size = 1L << 20 }));
             Assert.Equal(HeapFileError.ReadOnly, e.Error);
         }
         finally
         {
             HeapFileTestHooks.CreateInPlace = false;
-            HeapSafetyTests.Run("umount", view);
         }
     }
 
@@ -44,17 +41,8 @@ public sealed class ReadOnlyMountCreateTests
     public void Create_OnAReadOnlyMountSmallerThanTheHeap_ReportsReadOnly()
     {
         using var dir = new TempDirectory();
-        string view = Path.Combine(dir.Path, "view");
-        Directory.CreateDirectory(view);
-        Assert.SkipUnless(HeapSafetyTests.Run("mount", "-t", "tmpfs", "-o", "ro,size=1m", "tmpfs", view), "needs root and mount(8) for a read-only mount");
-        try
-        {
-            HeapFileException e = Assert.Throws<HeapFileException>(() => PersistentHeap.Create(Path.Combine(view, "a.heap"), new HeapFileOptions { Size = 8L << 20 }));
-            Assert.Equal(HeapFileError.ReadOnly, e.Error);
-        }
-        finally
-        {
-            HeapSafetyTests.Run("umount", view);
-        }
+        using var view = SmallTmpfs.MountOrSkip(dir, "ro,size=1m");
+        HeapFileException e = Assert.Throws<HeapFileException>(() => PersistentHeap.Create(view.File("a.heap"), new HeapFileOptions { Size = 8L << 20 }));
+        Assert.Equal(HeapFileError.ReadOnly, e.Error);
     }
 }
