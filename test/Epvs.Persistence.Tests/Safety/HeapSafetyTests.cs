@@ -353,9 +353,7 @@ public sealed class HeapSafetyTests
     {
         Assert.SkipUnless(OperatingSystem.IsLinux(), "libpmem (Linux)");
         using var dir = new TempDirectory();
-        (int code, string output) = TestProgram.RunChild(NoEnvironment, SafetyChild.Role, "pmem-map-refused", dir.File("a.heap"));
-        _output.WriteLine(output);
-        Assert.True(code == SafetyChild.Survived, $"exit {code}: {output}");
+        AssertChildSurvives("pmem-map-refused", dir.File("a.heap"));
     }
 
     /// <summary>
@@ -369,9 +367,7 @@ public sealed class HeapSafetyTests
     {
         Assert.SkipUnless(OperatingSystem.IsLinux(), "mmap errno mapping (Unix)");
         using var dir = new TempDirectory();
-        (int code, string output) = TestProgram.RunChild(NoEnvironment, SafetyChild.Role, "open-mmap-fails", dir.File("a.heap"));
-        _output.WriteLine(output);
-        Assert.True(code == SafetyChild.Survived, $"exit {code}: {output}");
+        AssertChildSurvives("open-mmap-fails", dir.File("a.heap"));
     }
 
     /// <summary>
@@ -385,9 +381,7 @@ public sealed class HeapSafetyTests
     {
         Assert.SkipUnless(OperatingSystem.IsLinux(), "directory fsync (Linux)");
         using var dir = new TempDirectory();
-        (int code, string output) = TestProgram.RunChild(NoEnvironment, SafetyChild.Role, "create-directory-sync-fails", dir.File("a.heap"));
-        _output.WriteLine(output);
-        Assert.True(code == SafetyChild.Survived, $"exit {code}: {output}");
+        AssertChildSurvives("create-directory-sync-fails", dir.File("a.heap"));
     }
 
     /// <summary>
@@ -399,9 +393,7 @@ public sealed class HeapSafetyTests
     {
         Assert.SkipUnless(OperatingSystem.IsLinux(), "directory fsync (Linux)");
         using var dir = new TempDirectory();
-        (int code, string output) = TestProgram.RunChild(NoEnvironment, SafetyChild.Role, "create-removal-fails", dir.File("a.heap"));
-        _output.WriteLine(output);
-        Assert.True(code == SafetyChild.Survived, $"exit {code}: {output}");
+        AssertChildSurvives("create-removal-fails", dir.File("a.heap"));
     }
 
     [Fact]
@@ -739,6 +731,14 @@ public sealed class HeapSafetyTests
     }
 
     /// <summary>Runs a program to its end (30 s at most); whether it exited 0.</summary>
+    /// <summary>Runs the child <paramref name="role"/> on <paramref name="path"/> and asserts it survived (its output in the test's).</summary>
+    private void AssertChildSurvives(string role, string path)
+    {
+        (int code, string output) = TestProgram.RunChild(NoEnvironment, SafetyChild.Role, role, path);
+        _output.WriteLine(output);
+        Assert.True(code == SafetyChild.Survived, $"exit {code}: {output}");
+    }
+
     internal static bool Run(string file, params string[] args)
     {
         var start = new ProcessStartInfo(file) { RedirectStandardError = true, RedirectStandardOutput = true };
