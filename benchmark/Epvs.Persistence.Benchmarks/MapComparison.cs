@@ -389,6 +389,8 @@ internal static class MapComparison
 
         long firstVersion = heap.CurrentVersion;
         AdvancerStatistics before = heap.GetAdvancerStatistics();
+        long sweptBefore = heap.Heap.StockSweptBlocks;
+        long formattedBefore = heap.Heap.StockFormattedSegments;
         long ioBefore = BytesWrittenBySystemCalls();
         var phase = Stopwatch.StartNew();
         var random = new Random(8);
@@ -444,9 +446,15 @@ internal static class MapComparison
 
         // What the cycles wrote into the page cache (the process's write system calls: the private mapping's pwrites of
         // whole pages, which the fences then send to the disk).
+        // And what the stocker made ready meanwhile: each swept block's page is written once for its free (before the
+        // block is handed out again) and once more with the version that reuses it; a formatted segment is written whole.
+        long swept = heap.Heap.StockSweptBlocks - sweptBefore;
+        long formatted = heap.Heap.StockFormattedSegments - formattedBefore;
+        output.WriteLine(FormattableString.Invariant($"# per cycle, the stocker: {swept / n:0} parked blocks swept, {formatted / n:0.0} segments formatted"));
         if (ioBefore >= 0 && ioAfter >= 0)
         {
-            output.WriteLine(FormattableString.Invariant($"# per cycle, from /proc/self/io (wchar): {(ioAfter - ioBefore) / n / 1024:0} KiB written by system calls ({(ioAfter - ioBefore) / Math.Max(1, cycles.BlocksWrittenBack):0} bytes per block written back)"));
+            long pagesWorth = cycles.BlocksWrittenBack + swept;
+            output.WriteLine(FormattableString.Invariant($"# per cycle, from /proc/self/io (wchar): {(ioAfter - ioBefore) / n / 1024:0} KiB written by system calls ({(ioAfter - ioBefore) / Math.Max(1, cycles.BlocksWrittenBack):0} bytes per block written back; {(ioAfter - ioBefore - (formatted * HeapLayout.SegmentSize)) / (double)Math.Max(1, pagesWorth):0} per block written back or swept, formatted segments' bytes left out)"));
         }
 
         string age = s.MaxVersionAge is { } a ? (a == Timeout.InfiniteTimeSpan ? ", no MaxVersionAge" : FormattableString.Invariant($", MaxVersionAge {a.TotalMilliseconds:0} ms")) : string.Empty;

@@ -308,6 +308,161 @@ public sealed class StockerTests
     }
 
     /// <summary>
+    /// A cycle held inside its write-back window (after its transition, before its seals and fences) while the stocker is
+    /// asked to stock a version's demand from parked frees: the stocker waits for the window to close and only then
+    /// sweeps, so that the cycle's fence neither waits for a sweep's fence nor carries its pages. The control sweeps
+    /// meanwhile.
+    /// </summary>
+    [Theory]
+    [InlineData(false)]
+    [InlineData(true)]
+    public void TheStocker_SweepsNothingWhileACycleWritesBack(bool control)
+    {
+        using var domain = new SimulatedPersistenceDomain(1 << 20);
+        using HeapFile file = HeapFile.Create(domain);
+        using var inWindow = new ManualResetEventSlim();
+        using var stockerWaits = new ManualResetEventSlim();
+        using var release = new ManualResetEventSlim();
+        BufferedDurableHeap heap = OpenForAHeldWriteBack(file, control ? DurabilityFaults.StockDuringTheCycleWriteBack : DurabilityFaults.None, inWindow, release);
+        heap.StockerWaitsOutTheWriteBackForTesting = stockerWaits.Set;
+        Thread? cycle = null;
+        try
+        {
+            cycle = StartAHeldCycle(heap, inWindow);
+            long sweeps = heap.Heap.SweepsEndedForTesting;
+            long runs = heap.StockerRunsForTesting;
+            heap.WakeStockerForTesting();
+            Assert.True(SpinWait.SpinUntil(() => stockerWaits.IsSet || heap.StockerRunsForTesting > runs, Wait), "the stocker neither waited nor stocked");
+            if (control)
+            {
+                Assert.False(stockerWaits.IsSet, "the control's stocker waited for the write-back window");
+                Assert.True(heap.Heap.SweepsEndedForTesting > sweeps, "the control's stocking swept nothing: the check cannot tell");
+                return;
+            }
+
+            Assert.Equal(sweeps, heap.Heap.SweepsEndedForTesting);
+            Assert.Equal(runs, heap.StockerRunsForTesting);
+            release.Set();
+            Assert.True(cycle.Join(Wait), "the held cycle did not end once released");
+            Assert.True(SpinWait.SpinUntil(() => heap.StockerRunsForTesting > runs, Wait), "the stocker did not stock once the window closed");
+            Assert.True(heap.Heap.SweepsEndedForTesting > sweeps, "the stocking swept nothing once the window closed");
+        }
+        finally
+        {
+            release.Set();
+            cycle?.Join(Wait);
+            heap.Dispose();
+        }
+    }
+
+    /// <summary>
+    /// The stocker waits for a cycle's write-back window to close; Dispose tells it to stop meanwhile (a cycle stuck in
+    /// its fence on a failing disk would never close the window): it goes on with its step and stops, while the cycle is
+    /// still held. The control keeps waiting through the stop.
+    /// </summary>
+    [Theory]
+    [InlineData(false)]
+    [InlineData(true)]
+    public void AStockerWaitingOutAWriteBack_StopsWhenTheHeapIsDisposed(bool control)
+    {
+        using var domain = new SimulatedPersistenceDomain(1 << 20);
+        using HeapFile file = HeapFile.Create(domain);
+        using var inWindow = new ManualResetEventSlim();
+        using var stockerWaits = new ManualResetEventSlim();
+        using var release = new ManualResetEventSlim();
+        BufferedDurableHeap heap = OpenForAHeldWriteBack(file, control ? DurabilityFaults.StockerWaitsOutTheWriteBackThroughAStop : DurabilityFaults.None, inWindow, release);
+        heap.StockerWaitsOutTheWriteBackForTesting = stockerWaits.Set;
+        Thread stocker = heap.StockerForTesting!;
+        Thread? cycle = null;
+        Thread? disposer = null;
+        try
+        {
+            cycle = StartAHeldCycle(heap, inWindow);
+            heap.WakeStockerForTesting();
+            Assert.True(stockerWaits.Wait(Wait), "the stocker did not wait for the write-back window");
+
+            // Dispose stops the background threads first, then waits for the held cycle's gate.
+            disposer = new Thread(() => heap.Dispose()) { IsBackground = true };
+            disposer.Start();
+            bool stopped = stocker.Join(control ? TimeSpan.FromSeconds(2) : Wait);
+            Assert.Equal(!control, stopped);
+            Assert.False(release.IsSet);
+        }
+        finally
+        {
+            release.Set();
+            cycle?.Join(Wait);
+            Assert.True(disposer?.Join(Wait) ?? true, "Dispose did not end once the cycle was released");
+            heap.Dispose();
+        }
+    }
+
+    /// <summary>
+    /// Opens a heap whose advancer does not fire during the test (cycles by hand; its stocker stocks after each, and is
+    /// not woken by the writers) on a file too small to grow, and rewrites a key range version after version, each
+    /// cycle's stocking awaited, until the stockings sweep parked frees (the free segments are gone). Then writes
+    /// one more version (a stocking's demand, with the pool above its low-water mark) and holds the next cycle that
+    /// reaches its seals (inside its write-back window), on another thread than this one, until <paramref name="release"/>.
+    /// </summary>
+    private static BufferedDurableHeap OpenForAHeldWriteBack(HeapFile file, DurabilityFaults faults, ManualResetEventSlim inWindow, ManualResetEventSlim release)
+    {
+        BufferedDurableHeap heap = BufferedDurableHeap.Open(file, new BufferedDurableHeapOptions { AdvancePeriod = TimeSpan.FromHours(1), ReclaimBacklogLimit = long.MaxValue, Faults = faults });
+        try
+        {
+            RewriteUntilTheStockingsSweep(heap, inWindow, release);
+            return heap;
+        }
+        catch
+        {
+            heap.Dispose();
+            throw;
+        }
+    }
+
+    private static void RewriteUntilTheStockingsSweep(BufferedDurableHeap heap, ManualResetEventSlim inWindow, ManualResetEventSlim release)
+    {
+        const int Keys = 2048;
+        heap.Heap.PoolRunningLow = null;
+        var map = new PersistentHashMap<long, long>(heap, TypeId);
+        for (int round = 0; round < 60; round++)
+        {
+            for (long k = 0; k < Keys; k++)
+            {
+                map.Set(k, k + round);
+            }
+
+            long runs = heap.StockerRunsForTesting;
+            heap.AdvanceVersion(Wait);
+            Assert.True(SpinWait.SpinUntil(() => heap.StockerRunsForTesting > runs, Wait), "the stocker did not stock after a cycle");
+        }
+
+        Assert.True(heap.Heap.StockSweptBlocks > 0, "the stockings never swept");
+        for (long k = 0; k < Keys; k++)
+        {
+            map.Set(k, -k);
+        }
+
+        int testThread = Environment.CurrentManagedThreadId;
+        heap.BeforeSealForTesting = _ =>
+        {
+            if (Environment.CurrentManagedThreadId != testThread && !inWindow.IsSet)
+            {
+                inWindow.Set();
+                release.Wait();
+            }
+        };
+    }
+
+    /// <summary>Runs a cycle on a thread of its own and returns once it is held inside its write-back window.</summary>
+    private static Thread StartAHeldCycle(BufferedDurableHeap heap, ManualResetEventSlim inWindow)
+    {
+        var cycle = new Thread(() => heap.AdvanceVersion(Wait)) { IsBackground = true };
+        cycle.Start();
+        Assert.True(inWindow.Wait(Wait), "the cycle never reached its write-back");
+        return cycle;
+    }
+
+    /// <summary>
     /// A background advancer that does not fire during the test (cycles run by hand, one at a time, but the heap has a
     /// stocker, which stocks after them only here): writes and advances until the stocker sweeps, holds its first sweep
     /// in flight (after its marks, before its write-back), then writes and runs a Sync on another thread. Returns
