@@ -885,61 +885,52 @@ public sealed unsafe partial class BufferedDurableHeap
         long sealTicks = 0;
         _cycleFenceTicks = 0;
         int written = 0;
-        OpenWriteBackWindow();
-        try
+        bool frontierFirst = (_faults & DurabilityFaults.PersistFrontierBeforeSeals) != 0;
+        if (_mode == DurabilityMode.Buffered)
         {
-            bool frontierFirst = (_faults & DurabilityFaults.PersistFrontierBeforeSeals) != 0;
-            if (_mode == DurabilityMode.Buffered)
+            if ((_faults & DurabilityFaults.PersistFrontierBeforeWriteBack) != 0)
             {
-                if ((_faults & DurabilityFaults.PersistFrontierBeforeWriteBack) != 0)
-                {
-                    PersistFrontier(completed);
-                    AfterFrontierPersistedFirstForTesting?.Invoke(completed);
-                }
-
-                if (frontierFirst)
-                {
-                    // The broken control's order: written back and fenced unsealed, the frontier, then the seals (a crash
-                    // between leaves a durable version checked by its headers only, and the sealed-frontier word below it).
-                    written = WriteBackVersion(completed, seal: false, ref sealTicks);
-                    PersistFrontier(completed);
-                    BeforeSealForTesting?.Invoke(completed);
-                    sealTicks += SealVersion(completed, written);
-                }
-                else
-                {
-                    // Sealed in the pass that writes the version back, under one fence, before the frontier covers it: every
-                    // block a frontier covers is whole and checked whole at recovery, and a seal a crash left over bytes
-                    // that are not durable belongs to this version, beyond the frontier (see HeapLayout, sealing).
-                    BeforeSealForTesting?.Invoke(completed);
-                    written = WriteBackVersion(completed, seal: true, ref sealTicks);
-                    SealedBeforeTheFrontierForTesting?.Invoke(completed);
-
-                    // Store and persist: the payloads and their seals were fenced first.
-                    PersistFrontier(completed);
-                }
+                PersistFrontier(completed);
+                AfterFrontierPersistedFirstForTesting?.Invoke(completed);
             }
-            else if (_mode == DurabilityMode.Strict)
-            {
-                // Each operation wrote its payloads back and fenced before it left its region, so before the cut; those
-                // whose write-back failed are written back here. All are durable before the seals and the frontier.
-                WriteBackCarriedStrictPayloads();
-                written = CollectVersion(completed);
-                if (frontierFirst)
-                {
-                    PersistFrontier(completed);
-                }
 
-                // Sealed over durable payloads, before the frontier covers the version (see Buffered above).
+            if (frontierFirst)
+            {
+                // The broken control's order: written back and fenced unsealed, the frontier, then the seals (a crash
+                // between leaves a durable version checked by its headers only, and the sealed-frontier word below it).
+                written = WriteBackVersion(completed, seal: false, ref sealTicks);
+                PersistFrontier(completed);
                 BeforeSealForTesting?.Invoke(completed);
                 sealTicks += SealVersion(completed, written);
+            }
+            else
+            {
+                // Sealed in the pass that writes the version back, under one fence, before the frontier covers it: every
+                // block a frontier covers is whole and checked whole at recovery, and a seal a crash left over bytes
+                // that are not durable belongs to this version, beyond the frontier (see HeapLayout, sealing).
+                BeforeSealForTesting?.Invoke(completed);
+                written = WriteBackVersion(completed, seal: true, ref sealTicks);
+                SealedBeforeTheFrontierForTesting?.Invoke(completed);
+
+                // Store and persist: the payloads and their seals were fenced first.
                 PersistFrontier(completed);
             }
         }
-        finally
+        else if (_mode == DurabilityMode.Strict)
         {
-            // Also when the write-back failed: the stocker must not wait for a window nobody closes.
-            CloseWriteBackWindow();
+            // Each operation wrote its payloads back and fenced before it left its region, so before the cut; those
+            // whose write-back failed are written back here. All are durable before the seals and the frontier.
+            WriteBackCarriedStrictPayloads();
+            written = CollectVersion(completed);
+            if (frontierFirst)
+            {
+                PersistFrontier(completed);
+            }
+
+            // Sealed over durable payloads, before the frontier covers the version (see Buffered above).
+            BeforeSealForTesting?.Invoke(completed);
+            sealTicks += SealVersion(completed, written);
+            PersistFrontier(completed);
         }
 
         // Volatile.Write: release; pairs with the acquire in Frontier (Sync's loop, SyncAsync).

@@ -76,12 +76,6 @@ public sealed partial class BufferedDurableHeap
         /// <summary>Set (under <see cref="StockGate"/>) when the stocker is to stop.</summary>
         internal bool StockerStopping;
 
-        /// <summary>The cycles' write-back window: <see cref="CycleWritingBack"/> is read and written under it, and it is pulsed when the window closes or the stocker is to stop.</summary>
-        internal object WriteBackWindow { get; } = new();
-
-        /// <summary>Set (under <see cref="WriteBackWindow"/>) while a cycle writes its version back and persists its frontier: the stocker starts no stocking step meanwhile.</summary>
-        internal bool CycleWritingBack;
-
         /// <summary>Stops both threads (the finalizer of a heap never disposed: no waiting, no shield).</summary>
         internal void Stop()
         {
@@ -99,11 +93,6 @@ public sealed partial class BufferedDurableHeap
             {
                 StockerStopping = true;
                 Monitor.Pulse(StockGate);
-            }
-
-            lock (WriteBackWindow)
-            {
-                Monitor.PulseAll(WriteBackWindow);
             }
         }
     }

@@ -19,18 +19,6 @@ namespace Epvs.Persistence;
 // anti-payloads, and so waits for the sweeps in flight (an anti-payload's free must not reach the file before a
 // cancelled copy's). Freeing a large block takes the segment gate, which a stocking holds while it formats free
 // segments.
-// Stepping aside for the cycles' write-back. Through the page cache a fence (fdatasync) waits for every dirty page of
-// the file and fences run one at a time: a sweep's fence in flight when a cycle reaches its own held the cycle back
-// for as long as the sweep's pages took (a sweep after a cycle writes about as many pages as the cycle: each reused
-// page once for its frees, then again for its payloads), and the cycle's fence also carried whatever of them the
-// sweep had written and not yet fenced: under one full-speed writer, the tail of the durability lag (RESULTS, "The
-// stocker steps aside"). So the stocker sweeps for the classes' pools in steps of StockStepBytes (each with its own
-// fence), and starts no step while a cycle writes its version back and persists its frontier (the write-back
-// window): a cycle's fence then waits for one step's fence at most, and carries none of those steps' pages. It does not step aside while a class's pool is below its low-water mark (a writer that finds the pool
-// empty refills for itself, a fence inside its operation), nor once it is told to stop; nor for a format of free
-// segments (a format that waited began closer to when the pool ran dry, and the writers that then refilled for
-// themselves waited for the segment gate it holds through its fences), nor for the sweep that bounds the parked frees
-// (see Stock). Allocating threads that refill for themselves never wait for the window (they are inside an operation).
 // Safety. The stocking takes the heap's own locks (the segment gate, the sweep's gate, the pools'), as the
 // allocating threads' own sweeps and formats do while a cycle runs; one thread stocks at a time (this one, or without
 // a background advancer the cycle itself, under its gate). A failure is recorded as the advancer's, as it was when the
@@ -103,71 +91,18 @@ public sealed partial class BufferedDurableHeap
         long excess = _heap.PendingFreeBytes - (_heap.File.Size / 4 * 3);
         if (excess > 0)
         {
-            // In one sweep, not in steps that wait out the cycles: it can be a few MiB, and in steps a stocking that
-            // made it lasted many periods, so the next one stocked for the demand of all of them at once (a format of
-            // many free segments, whose fences the cycles then waited for: lag spikes of 150 ms in the benchmark).
-            _heap.SweepInSteps(Math.Min(excess / HeapLayout.HeaderSize, 4 * ((2L * allocated) + 1024)), -1, inSteps: false);
+            _heap.SweepForStocking(Math.Min(excess / HeapLayout.HeaderSize, 4 * ((2L * allocated) + 1024)), -1);
         }
     }
 
     private void StartStocker()
     {
         _stocker = new Thread(StockerLoop) { IsBackground = true, Name = "epvs-stocker" };
-        // Before the thread starts: its first stocking steps aside for the cycles too.
-        _heap.BeforeStockingStep = WaitOutTheCycleWriteBack;
         _stocker.Start(_link);
         // (Both broken controls stock after cycles only: StockInsideTheCycle in the cycle, as before the stocker.)
         if ((_faults & (DurabilityFaults.StockOnlyAfterCycles | DurabilityFaults.StockInsideTheCycle)) == 0)
         {
             _heap.PoolRunningLow = WakeStocker;
-        }
-    }
-
-    /// <summary>Test hook: runs on the stocker's thread when it waits for a cycle's write-back window to close before a stocking step.</summary>
-    internal Action? StockerWaitsOutTheWriteBackForTesting { get; set; }
-
-    /// <summary>
-    /// Opens the write-back window: a cycle begins writing its version back (see the remarks at the top of this file).
-    /// Every call is followed by <see cref="CloseWriteBackWindow"/>, in a finally.
-    /// </summary>
-    private void OpenWriteBackWindow()
-    {
-        using (InterruptShield.Hold(_link.WriteBackWindow))
-        {
-            _link.CycleWritingBack = true;
-        }
-    }
-
-    /// <summary>Closes the write-back window (the cycle's frontier is persisted, or its write-back failed) and wakes a stocker waiting for it.</summary>
-    private void CloseWriteBackWindow()
-    {
-        using (InterruptShield.Hold(_link.WriteBackWindow))
-        {
-            _link.CycleWritingBack = false;
-            Monitor.PulseAll(_link.WriteBackWindow);
-        }
-    }
-
-    /// <summary>
-    /// <see cref="PersistentHeap.BeforeStockingStep"/>: on the stocker's thread, waits while a cycle is in its write-back
-    /// window, unless the stocker is to stop. Any other thread (a cycle that stocks itself) goes on at once.
-    /// </summary>
-    private void WaitOutTheCycleWriteBack()
-    {
-        if (Thread.CurrentThread != _stocker || (_faults & DurabilityFaults.StockDuringTheCycleWriteBack) != 0)
-        {
-            return;
-        }
-
-        using (InterruptShield.Hold(_link.WriteBackWindow))
-        {
-            // Volatile.Read: StockerStopping is written under the stock gate; the writer pulses this window afterwards.
-            bool throughAStop = (_faults & DurabilityFaults.StockerWaitsOutTheWriteBackThroughAStop) != 0;
-            while (_link.CycleWritingBack && (throughAStop || !Volatile.Read(ref _link.StockerStopping)))
-            {
-                StockerWaitsOutTheWriteBackForTesting?.Invoke();
-                InterruptShield.Wait(_link.WriteBackWindow, Timeout.InfiniteTimeSpan);
-            }
         }
     }
 
@@ -282,17 +217,6 @@ public sealed partial class BufferedDurableHeap
         finally
         {
             Monitor.Exit(_stockGate);
-        }
-
-        // A stocker waiting for a cycle's write-back window goes on (a cycle stuck in its fence would hold it for ever).
-        InterruptShield.Lock(_link.WriteBackWindow);
-        try
-        {
-            Monitor.PulseAll(_link.WriteBackWindow);
-        }
-        finally
-        {
-            Monitor.Exit(_link.WriteBackWindow);
         }
     }
 

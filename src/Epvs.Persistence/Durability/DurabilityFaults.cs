@@ -169,10 +169,4 @@ internal enum DurabilityFaults : long
 
     /// <summary>Dispose fails every SyncAsync its last advance left waiting (as before), also those whose operations that advance made durable (their target read after its transition).</summary>
     DisposeFailsCoveredWaiters = 4503599627370496,
-
-    /// <summary>The stocker sweeps and formats while a cycle writes its version back (as before): the cycle's fence waits for the stocker's fence in flight, and carries the pages the stocker wrote and had not fenced.</summary>
-    StockDuringTheCycleWriteBack = 9007199254740992,
-
-    /// <summary>A stocker waiting for a cycle's write-back window to close keeps waiting when it is told to stop: a cycle stuck in its fence then keeps it (and Dispose) waiting as long.</summary>
-    StockerWaitsOutTheWriteBackThroughAStop = 18014398509481984,
 }

@@ -62,22 +62,6 @@ public sealed unsafe partial class PersistentHeap
     internal Action? PoolRunningLow { get; set; }
 
     /// <summary>
-    /// Called before each step of a stocking's sweep (about <see cref="StockStepBytes"/> of parked blocks, each step with
-    /// its own fence: see <see cref="SweepInSteps"/> and <see cref="StepAside"/>), outside every lock of the heap; may
-    /// wait (a buffered heap's stocker waits out a cycle's write-back). Null (the default): each sweep of a stocking is
-    /// one step.
-    /// </summary>
-    internal Action? BeforeStockingStep { get; set; }
-
-    /// <summary>
-    /// Bytes of parked blocks a stocking step sweeps when <see cref="BeforeStockingStep"/> is set (at least one block;
-    /// a sweep takes whole segments): 4,096 blocks of the smallest class, so that through the page cache a step's fence
-    /// takes a millisecond or two. (Formatting is one step, not preceded by the hook: in steps this small, its two fences
-    /// per step left the writers' pools empty.)
-    /// </summary>
-    internal const int StockStepBytes = 4096 * 48;
-
-    /// <summary>
     /// How many times an allocating thread found its class's pool empty and formatted a segment or swept parked frees for
     /// itself (a write-back and a fence on its own thread), since the heap opened.
     /// </summary>
@@ -86,7 +70,7 @@ public sealed unsafe partial class PersistentHeap
     /// <summary>Segments <see cref="StockPools"/> formatted so far (diagnostic, tests).</summary>
     internal long StockFormattedSegments => Volatile.Read(ref _stockFormattedSegments);
 
-    /// <summary>Parked blocks the stockings swept so far (<see cref="SweepInSteps"/>: the classes' pools and the bound on parked frees; diagnostic, tests).</summary>
+    /// <summary>Parked blocks the stockings swept so far (<see cref="SweepForStocking"/>: for the classes' pools and the bound on parked frees; diagnostic, tests).</summary>
     internal long StockSweptBlocks => Volatile.Read(ref _stockSweptBlocks);
 
     /// <summary>Free blocks of class <paramref name="cls"/> in its shared pool (approximate while other threads allocate).</summary>
@@ -111,8 +95,6 @@ public sealed unsafe partial class PersistentHeap
     /// cycle gate), while allocating threads and cycles run.
     /// </summary>
     /// <remarks>
-    /// With <see cref="BeforeStockingStep"/> set, each step of the sweep (<see cref="SweepInSteps"/>) is preceded by the
-    /// hook while the pool holds at least its low-water mark; the format is not.
     /// Stocked once a period, that is four times the period's demand. Woken sooner by a pool below its mark (a burst),
     /// the rate is measured over one period whatever the interval, so each stocking keeps four times the blocks taken
     /// since the previous one ready: about twice as long an interval each time, until it reaches a period. Never more
@@ -149,13 +131,10 @@ public sealed unsafe partial class PersistentHeap
                 long missing = target - ReadyBlocks(cls);
                 if (missing > 0)
                 {
-                    // (Not after the step hook: a format that waited out a cycle's write-back began later, closer to when
-                    // the pool ran dry, and the writers that then refilled for themselves waited for the segment gate
-                    // it holds through its fences.)
                     missing -= FormatIntoPool(cls, missing);
                     if (missing > 0 && Volatile.Read(ref _pendingByClass[cls]) != 0)
                     {
-                        SweepInSteps(missing, cls);
+                        SweepForStocking(missing, cls);
                     }
                 }
             }
@@ -174,49 +153,16 @@ public sealed unsafe partial class PersistentHeap
     }
 
     /// <summary>
-    /// Sweeps at least <paramref name="blocks"/> parked blocks of class <paramref name="cls"/> (-1: of every class,
-    /// densest segments first) for a stocking, and counts them in <see cref="StockSweptBlocks"/>: with
-    /// <paramref name="inSteps"/> and <see cref="BeforeStockingStep"/> set, in steps of <see cref="StockStepBytes"/>,
-    /// each after the hook (see <see cref="StepAside"/>); otherwise in one sweep.
+    /// Sweeps at least <paramref name="blocks"/> parked blocks of class <paramref name="cls"/> (-1: of every class) for a
+    /// stocking (the classes' pools, or the bound on parked frees) and counts them in <see cref="StockSweptBlocks"/>.
     /// </summary>
     /// <returns>How many blocks were handed out.</returns>
-    internal long SweepInSteps(long blocks, int cls, bool inSteps = true)
+    internal long SweepForStocking(long blocks, int cls)
     {
-        inSteps &= BeforeStockingStep is not null;
-        long step = inSteps ? Math.Max(1, StockStepBytes / SizeClasses.BlockSizes[Math.Max(0, cls)]) : blocks;
-        long swept = 0;
-        while (swept < blocks)
-        {
-            if (inSteps)
-            {
-                StepAside(cls);
-            }
-
-            long added = SweepPendingFrees(Math.Min(blocks - swept, step), cls);
-            swept += added;
-            // Volatile.Write: atomicity only (one stocking at a time writes it).
-            Volatile.Write(ref _stockSweptBlocks, _stockSweptBlocks + added);
-            if (added == 0 || !inSteps)
-            {
-                break;
-            }
-        }
-
+        long swept = SweepPendingFrees(blocks, cls);
+        // Volatile.Write: atomicity only (one stocking at a time writes it).
+        Volatile.Write(ref _stockSweptBlocks, _stockSweptBlocks + swept);
         return swept;
-    }
-
-    /// <summary>
-    /// Before a stocking step: calls <see cref="BeforeStockingStep"/> (which may wait), unless class
-    /// <paramref name="cls"/>'s pool is below its low-water mark — a writer that finds it empty refills for itself, a
-    /// fence inside its operation, which costs the next transition more than a cycle's fence waiting for one step. (-1,
-    /// every class: always.)
-    /// </summary>
-    private void StepAside(int cls)
-    {
-        if (BeforeStockingStep is { } step && (cls < 0 || ReadyBlocks(cls) >= Volatile.Read(ref _lowWater[cls])))
-        {
-            step();
-        }
     }
 
     /// <summary>Counts blocks an allocating thread took for class <paramref name="cls"/> (the demand <see cref="StockPools"/> stocks for).</summary>

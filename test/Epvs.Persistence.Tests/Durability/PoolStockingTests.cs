@@ -50,51 +50,6 @@ public sealed class PoolStockingTests
         Assert.True(allocator.StockFormattedSegments > 0, "the advancer formatted no segment for the writers");
     }
 
-    /// <summary>
-    /// With a step hook (a buffered heap's stocker sets one to wait out the cycles' write-back), a stocking's sweep runs in
-    /// steps of <see cref="PersistentHeap.StockStepBytes"/>, the hook before each: one sweep of the whole amount would
-    /// hold a cycle's fence behind its own for as long as all its pages take. Without the hook it is one sweep.
-    /// </summary>
-    [Theory]
-    [InlineData(true)]
-    [InlineData(false)]
-    public void AStockingSweep_RunsInSteps_EachAfterTheStepHook(bool hook)
-    {
-        const int Keys = 4096;
-        using var domain = new SimulatedPersistenceDomain(8 << 20);
-        using HeapFile file = HeapFile.Create(domain);
-        using BufferedDurableHeap heap = BufferedDurableHeap.Open(file, new BufferedDurableHeapOptions { AdvancePeriod = Timeout.InfiniteTimeSpan });
-        var map = new PersistentHashMap<long, long>(heap, TypeId);
-        for (int round = 0; round < 6; round++)
-        {
-            for (long k = 0; k < Keys; k++)
-            {
-                map.Set(k, k + round);
-            }
-
-            heap.AdvanceVersion(Wait);
-        }
-
-        PersistentHeap allocator = heap.Heap;
-        long step = PersistentHeap.StockStepBytes / 48;
-        Assert.True(allocator.PendingFreeBlocks >= 4 * step, "too few parked frees for the test");
-        int calls = 0;
-        long sweepsBefore = allocator.SweepsEndedForTesting;
-        allocator.BeforeStockingStep = hook ? () => calls++ : null;
-        long swept = allocator.SweepInSteps(3 * step, -1);
-        long sweeps = allocator.SweepsEndedForTesting - sweepsBefore;
-        Assert.True(swept >= 3 * step, $"swept {swept} of {3 * step}");
-        if (hook)
-        {
-            Assert.True(sweeps >= 3, $"{sweeps} sweeps for three steps' worth");
-            Assert.Equal(sweeps, calls);
-        }
-        else
-        {
-            Assert.Equal(1, sweeps);
-        }
-    }
-
     [Fact]
     public void OnceNoFreeSegmentIsLeft_TheAdvancerSweepsTheDensestParkedFrees_AndTheFileDoesNotGrow()
     {
