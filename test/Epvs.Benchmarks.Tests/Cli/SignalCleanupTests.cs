@@ -3,6 +3,7 @@ using System.Diagnostics;
 using System.IO;
 using System.Linq;
 using System.Threading.Tasks;
+using Epvs.Tests;
 using Xunit;
 
 namespace Epvs.Benchmarks.Tests.Cli;
@@ -22,7 +23,13 @@ public sealed class SignalCleanupTests
     {
         Assert.SkipUnless(OperatingSystem.IsLinux(), "POSIX signals to a child process: Linux only here.");
         using var dir = new TempDirectory();
-        using Process program = Process.Start(PersistenceBenchmarksProgramTests.StartInfo("--quick", "--dir", dir.Path))!;
+        ProcessStartInfo start = PersistenceBenchmarksProgramTests.StartInfo("--quick", "--dir", dir.Path);
+        if (signal == Libc.SIGINT)
+        {
+            InheritedSigInt.RestoreDefault(start);
+        }
+
+        using Process program = Process.Start(start)!;
         Task<string> errors = program.StandardError.ReadToEndAsync();
         try
         {

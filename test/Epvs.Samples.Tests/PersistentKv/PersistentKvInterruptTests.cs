@@ -4,6 +4,7 @@ using System.IO;
 using System.Runtime.InteropServices;
 using System.Text.RegularExpressions;
 using System.Threading;
+using Epvs.Tests;
 using Xunit;
 
 namespace Epvs.Samples.Tests;
@@ -35,6 +36,7 @@ public sealed class PersistentKvInterruptTests
         string temp = Path.Combine(Path.GetTempPath(), "epvs-kv-interrupt-" + Guid.NewGuid().ToString("N"));
         Directory.CreateDirectory(temp);
         start.Environment["TMPDIR"] = temp;
+        InheritedSigInt.RestoreDefault(start);
         using Process sample = Process.Start(start)!;
         int childPid = -1;
         bool childGone = false;
