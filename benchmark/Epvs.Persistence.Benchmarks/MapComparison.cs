@@ -26,10 +26,19 @@ internal sealed record ComparisonSettings(
     bool Quick,
     int LagWriters = 1,
     TimeSpan? MaxVersionAge = null,
-    TimeSpan? AdvancePeriod = null)
+    TimeSpan? AdvancePeriod = null,
+    bool UnsafeSweepsNotDurable = false)
 {
     /// <summary>The map's advance period (20 ms unless set): the unit of the Sync and lag targets.</summary>
     public TimeSpan Period => AdvancePeriod ?? TimeSpan.FromMilliseconds(20);
+
+    /// <summary>The options of the map's heap (not of the transient one or the recovery heap).</summary>
+    public BufferedDurableHeapOptions MapHeapOptions() => new()
+    {
+        AdvancePeriod = Period,
+        MaxVersionAge = MaxVersionAge,
+        HeapFaults = UnsafeSweepsNotDurable ? HeapFaults.SweepFreesStayInMemory : HeapFaults.None,
+    };
 }
 
 /// <summary>
@@ -50,13 +59,18 @@ internal static class MapComparison
         output.WriteLine($"# key range {s.KeyRange:N0} (all preloaded), long keys and values, {s.Duration.TotalMilliseconds:0} ms per cell, {s.Repetitions} interleaved repetitions (median), threads {string.Join(",", s.Threads)}, domain {s.Domain}, files in {s.Directory}{(s.Quick ? ", QUICK mode" : string.Empty)}");
         // Every file of the run lives in a directory of its own, deleted on the way out and also when Ctrl-C, SIGTERM
         // or an unhandled exception ends the process (none of which runs finally blocks).
+        if (s.UnsafeSweepsNotDurable)
+        {
+            output.WriteLine("# EXPERIMENT --unsafe-sweeps-not-durable: the map's heap hands swept blocks out without writing their frees back first; NOT crash-safe, not the library's behaviour");
+        }
+
         using var files = new TemporaryDirectory(s.Directory, "epvs-compare-");
         output.WriteLine($"# heap files in {files.Path}");
         output.Flush();
         string path = files.File("map.heap");
         string transientPath = files.File("map.heap.transient");
         long heapSize = Math.Max(64L << 20, (long)s.KeyRange * 256);
-        using (BufferedDurableHeap heap = BufferedDurableHeap.Create(path, new HeapFileOptions { Size = heapSize, Domain = s.Domain, MappedFileWriteBack = s.WriteBack }, new BufferedDurableHeapOptions { AdvancePeriod = s.Period, MaxVersionAge = s.MaxVersionAge }))
+        using (BufferedDurableHeap heap = BufferedDurableHeap.Create(path, new HeapFileOptions { Size = heapSize, Domain = s.Domain, MappedFileWriteBack = s.WriteBack }, s.MapHeapOptions()))
         using (BufferedDurableHeap transient = BufferedDurableHeap.Create(transientPath, new HeapFileOptions { Size = heapSize, Domain = s.Domain, MappedFileWriteBack = s.WriteBack }, new BufferedDurableHeapOptions { AdvancePeriod = s.Period, Mode = DurabilityMode.Transient }))
         {
             var map = new PersistentHashMap<long, long>(heap, MapTypeId);
@@ -76,7 +90,7 @@ internal static class MapComparison
         }
 
         File.Delete(transientPath);
-        using (BufferedDurableHeap heap = BufferedDurableHeap.Open(path, new HeapFileOptions { Domain = s.Domain, MappedFileWriteBack = s.WriteBack }, new BufferedDurableHeapOptions { AdvancePeriod = s.Period, MaxVersionAge = s.MaxVersionAge }))
+        using (BufferedDurableHeap heap = BufferedDurableHeap.Open(path, new HeapFileOptions { Domain = s.Domain, MappedFileWriteBack = s.WriteBack }, s.MapHeapOptions()))
         {
             SyncAndLag(s, heap, new PersistentHashMap<long, long>(heap, MapTypeId), output);
         }
@@ -458,6 +472,7 @@ internal static class MapComparison
         }
 
         string age = s.MaxVersionAge is { } a ? (a == Timeout.InfiniteTimeSpan ? ", no MaxVersionAge" : FormattableString.Invariant($", MaxVersionAge {a.TotalMilliseconds:0} ms")) : string.Empty;
+        age += s.UnsafeSweepsNotDurable ? ", EXPERIMENT: sweeps not durable" : string.Empty;
         output.WriteLine(FormattableString.Invariant($"| under {Writers(s.LagWriters)}, {p:0} ms advance period{age} | p50 (ms) | p90 (ms) | p99 (ms) | max (ms) | p50 (periods) | p99 (periods) | target |"));
         output.WriteLine("|---|---:|---:|---:|---:|---:|---:|---|");
         output.WriteLine(Row("Sync latency", syncs, p, "p50 ≤ 2 periods", Percentile(syncs, 0.5) <= 2 * p));

@@ -70,4 +70,12 @@ internal enum HeapFaults
 
     /// <summary>A raw <see cref="PersistentHeap.Free(PayloadRef)"/> hands its block out again at once, before its free is durable (the old behaviour: after a crash, the freed payload's durable header could come back over the next payload's bytes).</summary>
     ReuseRawFreesAtOnce = 524288,
+
+    /// <summary>
+    /// A sweep hands its blocks out with their frees in the working image only, neither written back nor fenced (a
+    /// reuse can reach the file over an old seal, which recovery reports as damage). Besides a broken control, the
+    /// persistence benchmark's <c>--unsafe-sweeps-not-durable</c> experiment: what the cycles would gain if the frees
+    /// cost no page writes before reuse (an upper bound for a cheaper scheme). Never crash-safe.
+    /// </summary>
+    SweepFreesStayInMemory = 1048576,
 }

@@ -577,14 +577,20 @@ public sealed unsafe partial class PersistentHeap
         // Free now, not handed out yet: whoever keeps something per block until it is free forgets it here.
         BlocksFreed?.Invoke(blocks);
 
-        // (The broken control hands the blocks out before their frees are durable.)
-        bool early = (_faults & HeapFaults.HandOutSweptFreesEarly) != 0;
+        // (The broken controls hand the blocks out before their frees are durable, or with their frees never written.)
+        bool inMemory = (_faults & HeapFaults.SweepFreesStayInMemory) != 0;
+        bool early = inMemory || (_faults & HeapFaults.HandOutSweptFreesEarly) != 0;
         if (early)
         {
             HandOut(offsets, swept);
         }
 
         AfterSweepMarkedForTesting?.Invoke();
+        if (inMemory)
+        {
+            return offsets.Length;
+        }
+
         // Segments are in address order, so through the page cache the headers merge into runs of pages.
         var runs = new WriteBackRuns(_file.Domain);
         foreach (long offset in offsets)

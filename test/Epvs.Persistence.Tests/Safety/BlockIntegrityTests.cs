@@ -198,6 +198,15 @@ public sealed unsafe class BlockIntegrityTests
     }
 
     [Fact]
+    public void Reclaim_ReusingABlockWhoseFreeWasNeverWrittenBack_IsCaughtAsDamage()
+    {
+        // The control that the persistence benchmark's --unsafe-sweeps-not-durable experiment runs: a sweep that leaves
+        // its frees in memory lets a reused block's new bytes reach the file under its old seal too.
+        List<string> violations = ReuseDuringReclamation(DurabilityFaults.None, out int images, HeapFaults.SweepFreesStayInMemory);
+        AssertDamageCaught(violations, images);
+    }
+
+    [Fact]
     public void Recovery_ADamagedPayload_IsReportedWithItsOffsetBeforeAnyBlockChanges_AndSalvageDropsExactlyIt()
     {
         using var dir = new TempDirectory();
@@ -607,13 +616,13 @@ public sealed unsafe class BlockIntegrityTests
     /// written between the frees being marked and being written back (the sweep's test hook), with a power failure
     /// armed at every later crash point (4 adversarial seeds each) through two more advances. Returns what reopening each image reported.
     /// </summary>
-    private static List<string> ReuseDuringReclamation(DurabilityFaults faults, out int images)
+    private static List<string> ReuseDuringReclamation(DurabilityFaults faults, out int images, HeapFaults heapFaults = HeapFaults.None)
     {
         const long Capacity = 1 << 20;
         using var domain = new SimulatedPersistenceDomain(Capacity);
         using (HeapFile file = HeapFile.Create(domain))
         {
-            using BufferedDurableHeap heap = BufferedDurableHeap.Open(file, new BufferedDurableHeapOptions { AdvancePeriod = Timeout.InfiniteTimeSpan, Faults = faults });
+            using BufferedDurableHeap heap = BufferedDurableHeap.Open(file, new BufferedDurableHeapOptions { AdvancePeriod = Timeout.InfiniteTimeSpan, Faults = faults, HeapFaults = heapFaults });
             var map = new PersistentHashMap<long, long>(heap, TypeId);
             for (long k = 0; k < 16; k++)
             {
