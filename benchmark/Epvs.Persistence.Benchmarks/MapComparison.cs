@@ -57,13 +57,13 @@ internal static class MapComparison
     {
         output.WriteLine($"# EPVS persistent map vs ConcurrentDictionary: {Environment.ProcessorCount} logical CPUs, {RuntimeInformation.OSDescription}, {RuntimeInformation.ProcessArchitecture}, .NET {Environment.Version}");
         output.WriteLine($"# key range {s.KeyRange:N0} (all preloaded), long keys and values, {s.Duration.TotalMilliseconds:0} ms per cell, {s.Repetitions} interleaved repetitions (median), threads {string.Join(",", s.Threads)}, domain {s.Domain}, files in {s.Directory}{(s.Quick ? ", QUICK mode" : string.Empty)}");
-        // Every file of the run lives in a directory of its own, deleted on the way out and also when Ctrl-C, SIGTERM
-        // or an unhandled exception ends the process (none of which runs finally blocks).
         if (s.UnsafeSweepsNotDurable)
         {
             output.WriteLine("# EXPERIMENT --unsafe-sweeps-not-durable: the map's heap hands swept blocks out without writing their frees back first; NOT crash-safe, not the library's behaviour");
         }
 
+        // Every file of the run lives in a directory of its own, deleted on the way out and also when Ctrl-C, SIGTERM
+        // or an unhandled exception ends the process (none of which runs finally blocks).
         using var files = new TemporaryDirectory(s.Directory, "epvs-compare-");
         output.WriteLine($"# heap files in {files.Path}");
         output.Flush();
