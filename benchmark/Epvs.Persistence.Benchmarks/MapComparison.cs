@@ -27,7 +27,8 @@ internal sealed record ComparisonSettings(
     int LagWriters = 1,
     TimeSpan? MaxVersionAge = null,
     TimeSpan? AdvancePeriod = null,
-    bool UnsafeSweepsNotDurable = false)
+    bool UnsafeSweepsNotDurable = false,
+    bool UnsafeSweepsFenceOnly = false)
 {
     /// <summary>The map's advance period (20 ms unless set): the unit of the Sync and lag targets.</summary>
     public TimeSpan Period => AdvancePeriod ?? TimeSpan.FromMilliseconds(20);
@@ -37,7 +38,7 @@ internal sealed record ComparisonSettings(
     {
         AdvancePeriod = Period,
         MaxVersionAge = MaxVersionAge,
-        HeapFaults = UnsafeSweepsNotDurable ? HeapFaults.SweepFreesStayInMemory : HeapFaults.None,
+        HeapFaults = (UnsafeSweepsNotDurable ? HeapFaults.SweepFreesStayInMemory : HeapFaults.None) | (UnsafeSweepsFenceOnly ? HeapFaults.SweepFencesWithoutFrees : HeapFaults.None),
     };
 }
 
@@ -59,7 +60,7 @@ internal static class MapComparison
         output.WriteLine($"# key range {s.KeyRange:N0} (all preloaded), long keys and values, {s.Duration.TotalMilliseconds:0} ms per cell, {s.Repetitions} interleaved repetitions (median), threads {string.Join(",", s.Threads)}, domain {s.Domain}, files in {s.Directory}{(s.Quick ? ", QUICK mode" : string.Empty)}");
         if (s.UnsafeSweepsNotDurable)
         {
-            output.WriteLine("# EXPERIMENT --unsafe-sweeps-not-durable: the map's heap hands swept blocks out without writing their frees back first; NOT crash-safe, not the library's behaviour");
+            output.WriteLine($"# EXPERIMENT {(s.UnsafeSweepsFenceOnly ? "--unsafe-sweeps-fence-only" : "--unsafe-sweeps-not-durable")}: the map's heap hands swept blocks out without writing their frees back first{(s.UnsafeSweepsFenceOnly ? " (each sweep still fences)" : string.Empty)}; NOT crash-safe, not the library's behaviour");
         }
 
         // Every file of the run lives in a directory of its own, deleted on the way out and also when Ctrl-C, SIGTERM
@@ -472,7 +473,7 @@ internal static class MapComparison
         }
 
         string age = s.MaxVersionAge is { } a ? (a == Timeout.InfiniteTimeSpan ? ", no MaxVersionAge" : FormattableString.Invariant($", MaxVersionAge {a.TotalMilliseconds:0} ms")) : string.Empty;
-        age += s.UnsafeSweepsNotDurable ? ", EXPERIMENT: sweeps not durable" : string.Empty;
+        age += s.UnsafeSweepsFenceOnly ? ", EXPERIMENT: sweeps fence, not durable" : s.UnsafeSweepsNotDurable ? ", EXPERIMENT: sweeps not durable" : string.Empty;
         output.WriteLine(FormattableString.Invariant($"| under {Writers(s.LagWriters)}, {p:0} ms advance period{age} | p50 (ms) | p90 (ms) | p99 (ms) | max (ms) | p50 (periods) | p99 (periods) | target |"));
         output.WriteLine("|---|---:|---:|---:|---:|---:|---:|---|");
         output.WriteLine(Row("Sync latency", syncs, p, "p50 ≤ 2 periods", Percentile(syncs, 0.5) <= 2 * p));

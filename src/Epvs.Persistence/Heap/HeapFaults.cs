@@ -78,4 +78,12 @@ internal enum HeapFaults
     /// cost no page writes before reuse (an upper bound for a cheaper scheme). Never crash-safe.
     /// </summary>
     SweepFreesStayInMemory = 1048576,
+
+    /// <summary>
+    /// With <see cref="SweepFreesStayInMemory"/>: the sweep still fences before it hands its blocks out, having written
+    /// nothing (its frees stay in memory all the same). The benchmark's <c>--unsafe-sweeps-fence-only</c>: what a scheme
+    /// that makes the frees durable in a few bytes (a record of the swept blocks) would still pay, its fences. Never
+    /// crash-safe.
+    /// </summary>
+    SweepFencesWithoutFrees = 2097152,
 }

@@ -588,6 +588,11 @@ public sealed unsafe partial class PersistentHeap
         AfterSweepMarkedForTesting?.Invoke();
         if (inMemory)
         {
+            if ((_faults & HeapFaults.SweepFencesWithoutFrees) != 0)
+            {
+                _file.Domain.FenceOwned();
+            }
+
             return offsets.Length;
         }
 

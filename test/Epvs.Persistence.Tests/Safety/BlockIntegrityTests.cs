@@ -197,12 +197,16 @@ public sealed unsafe class BlockIntegrityTests
         AssertDamageCaught(violations, images);
     }
 
-    [Fact]
-    public void Reclaim_ReusingABlockWhoseFreeWasNeverWrittenBack_IsCaughtAsDamage()
+    [Theory]
+    [InlineData(false)]
+    [InlineData(true)]
+    public void Reclaim_ReusingABlockWhoseFreeWasNeverWrittenBack_IsCaughtAsDamage(bool sweepStillFences)
     {
-        // The control that the persistence benchmark's --unsafe-sweeps-not-durable experiment runs: a sweep that leaves
-        // its frees in memory lets a reused block's new bytes reach the file under its old seal too.
-        List<string> violations = ReuseDuringReclamation(DurabilityFaults.None, out int images, HeapFaults.SweepFreesStayInMemory);
+        // The controls that the persistence benchmark's --unsafe-sweeps-not-durable and --unsafe-sweeps-fence-only
+        // experiments run: a sweep that leaves its frees in memory (fenced or not) lets a reused block's new bytes reach
+        // the file under its old seal too.
+        HeapFaults heapFaults = HeapFaults.SweepFreesStayInMemory | (sweepStillFences ? HeapFaults.SweepFencesWithoutFrees : HeapFaults.None);
+        List<string> violations = ReuseDuringReclamation(DurabilityFaults.None, out int images, heapFaults);
         AssertDamageCaught(violations, images);
     }
 
