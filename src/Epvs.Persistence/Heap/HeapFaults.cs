@@ -80,9 +80,10 @@ internal enum HeapFaults
     SweepFreesStayInMemory = 1048576,
 
     /// <summary>
-    /// With <see cref="SweepFreesStayInMemory"/>: the sweep still fences before it hands its blocks out, having written
-    /// nothing (its frees stay in memory all the same). The benchmark's <c>--unsafe-sweeps-fence-only</c>: what a scheme
-    /// that makes the frees durable in a few bytes (a record of the swept blocks) would still pay, its fences. Never
+    /// With <see cref="SweepFreesStayInMemory"/>: the sweep still fences, having written nothing, after it has handed
+    /// its blocks out (its frees stay in memory all the same). The benchmark's <c>--unsafe-sweeps-fence-only</c>: what
+    /// the fences of a scheme that makes the frees durable in a few bytes (a record of the swept blocks) would still cost
+    /// the cycles (not the wait of a thread sweeping for itself, which would fence before taking its blocks). Never
     /// crash-safe.
     /// </summary>
     SweepFencesWithoutFrees = 2097152,
