@@ -406,6 +406,8 @@ internal static class MapComparison
         AdvancerStatistics before = heap.GetAdvancerStatistics();
         long sweptBefore = heap.Heap.StockSweptBlocks;
         long formattedBefore = heap.Heap.StockFormattedSegments;
+        SweepLog? log = heap.Heap.SweepLogForTesting;
+        (long Entries, long Turns, long Headers) logBefore = log is null ? default : (log.EntriesAppended, log.Turns, log.HeadersWrittenBack);
         long ioBefore = BytesWrittenBySystemCalls();
         var phase = Stopwatch.StartNew();
         var random = new Random(8);
@@ -461,11 +463,16 @@ internal static class MapComparison
 
         // What the cycles wrote into the page cache (the process's write system calls: the private mapping's pwrites of
         // whole pages, which the fences then send to the disk).
-        // And what the stocker made ready meanwhile: each swept block's page is written once for its free (before the
-        // block is handed out again) and once more with the version that reuses it; a formatted segment is written whole.
+        // And what the stocker made ready meanwhile: each swept block's free is made durable by 16 bytes in the sweep log
+        // (format 10; its page is written once, with the version that reuses it), and the log's turns write back the
+        // headers of blocks still free when their entries are retired; a formatted segment is written whole.
         long swept = heap.Heap.StockSweptBlocks - sweptBefore;
         long formatted = heap.Heap.StockFormattedSegments - formattedBefore;
         output.WriteLine(FormattableString.Invariant($"# per cycle, the stocker: {swept / n:0} parked blocks swept, {formatted / n:0.0} segments formatted"));
+        if (log is not null)
+        {
+            output.WriteLine(FormattableString.Invariant($"# sweep log: {(log.EntriesAppended - logBefore.Entries) / n:0} entries per cycle, {log.Turns - logBefore.Turns} turns, {(log.HeadersWrittenBack - logBefore.Headers) / n:0} headers written back by turns per cycle"));
+        }
         if (ioBefore >= 0 && ioAfter >= 0)
         {
             long pagesWorth = cycles.BlocksWrittenBack + swept;

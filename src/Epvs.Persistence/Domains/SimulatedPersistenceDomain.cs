@@ -73,6 +73,15 @@ public sealed unsafe class SimulatedPersistenceDomain : PersistenceDomain
     /// <inheritdoc/>
     public override long Capacity => _capacity;
 
+    /// <summary>
+    /// Test hook: the domain reports that it writes back by copy, as a private mapping of a file does, so that a clean
+    /// <see cref="HeapFile"/> Dispose persists only what was written back, not every word the working image changed.
+    /// </summary>
+    internal bool WritesBackByCopyForTesting { get; set; }
+
+    /// <inheritdoc/>
+    internal override bool WritesBackByCopy => WritesBackByCopyForTesting;
+
     /// <summary>The number of crash points (write-backs plus fences) so far; the next event has this index.</summary>
     public long CrashPointCount
     {

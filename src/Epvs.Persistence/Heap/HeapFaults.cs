@@ -87,4 +87,10 @@ internal enum HeapFaults
     /// crash-safe.
     /// </summary>
     SweepFencesWithoutFrees = 2097152,
+
+    /// <summary>Recovery does not read the sweep log: a block freed through it is classified by its header alone (an old copy comes back, a reuse torn over it reads as damage).</summary>
+    IgnoreSweepLogAtRecovery = 4194304,
+
+    /// <summary>A fast reopen starts the sweep log afresh (a new epoch) instead of going on with it: the saved state's frees that were durable in the log only are then durable nowhere.</summary>
+    FastReopenVoidsTheSweepLog = 8388608,
 }

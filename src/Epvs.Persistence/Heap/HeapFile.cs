@@ -250,6 +250,13 @@ public sealed unsafe partial class HeapFile : IDisposable
         return (*(uint*)result & Interop.Libc.StatxNlink) != 0 && *(uint*)(result + 16) == 0;
     }
 
+    /// <summary>The sweep log's epoch (see <see cref="SweepLog"/>); the setter stores and persists it.</summary>
+    internal long SweepLogEpoch
+    {
+        get => SealedValue(HeapLayout.SweepLogEpochOffset);
+        set => StoreAndPersist(HeapLayout.SweepLogEpochOffset, HeapLayout.Seal(value, HeapLayout.SweepLogEpochOffset));
+    }
+
     /// <summary>
     /// Stores <see cref="SealedFrontier"/> and writes it back without a fence of its own: the caller fences it with the
     /// seals it vouches for, before it persists the frontier.
@@ -1196,7 +1203,7 @@ public sealed unsafe partial class HeapFile : IDisposable
     internal const long MaxAddressableSegments = 1L << 24;
 
     /// <summary>The largest maximum size a caller may ask for: one byte more would need a segment the table cannot address.</summary>
-    internal static readonly long MaxAddressableSize = HeapLayout.DataStart(MaxAddressableSegments + 1) + ((MaxAddressableSegments + 1) * HeapLayout.SegmentSize) - 1;
+    internal static readonly long MaxAddressableSize = HeapLayout.MaxDataStart(MaxAddressableSegments + 1) + ((MaxAddressableSegments + 1) * HeapLayout.SegmentSize) - 1;
 
     /// <summary>
     /// The heap's geometry for <paramref name="size"/> bytes growing up to <paramref name="maxSize"/>. A maximum the
@@ -1217,11 +1224,11 @@ public sealed unsafe partial class HeapFile : IDisposable
 
         maxSize = Math.Max(maxSize, size);
         long maxSegments = Math.Min(SegmentsWithin(maxSize), MaxAddressableSegments);
-        long dataStart = HeapLayout.DataStart(maxSegments);
+        long dataStart = HeapLayout.DataStart(maxSegments, size);
         long segments = (size - dataStart) / HeapLayout.SegmentSize;
         if (segments < 1)
         {
-            ThrowHelper.ThrowArgumentOutOfRange(nameof(size), $"A heap of {size} bytes (maximum {maxSize}) has no room for a segment: it needs at least {dataStart + HeapLayout.SegmentSize} bytes (the segment table for that maximum size alone takes {dataStart - HeapLayout.SuperblockSize} bytes). Choose a larger size or a smaller maximum size.");
+            ThrowHelper.ThrowArgumentOutOfRange(nameof(size), $"A heap of {size} bytes (maximum {maxSize}) has no room for a segment: it needs at least {dataStart + HeapLayout.SegmentSize} bytes (the segment table for that maximum size and the sweep log alone take {dataStart - HeapLayout.SuperblockSize} bytes). Choose a larger size or a smaller maximum size.");
         }
 
         return (maxSegments, dataStart, Math.Min(segments, maxSegments));
@@ -1237,7 +1244,7 @@ public sealed unsafe partial class HeapFile : IDisposable
         // Each segment takes its 64 KiB and a descriptor word of the table, which is rounded up to whole pages: start
         // from the count without the rounding and step down past it (one segment at most).
         long segments = (maxSize - HeapLayout.SuperblockSize) / (HeapLayout.SegmentSize + sizeof(long));
-        while (segments > 1 && HeapLayout.DataStart(segments) + (segments * HeapLayout.SegmentSize) > maxSize)
+        while (segments > 1 && HeapLayout.MaxDataStart(segments) + (segments * HeapLayout.SegmentSize) > maxSize)
         {
             segments--;
         }
@@ -1263,6 +1270,9 @@ public sealed unsafe partial class HeapFile : IDisposable
         {
             *(ulong*)(p + sealedZero) = HeapLayout.Seal(0, sealedZero);
         }
+
+        // The sweep log's halves (lap 1 and lap 0) and its first epoch.
+        SweepLog.Format(p, HeapLayout.SweepLogStart(maxSegments), dataStart);
 
         *(ulong*)(p + HeapLayout.SegmentSizeOffset) = HeapLayout.SegmentSize;
         *(ulong*)(p + HeapLayout.MaxSegmentsOffset) = (ulong)maxSegments;
@@ -1308,7 +1318,7 @@ public sealed unsafe partial class HeapFile : IDisposable
             ThrowHelper.ThrowHeapFile(HeapFileError.Corrupt, $"Cannot open heap file '{name}': its superblock is damaged (the heap size word fails its check).");
         }
 
-        foreach ((int offset, string what) in new[] { (HeapLayout.CleanShutdownOffset, "clean-shutdown flag"), (HeapLayout.EpochClockOffset, "epoch clock"), (HeapLayout.DurableFrontierOffset, "durable frontier"), (HeapLayout.HeapKindOffset, "heap kind") })
+        foreach ((int offset, string what) in new[] { (HeapLayout.CleanShutdownOffset, "clean-shutdown flag"), (HeapLayout.EpochClockOffset, "epoch clock"), (HeapLayout.DurableFrontierOffset, "durable frontier"), (HeapLayout.HeapKindOffset, "heap kind"), (HeapLayout.SweepLogEpochOffset, "sweep log's epoch") })
         {
             if (!HeapLayout.TryUnseal(Read(superblock, offset), offset, out _))
             {
@@ -1327,7 +1337,7 @@ public sealed unsafe partial class HeapFile : IDisposable
             && Read(superblock, HeapLayout.GeometryCheckOffset) == HeapLayout.GeometryCheck(magic, version, segmentSize, maxSegments, dataStart)
             && segmentSize == HeapLayout.SegmentSize
             && maxSegments is >= 1 and <= 1UL << 24
-            && dataStart == (ulong)HeapLayout.DataStart((long)maxSegments)
+            && HeapLayout.IsValidDataStart((long)dataStart, (long)maxSegments)
             && heapSize > dataStart
             && (heapSize - dataStart) % segmentSize == 0
             && (heapSize - dataStart) / segmentSize <= maxSegments;

@@ -4,21 +4,23 @@ using System.Runtime.CompilerServices;
 namespace Epvs.Persistence;
 
 /// <summary>
-/// The persistent layout of an EPVS heap file, format version 9 (older files are refused: version 2 added the
+/// The persistent layout of an EPVS heap file, format version 10 (older files are refused: version 2 added the
 /// sealed superblock words and the heap kind, version 3 the sealed blocks, XxHash3 block checks and zeroed segments,
 /// version 4 a checked word in every state: no all-zero descriptor or commit word is valid, version 5 descriptors
 /// bound to their slot: a descriptor copied or moved into another slot of the table fails its check, version 6 sealed
 /// words carrying their version's low bits, so that a buffered heap seals a version in the pass that writes it back,
 /// version 7 an empty mark bound to the offset, not 0, in the Epoch word of every block that holds no payload, version 8
 /// a key-size record for structures with keys of 31 bytes or more, version 9 a 48-byte size class below the 64-byte one,
-/// which renumbers the class index every small segment's descriptor holds). Every persistent field is an 8-byte little-endian
+/// which renumbers the class index every small segment's descriptor holds, version 10 the sweep log, between the table
+/// and the segments, through which a buffered heap's sweeps make their frees durable). Every persistent field is an 8-byte little-endian
 /// word at an 8-byte aligned offset, written with a single aligned store, so it is failure-atomic: after a crash it
 /// holds an old or a new value, never a mix. Persistent data holds offsets from the start of the file, never pointers.
 /// </summary>
 /// <remarks>
 /// <code>
 /// File:   [0, 4096)                      superblock
-///         [4096, DataStart)              segment table: MaxSegments descriptors of 8 bytes (rounded up to 4096)
+///         [4096, LogStart)               segment table: MaxSegments descriptors of 8 bytes (rounded up to 4096)
+///         [LogStart, DataStart)          sweep log (format 10): two halves, see SweepLog; its size chosen at creation
 ///         [DataStart + i*65536, +65536)  segment i, for i &lt; SegmentCount = (HeapSize - DataStart) / 65536
 ///
 /// Sealed words: value in bits 0..41, the low 22 bits of CRC-32(value, offset) in bits 42..63 (see Seal), so a word
@@ -26,8 +28,8 @@ namespace Epvs.Persistence;
 ///
 /// Superblock (offset: word)
 ///     0  Magic            0x5041_4548_5356_5045, "EPVSHEAP" in ASCII; written last at creation
-///     8  FormatVersion    9 (9: the 48-byte size class, class indexes renumbered; 8: structures with keys of 31
-///                         bytes or more keep a key-size record)
+///     8  FormatVersion    10 (10: the sweep log; 9: the 48-byte size class, class indexes renumbered; 8: structures
+///                         with keys of 31 bytes or more keep a key-size record)
 ///    16  HeapSize         bytes in use: DataStart + SegmentCount*65536; grows (store + persist) after the file grew (sealed)
 ///    24  SegmentSize      65536
 ///    32  MaxSegments      capacity of the segment table
@@ -49,6 +51,9 @@ namespace Epvs.Persistence;
 ///                         structures resolve a salvage's duplicates and gaps among payloads up to it; 0: never (sealed)
 ///   128  Root[0..15]      16 root words for the structures built on the heap (PayloadRef offsets or anything);
 ///                         durable at once, outside a buffered heap's versions (see HeapFile.SetRoot)
+///   256  SweepLogEpoch    seeds every check of the sweep log's batches; raised, durably, by every recovery scan of a
+///                         buffered heap once it has written the frees the log held; drawn at random below 2^31 at
+///                         creation, so a heap created over another's bytes never reads that heap's batches (sealed)
 ///
 /// Segment descriptor (table word i; every i &lt; SegmentCount holds one, written when the heap is created or grows)
 ///   bits  0..23  Generation   incremented (mod 2^24) every time the descriptor is rewritten; 0 when created
@@ -86,8 +91,12 @@ namespace Epvs.Persistence;
 /// — only if its Epoch word holds the block's empty mark (format 7), or both its version tag equals V's low 16 bits
 /// and its Epoch word holds V; otherwise it is damage. The empty mark is in the file before a block is handed out:
 /// formatting writes it, every free writes it next to its free word and the free's own write-back makes both durable
-/// before the block is reused (the sweep, recovery's frees), and recovery rewrites every free or unused block whose
-/// Epoch word holds anything else (an interrupted allocation's). So a torn seal of V holds V or the mark there; a crash
+/// before the block is reused (recovery's frees, a large block's), and recovery rewrites every free or unused block whose
+/// Epoch word holds anything else (an interrupted allocation's). A buffered heap's sweep (format 10) makes its frees
+/// durable in the sweep log instead, before it hands the blocks out: an entry holds the block's commit word and the low
+/// 16 bits of its Epoch word as the sweep found them, so recovery frees a listed block whose commit word is still the
+/// logged one, and takes a listed block sealed in V whose check fails for a torn write when its Epoch word holds V or
+/// the logged low bits (see <see cref="SweepLog"/>, which also says how long an entry is kept). So a torn seal of V holds V or the mark there; a crash
 /// can also leave a free's mark durable without its free word, over a block sealed in a durable version, which the
 /// free was making garbage (its replacement or deletion is durable): freed too. A damaged durable block of version
 /// v ≤ frontier holds v and v's tag: damage is taken for a torn write only if it rewrites the Epoch word into exactly
@@ -127,7 +136,9 @@ namespace Epvs.Persistence;
 /// bitmap...]: one bit per block of every small-block segment (in table order, ceil(blocks/64) words each), set when
 /// the block is allocated. It persists them, then the three superblock words, then (HeapFile.Dispose) the clean flag.
 /// The next open trusts it only if the clean flag was set and the hash, segment count and table hash match; before
-/// any other write it clears word 80 durably, so a crash after a fast reopen always rescans.</para>
+/// any other write it clears word 80 durably, so a crash after a fast reopen always rescans. A block the saved state
+/// counts free may be free in the sweep log only (format 10): a fast reopen goes on with the log as it was, so a crash
+/// after it still finds those frees.</para>
 /// <para>Creation writes and persists every superblock word except Magic, then writes and persists Magic: a file
 /// whose creation was interrupted is rejected as "not a heap file" and is never silently reformatted.</para>
 /// <para>Version space. Sealed words hold 42 bits, so a buffered heap's versions end at 2^42 − 1; it writes in
@@ -144,7 +155,7 @@ namespace Epvs.Persistence;
 internal static class HeapLayout
 {
     internal const ulong Magic = 0x5041_4548_5356_5045UL;
-    internal const long FormatVersion = 9;
+    internal const long FormatVersion = 10;
     internal const int SuperblockSize = 4096;
     internal const int SegmentSize = 64 * 1024;
     internal const int RootSlotCount = 16;
@@ -170,6 +181,10 @@ internal static class HeapLayout
     /// <summary>The last version a salvage kept payloads of (a sealed word; 0 when the file was never salvaged, also in files written before it existed).</summary>
     internal const int SalvagedThroughOffset = 120;
     internal const int RootsOffset = 128;
+
+    /// <summary>The sweep log's epoch (format 10; a sealed word): every batch's check is seeded with it, so raising it
+    /// (durably, once recovery has written the frees the log held) empties the log at once.</summary>
+    internal const int SweepLogEpochOffset = 256;
 
     /// <summary>Bits of a sealed word that carry the value; the 22 bits above carry its check.</summary>
     internal const int SealedValueBits = 42;
@@ -222,7 +237,37 @@ internal static class HeapLayout
 
     internal static long TableBytes(long maxSegments) => RoundUp(maxSegments * sizeof(long), SuperblockSize);
 
-    internal static long DataStart(long maxSegments) => SuperblockSize + TableBytes(maxSegments);
+    /// <summary>Where the sweep log of a heap of <paramref name="maxSegments"/> starts: right after the segment table (format 10).</summary>
+    internal static long SweepLogStart(long maxSegments) => SuperblockSize + TableBytes(maxSegments);
+
+    /// <summary>The smallest and the largest sweep log (format 10): a multiple of <see cref="SweepLogGranule"/> between them.</summary>
+    internal const long MinSweepLogBytes = 64 * 1024;
+    internal const long MaxSweepLogBytes = 8 * 1024 * 1024;
+
+    /// <summary>A sweep log is two halves of whole pages.</summary>
+    internal const long SweepLogGranule = 2 * SuperblockSize;
+
+    /// <summary>
+    /// The bytes of the sweep log (format 10) a heap of <paramref name="size"/> bytes growing to
+    /// <paramref name="maxSegments"/> gets at creation: 256 bytes per segment (16 entries), at most an eighth of the
+    /// size, from 64 KiB to 8 MiB, in two halves of whole pages (see <see cref="SweepLog"/>). The file records it:
+    /// segment 0 starts right after it (<see cref="DataStartOffset"/>).
+    /// </summary>
+    internal static long SweepLogBytes(long maxSegments, long size) =>
+        Math.Clamp(Math.Min(RoundUp(maxSegments * 256, SweepLogGranule), size / 8 / SweepLogGranule * SweepLogGranule), MinSweepLogBytes, MaxSweepLogBytes);
+
+    /// <summary>Whether a file's data start leaves a sweep log this format writes after the table of <paramref name="maxSegments"/>.</summary>
+    internal static bool IsValidDataStart(long dataStart, long maxSegments)
+    {
+        long log = dataStart - SweepLogStart(maxSegments);
+        return log is >= MinSweepLogBytes and <= MaxSweepLogBytes && log % SweepLogGranule == 0;
+    }
+
+    /// <summary>Where segment 0 of a heap of <paramref name="size"/> bytes growing to <paramref name="maxSegments"/> starts (after its sweep log).</summary>
+    internal static long DataStart(long maxSegments, long size) => SweepLogStart(maxSegments) + SweepLogBytes(maxSegments, size);
+
+    /// <summary>The largest data start of a heap of <paramref name="maxSegments"/> (its largest sweep log): a bound for sizing.</summary>
+    internal static long MaxDataStart(long maxSegments) => SweepLogStart(maxSegments) + Math.Clamp(RoundUp(maxSegments * 256, SweepLogGranule), MinSweepLogBytes, MaxSweepLogBytes);
 
     internal static long RoundUp(long value, long multiple) => (value + multiple - 1) / multiple * multiple;
 

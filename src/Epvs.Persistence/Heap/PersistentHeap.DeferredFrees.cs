@@ -7,15 +7,16 @@ using System.Threading;
 namespace Epvs.Persistence;
 
 // Deferred frees for a BufferedDurableHeap: a freed small block is parked, untouched, with the other
-// pending frees of its segment; a sweep later takes the segments with the most pending frees, marks those free, writes
-// them back, fences, and only then hands the blocks out again, in address order.
+// pending frees of its segment; a sweep later takes the segments with the most pending frees, marks those free, makes
+// the frees durable — an entry per block in the sweep log (SweepLog.cs), written back and fenced; the blocks' headers
+// when the heap has no log — and only then hands the blocks out again, in address order.
 // Why. A version's frees fall on random pages of the heap. Writing each version's frees back as they happen costs
 // one cache-line flush or one dirty page (and, through the page cache, a write-protect fault) per free, every version;
 // swept densest segment first, each page is written once for all the frees it collected meanwhile, and the blocks
 // handed out next lie together, so a version's new payloads fill a few runs of pages instead of one page each.
-// Safety. A pending block keeps its durable image (its old, sealed payload) until the sweep writes its free
-// back, and is never handed out before that free is durable (the invariant reclamation had before: a reuse never
-// reaches the file over an old seal). Its replacement is durable already, so after a crash recovery finds both copies
+// Safety. A pending block keeps its durable image (its old, sealed payload) until the sweep makes its free durable,
+// and is never handed out before that (the invariant reclamation had before: a reuse never reaches the file over an
+// old seal that recovery would take for live, or a reuse torn over it for damage). Its replacement is durable already, so after a crash recovery finds both copies
 // of the uid and keeps the newer. An anti-payload may be freed only once every older copy of its uid is durably free:
 // FlushPendingFrees (all of them) comes first.
 // Threads. The bitmaps and counters are guarded by _pendingGate. A sweep takes its blocks off the
@@ -560,19 +561,51 @@ public sealed unsafe partial class PersistentHeap
     {
         SweepTakenForTesting?.Invoke();
         Span<long> offsets = CollectionsMarshal.AsSpan(blocks);
-        for (int i = 0; i < offsets.Length; i++)
+        SweepLog? log = _sweepLog;
+        ulong[]? commits = log is null ? null : System.Buffers.ArrayPool<ulong>.Shared.Rent(offsets.Length);
+        ulong[]? epochWords = log is null ? null : System.Buffers.ArrayPool<ulong>.Shared.Rent(offsets.Length);
+        try
         {
-            // Each mark is a compare-and-swap, whose fence would wait for the next block's cache miss: the blocks a few
-            // places ahead are prefetched (a prefetch is not held back by the fence), so the misses overlap.
-            if (i + PrefetchDistance < offsets.Length)
+            for (int i = 0; i < offsets.Length; i++)
             {
-                Prefetch(_base + offsets[i + PrefetchDistance]);
+                // Each mark is a compare-and-swap, whose fence would wait for the next block's cache miss: the blocks a few
+                // places ahead are prefetched (a prefetch is not held back by the fence), so the misses overlap.
+                if (i + PrefetchDistance < offsets.Length)
+                {
+                    Prefetch(_base + offsets[i + PrefetchDistance]);
+                }
+
+                // Marked only now: through the page cache, the first store to a page written back earlier takes a
+                // write-protect fault, so marking a segment's frees together costs one per page, not one per free.
+                // The log keeps what the header held (its image in the file, unless a free there was durable already).
+                ulong epochWord = *(ulong*)(_base + offsets[i] + HeapLayout.EpochOffset);
+                MarkFreeCore(new PayloadRef(offsets[i]), out ulong commit);
+                if (log is not null)
+                {
+                    commits![i] = commit;
+                    epochWords![i] = epochWord;
+                }
             }
 
-            // Marked only now: through the page cache, the first store to a page written back earlier takes a
-            // write-protect fault, so marking a segment's frees together costs one per page, not one per free.
-            MarkFreeCore(new PayloadRef(offsets[i]));
+            return WriteBackAndHandOut(blocks, swept, log, commits, epochWords);
         }
+        finally
+        {
+            if (log is not null)
+            {
+                System.Buffers.ArrayPool<ulong>.Shared.Return(commits!);
+                System.Buffers.ArrayPool<ulong>.Shared.Return(epochWords!);
+            }
+        }
+    }
+
+    /// <summary>
+    /// Makes the sweep's frees (marked in the working image) durable — through the log when the heap has one, else in
+    /// the blocks' headers — and then hands the blocks out.
+    /// </summary>
+    private long WriteBackAndHandOut(List<long> blocks, List<(long Segment, int Start, int Count)> swept, SweepLog? log, ulong[]? commits, ulong[]? epochWords)
+    {
+        Span<long> offsets = CollectionsMarshal.AsSpan(blocks);
 
         // Free now, not handed out yet: whoever keeps something per block until it is free forgets it here.
         BlocksFreed?.Invoke(blocks);
@@ -596,15 +629,24 @@ public sealed unsafe partial class PersistentHeap
             return offsets.Length;
         }
 
-        // Segments are in address order, so through the page cache the headers merge into runs of pages.
-        var runs = new WriteBackRuns(_file.Domain);
-        foreach (long offset in offsets)
+        if (log is not null)
         {
-            runs.Add(offset, HeapLayout.HeaderSize);
+            // A few bytes per block, written back and fenced: the frees are durable, the blocks' pages untouched.
+            log.Append(offsets, commits.AsSpan(0, offsets.Length), epochWords.AsSpan(0, offsets.Length));
+        }
+        else
+        {
+            // Segments are in address order, so through the page cache the headers merge into runs of pages.
+            var runs = new WriteBackRuns(_file.Domain);
+            foreach (long offset in offsets)
+            {
+                runs.Add(offset, HeapLayout.HeaderSize);
+            }
+
+            runs.Flush();
+            _file.Domain.FenceOwned();
         }
 
-        runs.Flush();
-        _file.Domain.FenceOwned();
         if (!early)
         {
             // The frees (free words and empty marks) are durable: the blocks can be reused.

@@ -78,6 +78,11 @@ public sealed unsafe partial class PersistentHeap
         var unsealed = new List<long>();
         // Only a buffered heap seals its blocks: a raw heap's are all unsealed, and listing them would cost 8 bytes a block.
         bool listUnsealed = _ownerKind == HeapLayout.KindBufferedDurable;
+
+        // Only a buffered heap's sweeps log their frees. Read (and checked) before anything is written, at a fast reopen
+        // too, which goes on with it: the saved state's frees of swept blocks are durable in the log only.
+        SweepLog.Contents? log = listUnsealed && (_faults & HeapFaults.IgnoreSweepLogAtRecovery) == 0 ? SweepLog.Read(_file) : null;
+        SweepLog.LoggedFrees? logged = bitmap is null && log is { Frees.Count: > 0 } ? log.Frees : null;
         var freeSpans = new List<(long Segment, long Span, long FreeOffset)>();
         var freeBlocks = new List<long>();
 
@@ -226,9 +231,25 @@ public sealed unsafe partial class PersistentHeap
                     {
                         BlockState blockState = ClassifyBlock(offset, generation, blockSize - HeapLayout.HeaderSize, out header);
                         blockState = blockState == BlockState.Torn && tornIsDamaged ? BlockState.Damaged : blockState;
+                        bool loggedFree = false;
+                        if (logged is not null)
+                        {
+                            // A block a sweep freed through the log: free while its header is still the one logged,
+                            // whatever else of a reuse reached the file (see SweepLog).
+                            ulong* words = (ulong*)(_base + offset);
+                            BlockState byLog = logged.Reclassify(offset, words[3], words[1], blockState, _inFlightVersion);
+                            loggedFree = byLog != blockState;
+                            blockState = byLog;
+                        }
+
                         valid = blockState is BlockState.Allocated or BlockState.Sealed;
                         sealedBlock = blockState != BlockState.Allocated;
-                        if (blockState == BlockState.Damaged)
+                        if (loggedFree)
+                        {
+                            // Written free, durably, before the log is emptied (SweepLog.Begin).
+                            totals.FreeBlocks.Add(offset);
+                        }
+                        else if (blockState == BlockState.Damaged)
                         {
                             totals.Damaged.Add(offset);
                             totals.FreeBlocks.Add(offset);
@@ -356,6 +377,21 @@ public sealed unsafe partial class PersistentHeap
         }
 
         WriteRecoveredFrees(freeBlocks, freeSpans);
+        if (listUnsealed)
+        {
+            // After a scan, every free the log held is durable in its block (above): the log is emptied. After a fast
+            // reopen it goes on as the last session left it.
+            if (bitmap is not null && log is not null && (_faults & HeapFaults.FastReopenVoidsTheSweepLog) == 0)
+            {
+                _sweepLog = SweepLog.Resume(_file, log);
+                MarkLoggedFreesInWorkingImage(log.Frees);
+            }
+            else
+            {
+                _sweepLog = SweepLog.Begin(_file);
+            }
+        }
+
         _recoveredLiveBlocks = liveBlocks;
         _recoveredLiveBytes = liveBytes;
         _nextUid = saved is { } state ? Math.Max(maxUid, state.NextUid) : maxUid;
@@ -366,6 +402,40 @@ public sealed unsafe partial class PersistentHeap
             freeBlockBytes + (_freeSegmentCount * HeapLayout.SegmentSize),
             _overheadBytes,
             _freeSegmentCount);
+    }
+
+    /// <summary>
+    /// After a fast reopen: each block whose header still holds a commit word the sweep log lists for it (a block the
+    /// saved state counts free, free in the log only) gets its free word and empty mark in the working image, as the
+    /// sweep that logged it left them in the last session's, so that nothing reading headers (a scan of the allocated
+    /// blocks, a free's check) takes its old seal for a live block. Not written back: the log keeps the free durable.
+    /// </summary>
+    private void MarkLoggedFreesInWorkingImage(SweepLog.LoggedFrees frees)
+    {
+        long end = SegmentStart(_segmentCount);
+        foreach ((long offset, ulong commit) in frees.Entries)
+        {
+            if (offset < _dataStart || offset >= end)
+            {
+                continue;
+            }
+
+            long segment = SegmentOf(offset);
+            ulong descriptor = _table[segment];
+            if (HeapLayout.DescriptorRole(descriptor) != HeapLayout.RoleSmall || HeapLayout.DescriptorPayload(descriptor) >= SizeClasses.Count)
+            {
+                continue;
+            }
+
+            int blockSize = SizeClasses.BlockSizes[(int)HeapLayout.DescriptorPayload(descriptor)];
+            long within = offset - SegmentStart(segment);
+            ulong* commitWord = (ulong*)(_base + offset + HeapLayout.CommitOffset);
+            if (within % blockSize == 0 && within / blockSize < SizeClasses.BlocksPerSegment[(int)HeapLayout.DescriptorPayload(descriptor)] && *commitWord == commit)
+            {
+                *commitWord = HeapLayout.FreeWord(offset, HeapLayout.DescriptorGeneration(descriptor));
+                MarkEpochWordEmpty(offset);
+            }
+        }
     }
 
     /// <summary>

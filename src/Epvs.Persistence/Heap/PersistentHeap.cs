@@ -50,6 +50,12 @@ public sealed unsafe partial class PersistentHeap : IDisposable
     /// <summary>Whether formatting, frees and recovery's scrub write a block's empty mark into its Epoch word (always, but for the broken control <see cref="HeapFaults.LeaveEpochWordsUnmarked"/>).</summary>
     private readonly bool _marksEmptyEpochs;
 
+    /// <summary>A buffered heap's sweep log (format 10; set by recovery): where its sweeps make their frees durable.</summary>
+    private SweepLog? _sweepLog;
+
+    /// <summary>The sweep log (a buffered heap's; null for a raw heap), for tests and the benchmark's counters.</summary>
+    internal SweepLog? SweepLogForTesting => _sweepLog;
+
     /// <summary>See <see cref="PersistentHeapOptions.InFlightVersion"/>: the version recovery takes torn seals of for torn writes.</summary>
     private readonly long _inFlightVersion;
 
@@ -523,12 +529,15 @@ public sealed unsafe partial class PersistentHeap : IDisposable
         }
     }
 
-    private (long Segment, ulong Descriptor) MarkFreeCore(PayloadRef block)
+    private (long Segment, ulong Descriptor) MarkFreeCore(PayloadRef block) => MarkFreeCore(block, out _);
+
+    /// <summary>Marks <paramref name="block"/> free in the working image; <paramref name="commit"/> receives the commit word it replaced.</summary>
+    private (long Segment, ulong Descriptor) MarkFreeCore(PayloadRef block, out ulong commit)
     {
         (long segment, ulong descriptor) = Locate(block);
         ulong* commitWord = (ulong*)(_base + block.Offset + HeapLayout.CommitOffset);
         // Volatile.Read: acquire; pairs with the release store of the commit word in WriteHeader.
-        ulong commit = Volatile.Read(ref *commitWord);
+        commit = Volatile.Read(ref *commitWord);
         if (!HeapLayout.InUse(commit))
         {
             ThrowHelper.ThrowInvalidPayloadRef(block, "it is already free (double free?)");

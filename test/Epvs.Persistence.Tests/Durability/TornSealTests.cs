@@ -99,9 +99,9 @@ public sealed unsafe class TornSealTests
     }
 
     /// <summary>
-    /// After the frees are swept (marked, durable, then the Epoch words marked empty durably), every free block in the
-    /// durable image holds its empty mark in its Epoch word, and so does every unused block (formatting writes it). The
-    /// control leaves the Epoch word as it was (0 after formatting).
+    /// After the frees are swept (durable in the sweep log) and a crash, recovery writes them into the blocks: every free
+    /// block in the durable image then holds its empty mark in its Epoch word, and so does every unused block
+    /// (formatting writes it). The control leaves the Epoch word as it was (0 after formatting).
     /// </summary>
     [Fact]
     public void AfterASweep_EveryFreeOrUnusedBlockInTheDurableImage_HoldsItsEmptyMark()
@@ -235,7 +235,13 @@ public sealed unsafe class TornSealTests
         heap.Sync();
         heap.Sync();
         heap.Heap.FlushPendingFrees();
-        byte[] image = domain.GetDurableImage();
+
+        // The sweeps made their frees durable in the sweep log (format 10); a crash now, and recovery writes them into
+        // the blocks, each with its mark.
+        using var recovered = SimulatedPersistenceDomain.FromImage(domain.GetDurableImage(), 4 << 20);
+        using HeapFile recoveredFile = HeapFile.Open(recovered);
+        using BufferedDurableHeap recoveredHeap = BufferedDurableHeap.Open(recoveredFile, new BufferedDurableHeapOptions { AdvancePeriod = Timeout.InfiniteTimeSpan, HeapFaults = faults });
+        byte[] image = recovered.GetDurableImage();
         free = 0;
         unused = 0;
         int unmarkedFree = 0, unmarkedUnused = 0;

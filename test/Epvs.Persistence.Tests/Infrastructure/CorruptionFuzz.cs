@@ -200,7 +200,7 @@ internal static class CorruptionFuzz
     {
         string path = Path.Combine(directory, "raw.heap");
         var random = new Random(Seed);
-        using (PersistentHeap heap = PersistentHeap.Create(path, new HeapFileOptions { Size = 2L << 20, MaxSize = 2L << 20, Domain = PersistenceDomainKind.MappedFile }))
+        using (PersistentHeap heap = PersistentHeap.Create(path, new HeapFileOptions { Size = (2L << 20) + HeapLayout.MinSweepLogBytes, MaxSize = (2L << 20) + HeapLayout.MinSweepLogBytes, Domain = PersistenceDomainKind.MappedFile }))
         {
             var blocks = new List<PayloadRef>();
             for (int i = 0; i < 300; i++)

@@ -256,7 +256,7 @@ internal static class LimitsChild
     private static string? LargeSizeWord(string path, bool control)
     {
         const long Span = 32769;
-        long size = (Span + 100) * HeapLayout.SegmentSize;
+        long size = ((Span + 100) * HeapLayout.SegmentSize) + HeapLayout.MaxSweepLogBytes;
         long dataStart;
         using (var heap = PersistentHeap.Create(path, new HeapFileOptions { Size = size, MaxSize = size, Domain = PersistenceDomainKind.MappedFile }))
         {

@@ -190,7 +190,7 @@ public sealed class FullHeapTests
     [InlineData(HeapLayout.SegmentSize - 1)]
     public void Grow_StopsAtTheMaximumSizeWithTheTableCounted(int beyondAnExactFit)
     {
-        long exactFit = HeapLayout.DataStart(64) + (64L * HeapLayout.SegmentSize);
+        long exactFit = HeapLayout.DataStart(64, 1 << 20) + (64L * HeapLayout.SegmentSize);
         long maxSize = exactFit + beyondAnExactFit;
         using var dir = new TempDirectory();
         string path = dir.File("capped.heap");

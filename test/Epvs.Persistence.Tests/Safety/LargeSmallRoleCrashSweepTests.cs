@@ -301,7 +301,7 @@ public sealed class LargeSmallRoleCrashSweepTests
         // keeps the frees (seed whose eviction keeps everything): recovery finds the small segments empty.
         var sw = Stopwatch.StartNew();
         byte[] crashed;
-        using (var domain = new SimulatedPersistenceDomain(1 << 20))
+        using (var domain = new SimulatedPersistenceDomain((1 << 20) + HeapLayout.MinSweepLogBytes))
         {
             using HeapFile file = HeapFile.Create(domain);
             using var heap = new PersistentHeap(file);

@@ -242,6 +242,8 @@ public sealed class ZeroedWordDamageTests
     /// <summary>The offsets of the blocks in use (allocated or sealed) of the small-block segments, in file order.</summary>
     internal static List<long> LiveBlocks(byte[] bytes)
     {
+        // A block whose header is still the one the sweep log lists is free (format 10), whatever it holds.
+        SweepLog.LoggedFrees logged = LoggedFrees(bytes);
         var live = new List<long>();
         foreach ((long start, ulong descriptor) in Segments(bytes))
         {
@@ -254,7 +256,8 @@ public sealed class ZeroedWordDamageTests
             for (int k = 0; k < SizeClasses.BlocksPerSegment[cls]; k++)
             {
                 long offset = start + ((long)k * SizeClasses.BlockSizes[cls]);
-                if (HeapLayout.InUse(BitConverter.ToUInt64(bytes, (int)offset + HeapLayout.CommitOffset)))
+                ulong commit = BitConverter.ToUInt64(bytes, (int)offset + HeapLayout.CommitOffset);
+                if (HeapLayout.InUse(commit) && !logged.IsLogged(offset, commit))
                 {
                     live.Add(offset);
                 }
@@ -263,6 +266,16 @@ public sealed class ZeroedWordDamageTests
 
         Assert.NotEmpty(live);
         return live;
+    }
+
+    /// <summary>The sweep log of a heap file's bytes (its valid batches).</summary>
+    internal static unsafe SweepLog.LoggedFrees LoggedFrees(byte[] bytes)
+    {
+        HeapLayout.TryUnseal(BitConverter.ToUInt64(bytes, HeapLayout.SweepLogEpochOffset), HeapLayout.SweepLogEpochOffset, out long epoch);
+        fixed (byte* p = bytes)
+        {
+            return SweepLog.Read(p, BitConverter.ToInt64(bytes, HeapLayout.MaxSegmentsOffset), BitConverter.ToInt64(bytes, HeapLayout.DataStartOffset), epoch, "image").Frees;
+        }
     }
 
     /// <summary>The offsets of the large blocks in use.</summary>

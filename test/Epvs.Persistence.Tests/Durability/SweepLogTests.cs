@@ -1,0 +1,527 @@
+using System;
+using System.Collections.Generic;
+using System.Runtime.CompilerServices;
+using System.Threading;
+using Xunit;
+
+namespace Epvs.Persistence.Tests;
+
+/// <summary>
+/// The sweep log (format 10): a sweep makes its frees durable in the log, not in the freed blocks, so after a crash the
+/// only thing that keeps a freed block's old payload from coming back is the log's entry (or, once the entry is retired,
+/// the free written into the block). Each guarantee is checked on the crash images of a simulated persistence domain,
+/// with a broken control the check catches.
+/// </summary>
+public sealed class SweepLogTests
+{
+    private const int VictimType = 31;
+    private const int ChurnType = 32;
+    private const int Victims = 64;
+    private const long Capacity = 8 << 20;
+    private static readonly TimeSpan Wait = TimeSpan.FromSeconds(30);
+
+    /// <summary>A value of a size class of its own (well above the victims' 16-byte entries).</summary>
+    [InlineArray(40)]
+    private struct Fat
+    {
+        private long _element;
+    }
+
+    [Fact]
+    public void DeletedKeys_StayDeletedAfterACrash_ThoughTheirOldCopiesAreFreeOnlyInTheLog()
+    {
+        int back = VictimsBackAfterACrash(HeapFaults.None, turnsWanted: 0, out int images, out SweepLogCounters counters);
+        Assert.True(counters.Entries >= Victims, $"only {counters.Entries} entries logged: the scenario did not free the victims' old copies through the log");
+        Assert.True(images >= 8, $"only {images} crash images");
+        Assert.Equal(0, back);
+    }
+
+    [Fact]
+    public void Control_RecoveryIgnoringTheLog_BringsDeletedKeysBack()
+    {
+        int back = VictimsBackAfterACrash(HeapFaults.IgnoreSweepLogAtRecovery, turnsWanted: 0, out int images, out _);
+        Assert.SkipWhen(back == 0, $"inconclusive: none of {images} crash images of the broken control brought a deleted key back");
+    }
+
+    [Fact]
+    public void DeletedKeys_StayDeletedAfterACrash_WhenTheLogHasTurnedPastTheirEntries()
+    {
+        int back = VictimsBackAfterACrash(HeapFaults.None, turnsWanted: 2, out int images, out SweepLogCounters counters);
+        Assert.True(counters.Turns >= 2, $"the log turned {counters.Turns} times");
+        Assert.True(counters.HeadersWrittenBack >= Victims, $"a turn wrote back {counters.HeadersWrittenBack} headers: the victims' blocks were not among them");
+        Assert.Equal(0, back);
+    }
+
+    [Fact]
+    public void Control_ATurnRetiringEntriesWithoutWritingTheirBlocksBack_BringsDeletedKeysBack()
+    {
+        int back = VictimsBackAfterACrash(HeapFaults.None, turnsWanted: 2, out int images, out _, retireWithoutWritingBack: true);
+        Assert.SkipWhen(back == 0, $"inconclusive: none of {images} crash images of the broken control brought a deleted key back");
+    }
+
+    [Fact]
+    public void DeletedKeys_StayDeleted_WhenACrashFollowsAFastReopen()
+    {
+        int back = VictimsBackAfterAFastReopenAndACrash(HeapFaults.None, out int images);
+        Assert.True(images >= 8, $"only {images} crash images");
+        Assert.Equal(0, back);
+    }
+
+    [Fact]
+    public void Control_AFastReopenVoidingTheLog_BringsDeletedKeysBackAfterACrash()
+    {
+        int back = VictimsBackAfterAFastReopenAndACrash(HeapFaults.FastReopenVoidsTheSweepLog, out int images);
+        Assert.SkipWhen(back == 0, $"inconclusive: none of {images} crash images of the broken control brought a deleted key back");
+    }
+
+    [Fact]
+    public void ADamagedBatchFollowedByAValidOne_IsReportedAsCorrupt_AndNothingIsWritten()
+    {
+        byte[] image = ImageWithTwoBatches(out long logStart);
+        // The first batch's first entry (the batch starts after the half's lap word, its header word first).
+        image[logStart + 16] ^= 0x04;
+        AssertRefusedUnchanged(image, "sweep log's batch");
+    }
+
+    [Fact]
+    public void ADamagedLapWord_IsReportedAsCorrupt_AndNothingIsWritten()
+    {
+        byte[] image = ImageWithTwoBatches(out long logStart);
+        image[logStart + 3] ^= 0x01;
+        AssertRefusedUnchanged(image, "sweep log's lap word");
+    }
+
+    [Fact]
+    public void ARecoveryScan_StartsANewLogEpoch()
+    {
+        using var domain = new SimulatedPersistenceDomain(Capacity);
+        long epoch;
+        byte[] crashed;
+        using (HeapFile file = HeapFile.Create(domain))
+        {
+            using BufferedDurableHeap heap = BufferedDurableHeap.Open(file, Options(HeapFaults.None));
+            epoch = file.SweepLogEpoch;
+            var map = new PersistentHashMap<long, long>(heap, VictimType);
+            WriteThenDelete(heap, map);
+            Assert.True(heap.Heap.SweepLogForTesting!.EntriesAppended >= Victims);
+            crashed = domain.Crash(seed: 0);
+        }
+
+        // A crash, so a recovery scan: it frees what the log listed, then starts a new epoch.
+        using var reopened = SimulatedPersistenceDomain.FromImage(crashed, Capacity);
+        using HeapFile again = HeapFile.Open(reopened);
+        using BufferedDurableHeap heap2 = BufferedDurableHeap.Open(again, Options(HeapFaults.None));
+        Assert.Equal(epoch + 1, again.SweepLogEpoch);
+        Assert.Equal(Victims, new PersistentHashMap<long, long>(heap2, VictimType).Count);
+    }
+
+    [Fact]
+    public void ACrashInTheAppendsAfterATurn_NeverReadsAsDamage_NorBringsADeletedKeyBack()
+    {
+        List<string> refused = ImagesAroundTurns(lapFencedWithNextBatch: false, out int images, out int back);
+        Assert.True(images >= 48, $"only {images} crash images");
+        Assert.Empty(refused);
+        Assert.Equal(0, back);
+    }
+
+    [Fact]
+    public void Control_ALapWordFencedOnlyWithTheNextBatch_MakesAPlainCrashReadAsDamage()
+    {
+        List<string> refused = ImagesAroundTurns(lapFencedWithNextBatch: true, out int images, out _);
+        Assert.SkipWhen(refused.Count == 0, $"inconclusive: none of {images} crash images of the broken control was refused");
+    }
+
+    [Fact]
+    public void AHeapCreatedOverAnotherHeapsBytes_NeverTakesThatHeapsLogForItsOwn()
+    {
+        Assert.Equal(0, LiveKeysLostOverAnOldHeapsLog(reuseTheOldEpoch: false));
+    }
+
+    [Fact]
+    public void Control_AHeapCreatedOverAnotherHeapsBytesWithItsEpoch_LosesLiveKeys()
+    {
+        // What a fixed first epoch did (every heap started at the same one): the old heap's batches check out.
+        int lost = LiveKeysLostOverAnOldHeapsLog(reuseTheOldEpoch: true);
+        Assert.SkipWhen(lost == 0, "inconclusive: the old heap's log freed no live block of the new one");
+    }
+
+    /// <summary>
+    /// The victims deleted and reclaimed, then another map's keys replaced until the log has turned six times; from the
+    /// second turn on, three turns each arm a power failure at the next 6 crash points (6 seeds each: the appends of
+    /// the new lap over the half's old batches). Returns the images refused, and how many deleted keys came back.
+    /// </summary>
+    private static List<string> ImagesAroundTurns(bool lapFencedWithNextBatch, out int images, out int back)
+    {
+        using var domain = new SimulatedPersistenceDomain(Capacity);
+        using (HeapFile file = HeapFile.Create(domain))
+        {
+            using BufferedDurableHeap heap = BufferedDurableHeap.Open(file, Options(HeapFaults.None));
+            SweepLog log = heap.Heap.SweepLogForTesting!;
+            log.LapFencedWithNextBatchForTesting = lapFencedWithNextBatch;
+            int armed = 0;
+            log.AfterTurnForTesting = () =>
+            {
+                if (log.Turns >= 2 && armed < 3)
+                {
+                    armed++;
+                    for (long p = domain.CrashPointCount; p < domain.CrashPointCount + 6; p++)
+                    {
+                        for (int seed = 0; seed < 6; seed++)
+                        {
+                            domain.ArmCrash(p, (int)(p * 8) + seed);
+                        }
+                    }
+                }
+            };
+
+            WriteThenDelete(heap, new PersistentHashMap<long, long>(heap, VictimType));
+            var churn = new PersistentHashMap<long, Fat>(heap, ChurnType);
+            for (int round = 0; round < 96 && log.Turns < 6; round++)
+            {
+                for (long k = 0; k < 1024; k++)
+                {
+                    Fat value = default;
+                    value[0] = k + round;
+                    churn.Set(k, value);
+                }
+
+                Reclaim(heap);
+            }
+
+            Assert.True(armed == 3, $"the log turned {log.Turns} times: too few to arm the crashes");
+        }
+
+        images = domain.CapturedCrashes.Count;
+        back = 0;
+        var refused = new List<string>();
+        foreach (SimulatedCrash crash in domain.CapturedCrashes)
+        {
+            try
+            {
+                back += VictimsIn(crash.Image, HeapFaults.None);
+            }
+            catch (HeapFileException e) when (e.Error == HeapFileError.Corrupt)
+            {
+                refused.Add($"point {crash.Point} seed {crash.Seed}: {e.Message}");
+            }
+        }
+
+        return refused;
+    }
+
+    /// <summary>
+    /// A heap's victims deleted and reclaimed (its log holding their old copies); a new heap created over the same
+    /// bytes (with <paramref name="reuseTheOldEpoch"/>, its log epoch set so that its first open takes the old heap's)
+    /// writes the same keys, makes them durable, and crashes. Returns how many of its keys recovery lost.
+    /// </summary>
+    private static int LiveKeysLostOverAnOldHeapsLog(bool reuseTheOldEpoch)
+    {
+        using var domain = new SimulatedPersistenceDomain(Capacity);
+        long oldEpoch;
+        using (HeapFile file = HeapFile.Create(domain))
+        {
+            using BufferedDurableHeap heap = BufferedDurableHeap.Open(file, Options(HeapFaults.None));
+            WriteThenDelete(heap, new PersistentHashMap<long, long>(heap, VictimType));
+            oldEpoch = file.SweepLogEpoch;
+        }
+
+        byte[] crashed;
+        using (HeapFile file = HeapFile.Create(domain))
+        {
+            if (reuseTheOldEpoch)
+            {
+                file.SweepLogEpoch = oldEpoch - 1;
+            }
+
+            using BufferedDurableHeap heap = BufferedDurableHeap.Open(file, Options(HeapFaults.None));
+            var map = new PersistentHashMap<long, long>(heap, VictimType);
+            for (long k = 0; k < 2 * Victims; k++)
+            {
+                map.Set(k, k * 3);
+            }
+
+            heap.AdvanceVersion(Wait);
+            heap.AdvanceVersion(Wait);
+            crashed = domain.Crash(seed: 1);
+        }
+
+        using var image = SimulatedPersistenceDomain.FromImage(crashed, Capacity);
+        using HeapFile reopened = HeapFile.Open(image);
+        using BufferedDurableHeap recovered = BufferedDurableHeap.Open(reopened, Options(HeapFaults.None));
+        var recoveredMap = new PersistentHashMap<long, long>(recovered, VictimType);
+        int lost = 0;
+        for (long k = 0; k < 2 * Victims; k++)
+        {
+            lost += recoveredMap.TryGetValue(k, out long value) && value == k * 3 ? 0 : 1;
+        }
+
+        return lost;
+    }
+
+    /// <summary>
+    /// Sixty-four keys written, made durable, deleted, and reclaimed (their old copies freed by sweeps, through the
+    /// log; the anti-payloads freed eagerly after that); then, with <paramref name="turnsWanted"/>, another map's keys
+    /// replaced until the log has turned that many times (their blocks of another size class, so the victims' blocks
+    /// stay free in their pool). Crash images of the heap, still open, are reopened with <paramref name="recoveryFaults"/>.
+    /// </summary>
+    /// <returns>How many deleted keys came back, over all the images.</returns>
+    private static int VictimsBackAfterACrash(HeapFaults recoveryFaults, int turnsWanted, out int images, out SweepLogCounters counters, bool retireWithoutWritingBack = false)
+    {
+        using var domain = new SimulatedPersistenceDomain(Capacity);
+        var crashes = new List<byte[]>();
+        using (HeapFile file = HeapFile.Create(domain))
+        {
+            using BufferedDurableHeap heap = BufferedDurableHeap.Open(file, Options(HeapFaults.None));
+            SweepLog log = heap.Heap.SweepLogForTesting!;
+            log.RetireWithoutWritingBackForTesting = retireWithoutWritingBack;
+            var victims = new PersistentHashMap<long, long>(heap, VictimType);
+            WriteThenDelete(heap, victims);
+            if (turnsWanted > 0)
+            {
+                var churn = new PersistentHashMap<long, Fat>(heap, ChurnType);
+                long turnsBefore = log.Turns;
+                for (int round = 0; round < 64 && log.Turns - turnsBefore < turnsWanted; round++)
+                {
+                    for (long k = 0; k < 1024; k++)
+                    {
+                        Fat value = default;
+                        value[0] = k + round;
+                        churn.Set(k, value);
+                    }
+
+                    Reclaim(heap);
+                }
+            }
+
+            counters = new SweepLogCounters(log.EntriesAppended, log.Turns, log.HeadersWrittenBack);
+            for (int seed = 0; seed < 10; seed++)
+            {
+                crashes.Add(domain.Crash(seed));
+            }
+        }
+
+        images = crashes.Count;
+        int back = 0;
+        foreach (byte[] image in crashes)
+        {
+            back += VictimsIn(image, recoveryFaults);
+        }
+
+        return back;
+    }
+
+    /// <summary>
+    /// The victims deleted and reclaimed, then a clean shutdown (through a domain that, like a private mapping, makes
+    /// durable only what was written back, so the victims' frees are durable in the log only); a fast reopen with
+    /// <paramref name="faults"/> and a crash right after it. Returns how many deleted keys came back.
+    /// </summary>
+    private static int VictimsBackAfterAFastReopenAndACrash(HeapFaults faults, out int images)
+    {
+        using var domain = new SimulatedPersistenceDomain(Capacity) { WritesBackByCopyForTesting = true };
+        using (HeapFile file = HeapFile.Create(domain))
+        {
+            using BufferedDurableHeap heap = BufferedDurableHeap.Open(file, Options(HeapFaults.None));
+            WriteThenDelete(heap, new PersistentHashMap<long, long>(heap, VictimType));
+        }
+
+        // The clean shutdown's durable image (seeds differ in what else of the working image reaches it).
+        images = 0;
+        int back = 0;
+        for (int seed = 0; seed < 10; seed++)
+        {
+            using var closed = SimulatedPersistenceDomain.FromImage(domain.Crash(seed), Capacity);
+            byte[] crashed;
+            using (HeapFile file = HeapFile.Open(closed))
+            {
+                using BufferedDurableHeap heap = BufferedDurableHeap.Open(file, Options(faults));
+                Assert.True(heap.Heap.OpenedFromSavedState, $"seed {seed}: the reopen rescanned (the scenario needs the saved state)");
+                Assert.True(heap.Heap.SweepLogForTesting!.Listed >= (faults == HeapFaults.None ? Victims : 0), "the reopen did not go on with the log");
+                crashed = closed.Crash(seed + 100);
+            }
+
+            back += VictimsIn(crashed, HeapFaults.None);
+            images++;
+        }
+
+        return back;
+    }
+
+    /// <summary>
+    /// Writes 2 × <see cref="Victims"/> keys, makes them durable, deletes the even ones (the victims) and reclaims: the
+    /// odd ones stay live in the same segments, so no segment is emptied and given back (which would void the victims'
+    /// old copies with the segment's generation, log or not).
+    /// </summary>
+    private static void WriteThenDelete(BufferedDurableHeap heap, PersistentHashMap<long, long> map)
+    {
+        for (long k = 0; k < 2 * Victims; k++)
+        {
+            map.Set(k, k * 3);
+        }
+
+        heap.AdvanceVersion(Wait);
+        heap.AdvanceVersion(Wait);
+        for (long k = 0; k < 2 * Victims; k += 2)
+        {
+            Assert.True(map.Remove(k));
+        }
+
+        Reclaim(heap);
+    }
+
+    /// <summary>Advances until what was retired is reclaimed, and sweeps every parked free.</summary>
+    private static void Reclaim(BufferedDurableHeap heap)
+    {
+        for (int i = 0; i < 4; i++)
+        {
+            heap.AdvanceVersion(Wait);
+        }
+
+        heap.Heap.FlushPendingFrees();
+        heap.AdvanceVersion(Wait);
+    }
+
+    /// <summary>Opens a crash image and counts the deleted keys it holds; every key not deleted must be there, with its value.</summary>
+    private static int VictimsIn(byte[] image, HeapFaults recoveryFaults)
+    {
+        using var domain = SimulatedPersistenceDomain.FromImage(image, Capacity);
+        using HeapFile file = HeapFile.Open(domain);
+        using BufferedDurableHeap heap = BufferedDurableHeap.Open(file, Options(recoveryFaults));
+        var map = new PersistentHashMap<long, long>(heap, VictimType);
+        int back = 0;
+        for (long k = 0; k < 2 * Victims; k++)
+        {
+            bool found = map.TryGetValue(k, out long value);
+            if (k % 2 == 0)
+            {
+                back += found ? 1 : 0;
+            }
+            else
+            {
+                Assert.True(found && value == k * 3, $"key {k}, never deleted, is {(found ? $"{value}" : "missing")} after the crash");
+            }
+        }
+
+        return back;
+    }
+
+    [Fact]
+    public void ReusesTornOverBlocksFreedInTheLog_AreFreedAtRecovery_NotReportedAsDamage()
+    {
+        List<string> damaged = DamagedImagesOfReusesOverLoggedFrees(HeapFaults.None, out int images);
+        Assert.True(images > 10, $"only {images} crash images");
+        Assert.Empty(damaged);
+    }
+
+    [Fact]
+    public void Control_RecoveryIgnoringTheLog_TakesReusesTornOverLoggedFreesForDamage()
+    {
+        List<string> damaged = DamagedImagesOfReusesOverLoggedFrees(HeapFaults.IgnoreSweepLogAtRecovery, out int images);
+        Assert.SkipWhen(damaged.Count == 0, $"inconclusive: none of {images} crash images of the broken control showed damage");
+    }
+
+    /// <summary>
+    /// 2,048 keys written, made durable, replaced, and reclaimed (their first copies swept: free in the log only, their
+    /// blocks in the pool); then 2,048 new keys, which take those blocks, with a power failure armed at every crash point
+    /// of the next advance (4 seeds each: each image lets any subset of the reuses' words reach the file). Reopens each
+    /// image with <paramref name="recoveryFaults"/>; returns one line per image refused as damaged.
+    /// </summary>
+    private static List<string> DamagedImagesOfReusesOverLoggedFrees(HeapFaults recoveryFaults, out int images)
+    {
+        const int Keys = 2048;
+        using var domain = new SimulatedPersistenceDomain(Capacity);
+        using (HeapFile file = HeapFile.Create(domain))
+        {
+            using BufferedDurableHeap heap = BufferedDurableHeap.Open(file, Options(HeapFaults.None));
+            var map = new PersistentHashMap<long, long>(heap, VictimType);
+            for (int round = 0; round < 2; round++)
+            {
+                for (long k = 0; k < Keys; k++)
+                {
+                    map.Set(k, k + round);
+                }
+
+                heap.AdvanceVersion(Wait);
+            }
+
+            Reclaim(heap);
+            Assert.True(heap.Heap.SweepLogForTesting!.EntriesAppended >= Keys, $"only {heap.Heap.SweepLogForTesting.EntriesAppended} entries logged");
+            for (long k = Keys; k < 2 * Keys; k++)
+            {
+                map.Set(k, k);
+            }
+
+            for (long p = domain.CrashPointCount; p < domain.CrashPointCount + 64; p++)
+            {
+                for (int seed = 0; seed < 4; seed++)
+                {
+                    domain.ArmCrash(p, (int)(p * 4) + seed);
+                }
+            }
+
+            heap.AdvanceVersion(Wait);
+            heap.AdvanceVersion(Wait);
+        }
+
+        images = domain.CapturedCrashes.Count;
+        var damaged = new List<string>();
+        foreach (SimulatedCrash crash in domain.CapturedCrashes)
+        {
+            try
+            {
+                using var image = SimulatedPersistenceDomain.FromImage(crash.Image, Capacity);
+                using HeapFile file = HeapFile.Open(image);
+                using BufferedDurableHeap heap = BufferedDurableHeap.Open(file, Options(recoveryFaults));
+            }
+            catch (HeapFileException e) when (e.Error == HeapFileError.Corrupt)
+            {
+                damaged.Add($"point {crash.Point} seed {crash.Seed}: {e.Message}");
+            }
+        }
+
+        return damaged;
+    }
+
+    /// <summary>A crash image whose log holds at least two batches in its first half; the log's file offset.</summary>
+    private static byte[] ImageWithTwoBatches(out long logStart)
+    {
+        using var domain = new SimulatedPersistenceDomain(Capacity);
+        using HeapFile file = HeapFile.Create(domain);
+        using BufferedDurableHeap heap = BufferedDurableHeap.Open(file, Options(HeapFaults.None));
+        var map = new PersistentHashMap<long, long>(heap, VictimType);
+        for (int round = 0; round < 3; round++)
+        {
+            for (long k = 0; k < Victims; k++)
+            {
+                map.Set(k, k + round);
+            }
+
+            Reclaim(heap);
+        }
+
+        SweepLog log = heap.Heap.SweepLogForTesting!;
+        Assert.True(log.EntriesAppended >= 2 * Victims && log.Turns == 0, $"{log.EntriesAppended} entries, {log.Turns} turns");
+        logStart = HeapLayout.SweepLogStart(file.MaxSegments);
+        return domain.Crash(seed: 0);
+    }
+
+    private static void AssertRefusedUnchanged(byte[] image, string what)
+    {
+        using var domain = SimulatedPersistenceDomain.FromImage(image, Capacity);
+        using (HeapFile file = HeapFile.Open(domain))
+        {
+            HeapFileException e = Assert.Throws<HeapFileException>(() => BufferedDurableHeap.Open(file, Options(HeapFaults.None)).Dispose());
+            Assert.Equal(HeapFileError.Corrupt, e.Error);
+            Assert.Contains(what, e.Message, StringComparison.Ordinal);
+        }
+
+        byte[] after = domain.Crash(seed: 0);
+        long dataStart = BitConverter.ToInt64(image, HeapLayout.DataStartOffset);
+        Assert.True(image.AsSpan((int)HeapLayout.SuperblockSize, (int)dataStart - HeapLayout.SuperblockSize).SequenceEqual(after.AsSpan((int)HeapLayout.SuperblockSize, (int)dataStart - HeapLayout.SuperblockSize)), "a refused recovery changed the table or the log");
+        Assert.True(image.AsSpan((int)dataStart).SequenceEqual(after.AsSpan((int)dataStart)), "a refused recovery changed a block");
+    }
+
+    private static BufferedDurableHeapOptions Options(HeapFaults faults) =>
+        new() { AdvancePeriod = Timeout.InfiniteTimeSpan, HeapFaults = faults };
+
+    private readonly record struct SweepLogCounters(long Entries, long Turns, long HeadersWrittenBack);
+}
