@@ -36,7 +36,7 @@ internal static class ComparisonCli
             }
         });
         var period = new Option<int?>("--period") { Description = "BufferedDurableHeapOptions.AdvancePeriod of the map's heap in milliseconds, 1 to 10000 (default 20); Sync latency and the lag are also reported in periods of it.", HelpName = "MS", CustomParser = r => ParseInt(r, "--period", 1, 10_000) };
-        var unsafeSweeps = new Option<bool>("--unsafe-sweeps-not-durable") { Description = "EXPERIMENT, not crash-safe: the map's heap hands swept blocks out without writing their frees back first (a crash can then leave a reuse that recovery reports as damage). Measures what making the frees durable before reuse costs the cycles: an upper bound for a cheaper scheme." };
+        var unsafeSweeps = new Option<bool>("--unsafe-sweeps-not-durable") { Description = "EXPERIMENT, not crash-safe: the map's heap hands swept blocks out without making their frees durable first (no sweep-log entry; a crash can then leave a reuse that recovery reports as damage). Measures what making the frees durable before reuse costs the cycles: an upper bound for a cheaper scheme." };
         var fenceOnly = new Option<bool>("--unsafe-sweeps-fence-only") { Description = "EXPERIMENT, not crash-safe: as --unsafe-sweeps-not-durable, but each sweep still fences, after handing its blocks out (the fences' cost to the cycles that a scheme making the frees durable in a few bytes would still pay)." };
         var dir = new Option<string?>("--dir") { Description = "Directory for the heap files (default: EPVS_BENCH_DIR or the temp directory).", HelpName = "DIR" };
         var root = new RootCommand(

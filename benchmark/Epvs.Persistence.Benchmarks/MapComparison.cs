@@ -60,7 +60,7 @@ internal static class MapComparison
         output.WriteLine($"# key range {s.KeyRange:N0} (all preloaded), long keys and values, {s.Duration.TotalMilliseconds:0} ms per cell, {s.Repetitions} interleaved repetitions (median), threads {string.Join(",", s.Threads)}, domain {s.Domain}, files in {s.Directory}{(s.Quick ? ", QUICK mode" : string.Empty)}");
         if (s.UnsafeSweepsNotDurable)
         {
-            output.WriteLine($"# EXPERIMENT {(s.UnsafeSweepsFenceOnly ? "--unsafe-sweeps-fence-only" : "--unsafe-sweeps-not-durable")}: the map's heap hands swept blocks out without writing their frees back first{(s.UnsafeSweepsFenceOnly ? " (each sweep still fences)" : string.Empty)}; NOT crash-safe, not the library's behaviour");
+            output.WriteLine($"# EXPERIMENT {(s.UnsafeSweepsFenceOnly ? "--unsafe-sweeps-fence-only" : "--unsafe-sweeps-not-durable")}: the map's heap hands swept blocks out without making their frees durable first{(s.UnsafeSweepsFenceOnly ? " (each sweep still fences)" : string.Empty)}; NOT crash-safe, not the library's behaviour");
         }
 
         // Every file of the run lives in a directory of its own, deleted on the way out and also when Ctrl-C, SIGTERM

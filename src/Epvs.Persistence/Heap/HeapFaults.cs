@@ -72,7 +72,7 @@ internal enum HeapFaults
     ReuseRawFreesAtOnce = 524288,
 
     /// <summary>
-    /// A sweep hands its blocks out with their frees in the working image only, neither written back nor fenced (a
+    /// A sweep hands its blocks out with their frees in the working image only, neither logged nor fenced (a
     /// reuse can reach the file over an old seal, which recovery reports as damage). Besides a broken control, the
     /// persistence benchmark's <c>--unsafe-sweeps-not-durable</c> experiment: what the cycles would gain if the frees
     /// cost no page writes before reuse (an upper bound for a cheaper scheme). Never crash-safe.

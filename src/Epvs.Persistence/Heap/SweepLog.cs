@@ -198,7 +198,7 @@ internal sealed unsafe class SweepLog
 
     /// <summary>
     /// Turns to the other half: writes back the headers of its listed blocks not sealed in a durable version, fences,
-    /// then gives it its new lap (written back; fenced with the next batch).
+    /// then gives it its new lap (written back and fenced on its own).
     /// </summary>
     private void Turn()
     {
