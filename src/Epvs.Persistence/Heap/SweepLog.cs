@@ -117,9 +117,6 @@ internal sealed unsafe class SweepLog
     /// <summary>Broken control: a turn retires the other half's entries without writing back the headers of the blocks they list.</summary>
     internal bool RetireWithoutWritingBackForTesting { get; set; }
 
-    /// <summary>The most entries one batch takes (a sweep with more appends several).</summary>
-    internal long MaxBatchEntries => ((_halfBytes / sizeof(ulong)) - 3) / 2;
-
     /// <summary>
     /// At creation: the halves' laps (1 and 0) of the log in [<paramref name="start"/>, <paramref name="end"/>) and its
     /// first epoch, drawn at random below 2^32, in the image <paramref name="p"/> the caller persists. The rest of the
