@@ -12,12 +12,13 @@ namespace Epvs.Persistence;
 // when the heap has no log — and only then hands the blocks out again, in address order.
 // Why. A version's frees fall on random pages of the heap. Writing each version's frees back as they happen costs
 // one cache-line flush or one dirty page (and, through the page cache, a write-protect fault) per free, every version;
-// swept densest segment first, each page is written once for all the frees it collected meanwhile, and the blocks
-// handed out next lie together, so a version's new payloads fill a few runs of pages instead of one page each.
+// swept densest segment first, the frees cost 16 bytes each in the sweep log (format 10; before it, each page was
+// written once for all the frees it collected), and the blocks handed out next lie together, so a version's new
+// payloads fill a few runs of pages instead of one page each.
 // Safety. A pending block keeps its durable image (its old, sealed payload) until the sweep makes its free durable,
 // and is never handed out before that (the invariant reclamation had before: a reuse never reaches the file over an
-// old seal that recovery would take for live, or a reuse torn over it for damage). Its replacement is durable already, so after a crash recovery finds both copies
-// of the uid and keeps the newer. An anti-payload may be freed only once every older copy of its uid is durably free:
+// old seal that recovery would take for live, or a reuse torn over it for damage). Its replacement is durable already,
+// so after a crash recovery finds both copies of the uid and keeps the newer. An anti-payload may be freed only once every older copy of its uid is durably free:
 // FlushPendingFrees (all of them) comes first.
 // Threads. The bitmaps and counters are guarded by _pendingGate. A sweep takes its blocks off the
 // bitmaps under it, then marks them, writes them back, fences and hands them out outside it (counted in
