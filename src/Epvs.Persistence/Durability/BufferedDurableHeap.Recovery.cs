@@ -205,6 +205,16 @@ public sealed unsafe partial class BufferedDurableHeap
 
     private void HandOver(IList<List<Candidate>> perThread, DurableRecoveryReport report)
     {
+        // Counted first: each type's list is allocated once at its size, not grown by doubling.
+        var counts = new Dictionary<int, int>();
+        foreach (List<Candidate> list in perThread)
+        {
+            foreach (Candidate c in list)
+            {
+                CollectionsMarshal.GetValueRefOrAddDefault(counts, c.TypeId, out _)++;
+            }
+        }
+
         long live = 0;
         foreach (List<Candidate> list in perThread)
         {
@@ -212,7 +222,7 @@ public sealed unsafe partial class BufferedDurableHeap
             {
                 if (!_recovered.TryGetValue(c.TypeId, out List<RecoveredPayload>? payloads))
                 {
-                    _recovered[c.TypeId] = payloads = new List<RecoveredPayload>();
+                    _recovered[c.TypeId] = payloads = new List<RecoveredPayload>(counts[c.TypeId]);
                 }
 
                 payloads.Add(new RecoveredPayload(new PayloadRef(c.Offset), new PayloadHeader(c.Uid, c.Tag, c.Kind, c.Size, c.TypeId)));
@@ -226,18 +236,14 @@ public sealed unsafe partial class BufferedDurableHeap
 
     private void Resolve(PersistentHeap heap, IList<List<Candidate>> perThread, int parallelism, DurableRecoveryReport report)
     {
-        int total = 0;
-        foreach (List<Candidate> list in perThread)
+        // The scanning threads' lists are read where they are (a concatenated copy cost a serial pass over every
+        // candidate): a candidate is named by its list and its index in it, Locate's packing.
+        var lists = new List<Candidate>[perThread.Count];
+        perThread.CopyTo(lists, 0);
+        long total = 0;
+        foreach (List<Candidate> list in lists)
         {
             total += list.Count;
-        }
-
-        var all = new Candidate[total];
-        int at = 0;
-        foreach (List<Candidate> list in perThread)
-        {
-            list.CopyTo(all, at);
-            at += list.Count;
         }
 
         report.ScannedPayloads = total + report.DroppedBeyondFrontier;
@@ -249,60 +255,62 @@ public sealed unsafe partial class BufferedDurableHeap
         var results = new PartitionResult[partitions];
         InterruptShield.RunToItsEnd(bodies => Parallel.For(0, partitions, new ParallelOptions { MaxDegreeOfParallelism = partitions }, bodies.Guard<int>(p =>
         {
-            var winners = new Dictionary<long, int>();
-            var result = new PartitionResult();
-            for (int i = 0; i < all.Length; i++)
+            // Sized for this partition's share of the uids (a uid's copies all go to one partition): grown from empty, it
+            // rehashed a heap's worth of entries several times over.
+            var result = new PartitionResult((int)Math.Min(int.MaxValue - 64, (total / partitions) + (total / (partitions * 16)) + 16));
+            Dictionary<long, long> winners = result.Winners;
+            for (int l = 0; l < lists.Length; l++)
             {
-                ref Candidate c = ref all[i];
-                if ((int)((ulong)c.Uid % (ulong)partitions) != p)
+                Span<Candidate> candidates = CollectionsMarshal.AsSpan(lists[l]);
+                for (int i = 0; i < candidates.Length; i++)
                 {
-                    continue;
-                }
+                    ref Candidate c = ref candidates[i];
+                    if ((int)((ulong)c.Uid % (ulong)partitions) != p)
+                    {
+                        continue;
+                    }
 
-                if (!winners.TryGetValue(c.Uid, out int best))
-                {
-                    winners[c.Uid] = i;
-                    continue;
-                }
+                    ref long best = ref CollectionsMarshal.GetValueRefOrAddDefault(winners, c.Uid, out bool seen);
+                    if (!seen)
+                    {
+                        best = Locator(l, i);
+                        continue;
+                    }
 
-                // Newest tag wins; at an equal tag an anti-payload wins (a payload deleted in the version that wrote it).
-                ref Candidate b = ref all[best];
-                if (c.TypeId != b.TypeId && result.TypeConflict is null)
-                {
-                    // A copy and an anti-payload keep the type id of the payload they replace or delete: no crash leaves
-                    // one uid under two type ids. A block from another heap file (whose uids also count from 1) or a
-                    // forged header: freeing the loser as superseded would destroy a healthy payload of another
-                    // structure without a word.
-                    result.TypeConflict = (b.Offset, b.TypeId, c.Offset, c.TypeId, c.Uid);
-                }
+                    // Newest tag wins; at an equal tag an anti-payload wins (a payload deleted in the version that wrote it).
+                    ref Candidate b = ref Locate(lists, best);
+                    if (c.TypeId != b.TypeId && result.TypeConflict is null)
+                    {
+                        // A copy and an anti-payload keep the type id of the payload they replace or delete: no crash leaves
+                        // one uid under two type ids. A block from another heap file (whose uids also count from 1) or a
+                        // forged header: freeing the loser as superseded would destroy a healthy payload of another
+                        // structure without a word.
+                        result.TypeConflict = (b.Offset, b.TypeId, c.Offset, c.TypeId, c.Uid);
+                    }
 
-                bool newer = c.Tag > b.Tag || (c.Tag == b.Tag && c.Kind == PayloadKind.Delete && b.Kind != PayloadKind.Delete);
-                int loser = newer ? best : i;
-                if (newer)
-                {
-                    winners[c.Uid] = i;
+                    bool newer = c.Tag > b.Tag || (c.Tag == b.Tag && c.Kind == PayloadKind.Delete && b.Kind != PayloadKind.Delete);
+                    ref Candidate loser = ref newer ? ref b : ref c;
+                    result.Superseded++;
+                    (loser.Kind == PayloadKind.Delete ? result.FreeSecond : result.FreeFirst).Add(loser.Offset);
+                    if (newer)
+                    {
+                        best = Locator(l, i);
+                    }
                 }
-
-                result.Superseded++;
-                (all[loser].Kind == PayloadKind.Delete ? result.FreeSecond : result.FreeFirst).Add(all[loser].Offset);
             }
 
-            foreach (int index in winners.Values)
+            foreach (long at in winners.Values)
             {
-                ref Candidate w = ref all[index];
+                ref Candidate w = ref Locate(lists, at);
                 if (w.Kind == PayloadKind.Delete)
                 {
                     result.Cancelled++;
                     result.FreeSecond.Add(w.Offset);
-                    continue;
                 }
-
-                if (!result.Live.TryGetValue(w.TypeId, out List<RecoveredPayload>? list))
+                else
                 {
-                    result.Live[w.TypeId] = list = new List<RecoveredPayload>();
+                    CollectionsMarshal.GetValueRefOrAddDefault(result.LiveByType, w.TypeId, out _)++;
                 }
-
-                list.Add(new RecoveredPayload(new PayloadRef(w.Offset), new PayloadHeader(w.Uid, w.Tag, w.Kind, w.Size, w.TypeId)));
             }
 
             results[p] = result;
@@ -331,24 +339,51 @@ public sealed unsafe partial class BufferedDurableHeap
             heap.ReleaseExitedThreadCaches();
         }
 
+        // The live payloads: one list per type id, sized once, into which each partition writes its winners at its own
+        // place, in parallel (partition lists merged afterwards cost a serial copy of every payload).
         long live = 0;
+        var totals = new Dictionary<int, int>();
         foreach (PartitionResult result in results)
         {
             report.Superseded += result.Superseded;
             report.Cancelled += result.Cancelled;
-            foreach ((int typeId, List<RecoveredPayload> list) in result.Live)
+            foreach ((int typeId, int count) in result.LiveByType)
             {
-                live += list.Count;
-                if (_recovered.TryGetValue(typeId, out List<RecoveredPayload>? existing))
-                {
-                    existing.AddRange(list);
-                }
-                else
-                {
-                    _recovered[typeId] = list;
-                }
+                CollectionsMarshal.GetValueRefOrAddDefault(totals, typeId, out _) += count;
             }
         }
+
+        foreach ((int typeId, int count) in totals)
+        {
+            _recovered[typeId] = new List<RecoveredPayload>(count);
+        }
+
+        var starts = new Dictionary<int, int>[partitions];
+        for (int p = 0; p < partitions; p++)
+        {
+            starts[p] = new Dictionary<int, int>();
+            foreach ((int typeId, int count) in results[p].LiveByType)
+            {
+                List<RecoveredPayload> payloads = _recovered[typeId];
+                starts[p][typeId] = payloads.Count;
+                CollectionsMarshal.SetCount(payloads, payloads.Count + count);
+                live += count;
+            }
+        }
+
+        InterruptShield.RunToItsEnd(bodies => Parallel.For(0, partitions, new ParallelOptions { MaxDegreeOfParallelism = partitions }, bodies.Guard<int>(p =>
+        {
+            Dictionary<int, int> next = starts[p];
+            foreach (long at in results[p].Winners.Values)
+            {
+                ref Candidate w = ref Locate(lists, at);
+                if (w.Kind != PayloadKind.Delete)
+                {
+                    ref int slot = ref CollectionsMarshal.GetValueRefOrNullRef(next, w.TypeId);
+                    CollectionsMarshal.AsSpan(_recovered[w.TypeId])[slot++] = new RecoveredPayload(new PayloadRef(w.Offset), new PayloadHeader(w.Uid, w.Tag, w.Kind, w.Size, w.TypeId));
+                }
+            }
+        })), partitions);
 
         report.Live = live;
     }
@@ -427,13 +462,25 @@ public sealed unsafe partial class BufferedDurableHeap
         internal int Size { get; }
     }
 
+    /// <summary>A candidate's place in the scanning threads' lists: the list in the high half, the index in the low.</summary>
+    private static long Locator(int list, int index) => ((long)list << 32) | (uint)index;
+
+    private static ref Candidate Locate(List<Candidate>[] lists, long locator) =>
+        ref CollectionsMarshal.AsSpan(lists[(int)(locator >> 32)])[(int)locator];
+
     private sealed class PartitionResult
     {
+        internal PartitionResult(int capacity) => Winners = new Dictionary<long, long>(capacity);
+
+        /// <summary>Each uid's winning candidate (see <see cref="Locator"/>), in the order the uids were first seen.</summary>
+        internal Dictionary<long, long> Winners { get; }
+
         internal List<long> FreeFirst { get; } = new();
 
         internal List<long> FreeSecond { get; } = new();
 
-        internal Dictionary<int, List<RecoveredPayload>> Live { get; } = new();
+        /// <summary>The winners that are payloads (not anti-payloads), counted per type id.</summary>
+        internal Dictionary<int, int> LiveByType { get; } = new();
 
         internal long Superseded;
 

@@ -231,6 +231,17 @@ internal sealed unsafe class DurableMapCore<TKey>
 
     private void Rebuild(IReadOnlyList<RecoveredPayload> payloads, int parallelism)
     {
+        // Each shard sized for its share of the keys, with room for the spread: grown from empty, the shards rehashed
+        // every key several times over during the rebuild.
+        int perShard = payloads.Count / _shards.Length;
+        if (perShard > 0)
+        {
+            foreach (Shard shard in _shards)
+            {
+                shard.Map.EnsureCapacity(perShard + (perShard / 8) + 16);
+            }
+        }
+
         StructureRecovery.Rebuild(payloads, parallelism, size => size >= KeySize, $"byte map with type id {_typeId & (StructureKind.TypeIdLimit - 1)}", $"at least {KeySize} bytes (a {typeof(TKey).Name} key)", payload =>
         {
             TKey key = MemoryMarshal.Read<TKey>(_heap.PayloadUnchecked(payload.Block.Offset));
