@@ -353,6 +353,8 @@ public sealed unsafe partial class BufferedDurableHeap
             }
         }
 
+        // Filled once per heap, by this or HandOver (the constructor's recovery): nothing to append to.
+        Debug.Assert(_recovered.Count == 0, "the recovered payloads are handed over once");
         foreach ((int typeId, int count) in totals)
         {
             _recovered[typeId] = new List<RecoveredPayload>(count);
