@@ -178,17 +178,20 @@ internal static class MapComparison
         // The process's CPU time per second of a cell: the workers plus the heaps' own threads (the map's advancer writes
         // its blocks back, seals and reclaims them; its stocker formats and sweeps for the pools). Where the workers cannot
         // use every core, this shows who does. The workers' own CPU time is read per thread (Linux: schedstat), so the
-        // last column is each cell's throughput per core its workers ran on.
+        // last column but one is each cell's throughput per core its workers ran on. The last is the process's CPU time per
+        // operation: with every core busy, a map's ratio to ConcurrentDictionary cannot exceed the inverse ratio of theirs,
+        // so a ratio of 0.5 needs at most twice ConcurrentDictionary's CPU per upsert.
         output.WriteLine();
-        output.WriteLine("| upsert cell | threads | process CPU during the cell (cores, median of repetitions) | worker threads (cores) | other threads (cores) | Mops/s per worker core |");
-        output.WriteLine("|---|---:|---:|---:|---:|---:|");
+        output.WriteLine("| upsert cell | threads | process CPU during the cell (cores, median of repetitions) | worker threads (cores) | other threads (cores) | Mops/s per worker core | process CPU per operation (ns, median of repetitions) |");
+        output.WriteLine("|---|---:|---:|---:|---:|---:|---:|");
         foreach (string cell in new[] { "ConcurrentDictionary upsert", "PersistentHashMap upsert", "PersistentHashMap upsert, transient heap", BatchBaselineCell, BatchCell })
         {
             foreach (int threads in s.Threads)
             {
                 double process = Median(cores[(cell, threads)]);
                 double workers = Median(workerCores[(cell, threads)]);
-                output.WriteLine(FormattableString.Invariant($"| {cell} | {threads} | {process:0.00} | {Cell(workers)} | {Cell(process - workers)} | {Cell(Median(perWorkerCore[(cell, threads)]))} |"));
+                double perOperation = Median(cores[(cell, threads)].Zip(results[(cell, threads)], (used, mops) => mops > 0 ? used * 1000 / mops : double.NaN).ToList());
+                output.WriteLine(FormattableString.Invariant($"| {cell} | {threads} | {process:0.00} | {Cell(workers)} | {Cell(process - workers)} | {Cell(Median(perWorkerCore[(cell, threads)]))} | {perOperation:0} |"));
             }
         }
 
