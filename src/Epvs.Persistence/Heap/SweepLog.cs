@@ -1,5 +1,6 @@
 using System;
 using System.Collections.Generic;
+using System.Runtime.InteropServices;
 using System.Threading;
 
 namespace Epvs.Persistence;
@@ -64,6 +65,9 @@ internal sealed unsafe class SweepLog
 
     /// <summary>Per half, the blocks its valid batches list (under <see cref="_gate"/>).</summary>
     private readonly List<long>[] _listed = [new List<long>(), new List<long>()];
+
+    /// <summary>The sort's buffer at a turn (under <see cref="_gate"/>; as large as a half's list once one turned).</summary>
+    private long[] _sortScratch = [];
 
     private int _half;
     private long _lap;
@@ -204,7 +208,9 @@ internal sealed unsafe class SweepLog
         var runs = new WriteBackRuns(_domain);
         if (!RetireWithoutWritingBackForTesting)
         {
-            listed.Sort();
+            // One ascending run per batch (a sweep hands its blocks out in address order): sorted by merging the runs, or
+            // by a radix sort when there are many, not by a comparison sort.
+            AscendingRuns.Sort(CollectionsMarshal.AsSpan(listed), ref _sortScratch);
             WriteBackUnsealed(listed, _file.DurableFrontier, ref runs);
             runs.Flush();
         }

@@ -1,5 +1,7 @@
 using System;
+using System.Collections.Generic;
 using System.Linq;
+using System.Runtime.InteropServices;
 using Xunit;
 
 namespace Epvs.Persistence.Tests;
@@ -60,6 +62,26 @@ public sealed class AscendingRunsTests
         Assert.Equal(AscendingRuns.MaxRunsToMerge + 1, AscendingRuns.Sort(items, count, ref scratch));
         Assert.Equal(expected, items.Take(count));
         Assert.Equal(-7L, items[count]);
+    }
+
+    [Theory]
+    [InlineData(3_000, 40)]
+    [InlineData(30_000, 900)]
+    public void Sort_TheListOfASweepLogHalf_OrdersItInPlace(int count, int runs)
+    {
+        // The sweep log's turn sorts the span of its list of a half's blocks (a run per appended batch): the items
+        // outside the span (the list's spare capacity) stay as they were, and the scratch grows from empty.
+        var random = new Random(count + runs);
+        var listed = new List<long>(count + 16);
+        listed.AddRange(Runs(random, count, runs));
+        long[] expected = listed.ToArray();
+        Array.Sort(expected);
+        long[] scratch = [];
+        int found = AscendingRuns.Sort(CollectionsMarshal.AsSpan(listed), ref scratch);
+        Assert.Equal(expected, listed);
+        Assert.True(scratch.Length >= count, $"scratch of {scratch.Length} for {count} items");
+        // (A run that starts above the end of the one before continues it: at most as many runs as stretches.)
+        Assert.InRange(found, 2, Math.Min(runs, AscendingRuns.MaxRunsToMerge + 1));
     }
 
     /// <summary><paramref name="count"/> offsets (with duplicates) in <paramref name="runs"/> ascending stretches starting at random places.</summary>
