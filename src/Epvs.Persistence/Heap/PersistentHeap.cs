@@ -391,8 +391,6 @@ public sealed unsafe partial class PersistentHeap : IDisposable
 
             SetAside(offset);
         }
-
-        PrefetchNextBlock(cache, cls);
         WriteHeader(offset, uid, epochTag, HeapLayout.Shape(size, typeId), kind);
         cache.LiveBlocks++;
         cache.LiveBytes += SizeClasses.BlockSizes[cls];
@@ -694,25 +692,6 @@ public sealed unsafe partial class PersistentHeap : IDisposable
 
     /// <summary>How many blocks ahead a pass over many blocks prefetches: enough for several misses to overlap.</summary>
     private const int PrefetchDistance = 8;
-
-    /// <summary>
-    /// Loads the lines of the block the thread's next allocation of class <paramref name="cls"/> takes (if its cache
-    /// holds one), a whole operation ahead: a block comes from a pool stocked periods earlier, so its lines are no longer
-    /// in this core's cache, and the miss of the header's and payload's stores would otherwise be waited for at the next
-    /// full fence (the next operation's entry, or the index slot's lock). A hint only: it never faults.
-    /// </summary>
-    [MethodImpl(MethodImplOptions.AggressiveInlining)]
-    private void PrefetchNextBlock(ThreadCache cache, int cls)
-    {
-        int left = cache.Counts[cls];
-        if (left != 0)
-        {
-            byte* next = _base + cache.Blocks[cls][left - 1];
-            Prefetch(next);
-            // A block that is not line-aligned (the 48-byte class) may end on the next line.
-            Prefetch(next + SizeClasses.BlockSizes[cls] - 1);
-        }
-    }
 
     /// <summary>A hint to bring the line at <paramref name="address"/> into the cache (x86; nothing elsewhere). Never faults.</summary>
     [MethodImpl(MethodImplOptions.AggressiveInlining)]
