@@ -386,6 +386,9 @@ public sealed class SweepLogTests
         using var domain = SimulatedPersistenceDomain.FromImage(image, Capacity);
         using HeapFile file = HeapFile.Open(domain);
         using BufferedDurableHeap heap = BufferedDurableHeap.Open(file, Options(recoveryFaults));
+
+        // Nothing reopens this copy: a clean shutdown would persist the whole heap into it for nothing.
+        file.ForgoCleanShutdown();
         var map = new PersistentHashMap<long, long>(heap, VictimType);
         int back = 0;
         for (long k = 0; k < 2 * Victims; k++)
@@ -471,6 +474,9 @@ public sealed class SweepLogTests
                 using var image = SimulatedPersistenceDomain.FromImage(crash.Image, Capacity);
                 using HeapFile file = HeapFile.Open(image);
                 using BufferedDurableHeap heap = BufferedDurableHeap.Open(file, Options(recoveryFaults));
+
+                // Nothing reopens this copy: a clean shutdown would persist the whole heap into it for nothing.
+                file.ForgoCleanShutdown();
             }
             catch (HeapFileException e) when (e.Error == HeapFileError.Corrupt)
             {
