@@ -30,7 +30,7 @@ namespace Epvs.Persistence;
 /// and must not span an <c>await</c>. A thread that stays inside an operation holds back every version transition,
 /// hence durability: <see cref="Sync(TimeSpan)"/> then times out and names it.</para>
 /// </remarks>
-public sealed unsafe partial class BufferedDurableHeap : IDisposable
+public sealed unsafe partial class BufferedDurableHeap : IDisposable, IAsyncDisposable
 {
     private readonly PersistentHeap _heap;
     private readonly PersistenceDomain _domain;
@@ -503,26 +503,7 @@ public sealed unsafe partial class BufferedDurableHeap : IDisposable
     /// <exception cref="ThreadInterruptedException">The call waited for another Dispose and was interrupted.</exception>
     public void Dispose()
     {
-        if (Monitor.IsEntered(_cycleGate))
-        {
-            // A callback raised inside a cycle on this thread (a VersionScheme.StateMachineFaulted handler on the
-            // advancer's thread, say): Dispose would wait for the cycle it is called from (the advancer's join timed out
-            // after 30 s, then the heap closed under the cycle still running). Refused before anything changes.
-            ThrowDisposeInsideCycle();
-        }
-
-        // From a deferred action of the heap's epoch: its last advance could wait for a transition pending behind that
-        // action in the same drain. Refused before anything changes.
-        ThrowIfDraining(nameof(Dispose));
-
-        // Inside a call of the heap file on this thread (a ForEachAllocated visitor of Heap, say): refused before
-        // anything changes (see HeapFile.ThrowIfDisposeInsideACall).
-        _heap.File.ThrowIfDisposeInsideACall();
-
-        // Inside an operation of another heap: the last advance waits for this heap's version, which a thread inside an
-        // operation of this heap disposing that one (or syncing it) holds back for ever, as it holds this one's. Refused
-        // before anything changes, as Sync is there. (Inside an operation of this heap, Dispose closes it: see above.)
-        RefuseDisposeInsideAnotherHeapsOperation();
+        RefuseDisposeOnThisThread();
 
         // Interlocked.Exchange: full fence; exactly one caller disposes.
         if (Interlocked.Exchange(ref _disposed, 1) != 0)
@@ -559,6 +540,48 @@ public sealed unsafe partial class BufferedDurableHeap : IDisposable
         {
             _disposal.Complete();
         }
+    }
+
+    /// <summary>
+    /// <see cref="Dispose"/> without blocking the caller: the refusals that depend on the calling thread (inside a cycle,
+    /// a deferred action of the heap's epoch, a call of the heap's file, or an operation of another heap) are made here,
+    /// on the caller's thread, and the rest of Dispose — its waits for the operations in flight (up to
+    /// <see cref="BufferedDurableHeapOptions.SyncTimeout"/>), for the last advance's write-back and fence, and for the
+    /// background threads — runs on a thread-pool thread. Called inside an operation of this heap, or from a callback inside
+    /// a Dispose of it, Dispose runs on the calling thread, as <see cref="Dispose"/> does there (it cannot wait for what the
+    /// caller holds).
+    /// </summary>
+    /// <returns>A task that completes once the heap is closed, or faults with what <see cref="Dispose"/> throws (a refusal
+    /// included: nothing is disposed then).</returns>
+    public ValueTask DisposeAsync() =>
+        AsyncDisposal.Run(RefuseDisposeOnThisThread, () => DisposeAsyncOnTheCallerForTesting || _disposal.OnTheDisposingThread || _scheme.Epoch.ThisInstanceProtected(), Dispose);
+
+    /// <summary>Broken control for tests: <see cref="DisposeAsync"/> runs all of Dispose on the caller's thread, which then waits as Dispose does.</summary>
+    internal bool DisposeAsyncOnTheCallerForTesting { get; set; }
+
+    /// <summary>The refusals of <see cref="Dispose"/> that depend on the calling thread, made before anything changes.</summary>
+    private void RefuseDisposeOnThisThread()
+    {
+        if (Monitor.IsEntered(_cycleGate))
+        {
+            // A callback raised inside a cycle on this thread (a VersionScheme.StateMachineFaulted handler on the
+            // advancer's thread, say): Dispose would wait for the cycle it is called from (the advancer's join timed out
+            // after 30 s, then the heap closed under the cycle still running). Refused before anything changes.
+            ThrowDisposeInsideCycle();
+        }
+
+        // From a deferred action of the heap's epoch: its last advance could wait for a transition pending behind that
+        // action in the same drain. Refused before anything changes.
+        ThrowIfDraining(nameof(Dispose));
+
+        // Inside a call of the heap file on this thread (a ForEachAllocated visitor of Heap, say): refused before
+        // anything changes (see HeapFile.ThrowIfDisposeInsideACall).
+        _heap.File.ThrowIfDisposeInsideACall();
+
+        // Inside an operation of another heap: the last advance waits for this heap's version, which a thread inside an
+        // operation of this heap disposing that one (or syncing it) holds back for ever, as it holds this one's. Refused
+        // before anything changes, as Sync is there. (Inside an operation of this heap, Dispose closes it: see above.)
+        RefuseDisposeInsideAnotherHeapsOperation();
     }
 
     /// <summary>The test hooks of the Dispose that waits for another one.</summary>

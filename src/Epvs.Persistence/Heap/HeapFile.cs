@@ -21,7 +21,7 @@ namespace Epvs.Persistence;
 /// whole heap, except through a private mapping: see <see cref="MappedFileWriteBack.PrivateMapping"/>) and sets it
 /// again, so <see cref="WasCleanShutdown"/> tells the next opener whether the previous one crashed.</para>
 /// </remarks>
-public sealed unsafe partial class HeapFile : IDisposable
+public sealed unsafe partial class HeapFile : IDisposable, IAsyncDisposable
 {
     /// <summary>The number of root words in the superblock.</summary>
     public const int RootSlotCount = HeapLayout.RootSlotCount;
@@ -684,6 +684,17 @@ public sealed unsafe partial class HeapFile : IDisposable
 
         Dispose(operationsDrained: drained);
     }
+
+    /// <summary>
+    /// <see cref="Dispose()"/> without blocking the caller: the refusal that depends on the calling thread (inside a call of
+    /// this file) is made here, on the caller's thread, and the rest of Dispose — its wait (up to 30 s) for the calls in
+    /// flight, the write-back and the fence of the whole heap — runs on a thread-pool thread. Called from a callback inside
+    /// a Dispose of this file, Dispose runs on the calling thread, as <see cref="Dispose()"/> does there.
+    /// </summary>
+    /// <returns>A task that completes once the file is closed, or faults with what <see cref="Dispose()"/> throws (a refusal
+    /// included: nothing is disposed then).</returns>
+    public ValueTask DisposeAsync() =>
+        AsyncDisposal.Run(ThrowIfDisposeInsideACall, () => _disposal.OnTheDisposingThread, Dispose);
 
     /// <summary>
     /// Attaches <paramref name="heap"/>: a file holds one heap at a time (two would hand out the same blocks), and its

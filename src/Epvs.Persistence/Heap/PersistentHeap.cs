@@ -4,6 +4,7 @@ using System.Runtime.CompilerServices;
 using System.Runtime.InteropServices;
 using System.Runtime.Intrinsics.X86;
 using System.Threading;
+using System.Threading.Tasks;
 
 namespace Epvs.Persistence;
 
@@ -34,7 +35,7 @@ namespace Epvs.Persistence;
 /// of a thread that has exited go back to the shared pools when a buffered heap's advancer runs, or when the heap has
 /// no free segment left.</para>
 /// </remarks>
-public sealed unsafe partial class PersistentHeap : IDisposable
+public sealed unsafe partial class PersistentHeap : IDisposable, IAsyncDisposable
 {
     private const int BatchSize = 32;
     private const int CacheCapacity = 2 * BatchSize;
@@ -969,6 +970,39 @@ public sealed unsafe partial class PersistentHeap : IDisposable
     /// <exception cref="ThreadInterruptedException">The call waited for another Dispose and was interrupted.</exception>
     public void Dispose()
     {
+        RefuseDisposeOnThisThread();
+        Dispose(operationsDrained: true);
+    }
+
+    /// <summary>
+    /// <see cref="Dispose()"/> without blocking the caller: the refusals are made here, on the caller's thread (one of them
+    /// depends on it: inside a call of this heap), and the rest of Dispose — with a heap that opened its file, the file's
+    /// wait (up to 30 s) for the calls in flight, its write-back and fence — runs on a thread-pool thread. Called from a
+    /// callback inside a Dispose of this heap, Dispose runs on the calling thread, as <see cref="Dispose()"/> does there.
+    /// </summary>
+    /// <returns>A task that completes once the heap is closed, or faults with what <see cref="Dispose()"/> throws (a refusal
+    /// included: nothing is disposed then).</returns>
+    public ValueTask DisposeAsync() =>
+        AsyncDisposal.Run(RefuseDisposeAsyncOnThisThread, () => DisposeAsyncOnTheCallerForTesting || _disposal.OnTheDisposingThread, Dispose);
+
+    private void RefuseDisposeAsyncOnThisThread()
+    {
+        // (The broken control leaves the refusals to the pool's thread.)
+        if (!DisposeAsyncRefusesOnThePoolForTesting)
+        {
+            RefuseDisposeOnThisThread();
+        }
+    }
+
+    /// <summary>Broken control for tests: <see cref="DisposeAsync"/> runs all of Dispose on the caller's thread, which then waits as Dispose does.</summary>
+    internal bool DisposeAsyncOnTheCallerForTesting { get; set; }
+
+    /// <summary>Broken control for tests: <see cref="DisposeAsync"/> leaves its refusals to the pool's thread, which is inside none of the caller's calls.</summary>
+    internal bool DisposeAsyncRefusesOnThePoolForTesting { get; set; }
+
+    /// <summary>The refusals of <see cref="Dispose()"/>, made before anything changes.</summary>
+    private void RefuseDisposeOnThisThread()
+    {
         // Volatile.Read: a fresh look (a second call after the owner disposed this one does nothing, as documented).
         if (_ownerKind == HeapLayout.KindBufferedDurable && Volatile.Read(ref _disposed) == 0)
         {
@@ -976,7 +1010,6 @@ public sealed unsafe partial class PersistentHeap : IDisposable
         }
 
         _file.ThrowIfDisposeInsideACall();
-        Dispose(operationsDrained: true);
     }
 
     internal void Dispose(bool operationsDrained) => Dispose(operationsDrained, fileClosesNext: _ownsFile);

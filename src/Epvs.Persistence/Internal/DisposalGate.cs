@@ -35,6 +35,9 @@ internal sealed class DisposalGate
     /// <summary>Whether the disposal is complete (acquire: what it did is visible to the caller).</summary>
     internal bool IsCompleted => Volatile.Read(ref _completed) != 0;
 
+    /// <summary>Whether the calling thread runs the Dispose that began and has not completed (a callback inside it): a Dispose there cannot wait for it.</summary>
+    internal bool OnTheDisposingThread => !IsCompleted && Volatile.Read(ref _owner) == Environment.CurrentManagedThreadId;
+
     /// <summary>Called by the first Dispose, on its thread, right after its exchange of the disposed flag.</summary>
     internal void Begin()
     {
