@@ -35,9 +35,6 @@ internal enum HeapFaults
     /// <summary>Formatting a segment (the advancer stocking a pool, or an allocating thread) does not make its zeroing durable before its descriptor (a reused segment's old headers survive under the new generation).</summary>
     StockWithoutDurableZeroing = 128,
 
-    /// <summary>An allocation that finds no block ready, no free segment and nothing parked reports the heap full at once, without waiting for a sweep in flight on another thread (whose blocks are neither parked nor in a pool yet).</summary>
-    ReportFullDuringSweep = 256,
-
     /// <summary>Recovery takes a torn allocation (a header whose check fails) as free without making the free durable, so a later allocation at that offset can complete the old header.</summary>
     LeaveTornHeaders = 512,
 

@@ -1237,12 +1237,8 @@ public sealed unsafe partial class PersistentHeap : IDisposable, IAsyncDisposabl
         // No block ready and no segment left: make every deferred free durable and look once more (the advancer's
         // sweep normally keeps the pools stocked, so this is the heap-almost-full path). Even with nothing pending: the
         // flush waits for a sweep in flight on another thread, whose blocks are neither pending nor in a pool until it
-        // hands them out (without the wait, this thread would report the heap full while they are; the broken control).
-        if ((_faults & HeapFaults.ReportFullDuringSweep) != 0 && PendingFreeBlocks == 0)
-        {
-            return false;
-        }
-
+        // hands them out (without the wait, this thread would report the heap full while they are; the broken control,
+        // HeapFaults.FlushWithoutWaitingForSweepsInFlight: the growth's flush above, when it gives pooled segments back, waits the same way).
         FlushPendingFrees();
         return TryTakeBatch(cache, cls) || (antiPayload && TryTakeReserveBlock(cache));
     }
