@@ -100,7 +100,7 @@ internal sealed class DisposalGate
         }
 
         // The owner writes its id right after winning the exchange, on its own thread: a call on that thread sees it.
-        if (Volatile.Read(ref _owner) == Environment.CurrentManagedThreadId)
+        if (OnTheDisposingThread)
         {
             ThrowHelper.ThrowInvalidOperation($"{typeName}.Dispose was called on the thread whose Dispose of the same object is still running (from a callback inside it): that Dispose cannot complete before this call returns, so this call cannot wait for it. It completes regardless; dispose the object once, outside its own callbacks.");
         }

@@ -156,19 +156,7 @@ public sealed class AsyncDisposeTests
         parked.Start();
         inside.Wait();
 
-        ValueTask disposal = heap.DisposeAsync();
-        bool returnedAtOnce = !disposal.IsCompleted;
-        release.Set();
-        Assert.True(parked.Join(TimeSpan.FromSeconds(60)), "the parked thread did not end its operation");
-        Exception? outcome = null;
-        try
-        {
-            await disposal;
-        }
-        catch (Exception e)
-        {
-            outcome = e;
-        }
+        (bool returnedAtOnce, Exception? outcome) = await DisposeThenRelease(heap.DisposeAsync, release, parked);
 
         bool closed;
         try
@@ -218,19 +206,7 @@ public sealed class AsyncDisposeTests
         {
             visiting.Start();
             inside.Wait();
-            ValueTask disposal = heap.DisposeAsync();
-            bool returnedAtOnce = !disposal.IsCompleted;
-            release.Set();
-            Assert.True(visiting.Join(TimeSpan.FromSeconds(60)), "the visiting thread did not return");
-            Exception? outcome = null;
-            try
-            {
-                await disposal;
-            }
-            catch (Exception e)
-            {
-                outcome = e;
-            }
+            (bool returnedAtOnce, Exception? outcome) = await DisposeThenRelease(heap.DisposeAsync, release, visiting);
 
             Assert.Throws<ObjectDisposedException>(() => heap.Allocate(100, typeId: 1));
             return (returnedAtOnce, outcome);
@@ -238,6 +214,27 @@ public sealed class AsyncDisposeTests
         finally
         {
             HeapFile.DisposeWait = TimeSpan.FromSeconds(30);
+        }
+    }
+
+    /// <summary>
+    /// Calls <paramref name="disposeAsync"/> while <paramref name="holder"/> is parked inside the heap, and only then
+    /// releases it. Returns whether the call returned before the release, and what its task ended with.
+    /// </summary>
+    private static async Task<(bool ReturnedAtOnce, Exception? Outcome)> DisposeThenRelease(Func<ValueTask> disposeAsync, ManualResetEventSlim release, Thread holder)
+    {
+        ValueTask disposal = disposeAsync();
+        bool returnedAtOnce = !disposal.IsCompleted;
+        release.Set();
+        Assert.True(holder.Join(TimeSpan.FromSeconds(60)), "the thread inside the heap did not leave it");
+        try
+        {
+            await disposal;
+            return (returnedAtOnce, null);
+        }
+        catch (Exception e)
+        {
+            return (returnedAtOnce, e);
         }
     }
 
