@@ -66,7 +66,9 @@ public sealed unsafe partial class LightEpoch
 
     /// <summary>
     /// Test-only: a waiting drain runs only what its waiter waits for from the inline depth limit on (a first version of
-    /// the bound), so the test of a wait that depends on another pending action can show that it catches the hang.
+    /// the bound), so the test of a wait that depends on another pending action can show that it catches the hang. Alone it
+    /// hangs nothing any more: the wait also runs the drains left to the outermost one, so that control sets
+    /// <see cref="WaitIgnoresDrainsLeftToTheOutermostForTesting"/> too.
     /// </summary>
     internal static bool WaitingDrainFiltersAtInlineLimitForTesting;
 
