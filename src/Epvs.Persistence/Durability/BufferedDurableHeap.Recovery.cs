@@ -130,6 +130,7 @@ public sealed unsafe partial class BufferedDurableHeap
 
             report.FastReopen = heap.OpenedFromSavedState;
             report.DamagedBlocks = heap.RecoveryDamagedBlocks;
+            report.DamagedSweepLogOffsets = heap.RecoveryDamagedSweepLog;
             report.FastReopenRejection = heap.SavedStateRejection;
             if (heap.RecoveryUnsealedBlocks.Count != 0 && (_faults & DurabilityFaults.LeaveRecoveredBlocksUnsealed) == 0)
             {

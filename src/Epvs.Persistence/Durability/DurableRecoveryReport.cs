@@ -55,6 +55,16 @@ public sealed class DurableRecoveryReport
     /// </summary>
     public IReadOnlyList<long> DamagedBlocks { get; internal set; } = Array.Empty<long>();
 
+    /// <summary>
+    /// File offsets of the sweep log's damaged batches and lap words that recovery skipped because the heap opened with
+    /// <see cref="BufferedDurableHeapOptions.SalvageDamagedBlocks"/> (without it, damage to the log makes opening throw).
+    /// The frees those entries held are lost: their blocks were classified by their headers alone. An older copy of an
+    /// updated payload then still loses to its newer copy (<see cref="Superseded"/>), but a payload deleted after such
+    /// a free (a removed key, a dequeued element) may have come back. Empty when the log was intact. A salvage through a
+    /// damaged log sets <see cref="SalvagedThrough"/>, as one through damaged blocks does.
+    /// </summary>
+    public IReadOnlyList<long> DamagedSweepLogOffsets { get; internal set; } = Array.Empty<long>();
+
     /// <summary>Kept blocks of durable versions that were found unsealed (a file written before each cycle sealed its version ahead of its frontier), sealed by this recovery (some may then be freed by it: superseded or cancelled copies).</summary>
     public long SealedAtRecovery { get; internal set; }
 
@@ -79,5 +89,5 @@ public sealed class DurableRecoveryReport
     /// <inheritdoc/>
     public override string ToString() =>
         $"clean={WasCleanShutdown} fast={FastReopen} clock={PersistedClock} frontier={PersistedFrontier} recovered≤{RecoveredVersion} scanned={ScannedPayloads} " +
-        $"dropped={DroppedBeyondFrontier} superseded={Superseded} cancelled={Cancelled} damaged={DamagedBlocks.Count} sealed-at-recovery={SealedAtRecovery} salvaged≤{SalvagedThrough} live={Live} threads={Parallelism} time={Duration.TotalMilliseconds:F1} ms";
+        $"dropped={DroppedBeyondFrontier} superseded={Superseded} cancelled={Cancelled} damaged={DamagedBlocks.Count} damaged-log={DamagedSweepLogOffsets.Count} sealed-at-recovery={SealedAtRecovery} salvaged≤{SalvagedThrough} live={Live} threads={Parallelism} time={Duration.TotalMilliseconds:F1} ms";
 }

@@ -81,7 +81,18 @@ public sealed unsafe partial class PersistentHeap
 
         // Only a buffered heap's sweeps log their frees. Read (and checked) before anything is written, at a fast reopen
         // too, which goes on with it: the saved state's frees of swept blocks are durable in the log only.
-        SweepLog.Contents? log = listUnsealed && (_faults & HeapFaults.IgnoreSweepLogAtRecovery) == 0 ? SweepLog.Read(_file) : null;
+        SweepLog.Contents? log = listUnsealed && (_faults & HeapFaults.IgnoreSweepLogAtRecovery) == 0 ? SweepLog.Read(_file, options.SalvageDamagedBlocks) : null;
+        RecoveryDamagedSweepLog = log?.Damaged ?? [];
+        if (RecoveryDamagedSweepLog.Count != 0 && bitmap is not null)
+        {
+            // Salvaging a damaged log: a fast reopen would go on with the log, whose lost entries hold the only durable
+            // frees of blocks the saved state counts free. The heap is scanned instead, and the log begins anew (below).
+            saved = null;
+            bitmap = null;
+            OpenedFromSavedState = false;
+            SavedStateRejection = "the sweep log is damaged (salvaged: the heap was scanned)";
+        }
+
         SweepLog.LoggedFrees? logged = bitmap is null && log is { Frees.Count: > 0 } ? log.Frees : null;
         var freeSpans = new List<(long Segment, long Span, long FreeOffset)>();
         var freeBlocks = new List<long>();
@@ -371,7 +382,7 @@ public sealed unsafe partial class PersistentHeap
             ThrowDamaged(damaged, options.TornIsDamaged, beyondBound, maxBeyond, tagBound);
         }
 
-        if (damaged.Count != 0)
+        if (damaged.Count != 0 || RecoveryDamagedSweepLog.Count != 0)
         {
             options.BeforeSalvage?.Invoke();
         }
@@ -443,6 +454,12 @@ public sealed unsafe partial class PersistentHeap
     /// <see cref="PersistentHeapOptions.SalvageDamagedBlocks"/>; empty when it found none.
     /// </summary>
     public IReadOnlyList<long> RecoveryDamagedBlocks { get; private set; } = Array.Empty<long>();
+
+    /// <summary>
+    /// The file offsets of the sweep log's damaged batches and lap words that recovery skipped under
+    /// <see cref="PersistentHeapOptions.SalvageDamagedBlocks"/> (a buffered heap's log only); empty when it found none.
+    /// </summary>
+    internal List<long> RecoveryDamagedSweepLog { get; private set; } = new();
 
     /// <summary>The file offsets (sorted) of the blocks the full scan kept that are allocated but not sealed (their payload unchecked). Empty after a fast reopen.</summary>
     internal List<long> RecoveryUnsealedBlocks { get; private set; } = new();

@@ -41,7 +41,9 @@ namespace Epvs.Persistence;
 /// raises the epoch, which empties the log.</para>
 /// <para>Damage. A batch that fails its check ends its half's scan: it is the last append, torn by a crash before its
 /// fence (its blocks were never handed out), unless a valid batch of the same lap follows it, which only damage leaves
-/// (reported, before recovery writes anything). Damage to the very last batch of a half cannot be told from a torn
+/// (reported, before recovery writes anything; with <see cref="PersistentHeapOptions.SalvageDamagedBlocks"/> the damaged
+/// batch, or a half whose lap word is damaged, is skipped instead: the frees it held are lost, its blocks are classified
+/// as without the log, and the recovery report lists where). Damage to the very last batch of a half cannot be told from a torn
 /// append: its blocks are then classified without the log (a reuse torn over one reads as damage, an old copy of a
 /// payload whose newer copy was deleted since could come back). That, like a lost write, is outside what the checks
 /// detect.</para>
@@ -137,7 +139,8 @@ internal sealed unsafe class SweepLog
 
     /// <summary>
     /// After a recovery scan has written every free it took from the log: raises the epoch durably (every batch written
-    /// so far is void from here on) and opens the log, empty, for this session's appends.
+    /// so far is void from here on) and opens the log, empty, for this session's appends. A lap word that is damaged
+    /// (skipped by a salvage) is written anew once the epoch is raised: the half holds nothing any more.
     /// </summary>
     internal static SweepLog Begin(HeapFile file)
     {
@@ -145,8 +148,26 @@ internal sealed unsafe class SweepLog
         file.SweepLogEpoch = epoch;
         long start = HeapLayout.SweepLogStart(file.MaxSegments);
         long half = (file.DataStart - start) / 2;
-        long[] laps = [Lap(file.Pointer, file.Path, start, half, 0), Lap(file.Pointer, file.Path, start, half, 1)];
-        return new SweepLog(file, epoch, new Contents(laps, [start + sizeof(ulong), start + half + sizeof(ulong)], [[], []], new LoggedFrees()));
+        long[] laps = new long[2];
+        bool[] intact = new bool[2];
+        for (int h = 0; h < 2; h++)
+        {
+            intact[h] = HeapLayout.TryUnseal(*(ulong*)(file.Pointer + start + (h * half)), (int)(start + (h * half)), out laps[h]);
+        }
+
+        for (int h = 0; h < 2; h++)
+        {
+            if (!intact[h])
+            {
+                // Above the other half's lap, so that appends begin here; 1 and 0 (as Format writes them) if both are damaged.
+                laps[h] = intact[1 - h] ? laps[1 - h] + 1 : 1 - h;
+                long offset = start + (h * half);
+                Volatile.Write(ref *(ulong*)(file.Pointer + offset), HeapLayout.Seal(laps[h], (int)offset));
+                file.Domain.PersistOwned(offset, sizeof(ulong));
+            }
+        }
+
+        return new SweepLog(file, epoch, new Contents(laps, [start + sizeof(ulong), start + half + sizeof(ulong)], [[], []], new LoggedFrees(), []));
     }
 
     /// <summary>
@@ -154,7 +175,7 @@ internal sealed unsafe class SweepLog
     /// the log as the last session left it, its entries kept until their halves turn.
     /// </summary>
     /// <param name="file">The heap file.</param>
-    /// <param name="contents">The log as <see cref="Read(HeapFile)"/> found it.</param>
+    /// <param name="contents">The log as <see cref="Read(HeapFile, bool)"/> found it.</param>
     internal static SweepLog Resume(HeapFile file, Contents contents) => new(file, file.SweepLogEpoch, contents);
 
     /// <summary>
@@ -266,12 +287,17 @@ internal sealed unsafe class SweepLog
     /// Reads the log of <paramref name="file"/> at open (nothing is written): the blocks its valid batches list, and
     /// where each half's batches end.
     /// </summary>
-    /// <exception cref="HeapFileException"><see cref="HeapFileError.Corrupt"/>: a half's lap word fails its check, or a
-    /// batch fails its check and a valid batch of its half's lap follows it (damage, not a torn append).</exception>
-    internal static Contents Read(HeapFile file) => Read(file.Pointer, file.MaxSegments, file.DataStart, file.SweepLogEpoch, file.Path);
+    /// <param name="file">The heap file.</param>
+    /// <param name="salvage">With <see cref="PersistentHeapOptions.SalvageDamagedBlocks"/>: damage does not throw. A
+    /// damaged batch is skipped (the valid batches after it are read), a half whose lap word is damaged is skipped whole,
+    /// and <see cref="Contents.Damaged"/> lists where; the frees they held are lost.</param>
+    /// <exception cref="HeapFileException"><see cref="HeapFileError.Corrupt"/>, without <paramref name="salvage"/>: a
+    /// half's lap word fails its check, or a batch fails its check and a valid batch of its half's lap follows it (damage,
+    /// not a torn append).</exception>
+    internal static Contents Read(HeapFile file, bool salvage = false) => Read(file.Pointer, file.MaxSegments, file.DataStart, file.SweepLogEpoch, file.Path, salvage);
 
     /// <summary>Reads the log of the heap image at <paramref name="p"/> (see the overload that takes the file; tests read file images with it).</summary>
-    internal static Contents Read(byte* p, long maxSegments, long dataStart, long epoch, string? path)
+    internal static Contents Read(byte* p, long maxSegments, long dataStart, long epoch, string? path, bool salvage = false)
     {
         long start = HeapLayout.SweepLogStart(maxSegments);
         long half = (dataStart - start) / 2;
@@ -279,48 +305,75 @@ internal sealed unsafe class SweepLog
         long[] laps = new long[2];
         long[] ends = new long[2];
         List<long>[] listed = [new List<long>(), new List<long>()];
+        var damaged = new List<long>();
         for (int h = 0; h < 2; h++)
         {
-            long lap = laps[h] = Lap(p, path, start, half, h);
-            long position = start + (h * half) + sizeof(ulong);
+            long lapOffset = start + (h * half);
             long end = start + ((h + 1) * half);
-            while (TryReadBatch(p, position, end, epoch, lap, out long words))
+            if (!HeapLayout.TryUnseal(*(ulong*)(p + lapOffset), (int)lapOffset, out long lap))
             {
-                ulong* batch = (ulong*)(p + position);
-                for (long i = 1; i < words - 1; i += 2)
+                if (!salvage)
                 {
-                    long offset = (long)(batch[i] & OffsetMask);
-                    frees.Add(offset, (ushort)(batch[i] >> 48), batch[i + 1]);
-                    listed[h].Add(offset);
+                    ThrowHelper.ThrowHeapFile(HeapFileError.Corrupt, $"Cannot open heap file '{path}': the sweep log's lap word at file offset {lapOffset} fails its check (damaged); the frees the log holds cannot be trusted. Restore the file from a copy, or open it with SalvageDamagedBlocks = true to go on without the frees of that half of the log (the recovery report lists where it was damaged).");
                 }
 
-                position += words * sizeof(ulong);
+                // No batch of the half can be checked without its lap: the half is skipped whole.
+                damaged.Add(lapOffset);
+                ends[h] = lapOffset + sizeof(ulong);
+                continue;
+            }
+
+            laps[h] = lap;
+            long position = lapOffset + sizeof(ulong);
+            while (true)
+            {
+                while (TryReadBatch(p, position, end, epoch, lap, out long words))
+                {
+                    ulong* batch = (ulong*)(p + position);
+                    for (long i = 1; i < words - 1; i += 2)
+                    {
+                        long offset = (long)(batch[i] & OffsetMask);
+                        frees.Add(offset, (ushort)(batch[i] >> 48), batch[i + 1]);
+                        listed[h].Add(offset);
+                    }
+
+                    position += words * sizeof(ulong);
+                }
+
+                // The first batch that fails: the last append, torn, unless a valid one of this lap follows.
+                long next = NextValidBatch(p, position, end, epoch, lap);
+                if (next < 0)
+                {
+                    break;
+                }
+
+                if (!salvage)
+                {
+                    ThrowHelper.ThrowHeapFile(HeapFileError.Corrupt, $"Cannot open heap file '{path}': the sweep log's batch at file offset {position} fails its check, and a valid batch at {next} follows it (damage, not an append a crash interrupted); the frees it held cannot be trusted. Restore the file from a copy, or open it with SalvageDamagedBlocks = true to go on without the frees of that batch (the recovery report lists where the log was damaged).");
+                }
+
+                damaged.Add(position);
+                position = next;
             }
 
             ends[h] = position;
+        }
 
-            // The first batch that fails: the last append, torn, unless a valid one of this lap follows.
-            for (long q = position + sizeof(ulong); q + (3 * sizeof(ulong)) <= end; q += sizeof(ulong))
+        return new Contents(laps, ends, listed, frees, damaged);
+    }
+
+    /// <summary>The file offset of the first valid batch of <paramref name="lap"/> after the one at <paramref name="position"/>, which fails its check; -1 if none.</summary>
+    private static long NextValidBatch(byte* p, long position, long end, long epoch, long lap)
+    {
+        for (long q = position + sizeof(ulong); q + (3 * sizeof(ulong)) <= end; q += sizeof(ulong))
+        {
+            if (TryReadBatch(p, q, end, epoch, lap, out _))
             {
-                if (TryReadBatch(p, q, end, epoch, lap, out _))
-                {
-                    ThrowHelper.ThrowHeapFile(HeapFileError.Corrupt, $"Cannot open heap file '{path}': the sweep log's batch at file offset {position} fails its check, and a valid batch at {q} follows it (damage, not an append a crash interrupted); the frees it held cannot be trusted. Restore the file from a copy.");
-                }
+                return q;
             }
         }
 
-        return new Contents(laps, ends, listed, frees);
-    }
-
-    private static long Lap(byte* p, string? path, long start, long half, int h)
-    {
-        long offset = start + (h * half);
-        if (!HeapLayout.TryUnseal(*(ulong*)(p + offset), (int)offset, out long lap))
-        {
-            ThrowHelper.ThrowHeapFile(HeapFileError.Corrupt, $"Cannot open heap file '{path}': the sweep log's lap word at file offset {offset} fails its check (damaged); the frees the log holds cannot be trusted. Restore the file from a copy.");
-        }
-
-        return lap;
+        return -1;
     }
 
     private static bool TryReadBatch(byte* p, long position, long end, long epoch, long lap, out long words)
@@ -355,8 +408,11 @@ internal sealed unsafe class SweepLog
         return System.IO.Hashing.XxHash3.HashToUInt64(new ReadOnlySpan<byte>(words, checked((int)(count * sizeof(ulong)))), seedHash);
     }
 
-    /// <summary>What <see cref="Read(HeapFile)"/> found: per half its lap, where its batches end and the blocks they list; and the entries by block.</summary>
-    internal sealed record Contents(long[] Laps, long[] Ends, List<long>[] Listed, LoggedFrees Frees);
+    /// <summary>
+    /// What <see cref="Read(HeapFile, bool)"/> found: per half its lap, where its batches end and the blocks they list;
+    /// the entries by block; and, when it salvaged, the file offsets of the damaged batches and lap words it skipped.
+    /// </summary>
+    internal sealed record Contents(long[] Laps, long[] Ends, List<long>[] Listed, LoggedFrees Frees, List<long> Damaged);
 
     /// <summary>The entries of a log read at recovery, by block offset (a block may be listed more than once).</summary>
     internal sealed class LoggedFrees

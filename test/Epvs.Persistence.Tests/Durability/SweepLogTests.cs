@@ -92,6 +92,42 @@ public sealed class SweepLogTests
     }
 
     [Fact]
+    public void ADamagedBatch_WithSalvage_IsSkippedAndReported_AndEveryKeyKeepsItsLatestValue()
+    {
+        byte[] image = ImageWithTwoBatches(out long logStart);
+        image[logStart + 16] ^= 0x04;
+        AssertSalvagedThroughTheLog(image, logStart + sizeof(ulong), rounds: 3);
+    }
+
+    [Fact]
+    public void ADamagedLapWord_WithSalvage_SkipsItsHalf_AndTheNextOpenWritesItAnew()
+    {
+        byte[] image = ImageWithTwoBatches(out long logStart);
+        image[logStart + 3] ^= 0x01;
+        AssertSalvagedThroughTheLog(image, logStart, rounds: 3);
+    }
+
+    [Fact]
+    public void ADamagedLog_WithSalvage_AfterACleanShutdown_IsNotReopenedFast()
+    {
+        using var domain = new SimulatedPersistenceDomain(Capacity);
+        long logStart;
+        using (HeapFile file = HeapFile.Create(domain))
+        {
+            using BufferedDurableHeap heap = BufferedDurableHeap.Open(file, Options(HeapFaults.None));
+            WriteRounds(heap, 3);
+            logStart = HeapLayout.SweepLogStart(file.MaxSegments);
+        }
+
+        // A clean shutdown: the saved state's frees of the swept blocks are durable in the log only.
+        byte[] image = domain.Crash(seed: 0);
+        image[logStart + 16] ^= 0x04;
+        DurableRecoveryReport report = AssertSalvagedThroughTheLog(image, logStart + sizeof(ulong), rounds: 3);
+        Assert.False(report.FastReopen, "a fast reopen would go on with the damaged log");
+        Assert.Contains("sweep log", report.FastReopenRejection ?? string.Empty, StringComparison.Ordinal);
+    }
+
+    [Fact]
     public void ARecoveryScan_StartsANewLogEpoch()
     {
         using var domain = new SimulatedPersistenceDomain(Capacity);
@@ -493,8 +529,18 @@ public sealed class SweepLogTests
         using var domain = new SimulatedPersistenceDomain(Capacity);
         using HeapFile file = HeapFile.Create(domain);
         using BufferedDurableHeap heap = BufferedDurableHeap.Open(file, Options(HeapFaults.None));
+        WriteRounds(heap, 3);
+        SweepLog log = heap.Heap.SweepLogForTesting!;
+        Assert.True(log.EntriesAppended >= 2 * Victims && log.Turns == 0, $"{log.EntriesAppended} entries, {log.Turns} turns");
+        logStart = HeapLayout.SweepLogStart(file.MaxSegments);
+        return domain.Crash(seed: 0);
+    }
+
+    /// <summary>Sets every victim to k + round for each round, reclaiming after each (the old copies' frees go to the log).</summary>
+    private static void WriteRounds(BufferedDurableHeap heap, int rounds)
+    {
         var map = new PersistentHashMap<long, long>(heap, VictimType);
-        for (int round = 0; round < 3; round++)
+        for (int round = 0; round < rounds; round++)
         {
             for (long k = 0; k < Victims; k++)
             {
@@ -503,11 +549,48 @@ public sealed class SweepLogTests
 
             Reclaim(heap);
         }
+    }
 
-        SweepLog log = heap.Heap.SweepLogForTesting!;
-        Assert.True(log.EntriesAppended >= 2 * Victims && log.Turns == 0, $"{log.EntriesAppended} entries, {log.Turns} turns");
-        logStart = HeapLayout.SweepLogStart(file.MaxSegments);
-        return domain.Crash(seed: 0);
+    /// <summary>
+    /// Opens <paramref name="image"/>, whose log is damaged at <paramref name="damagedAt"/>, with salvage: the report
+    /// lists the damage and the salvage, and every victim holds its last value (an old copy whose free the damage lost
+    /// loses to the newer copy of its uid). Then the heap reopens without salvage, the log begun anew. Returns the
+    /// salvaging open's report.
+    /// </summary>
+    private static DurableRecoveryReport AssertSalvagedThroughTheLog(byte[] image, long damagedAt, int rounds)
+    {
+        using var domain = SimulatedPersistenceDomain.FromImage(image, Capacity);
+        DurableRecoveryReport report;
+        using (HeapFile file = HeapFile.Open(domain))
+        {
+            BufferedDurableHeapOptions options = Options(HeapFaults.None);
+            options.SalvageDamagedBlocks = true;
+            using BufferedDurableHeap heap = BufferedDurableHeap.Open(file, options);
+            report = heap.Recovery;
+            Assert.Equal([damagedAt], report.DamagedSweepLogOffsets);
+            Assert.Empty(report.DamagedBlocks);
+            Assert.True(report.SalvagedThrough > 0, report.ToString());
+            AssertVictims(new PersistentHashMap<long, long>(heap, VictimType), rounds - 1);
+        }
+
+        using (HeapFile file = HeapFile.Open(domain))
+        {
+            using BufferedDurableHeap heap = BufferedDurableHeap.Open(file, Options(HeapFaults.None));
+            Assert.Empty(heap.Recovery.DamagedSweepLogOffsets);
+            AssertVictims(new PersistentHashMap<long, long>(heap, VictimType), rounds - 1);
+        }
+
+        return report;
+    }
+
+    private static void AssertVictims(PersistentHashMap<long, long> map, int lastRound)
+    {
+        Assert.Equal(Victims, map.Count);
+        for (long k = 0; k < Victims; k++)
+        {
+            Assert.True(map.TryGetValue(k, out long value), $"key {k} lost");
+            Assert.Equal(k + lastRound, value);
+        }
     }
 
     private static void AssertRefusedUnchanged(byte[] image, string what)
