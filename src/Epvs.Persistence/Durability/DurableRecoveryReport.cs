@@ -57,11 +57,13 @@ public sealed class DurableRecoveryReport
 
     /// <summary>
     /// File offsets of the sweep log's damaged batches and lap words that recovery skipped because the heap opened with
-    /// <see cref="BufferedDurableHeapOptions.SalvageDamagedBlocks"/> (without it, damage to the log makes opening throw).
-    /// The frees those entries held are lost: their blocks were classified by their headers alone. An older copy of an
-    /// updated payload then still loses to its newer copy (<see cref="Superseded"/>), but a payload deleted after such
-    /// a free (a removed key, a dequeued element) may have come back. Empty when the log was intact. A salvage through a
-    /// damaged log sets <see cref="SalvagedThrough"/>, as one through damaged blocks does.
+    /// <see cref="BufferedDurableHeapOptions.SalvageDamagedBlocks"/>: a damaged lap word, or a damaged batch with a valid
+    /// one after it (without salvage, opening throws there). The frees those entries held are lost: their blocks were
+    /// classified by their headers alone. An older copy of an updated payload then still loses to its newer copy
+    /// (<see cref="Superseded"/>), but a payload deleted after such a free (a removed key, a dequeued element) may have
+    /// come back, and a block whose reuse a crash tore is listed in <see cref="DamagedBlocks"/>. Damage to the last
+    /// batches of a half, with no valid batch after them, cannot be told from an append a crash tore and is not listed.
+    /// A salvage through a damaged log sets <see cref="SalvagedThrough"/>, as one through damaged blocks does.
     /// </summary>
     public IReadOnlyList<long> DamagedSweepLogOffsets { get; internal set; } = Array.Empty<long>();
 

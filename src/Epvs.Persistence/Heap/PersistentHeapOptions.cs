@@ -21,7 +21,8 @@ public sealed class PersistentHeapOptions
     /// header and payload fails). False (the default): opening throws <see cref="HeapFileException"/> with
     /// <see cref="HeapFileError.Corrupt"/>, listing the blocks in <see cref="HeapFileException.DamagedBlocks"/>, and
     /// frees nothing. True: the damaged blocks are dropped (freed durably, their contents lost) and the heap opens;
-    /// <see cref="PersistentHeap.RecoveryDamagedBlocks"/> lists them.
+    /// <see cref="PersistentHeap.RecoveryDamagedBlocks"/> lists them. A buffered heap's sweep log is salvaged too (see
+    /// <see cref="DurableRecoveryReport.DamagedSweepLogOffsets"/>).
     /// </summary>
     public bool SalvageDamagedBlocks { get; set; }
 

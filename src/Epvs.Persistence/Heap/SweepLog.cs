@@ -1,5 +1,6 @@
 using System;
 using System.Collections.Generic;
+using System.Diagnostics;
 using System.Runtime.InteropServices;
 using System.Threading;
 
@@ -155,6 +156,8 @@ internal sealed unsafe class SweepLog
             intact[h] = HeapLayout.TryUnseal(*(ulong*)(file.Pointer + start + (h * half)), (int)(start + (h * half)), out laps[h]);
         }
 
+        // After the epoch: a crash in between leaves the lap word damaged, so the next open refuses, or salvages again (a
+        // half that holds nothing any more), rather than reading a half under a lap it may never have had.
         for (int h = 0; h < 2; h++)
         {
             if (!intact[h])
@@ -176,7 +179,12 @@ internal sealed unsafe class SweepLog
     /// </summary>
     /// <param name="file">The heap file.</param>
     /// <param name="contents">The log as <see cref="Read(HeapFile, bool)"/> found it.</param>
-    internal static SweepLog Resume(HeapFile file, Contents contents) => new(file, file.SweepLogEpoch, contents);
+    internal static SweepLog Resume(HeapFile file, Contents contents)
+    {
+        // A salvaged log is never resumed: the recovery scanned the heap instead (its skipped halves have no lap).
+        Debug.Assert(contents.Damaged.Count == 0, "a damaged sweep log is resumed");
+        return new(file, file.SweepLogEpoch, contents);
+    }
 
     /// <summary>
     /// Appends an entry for each of <paramref name="offsets"/>, with its commit word and Epoch word before the sweep

@@ -108,6 +108,53 @@ public sealed class SweepLogTests
     }
 
     [Fact]
+    public void ADamagedBatch_WithSalvage_StillAppliesTheFreesOfTheValidBatchesAfterIt()
+    {
+        // The log's first batch lists the churn's old copies; the victims' old copies, deleted after, are listed in
+        // batches after it. Only those later batches keep the victims deleted (the control shows they would come back).
+        using var domain = new SimulatedPersistenceDomain(Capacity);
+        var crashes = new List<byte[]>();
+        long logStart;
+        using (HeapFile file = HeapFile.Create(domain))
+        {
+            using BufferedDurableHeap heap = BufferedDurableHeap.Open(file, Options(HeapFaults.None));
+            var churn = new PersistentHashMap<long, Fat>(heap, ChurnType);
+            for (int round = 0; round < 2; round++)
+            {
+                for (long k = 0; k < 256; k++)
+                {
+                    Fat value = default;
+                    value[0] = k + round;
+                    churn.Set(k, value);
+                }
+
+                Reclaim(heap);
+            }
+
+            long churnEntries = heap.Heap.SweepLogForTesting!.EntriesAppended;
+            WriteThenDelete(heap, new PersistentHashMap<long, long>(heap, VictimType));
+            SweepLog log = heap.Heap.SweepLogForTesting!;
+            Assert.True(churnEntries >= 256 && log.EntriesAppended > churnEntries && log.Turns == 0, $"{churnEntries} churn entries, {log.EntriesAppended} in all, {log.Turns} turns");
+            logStart = HeapLayout.SweepLogStart(file.MaxSegments);
+            for (int seed = 0; seed < 10; seed++)
+            {
+                crashes.Add(domain.Crash(seed));
+            }
+        }
+
+        int backWithoutTheLog = 0, backSalvaged = 0;
+        foreach (byte[] image in crashes)
+        {
+            backWithoutTheLog += VictimsIn(image, HeapFaults.IgnoreSweepLogAtRecovery);
+            image[logStart + 16] ^= 0x04;
+            backSalvaged += VictimsIn(image, HeapFaults.None, expectedLogDamage: logStart + sizeof(ulong));
+        }
+
+        Assert.True(backWithoutTheLog > 0, "inconclusive: without the log no deleted key came back in these images");
+        Assert.Equal(0, backSalvaged);
+    }
+
+    [Fact]
     public void ADamagedLog_WithSalvage_AfterACleanShutdown_IsNotReopenedFast()
     {
         using var domain = new SimulatedPersistenceDomain(Capacity);
@@ -416,12 +463,22 @@ public sealed class SweepLogTests
         heap.AdvanceVersion(Wait);
     }
 
-    /// <summary>Opens a crash image and counts the deleted keys it holds; every key not deleted must be there, with its value.</summary>
-    private static int VictimsIn(byte[] image, HeapFaults recoveryFaults)
+    /// <summary>
+    /// Opens a crash image and counts the deleted keys it holds; every key not deleted must be there, with its value.
+    /// With <paramref name="expectedLogDamage"/>, the image's log is damaged there: it opens with salvage, which must
+    /// report that place and nothing else.
+    /// </summary>
+    private static int VictimsIn(byte[] image, HeapFaults recoveryFaults, long expectedLogDamage = -1)
     {
         using var domain = SimulatedPersistenceDomain.FromImage(image, Capacity);
         using HeapFile file = HeapFile.Open(domain);
-        using BufferedDurableHeap heap = BufferedDurableHeap.Open(file, Options(recoveryFaults));
+        BufferedDurableHeapOptions options = Options(recoveryFaults);
+        options.SalvageDamagedBlocks = expectedLogDamage >= 0;
+        using BufferedDurableHeap heap = BufferedDurableHeap.Open(file, options);
+        if (expectedLogDamage >= 0)
+        {
+            Assert.Equal([expectedLogDamage], heap.Recovery.DamagedSweepLogOffsets);
+        }
 
         // Nothing reopens this copy: a clean shutdown would persist the whole heap into it for nothing.
         file.ForgoCleanShutdown();
