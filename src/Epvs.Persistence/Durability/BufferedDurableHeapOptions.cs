@@ -49,8 +49,9 @@ public sealed class BufferedDurableHeapOptions
     /// <see cref="DurableRecoveryReport.DamagedBlocks"/>; the operations they held are lost. The file records the salvage before
     /// anything is freed, and the maps and queues resolve what it leaves (a key's older payload live again, a queue gap)
     /// when they are constructed, durably — at the salvaging open or any later one. Damage to the sweep log that its checks
-    /// can tell from a torn append (a damaged batch with a valid one after it, or a damaged lap word) is salvaged the same
-    /// way: skipped and listed in <see cref="DurableRecoveryReport.DamagedSweepLogOffsets"/>.
+    /// can tell from a torn append (a damaged batch with a valid one after it, a damaged lap word, or after a clean
+    /// shutdown batches that end early) is salvaged the same way: listed in
+    /// <see cref="DurableRecoveryReport.DamagedSweepLogOffsets"/>.
     /// </summary>
     public bool SalvageDamagedBlocks { get; set; }
 

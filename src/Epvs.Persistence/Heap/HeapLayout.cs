@@ -212,10 +212,12 @@ internal static class HeapLayout
     /// <summary>
     /// Marks a saved allocator state. Changed when the free blocks a saved state may describe changed meaning, so that
     /// the first open by a newer build rescans instead of trusting an older build's state: "OPENSTT2" since torn
-    /// allocations are freed durably at recovery (a state saved by an older build may cover torn headers left as they were).
+    /// allocations are freed durably at recovery (a state saved by an older build may cover torn headers left as they were);
+    /// "OPENSTT3" since the state also holds where each half of the sweep log ends (words 7 and 8; 0 for a heap without a
+    /// log), so that damage to a half's last batches is told from their end.
     /// </summary>
-    internal const ulong SavedStateMagic = 0x3254_5453_4E45_504FUL;
-    internal const int SavedStateHeaderWords = 7;
+    internal const ulong SavedStateMagic = 0x3354_5453_4E45_504FUL;
+    internal const int SavedStateHeaderWords = 9;
 
     internal const int HeaderSize = 32;
     internal const int UidOffset = 0;

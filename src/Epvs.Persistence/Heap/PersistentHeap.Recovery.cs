@@ -68,7 +68,7 @@ public sealed unsafe partial class PersistentHeap
         RefuseDescriptorsBeyondTheHeapSize(segments);
 
         // Fast reopen: checked (read-only, every block it marks allocated checked whole) and invalidated durably.
-        (ulong[] Bitmap, long NextUid)? saved = TryReadSavedState(options.RecoveryParallelism);
+        (ulong[] Bitmap, long NextUid, long LogEnd0, long LogEnd1)? saved = TryReadSavedState(options.RecoveryParallelism);
         ulong[]? bitmap = saved?.Bitmap;
         OpenedFromSavedState = saved is not null;
 
@@ -82,16 +82,17 @@ public sealed unsafe partial class PersistentHeap
         // Only a buffered heap's sweeps log their frees. Read (and checked) before anything is written, at a fast reopen
         // too, which goes on with it: the saved state's frees of swept blocks are durable in the log only.
         SweepLog.Contents? log = listUnsealed && (_faults & HeapFaults.IgnoreSweepLogAtRecovery) == 0 ? SweepLog.Read(_file, options.SalvageDamagedBlocks) : null;
-        RecoveryDamagedSweepLog = log?.Damaged ?? [];
-        if (RecoveryDamagedSweepLog.Count != 0 && bitmap is not null)
+        if (log is not null && saved is { LogEnd0: > 0 } savedState)
         {
-            // Salvaging a damaged log: a fast reopen would go on with the log, whose lost entries hold the only durable
-            // frees of blocks the saved state counts free. The heap is scanned instead, and the log begins anew (below).
-            saved = null;
-            bitmap = null;
-            OpenedFromSavedState = false;
-            SavedStateRejection = "the sweep log is damaged (salvaged: the heap was scanned)";
+            RefuseLogEndsOtherThanSaved(log, [savedState.LogEnd0, savedState.LogEnd1], options.SalvageDamagedBlocks);
         }
+
+        RecoveryDamagedSweepLog = log?.Damaged ?? [];
+
+        // Salvaging a damaged log after a clean shutdown: its lost entries held the only durable frees of blocks the
+        // saved state counts free, so the log cannot go on. Every such block whose header is not free is written free
+        // instead (pass 2), exactly as the saved state says, and the log begins anew (below).
+        bool freeHeadersFromSavedState = RecoveryDamagedSweepLog.Count != 0 && bitmap is not null;
 
         SweepLog.LoggedFrees? logged = bitmap is null && log is { Frees.Count: > 0 } ? log.Frees : null;
         var freeSpans = new List<(long Segment, long Span, long FreeOffset)>();
@@ -233,6 +234,11 @@ public sealed unsafe partial class PersistentHeap
                         // Checked whole when the saved state was accepted (TryReadSavedState).
                         valid = (bitmap[firstWord[index] + (k >> 6)] & (1UL << (k & 63))) != 0;
                         header = valid ? ReadHeaderUnchecked(offset) : default;
+                        if (!valid && freeHeadersFromSavedState && HeapLayout.CommitState(*(ulong*)(_base + offset + HeapLayout.CommitOffset)) is HeapLayout.StateAllocated or HeapLayout.StateSealed)
+                        {
+                            // Free in the saved state, free in the damaged log only: written free, durably, before the log begins anew.
+                            totals.FreeBlocks.Add(offset);
+                        }
                     }
                     else if (acceptTorn)
                     {
@@ -392,7 +398,7 @@ public sealed unsafe partial class PersistentHeap
         {
             // After a scan, every free the log held is durable in its block (above): the log is emptied. After a fast
             // reopen it goes on as the last session left it.
-            if (bitmap is not null && log is not null && (_faults & HeapFaults.FastReopenVoidsTheSweepLog) == 0)
+            if (bitmap is not null && log is not null && !freeHeadersFromSavedState && (_faults & HeapFaults.FastReopenVoidsTheSweepLog) == 0)
             {
                 _sweepLog = SweepLog.Resume(_file, log);
                 MarkLoggedFreesInWorkingImage(log.Frees);
@@ -454,6 +460,33 @@ public sealed unsafe partial class PersistentHeap
     /// <see cref="PersistentHeapOptions.SalvageDamagedBlocks"/>; empty when it found none.
     /// </summary>
     public IReadOnlyList<long> RecoveryDamagedBlocks { get; private set; } = Array.Empty<long>();
+
+    /// <summary>
+    /// After a clean shutdown: where each half of <paramref name="log"/>'s valid batches end must be where the saved state
+    /// says they ended. Damage to a half's last batches reads as the end of its batches (as an append a crash tore does),
+    /// so only this tells it: refused, or with <paramref name="salvage"/> listed in the log's damage.
+    /// </summary>
+    private void RefuseLogEndsOtherThanSaved(SweepLog.Contents log, long[] savedEnds, bool salvage)
+    {
+        long start = HeapLayout.SweepLogStart(_file.MaxSegments);
+        long half = (_dataStart - start) / 2;
+        for (int h = 0; h < 2; h++)
+        {
+            long lapOffset = start + (h * half);
+            if (log.Ends[h] == savedEnds[h] || log.Damaged.Contains(lapOffset))
+            {
+                continue;
+            }
+
+            long at = Math.Min(log.Ends[h], savedEnds[h]);
+            if (!salvage)
+            {
+                ThrowHelper.ThrowHeapFile(HeapFileError.Corrupt, $"Cannot open heap file '{_file.Path}': the sweep log's batches end at file offset {log.Ends[h]}, but the last clean shutdown saved them ending at {savedEnds[h]}: the batch at {at} is damaged, and the frees it held cannot be trusted. Restore the file from a copy, or open it with SalvageDamagedBlocks = true (the saved state then says which blocks are free).");
+            }
+
+            log.Damaged.Add(at);
+        }
+    }
 
     /// <summary>
     /// The file offsets of the sweep log's damaged batches and lap words that recovery skipped under

@@ -192,6 +192,9 @@ public sealed unsafe partial class PersistentHeap
         w[4] = (ulong)_file.DurableFrontier;
         w[5] = HeapLayout.Hash(_table, segments, 0);
         w[6] = (ulong)bitmapWords;
+        (long logEnd0, long logEnd1) = _sweepLog is { } log ? log.Ends : (0, 0);
+        w[7] = (ulong)logEnd0;
+        w[8] = (ulong)logEnd1;
         bitmap.AsSpan().CopyTo(new Span<ulong>(w + HeapLayout.SavedStateHeaderWords, checked((int)bitmapWords)));
         _file.Domain.PersistOwned(offsetOfState, words * sizeof(ulong));
 
@@ -272,8 +275,9 @@ public sealed unsafe partial class PersistentHeap
     /// Reads, checks and (durably, before any other write of this open) invalidates the saved state. Read-only
     /// otherwise: a rejected state leaves nothing to undo.
     /// </summary>
-    /// <returns>The bitmap and the saved next uid, or null (then <see cref="SavedStateRejection"/> may say why).</returns>
-    private (ulong[] Bitmap, long NextUid)? TryReadSavedState(int parallelism)
+    /// <returns>The bitmap, the saved next uid and where the sweep log's halves ended (0 without a log), or null (then
+    /// <see cref="SavedStateRejection"/> may say why).</returns>
+    private (ulong[] Bitmap, long NextUid, long LogEnd0, long LogEnd1)? TryReadSavedState(int parallelism)
     {
         bool trust = (_faults & HeapFaults.TrustStaleSavedState) != 0;
         long offset = (long)_file.Word(HeapLayout.SavedStateOffset);
@@ -336,6 +340,7 @@ public sealed unsafe partial class PersistentHeap
         var bitmap = new ulong[words - HeapLayout.SavedStateHeaderWords];
         new ReadOnlySpan<ulong>(w + HeapLayout.SavedStateHeaderWords, bitmap.Length).CopyTo(bitmap);
         long nextUid = (long)w[2];
+        long logEnd0 = (long)w[7], logEnd1 = (long)w[8];
 
         // The same walk as recovery's pass 1; every allocated block's header must be a valid allocation.
         var small = new List<(long Segment, long Word)>();
@@ -407,7 +412,7 @@ public sealed unsafe partial class PersistentHeap
             }
         }
 
-        return (bitmap, nextUid);
+        return (bitmap, nextUid, logEnd0, logEnd1);
     }
 
     /// <summary>The header of a block the saved state marks allocated (checked already, or trusted by the broken control).</summary>

@@ -44,7 +44,10 @@ namespace Epvs.Persistence;
 /// fence (its blocks were never handed out), unless a valid batch of the same lap follows it, which only damage leaves
 /// (reported, before recovery writes anything; with <see cref="PersistentHeapOptions.SalvageDamagedBlocks"/> the damaged
 /// batch, or a half whose lap word is damaged, is skipped instead: the frees it held are lost, its blocks are classified
-/// as without the log, and the recovery report lists where). Damage to the very last batch of a half cannot be told from a torn
+/// as without the log, and the recovery report lists where). After a clean shutdown the saved state holds where each
+/// half's batches end (<see cref="Ends"/>): damage to a half's last batches is then told from their end too, and a
+/// salvage writes free every block the saved state counts free instead of reading the log. After a crash, damage to the
+/// very last batch of a half cannot be told from a torn
 /// append: its blocks are then classified without the log (a reuse torn over one reads as damage, an old copy of a
 /// payload whose newer copy was deleted since could come back). That, like a lost write, is outside what the checks
 /// detect.</para>
@@ -77,6 +80,9 @@ internal sealed unsafe class SweepLog
     private long _maxLap;
     private long _position;
 
+    /// <summary>Where the other half's valid batches end (its entries are kept until the log turns back to it).</summary>
+    private long _otherEnd;
+
     private SweepLog(HeapFile file, long epoch, Contents contents)
     {
         _file = file;
@@ -90,8 +96,25 @@ internal sealed unsafe class SweepLog
         _lap = contents.Laps[_half];
         _maxLap = Math.Max(contents.Laps[0], contents.Laps[1]);
         _position = contents.Ends[_half];
+        _otherEnd = contents.Ends[1 - _half];
         _listed[0].AddRange(contents.Listed[0]);
         _listed[1].AddRange(contents.Listed[1]);
+    }
+
+    /// <summary>
+    /// Where each half's valid batches end (file offsets), as <see cref="Read(HeapFile, bool)"/> would find them: saved
+    /// with a clean shutdown's allocator state, so that the next open tells damage to the last batches of a half (which
+    /// reads as the end of its batches) from their end.
+    /// </summary>
+    internal (long Half0, long Half1) Ends
+    {
+        get
+        {
+            using (InterruptShield.Hold(_gate))
+            {
+                return _half == 0 ? (_position, _otherEnd) : (_otherEnd, _position);
+            }
+        }
     }
 
     /// <summary>Times the log turned to its other half (tests and the benchmark).</summary>
@@ -263,6 +286,7 @@ internal sealed unsafe class SweepLog
         }
 
         listed.Clear();
+        _otherEnd = _position;
         _half = other;
         _lap = _maxLap;
         _position = lapOffset + sizeof(ulong);

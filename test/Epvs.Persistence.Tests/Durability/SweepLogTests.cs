@@ -154,24 +154,90 @@ public sealed class SweepLogTests
         Assert.Equal(0, backSalvaged);
     }
 
-    [Fact]
-    public void ADamagedLog_WithSalvage_AfterACleanShutdown_IsNotReopenedFast()
+    /// <summary>
+    /// After a clean shutdown (through a domain that, like a private mapping, makes durable only what was written back,
+    /// so the victims' frees are durable in the log only): damage to the log's first batch (a valid one follows it) or
+    /// to its last batch (which, without the ends the saved state holds, reads as the end of the log and was taken for
+    /// it silently) is refused; opened with salvage at once, the heap reopens fast, frees what the saved state says is free, keeps every
+    /// deleted key deleted, also after a crash right after that open, and the next open finds no damage.
+    /// </summary>
+    [Theory]
+    [InlineData(false)]
+    [InlineData(true)]
+    public void ADamagedLog_AfterACleanShutdown_IsRefused_AndSalvagedExactlyFromTheSavedState(bool lastBatch)
     {
-        using var domain = new SimulatedPersistenceDomain(Capacity);
-        long logStart;
+        using var domain = new SimulatedPersistenceDomain(Capacity) { WritesBackByCopyForTesting = true };
         using (HeapFile file = HeapFile.Create(domain))
         {
             using BufferedDurableHeap heap = BufferedDurableHeap.Open(file, Options(HeapFaults.None));
-            WriteRounds(heap, 3);
-            logStart = HeapLayout.SweepLogStart(file.MaxSegments);
+            var churn = new PersistentHashMap<long, Fat>(heap, ChurnType);
+            for (int round = 0; round < 2; round++)
+            {
+                for (long k = 0; k < 256; k++)
+                {
+                    Fat value = default;
+                    value[0] = k + round;
+                    churn.Set(k, value);
+                }
+
+                Reclaim(heap);
+            }
+
+            WriteThenDelete(heap, new PersistentHashMap<long, long>(heap, VictimType));
         }
 
-        // A clean shutdown: the saved state's frees of the swept blocks are durable in the log only.
         byte[] image = domain.Crash(seed: 0);
-        image[logStart + 16] ^= 0x04;
-        DurableRecoveryReport report = AssertSalvagedThroughTheLog(image, logStart + sizeof(ulong), rounds: 3);
-        Assert.False(report.FastReopen, "a fast reopen would go on with the damaged log");
-        Assert.Contains("sweep log", report.FastReopenRejection ?? string.Empty, StringComparison.Ordinal);
+        long damagedBatch;
+        using (var copy = SimulatedPersistenceDomain.FromImage(image, Capacity))
+        using (HeapFile file = HeapFile.Open(copy))
+        {
+            SweepLog.Contents log = SweepLog.Read(file);
+            int current = log.Laps[1] > log.Laps[0] ? 1 : 0;
+            long logStart = HeapLayout.SweepLogStart(file.MaxSegments) + (current * ((file.DataStart - HeapLayout.SweepLogStart(file.MaxSegments)) / 2));
+            Assert.True(log.Listed[current].Count > Victims && log.Ends[current] > logStart + 64, $"{log.Listed[current].Count} entries listed");
+
+            // The first batch's first entry, or the last batch's check word (the last batch then ends the half's scan).
+            long at = lastBatch ? log.Ends[current] - sizeof(ulong) : logStart + 16;
+            image[at] ^= 0x04;
+            file.ForgoCleanShutdown();
+            using var damaged = SimulatedPersistenceDomain.FromImage(image, Capacity);
+            using HeapFile damagedFile = HeapFile.Open(damaged);
+            damagedBatch = lastBatch ? SweepLog.Read(damagedFile, salvage: true).Ends[current] : logStart + sizeof(ulong);
+            damagedFile.ForgoCleanShutdown();
+        }
+
+        // Refused without salvage (on a copy: a refused open leaves the file marked as not closed cleanly, so that a
+        // later open does not take the saved state).
+        using (var refused = SimulatedPersistenceDomain.FromImage(image, Capacity))
+        using (HeapFile file = HeapFile.Open(refused))
+        {
+            HeapFileException e = Assert.Throws<HeapFileException>(() => BufferedDurableHeap.Open(file, Options(HeapFaults.None)).Dispose());
+            Assert.Equal(HeapFileError.Corrupt, e.Error);
+            Assert.Contains("sweep log", e.Message, StringComparison.Ordinal);
+        }
+
+        using var reopened = SimulatedPersistenceDomain.FromImage(image, Capacity);
+
+        byte[] crashedAfterSalvage;
+        using (HeapFile file = HeapFile.Open(reopened))
+        {
+            BufferedDurableHeapOptions options = Options(HeapFaults.None);
+            options.SalvageDamagedBlocks = true;
+            using BufferedDurableHeap heap = BufferedDurableHeap.Open(file, options);
+            Assert.True(heap.Recovery.FastReopen, heap.Recovery.ToString());
+            Assert.Equal([damagedBatch], heap.Recovery.DamagedSweepLogOffsets);
+            Assert.Empty(heap.Recovery.DamagedBlocks);
+            Assert.Equal(0, VictimsBackIn(heap));
+            crashedAfterSalvage = reopened.Crash(seed: 1);
+        }
+
+        Assert.Equal(0, VictimsIn(crashedAfterSalvage, HeapFaults.None));
+        using (HeapFile file = HeapFile.Open(reopened))
+        {
+            using BufferedDurableHeap heap = BufferedDurableHeap.Open(file, Options(HeapFaults.None));
+            Assert.Empty(heap.Recovery.DamagedSweepLogOffsets);
+            Assert.Equal(0, VictimsBackIn(heap));
+        }
     }
 
     [Fact]
@@ -482,6 +548,12 @@ public sealed class SweepLogTests
 
         // Nothing reopens this copy: a clean shutdown would persist the whole heap into it for nothing.
         file.ForgoCleanShutdown();
+        return VictimsBackIn(heap);
+    }
+
+    /// <summary>How many deleted victims <paramref name="heap"/> holds; every victim not deleted must be there, with its value.</summary>
+    private static int VictimsBackIn(BufferedDurableHeap heap)
+    {
         var map = new PersistentHashMap<long, long>(heap, VictimType);
         int back = 0;
         for (long k = 0; k < 2 * Victims; k++)
