@@ -50,8 +50,9 @@ public sealed class BufferedDurableHeapOptions
     /// anything is freed, and the maps and queues resolve what it leaves (a key's older payload live again, a queue gap)
     /// when they are constructed, durably — at the salvaging open or any later one. Damage to the sweep log that its checks
     /// can tell from a torn append (a damaged batch with a valid one after it, a damaged lap word, or after a clean
-    /// shutdown batches that end early) is salvaged the same way: listed in
-    /// <see cref="DurableRecoveryReport.DamagedSweepLogOffsets"/>.
+    /// shutdown batches that end early) is salvaged too, and listed in
+    /// <see cref="DurableRecoveryReport.DamagedSweepLogOffsets"/>; at the first open after a clean shutdown without loss
+    /// (the saved state says which blocks are free).
     /// </summary>
     public bool SalvageDamagedBlocks { get; set; }
 

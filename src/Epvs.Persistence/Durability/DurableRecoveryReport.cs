@@ -59,12 +59,14 @@ public sealed class DurableRecoveryReport
     /// File offsets of the sweep log's damaged batches and lap words that recovery skipped because the heap opened with
     /// <see cref="BufferedDurableHeapOptions.SalvageDamagedBlocks"/>: a damaged lap word, a damaged batch with a valid
     /// one after it, or, after a clean shutdown, a half whose batches end before where the shutdown saved them ending
-    /// (without salvage, opening throws there). After a clean shutdown nothing is lost: the saved state says which blocks
-    /// are free (<see cref="FastReopen"/> stays true). After a crash the frees those entries held are lost: their blocks
-    /// were classified by their headers alone. An older copy of an updated payload then still loses to its newer copy
+    /// (without salvage, opening throws there). When this open takes the clean shutdown's saved state nothing is lost: it
+    /// says which blocks are free (<see cref="FastReopen"/> stays true). Otherwise (after a crash, or an earlier refused
+    /// open, which leaves the file marked as not closed cleanly) the frees those entries held are lost: their blocks were
+    /// classified by their headers alone. An older copy of an updated payload then still loses to its newer copy
     /// (<see cref="Superseded"/>), but a payload deleted after such a free (a removed key, a dequeued element) may have
     /// come back, and a block whose reuse a crash tore is listed in <see cref="DamagedBlocks"/>; damage to the last
-    /// batches of a half, with no valid batch after them, cannot be told from an append the crash tore and is not listed.
+    /// batches of a half, with no valid batch after them, cannot be told from an append a crash tore and is not listed
+    /// unless the file still holds a clean shutdown's saved state.
     /// A salvage through a damaged log sets <see cref="SalvagedThrough"/>, as one through damaged blocks does.
     /// </summary>
     public IReadOnlyList<long> DamagedSweepLogOffsets { get; internal set; } = Array.Empty<long>();

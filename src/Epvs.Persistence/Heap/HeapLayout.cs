@@ -133,12 +133,15 @@ namespace Epvs.Persistence;
 /// <para>Saved state (fast reopen). At a clean shutdown of a <see cref="BufferedDurableHeap"/> whose garbage has all
 /// been reclaimed, the allocator writes, into a run of free segments (descriptor role free, so a full scan never looks
 /// at them), the words [StateMagic, SegmentCount, NextUid, EpochClock, DurableFrontier, TableHash, BitmapWords,
-/// bitmap...]: one bit per block of every small-block segment (in table order, ceil(blocks/64) words each), set when
-/// the block is allocated. It persists them, then the three superblock words, then (HeapFile.Dispose) the clean flag.
-/// The next open trusts it only if the clean flag was set and the hash, segment count and table hash match; before
-/// any other write it clears word 80 durably, so a crash after a fast reopen always rescans. A block the saved state
-/// counts free may be free in the sweep log only (format 10): a fast reopen goes on with the log as it was, so a crash
-/// after it still finds those frees.</para>
+/// LogEnd0, LogEnd1, bitmap...]: where each half of the sweep log's batches end (0 for a raw heap), then one bit per
+/// block of every small-block segment (in table order, ceil(blocks/64) words each), set when the block is allocated.
+/// It persists them, then the three superblock words, then (HeapFile.Dispose) the clean flag. The next open trusts
+/// the bitmap only if the clean flag was set and the hash, segment count and table hash match; once it has checked
+/// the sweep log against the saved ends (whatever the clean flag: no open got past that check since the state was
+/// saved, so the log is as it was), and before any other write, it clears word 80 durably, so a crash after a fast
+/// reopen always rescans. A block the saved state counts free may be free in the sweep log only (format 10): a fast
+/// reopen goes on with the log as it was, so a crash after it still finds those frees (a damaged log is salvaged by
+/// writing those blocks free instead, and begins anew).</para>
 /// <para>Creation writes and persists every superblock word except Magic, then writes and persists Magic: a file
 /// whose creation was interrupted is rejected as "not a heap file" and is never silently reformatted.</para>
 /// <para>Version space. Sealed words hold 42 bits, so a buffered heap's versions end at 2^42 − 1; it writes in

@@ -67,8 +67,9 @@ public sealed unsafe partial class PersistentHeap
 
         RefuseDescriptorsBeyondTheHeapSize(segments);
 
-        // Fast reopen: checked (read-only, every block it marks allocated checked whole) and invalidated durably.
-        (ulong[] Bitmap, long NextUid, long LogEnd0, long LogEnd1)? saved = TryReadSavedState(options.RecoveryParallelism);
+        // Fast reopen: checked (read-only, every block it marks allocated checked whole); invalidated durably once the
+        // sweep log is checked too (below), before the first write.
+        (ulong[] Bitmap, long NextUid)? saved = TryReadSavedState(options.RecoveryParallelism);
         ulong[]? bitmap = saved?.Bitmap;
         OpenedFromSavedState = saved is not null;
 
@@ -82,12 +83,15 @@ public sealed unsafe partial class PersistentHeap
         // Only a buffered heap's sweeps log their frees. Read (and checked) before anything is written, at a fast reopen
         // too, which goes on with it: the saved state's frees of swept blocks are durable in the log only.
         SweepLog.Contents? log = listUnsealed && (_faults & HeapFaults.IgnoreSweepLogAtRecovery) == 0 ? SweepLog.Read(_file, options.SalvageDamagedBlocks) : null;
-        if (log is not null && saved is { LogEnd0: > 0 } savedState)
+        if (log is not null && SavedLogEnds() is { } savedEnds)
         {
-            RefuseLogEndsOtherThanSaved(log, [savedState.LogEnd0, savedState.LogEnd1], options.SalvageDamagedBlocks);
+            RefuseLogEndsOtherThanSaved(log, [savedEnds.End0, savedEnds.End1], options.SalvageDamagedBlocks);
         }
 
         RecoveryDamagedSweepLog = log?.Damaged ?? [];
+
+        // The checks that refuse the file before anything is classified are done: the first write of this open follows.
+        InvalidateSavedState();
 
         // Salvaging a damaged log after a clean shutdown: its lost entries held the only durable frees of blocks the
         // saved state counts free, so the log cannot go on. Every such block whose header is not free is written free
@@ -234,7 +238,7 @@ public sealed unsafe partial class PersistentHeap
                         // Checked whole when the saved state was accepted (TryReadSavedState).
                         valid = (bitmap[firstWord[index] + (k >> 6)] & (1UL << (k & 63))) != 0;
                         header = valid ? ReadHeaderUnchecked(offset) : default;
-                        if (!valid && freeHeadersFromSavedState && HeapLayout.CommitState(*(ulong*)(_base + offset + HeapLayout.CommitOffset)) is HeapLayout.StateAllocated or HeapLayout.StateSealed)
+                        if (!valid && freeHeadersFromSavedState && !ReadsFree(*(ulong*)(_base + offset + HeapLayout.CommitOffset)))
                         {
                             // Free in the saved state, free in the damaged log only: written free, durably, before the log begins anew.
                             totals.FreeBlocks.Add(offset);
@@ -397,7 +401,8 @@ public sealed unsafe partial class PersistentHeap
         if (listUnsealed)
         {
             // After a scan, every free the log held is durable in its block (above): the log is emptied. After a fast
-            // reopen it goes on as the last session left it.
+            // reopen it goes on as the last session left it, unless it was damaged: then the saved state's frees were
+            // written into the blocks (above) instead, and it is emptied too.
             if (bitmap is not null && log is not null && !freeHeadersFromSavedState && (_faults & HeapFaults.FastReopenVoidsTheSweepLog) == 0)
             {
                 _sweepLog = SweepLog.Resume(_file, log);
@@ -460,6 +465,10 @@ public sealed unsafe partial class PersistentHeap
     /// <see cref="PersistentHeapOptions.SalvageDamagedBlocks"/>; empty when it found none.
     /// </summary>
     public IReadOnlyList<long> RecoveryDamagedBlocks { get; private set; } = Array.Empty<long>();
+
+    /// <summary>Whether a commit word is a free or never-used block's (a stale seal, or damage, is not).</summary>
+    private static bool ReadsFree(ulong commit) =>
+        (commit & (0xFFUL << 56)) == HeapLayout.CommitTag && HeapLayout.CommitState(commit) is HeapLayout.StateFree or HeapLayout.StateUnused;
 
     /// <summary>
     /// After a clean shutdown: where each half of <paramref name="log"/>'s valid batches end must be where the saved state

@@ -272,33 +272,94 @@ public sealed unsafe partial class PersistentHeap
     }
 
     /// <summary>
-    /// Reads, checks and (durably, before any other write of this open) invalidates the saved state. Read-only
-    /// otherwise: a rejected state leaves nothing to undo.
+    /// Durably invalidates the saved state, if the file holds one: called by recovery once the sweep log is checked,
+    /// before anything else is written, since whatever this open writes from then on makes the state stale. While the
+    /// file holds it, no open has got past those checks since the shutdown that saved it: the log is as it left it.
     /// </summary>
-    /// <returns>The bitmap, the saved next uid and where the sweep log's halves ended (0 without a log), or null (then
-    /// <see cref="SavedStateRejection"/> may say why).</returns>
-    private (ulong[] Bitmap, long NextUid, long LogEnd0, long LogEnd1)? TryReadSavedState(int parallelism)
+    private void InvalidateSavedState()
+    {
+        if ((_faults & HeapFaults.TrustStaleSavedState) != 0 || _file.Word(HeapLayout.SavedStateOffset) == 0)
+        {
+            return;
+        }
+
+        ulong* super = (ulong*)_base;
+        super[HeapLayout.SavedStateOffset / sizeof(ulong)] = 0;
+        super[HeapLayout.SavedStateWordsOffset / sizeof(ulong)] = 0;
+        super[HeapLayout.SavedStateCheckOffset / sizeof(ulong)] = 0;
+        _file.Domain.PersistOwned(HeapLayout.SavedStateOffset, 3 * sizeof(ulong));
+    }
+
+    /// <summary>
+    /// Where the sweep log's halves ended when the saved state the file holds was saved, whatever the clean-shutdown
+    /// flag: the log has not changed since (see <see cref="InvalidateSavedState"/>), even when an open was refused
+    /// after that shutdown (which leaves the flag cleared), or a crash came between the state and the flag. Null when
+    /// the file holds no state that checks out for this heap, or one without a log.
+    /// </summary>
+    private (long End0, long End1)? SavedLogEnds()
+    {
+        if ((_faults & (HeapFaults.TrustStaleSavedState | HeapFaults.IgnoreSavedState)) != 0 || _file.Word(HeapLayout.SavedStateOffset) == 0)
+        {
+            return null;
+        }
+
+        ulong* w = CheckedSavedState(trust: false, out _, out _);
+        return w == null || w[7] == 0 ? null : ((long)w[7], (long)w[8]);
+    }
+
+    /// <summary>
+    /// The saved state's words, when the one the superblock points at lies in the heap, passes its checksum and
+    /// describes this heap's segment table, clock and frontier (with <paramref name="trust"/>, only its shape is
+    /// checked); otherwise null, and <paramref name="rejection"/> says why. Read-only.
+    /// </summary>
+    private ulong* CheckedSavedState(bool trust, out long words, out string? rejection)
+    {
+        long offset = (long)_file.Word(HeapLayout.SavedStateOffset);
+        words = (long)_file.Word(HeapLayout.SavedStateWordsOffset);
+        ulong check = _file.Word(HeapLayout.SavedStateCheckOffset);
+        long segments = _file.SegmentCount;
+        // Overflow-safe: both words come from the file and may be damaged; offset + words * 8 must not wrap around
+        // (a wrapped sum passed the old check and the hash below then read outside the mapping).
+        long heapSize = _file.Size;
+        if (offset < _dataStart || offset >= heapSize || offset % sizeof(ulong) != 0 || words < HeapLayout.SavedStateHeaderWords || words > (heapSize - offset) / sizeof(ulong))
+        {
+            rejection = $"its position ({offset}, {words} words) is outside the heap";
+            return null;
+        }
+
+        ulong* w = (ulong*)(_base + offset);
+        if (!trust && HeapLayout.Hash(w, words, (ulong)offset) != check)
+        {
+            rejection = "its checksum does not match";
+            return null;
+        }
+
+        if (w[0] != HeapLayout.SavedStateMagic || (long)w[1] != segments || (long)w[6] != words - HeapLayout.SavedStateHeaderWords
+            || (!trust && (w[5] != HeapLayout.Hash(_table, segments, 0) || (long)w[3] != _file.EpochClock || (long)w[4] != _file.DurableFrontier)))
+        {
+            rejection = w[0] != HeapLayout.SavedStateMagic ? "it was saved by another build of the library (its mark differs)" : "it does not describe this heap's segment table, clock and frontier";
+            return null;
+        }
+
+        rejection = null;
+        return w;
+    }
+
+    /// <summary>
+    /// Reads and checks the saved state, writing nothing (recovery invalidates it with <see cref="InvalidateSavedState"/>
+    /// before its first write): a rejected state leaves nothing to undo.
+    /// </summary>
+    /// <returns>The bitmap and the saved next uid, or null (then <see cref="SavedStateRejection"/> may say why).</returns>
+    private (ulong[] Bitmap, long NextUid)? TryReadSavedState(int parallelism)
     {
         bool trust = (_faults & HeapFaults.TrustStaleSavedState) != 0;
         long offset = (long)_file.Word(HeapLayout.SavedStateOffset);
-        long words = (long)_file.Word(HeapLayout.SavedStateWordsOffset);
-        ulong check = _file.Word(HeapLayout.SavedStateCheckOffset);
         if (offset == 0)
         {
             // Expected only after a clean shutdown of a buffered heap: not at the first open of a new file (it used to
             // say "saved no state" there), nor for a raw heap, which never saves one.
             SavedStateRejection = _file.WasCleanShutdown && !_firstOpen && _ownerKind == HeapLayout.KindBufferedDurable ? "the last shutdown saved no state" : null;
             return null;
-        }
-
-        if (!trust)
-        {
-            // Invalidate first: whatever this open writes from now on makes the saved state stale.
-            ulong* super = (ulong*)_base;
-            super[HeapLayout.SavedStateOffset / sizeof(ulong)] = 0;
-            super[HeapLayout.SavedStateWordsOffset / sizeof(ulong)] = 0;
-            super[HeapLayout.SavedStateCheckOffset / sizeof(ulong)] = 0;
-            _file.Domain.PersistOwned(HeapLayout.SavedStateOffset, 3 * sizeof(ulong));
         }
 
         if ((_faults & HeapFaults.IgnoreSavedState) != 0)
@@ -314,33 +375,16 @@ public sealed unsafe partial class PersistentHeap
         }
 
         long segments = _file.SegmentCount;
-        // Overflow-safe: both words come from the file and may be damaged; offset + words * 8 must not wrap around
-        // (a wrapped sum passed the old check and the hash below then read outside the mapping).
-        long heapSize = _file.Size;
-        if (offset < _dataStart || offset >= heapSize || offset % sizeof(ulong) != 0 || words < HeapLayout.SavedStateHeaderWords || words > (heapSize - offset) / sizeof(ulong))
+        ulong* w = CheckedSavedState(trust, out long words, out string? rejection);
+        if (w == null)
         {
-            SavedStateRejection = $"its position ({offset}, {words} words) is outside the heap";
-            return null;
-        }
-
-        ulong* w = (ulong*)(_base + offset);
-        if (!trust && HeapLayout.Hash(w, words, (ulong)offset) != check)
-        {
-            SavedStateRejection = "its checksum does not match";
-            return null;
-        }
-
-        if (w[0] != HeapLayout.SavedStateMagic || (long)w[1] != segments || (long)w[6] != words - HeapLayout.SavedStateHeaderWords
-            || (!trust && (w[5] != HeapLayout.Hash(_table, segments, 0) || (long)w[3] != _file.EpochClock || (long)w[4] != _file.DurableFrontier)))
-        {
-            SavedStateRejection = "it does not describe this heap's segment table, clock and frontier";
+            SavedStateRejection = rejection;
             return null;
         }
 
         var bitmap = new ulong[words - HeapLayout.SavedStateHeaderWords];
         new ReadOnlySpan<ulong>(w + HeapLayout.SavedStateHeaderWords, bitmap.Length).CopyTo(bitmap);
         long nextUid = (long)w[2];
-        long logEnd0 = (long)w[7], logEnd1 = (long)w[8];
 
         // The same walk as recovery's pass 1; every allocated block's header must be a valid allocation.
         var small = new List<(long Segment, long Word)>();
@@ -412,7 +456,7 @@ public sealed unsafe partial class PersistentHeap
             }
         }
 
-        return (bitmap, nextUid, logEnd0, logEnd1);
+        return (bitmap, nextUid);
     }
 
     /// <summary>The header of a block the saved state marks allocated (checked already, or trusted by the broken control).</summary>

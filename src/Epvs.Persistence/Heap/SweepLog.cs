@@ -46,7 +46,8 @@ namespace Epvs.Persistence;
 /// batch, or a half whose lap word is damaged, is skipped instead: the frees it held are lost, its blocks are classified
 /// as without the log, and the recovery report lists where). After a clean shutdown the saved state holds where each
 /// half's batches end (<see cref="Ends"/>): damage to a half's last batches is then told from their end too, and a
-/// salvage writes free every block the saved state counts free instead of reading the log. After a crash, damage to the
+/// salvage that takes the saved state writes free every block it counts free whose header is not, so that no frees the
+/// damaged entries held are lost. After a crash, damage to the
 /// very last batch of a half cannot be told from a torn
 /// append: its blocks are then classified without the log (a reuse torn over one reads as damage, an old copy of a
 /// payload whose newer copy was deleted since could come back). That, like a lost write, is outside what the checks
@@ -204,7 +205,7 @@ internal sealed unsafe class SweepLog
     /// <param name="contents">The log as <see cref="Read(HeapFile, bool)"/> found it.</param>
     internal static SweepLog Resume(HeapFile file, Contents contents)
     {
-        // A salvaged log is never resumed: the recovery scanned the heap instead (its skipped halves have no lap).
+        // A salvaged log is never resumed: the recovery wrote its frees into the blocks and begins a new log instead.
         Debug.Assert(contents.Damaged.Count == 0, "a damaged sweep log is resumed");
         return new(file, file.SweepLogEpoch, contents);
     }

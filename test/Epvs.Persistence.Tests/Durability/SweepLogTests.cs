@@ -158,7 +158,7 @@ public sealed class SweepLogTests
     /// After a clean shutdown (through a domain that, like a private mapping, makes durable only what was written back,
     /// so the victims' frees are durable in the log only): damage to the log's first batch (a valid one follows it) or
     /// to its last batch (which, without the ends the saved state holds, reads as the end of the log and was taken for
-    /// it silently) is refused; opened with salvage at once, the heap reopens fast, frees what the saved state says is free, keeps every
+    /// it silently) is refused, at every open; opened with salvage at once, the heap reopens fast, frees what the saved state says is free, keeps every
     /// deleted key deleted, also after a crash right after that open, and the next open finds no damage.
     /// </summary>
     [Theory]
@@ -206,16 +206,28 @@ public sealed class SweepLogTests
             damagedFile.ForgoCleanShutdown();
         }
 
-        // Refused without salvage (on a copy: a refused open leaves the file marked as not closed cleanly, so that a
-        // later open does not take the saved state).
+        // Refused without salvage, at every open: a refused open leaves the file marked as not closed cleanly, but the
+        // saved state, which still tells where the log ended. A salvage then lists the damage, from a full scan.
         using (var refused = SimulatedPersistenceDomain.FromImage(image, Capacity))
-        using (HeapFile file = HeapFile.Open(refused))
         {
-            HeapFileException e = Assert.Throws<HeapFileException>(() => BufferedDurableHeap.Open(file, Options(HeapFaults.None)).Dispose());
-            Assert.Equal(HeapFileError.Corrupt, e.Error);
-            Assert.Contains("sweep log", e.Message, StringComparison.Ordinal);
+            for (int attempt = 0; attempt < 2; attempt++)
+            {
+                using HeapFile file = HeapFile.Open(refused);
+                HeapFileException e = Assert.Throws<HeapFileException>(() => BufferedDurableHeap.Open(file, Options(HeapFaults.None)).Dispose());
+                Assert.Equal(HeapFileError.Corrupt, e.Error);
+                Assert.Contains("sweep log", e.Message, StringComparison.Ordinal);
+            }
+
+            using HeapFile salvaged = HeapFile.Open(refused);
+            BufferedDurableHeapOptions salvage = Options(HeapFaults.None);
+            salvage.SalvageDamagedBlocks = true;
+            using BufferedDurableHeap heap = BufferedDurableHeap.Open(salvaged, salvage);
+            Assert.False(heap.Recovery.FastReopen, heap.Recovery.ToString());
+            Assert.Equal([damagedBatch], heap.Recovery.DamagedSweepLogOffsets);
+            salvaged.ForgoCleanShutdown();
         }
 
+        // Opened with salvage at once, on another copy.
         using var reopened = SimulatedPersistenceDomain.FromImage(image, Capacity);
 
         byte[] crashedAfterSalvage;
