@@ -118,18 +118,7 @@ public sealed class SweepLogTests
         using (HeapFile file = HeapFile.Create(domain))
         {
             using BufferedDurableHeap heap = BufferedDurableHeap.Open(file, Options(HeapFaults.None));
-            var churn = new PersistentHashMap<long, Fat>(heap, ChurnType);
-            for (int round = 0; round < 2; round++)
-            {
-                for (long k = 0; k < 256; k++)
-                {
-                    Fat value = default;
-                    value[0] = k + round;
-                    churn.Set(k, value);
-                }
-
-                Reclaim(heap);
-            }
+            ChurnTwice(heap);
 
             long churnEntries = heap.Heap.SweepLogForTesting!.EntriesAppended;
             WriteThenDelete(heap, new PersistentHashMap<long, long>(heap, VictimType));
@@ -170,18 +159,7 @@ public sealed class SweepLogTests
         using (HeapFile file = HeapFile.Create(domain))
         {
             using BufferedDurableHeap heap = BufferedDurableHeap.Open(file, Options(HeapFaults.None));
-            var churn = new PersistentHashMap<long, Fat>(heap, ChurnType);
-            for (int round = 0; round < 2; round++)
-            {
-                for (long k = 0; k < 256; k++)
-                {
-                    Fat value = default;
-                    value[0] = k + round;
-                    churn.Set(k, value);
-                }
-
-                Reclaim(heap);
-            }
+            ChurnTwice(heap);
 
             WriteThenDelete(heap, new PersistentHashMap<long, long>(heap, VictimType));
         }
@@ -675,6 +653,23 @@ public sealed class SweepLogTests
         Assert.True(log.EntriesAppended >= 2 * Victims && log.Turns == 0, $"{log.EntriesAppended} entries, {log.Turns} turns");
         logStart = HeapLayout.SweepLogStart(file.MaxSegments);
         return domain.Crash(seed: 0);
+    }
+
+    /// <summary>Sets 256 keys of another map (another size class) twice, reclaiming after each: the log's first batches list their old copies.</summary>
+    private static void ChurnTwice(BufferedDurableHeap heap)
+    {
+        var churn = new PersistentHashMap<long, Fat>(heap, ChurnType);
+        for (int round = 0; round < 2; round++)
+        {
+            for (long k = 0; k < 256; k++)
+            {
+                Fat value = default;
+                value[0] = k + round;
+                churn.Set(k, value);
+            }
+
+            Reclaim(heap);
+        }
     }
 
     /// <summary>Sets every victim to k + round for each round, reclaiming after each (the old copies' frees go to the log).</summary>
