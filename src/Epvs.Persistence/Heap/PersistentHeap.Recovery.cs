@@ -471,8 +471,8 @@ public sealed unsafe partial class PersistentHeap
         (commit & (0xFFUL << 56)) == HeapLayout.CommitTag && HeapLayout.CommitState(commit) is HeapLayout.StateFree or HeapLayout.StateUnused;
 
     /// <summary>
-    /// After a clean shutdown: where each half of <paramref name="log"/>'s valid batches end must be where the saved state
-    /// says they ended. Damage to a half's last batches reads as the end of its batches (as an append a crash tore does),
+    /// While the file holds a clean shutdown's saved state: where each half of <paramref name="log"/>'s valid batches end
+    /// must be where that state says they ended. Damage to a half's last batches reads as the end of its batches (as an append a crash tore does),
     /// so only this tells it: refused, or with <paramref name="salvage"/> listed in the log's damage.
     /// </summary>
     private void RefuseLogEndsOtherThanSaved(SweepLog.Contents log, long[] savedEnds, bool salvage)
@@ -490,7 +490,7 @@ public sealed unsafe partial class PersistentHeap
             long at = Math.Min(log.Ends[h], savedEnds[h]);
             if (!salvage)
             {
-                ThrowHelper.ThrowHeapFile(HeapFileError.Corrupt, $"Cannot open heap file '{_file.Path}': the sweep log's batches end at file offset {log.Ends[h]}, but the last clean shutdown saved them ending at {savedEnds[h]}: the batch at {at} is damaged, and the frees it held cannot be trusted. Restore the file from a copy, or open it with SalvageDamagedBlocks = true (the saved state then says which blocks are free).");
+                ThrowHelper.ThrowHeapFile(HeapFileError.Corrupt, $"Cannot open heap file '{_file.Path}': the sweep log's batches end at file offset {log.Ends[h]}, but the last clean shutdown saved them ending at {savedEnds[h]}: the batch at {at} is damaged, and the frees it held cannot be trusted. Restore the file from a copy, or open it with SalvageDamagedBlocks = true (the recovery report then lists the damage; this refused open left the file marked as not closed cleanly, so the heap is scanned, and a payload deleted after one of those frees may come back).");
             }
 
             log.Damaged.Add(at);
