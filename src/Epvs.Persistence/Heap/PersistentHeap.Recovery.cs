@@ -69,7 +69,7 @@ public sealed unsafe partial class PersistentHeap
 
         // Fast reopen: checked (read-only, every block it marks allocated checked whole); invalidated durably once the
         // sweep log is checked too (below), before the first write.
-        (ulong[] Bitmap, long NextUid)? saved = TryReadSavedState(options.RecoveryParallelism);
+        (ulong[] Bitmap, long NextUid, (long End0, long End1)? LogEnds)? saved = TryReadSavedState(options.RecoveryParallelism);
         ulong[]? bitmap = saved?.Bitmap;
         OpenedFromSavedState = saved is not null;
 
@@ -83,7 +83,7 @@ public sealed unsafe partial class PersistentHeap
         // Only a buffered heap's sweeps log their frees. Read (and checked) before anything is written, at a fast reopen
         // too, which goes on with it: the saved state's frees of swept blocks are durable in the log only.
         SweepLog.Contents? log = listUnsealed && (_faults & HeapFaults.IgnoreSweepLogAtRecovery) == 0 ? SweepLog.Read(_file, options.SalvageDamagedBlocks) : null;
-        if (log is not null && SavedLogEnds() is { } savedEnds)
+        if (log is not null && SavedLogEnds(saved) is { } savedEnds)
         {
             RefuseLogEndsOtherThanSaved(log, [savedEnds.End0, savedEnds.End1], options.SalvageDamagedBlocks);
         }

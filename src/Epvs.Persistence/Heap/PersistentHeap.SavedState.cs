@@ -294,10 +294,16 @@ public sealed unsafe partial class PersistentHeap
     /// Where the sweep log's halves ended when the saved state the file holds was saved, whatever the clean-shutdown
     /// flag: the log has not changed since (see <see cref="InvalidateSavedState"/>), even when an open was refused
     /// after that shutdown (which leaves the flag cleared), or a crash came between the state and the flag. Null when
-    /// the file holds no state that checks out for this heap, or one without a log.
+    /// the file holds no state that checks out for this heap, or one without a log. Takes them from
+    /// <paramref name="accepted"/>, the state this open took, when there is one (checked once).
     /// </summary>
-    private (long End0, long End1)? SavedLogEnds()
+    private (long End0, long End1)? SavedLogEnds((ulong[] Bitmap, long NextUid, (long End0, long End1)? LogEnds)? accepted)
     {
+        if (accepted is { } state)
+        {
+            return state.LogEnds;
+        }
+
         if ((_faults & (HeapFaults.TrustStaleSavedState | HeapFaults.IgnoreSavedState)) != 0 || _file.Word(HeapLayout.SavedStateOffset) == 0)
         {
             return null;
@@ -349,8 +355,9 @@ public sealed unsafe partial class PersistentHeap
     /// Reads and checks the saved state, writing nothing (recovery invalidates it with <see cref="InvalidateSavedState"/>
     /// before its first write): a rejected state leaves nothing to undo.
     /// </summary>
-    /// <returns>The bitmap and the saved next uid, or null (then <see cref="SavedStateRejection"/> may say why).</returns>
-    private (ulong[] Bitmap, long NextUid)? TryReadSavedState(int parallelism)
+    /// <returns>The bitmap, the saved next uid and where the sweep log's halves ended (null without a log), or null
+    /// (then <see cref="SavedStateRejection"/> may say why).</returns>
+    private (ulong[] Bitmap, long NextUid, (long End0, long End1)? LogEnds)? TryReadSavedState(int parallelism)
     {
         bool trust = (_faults & HeapFaults.TrustStaleSavedState) != 0;
         long offset = (long)_file.Word(HeapLayout.SavedStateOffset);
@@ -385,6 +392,7 @@ public sealed unsafe partial class PersistentHeap
         var bitmap = new ulong[words - HeapLayout.SavedStateHeaderWords];
         new ReadOnlySpan<ulong>(w + HeapLayout.SavedStateHeaderWords, bitmap.Length).CopyTo(bitmap);
         long nextUid = (long)w[2];
+        (long, long)? logEnds = trust || w[7] == 0 ? null : ((long)w[7], (long)w[8]);
 
         // The same walk as recovery's pass 1; every allocated block's header must be a valid allocation.
         var small = new List<(long Segment, long Word)>();
@@ -456,7 +464,7 @@ public sealed unsafe partial class PersistentHeap
             }
         }
 
-        return (bitmap, nextUid);
+        return (bitmap, nextUid, logEnds);
     }
 
     /// <summary>The header of a block the saved state marks allocated (checked already, or trusted by the broken control).</summary>

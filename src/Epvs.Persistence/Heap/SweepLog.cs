@@ -47,8 +47,7 @@ namespace Epvs.Persistence;
 /// as without the log, and the recovery report lists where). After a clean shutdown the saved state holds where each
 /// half's batches end (<see cref="Ends"/>): damage to a half's last batches is then told from their end too, and a
 /// salvage that takes the saved state writes free every block it counts free whose header is not, so that no frees the
-/// damaged entries held are lost. After a crash, damage to the
-/// very last batch of a half cannot be told from a torn
+/// damaged entries held are lost. After a crash, damage to the very last batch of a half cannot be told from a torn
 /// append: its blocks are then classified without the log (a reuse torn over one reads as damage, an old copy of a
 /// payload whose newer copy was deleted since could come back). That, like a lost write, is outside what the checks
 /// detect.</para>
