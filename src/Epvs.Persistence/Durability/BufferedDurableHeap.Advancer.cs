@@ -993,6 +993,7 @@ public sealed unsafe partial class BufferedDurableHeap
         {
             // In the seals' fence, so it never says less than the frontier, persisted after it.
             _heap.File.WriteBackSealedFrontier(version);
+            _heap.WriteBackSweepLogMark();
         }
 
         Fence();
@@ -1069,6 +1070,7 @@ public sealed unsafe partial class BufferedDurableHeap
         // Durable with the seals (one fence), before the frontier: recovery takes a sealed frontier below the frontier
         // for a window between the two (a file written in the broken control's order, or a damaged word).
         _heap.File.WriteBackSealedFrontier(version);
+        _heap.WriteBackSweepLogMark();
         // Not Fence(): this fence is the seals' (in SealTime, which the write-back time excludes), not the write-back's.
         _domain.FenceOwned();
         return Stopwatch.GetTimestamp() - started;

@@ -90,4 +90,10 @@ internal enum HeapFaults
 
     /// <summary>A fast reopen starts the sweep log afresh (a new epoch) instead of going on with it: the saved state's frees that were durable in the log only are then durable nowhere.</summary>
     FastReopenVoidsTheSweepLog = 8388608,
+
+    /// <summary>The cycles write no marks of the sweep log: after a crash, damage to a half's last batches reads as the end of its batches again, and the frees they held are lost without a word.</summary>
+    SweepLogWithoutMarks = 16777216,
+
+    /// <summary>Recovery takes the sweep log's marks whatever epoch they name: the marks of a log that a recovery scan has emptied since then say it reached further than the new log does, and a plain crash reads as damage.</summary>
+    SweepLogMarksOfAnyEpoch = 33554432,
 }

@@ -54,6 +54,13 @@ namespace Epvs.Persistence;
 ///   256  SweepLogEpoch    seeds every check of the sweep log's batches; raised, durably, by every recovery scan of a
 ///                         buffered heap once it has written the frees the log held; drawn at random below 2^31 at
 ///                         creation, so a heap created over another's bytes never reads that heap's batches (sealed)
+///   320  SweepLogMarks    two records of 64 bytes (320, 384), written in turn by a buffered heap's cycles: the log's
+///                         epoch, then each half's lap and where its batches ended when the cycle ran, and an XxHash3
+///                         check of those five words seeded with the record's offset. Every batch before a recorded
+///                         end was durable, so recovery takes a half whose valid batches end short of a record of
+///                         its lap and the current epoch for damage, not for an append a crash tore. A record that
+///                         fails its check (torn by a crash, or zero in a file written before records existed) or holds
+///                         another epoch says nothing (see SweepLog)
 ///
 /// Segment descriptor (table word i; every i &lt; SegmentCount holds one, written when the heap is created or grows)
 ///   bits  0..23  Generation   incremented (mod 2^24) every time the descriptor is rewritten; 0 when created
@@ -188,6 +195,12 @@ internal static class HeapLayout
     /// <summary>The sweep log's epoch (format 10; a sealed word): every batch's check is seeded with it, so raising it
     /// (durably, once recovery has written the frees the log held) empties the log at once.</summary>
     internal const int SweepLogEpochOffset = 256;
+
+    /// <summary>The first of the sweep log's two mark records (see <see cref="SweepLog.WriteBackMark"/>); the second follows it by <see cref="SweepLogMarkBytes"/>.</summary>
+    internal const int SweepLogMarksOffset = 320;
+
+    /// <summary>The space of one mark record of the sweep log (a cache line; 6 words used).</summary>
+    internal const int SweepLogMarkBytes = 64;
 
     /// <summary>Bits of a sealed word that carry the value; the 22 bits above carry its check.</summary>
     internal const int SealedValueBits = 42;

@@ -88,6 +88,11 @@ public sealed unsafe partial class PersistentHeap
             RefuseLogEndsOtherThanSaved(log, [savedEnds.End0, savedEnds.End1], options.SalvageDamagedBlocks);
         }
 
+        if (log is not null)
+        {
+            RefuseLogEndsShortOfItsMarks(log, options.SalvageDamagedBlocks);
+        }
+
         RecoveryDamagedSweepLog = log?.Damaged ?? [];
 
         // The checks that refuse the file before anything is classified are done: the first write of this open follows.
@@ -494,6 +499,35 @@ public sealed unsafe partial class PersistentHeap
             }
 
             log.Damaged.Add(at);
+        }
+    }
+
+    /// <summary>
+    /// Where each half of <paramref name="log"/>'s valid batches end must be at least where a cycle's mark of its lap
+    /// says they reached (<see cref="SweepLog.WriteBackMark"/>): short of it, the batch they end at is damaged, not an
+    /// append a crash tore (whose batch no mark can have reached). Refused, or with <paramref name="salvage"/> listed in
+    /// the log's damage.
+    /// </summary>
+    private void RefuseLogEndsShortOfItsMarks(SweepLog.Contents log, bool salvage)
+    {
+        long start = HeapLayout.SweepLogStart(_file.MaxSegments);
+        long half = (_dataStart - start) / 2;
+        foreach ((int h, long lap, long end) in SweepLog.ReadMarks(_base, _file.MaxSegments, _dataStart, _file.SweepLogEpoch, (_faults & HeapFaults.SweepLogMarksOfAnyEpoch) != 0))
+        {
+            if (log.Laps[h] != lap || log.Ends[h] >= end || log.Damaged.Contains(start + (h * half)))
+            {
+                continue;
+            }
+
+            if (!salvage)
+            {
+                ThrowHelper.ThrowHeapFile(HeapFileError.Corrupt, $"Cannot open heap file '{_file.Path}': the sweep log's batches end at file offset {log.Ends[h]}, but an advance of the heap found them durable up to {end}: the batch at {log.Ends[h]} is damaged (not an append a crash interrupted), and the frees it held cannot be trusted. Restore the file from a copy, or open it with SalvageDamagedBlocks = true (the recovery report then lists the damage; a payload deleted after one of those frees may come back).");
+            }
+
+            if (!log.Damaged.Contains(log.Ends[h]))
+            {
+                log.Damaged.Add(log.Ends[h]);
+            }
         }
     }
 

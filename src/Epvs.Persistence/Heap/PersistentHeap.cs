@@ -647,6 +647,18 @@ public sealed unsafe partial class PersistentHeap : IDisposable, IAsyncDisposabl
     }
 
     /// <summary>
+    /// A buffered heap's cycle, in its fence (the caller fences): writes back the sweep log's mark, where its batches
+    /// end now, so that recovery after a crash tells damage to them from their end (see <see cref="SweepLog.WriteBackMark"/>).
+    /// </summary>
+    internal void WriteBackSweepLogMark()
+    {
+        if ((_faults & HeapFaults.SweepLogWithoutMarks) == 0)
+        {
+            _sweepLog?.WriteBackMark();
+        }
+    }
+
+    /// <summary>
     /// Recovery of a buffered heap: seals each block of <paramref name="offsets"/> that is still allocated and unsealed,
     /// with its own epoch tag, then writes back and fences the commit words. For blocks the durable frontier covers and
     /// the scan checked: their bytes are the file's, so the seal covers what is durable. May reorder <paramref name="offsets"/>.

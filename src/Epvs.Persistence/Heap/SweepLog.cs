@@ -47,10 +47,12 @@ namespace Epvs.Persistence;
 /// as without the log, and the recovery report lists where). After a clean shutdown the saved state holds where each
 /// half's batches end (<see cref="Ends"/>): damage to a half's last batches is then told from their end too, and a
 /// salvage that takes the saved state writes free every block it counts free whose header is not, so that no frees the
-/// damaged entries held are lost. After a crash, damage to the very last batch of a half cannot be told from a torn
-/// append: its blocks are then classified without the log (a reuse torn over one reads as damage, an old copy of a
-/// payload whose newer copy was deleted since could come back). That, like a lost write, is outside what the checks
-/// detect.</para>
+/// damaged entries held are lost. After a crash, each cycle's mark tells it instead (<see cref="WriteBackMark"/>): a
+/// half whose valid batches end short of where a mark of its lap and the current epoch says they reached is damaged.
+/// Only damage to batches appended after the last mark that reached the file (at most about one advance period of
+/// sweeps) cannot be told from a torn append: their blocks are then classified without the log (a reuse torn over one
+/// reads as damage, an old copy of a payload whose newer copy was deleted since could come back). That, like a lost
+/// write, is outside what the checks detect.</para>
 /// <para>Threads. Appends and turns serialize on the log's lock, each on the sweeping thread, which writes back and
 /// fences there. The working image of a listed block is read without any lock at a turn: it may be in the middle of
 /// an allocation, and a header written back then is any mix of old and new words, which the header checks cover.</para>
@@ -83,6 +85,15 @@ internal sealed unsafe class SweepLog
     /// <summary>Where the other half's valid batches end (its entries are kept until the log turns back to it).</summary>
     private long _otherEnd;
 
+    /// <summary>The other half's lap.</summary>
+    private long _otherLap;
+
+    /// <summary>What the last mark recorded (lap and end of half 0, then of half 1); all 0 before the first.</summary>
+    private (long Lap0, long End0, long Lap1, long End1) _marked;
+
+    /// <summary>Which of the two mark records the next mark overwrites (the other holds the last one).</summary>
+    private int _nextMark;
+
     private SweepLog(HeapFile file, long epoch, Contents contents)
     {
         _file = file;
@@ -97,6 +108,7 @@ internal sealed unsafe class SweepLog
         _maxLap = Math.Max(contents.Laps[0], contents.Laps[1]);
         _position = contents.Ends[_half];
         _otherEnd = contents.Ends[1 - _half];
+        _otherLap = contents.Laps[1 - _half];
         _listed[0].AddRange(contents.Listed[0]);
         _listed[1].AddRange(contents.Listed[1]);
     }
@@ -250,6 +262,90 @@ internal sealed unsafe class SweepLog
     }
 
     /// <summary>
+    /// A cycle's mark, written back in the cycle's fence (the caller fences): where each half's batches end now, with
+    /// the halves' laps and the log's epoch, into the older of the two mark records in the superblock
+    /// (<see cref="HeapLayout.SweepLogMarksOffset"/>). Every batch before those ends was fenced by its append (under the
+    /// log's lock, which this holds), so a crash can leave the log short of a mark only by damage: recovery then refuses
+    /// it, or salvages it reported (<see cref="ReadMarks"/>), where it used to take the damaged batches for the log's
+    /// end and lose their frees without a word. Nothing is written while the log has not changed since the last mark.
+    /// </summary>
+    /// <remarks>A record is six words written in place, so a crash can tear it: it then fails its check and says nothing,
+    /// while the other record still holds the previous mark. Both stay true of an intact log: within a lap a half's
+    /// batches only grow, a new lap or a new epoch voids the mark (it names the lap and the epoch it saw).</remarks>
+    internal void WriteBackMark()
+    {
+        using (InterruptShield.Hold(_gate))
+        {
+            (long Lap0, long End0, long Lap1, long End1) now = _half == 0 ? (_lap, _position, _otherLap, _otherEnd) : (_otherLap, _otherEnd, _lap, _position);
+            if (now == _marked)
+            {
+                return;
+            }
+
+            long offset = HeapLayout.SweepLogMarksOffset + (_nextMark * HeapLayout.SweepLogMarkBytes);
+            ulong* record = (ulong*)(_base + offset);
+            record[0] = (ulong)_epoch;
+            record[1] = (ulong)now.Lap0;
+            record[2] = (ulong)now.End0;
+            record[3] = (ulong)now.Lap1;
+            record[4] = (ulong)now.End1;
+            record[5] = MarkCheck(record, offset);
+            _domain.WriteBackOwned(offset, MarkWords * sizeof(ulong));
+            _marked = now;
+            _nextMark ^= 1;
+        }
+    }
+
+    /// <summary>
+    /// The marks of the heap image at <paramref name="p"/> that hold for its log (<see cref="WriteBackMark"/>): per
+    /// half, a lap and where that lap's batches reached when a cycle recorded it. A record that fails its check, names
+    /// another epoch than <paramref name="epoch"/>, or an end outside its half, is left out.
+    /// </summary>
+    /// <param name="p">The heap image.</param>
+    /// <param name="maxSegments">Its table's capacity.</param>
+    /// <param name="dataStart">Where its segments start (the log's end).</param>
+    /// <param name="epoch">The log's epoch.</param>
+    /// <param name="anyEpoch">Broken control: records of an older epoch are taken too (the marks of a log that a recovery
+    /// scan has emptied since).</param>
+    internal static List<(int Half, long Lap, long End)> ReadMarks(byte* p, long maxSegments, long dataStart, long epoch, bool anyEpoch = false)
+    {
+        long start = HeapLayout.SweepLogStart(maxSegments);
+        long half = (dataStart - start) / 2;
+        var marks = new List<(int Half, long Lap, long End)>();
+        for (int r = 0; r < 2; r++)
+        {
+            long offset = HeapLayout.SweepLogMarksOffset + (r * HeapLayout.SweepLogMarkBytes);
+            ulong* record = (ulong*)(p + offset);
+            if (record[5] != MarkCheck(record, offset) || ((long)record[0] != epoch && !anyEpoch))
+            {
+                continue;
+            }
+
+            for (int h = 0; h < 2; h++)
+            {
+                long end = (long)record[2 + (2 * h)];
+                long lapOffset = start + (h * half);
+                if (end >= lapOffset + sizeof(ulong) && end <= lapOffset + half)
+                {
+                    marks.Add((h, (long)record[1 + (2 * h)], end));
+                }
+            }
+        }
+
+        return marks;
+    }
+
+    /// <summary>Words of a mark record: the epoch, each half's lap and end, the check.</summary>
+    private const int MarkWords = 6;
+
+    /// <summary>XxHash3 (System.IO.Hashing) of a mark record's first five words, seeded with its offset.</summary>
+    private static ulong MarkCheck(ulong* record, long offset) =>
+        System.IO.Hashing.XxHash3.HashToUInt64(new ReadOnlySpan<byte>(record, (MarkWords - 1) * sizeof(ulong)), offset ^ MarkSeed);
+
+    /// <summary>Mixed into the mark records' seed ("SWPMARKS"), so that no other checked word of the file is a valid record.</summary>
+    private const long MarkSeed = 0x534B_5241_4D50_5753;
+
+    /// <summary>
     /// Turns to the other half: writes back the headers of its listed blocks not sealed in a durable version, fences,
     /// then gives it its new lap (written back and fenced on its own).
     /// </summary>
@@ -287,6 +383,7 @@ internal sealed unsafe class SweepLog
 
         listed.Clear();
         _otherEnd = _position;
+        _otherLap = _lap;
         _half = other;
         _lap = _maxLap;
         _position = lapOffset + sizeof(ulong);
