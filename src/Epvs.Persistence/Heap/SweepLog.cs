@@ -43,19 +43,21 @@ namespace Epvs.Persistence;
 /// <para>Damage. A batch that fails its check ends its half's scan: it is the last append, torn by a crash before its
 /// fence (its blocks were never handed out), unless a valid batch of the same lap follows it, which only damage leaves
 /// (reported, before recovery writes anything; with <see cref="PersistentHeapOptions.SalvageDamagedBlocks"/> the damaged
-/// batch, or a half whose lap word is damaged, is skipped instead: the frees it held are lost, its blocks are classified
+/// batch, or a half whose lap word is damaged or behind a mark, is skipped instead: the frees it held are lost, its blocks are classified
 /// as without the log, and the recovery report lists where). After a clean shutdown the saved state holds where each
 /// half's batches end (<see cref="Ends"/>): damage to a half's last batches is then told from their end too, and a
 /// salvage that takes the saved state writes free every block it counts free whose header is not, so that no frees the
 /// damaged entries held are lost. After a crash, each cycle's mark tells it instead (<see cref="WriteBackMark"/>): a
-/// half whose valid batches end short of where a mark of its lap and the current epoch says they reached is damaged.
-/// Only damage to batches appended after the last mark that reached the file (at most about one advance period of
-/// sweeps) cannot be told from a torn append: their blocks are then classified without the log (a reuse torn over one
+/// half whose valid batches end short of where a mark of its lap and the current epoch says they reached is damaged,
+/// and so is a lap word that holds a lower lap than such a mark names (a lost write of a turn's lap). Only damage to batches appended after the last mark that reached the file (the sweeps since the last advance that
+/// completed: about one advance period's, or since the last explicit advance when the period is infinite) cannot be
+/// told from a torn append: their blocks are then classified without the log (a reuse torn over one
 /// reads as damage, an old copy of a payload whose newer copy was deleted since could come back). That, like a lost
 /// write, is outside what the checks detect.</para>
 /// <para>Threads. Appends and turns serialize on the log's lock, each on the sweeping thread, which writes back and
-/// fences there. The working image of a listed block is read without any lock at a turn: it may be in the middle of
-/// an allocation, and a header written back then is any mix of old and new words, which the header checks cover.</para>
+/// fences there; each then publishes the ends it made durable, which a cycle's mark reads without the log's lock. The
+/// working image of a listed block is read without any lock at a turn: it may be in the middle of an allocation, and a
+/// header written back then is any mix of old and new words, which the header checks cover.</para>
 /// </remarks>
 internal sealed unsafe class SweepLog
 {
@@ -88,10 +90,19 @@ internal sealed unsafe class SweepLog
     /// <summary>The other half's lap.</summary>
     private long _otherLap;
 
-    /// <summary>What the last mark recorded (lap and end of half 0, then of half 1); all 0 before the first.</summary>
-    private (long Lap0, long End0, long Lap1, long End1) _marked;
+    /// <summary>
+    /// Each half's lap and where its batches end, as far as they are durable: published after each of the log's fences
+    /// (an append's, a turn's), so a mark never names a batch whose fence failed, and reads it without the log's lock.
+    /// </summary>
+    private FencedEnds _fenced;
 
-    /// <summary>Which of the two mark records the next mark overwrites (the other holds the last one).</summary>
+    /// <summary>Serializes the marks (cycles run one at a time; this keeps the records' state consistent regardless).</summary>
+    private readonly object _markGate = new();
+
+    /// <summary>What the last mark recorded (under <see cref="_markGate"/>); null before the first.</summary>
+    private FencedEnds? _marked;
+
+    /// <summary>Which of the two mark records the next mark overwrites (under <see cref="_markGate"/>; the other holds the last one).</summary>
     private int _nextMark;
 
     private SweepLog(HeapFile file, long epoch, Contents contents)
@@ -109,6 +120,7 @@ internal sealed unsafe class SweepLog
         _position = contents.Ends[_half];
         _otherEnd = contents.Ends[1 - _half];
         _otherLap = contents.Laps[1 - _half];
+        _fenced = Fenced();
         _listed[0].AddRange(contents.Listed[0]);
         _listed[1].AddRange(contents.Listed[1]);
     }
@@ -161,7 +173,7 @@ internal sealed unsafe class SweepLog
 
     /// <summary>
     /// At creation: the halves' laps (1 and 0) of the log in [<paramref name="start"/>, <paramref name="end"/>) and its
-    /// first epoch, drawn at random below 2^32, in the image <paramref name="p"/> the caller persists. The rest of the
+    /// first epoch, drawn at random below 2^31, in the image <paramref name="p"/> the caller persists. The rest of the
     /// log is left as it is: a heap created over the bytes of another (a domain used before) must not take that heap's
     /// batches for its own, and their checks were seeded with that heap's epochs.
     /// </summary>
@@ -258,25 +270,34 @@ internal sealed unsafe class SweepLog
             }
 
             _domain.FenceOwned();
+            Volatile.Write(ref _fenced, Fenced());
         }
     }
 
+    /// <summary>The halves' laps and ends as they are now (under <see cref="_gate"/>, once they are durable).</summary>
+    private FencedEnds Fenced() => _half == 0 ? new(_lap, _position, _otherLap, _otherEnd) : new(_otherLap, _otherEnd, _lap, _position);
+
+    /// <summary>Each half's lap and where its batches end (file offsets), all durable.</summary>
+    private sealed record FencedEnds(long Lap0, long End0, long Lap1, long End1);
+
     /// <summary>
-    /// A cycle's mark, written back in the cycle's fence (the caller fences): where each half's batches end now, with
-    /// the halves' laps and the log's epoch, into the older of the two mark records in the superblock
-    /// (<see cref="HeapLayout.SweepLogMarksOffset"/>). Every batch before those ends was fenced by its append (under the
-    /// log's lock, which this holds), so a crash can leave the log short of a mark only by damage: recovery then refuses
-    /// it, or salvages it reported (<see cref="ReadMarks"/>), where it used to take the damaged batches for the log's
-    /// end and lose their frees without a word. Nothing is written while the log has not changed since the last mark.
+    /// A cycle's mark, written back in the cycle's fence (the caller fences): where each half's batches end, with the
+    /// halves' laps and the log's epoch, into the older of the two mark records in the superblock
+    /// (<see cref="HeapLayout.SweepLogMarksOffset"/>). It takes the ends published after the log's last fence, not the
+    /// appends in flight (nor one whose fence failed), so a crash can leave the log short of a mark only by damage:
+    /// recovery then refuses it, or salvages it reported (<see cref="ReadMarks"/>), where it used to take the damaged
+    /// batches for the log's end and lose their frees without a word. It does not wait for a sweep's append or a turn.
+    /// Nothing is written while the log has not changed since the last mark.
     /// </summary>
     /// <remarks>A record is six words written in place, so a crash can tear it: it then fails its check and says nothing,
     /// while the other record still holds the previous mark. Both stay true of an intact log: within a lap a half's
     /// batches only grow, a new lap or a new epoch voids the mark (it names the lap and the epoch it saw).</remarks>
     internal void WriteBackMark()
     {
-        using (InterruptShield.Hold(_gate))
+        using (InterruptShield.Hold(_markGate))
         {
-            (long Lap0, long End0, long Lap1, long End1) now = _half == 0 ? (_lap, _position, _otherLap, _otherEnd) : (_otherLap, _otherEnd, _lap, _position);
+            // Volatile.Read: acquire; pairs with the release that published the ends after their fence.
+            FencedEnds now = Volatile.Read(ref _fenced);
             if (now == _marked)
             {
                 return;
@@ -335,6 +356,18 @@ internal sealed unsafe class SweepLog
         return marks;
     }
 
+    /// <summary>The highest lap <paramref name="marks"/> name for half <paramref name="h"/>; -1 when none does.</summary>
+    private static long MarkedLap(List<(int Half, long Lap, long End)> marks, int h)
+    {
+        long lap = -1;
+        foreach ((int half, long markedLap, _) in marks)
+        {
+            lap = half == h ? Math.Max(lap, markedLap) : lap;
+        }
+
+        return lap;
+    }
+
     /// <summary>Words of a mark record: the epoch, each half's lap and end, the check.</summary>
     private const int MarkWords = 6;
 
@@ -387,6 +420,8 @@ internal sealed unsafe class SweepLog
         _half = other;
         _lap = _maxLap;
         _position = lapOffset + sizeof(ulong);
+        // The old half's batches were fenced above, the new lap persisted: both durable.
+        Volatile.Write(ref _fenced, Fenced());
         Turns++;
         AfterTurnForTesting?.Invoke();
     }
@@ -418,10 +453,11 @@ internal sealed unsafe class SweepLog
     /// </summary>
     /// <param name="file">The heap file.</param>
     /// <param name="salvage">With <see cref="PersistentHeapOptions.SalvageDamagedBlocks"/>: damage does not throw. A
-    /// damaged batch is skipped (the valid batches after it are read), a half whose lap word is damaged is skipped whole,
+    /// damaged batch is skipped (the valid batches after it are read), a half whose lap word is damaged (or behind a mark) is skipped whole,
     /// and <see cref="Contents.Damaged"/> lists where; the frees they held are lost.</param>
     /// <exception cref="HeapFileException"><see cref="HeapFileError.Corrupt"/>, without <paramref name="salvage"/>: a
-    /// half's lap word fails its check, or a batch fails its check and a valid batch of its half's lap follows it (damage,
+    /// half's lap word fails its check or holds a lower lap than a mark of the current epoch names for it (see
+    /// <see cref="WriteBackMark"/>), or a batch fails its check and a valid batch of its half's lap follows it (damage,
     /// not a torn append).</exception>
     internal static Contents Read(HeapFile file, bool salvage = false) => Read(file.Pointer, file.MaxSegments, file.DataStart, file.SweepLogEpoch, file.Path, salvage);
 
@@ -435,11 +471,29 @@ internal sealed unsafe class SweepLog
         long[] ends = new long[2];
         List<long>[] listed = [new List<long>(), new List<long>()];
         var damaged = new List<long>();
+        List<(int Half, long Lap, long End)> marks = ReadMarks(p, maxSegments, dataStart, epoch);
         for (int h = 0; h < 2; h++)
         {
             long lapOffset = start + (h * half);
             long end = start + ((h + 1) * half);
-            if (!HeapLayout.TryUnseal(*(ulong*)(p + lapOffset), (int)lapOffset, out long lap))
+            bool intact = HeapLayout.TryUnseal(*(ulong*)(p + lapOffset), (int)lapOffset, out long lap);
+
+            // A lap word is durable before any mark names its lap, and laps only grow within an epoch: a mark of a higher
+            // lap means the word went back (a lost write of a turn's lap), and the half's newer batches are unreadable.
+            long markedLap = intact ? MarkedLap(marks, h) : -1;
+            if (markedLap > lap)
+            {
+                if (!salvage)
+                {
+                    ThrowHelper.ThrowHeapFile(HeapFileError.Corrupt, $"Cannot open heap file '{path}': the sweep log's lap word at file offset {lapOffset} holds lap {lap}, but an advance of the heap found lap {markedLap} there (a write to the file was lost, or damage); the frees the log holds cannot be trusted. Restore the file from a copy, or open it with SalvageDamagedBlocks = true to go on without the frees of that half of the log (the recovery report lists where it was damaged).");
+                }
+
+                damaged.Add(lapOffset);
+                ends[h] = lapOffset + sizeof(ulong);
+                continue;
+            }
+
+            if (!intact)
             {
                 if (!salvage)
                 {
