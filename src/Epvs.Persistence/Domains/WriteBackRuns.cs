@@ -1,16 +1,18 @@
 namespace Epvs.Persistence;
 
 /// <summary>
-/// Writes back byte ranges of a <see cref="PersistenceDomain"/>: on persistent memory each range at once (cache-line
-/// write-back); through the page cache, ranges added in ascending order are merged into runs and each run is written
-/// back once (every write-back there is a system call). A run takes in the next range when it starts on the page the
-/// run ends on, on the page after it (so no page is written that no range touches), or within
-/// <see cref="PersistenceDomain.WriteBackMergeGap"/> of its end.
+/// Writes back byte ranges of a <see cref="PersistenceDomain"/>, merging ranges added in ascending order into runs,
+/// each written back once. Through the page cache (where every write-back is a system call) a run takes in the next
+/// range when it starts on the page the run ends on, on the page after it (so no page is written that no range
+/// touches), or within <see cref="PersistenceDomain.WriteBackMergeGap"/> of its end. On persistent memory (cache-line
+/// write-backs, one native call each) when it starts on the cache line the run ends on or the next one: neighbouring
+/// blocks, handed out in address order, take one call and write back the line they share once, and no line is
+/// written back that no range touches.
 /// </summary>
 internal struct WriteBackRuns
 {
     private readonly PersistenceDomain _domain;
-    private readonly bool _coalesce;
+    private readonly bool _pages;
     private readonly long _mergeGap;
     private readonly long _pageMask;
     private long _start;
@@ -19,7 +21,7 @@ internal struct WriteBackRuns
     internal WriteBackRuns(PersistenceDomain domain)
     {
         _domain = domain;
-        _coalesce = !domain.IsPersistentMemory;
+        _pages = !domain.IsPersistentMemory;
         _mergeGap = domain.WriteBackMergeGap;
         _pageMask = System.Environment.SystemPageSize - 1;
         _start = -1;
@@ -29,9 +31,18 @@ internal struct WriteBackRuns
     /// <summary>Adds a range (through the page cache, in ascending order of <paramref name="offset"/> to merge).</summary>
     internal void Add(long offset, long length)
     {
-        if (!_coalesce)
+        if (!_pages)
         {
-            _domain.WriteBackOwned(offset, length);
+            // Merged when it starts on the line the run ends on, or on the next line.
+            if (_start >= 0 && offset >= _start && offset <= ((_end + LineMask) & ~LineMask))
+            {
+                _end = System.Math.Max(_end, offset + length);
+                return;
+            }
+
+            Flush();
+            _start = offset;
+            _end = offset + length;
             return;
         }
 
@@ -58,7 +69,7 @@ internal struct WriteBackRuns
     internal static void WriteBackHeadersAndFence(PersistenceDomain domain, System.Span<long> offsets)
     {
         var runs = new WriteBackRuns(domain);
-        if (runs._coalesce)
+        if (runs._pages)
         {
             System.MemoryExtensions.Sort(offsets);
         }
@@ -75,10 +86,16 @@ internal struct WriteBackRuns
     /// <summary>
     /// Through the page cache: writes back the whole pages of the run in progress and keeps its last page, which a range
     /// added next may still extend (a page copied twice would also be written to the disk twice); on persistent memory
-    /// every range was written back as it was added.
+    /// writes back the run in progress.
     /// </summary>
     internal void FlushWholePages()
     {
+        if (!_pages)
+        {
+            Flush();
+            return;
+        }
+
         if (_start < 0)
         {
             return;
@@ -96,6 +113,9 @@ internal struct WriteBackRuns
             _start = lastPage;
         }
     }
+
+    /// <summary>A cache line's offset bits (64-byte lines: a line boundary is only where runs are merged on persistent memory, a longer line is still written back whole).</summary>
+    private const long LineMask = 63;
 
     /// <summary>Writes back the run in progress (the caller fences).</summary>
     internal void Flush()
