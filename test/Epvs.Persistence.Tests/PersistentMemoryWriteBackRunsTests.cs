@@ -5,7 +5,7 @@ namespace Epvs.Persistence.Tests;
 
 /// <summary>
 /// <see cref="WriteBackRuns"/> on persistent memory (here the simulated domain, which writes back cache lines as
-/// pmem does): ranges added in ascending order that start on the line the run ends on, or on the next line, are one
+/// pmem does): ranges added in ascending order that start no later than the run's end rounded up to a line are one
 /// write-back; every byte of every range is durable after the fence, and no line that no range touches is written.
 /// </summary>
 public sealed unsafe class PersistentMemoryWriteBackRunsTests
@@ -20,18 +20,21 @@ public sealed unsafe class PersistentMemoryWriteBackRunsTests
         long points = domain.CrashPointCount;
 
         // Three 48-byte blocks back to back (the second and third share lines with their neighbours), then one that
-        // starts on the line after the run's last: still the same run.
+        // starts where the line after the run's last begins, one inside the run, and one past the run's end on its
+        // last line: still the same run.
         var runs = new WriteBackRuns(domain);
         runs.Add(0, 48);
         runs.Add(48, 48);
         runs.Add(96, 48);
         runs.Add(3 * Line, 48);
+        runs.Add(16, 8);
+        runs.Add((3 * Line) + 56, 8);
         runs.Flush();
         domain.Fence();
 
         Assert.Equal(points + 2, domain.CrashPointCount);
         byte[] durable = domain.GetDurableImage();
-        Assert.True(durable.AsSpan(0, (3 * Line) + 48).SequenceEqual(Pattern(0, (3 * Line) + 48)), "a byte of a merged range is not durable");
+        Assert.True(durable.AsSpan(0, 4 * Line).SequenceEqual(Pattern(0, 4 * Line)), "a byte of a merged range is not durable");
         Assert.True(durable.AsSpan(4 * Line, 12 * Line).SequenceEqual(new byte[12 * Line]), "a line no range touches was written back");
     }
 

@@ -5,7 +5,8 @@ namespace Epvs.Persistence;
 /// each written back once. Through the page cache (where every write-back is a system call) a run takes in the next
 /// range when it starts on the page the run ends on, on the page after it (so no page is written that no range
 /// touches), or within <see cref="PersistenceDomain.WriteBackMergeGap"/> of its end. On persistent memory (cache-line
-/// write-backs, one native call each) when it starts on the cache line the run ends on or the next one: neighbouring
+/// write-backs, one native call each) when it starts inside the run, on the line the run ends on, or exactly at the
+/// start of the next line (its end rounded up to a line): neighbouring
 /// blocks, handed out in address order, take one call and write back the line they share once, and no line is
 /// written back that no range touches.
 /// </summary>
@@ -28,12 +29,13 @@ internal struct WriteBackRuns
         _end = -1;
     }
 
-    /// <summary>Adds a range (through the page cache, in ascending order of <paramref name="offset"/> to merge).</summary>
+    /// <summary>Adds a range (in ascending order of <paramref name="offset"/> to merge; out of order it starts a run of its own).</summary>
     internal void Add(long offset, long length)
     {
         if (!_pages)
         {
-            // Merged when it starts on the line the run ends on, or on the next line.
+            // Merged when it starts no later than the run's end rounded up to a line: every line of the merged run is one
+            // a range touches.
             if (_start >= 0 && offset >= _start && offset <= ((_end + LineMask) & ~LineMask))
             {
                 _end = System.Math.Max(_end, offset + length);
@@ -63,8 +65,8 @@ internal struct WriteBackRuns
     }
 
     /// <summary>
-    /// Writes back the header of every block in <paramref name="offsets"/> and fences: on persistent memory line by
-    /// line, through the page cache sorted (in place) into runs of pages.
+    /// Writes back the header of every block in <paramref name="offsets"/> and fences: on persistent memory in the order
+    /// given (ascending neighbours merged into runs of lines), through the page cache sorted (in place) into runs of pages.
     /// </summary>
     internal static void WriteBackHeadersAndFence(PersistenceDomain domain, System.Span<long> offsets)
     {
