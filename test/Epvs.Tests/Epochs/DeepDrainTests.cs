@@ -778,6 +778,7 @@ public class DeepDrainTests
         var y = new EpochProtectedVersionScheme();
         Exception? startFailure = null;
         int startRanOn = 0, xAtRest = 0;
+        using var startBegan = new ManualResetEventSlim();
         using var startDone = new ManualResetEventSlim();
         int waiter;
         EpochProtectedVersionScheme.HandedOffCallbacksNeverExpireForTesting = control;
@@ -790,6 +791,7 @@ public class DeepDrainTests
                 y.Epoch.BumpCurrentEpoch(() =>
                 {
                     startRanOn = Environment.CurrentManagedThreadId;
+                    startBegan.Set();
                     // Until the waiter has left X's critical section and X's machine has completed (bounded).
                     SpinWait.SpinUntil(() => !x.CurrentState.IsIntermediate && x.ActiveStateMachine is null, TimeSpan.FromSeconds(10));
                     xAtRest = x.CurrentState.IsIntermediate || x.ActiveStateMachine is not null ? 0 : 1;
@@ -797,6 +799,10 @@ public class DeepDrainTests
                     startDone.Set();
                 });
                 y.Refresh(); // hands the drain to a new thread, X's critical section among the waiter's callbacks
+                // Not before the action has begun on the hand-off thread, after Y's step: the Leave's own drain would
+                // otherwise race it for the action (it ran on the waiter in about 2 of 13 runs). Bounded: if the action
+                // never begins elsewhere, the Leave runs it here and the scenario is reported inconclusive below.
+                startBegan.Wait(TimeSpan.FromSeconds(10));
                 y.Leave();
             }, out waiter, disposeSchemesAfter: () => Assert.True(startDone.Wait(GuardedThread.DefaultTimeout), "the start never ran"));
         }
@@ -806,8 +812,8 @@ public class DeepDrainTests
         }
         y.Dispose();
 
-        // The scenario needs the start on the hand-off thread; the waiter ran it itself once in CI (e5f22d8, control: the
-        // Refresh's wait found nothing to hand off in time), which tests nothing either way.
+        // The scenario needs the start on the hand-off thread; the waiter ran it itself once in CI (e5f22d8, control), in
+        // its Leave's drain, before the Leave waited for the action to begin elsewhere: that tested nothing either way.
         Assert.SkipWhen(startRanOn == waiter, "inconclusive: the start ran on the waiter itself, not on a hand-off thread (the scenario did not happen this time)");
         Assert.True(xAtRest == 1, "X was still in its transition when the start ran (the scenario did not happen)");
         if (control)
@@ -835,6 +841,7 @@ public class DeepDrainTests
         int ranOn = 0, entered = 0;
         bool enterWaited = false;
         using var waiting = new ManualResetEventSlim();
+        using var began = new ManualResetEventSlim();
         using var done = new ManualResetEventSlim();
         int waiter;
         EpochProtectedVersionScheme.HandedOffCallbacksNeverExpireForTesting = control;
@@ -849,6 +856,7 @@ public class DeepDrainTests
                 {
                     // Unrelated to the waiter's wait, which ends once Y's step ran (this runs after it, on the same thread).
                     ranOn = Environment.CurrentManagedThreadId;
+                    began.Set();
                     enterFailure = Record.Exception(() =>
                     {
                         x.Enter();
@@ -858,6 +866,7 @@ public class DeepDrainTests
                     done.Set();
                 });
                 y.Refresh(); // 512 deep: hands Y's step to a new thread
+                began.Wait(TimeSpan.FromSeconds(10)); // as in the test above: the Leave's drain would race the hand-off for it
                 y.Leave();
                 // Still inside X's critical section: until the Enter waits for it (or is refused: the control).
                 enterWaited = waiting.Wait(control ? TimeSpan.FromSeconds(2) : GuardedThread.DefaultTimeout);
