@@ -191,9 +191,16 @@ public abstract unsafe class PersistenceDomain : IDisposable
     /// </summary>
     /// <returns><see langword="true"/> when <see cref="Length"/> is now at least <paramref name="newLength"/>;
     /// <see langword="false"/> when it would exceed <see cref="Capacity"/> or the medium is full.</returns>
+    /// <exception cref="ArgumentOutOfRangeException"><paramref name="newLength"/> is negative.</exception>
     /// <exception cref="ObjectDisposedException">The domain was disposed (a Dispose that begins during the call waits for it).</exception>
     public bool TryGrow(long newLength)
     {
+        if (newLength < 0)
+        {
+            // (It used to report success: "at least -1 bytes usable".)
+            ThrowHelper.ThrowArgumentOutOfRange(nameof(newLength), $"A length must not be negative; {newLength} is.");
+        }
+
         EnterCall();
         try
         {

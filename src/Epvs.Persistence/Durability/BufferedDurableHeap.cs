@@ -413,6 +413,18 @@ public sealed unsafe partial class BufferedDurableHeap : IDisposable, IAsyncDisp
         }
     }
 
+    /// <summary>
+    /// Gives back a type id <see cref="ReserveStructureTypeId"/> took, for an open that failed before it took anything else
+    /// (its key-size record found no room): the open can be retried in this session.
+    /// </summary>
+    internal void ReleaseStructureTypeId(int typeId)
+    {
+        using (InterruptShield.Hold(_recoveredGate))
+        {
+            _structureTypeIds.Remove(typeId);
+        }
+    }
+
     /// <summary>The payloads recovery kept for <paramref name="typeId"/> that nobody has taken yet, without taking them (a copy).</summary>
     internal RecoveredPayload[] PeekRecoveredPayloads(int typeId)
     {

@@ -169,4 +169,7 @@ internal enum DurabilityFaults : long
 
     /// <summary>Dispose fails every SyncAsync its last advance left waiting (as before), also those whose operations that advance made durable (their target read after its transition).</summary>
     DisposeFailsCoveredWaiters = 4503599627370496,
+
+    /// <summary>A wide-key structure's first open whose key-size record finds no room keeps its type id reserved (as before): every retry in the heap's session is refused as a second open of the type id.</summary>
+    KeepTypeIdOfAFailedOpen = 9007199254740992,
 }

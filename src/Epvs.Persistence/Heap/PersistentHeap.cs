@@ -891,10 +891,17 @@ public sealed unsafe partial class PersistentHeap : IDisposable, IAsyncDisposabl
     /// recovery does. The heap must be quiescent (no concurrent allocate or free) during the scan.
     /// </summary>
     /// <param name="visitor">Called once per block; from several threads at once when <paramref name="degreeOfParallelism"/> is above 1.</param>
-    /// <param name="degreeOfParallelism">How many threads scan.</param>
+    /// <param name="degreeOfParallelism">How many threads scan, at least 1.</param>
+    /// <exception cref="ArgumentOutOfRangeException"><paramref name="degreeOfParallelism"/> is below 1.</exception>
     public void ForEachAllocated(Action<PayloadRef, PayloadHeader> visitor, int degreeOfParallelism = 1)
     {
         ArgumentNullException.ThrowIfNull(visitor);
+        if (degreeOfParallelism < 1)
+        {
+            // (0 and below used to scan on one thread, as PersistentHeapOptions.RecoveryParallelism refuses them.)
+            ThrowHelper.ThrowArgumentOutOfRange(nameof(degreeOfParallelism), $"The number of scanning threads must be at least 1; {degreeOfParallelism} is not.");
+        }
+
         ThrowIfDisposed();
         _file.EnterOperation();
         try

@@ -115,14 +115,29 @@ internal static class StructureKind
         }
 
         heap.ReserveStructureTypeId(typeId);
-        if (heap.TakeRecoveredPayloads(RecordId(stored)).Count == 0 && heap.MayWriteIn(op.Version))
+        if (records.Length == 0 && heap.MayWriteIn(op.Version))
         {
             // First open: the key size is recorded in this open's version, before any payload of the structure, so no
             // payload of it can be durable without the record.
-            PayloadRef record = op.AllocateTyped(sizeof(int), RecordId(stored));
+            PayloadRef record;
+            try
+            {
+                record = op.AllocateTyped(sizeof(int), RecordId(stored));
+            }
+            catch when ((heap.Faults & DurabilityFaults.KeepTypeIdOfAFailedOpen) == 0)
+            {
+                // Nothing was written or taken (a full heap, say): the open leaves the heap as it was, and can be retried.
+                // The type id stayed reserved before, so every retry in the heap's session was refused as a second open.
+                heap.ReleaseStructureTypeId(typeId);
+                throw;
+            }
+
             BinaryPrimitives.WriteInt32LittleEndian(op.GetPayload(record), keySize);
         }
 
+        // The records checked above (none on a first open), taken once the open can no longer fail here: this type id's
+        // structure owns them.
+        heap.TakeRecoveredPayloads(RecordId(stored));
         return stored;
     }
 

@@ -244,6 +244,35 @@ public sealed class ArgumentTests
         Assert.IsType<ArgumentOutOfRangeException>(e);
     }
 
+    // ---- Finding 6 (adversarial round, session 38): a negative length to grow to, and a scan on no threads, were taken. ----
+
+    [Theory]
+    [InlineData(-1L)]
+    [InlineData(long.MinValue)]
+    public void PersistenceDomain_TryGrowToANegativeLength_IsRefused(long newLength)
+    {
+        using var domain = new SimulatedPersistenceDomain(64L << 10, 1L << 20);
+        long before = domain.Length;
+        Assert.Equal("newLength", Assert.Throws<ArgumentOutOfRangeException>(() => domain.TryGrow(newLength)).ParamName);
+        Assert.Equal(before, domain.Length);
+        Assert.True(domain.TryGrow(before * 2));
+    }
+
+    [Theory]
+    [InlineData(0)]
+    [InlineData(-1)]
+    public void PersistentHeap_ForEachAllocatedOnNoThreads_IsRefused(int degreeOfParallelism)
+    {
+        using var dir = new TempDirectory();
+        using PersistentHeap heap = PersistentHeap.Create(dir.File("a.heap"), new HeapFileOptions { Size = 4L << 20 });
+        heap.Persist(heap.Allocate(8, typeId: 1));
+        int visited = 0;
+        Assert.Equal("degreeOfParallelism", Assert.Throws<ArgumentOutOfRangeException>(() => heap.ForEachAllocated((_, _) => visited++, degreeOfParallelism)).ParamName);
+        Assert.Equal(0, visited);
+        heap.ForEachAllocated((_, _) => visited++);
+        Assert.Equal(1, visited);
+    }
+
     private static List<(PayloadRef Block, PayloadHeader Header)> AllBlocks(BufferedDurableHeap heap)
     {
         var blocks = new List<(PayloadRef, PayloadHeader)>();

@@ -205,6 +205,61 @@ public sealed class StructureConsistencyTests
     }
 
     /// <summary>
+    /// A wide-key structure's first open on a full heap: its key-size record finds no room, and the open throws
+    /// InsufficientMemoryException. The type id stayed reserved, so every retry in the heap's session was refused as a
+    /// second open of it, also once there was room (found by an adversarial round, session 38). Now the failed open leaves
+    /// the heap as it was: a retry fails for the room alone, and opens once there is some. The control keeps the type id.
+    /// </summary>
+    [Theory]
+    [InlineData(false)]
+    [InlineData(true)]
+    public void AWideKeyStructuresFirstOpenOnAFullHeap_CanBeRetried(bool control)
+    {
+        using var dir = new TempDirectory();
+        string path = dir.File("full.heap");
+        var options = new BufferedDurableHeapOptions { AdvancePeriod = Timeout.InfiniteTimeSpan, Faults = control ? DurabilityFaults.KeepTypeIdOfAFailedOpen : DurabilityFaults.None };
+        using (BufferedDurableHeap heap = BufferedDurableHeap.Create(path, new HeapFileOptions { Size = 1L << 20, MaxSize = 1L << 20, Domain = PersistenceDomainKind.MappedFile }, options))
+        {
+            List<PayloadRef> fillers = AllocateUntilFull(heap);
+            Assert.Throws<InsufficientMemoryException>(() => new PersistentHashMap<Key40, long>(heap, typeId: 3));
+            Exception? retry = Record.Exception(() => new PersistentHashMap<Key40, long>(heap, typeId: 3));
+            if (control)
+            {
+                Assert.Contains("already opened", Assert.IsType<InvalidOperationException>(retry).Message, StringComparison.Ordinal);
+                return;
+            }
+
+            Assert.True(retry is InsufficientMemoryException, $"the retry: {retry}");
+
+            // Room: a few fillers deleted (their anti-payloads take the delete reserve) and reclaimed over the next versions.
+            foreach (PayloadRef filler in fillers.GetRange(0, 64))
+            {
+                using DurableOperation op = heap.BeginOperation();
+                op.Delete(filler);
+            }
+
+            for (int i = 0; i < 4; i++)
+            {
+                heap.Sync();
+            }
+
+            Assert.Equal(0, new PersistentHashMap<Key40, long>(heap, typeId: 3).Count);
+            heap.Sync();
+        }
+
+        // The retried open recorded its key size: a reopen with another wide key is refused, with its own key it opens.
+        using (BufferedDurableHeap heap = BufferedDurableHeap.Open(path, null, options))
+        {
+            Assert.Equal(0, new PersistentHashMap<Key40, long>(heap, typeId: 3).Count);
+        }
+
+        using (BufferedDurableHeap heap = BufferedDurableHeap.Open(path, null, options))
+        {
+            Assert.Contains("keys of 40 bytes, but this one's keys are 32 bytes", Assert.Throws<InvalidDataException>(() => new PersistentHashMap<Key32, long>(heap, typeId: 3)).Message, StringComparison.Ordinal);
+        }
+    }
+
+    /// <summary>
     /// A wide-key structure whose key-size record was damaged, and dropped by a salvage: the structure used to open with
     /// whatever key type the caller named (and record it, locking a misreading in). Its payloads without their record
     /// are refused now, whatever the key type.
@@ -281,12 +336,8 @@ public sealed class StructureConsistencyTests
     private static BufferedDurableHeap Create(string path) =>
         BufferedDurableHeap.Create(path, new HeapFileOptions { Size = 1L << 20, MaxSize = 1L << 20, Domain = PersistenceDomainKind.MappedFile }, NoAdvancer);
 
-    /// <summary>
-    /// Allocates empty payloads (the size of an anti-payload) until the heap is full, then deletes them until a delete
-    /// throws: the delete reserve (a segment's worth of anti-payloads, which ordinary allocations leave free; see
-    /// FullHeapTests) is taken too, so the next anti-payload finds no block either.
-    /// </summary>
-    private static void FillHeap(BufferedDurableHeap heap)
+    /// <summary>Allocates empty payloads (the size of an anti-payload, and of a key-size record's block) until the heap is full; the delete reserve stays.</summary>
+    private static List<PayloadRef> AllocateUntilFull(BufferedDurableHeap heap)
     {
         var fillers = new List<PayloadRef>();
         for (int i = 0; i < 1_000_000; i++)
@@ -298,10 +349,21 @@ public sealed class StructureConsistencyTests
             }
             catch (InsufficientMemoryException)
             {
-                break;
+                return fillers;
             }
         }
 
+        throw new InvalidOperationException("the heap did not fill up");
+    }
+
+    /// <summary>
+    /// Allocates empty payloads (the size of an anti-payload) until the heap is full, then deletes them until a delete
+    /// throws: the delete reserve (a segment's worth of anti-payloads, which ordinary allocations leave free; see
+    /// FullHeapTests) is taken too, so the next anti-payload finds no block either.
+    /// </summary>
+    private static void FillHeap(BufferedDurableHeap heap)
+    {
+        List<PayloadRef> fillers = AllocateUntilFull(heap);
         foreach (PayloadRef filler in fillers)
         {
             using DurableOperation op = heap.BeginOperation();
