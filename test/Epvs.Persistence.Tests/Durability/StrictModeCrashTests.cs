@@ -363,24 +363,34 @@ public sealed class StrictModeCrashTests
     [InlineData(DurabilityMode.Strict, 5101)]
     public void Control_RecoveryKeepingTagsBeyondTheFrontier_IsCaught(DurabilityMode mode, int seed)
     {
-        State[] empty = Enumerable.Range(0, Threads).Select(_ => new State()).ToArray();
-        using var domain = new SimulatedPersistenceDomain(Length, Capacity);
-        Run run = Work(domain, true, mode, seed, 160, 1500, 100, empty, 0);
-        s_recoveryFaults = DurabilityFaults.KeepTagsBeyondFrontier;
-        List<string> violations;
-        try
-        {
-            violations = Check(run, empty, mode, "control", out _, out _);
-        }
-        finally
-        {
-            s_recoveryFaults = DurabilityFaults.None;
-        }
-
-        _output.WriteLine($"control {mode}: {violations.Count} violations of {run.Crashes.Count} images, e.g. {violations.FirstOrDefault()}");
-
         // Whether the control can be caught depends on where the threads' crash points fell (payloads beyond the frontier
-        // must have reached the image): a run that did not catch it is inconclusive, not a pass.
-        Assert.SkipWhen(violations.Count == 0, $"INCONCLUSIVE: the control (recovery keeping tags beyond the frontier) was not caught in {run.Crashes.Count} images");
+        // must have reached the image), and two threads make that vary from run to run: up to four seeds from the given
+        // one, stopping at the first catch. One seed alone missed it now and then under CI's load.
+        const int Seeds = 4;
+        List<string> violations = new();
+        int images = 0;
+        int runs = 0;
+        for (int next = seed; next < seed + Seeds && violations.Count == 0; next++)
+        {
+            runs++;
+            State[] empty = Enumerable.Range(0, Threads).Select(_ => new State()).ToArray();
+            using var domain = new SimulatedPersistenceDomain(Length, Capacity);
+            Run run = Work(domain, true, mode, next, 160, 1500, 100, empty, 0);
+            images += run.Crashes.Count;
+            s_recoveryFaults = DurabilityFaults.KeepTagsBeyondFrontier;
+            try
+            {
+                violations = Check(run, empty, mode, "control", out _, out _);
+            }
+            finally
+            {
+                s_recoveryFaults = DurabilityFaults.None;
+            }
+        }
+
+        _output.WriteLine($"control {mode}: {violations.Count} violations in {runs} runs ({images} images), e.g. {violations.FirstOrDefault()}");
+
+        // A run that did not catch it in any seed is inconclusive, not a pass.
+        Assert.SkipWhen(violations.Count == 0, $"INCONCLUSIVE: the control (recovery keeping tags beyond the frontier) was not caught in {runs} runs ({images} images)");
     }
 }
