@@ -898,7 +898,7 @@ public sealed unsafe partial class PersistentHeap : IDisposable, IAsyncDisposabl
         ArgumentNullException.ThrowIfNull(visitor);
         if (degreeOfParallelism < 1)
         {
-            // (0 and below used to scan on one thread, as PersistentHeapOptions.RecoveryParallelism refuses them.)
+            // Refused, as PersistentHeapOptions.RecoveryParallelism refuses it (0 and below used to scan on one thread).
             ThrowHelper.ThrowArgumentOutOfRange(nameof(degreeOfParallelism), $"The number of scanning threads must be at least 1; {degreeOfParallelism} is not.");
         }
 
