@@ -66,7 +66,35 @@ public sealed class StrictModeCrashTests
 
     private static bool Owns(int thread, long key) => (key % Threads) == thread;
 
-    /// <summary>Runs the two-thread workload on <paramref name="domain"/>; arms <paramref name="arm"/> crash points spread over [start, start+estimate).</summary>
+    /// <summary>
+    /// Runs the two-thread workload on a new heap once unarmed, to count its crash points, then again with
+    /// <paramref name="arm"/> points armed as it goes (the count sets how far ahead of the run each is armed). Should the
+    /// armed run still capture fewer than ten images, both runs are repeated, three times at most, and the run with the
+    /// most images is returned.
+    /// </summary>
+    private static Run WorkArmedFromAnEstimate(DurabilityMode mode, int seed, int steps, int arm, State[] initial)
+    {
+        Run? best = null;
+        for (int attempt = 0; attempt < 3 && (best is null || best.Crashes.Count < 10); attempt++)
+        {
+            long estimate;
+            using (var probe = new SimulatedPersistenceDomain(Length, Capacity))
+            {
+                estimate = Work(probe, true, mode, seed, steps, 0, 0, initial, 0).Points;
+            }
+
+            using var domain = new SimulatedPersistenceDomain(Length, Capacity);
+            Run run = Work(domain, true, mode, seed, steps, estimate, arm, initial, 0);
+            if (best is null || run.Crashes.Count > best.Crashes.Count)
+            {
+                best = run;
+            }
+        }
+
+        return best!;
+    }
+
+    /// <summary>Runs the two-thread workload on <paramref name="domain"/>; arms <paramref name="arm"/> crash points spread over the run (<paramref name="estimate"/>: about how many points it has).</summary>
     private static Run Work(SimulatedPersistenceDomain domain, bool create, DurabilityMode mode, int seed, int steps, long estimate, int arm, State[] initial, long elementBase)
     {
         var run = new Run();
@@ -77,22 +105,11 @@ public sealed class StrictModeCrashTests
             var map = new PersistentHashMap<long, long>(heap, MapType);
             var bytes = new PersistentByteMap<long>(heap, BytesType);
             var queues = Enumerable.Range(0, Threads).Select(t => new PersistentQueue<long>(heap, QueueType + t)).ToArray();
-            if (arm > 0)
-            {
-                var arming = new Random(seed + 7);
-                long from = domain.CrashPointCount;
-                for (int i = 0; i < arm; i++)
-                {
-                    try
-                    {
-                        domain.ArmCrash(from + 20 + arming.NextInt64(Math.Max(1, estimate * 4 / 10)), arming.Next());
-                    }
-                    catch (ArgumentOutOfRangeException)
-                    {
-                        // The advancer passed it meanwhile.
-                    }
-                }
-            }
+            // Thread 0 arms the points as it goes, each a little ahead of the count (about two steps' worth of the
+            // estimate), spread over its steps: armed up front from the estimate, the points of a run that went faster
+            // than the estimating one were never reached (under load CI once captured none of 30).
+            var arming = arm > 0 ? new Random(seed + 7) : null;
+            long window = Math.Max(20, 2 * estimate / Math.Max(1, steps));
 
             int[] done = new int[Threads];
             var threads = new Thread[Threads];
@@ -107,6 +124,21 @@ public sealed class StrictModeCrashTests
                     List<Op> ops = run.Ops[thread];
                     for (int step = 0; step < steps; step++)
                     {
+                        if (thread == 0 && arming is not null)
+                        {
+                            for (long i = (long)step * arm / steps; i < (long)(step + 1) * arm / steps; i++)
+                            {
+                                try
+                                {
+                                    domain.ArmCrash(domain.CrashPointCount + 1 + arming.NextInt64(window), arming.Next());
+                                }
+                                catch (ArgumentOutOfRangeException)
+                                {
+                                    // The other threads passed it meanwhile.
+                                }
+                            }
+                        }
+
                         int what = random.Next(100);
                         Op op;
                         if (what < 30)
@@ -301,14 +333,7 @@ public sealed class StrictModeCrashTests
     public void Crash_TwoThreadWorkload_RecoversAPrefixPerThread(DurabilityMode mode, int seed)
     {
         State[] empty = Enumerable.Range(0, Threads).Select(_ => new State()).ToArray();
-        long estimate;
-        using (var probe = new SimulatedPersistenceDomain(Length, Capacity))
-        {
-            estimate = Work(probe, true, mode, seed, 160, 0, 0, empty, 0).Points;
-        }
-
-        using var domain = new SimulatedPersistenceDomain(Length, Capacity);
-        Run run = Work(domain, true, mode, seed, 160, estimate, 100, empty, 0);
+        Run run = WorkArmedFromAnEstimate(mode, seed, 160, 40, empty);
         List<string> violations = Check(run, empty, mode, mode.ToString(), out int lost, out _);
         _output.WriteLine($"{mode} seed {seed}: {run.Crashes.Count} images over {run.Points} points; threads x images where an op that returned before the crash was lost: {lost}");
         Assert.Empty(violations);
@@ -323,14 +348,7 @@ public sealed class StrictModeCrashTests
     public void Crash_ThenReopenInTheOtherMode_AndCrashAgain_RecoversPrefixes(DurabilityMode first, DurabilityMode second, int seed)
     {
         State[] empty = Enumerable.Range(0, Threads).Select(_ => new State()).ToArray();
-        long estimate;
-        using (var probe = new SimulatedPersistenceDomain(Length, Capacity))
-        {
-            estimate = Work(probe, true, first, seed, 120, 0, 0, empty, 0).Points;
-        }
-
-        using var domain = new SimulatedPersistenceDomain(Length, Capacity);
-        Run run = Work(domain, true, first, seed, 120, estimate, 30, empty, 0);
+        Run run = WorkArmedFromAnEstimate(first, seed, 120, 16, empty);
 
         // Reopened in the other mode.
         List<string> violations = Check(run, empty, second, $"{first}->{second}", out _, out var recovered);
@@ -382,7 +400,7 @@ public sealed class StrictModeCrashTests
             runs++;
             State[] empty = Enumerable.Range(0, Threads).Select(_ => new State()).ToArray();
             using var domain = new SimulatedPersistenceDomain(Length, Capacity);
-            Run run = Work(domain, true, mode, next, 160, 1500, 100, empty, 0);
+            Run run = Work(domain, true, mode, next, 160, 1500, 40, empty, 0);
             images += run.Crashes.Count;
             s_recoveryFaults = DurabilityFaults.KeepTagsBeyondFrontier;
             try
