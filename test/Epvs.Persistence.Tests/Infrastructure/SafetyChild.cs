@@ -3,6 +3,7 @@ using System.Collections.Generic;
 using System.Diagnostics;
 using System.IO;
 using System.Threading;
+using Xunit;
 
 namespace Epvs.Persistence.Tests;
 
@@ -17,6 +18,27 @@ internal static class SafetyChild
     internal const int Survived = 0;
     internal const int WrongOutcome = 3;
     internal const int Inconclusive = 4;
+
+    /// <summary>
+    /// Runs <paramref name="scenario"/>'s control (the "control" argument) in up to <paramref name="children"/> child
+    /// processes, each on a heap of its own in <paramref name="dir"/>, stopping at the first that does not survive:
+    /// whether a control's defect strikes is timing. Writes each child's exit to <paramref name="output"/>.
+    /// </summary>
+    /// <returns>The last child's exit code and output (<see cref="Survived"/> when none died) and how many ran.</returns>
+    internal static (int ExitCode, string Output, int Children) RunControlUntilItDies(string scenario, TempDirectory dir, ITestOutputHelper output, int children)
+    {
+        int code = Survived;
+        string text = string.Empty;
+        int ran = 0;
+        while (code == Survived && ran < children)
+        {
+            ran++;
+            (code, text) = TestProgram.RunChild(new Dictionary<string, string>(), Role, scenario, dir.File($"control{ran}.heap"), "control");
+            output.WriteLine($"control of {scenario}, child {ran}: exit {code}: {text}");
+        }
+
+        return (code, text, ran);
+    }
 
     internal static int Run(string scenario, string path, bool control)
     {
