@@ -114,13 +114,7 @@ public sealed class PersistentHeapCrashTests
         long estimate = RunConcurrent(seed, threads, operations, new CrashHistory(), _ => { }, out _, tinyPayloads, out _);
         var random = new Random(seed);
         var history = new CrashHistory();
-        long end = RunConcurrent(seed, threads, operations, history, domain =>
-        {
-            for (int i = 0; i < crashes; i++)
-            {
-                domain.ArmCrash(random.NextInt64(domain.CrashPointCount, estimate), random.Next());
-            }
-        }, out List<SimulatedCrash> captured, tinyPayloads, out long dataStart);
+        long end = RunConcurrent(seed, threads, operations, history, domain => domain.ArmBelowEstimate(random, crashes, estimate), out List<SimulatedCrash> captured, tinyPayloads, out long dataStart);
 
         Assert.True(captured.Count >= crashes / 2, $"{captured.Count} of {crashes} points were reached (end {end}, estimate {estimate})");
         if (tinyPayloads)

@@ -114,13 +114,7 @@ public sealed class BufferedDurabilityCrashTests
         {
             var random = new Random(seed + attempt);
             var log = new OpLog(threads);
-            RunConcurrent(seed, threads, operations, keys, capacity, log, domain =>
-            {
-                for (int i = 0; i < crashes; i++)
-                {
-                    domain.ArmCrash(random.NextInt64(domain.CrashPointCount, Math.Max(domain.CrashPointCount + 1, estimate)), random.Next());
-                }
-            }, out List<SimulatedCrash> captured);
+            RunConcurrent(seed, threads, operations, keys, capacity, log, domain => domain.ArmBelowEstimate(random, crashes, estimate), out List<SimulatedCrash> captured);
 
             foreach (SimulatedCrash crash in captured)
             {

@@ -52,13 +52,7 @@ public sealed class PersistentQueueCrashTests
         for (int attempt = 0; attempt < 4 && images < MinimumImages; attempt++)
         {
             var arming = new Random(seed + attempt);
-            Load(seed, domain =>
-            {
-                for (int i = 0; i < Crashes; i++)
-                {
-                    domain.ArmCrash(arming.NextInt64(domain.CrashPointCount, Math.Max(domain.CrashPointCount + 1, estimate)), arming.Next());
-                }
-            }, out List<(long Version, long Value, bool Enqueue)>[] logs, out List<SimulatedCrash> captured);
+            Load(seed, domain => domain.ArmBelowEstimate(arming, Crashes, estimate), out List<(long Version, long Value, bool Enqueue)>[] logs, out List<SimulatedCrash> captured);
             violations.AddRange(Check(captured, logs, recoveryFaults));
             images += captured.Count;
         }

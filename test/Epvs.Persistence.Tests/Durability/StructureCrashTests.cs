@@ -84,11 +84,7 @@ public sealed class StructureCrashTests
                 var queue = new PersistentQueue<long>(heap, QueueType);
                 if (pass > 0)
                 {
-                    var arming = new Random(seed + pass);
-                    for (int i = 0; i < crashes; i++)
-                    {
-                        domain.ArmCrash(arming.NextInt64(domain.CrashPointCount, Math.Max(domain.CrashPointCount + 1, estimate)), arming.Next());
-                    }
+                    domain.ArmBelowEstimate(new Random(seed + pass), crashes, estimate);
                 }
 
                 long nextElement = 0;
@@ -224,7 +220,6 @@ public sealed class StructureCrashTests
                 }
             }
         }
-
     }
 
     /// <summary>
