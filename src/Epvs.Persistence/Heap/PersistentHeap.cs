@@ -609,10 +609,10 @@ public sealed unsafe partial class PersistentHeap : IDisposable, IAsyncDisposabl
     /// <remarks>
     /// In batches, two passes each: the first reads and checks every block of the batch and computes its sealed commit
     /// word, with no fence between blocks and the blocks a few places ahead prefetched, so the cache misses of many
-    /// blocks overlap; the second installs the words with plain stores, each only over the word the first pass read (on
-    /// lines now cached). One block at a time, every store waited for the next block's miss. A compare-and-swap per block
-    /// (a locked instruction, which waits for the line's ownership and drains the stores before it) took a quarter more
-    /// of the seal's time and guarded against nothing: no other thread writes a version's commit words after its cut.
+    /// blocks overlap; the second installs the words with plain (release) stores, each only over the word the first
+    /// pass read (on lines now cached). A compare-and-swap per block (a locked instruction, which waits for the line's
+    /// ownership and drains the stores before it) took a quarter more of the seal's time and guarded against nothing:
+    /// no other thread writes a version's commit words after its cut.
     /// </remarks>
     internal void Seal(ReadOnlySpan<long> offsets, long version)
     {
@@ -638,13 +638,15 @@ public sealed unsafe partial class PersistentHeap : IDisposable, IAsyncDisposabl
                 {
                     ulong* h = (ulong*)(_base + offsets[start + i]);
 
-                    // A plain store (no locked instruction: the stores of a batch overlap their misses; the caller's
-                    // write-back and fence order them before the frontier), and only over the commit word the first
-                    // pass read. Nothing else writes it now: a version's blocks are sealed in its own cycle, before any
-                    // cycle can park or free them (the sweeps that mark blocks free run after the parking, which follows).
+                    // Volatile.Write: a release store, a plain move on x64 (no locked instruction: the stores of a
+                    // batch overlap their misses; the caller's write-back and fence order them before the frontier),
+                    // and whole where a ulong store could tear (readers on other threads read the word with
+                    // Volatile.Read). Only over the commit word the first pass read. Nothing else writes it now: a
+                    // version's blocks are sealed in its own cycle, before any cycle can park or free them (the sweeps
+                    // that mark blocks free run after the parking, which follows).
                     if (h[3] == expected[i])
                     {
-                        h[3] = sealedCommits[i];
+                        Volatile.Write(ref h[3], sealedCommits[i]);
                     }
                 }
             }
