@@ -104,7 +104,9 @@ public sealed class PersistentHashMap<TKey, TValue>
     /// <remarks>
     /// <para>Not atomic: each item is its own write, as with <see cref="Set"/>, and the items of one batch may fall into
     /// different versions, so after a crash a prefix of the batch may be durable without the rest
-    /// (<see cref="BufferedDurableHeap.Sync()"/> after the call makes all of them durable).</para>
+    /// (<see cref="BufferedDurableHeap.Sync()"/> after the call makes all of them durable). Only a prefix: what is durable
+    /// is every version up to the durable frontier, and the items are written in order, so an item is never durable
+    /// without the items before it, in this batch and in the thread's earlier calls.</para>
     /// <para>If it throws part-way — an item does not fit (the heap is full, the index cannot grow), an item's key throws
     /// from its <see cref="object.GetHashCode"/> or <see cref="IEquatable{T}.Equals(T)"/> (the same exception), or the heap is
     /// disposed or fails between two groups of 64 items (<see cref="ObjectDisposedException"/>,
