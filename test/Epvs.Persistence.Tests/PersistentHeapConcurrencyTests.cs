@@ -46,8 +46,10 @@ public sealed class PersistentHeapConcurrencyTests
     {
         // The broken control: the flushes of parked frees (the one the failed growth makes before it gives pooled segments
         // back, and the last one before the heap is reported full) do not wait for sweeps in flight. (A control that only
-        // skipped the last flush was never caught any more: the growth's flush waits for the sweep first.)
-        (bool allocated, bool doneDuringSweep) = AllocateDuringASweep(HeapFaults.FlushWithoutWaitingForSweepsInFlight);
+        // skipped the last flush was never caught any more: the growth's flush waits for the sweep first.) With the
+        // refill's own wait for the sweeps in flight (RefillSweepTests) the allocation never reaches those flushes, so
+        // the control also refills the old way (RefillSweepsOnce), which goes on to them at once.
+        (bool allocated, bool doneDuringSweep) = AllocateDuringASweep(HeapFaults.FlushWithoutWaitingForSweepsInFlight | HeapFaults.RefillSweepsOnce);
 
         // The other thread must reach its allocation inside the sweep's 500 ms window; on a loaded machine it may not,
         // and then the run proves nothing either way: inconclusive, not a failure.

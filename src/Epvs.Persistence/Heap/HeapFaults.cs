@@ -96,4 +96,12 @@ internal enum HeapFaults
 
     /// <summary>Recovery takes the sweep log's marks whatever epoch they name: the marks of a log that a recovery scan has emptied since then say it reached further than the new log does, and a plain crash reads as damage.</summary>
     SweepLogMarksOfAnyEpoch = 33554432,
+
+    /// <summary>
+    /// An allocating thread whose class's pool is empty sweeps parked frees for itself once, and only with two batches of
+    /// its class parked (the old behaviour): when another thread took its swept blocks from the pool first, or the
+    /// parked frees were in another thread's sweep in flight, it went on to the heap-full path inside its operation
+    /// (every parked free flushed, pooled segments given back and formatted again, or the file grown).
+    /// </summary>
+    RefillSweepsOnce = 67108864,
 }

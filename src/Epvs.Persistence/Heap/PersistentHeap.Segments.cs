@@ -16,6 +16,7 @@ public sealed unsafe partial class PersistentHeap
     private long _recoveredLiveBlocks;
     private long _recoveredLiveBytes;
     private long _releasedSegments;
+    private long _heapFullRefills;
 
     /// <summary>Pushes of free blocks into the class pools so far (atomic increments under the pool locks).</summary>
     private long _poolPushes;
@@ -25,6 +26,13 @@ public sealed unsafe partial class PersistentHeap
 
     /// <summary>Formatted segments given back to the free list because all their blocks sat unused in a pool (diagnostic, tests).</summary>
     internal long ReleasedSegments => Volatile.Read(ref _releasedSegments);
+
+    /// <summary>
+    /// Refills that found no block ready, no free segment and nothing to sweep or wait for, and took the heap-full path
+    /// (growth, or a flush of every parked free and the release of pooled segments) inside the allocating thread's
+    /// operation (diagnostic, tests).
+    /// </summary>
+    internal long HeapFullRefills => Volatile.Read(ref _heapFullRefills);
 
     private long SegmentStart(long segment) => _dataStart + (segment * HeapLayout.SegmentSize);
 

@@ -83,6 +83,28 @@ public sealed unsafe partial class PersistentHeap
         }
     }
 
+    /// <summary>Test hook: takes every batch out of class <paramref name="cls"/>'s pool, as other threads' allocations would (<see cref="PutBackForTesting"/> returns them).</summary>
+    internal List<long[]> TakePoolForTesting(int cls)
+    {
+        ClassPool pool = _pools[cls];
+        using (InterruptShield.Hold(pool))
+        {
+            var taken = new List<long[]>(pool.Batches);
+            pool.Batches.Clear();
+            pool.BlockCount = 0;
+            return taken;
+        }
+    }
+
+    /// <summary>Test hook: puts batches <see cref="TakePoolForTesting"/> took back into class <paramref name="cls"/>'s pool.</summary>
+    internal void PutBackForTesting(int cls, List<long[]> batches)
+    {
+        foreach (long[] batch in batches)
+        {
+            PushFree(cls, batch, batch.Length);
+        }
+    }
+
     /// <summary>How many advance periods of each class's demand a stocking keeps ready (see <see cref="StockPools"/>).</summary>
     internal const int StockHorizonPeriods = 4;
 

@@ -1255,6 +1255,7 @@ public sealed unsafe partial class PersistentHeap : IDisposable, IAsyncDisposabl
             return true;
         }
 
+        Interlocked.Increment(ref _heapFullRefills);
         if (TryFormatSmallSegment(cache, cls, allowGrowth: true, antiPayload))
         {
             return true;
