@@ -296,7 +296,7 @@ public sealed unsafe partial class PersistentHeap
     /// back (which the next stocking formats again), or the file grown. Under two writers of batches on a heap that
     /// cannot grow, a refill whose swept blocks the other writer had taken first (this thread's sweep, ending, waits
     /// for the parking lock, which a cycle's reclamation holds for milliseconds) flushed 3.5 million parked frees
-    /// there: in about one cell in three, 10–25 cycles in a second instead of 50 (see benchmark/RESULTS.md).
+    /// there: 7 of 20 benchmark repetitions ran 17–45 cycles a second instead of about 50 (benchmark/RESULTS.md).
     /// </remarks>
     private bool TrySweepForRefill(ThreadCache cache, int cls)
     {

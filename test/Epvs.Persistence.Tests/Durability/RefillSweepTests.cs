@@ -12,8 +12,8 @@ namespace Epvs.Persistence.Tests;
 /// a flush of every parked free, the release of pooled segments, or growth) is for a heap that has nothing parked. It
 /// used to be taken whenever this thread's one sweep lost its blocks to another thread's allocations, or when the
 /// parked frees sat in another thread's sweep in flight: under two writers of batches on a heap that cannot grow,
-/// a flush of 3.5 million parked frees that left about one benchmark cell in three with 10–25 cycles a second instead
-/// of 50. Each test counts the refills that took the heap-full path (<see cref="PersistentHeap.HeapFullRefills"/>);
+/// a flush of 3.5 million parked frees, and 7 of 20 benchmark repetitions with 17–45 cycles a second instead of about
+/// 50 (benchmark/RESULTS.md). Each test counts the refills that took the heap-full path (<see cref="PersistentHeap.HeapFullRefills"/>);
 /// the broken control (<see cref="HeapFaults.RefillSweepsOnce"/>, the old behaviour) takes it.
 /// </summary>
 public sealed class RefillSweepTests
