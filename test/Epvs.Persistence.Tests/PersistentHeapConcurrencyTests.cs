@@ -33,10 +33,14 @@ public sealed class PersistentHeapConcurrencyTests
         Assert.True(stats.AddsUp, stats.ToString());
     }
 
-    [Fact]
-    public void Allocate_WhileAnotherThreadSweepsEveryParkedFree_WaitsForItsBlocksInsteadOfReportingTheHeapFull()
+    /// <remarks>Also through the heap-full path's flushes (<see cref="HeapFaults.RefillSweepsOnce"/>: the refill does not
+    /// wait for the sweep itself), which must wait for the sweep in flight too.</remarks>
+    [Theory]
+    [InlineData(false)]
+    [InlineData(true)]
+    public void Allocate_WhileAnotherThreadSweepsEveryParkedFree_WaitsForItsBlocksInsteadOfReportingTheHeapFull(bool refillSweepsOnce)
     {
-        (bool allocated, bool doneDuringSweep) = AllocateDuringASweep(HeapFaults.None);
+        (bool allocated, bool doneDuringSweep) = AllocateDuringASweep(refillSweepsOnce ? HeapFaults.RefillSweepsOnce : HeapFaults.None);
         Assert.False(doneDuringSweep, "the allocation returned while the sweep still held every parked block");
         Assert.True(allocated, "the allocation reported the heap full although the sweep in flight was about to hand blocks out");
     }

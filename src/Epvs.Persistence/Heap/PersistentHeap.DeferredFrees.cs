@@ -39,6 +39,9 @@ public sealed unsafe partial class PersistentHeap
     /// <summary>Per segment, how many of its blocks are parked (the sweep takes the densest segments first).</summary>
     private int[] _pendingCounts = Array.Empty<int>();
     private readonly long[] _pendingByClass = new long[SizeClasses.Count];
+
+    /// <summary>Per class, the blocks in sweeps in flight: taken off the bitmaps, not yet handed out (under <see cref="_pendingGate"/>).</summary>
+    private readonly long[] _inFlightByClass = new long[SizeClasses.Count];
     private long _pendingBlocks;
     private long _pendingBytes;
 
@@ -74,7 +77,7 @@ public sealed unsafe partial class PersistentHeap
     /// <summary>The sweep's lock (tests hold it to make a sweep's end wait).</summary>
     internal object PendingGateForTesting => _pendingGate;
 
-    /// <summary>Test hook: runs inside a sweep after its frees are marked and before they are written back (the window in which an early reuse would race the free to the file), outside the sweep's lock. May allocate from the pools only when they have blocks (an allocation that needs a segment takes the segment gate, which a releasing thread holds while it waits for this sweep); must not flush (a flush waits for this sweep).</summary>
+    /// <summary>Test hook: runs inside a sweep after its frees are marked and before they are written back (the window in which an early reuse would race the free to the file), outside the sweep's lock. May allocate from the pools only when they have blocks (an allocation that needs a segment takes the segment gate, which a releasing thread holds while it waits for this sweep; and one that finds no block and no free segment waits for this sweep, which holds blocks of its class); must not flush (a flush waits for this sweep).</summary>
     internal Action? AfterSweepMarkedForTesting { get; set; }
 
     /// <summary>Test hook: runs on an allocating thread after a round of its refill sweep (<see cref="TrySweepForRefill"/>), before it takes a batch from the pool.</summary>
@@ -286,8 +289,9 @@ public sealed unsafe partial class PersistentHeap
     /// An allocating thread found no block of class <paramref name="cls"/> ready: if enough of that class are parked,
     /// sweeps them (densest segments first) rather than take a free segment for the class, and refills the cache. It
     /// does not wait for another thread's sweep in flight (the stocker's, typically) while parked frees of the class are
-    /// left for its own; when too few are (under two batches), it waits for the sweeps in flight and takes their blocks
-    /// (rather than take a free segment or grow the file while they are about to join the pool). Up to
+    /// left for its own; when too few are (under two batches), it waits for the sweeps in flight if one holds blocks of
+    /// its class, and takes their blocks (rather than take a free segment or grow the file while they are about to join
+    /// the pool). Up to
     /// <see cref="RefillSweepRounds"/> rounds while other threads take the blocks from the pool first.
     /// </summary>
     /// <remarks>
@@ -310,7 +314,7 @@ public sealed unsafe partial class PersistentHeap
 
             if (!swept)
             {
-                // Nothing of the class parked, and no sweep in flight: another round would find the same.
+                // Under two batches of the class parked and none in flight: another round would find the same.
                 return false;
             }
         }
@@ -325,8 +329,11 @@ public sealed unsafe partial class PersistentHeap
     private bool SweepOnceForRefill(ThreadCache cache, int cls, out bool swept)
     {
         swept = false;
-        bool enough = System.Threading.Volatile.Read(ref _pendingByClass[cls]) >= 2 * BatchSize;
-        if (!enough && (_faults & HeapFaults.RefillSweepsOnce) != 0)
+
+        // (The broken control decides before the lock, on a value a cycle's parking may change meanwhile.)
+        bool once = (_faults & HeapFaults.RefillSweepsOnce) != 0;
+        bool enoughBefore = System.Threading.Volatile.Read(ref _pendingByClass[cls]) >= 2 * BatchSize;
+        if (!enoughBefore && once)
         {
             return false;
         }
@@ -343,7 +350,10 @@ public sealed unsafe partial class PersistentHeap
                     return true;
                 }
 
-                if (!enough && _sweepsInFlight.Count == 0)
+                // Read under the lock: a cycle may have parked a version's frees while this thread waited for it (it
+                // holds the lock for milliseconds). Waits only for a sweep in flight that holds blocks of this class.
+                bool enough = once ? enoughBefore : _pendingByClass[cls] >= 2 * BatchSize;
+                if (!enough && (once ? _sweepsInFlight.Count == 0 : _inFlightByClass[cls] == 0))
                 {
                     return false;
                 }
@@ -384,7 +394,7 @@ public sealed unsafe partial class PersistentHeap
     internal void FlushPendingFrees() => SweepPendingFrees(long.MaxValue);
 
     /// <summary>A sweep's blocks, taken off the bitmaps (in address order) and grouped by segment: see <see cref="Complete"/>.</summary>
-    private sealed record Sweep(List<long> Offsets, List<(long Segment, int Start, int Count)> Segments, long Ticket);
+    private sealed record Sweep(List<long> Offsets, List<(long Segment, int Start, int Count)> Segments, long Ticket, long[] ByClass);
 
     /// <summary>
     /// Under <see cref="_pendingGate"/>: takes the parked blocks of the densest segments (of class
@@ -427,6 +437,7 @@ public sealed unsafe partial class PersistentHeap
         // here on a failure leaves blocks taken but not handed out: it stops every later sweep (see above).
         var offsets = new List<long>((int)total);
         var swept = new List<(long Segment, int Start, int Count)>(candidates.Count);
+        long[] byClass = new long[SizeClasses.Count];
         try
         {
             foreach ((int pending, long segment) in candidates)
@@ -444,6 +455,8 @@ public sealed unsafe partial class PersistentHeap
                 System.Threading.Volatile.Write(ref _pendingByClass[cls], _pendingByClass[cls] - pending);
                 System.Threading.Volatile.Write(ref _pendingBlocks, _pendingBlocks - pending);
                 System.Threading.Volatile.Write(ref _pendingBytes, _pendingBytes - ((long)pending * SizeClasses.BlockSizes[cls]));
+                _inFlightByClass[cls] += pending;
+                byClass[cls] += pending;
                 swept.Add((segment, first, pending));
             }
         }
@@ -458,7 +471,7 @@ public sealed unsafe partial class PersistentHeap
             return null;
         }
 
-        var sweep = new Sweep(offsets, swept, _lastSweepTicket + 1);
+        var sweep = new Sweep(offsets, swept, _lastSweepTicket + 1, byClass);
         _sweepsInFlight.Add(sweep.Ticket);
         _lastSweepTicket = sweep.Ticket;
         return sweep;
@@ -483,7 +496,7 @@ public sealed unsafe partial class PersistentHeap
         }
         finally
         {
-            EndSweep(sweep.Ticket, failure);
+            EndSweep(sweep, failure);
         }
     }
 
@@ -491,7 +504,7 @@ public sealed unsafe partial class PersistentHeap
     /// Ends a sweep in flight: records its failure (if any) and uncounts it in one critical section, entered
     /// uninterruptibly (a Thread.Interrupt here used to leave the sweep counted for ever, or its failure unrecorded).
     /// </summary>
-    private void EndSweep(long ticket, Exception? failure)
+    private void EndSweep(Sweep sweep, Exception? failure)
     {
         using InterruptShield.Scope shield = InterruptShield.Enter();
         InterruptShield.Lock(_pendingGate);
@@ -502,7 +515,12 @@ public sealed unsafe partial class PersistentHeap
                 _sweepFailure ??= failure;
             }
 
-            _sweepsInFlight.Remove(ticket);
+            _sweepsInFlight.Remove(sweep.Ticket);
+            for (int cls = 0; cls < sweep.ByClass.Length; cls++)
+            {
+                _inFlightByClass[cls] -= sweep.ByClass[cls];
+            }
+
             _sweepsEnded++;
             System.Threading.Monitor.PulseAll(_pendingGate);
         }

@@ -28,9 +28,10 @@ public sealed unsafe partial class PersistentHeap
     internal long ReleasedSegments => Volatile.Read(ref _releasedSegments);
 
     /// <summary>
-    /// Refills that found no block ready, no free segment and nothing to sweep or wait for, and took the heap-full path
-    /// (growth, or a flush of every parked free and the release of pooled segments) inside the allocating thread's
-    /// operation (diagnostic, tests).
+    /// Refills that found no block ready, no free segment and nothing to sweep or wait for (under two batches of the class
+    /// parked, none in flight), and took the heap-full path inside the allocating thread's operation: growth, or a flush
+    /// of every parked free and the release of pooled segments, or at least its first look under the segment gate, which
+    /// may still find blocks a stocking put in the pool meanwhile (diagnostic, tests).
     /// </summary>
     internal long HeapFullRefills => Volatile.Read(ref _heapFullRefills);
 

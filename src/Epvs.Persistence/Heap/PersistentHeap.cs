@@ -1237,8 +1237,9 @@ public sealed unsafe partial class PersistentHeap : IDisposable, IAsyncDisposabl
         }
 
         // The pool is empty: the stocker (if any) is woken, and this thread formats a free segment (fresh and dense) or
-        // sweeps parked frees of this class for itself before growing the file (a write-back and a fence on this thread),
-        // which runs to its end even if the thread is interrupted (see InterruptShield).
+        // sweeps parked frees of this class for itself (a write-back and a fence on this thread), or waits for a sweep in
+        // flight that holds blocks of this class, before the heap-full path below; it runs to its end even if the thread
+        // is interrupted (see InterruptShield).
         using InterruptShield.Scope shield = InterruptShield.Enter();
         SignalRunningLow(cls);
 
@@ -1248,7 +1249,7 @@ public sealed unsafe partial class PersistentHeap : IDisposable, IAsyncDisposabl
             return true;
         }
 
-        // Once more before growing the file: the segment gate (just taken) may have waited for the advancer's stocking,
+        // Once more before growing the file: the segment gate (taken above) may have waited for the advancer's stocking,
         // which filled the pool meanwhile.
         if (TryTakeBatch(cache, cls))
         {
@@ -1266,6 +1267,8 @@ public sealed unsafe partial class PersistentHeap : IDisposable, IAsyncDisposabl
         // flush waits for a sweep in flight on another thread, whose blocks are neither pending nor in a pool until it
         // hands them out (without the wait, this thread would report the heap full while they are; the broken control,
         // HeapFaults.FlushWithoutWaitingForSweepsInFlight: the growth's flush above, when it gives pooled segments back, waits the same way).
+        // (An allocation reaches these flushes beside a sweep in flight of its class only with the refill's own wait for
+        // it broken too, HeapFaults.RefillSweepsOnce: otherwise TrySweepForRefill waited for that sweep already.)
         FlushPendingFrees();
         return TryTakeBatch(cache, cls) || (antiPayload && TryTakeReserveBlock(cache));
     }

@@ -1,6 +1,7 @@
 using System;
 using System.Collections.Generic;
 using System.Linq;
+using System.Runtime.CompilerServices;
 using System.Threading;
 using Xunit;
 
@@ -9,7 +10,8 @@ namespace Epvs.Persistence.Tests;
 /// <summary>
 /// Issue 10: an allocating thread that finds its class's pool empty on a heap with no free segment sweeps parked frees
 /// for itself. The heap-full path after it (inside the thread's operation, which every version transition waits for:
-/// a flush of every parked free, the release of pooled segments, or growth) is for a heap that has nothing parked. It
+/// a flush of every parked free, the release of pooled segments, or growth) is for a heap with under two batches of the
+/// class parked and none in a sweep in flight. It
 /// used to be taken whenever this thread's one sweep lost its blocks to another thread's allocations, or when the
 /// parked frees sat in another thread's sweep in flight: under two writers of batches on a heap that cannot grow,
 /// a flush of 3.5 million parked frees, and 7 of 20 benchmark repetitions with 17–45 cycles a second instead of about
@@ -108,33 +110,43 @@ public sealed class RefillSweepTests
         heap.BeforeRefillWaitsForSweepsForTesting = waiting.Set;
 
         long parked = heap.PendingFreeBlocks;
-        var sweeper = new Thread(() => heap.SweepPendingFrees(parked, Class));
-        sweeper.Start();
-        Assert.True(held.Wait(Wait), "the sweep never marked its frees");
-        Assert.Equal(0, heap.PendingFreeBlocks);
-
-        long heapFullBefore = heap.HeapFullRefills;
-        Exception? failure = null;
-        var allocator = new Thread(() =>
+        var sweepFailure = new StrongBox<Exception?>();
+        var sweeper = new Thread(() =>
         {
             try
             {
-                heap.Allocate(PayloadSize, typeId: 1);
+                heap.SweepPendingFrees(parked, Class);
             }
             catch (Exception e)
             {
-                failure = e;
+                sweepFailure.Value = e;
             }
-        });
-        allocator.Start();
+        })
+        { IsBackground = true };
+        Thread? allocator = null;
+        StrongBox<Exception?>? failure = null;
+        long heapFullBefore = heap.HeapFullRefills;
+        try
+        {
+            sweeper.Start();
+            Assert.True(held.Wait(Wait), "the sweep never marked its frees");
+            Assert.Equal(0, heap.PendingFreeBlocks);
+            (allocator, failure) = StartAllocation(heap);
 
-        // Released only once the allocating thread is past its choice: waiting for the sweep, or on the heap-full path
-        // (whose flush waits for it too).
-        Assert.True(SpinWait.SpinUntil(() => waiting.IsSet || heap.HeapFullRefills != heapFullBefore, Wait), "the allocation neither waited nor took the heap-full path");
-        release.Set();
-        Assert.True(sweeper.Join(Wait));
-        Assert.True(allocator.Join(Wait));
-        Assert.Null(failure);
+            // Released only once the allocating thread is past its choice: waiting for the sweep, or on the heap-full
+            // path (whose flush waits for it too).
+            Assert.True(SpinWait.SpinUntil(() => waiting.IsSet || heap.HeapFullRefills != heapFullBefore, Wait), "the allocation neither waited nor took the heap-full path");
+        }
+        finally
+        {
+            // Never left held: the heap is disposed next, and a thread inside it would outlive it.
+            release.Set();
+            Assert.True(sweeper.Join(Wait));
+            Assert.True(allocator?.Join(Wait) ?? true);
+        }
+
+        Assert.Null(sweepFailure.Value);
+        Assert.Null(failure!.Value);
         return heap.HeapFullRefills - heapFullBefore;
     }
 
@@ -164,7 +176,15 @@ public sealed class RefillSweepTests
     /// <summary>One allocation on a new thread (its cache empty), which must succeed.</summary>
     private static void AllocateOnAFreshThread(PersistentHeap heap)
     {
-        Exception? failure = null;
+        (Thread thread, StrongBox<Exception?> failure) = StartAllocation(heap);
+        Assert.True(thread.Join(Wait));
+        Assert.Null(failure.Value);
+    }
+
+    /// <summary>Starts one allocation on a new thread (its cache empty); its exception, if any, is in the box once the thread has ended.</summary>
+    private static (Thread Thread, StrongBox<Exception?> Failure) StartAllocation(PersistentHeap heap)
+    {
+        var failure = new StrongBox<Exception?>();
         var thread = new Thread(() =>
         {
             try
@@ -173,11 +193,11 @@ public sealed class RefillSweepTests
             }
             catch (Exception e)
             {
-                failure = e;
+                failure.Value = e;
             }
-        });
+        })
+        { IsBackground = true };
         thread.Start();
-        Assert.True(thread.Join(Wait));
-        Assert.Null(failure);
+        return (thread, failure);
     }
 }
