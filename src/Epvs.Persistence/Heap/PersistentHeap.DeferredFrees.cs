@@ -291,8 +291,7 @@ public sealed unsafe partial class PersistentHeap
     /// does not wait for another thread's sweep in flight (the stocker's, typically) while parked frees of the class are
     /// left for its own; when too few are (under two batches), it waits for the sweeps in flight if one holds blocks of
     /// its class, and takes their blocks (rather than take a free segment or grow the file while they are about to join
-    /// the pool). Up to
-    /// <see cref="RefillSweepRounds"/> rounds while other threads take the blocks from the pool first.
+    /// the pool). Up to <see cref="RefillSweepRounds"/> rounds while other threads take the blocks from the pool first.
     /// </summary>
     /// <remarks>
     /// What it spares the thread is <see cref="TryRefill"/>'s heap-full path, inside its operation, where every version
