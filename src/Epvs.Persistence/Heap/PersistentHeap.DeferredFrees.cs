@@ -331,8 +331,7 @@ public sealed unsafe partial class PersistentHeap
 
         // (The broken control decides before the lock, on a value a cycle's parking may change meanwhile.)
         bool once = (_faults & HeapFaults.RefillSweepsOnce) != 0;
-        bool enoughBefore = System.Threading.Volatile.Read(ref _pendingByClass[cls]) >= 2 * BatchSize;
-        if (!enoughBefore && once)
+        if (once && System.Threading.Volatile.Read(ref _pendingByClass[cls]) < 2 * BatchSize)
         {
             return false;
         }
@@ -351,8 +350,9 @@ public sealed unsafe partial class PersistentHeap
 
                 // Read under the lock: a cycle may have parked a version's frees while this thread waited for it (it
                 // holds the lock for milliseconds). Waits only for a sweep in flight that holds blocks of this class.
-                bool enough = once ? enoughBefore : _pendingByClass[cls] >= 2 * BatchSize;
-                if (!enough && (once ? _sweepsInFlight.Count == 0 : _inFlightByClass[cls] == 0))
+                // (The broken control got here only with enough parked.)
+                bool enough = once || _pendingByClass[cls] >= 2 * BatchSize;
+                if (!enough && _inFlightByClass[cls] == 0)
                 {
                     return false;
                 }
