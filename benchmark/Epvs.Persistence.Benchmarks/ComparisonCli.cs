@@ -39,6 +39,7 @@ internal static class ComparisonCli
         var unsafeSweeps = new Option<bool>("--unsafe-sweeps-not-durable") { Description = "EXPERIMENT, not crash-safe: the map's heap hands swept blocks out without making their frees durable first (no sweep-log entry; a crash can then leave a reuse that recovery reports as damage). Measures what making the frees durable before reuse costs the cycles: an upper bound for a cheaper scheme." };
         var fenceOnly = new Option<bool>("--unsafe-sweeps-fence-only") { Description = "EXPERIMENT, not crash-safe: as --unsafe-sweeps-not-durable, but each sweep still fences, after handing its blocks out (the fences' cost to the cycles that a scheme making the frees durable in a few bytes would still pay)." };
         var refillOnce = new Option<bool>("--refill-sweeps-once") { Description = "EXPERIMENT, crash-safe: the map's heap refills an empty pool with one sweep of its own and takes the heap-full path (a flush of every parked free inside the writer's operation) when others took its blocks first or the parked frees were in a sweep in flight: the behaviour before 2026-12-02, for an A/B run." };
+        var noPrefault = new Option<bool>("--no-prefault") { Description = "EXPERIMENT, crash-safe: the mapped-file domain formats segments without populating their pages first (madvise MADV_POPULATE_WRITE), so each page of a fresh segment faults at its first store: the behaviour before 2026-12-02, for an A/B run." };
         var dir = new Option<string?>("--dir") { Description = "Directory for the heap files (default: EPVS_BENCH_DIR or the temp directory).", HelpName = "DIR" };
         var root = new RootCommand(
             "EPVS persistence benchmarks. Without a subcommand: the issue #10 table, side by side in one run — " +
@@ -46,7 +47,7 @@ internal static class ComparisonCli
             "'durability ...' runs the older per-mode harness ('durability --help'); 'bdn ...' passes the rest to BenchmarkDotNet " +
             "('bdn --help').")
         {
-            quick, threads, keys, duration, repetitions, syncs, recovery, domain, writeBack, lagWriters, maxVersionAge, period, unsafeSweeps, fenceOnly, refillOnce, dir,
+            quick, threads, keys, duration, repetitions, syncs, recovery, domain, writeBack, lagWriters, maxVersionAge, period, unsafeSweeps, fenceOnly, refillOnce, noPrefault, dir,
         };
         root.Subcommands.Add(DurabilityHarness.CreateCommand());
         root.SetAction(parse =>
@@ -80,7 +81,8 @@ internal static class ComparisonCli
                 TimeSpan.FromMilliseconds(parse.GetValue(period) ?? 20),
                 parse.GetValue(unsafeSweeps) || parse.GetValue(fenceOnly),
                 parse.GetValue(fenceOnly),
-                parse.GetValue(refillOnce));
+                parse.GetValue(refillOnce),
+                parse.GetValue(noPrefault));
             return MapComparison.Run(settings, output);
         });
 

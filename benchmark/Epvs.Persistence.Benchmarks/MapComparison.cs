@@ -30,7 +30,8 @@ internal sealed record ComparisonSettings(
     TimeSpan? AdvancePeriod = null,
     bool UnsafeSweepsNotDurable = false,
     bool UnsafeSweepsFenceOnly = false,
-    bool RefillSweepsOnce = false)
+    bool RefillSweepsOnce = false,
+    bool NoPrefault = false)
 {
     /// <summary>The map's advance period (20 ms unless set): the unit of the Sync and lag targets.</summary>
     public TimeSpan Period => AdvancePeriod ?? TimeSpan.FromMilliseconds(20);
@@ -42,6 +43,17 @@ internal sealed record ComparisonSettings(
         MaxVersionAge = MaxVersionAge,
         HeapFaults = (UnsafeSweepsNotDurable ? HeapFaults.SweepFreesStayInMemory : HeapFaults.None) | (UnsafeSweepsFenceOnly ? HeapFaults.SweepFencesWithoutFrees : HeapFaults.None) | (RefillSweepsOnce ? HeapFaults.RefillSweepsOnce : HeapFaults.None),
     };
+
+    /// <summary>Applies <see cref="NoPrefault"/> to a heap just opened (before anything is formatted in it); returns the heap.</summary>
+    public BufferedDurableHeap Configure(BufferedDurableHeap heap)
+    {
+        if (NoPrefault && heap.Heap.File.Domain is MappedFilePersistenceDomain mapped)
+        {
+            mapped.PrefaultDisabledForTesting = true;
+        }
+
+        return heap;
+    }
 }
 
 /// <summary>
@@ -65,6 +77,11 @@ internal static class MapComparison
             output.WriteLine($"# EXPERIMENT {(s.UnsafeSweepsFenceOnly ? "--unsafe-sweeps-fence-only" : "--unsafe-sweeps-not-durable")}: the map's heap hands swept blocks out without making their frees durable first{(s.UnsafeSweepsFenceOnly ? " (each sweep still fences)" : string.Empty)}; NOT crash-safe, not the library's behaviour");
         }
 
+        if (s.NoPrefault)
+        {
+            output.WriteLine("# EXPERIMENT --no-prefault: the mapped-file domain formats segments without populating their pages first (one page fault per page at the first store, the behaviour before 2026-12-02; crash-safe, slower on a fresh heap)");
+        }
+
         if (s.RefillSweepsOnce)
         {
             output.WriteLine("# EXPERIMENT --refill-sweeps-once: the map's heap refills an empty pool with one sweep of its own, and takes the heap-full path when others took its blocks first or the parked frees were in a sweep in flight (the behaviour before 2026-12-02; crash-safe, slower)");
@@ -78,8 +95,8 @@ internal static class MapComparison
         string path = files.File("map.heap");
         string transientPath = files.File("map.heap.transient");
         long heapSize = Math.Max(64L << 20, (long)s.KeyRange * 256);
-        using (BufferedDurableHeap heap = BufferedDurableHeap.Create(path, new HeapFileOptions { Size = heapSize, Domain = s.Domain, MappedFileWriteBack = s.WriteBack }, s.MapHeapOptions()))
-        using (BufferedDurableHeap transient = BufferedDurableHeap.Create(transientPath, new HeapFileOptions { Size = heapSize, Domain = s.Domain, MappedFileWriteBack = s.WriteBack }, new BufferedDurableHeapOptions { AdvancePeriod = s.Period, Mode = DurabilityMode.Transient }))
+        using (BufferedDurableHeap heap = s.Configure(BufferedDurableHeap.Create(path, new HeapFileOptions { Size = heapSize, Domain = s.Domain, MappedFileWriteBack = s.WriteBack }, s.MapHeapOptions())))
+        using (BufferedDurableHeap transient = s.Configure(BufferedDurableHeap.Create(transientPath, new HeapFileOptions { Size = heapSize, Domain = s.Domain, MappedFileWriteBack = s.WriteBack }, new BufferedDurableHeapOptions { AdvancePeriod = s.Period, Mode = DurabilityMode.Transient })))
         {
             var map = new PersistentHashMap<long, long>(heap, MapTypeId);
             var transientMap = new PersistentHashMap<long, long>(transient, MapTypeId);
@@ -98,7 +115,7 @@ internal static class MapComparison
         }
 
         File.Delete(transientPath);
-        using (BufferedDurableHeap heap = BufferedDurableHeap.Open(path, new HeapFileOptions { Domain = s.Domain, MappedFileWriteBack = s.WriteBack }, s.MapHeapOptions()))
+        using (BufferedDurableHeap heap = s.Configure(BufferedDurableHeap.Open(path, new HeapFileOptions { Domain = s.Domain, MappedFileWriteBack = s.WriteBack }, s.MapHeapOptions())))
         {
             SyncAndLag(s, heap, new PersistentHashMap<long, long>(heap, MapTypeId), output);
         }

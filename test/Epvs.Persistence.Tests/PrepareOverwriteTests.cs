@@ -152,6 +152,36 @@ public sealed class PrepareOverwriteTests : IDisposable
     }
 
     /// <summary>
+    /// The range's pages are mapped in the process before the stores reach them (<c>madvise(MADV_POPULATE_WRITE)</c>), so
+    /// that the stores take no page fault, one per page: in a private mapping as the process's own copies (anonymous
+    /// pages, the copy-on-write done), in a shared one as the file's pages (<c>/proc/self/pagemap</c>). On a virtual
+    /// machine each fault cost 18–75 µs; a formatted segment of 64-byte blocks holds 64 blocks a page. The control (the
+    /// prefault disabled, the zeros still written) leaves them unmapped.
+    /// </summary>
+    [Theory]
+    [InlineData(MappedFileWriteBack.PrivateMapping, false)]
+    [InlineData(MappedFileWriteBack.PrivateMapping, true)]
+    [InlineData(MappedFileWriteBack.SharedMapping, false)]
+    [InlineData(MappedFileWriteBack.SharedMapping, true)]
+    public void AFreshRange_IsMappedForTheStoresBeforeThem(MappedFileWriteBack writeBack, bool control)
+    {
+        Assert.SkipUnless(OperatingSystem.IsLinux() && Environment.OSVersion.Version >= new Version(5, 14), "MADV_POPULATE_WRITE: Linux 5.14 or later");
+        using HeapFile file = HeapFile.Create(_directory.File("mapped.heap"), new HeapFileOptions { Size = 8L << 20, Domain = PersistenceDomainKind.MappedFile, MappedFileWriteBack = writeBack });
+        var domain = (MappedFilePersistenceDomain)file.Domain;
+        long offset = FreshSegment(domain);
+        Assert.SkipWhen(MappedPages(domain, offset).Present != 0, "inconclusive: the fresh segment's pages are mapped already");
+        domain.PrefaultDisabledForTesting = control;
+
+        domain.PrepareOverwrite(offset, HeapLayout.SegmentSize);
+
+        long pages = HeapLayout.SegmentSize / Environment.SystemPageSize;
+        (long present, long own) = MappedPages(domain, offset);
+        Assert.Equal(control ? 0 : pages, present);
+        Assert.Equal(control || writeBack == MappedFileWriteBack.SharedMapping ? 0 : pages, own);
+        Assert.True(domain.GetSpan(offset, HeapLayout.SegmentSize).IndexOfAnyExcept((byte)0) < 0, "the prepared range does not read zeros");
+    }
+
+    /// <summary>
     /// In a private mapping a page already copied keeps its bytes until the caller's own stores; the file holds zeros
     /// (the caller writes the range back whole next).
     /// </summary>
@@ -231,6 +261,37 @@ public sealed class PrepareOverwriteTests : IDisposable
         }
 
         return resident;
+    }
+
+    /// <summary>
+    /// How many pages of the segment at <paramref name="offset"/> are mapped in this process (<c>/proc/self/pagemap</c>:
+    /// bit 63, present), and how many of those are its own (bit 61 clear: an anonymous page, a private mapping's copy,
+    /// rather than the file's page).
+    /// </summary>
+    private static unsafe (long Present, long Own) MappedPages(PersistenceDomain domain, long offset)
+    {
+        int pageSize = Environment.SystemPageSize;
+        int pages = HeapLayout.SegmentSize / pageSize;
+        byte[] entries = new byte[pages * sizeof(ulong)];
+        using (var pagemap = new System.IO.FileStream("/proc/self/pagemap", System.IO.FileMode.Open, System.IO.FileAccess.Read, System.IO.FileShare.ReadWrite, 1, System.IO.FileOptions.None))
+        {
+            pagemap.Position = (long)((nuint)((byte*)domain.BaseAddress + offset) / (nuint)pageSize) * sizeof(ulong);
+            pagemap.ReadExactly(entries);
+        }
+
+        long present = 0;
+        long own = 0;
+        for (int i = 0; i < pages; i++)
+        {
+            ulong entry = BitConverter.ToUInt64(entries, i * sizeof(ulong));
+            if ((entry >> 63) != 0)
+            {
+                present++;
+                own += ((entry >> 61) & 1) == 0 ? 1 : 0;
+            }
+        }
+
+        return (present, own);
     }
 
     [DllImport("libc", EntryPoint = "mincore", SetLastError = true)]

@@ -35,6 +35,9 @@ internal static partial class Interop
         /// <summary><c>MADV_HUGEPAGE</c> (Linux, every architecture): back the range with transparent huge pages where possible.</summary>
         internal const int MadvHugePage = 14;
 
+        /// <summary><c>MADV_POPULATE_WRITE</c> (Linux 5.14; 23 on x86-64 and arm64): fault the range in writable now, breaking copy-on-write in a private mapping.</summary>
+        internal const int MadvPopulateWrite = 23;
+
         /// <summary>A hint; 0 or -1 with errno set.</summary>
         [LibraryImport(NativeLibraryResolver.LibcLibraryName, EntryPoint = "madvise", SetLastError = true)]
         internal static partial int Madvise(void* address, nuint length, int advice);
