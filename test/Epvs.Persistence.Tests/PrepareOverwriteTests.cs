@@ -155,8 +155,8 @@ public sealed class PrepareOverwriteTests : IDisposable
     /// The range's pages are mapped in the process before the stores reach them (<c>madvise(MADV_POPULATE_WRITE)</c>), so
     /// that the stores take no page fault, one per page: in a private mapping as the process's own copies (anonymous
     /// pages, the copy-on-write done), in a shared one as the file's pages (<c>/proc/self/pagemap</c>). On a virtual
-    /// machine each fault cost 18–75 µs; a formatted segment of 64-byte blocks holds 64 blocks a page. The control (the
-    /// prefault disabled, the zeros still written) leaves them unmapped.
+    /// machine, with another thread of the process running, those faults made a fresh segment's format 2.3 times as long
+    /// (benchmark/RESULTS.md). The control (the prefault disabled, the zeros still written) leaves them unmapped.
     /// </summary>
     [Theory]
     [InlineData(MappedFileWriteBack.PrivateMapping, false)]

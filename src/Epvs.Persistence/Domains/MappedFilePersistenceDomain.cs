@@ -391,7 +391,7 @@ internal sealed unsafe class MappedFilePersistenceDomain : PersistenceDomain
 
     /// <summary>
     /// Unix: writes zeros over the range of the file with <c>pwrite</c>, so that its pages are in the page cache before
-    /// the stores reach them.
+    /// the stores reach them; on Linux then maps them writable in one call (<see cref="Prefault"/>).
     /// </summary>
     /// <remarks>
     /// <para>Why. The file is preallocated (<c>posix_fallocate</c>): its unused pages are unwritten extents. The first
@@ -463,13 +463,12 @@ internal sealed unsafe class MappedFilePersistenceDomain : PersistenceDomain
     /// </summary>
     /// <remarks>
     /// <para>Why. A page fault is a trap into the kernel and out again for each 4 KiB page, and on a virtual machine it
-    /// is dear: measured on the development machine (a 2-core VM), a store to an untouched page of a private file mapping
-    /// cost 18 µs, and 25–75 µs when a read had mapped the page first (a read-only page's copy-on-write flushes the
-    /// other processor's TLB). The zeroing of a segment reads its first byte before storing (the runtime's clear probes
-    /// its destination), and the kernel maps the read's neighbours read-only with it (fault-around), so most of a fresh
-    /// segment's pages took the dear path: half of the stocker's time while a fresh heap was formatted under two
-    /// writers (a perf profile). One call populating the range cost 9–10 µs a page; the caller's stores then find every
-    /// page mapped writable (benchmark/RESULTS.md).</para>
+    /// is dear. The zeroing of a segment reads its first byte before storing (the runtime's clear probes its
+    /// destination), and the kernel maps the read's neighbours read-only with it (fault-around), so that each store
+    /// then took a copy-on-write of a page already mapped, which flushes the TLB of every other processor running the
+    /// process (an interrupt to each). On the development machine (a 2-core VM) a stocking of fresh segments took 0.44
+    /// of the time per segment populated first while another thread of the process ran, 0.71 alone (BenchmarkDotNet,
+    /// <c>FreshSegmentFormatBenchmarks</c>, benchmark/RESULTS.md).</para>
     /// <para>A hint, as the rest of <see cref="PrepareOverwriteCore"/>: nothing is stored (a private page copied keeps
     /// its bytes; a shared page was just written with zeros), only pages inside the range are touched (a shared mapping
     /// dirties what it populates), and a failure is not reported: the stores fault the pages in as before. A kernel that
