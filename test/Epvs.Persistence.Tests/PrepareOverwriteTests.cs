@@ -182,6 +182,31 @@ public sealed class PrepareOverwriteTests : IDisposable
     }
 
     /// <summary>
+    /// A range longer than one prefault call takes (a stocking's run of fresh segments) is mapped whole, its last,
+    /// shorter chunk included: the calls are split so that none holds the process's memory map long, not cut short.
+    /// </summary>
+    [Theory]
+    [InlineData(false)]
+    [InlineData(true)]
+    public void ARangeOfSeveralPrefaultChunks_IsMappedWhole(bool control)
+    {
+        Assert.SkipUnless(OperatingSystem.IsLinux() && Environment.OSVersion.Version >= new Version(5, 14), "MADV_POPULATE_WRITE: Linux 5.14 or later");
+        using HeapFile file = HeapFile.Create(_directory.File("chunks.heap"), new HeapFileOptions { Size = 8L << 20, Domain = PersistenceDomainKind.MappedFile, MappedFileWriteBack = MappedFileWriteBack.PrivateMapping });
+        var domain = (MappedFilePersistenceDomain)file.Domain;
+        long length = (2 * MappedFilePersistenceDomain.PrefaultChunk) + (3 * HeapLayout.SegmentSize);
+        long offset = FreshRange(domain, length);
+        Assert.SkipWhen(MappedPages(domain, offset, length).Present != 0, "inconclusive: the fresh range's pages are mapped already");
+        domain.PrefaultDisabledForTesting = control;
+
+        domain.PrepareOverwrite(offset, length);
+
+        long pages = length / Environment.SystemPageSize;
+        (long present, long own) = MappedPages(domain, offset, length);
+        Assert.Equal(control ? 0 : pages, present);
+        Assert.Equal(control ? 0 : pages, own);
+    }
+
+    /// <summary>
     /// In a private mapping a page already copied keeps its bytes until the caller's own stores; the file holds zeros
     /// (the caller writes the range back whole next).
     /// </summary>
@@ -234,10 +259,13 @@ public sealed class PrepareOverwriteTests : IDisposable
     }
 
     /// <summary>Grows the domain by a segment (page-aligned) and returns where that segment starts.</summary>
-    private static long FreshSegment(PersistenceDomain domain)
+    private static long FreshSegment(PersistenceDomain domain) => FreshRange(domain, HeapLayout.SegmentSize);
+
+    /// <summary>Grows the domain by <paramref name="length"/> bytes from its first segment boundary at or after its end.</summary>
+    private static long FreshRange(PersistenceDomain domain, long length)
     {
         long offset = (domain.Length + HeapLayout.SegmentSize - 1) & ~(long)(HeapLayout.SegmentSize - 1);
-        Assert.True(domain.TryGrow(offset + HeapLayout.SegmentSize), "the domain could not grow");
+        Assert.True(domain.TryGrow(offset + length), "the domain could not grow");
         return offset;
     }
 
@@ -268,10 +296,10 @@ public sealed class PrepareOverwriteTests : IDisposable
     /// bit 63, present), and how many of those are its own (bit 61 clear: an anonymous page, a private mapping's copy,
     /// rather than the file's page).
     /// </summary>
-    private static unsafe (long Present, long Own) MappedPages(PersistenceDomain domain, long offset)
+    private static unsafe (long Present, long Own) MappedPages(PersistenceDomain domain, long offset, long length = HeapLayout.SegmentSize)
     {
         int pageSize = Environment.SystemPageSize;
-        int pages = HeapLayout.SegmentSize / pageSize;
+        int pages = (int)(length / pageSize);
         byte[] entries = new byte[pages * sizeof(ulong)];
         using (var pagemap = new System.IO.FileStream("/proc/self/pagemap", System.IO.FileMode.Open, System.IO.FileAccess.Read, System.IO.FileShare.ReadWrite, 1, System.IO.FileOptions.None))
         {

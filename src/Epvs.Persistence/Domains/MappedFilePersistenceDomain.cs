@@ -458,7 +458,7 @@ internal sealed unsafe class MappedFilePersistenceDomain : PersistenceDomain
 
     /// <summary>
     /// Linux: maps every whole page of [<paramref name="start"/>, <paramref name="end"/>) writable in this process with
-    /// one <c>madvise(MADV_POPULATE_WRITE)</c> (Linux 5.14), in a private mapping by copying it from the page cache (the
+    /// <c>madvise(MADV_POPULATE_WRITE)</c> (Linux 5.14), one call per <see cref="PrefaultChunk"/>, in a private mapping by copying it from the page cache (the
     /// zeros just written), instead of one page fault per page at the caller's first store.
     /// </summary>
     /// <remarks>
@@ -489,13 +489,24 @@ internal sealed unsafe class MappedFilePersistenceDomain : PersistenceDomain
             return;
         }
 
-        if (Interop.Libc.Madvise(Pointer + first, (nuint)(last - first), Interop.Libc.MadvPopulateWrite) != 0 && Marshal.GetLastPInvokeError() == Interop.Libc.Einval)
+        // In chunks: each call holds the process's mmap_lock (for reading) while it maps, and a stocking's run of fresh
+        // segments may be tens of MiB; whatever needs that lock for writing (the GC committing memory, a thread's stack,
+        // another mapping's madvise) waits for one chunk at most, not for the whole run.
+        for (long chunk = first; chunk < last && !IsDisposed; chunk += PrefaultChunk)
         {
-            // Linux before 5.14 (EINVAL for an unknown advice; the range is valid). Any other failure (ENOMEM, EFAULT past
-            // the file's end, EINTR) is left to the stores.
-            _noPrefault = true;
+            long length = Math.Min(PrefaultChunk, last - chunk);
+            if (Interop.Libc.Madvise(Pointer + chunk, (nuint)length, Interop.Libc.MadvPopulateWrite) != 0 && Marshal.GetLastPInvokeError() == Interop.Libc.Einval)
+            {
+                // Linux before 5.14 (EINVAL for an unknown advice; the range is valid). Any other failure (ENOMEM, EFAULT
+                // past the file's end, EINTR) is left to the stores.
+                _noPrefault = true;
+                return;
+            }
         }
     }
+
+    /// <summary>The most <see cref="Prefault"/> maps in one call: 2 MiB, 512 pages of 4 KiB.</summary>
+    internal const long PrefaultChunk = 2L << 20;
 
     /// <summary>Copies a range of the private mapping to the same place in the file (into the page cache).</summary>
     private void CopyToFile(long offset, long length)
