@@ -23,7 +23,8 @@ public readonly struct AdvancerStatistics
     /// <param name="fenceTime">Of <paramref name="writeBackTime"/>, the time spent waiting on fences.</param>
     /// <param name="backPressureWaits">Times an operation's thread was held back at its start by the back-pressure.</param>
     /// <param name="backPressureTime">The time those threads were held back, summed over the threads.</param>
-    public AdvancerStatistics(long cycles, long blocksWrittenBack, TimeSpan writeBackTime, TimeSpan sealTime, TimeSpan reclaimTime, long allocatorRefills, TimeSpan fenceTime, long backPressureWaits, TimeSpan backPressureTime)
+    /// <param name="idlePeriods">Periods in which the background advancer found nothing to advance, and wrote nothing.</param>
+    public AdvancerStatistics(long cycles, long blocksWrittenBack, TimeSpan writeBackTime, TimeSpan sealTime, TimeSpan reclaimTime, long allocatorRefills, TimeSpan fenceTime, long backPressureWaits, TimeSpan backPressureTime, long idlePeriods)
     {
         Cycles = cycles;
         BlocksWrittenBack = blocksWrittenBack;
@@ -34,6 +35,7 @@ public readonly struct AdvancerStatistics
         FenceTime = fenceTime;
         BackPressureWaits = backPressureWaits;
         BackPressureTime = backPressureTime;
+        IdlePeriods = idlePeriods;
     }
 
     /// <summary>Completed cycles that found a version to finish.</summary>
@@ -77,13 +79,23 @@ public readonly struct AdvancerStatistics
     /// <summary>The time the threads counted by <see cref="BackPressureWaits"/> were held back, summed over the threads (two threads held for 1 ms each count 2 ms).</summary>
     public TimeSpan BackPressureTime { get; }
 
+    /// <summary>
+    /// Periods in which the background advancer found the heap idle — no operation open, nothing written, replaced or
+    /// deleted since the last cycle, no sweep to record, no <see cref="BufferedDurableHeap.SyncAsync"/> waiting — and
+    /// let the version run on instead of ending it: nothing is written to the file then (an idle heap used to write and
+    /// fence its frontier every period). <see cref="BufferedDurableHeap.CurrentVersion"/> and
+    /// <see cref="BufferedDurableHeap.DurableFrontier"/> stay where they are meanwhile; the first write after an idle
+    /// stretch is ended at the next period as usual.
+    /// </summary>
+    public long IdlePeriods { get; }
+
     /// <summary>The counters accumulated since <paramref name="earlier"/> (an earlier reading of the same heap).</summary>
     /// <param name="earlier">The earlier reading.</param>
     /// <returns>This reading minus <paramref name="earlier"/>.</returns>
     public AdvancerStatistics Since(AdvancerStatistics earlier) =>
-        new(Cycles - earlier.Cycles, BlocksWrittenBack - earlier.BlocksWrittenBack, WriteBackTime - earlier.WriteBackTime, SealTime - earlier.SealTime, ReclaimTime - earlier.ReclaimTime, AllocatorRefills - earlier.AllocatorRefills, FenceTime - earlier.FenceTime, BackPressureWaits - earlier.BackPressureWaits, BackPressureTime - earlier.BackPressureTime);
+        new(Cycles - earlier.Cycles, BlocksWrittenBack - earlier.BlocksWrittenBack, WriteBackTime - earlier.WriteBackTime, SealTime - earlier.SealTime, ReclaimTime - earlier.ReclaimTime, AllocatorRefills - earlier.AllocatorRefills, FenceTime - earlier.FenceTime, BackPressureWaits - earlier.BackPressureWaits, BackPressureTime - earlier.BackPressureTime, IdlePeriods - earlier.IdlePeriods);
 
     /// <inheritdoc/>
     public override string ToString() =>
-        $"cycles={Cycles} blocks={BlocksWrittenBack} write-back={WriteBackTime.TotalMilliseconds:0.0} ms seal={SealTime.TotalMilliseconds:0.0} ms reclaim={ReclaimTime.TotalMilliseconds:0.0} ms allocator-refills={AllocatorRefills} fences={FenceTime.TotalMilliseconds:0.0} ms back-pressure={BackPressureWaits} waits, {BackPressureTime.TotalMilliseconds:0.0} ms";
+        $"cycles={Cycles} blocks={BlocksWrittenBack} write-back={WriteBackTime.TotalMilliseconds:0.0} ms seal={SealTime.TotalMilliseconds:0.0} ms reclaim={ReclaimTime.TotalMilliseconds:0.0} ms allocator-refills={AllocatorRefills} fences={FenceTime.TotalMilliseconds:0.0} ms back-pressure={BackPressureWaits} waits, {BackPressureTime.TotalMilliseconds:0.0} ms idle-periods={IdlePeriods}";
 }

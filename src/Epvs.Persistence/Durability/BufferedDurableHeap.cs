@@ -149,7 +149,12 @@ public sealed unsafe partial class BufferedDurableHeap : IDisposable, IAsyncDisp
     /// <summary>What recovery found when the heap opened.</summary>
     public DurableRecoveryReport Recovery { get; }
 
-    /// <summary>The version new operations observe (payload tags are versions). Moves forward at every advance.</summary>
+    /// <summary>
+    /// The version new operations observe (payload tags are versions). Moves forward at every advance; the background
+    /// advancer does not advance an idle heap (see <see cref="BufferedDurableHeapOptions.AdvancePeriod"/>), so a version
+    /// read without writing may stay current, and not durable, for as long as nothing is written: wait for durability
+    /// with <see cref="Sync()"/> or <see cref="SyncAsync"/>.
+    /// </summary>
     public long CurrentVersion => Volatile.Read(ref _versionBase) + _scheme.CurrentState.Version;
 
     /// <summary>

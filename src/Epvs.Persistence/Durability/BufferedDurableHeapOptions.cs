@@ -11,7 +11,10 @@ public sealed class BufferedDurableHeapOptions
 
     /// <summary>
     /// How often the background advancer moves the version (and so the durable frontier). Default 20 ms; about one
-    /// period of completed operations is at risk at a crash. <see cref="Timeout.InfiniteTimeSpan"/> starts no
+    /// period of completed operations is at risk at a crash. A period in which the heap is idle — no operation open,
+    /// nothing written, replaced or deleted since the last advance, no <see cref="BufferedDurableHeap.SyncAsync"/>
+    /// waiting — moves nothing and writes nothing to the file (<see cref="AdvancerStatistics.IdlePeriods"/>); the first
+    /// write after it is made durable at the next period as usual. <see cref="Timeout.InfiniteTimeSpan"/> starts no
     /// background advancer: versions then move only in <see cref="BufferedDurableHeap.Sync(TimeSpan)"/> and
     /// <see cref="BufferedDurableHeap.AdvanceVersion(TimeSpan)"/>. At most <see cref="int.MaxValue"/> milliseconds.
     /// </summary>

@@ -172,4 +172,10 @@ internal enum DurabilityFaults : long
 
     /// <summary>A wide-key structure's first open whose key-size record finds no room keeps its type id reserved (as before): every retry in the heap's session is refused as a second open of the type id.</summary>
     KeepTypeIdOfAFailedOpen = 9007199254740992,
+
+    /// <summary>The background advancer ends a version every period even when nothing was written (as before): an idle heap wrote its sealed frontier and its frontier back with two fences every period, through the page cache 100 pwrite and 100 fdatasync calls a second at the default period.</summary>
+    AdvanceWhenIdle = 18014398509481984,
+
+    /// <summary>The background advancer takes the heap for idle when no operation is open, whatever the threads wrote, retired or carried and whoever waits in SyncAsync: a write whose operation ended before the period's look is never made durable by the advancer.</summary>
+    IdleWithWorkPending = 36028797018963968,
 }

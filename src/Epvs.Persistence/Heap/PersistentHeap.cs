@@ -1346,6 +1346,27 @@ public sealed unsafe partial class PersistentHeap : IDisposable, IAsyncDisposabl
         return cache;
     }
 
+    /// <summary>Whether the sweep log has nothing a cycle's mark would add (see <see cref="SweepLog.MarkIsCurrent"/>); true without a log.</summary>
+    internal bool SweepLogMarkIsCurrent => _sweepLog?.MarkIsCurrent ?? true;
+
+    /// <summary>Whether a thread that has exited still has an allocation cache here, which <see cref="ReleaseExitedThreadCaches"/> would hand back.</summary>
+    internal bool HasExitedThreadCaches
+    {
+        get
+        {
+            foreach (ThreadCache cache in Caches)
+            {
+                if (!cache.Owner.IsAlive)
+                {
+                    return true;
+                }
+            }
+
+            return false;
+        }
+    }
+
+
     /// <summary>
     /// Gives the free blocks in the caches of threads that have exited back to the shared pools and forgets those caches
     /// (their live counts move to the heap's). Without it a heap used by short-lived threads kept up to 64 free blocks

@@ -317,6 +317,19 @@ internal sealed unsafe class SweepLog
         }
     }
 
+    /// <summary>Whether the last mark records the log as it is durable now: nothing was appended or turned since (a cycle then has no mark to write).</summary>
+    internal bool MarkIsCurrent
+    {
+        get
+        {
+            using (InterruptShield.Hold(_markGate))
+            {
+                // Volatile.Read: acquire; pairs with the release that published the ends after their fence.
+                return Volatile.Read(ref _fenced) == _marked;
+            }
+        }
+    }
+
     /// <summary>
     /// The marks of the heap image at <paramref name="p"/> that hold for its log (<see cref="WriteBackMark"/>): per
     /// half, a lap and where that lap's batches reached when a cycle recorded it. A record that fails its check, names

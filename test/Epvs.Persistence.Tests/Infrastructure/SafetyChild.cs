@@ -162,6 +162,9 @@ internal static class SafetyChild
         {
             case FaultedStepRunsOn.Advancer:
                 expectedThread = heap.AdvancerForTesting!.ManagedThreadId;
+
+                // A write for the advancer's next period to end (an idle heap's advancer ends no version).
+                map.Set(2, 20);
                 break;
             case FaultedStepRunsOn.SyncCaller:
                 expectedThread = Environment.CurrentManagedThreadId;

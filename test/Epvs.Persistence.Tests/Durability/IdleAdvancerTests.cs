@@ -1,0 +1,230 @@
+using System;
+using System.Threading;
+using System.Threading.Tasks;
+using Xunit;
+
+namespace Epvs.Persistence.Tests;
+
+/// <summary>
+/// The background advancer of an idle heap: a period in which no operation is open and nothing was written, replaced,
+/// deleted, swept or waited for since the last cycle writes nothing to the file (it used to write back and fence the
+/// frontier every period: through the page cache, 100 <c>pwrite</c> and 100 <c>fdatasync</c> calls a second at the
+/// default period, for ever). What it must not do is take a heap with work pending for idle: a write made just before
+/// a period's look, a <see cref="BufferedDurableHeap.SyncAsync"/> waiting, still become durable without a Sync.
+/// </summary>
+public sealed class IdleAdvancerTests
+{
+    private static readonly TimeSpan Period = TimeSpan.FromMilliseconds(2);
+
+    /// <summary>How long a wait for the advancer's periods may take (bounded: a broken control fails here rather than hang).</summary>
+    private static readonly TimeSpan Wait = TimeSpan.FromSeconds(10);
+
+    private readonly ITestOutputHelper _output;
+
+    public IdleAdvancerTests(ITestOutputHelper output) => _output = output;
+
+    [Fact]
+    public void AnIdleHeap_WritesNothingToItsFile_AndKeepsItsVersion()
+    {
+        string? violation = IdleStretch(DurabilityFaults.None);
+        Assert.Null(violation);
+    }
+
+    [Fact]
+    public void Control_AnAdvancerThatEndsAVersionEveryPeriod_IsCaught()
+    {
+        string? violation = IdleStretch(DurabilityFaults.AdvanceWhenIdle);
+        _output.WriteLine($"control: {violation}");
+        Assert.NotNull(violation);
+    }
+
+    [Fact]
+    public void AWriteAfterAnIdleStretch_IsMadeDurableByTheAdvancer()
+    {
+        string? violation = WriteAfterIdle(DurabilityFaults.None);
+        Assert.Null(violation);
+    }
+
+    [Fact]
+    public void Control_AnAdvancerThatLooksOnlyForOpenOperations_IsCaughtLeavingAWriteUndurable()
+    {
+        string? violation = WriteAfterIdle(DurabilityFaults.IdleWithWorkPending);
+        _output.WriteLine($"control: {violation}");
+        Assert.NotNull(violation);
+    }
+
+    [Fact]
+    public async Task SyncAsync_OnAnIdleHeap_Completes()
+    {
+        string? violation = await SyncAsyncWhileIdle(DurabilityFaults.None);
+        Assert.Null(violation);
+    }
+
+    [Fact]
+    public async Task Control_AnAdvancerThatIgnoresSyncAsyncWaiters_IsCaught()
+    {
+        string? violation = await SyncAsyncWhileIdle(DurabilityFaults.IdleWithWorkPending);
+        _output.WriteLine($"control: {violation}");
+        Assert.NotNull(violation);
+    }
+
+    [Fact]
+    public void ReplacedPayloads_AreReclaimedBeforeTheHeapGoesIdle()
+    {
+        string? violation = ReclaimThenIdle(DurabilityFaults.None);
+        Assert.Null(violation);
+    }
+
+    [Fact]
+    public void Control_AnAdvancerIdleWithRetiredPayloadsLeft_IsCaught()
+    {
+        string? violation = ReclaimThenIdle(DurabilityFaults.IdleWithWorkPending);
+        _output.WriteLine($"control: {violation}");
+        Assert.NotNull(violation);
+    }
+
+    /// <summary>
+    /// Writes, replaces and deletes, syncs, then watches 20 of the advancer's periods: no crash point (write-back or
+    /// fence) of the domain, no cycle, no new version, and 20 idle periods counted. A cycle may still run once the
+    /// writes are over (reclamation two versions on, a sweep's mark), so up to five stretches are watched. Returns the
+    /// last stretch's violation, or null once one stretch was idle throughout.
+    /// </summary>
+    private string? IdleStretch(DurabilityFaults faults)
+    {
+        using var domain = new SimulatedPersistenceDomain(8 << 20);
+        using HeapFile file = HeapFile.Create(domain);
+        using BufferedDurableHeap heap = BufferedDurableHeap.Open(file, new BufferedDurableHeapOptions { AdvancePeriod = Period, Faults = faults });
+        var map = new PersistentHashMap<long, long>(heap, typeId: 1);
+        for (int i = 0; i < 1000; i++)
+        {
+            map.Set(i % 100, i);
+        }
+
+        map.Remove(7);
+        heap.Sync();
+
+        string? violation = null;
+        for (int stretch = 0; stretch < 5; stretch++)
+        {
+            long points = domain.CrashPointCount;
+            AdvancerStatistics before = heap.GetAdvancerStatistics();
+            long version = heap.CurrentVersion;
+            long periods = heap.BackgroundPeriodsForTesting;
+            if (!SpinWait.SpinUntil(() => heap.BackgroundPeriodsForTesting >= periods + 20, Wait))
+            {
+                return $"the advancer ran {heap.BackgroundPeriodsForTesting - periods} periods in {Wait.TotalSeconds} s";
+            }
+
+            AdvancerStatistics idle = heap.GetAdvancerStatistics().Since(before);
+            long written = domain.CrashPointCount - points;
+            _output.WriteLine($"stretch {stretch}: {written} crash points, {idle}, version {version} → {heap.CurrentVersion}");
+            if (written == 0 && idle.Cycles == 0 && heap.CurrentVersion == version && idle.IdlePeriods >= 19)
+            {
+                return null;
+            }
+
+            violation = $"over 20 idle periods: {written} write-backs and fences, {idle.Cycles} cycles, {idle.IdlePeriods} idle periods, version {version} → {heap.CurrentVersion}";
+        }
+
+        return violation;
+    }
+
+    /// <summary>
+    /// Lets the heap go idle, writes one key without a Sync, then waits (bounded) until the advancer has made its version
+    /// durable and gone idle again; the durable image must hold the key. Returns the violation, or null.
+    /// </summary>
+    private string? WriteAfterIdle(DurabilityFaults faults)
+    {
+        using var domain = new SimulatedPersistenceDomain(8 << 20);
+        using HeapFile file = HeapFile.Create(domain);
+        using BufferedDurableHeap heap = BufferedDurableHeap.Open(file, new BufferedDurableHeapOptions { AdvancePeriod = Period, Faults = faults });
+        var map = new PersistentHashMap<long, long>(heap, typeId: 1);
+        map.Set(1, 10);
+        heap.Sync();
+        if (!WaitForIdlePeriods(heap, 3))
+        {
+            return "the heap never went idle";
+        }
+
+        long version = heap.CurrentVersion;
+        map.Set(2, 20);
+
+        // The write's version: the current one when it began (no transition while idle, so at least the one read before).
+        if (!SpinWait.SpinUntil(() => heap.DurableFrontier >= version, Wait))
+        {
+            return $"the write of version {version} (or later) was not made durable within {Wait.TotalSeconds} s: the durable frontier stayed at {heap.DurableFrontier}";
+        }
+
+        // Idle again: every thread's lists drained, so the write's version has been written back, whichever it was.
+        if (!WaitForIdlePeriods(heap, 2))
+        {
+            return "the heap did not go idle again after the write";
+        }
+
+        using var image = SimulatedPersistenceDomain.FromImage(domain.GetDurableImage());
+        using HeapFile again = HeapFile.Open(image);
+        using BufferedDurableHeap recovered = BufferedDurableHeap.Open(again, new BufferedDurableHeapOptions { AdvancePeriod = Timeout.InfiniteTimeSpan });
+        var map2 = new PersistentHashMap<long, long>(recovered, typeId: 1);
+        return map2.TryGetValue(2, out long two) && two == 20 && map2.TryGetValue(1, out long one) && one == 10
+            ? null
+            : "the durable image does not hold the write made after the idle stretch";
+    }
+
+    /// <summary>Lets the heap go idle, then waits (bounded) for a SyncAsync; returns the violation, or null.</summary>
+    private static async Task<string?> SyncAsyncWhileIdle(DurabilityFaults faults)
+    {
+        using var domain = new SimulatedPersistenceDomain(8 << 20);
+        using HeapFile file = HeapFile.Create(domain);
+        using BufferedDurableHeap heap = BufferedDurableHeap.Open(file, new BufferedDurableHeapOptions { AdvancePeriod = Period, Faults = faults });
+        var map = new PersistentHashMap<long, long>(heap, typeId: 1);
+        map.Set(1, 10);
+        heap.Sync();
+        if (!WaitForIdlePeriods(heap, 3))
+        {
+            return "the heap never went idle";
+        }
+
+        long version = heap.CurrentVersion;
+        try
+        {
+            await heap.SyncAsync().WaitAsync(Wait);
+        }
+        catch (TimeoutException)
+        {
+            return $"SyncAsync on the idle heap did not complete within {Wait.TotalSeconds} s (durable frontier {heap.DurableFrontier}, version {version})";
+        }
+
+        return heap.DurableFrontier >= version ? null : $"SyncAsync returned with the durable frontier {heap.DurableFrontier} below version {version}";
+    }
+
+    /// <summary>
+    /// Replaces one key's payload many times, then waits (bounded) for the heap to go idle: by then every replaced
+    /// payload must have been reclaimed (the retired bytes all freed), not left waiting for the next write.
+    /// </summary>
+    private static string? ReclaimThenIdle(DurabilityFaults faults)
+    {
+        using var domain = new SimulatedPersistenceDomain(8 << 20);
+        using HeapFile file = HeapFile.Create(domain);
+        using BufferedDurableHeap heap = BufferedDurableHeap.Open(file, new BufferedDurableHeapOptions { AdvancePeriod = Period, Faults = faults });
+        var map = new PersistentHashMap<long, long>(heap, typeId: 1);
+        for (int i = 0; i < 500; i++)
+        {
+            map.Set(1, i);
+        }
+
+        if (!WaitForIdlePeriods(heap, 3))
+        {
+            return "the heap never went idle";
+        }
+
+        long backlog = heap.ReclaimBacklog;
+        return backlog == 0 ? null : $"the heap went idle with {backlog} retired bytes not reclaimed";
+    }
+
+    /// <summary>Waits (bounded) until the advancer has counted <paramref name="count"/> more idle periods.</summary>
+    private static bool WaitForIdlePeriods(BufferedDurableHeap heap, int count)
+    {
+        long idle = heap.GetAdvancerStatistics().IdlePeriods;
+        return SpinWait.SpinUntil(() => heap.GetAdvancerStatistics().IdlePeriods >= idle + count, Wait);
+    }
+}
