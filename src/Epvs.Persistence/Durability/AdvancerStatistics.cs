@@ -80,8 +80,8 @@ public readonly struct AdvancerStatistics
     public TimeSpan BackPressureTime { get; }
 
     /// <summary>
-    /// Periods in which the background advancer found the heap idle — no operation open, nothing written, replaced or
-    /// deleted since the last cycle, no sweep to record, no <see cref="BufferedDurableHeap.SyncAsync"/> waiting — and
+    /// Periods in which the background advancer found the heap idle — no operation open, nothing left to write back or
+    /// reclaim, no sweep to record, no exited thread to forget, no <see cref="BufferedDurableHeap.SyncAsync"/> waiting — and
     /// let the version run on instead of ending it: nothing is written to the file then (an idle heap used to write and
     /// fence its frontier every period). <see cref="BufferedDurableHeap.CurrentVersion"/> and
     /// <see cref="BufferedDurableHeap.DurableFrontier"/> stay where they are meanwhile; the first write after an idle

@@ -684,7 +684,11 @@ public sealed unsafe partial class BufferedDurableHeap
                 // Idle: the version stays, nothing is written to the file. Dated afresh, so that the first operation after an
                 // idle stretch does not find its version old and end it itself (HelpOldVersion): it is ended at the next
                 // period, as if it had begun now (no operation began in it before: none was open, none wrote).
-                Volatile.Write(ref _versionStartedAt, Now());
+                if ((_faults & DurabilityFaults.IdleWithoutRedating) == 0)
+                {
+                    Volatile.Write(ref _versionStartedAt, Now());
+                }
+
                 // Volatile.Write: atomic 64-bit store for GetAdvancerStatistics; written under the cycle gate only.
                 Volatile.Write(ref _statIdlePeriods, _statIdlePeriods + 1);
                 return;
@@ -783,11 +787,11 @@ public sealed unsafe partial class BufferedDurableHeap
     /// version run on. What recovery keeps is the same either way: no operation wrote in it.
     /// </summary>
     /// <remarks>
-    /// It looks, for each thread's buffers, at the open operation first: an operation open now, or one that began after
-    /// the look, is in the current version and is ended by a later period. An operation that ended before the look
-    /// appended to its lists before it closed (a release store of <see cref="ThreadBuffers.OpenVersion"/> that the acquire
-    /// here reads), so its appends are seen. A look that misses an operation beginning as it runs only leaves it to the
-    /// next period, as if it had begun just after.
+    /// Racing operations can only be left to the next period, never lost: no transition starts without the cycle gate,
+    /// which the caller holds, so whatever a look misses stays in the current version's lists for a later cycle. A look
+    /// misses little: an operation open now shows in its thread's <see cref="ThreadBuffers.OpenVersion"/>, and one that
+    /// ended before the look appended to its lists before that field's release store, which the acquire here reads (a
+    /// Strict operation whose write-back failed carries its payloads after it, but they are in its version's list too).
     /// </remarks>
     private bool NothingToAdvance()
     {
@@ -796,46 +800,46 @@ public sealed unsafe partial class BufferedDurableHeap
             return false;
         }
 
-        bool onlyOpenOperations = (_faults & DurabilityFaults.IdleWithWorkPending) != 0;
+        bool pendingWorkIgnored = (_faults & DurabilityFaults.IdleWithWorkPending) != 0;
+        bool exitedThreadsIgnored = (_faults & DurabilityFaults.IdleWithExitedThreads) != 0;
         // Volatile.Read: acquire; pairs with the release in RegisterThread.
         foreach (ThreadBuffers buffers in Volatile.Read(ref _registry))
         {
             // Volatile.Read: acquire; pairs with the release stores in ThreadBuffers.OpenOperation/CloseOperation.
-            if (Volatile.Read(ref buffers.OpenVersion) != long.MaxValue)
+            if (Volatile.Read(ref buffers.OpenVersion) != long.MaxValue || (!pendingWorkIgnored && !buffers.IsDrained))
             {
                 return false;
             }
 
-            // (An exited thread is forgotten by a cycle, which hands its allocation cache back.)
-            if (!onlyOpenOperations && (!buffers.IsDrained || !buffers.Owner.IsAlive))
+            // An exited thread is forgotten by a cycle (ForgetExitedThreads), which hands its allocation cache back.
+            if (!exitedThreadsIgnored && !buffers.Owner.IsAlive)
             {
                 return false;
             }
         }
 
-        if (onlyOpenOperations)
+        if (!pendingWorkIgnored)
         {
-            return true;
-        }
-
-        using (InterruptShield.Hold(_waitersGate))
-        {
-            if (_waiters.Count != 0)
+            using (InterruptShield.Hold(_waitersGate))
             {
-                return false;
+                if (_waiters.Count != 0)
+                {
+                    return false;
+                }
+            }
+
+            using (InterruptShield.Hold(_strictCarried))
+            {
+                if (_strictCarried.Count != 0)
+                {
+                    return false;
+                }
             }
         }
 
-        using (InterruptShield.Hold(_strictCarried))
-        {
-            if (_strictCarried.Count != 0)
-            {
-                return false;
-            }
-        }
-
-        // A sweep since the last cycle: its mark is written by the next one.
-        return _heap.SweepLogMarkIsCurrent && !_heap.HasExitedThreadCaches;
+        // A sweep since the last cycle: the next cycle writes its mark (a Transient heap's cycles write none).
+        bool sweepMarked = _mode == DurabilityMode.Transient || (_faults & DurabilityFaults.IdleWithSweepUnmarked) != 0 || _heap.SweepLogMarkIsCurrent;
+        return sweepMarked && (exitedThreadsIgnored || !_heap.HasExitedThreadCaches);
     }
 
     /// <summary>

@@ -12,9 +12,10 @@ public sealed class BufferedDurableHeapOptions
     /// <summary>
     /// How often the background advancer moves the version (and so the durable frontier). Default 20 ms; about one
     /// period of completed operations is at risk at a crash. A period in which the heap is idle — no operation open,
-    /// nothing written, replaced or deleted since the last advance, no <see cref="BufferedDurableHeap.SyncAsync"/>
-    /// waiting — moves nothing and writes nothing to the file (<see cref="AdvancerStatistics.IdlePeriods"/>); the first
-    /// write after it is made durable at the next period as usual. <see cref="Timeout.InfiniteTimeSpan"/> starts no
+    /// nothing left to write back or reclaim (a replaced or deleted payload takes two more advances), no sweep to record,
+    /// no exited thread to forget, no <see cref="BufferedDurableHeap.SyncAsync"/> waiting — moves nothing and writes
+    /// nothing to the file (<see cref="AdvancerStatistics.IdlePeriods"/>); the first write after it is made durable at
+    /// the next period as usual. <see cref="Timeout.InfiniteTimeSpan"/> starts no
     /// background advancer: versions then move only in <see cref="BufferedDurableHeap.Sync(TimeSpan)"/> and
     /// <see cref="BufferedDurableHeap.AdvanceVersion(TimeSpan)"/>. At most <see cref="int.MaxValue"/> milliseconds.
     /// </summary>
@@ -22,7 +23,8 @@ public sealed class BufferedDurableHeapOptions
 
     /// <summary>
     /// Back-pressure on the durability lag (<see cref="DurabilityMode.Buffered"/> with a background advancer): when a
-    /// version has run longer than this — writers produce faster than the advancer writes back, so its cycles overrun
+    /// version has run longer than this (from its start, or from the advancer's last look that found the heap idle, which
+    /// dates the version afresh: see <see cref="AdvancePeriod"/>) — writers produce faster than the advancer writes back, so its cycles overrun
     /// the period — a thread beginning an operation first runs the advance that ends it (one thread at a time; the other
     /// threads beginning operations meanwhile wait until the old version has ended, not for the advance's write-back). Writers then slow down to what the
     /// medium takes, instead of letting versions, and the time until an operation is durable, grow without bound. Null (the default): 1.25 × <see cref="AdvancePeriod"/>, which a background

@@ -178,4 +178,13 @@ internal enum DurabilityFaults : long
 
     /// <summary>The background advancer takes the heap for idle when no operation is open, whatever the threads wrote, retired or carried and whoever waits in SyncAsync: a write whose operation ended before the period's look is never made durable by the advancer.</summary>
     IdleWithWorkPending = 36028797018963968,
+
+    /// <summary>The background advancer takes the heap for idle with a sweep the sweep log's marks do not record yet: the sweep stays unmarked for as long as the heap is idle (damage to its batches then reads as the log's end).</summary>
+    IdleWithSweepUnmarked = 72057594037927936,
+
+    /// <summary>The background advancer takes the heap for idle with exited threads not yet forgotten: their buffers and allocation caches stay with the heap for as long as it is idle.</summary>
+    IdleWithExitedThreads = 144115188075855872,
+
+    /// <summary>An idle period leaves the current version's date as it is: the first operation after an idle stretch longer than MaxVersionAge finds its version old and ends it itself (held back by the back-pressure for a cycle).</summary>
+    IdleWithoutRedating = 288230376151711744,
 }

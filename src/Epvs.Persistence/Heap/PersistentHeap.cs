@@ -1366,7 +1366,6 @@ public sealed unsafe partial class PersistentHeap : IDisposable, IAsyncDisposabl
         }
     }
 
-
     /// <summary>
     /// Gives the free blocks in the caches of threads that have exited back to the shared pools and forgets those caches
     /// (their live counts move to the heap's). Without it a heap used by short-lived threads kept up to 64 free blocks

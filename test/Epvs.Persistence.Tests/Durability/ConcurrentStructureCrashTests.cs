@@ -452,7 +452,7 @@ public sealed class ConcurrentStructureCrashTests
 
         // The crash points of HeapFile.Create (the same in every run) are not armed: an image taken there holds no heap
         // yet, and the check's open threw for it (seed 7201 drew point 1 once the heap's idle periods stopped adding
-        // cycles, which moved every draw).
+        // cycles, which moved every draw). Crashes inside a creation are InterruptedCreateTests' subject.
         long created;
         using (var probe = new SimulatedPersistenceDomain(length, Capacity))
         {

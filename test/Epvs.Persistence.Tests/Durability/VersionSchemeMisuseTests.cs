@@ -170,8 +170,22 @@ public sealed class VersionSchemeMisuseTests
             }
         }
 
-        // The advancer's next cycle finds the scheme disposed and stops, before the fix without a word.
+        // The advancer's next cycle finds the scheme disposed and stops, before the fix without a word. A SyncAsync waits,
+        // so that there is a next cycle (an idle heap's advancer runs none); it fails with the advancer (or is refused, if
+        // the cycle of the second write failed first).
+        Task? waiting = null;
+        Exception? refusedAtOnce = Record.Exception(() => { waiting = heap.SyncAsync(); });
         Assert.True(heap.AdvancerForTesting!.Join(Workers.JoinTimeout));
+        if (waiting is not null)
+        {
+            Assert.True(((IAsyncResult)waiting).AsyncWaitHandle.WaitOne(Workers.JoinTimeout), "the SyncAsync waiting when the advancer failed never completed");
+            Assert.True(waiting.IsFaulted, $"the SyncAsync waiting when the advancer failed ended {waiting.Status}");
+        }
+        else
+        {
+            Assert.IsType<InvalidOperationException>(refusedAtOnce);
+        }
+
         Task? pending = null;
         InvalidOperationException refused = Assert.Throws<InvalidOperationException>(() => { pending = heap.SyncAsync(); });
         _output.WriteLine($"SyncAsync: {refused.Message}; task {pending?.Status}");

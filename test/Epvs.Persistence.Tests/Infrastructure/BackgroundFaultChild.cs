@@ -47,7 +47,7 @@ internal static class BackgroundFaultChild
                 }
                 catch (InvalidOperationException)
                 {
-                    // The advancer's next cycle (every 20 ms, empty or not) may have failed already: the heap refuses.
+                    // A cycle after the Sync (the reclamation it leaves, the sweep log's mark) may have failed already: the heap refuses.
                 }
                 break;
             default:
