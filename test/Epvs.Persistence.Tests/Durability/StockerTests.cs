@@ -523,9 +523,7 @@ public sealed class StockerTests
             }
         };
 
-        // A SyncAsync waiting, so that the advancer has a next cycle (an idle heap's advancer runs none); its outcome, a
-        // failure at Dispose or later, is not looked at.
-        _ = heap.SyncAsync().ContinueWith(static t => t.Exception, TaskScheduler.Default);
+        AdvancerCycles.AskForOne(heap);
         return () => advancer;
     }
 }

@@ -3,7 +3,6 @@ using System.Collections.Generic;
 using System.Diagnostics;
 using System.IO;
 using System.Threading;
-using System.Threading.Tasks;
 using Xunit;
 
 namespace Epvs.Persistence.Tests;
@@ -164,18 +163,8 @@ internal static class SafetyChild
             case FaultedStepRunsOn.Advancer:
                 expectedThread = heap.AdvancerForTesting!.ManagedThreadId;
 
-                // A SyncAsync waiting, for the advancer's next period to run a cycle (an idle heap's advancer ends no
-                // version; a write instead could leave the transition to this thread, ending its operation). Its outcome
-                // is the faulted transition's, not looked at.
                 // (The transition of the unsynced write above may have faulted already: the heap then refuses.)
-                try
-                {
-                    _ = heap.SyncAsync().ContinueWith(static t => t.Exception, TaskScheduler.Default);
-                }
-                catch (Exception e) when (e is InvalidOperationException or ObjectDisposedException)
-                {
-                }
-
+                AdvancerCycles.AskForOne(heap);
                 break;
             case FaultedStepRunsOn.SyncCaller:
                 expectedThread = Environment.CurrentManagedThreadId;
