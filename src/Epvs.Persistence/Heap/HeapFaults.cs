@@ -104,4 +104,7 @@ internal enum HeapFaults
     /// (every parked free flushed, pooled segments given back and formatted again, or the file grown).
     /// </summary>
     RefillSweepsOnce = 67108864,
+
+    /// <summary>The Dispose of a raw heap on a caller's file returns without waiting for the heap's calls in flight (the old behaviour: a call parked inside went on into disposed per-thread caches, and a heap attached to the file next could hand out the same blocks).</summary>
+    DisposeWithoutWaitingForCalls = 134217728,
 }

@@ -994,6 +994,15 @@ public sealed unsafe partial class HeapFile : IDisposable, IAsyncDisposable
     /// </summary>
     internal void EnterHelperOfACall() => _operations.Resume();
 
+    /// <summary>
+    /// For the Dispose of a heap on a caller's file (the file stays open): waits up to <see cref="DisposeWait"/> until no
+    /// call that entered the file before is still inside it. The heap set its own disposed flag first (with a full fence),
+    /// and its calls check it after entering (see PersistentHeap.EnterCall), so none enters unseen meanwhile.
+    /// </summary>
+    /// <returns>Whether the calls drained (false: one stayed inside longer, or the wait itself failed).</returns>
+    internal bool WaitForCallsOfAHeap() =>
+        HeapFileTestHooks.SkipOperationWait || (!_operations.ThisInstanceProtected() && WaitForOperations(DisposeWait));
+
     private bool WaitForOperations(TimeSpan timeout)
     {
         // The action runs once every thread protected before the bump has left: then no call is inside the mapping.

@@ -77,6 +77,14 @@ public sealed unsafe partial class PersistentHeap : IDisposable, IAsyncDisposabl
     private long _nextUid;
     private int _disposed;
 
+    /// <summary>
+    /// 1 once Dispose has waited for the calls in flight (or, for a buffered heap's allocator, whose owner drained its
+    /// operations first, once Dispose began): a block lookup after that throws (<see cref="Locate"/>). Unlike
+    /// <see cref="_disposed"/>, set when Dispose begins and checked as a call enters, it lets a call that entered before
+    /// Dispose complete.
+    /// </summary>
+    private int _closed;
+
     /// <summary>Makes every Dispose return only once the first one has closed the heap.</summary>
     private readonly DisposalGate _disposal = new();
 
@@ -326,7 +334,7 @@ public sealed unsafe partial class PersistentHeap : IDisposable, IAsyncDisposabl
             ThrowHelper.ThrowArgumentOutOfRange(nameof(uid), $"A uid is 0 (draw a new one) or positive, not {uid}.");
         }
 
-        _file.EnterOperation();
+        EnterCall();
         try
         {
             return TryAllocateCore(_caches.Value!, size, typeId, out block, epochTag, kind, uid);
@@ -422,7 +430,7 @@ public sealed unsafe partial class PersistentHeap : IDisposable, IAsyncDisposabl
     public void Free(PayloadRef block)
     {
         ThrowIfBufferedHeapsAllocator(nameof(Free));
-        _file.EnterOperation();
+        EnterCall();
         try
         {
             (long segment, ulong descriptor) = MarkFreeCore(block);
@@ -727,7 +735,7 @@ public sealed unsafe partial class PersistentHeap : IDisposable, IAsyncDisposabl
     /// <exception cref="InvalidOperationException">The block is not allocated.</exception>
     public PayloadHeader GetHeader(PayloadRef block)
     {
-        _file.EnterOperation();
+        EnterCall();
         try
         {
             return GetHeaderCore(block);
@@ -778,7 +786,7 @@ public sealed unsafe partial class PersistentHeap : IDisposable, IAsyncDisposabl
     /// <exception cref="InvalidOperationException">The block is not allocated.</exception>
     public void WriteBack(PayloadRef block)
     {
-        _file.EnterOperation();
+        EnterCall();
         try
         {
             PayloadPointerCore(block, out int size);
@@ -809,7 +817,7 @@ public sealed unsafe partial class PersistentHeap : IDisposable, IAsyncDisposabl
             ThrowHelper.ThrowInvalidPayloadRef(block, "the offset is not a block position of this heap");
         }
 
-        _file.EnterOperation();
+        EnterCall();
         try
         {
             _file.Domain.WriteBackOwned(block.Offset, HeapLayout.HeaderSize);
@@ -827,8 +835,7 @@ public sealed unsafe partial class PersistentHeap : IDisposable, IAsyncDisposabl
     /// be durable yet; call it again.</exception>
     public void Fence()
     {
-        ThrowIfDisposed();
-        _file.EnterOperation();
+        EnterCall();
         try
         {
             // The frees this thread holds (see Free) are written back under the same fence, then handed out.
@@ -852,7 +859,7 @@ public sealed unsafe partial class PersistentHeap : IDisposable, IAsyncDisposabl
     /// <exception cref="System.Threading.ThreadInterruptedException">As for <see cref="Fence"/>: the block is not known to be durable yet; persist it again.</exception>
     public void Persist(PayloadRef block)
     {
-        _file.EnterOperation();
+        EnterCall();
         try
         {
             PayloadPointerCore(block, out int size);
@@ -876,9 +883,57 @@ public sealed unsafe partial class PersistentHeap : IDisposable, IAsyncDisposabl
     /// <see cref="long.MaxValue"/> (uids never wrap to negative or repeat).</exception>
     public long NewUid()
     {
-        ThrowIfDisposed();
-        return _caches.Value!.NextUid(ref _nextUid);
+        // Inside a call, as the allocations are: Dispose waits for it before it disposes the caches.
+        EnterCall();
+        try
+        {
+            return _caches.Value!.NextUid(ref _nextUid);
+        }
+        finally
+        {
+            _file.ExitOperation();
+        }
     }
+
+    /// <summary>
+    /// Enters a public call (leave with <c>_file.ExitOperation()</c>): the file's call, which a Dispose waits for, then
+    /// this heap's disposed flag, checked again inside. Dispose sets the flag with a full fence before it waits for the
+    /// file's calls, and entering the file announces the call with a full fence before this check: either Dispose sees the
+    /// call and waits until it has left, or the call sees the flag and backs out. Without the check a call on a caller's
+    /// file (whose Dispose comes later, if at all) went on after this heap's Dispose had returned, into disposed
+    /// per-thread caches (a <see cref="NullReferenceException"/> where the runtime's disposal of them raced the read), or
+    /// handed out blocks a heap attached to the file since could hand out too.
+    /// </summary>
+    [MethodImpl(MethodImplOptions.AggressiveInlining)]
+    private void EnterCall()
+    {
+        // (First too: a call after the heap's Dispose names the heap, not the file its Dispose closed.)
+        ThrowIfDisposed();
+        _file.EnterOperation();
+
+        // Volatile.Read: after EnterOperation's full fence (see above).
+        if (Volatile.Read(ref _disposed) != 0)
+        {
+            _file.ExitOperation();
+            ThrowHelper.ThrowObjectDisposed(this);
+        }
+
+        if (InsideCallForTesting is { } hook)
+        {
+            try
+            {
+                hook();
+            }
+            catch
+            {
+                _file.ExitOperation();
+                throw;
+            }
+        }
+    }
+
+    /// <summary>Test hook: runs inside each public call, once it has entered (a test parks a call there).</summary>
+    internal Action? InsideCallForTesting { get; set; }
 
     /// <summary>
     /// Throws once this heap is disposed. Needed where the heap file's own check does not reach: a heap that does not own
@@ -909,8 +964,7 @@ public sealed unsafe partial class PersistentHeap : IDisposable, IAsyncDisposabl
             ThrowHelper.ThrowArgumentOutOfRange(nameof(degreeOfParallelism), $"The number of scanning threads must be at least 1; {degreeOfParallelism} is not.");
         }
 
-        ThrowIfDisposed();
-        _file.EnterOperation();
+        EnterCall();
         try
         {
             Scan(visitor, degreeOfParallelism);
@@ -980,7 +1034,10 @@ public sealed unsafe partial class PersistentHeap : IDisposable, IAsyncDisposabl
 
     /// <summary>
     /// Closes the allocator (and the heap file, when the heap created or opened it, with the wait for calls in flight
-    /// described on <see cref="HeapFile.Dispose()"/>). Later calls throw <see cref="ObjectDisposedException"/>; payload
+    /// described on <see cref="HeapFile.Dispose()"/>). On a caller's file, which stays open, it waits the same way (up to
+    /// 30 s) for this heap's calls in flight on other threads; if one is still inside after that, the heap is closed all
+    /// the same, and the file is then quarantined at its Dispose and takes no other heap (the call may still hand out
+    /// its blocks). Later calls throw <see cref="ObjectDisposedException"/>; payload
     /// spans and addresses must not be used after it. Returns only once that is done: a call while another Dispose runs
     /// (this heap's, or its owner's) waits for it and returns when it has finished, whatever its outcome (that caller
     /// gets the exception, if any); a call after that does nothing.
@@ -1071,8 +1128,42 @@ public sealed unsafe partial class PersistentHeap : IDisposable, IAsyncDisposabl
 
     private void DisposeCore(bool operationsDrained, bool fileClosesNext)
     {
+        if (_ownerKind == HeapLayout.KindBufferedDurable)
+        {
+            Volatile.Write(ref _closed, 1);
+        }
+
         try
         {
+            CloseCore(ref operationsDrained, fileClosesNext);
+        }
+        finally
+        {
+            Volatile.Write(ref _closed, 1);
+        }
+
+        if (operationsDrained)
+        {
+            _caches.Dispose();
+        }
+    }
+
+    private void CloseCore(ref bool operationsDrained, bool fileClosesNext)
+    {
+        try
+        {
+            // A raw heap on a caller's file: the file stays open, so nothing else waits for this heap's calls in flight,
+            // which use the caches disposed below and hand out blocks of the file (a heap attached to it next would hand
+            // them out too). Wait for them here (the disposed flag is set: no call enters meanwhile, see EnterCall). If
+            // one stays inside past the wait, or the wait fails, the heap is closed as one with calls in flight: the file
+            // is quarantined at its Dispose and takes no other heap. (A buffered heap drains its own operations before it
+            // disposes its allocator.)
+            if (operationsDrained && !_ownsFile && _ownerKind != HeapLayout.KindBufferedDurable && (_faults & HeapFaults.DisposeWithoutWaitingForCalls) == 0)
+            {
+                operationsDrained = false;
+                operationsDrained = _file.WaitForCallsOfAHeap();
+            }
+
             // The frees threads still hold (see Free) made durable before another heap may attach to a caller's file and
             // hand their blocks out (its recovery reads them free from the mapping). A file the heap owns is persisted
             // whole by its clean close.
@@ -1100,11 +1191,6 @@ public sealed unsafe partial class PersistentHeap : IDisposable, IAsyncDisposabl
         if (_ownsFile)
         {
             _file.Dispose(operationsDrained);
-        }
-
-        if (operationsDrained)
-        {
-            _caches.Dispose();
         }
     }
 
@@ -1146,7 +1232,9 @@ public sealed unsafe partial class PersistentHeap : IDisposable, IAsyncDisposabl
     [MethodImpl(MethodImplOptions.AggressiveInlining)]
     private (long Segment, ulong Descriptor) Locate(PayloadRef block)
     {
-        if (_disposed != 0)
+        // (A plain read: a call inside sees its own Dispose's flag late at worst, and the flag only ends calls that come
+        // after the wait for them.)
+        if (_closed != 0)
         {
             ThrowHelper.ThrowObjectDisposed(this);
         }
@@ -1185,7 +1273,7 @@ public sealed unsafe partial class PersistentHeap : IDisposable, IAsyncDisposabl
 
     private byte* PayloadPointer(PayloadRef block, out int size)
     {
-        _file.EnterOperation();
+        EnterCall();
         try
         {
             return PayloadPointerCore(block, out size);

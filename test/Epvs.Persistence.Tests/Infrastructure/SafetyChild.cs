@@ -1105,25 +1105,51 @@ internal static class SafetyChild
         return wrong == 0 ? Survived : WrongOutcome;
     }
 
-    /// <summary>Threads calling the raw heap while another disposes it: they get ObjectDisposedException, never a crash.</summary>
+    /// <summary>
+    /// Threads calling the raw heap while another disposes it: they get ObjectDisposedException, never a crash. One
+    /// thread allocates, writes, persists and frees; the other scans the heap's blocks (<see cref="PersistentHeap.ForEachAllocated"/>),
+    /// a call that reads the mapping for as long as it runs, so that Dispose mostly lands while a call is inside: the
+    /// heap refuses a call that begins after its Dispose did, and only the wait for the calls already inside keeps the
+    /// mapping from being unmapped under them, which the control skips.
+    /// </summary>
     private static int RawDisposeDuringCalls(string path, bool control)
     {
         HeapFileTestHooks.SkipOperationWait = control;
         PersistentHeap heap = PersistentHeap.Create(path, new HeapFileOptions { Size = 16L << 20 });
+        for (int i = 0; i < 20_000; i++)
+        {
+            heap.Allocate(256, 2);
+        }
+
         long calls = 0;
         var workers = new Thread[2];
         for (int t = 0; t < workers.Length; t++)
         {
+            bool scans = t == 1;
             workers[t] = new Thread(() =>
             {
                 try
                 {
+                    long visited = 0;
                     while (true)
                     {
-                        PayloadRef b = heap.Allocate(256, 1);
-                        heap.GetPayload(b).Fill(7);
-                        heap.Persist(b);
-                        heap.Free(b);
+                        if (scans)
+                        {
+                            // A slow visitor: each scan runs for milliseconds, longer than Dispose takes to unmap.
+                            heap.ForEachAllocated((_, header) =>
+                            {
+                                visited += header.Size;
+                                Thread.SpinWait(200);
+                            });
+                        }
+                        else
+                        {
+                            PayloadRef b = heap.Allocate(256, 1);
+                            heap.GetPayload(b).Fill(7);
+                            heap.Persist(b);
+                            heap.Free(b);
+                        }
+
                         Interlocked.Increment(ref calls);
                     }
                 }
@@ -1136,7 +1162,7 @@ internal static class SafetyChild
 
         // Dispose while both workers are busy calling (bounded wait for them to get going).
         var clock = System.Diagnostics.Stopwatch.StartNew();
-        while (Volatile.Read(ref calls) < 20_000 && clock.Elapsed < TimeSpan.FromSeconds(30))
+        while (Volatile.Read(ref calls) < 2_000 && clock.Elapsed < TimeSpan.FromSeconds(30))
         {
             Thread.Yield();
         }
