@@ -107,4 +107,7 @@ internal enum HeapFaults
 
     /// <summary>The Dispose of a raw heap on a caller's file returns without waiting for the heap's calls in flight (the old behaviour: a call parked inside went on into disposed per-thread caches, and a heap attached to the file next could hand out the same blocks).</summary>
     DisposeWithoutWaitingForCalls = 134217728,
+
+    /// <summary>Dispose disposes the per-thread caches (the old behaviour: a call on another thread still inside, such as a buffered heap's allocator's public NewUid or Fence, then read a disposed ThreadLocal, which throws or returns null).</summary>
+    DisposeThreadCaches = 268435456,
 }

@@ -999,7 +999,8 @@ public sealed unsafe partial class HeapFile : IDisposable, IAsyncDisposable
     /// call that entered the file before is still inside it. The heap set its own disposed flag first (with a full fence),
     /// and its calls check it after entering (see PersistentHeap.EnterCall), so none enters unseen meanwhile.
     /// </summary>
-    /// <returns>Whether the calls drained (false: one stayed inside longer, or the wait itself failed).</returns>
+    /// <returns>Whether the calls drained (false: one stayed inside longer). A failure of the wait itself (it allocates)
+    /// is thrown: the heap's Dispose then closes it as one with calls in flight, and reports the failure.</returns>
     internal bool WaitForCallsOfAHeap() =>
         HeapFileTestHooks.SkipOperationWait || (!_operations.ThisInstanceProtected() && WaitForOperations(DisposeWait));
 

@@ -1135,20 +1135,25 @@ public sealed unsafe partial class PersistentHeap : IDisposable, IAsyncDisposabl
 
         try
         {
-            CloseCore(ref operationsDrained, fileClosesNext);
+            CloseCore(operationsDrained, fileClosesNext);
         }
         finally
         {
             Volatile.Write(ref _closed, 1);
         }
 
-        if (operationsDrained)
+        // The per-thread caches (_caches) are not disposed: the runtime's ThreadLocal may return null, instead of
+        // throwing, to a thread that reads its value while it is disposed, and threads may still be inside calls here —
+        // one that outlived the wait for calls, or one on a buffered heap's allocator, whose NewUid and Fence are public
+        // and whose owner drains only its own operations. The caches stay referenced by the heap's own list anyway, and
+        // the ThreadLocal's finalizer releases its slots once the heap is unreachable. (The broken control disposes them.)
+        if ((_faults & HeapFaults.DisposeThreadCaches) != 0 && operationsDrained)
         {
             _caches.Dispose();
         }
     }
 
-    private void CloseCore(ref bool operationsDrained, bool fileClosesNext)
+    private void CloseCore(bool operationsDrained, bool fileClosesNext)
     {
         try
         {
