@@ -91,6 +91,10 @@ internal static class MapComparison
         // or an unhandled exception ends the process (none of which runs finally blocks).
         using var files = new TemporaryDirectory(s.Directory, "epvs-compare-");
         output.WriteLine($"# heap files in {files.Path}");
+        DeviceWrites? device = DeviceWrites.For(files.Path);
+        output.WriteLine(device is null
+            ? "# device writes: not counted (no block device counter for the directory: not Linux, or a file system such as tmpfs)"
+            : $"# device writes: counted on block device {device.Device} (/sys/dev/block/{device.Device}/stat), every writer of the device included");
         output.Flush();
         string path = files.File("map.heap");
         string transientPath = files.File("map.heap.transient");
@@ -111,7 +115,7 @@ internal static class MapComparison
                 dictionary[k] = k;
             }
 
-            Throughput(s, heap, map, transientMap, dictionary, output);
+            Throughput(s, heap, map, transientMap, dictionary, device, output);
         }
 
         File.Delete(transientPath);
@@ -136,7 +140,7 @@ internal static class MapComparison
         output.Flush();
     }
 
-    private static void Throughput(ComparisonSettings s, BufferedDurableHeap heap, PersistentHashMap<long, long> map, PersistentHashMap<long, long> transientMap, ConcurrentDictionary<long, long> dictionary, TextWriter output)
+    private static void Throughput(ComparisonSettings s, BufferedDurableHeap heap, PersistentHashMap<long, long> map, PersistentHashMap<long, long> transientMap, ConcurrentDictionary<long, long> dictionary, DeviceWrites? device, TextWriter output)
     {
         // The transient cell is the breakdown: the same map on a DurabilityMode.Transient heap updates each payload in
         // place (no copy, no write-back, no seal, no reclamation), so it is the cost of the operation itself (version
@@ -150,6 +154,8 @@ internal static class MapComparison
         var workerCores = new Dictionary<(string, int), List<double>>();
         var perWorkerCore = new Dictionary<(string, int), List<double>>();
         var durability = new Dictionary<(string, int), List<AdvancerStatistics>>();
+        var deviceRates = new Dictionary<(string, int), List<double>>();
+        var deviceBytesPerOperation = new Dictionary<(string, int), List<double>>();
         foreach (int threads in s.Threads)
         {
             for (int rep = 0; rep < s.Repetitions; rep++)
@@ -159,7 +165,14 @@ internal static class MapComparison
                 {
                     string cell = cells[c];
                     AdvancerStatistics before = heap.GetAdvancerStatistics();
+                    long deviceBefore = device?.BytesWritten() ?? -1;
+                    long started = Stopwatch.GetTimestamp();
                     (double mops, double used, double byWorkers) = Measure(threads, s.Duration, s.KeyRange, $"cell{c}", () => Body(cell, map, transientMap, dictionary));
+                    double seconds = Stopwatch.GetElapsedTime(started).TotalSeconds;
+                    long deviceAfter = device?.BytesWritten() ?? -1;
+                    double deviceBytes = deviceBefore >= 0 && deviceAfter >= 0 ? deviceAfter - deviceBefore : double.NaN;
+                    (CollectionsMarshal.GetValueRefOrAddDefault(deviceRates, (cell, threads), out _) ??= new List<double>()).Add(deviceBytes / seconds / 1e6);
+                    (CollectionsMarshal.GetValueRefOrAddDefault(deviceBytesPerOperation, (cell, threads), out _) ??= new List<double>()).Add(deviceBytes / (mops * 1e6 * s.Duration.TotalSeconds));
                     (CollectionsMarshal.GetValueRefOrAddDefault(durability, (cell, threads), out _) ??= new List<AdvancerStatistics>()).Add(heap.GetAdvancerStatistics().Since(before));
                     (CollectionsMarshal.GetValueRefOrAddDefault(results, (cell, threads), out _) ??= new List<double>()).Add(mops);
                     (CollectionsMarshal.GetValueRefOrAddDefault(cores, (cell, threads), out _) ??= new List<double>()).Add(used);
@@ -224,8 +237,8 @@ internal static class MapComparison
         // cycles that paced them (per cycle: the write-back with its fences — the medium's time — the seals, the
         // reclamation). The heap's statistics over each cell (the cycles also run between cells: the ones that ended in it).
         output.WriteLine();
-        output.WriteLine("| durable upsert cell | threads | writers held back by the back-pressure (share of their time, median) | held-back waits per second | cycles per second | write-back per cycle (ms) | of which fences (ms) | seal per cycle (ms) | reclaim per cycle (ms) |");
-        output.WriteLine("|---|---:|---:|---:|---:|---:|---:|---:|---:|");
+        output.WriteLine("| durable upsert cell | threads | writers held back by the back-pressure (share of their time, median) | held-back waits per second | cycles per second | write-back per cycle (ms) | of which fences (ms) | seal per cycle (ms) | reclaim per cycle (ms) | device writes (MB/s, median) | device bytes per operation (median) |");
+        output.WriteLine("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|");
         foreach (string cell in new[] { "PersistentHashMap upsert", BatchCell })
         {
             foreach (int threads in s.Threads)
@@ -236,7 +249,7 @@ internal static class MapComparison
                 double waits = Median(measured.Select(d => d.BackPressureWaits / seconds).ToList());
                 double cycles = Median(measured.Select(d => d.Cycles / seconds).ToList());
                 double PerCycle(Func<AdvancerStatistics, TimeSpan> part) => Median(measured.Select(d => d.Cycles == 0 ? double.NaN : part(d).TotalMilliseconds / d.Cycles).ToList());
-                output.WriteLine(FormattableString.Invariant($"| {cell} | {threads} | {held:P0} | {waits:0} | {cycles:0} | {PerCycle(d => d.WriteBackTime):0.0} | {PerCycle(d => d.FenceTime):0.0} | {PerCycle(d => d.SealTime):0.0} | {PerCycle(d => d.ReclaimTime):0.0} |"));
+                output.WriteLine(FormattableString.Invariant($"| {cell} | {threads} | {held:P0} | {waits:0} | {cycles:0} | {PerCycle(d => d.WriteBackTime):0.0} | {PerCycle(d => d.FenceTime):0.0} | {PerCycle(d => d.SealTime):0.0} | {PerCycle(d => d.ReclaimTime):0.0} | {Cell(Median(deviceRates[(cell, threads)]), "0")} | {Cell(Median(deviceBytesPerOperation[(cell, threads)]), "0")} |"));
             }
         }
 
@@ -335,7 +348,7 @@ internal static class MapComparison
     }
 
     /// <summary>A CPU figure, or "n/a" where the workers' own CPU time cannot be read (not Linux).</summary>
-    private static string Cell(double value) => double.IsNaN(value) ? "n/a" : value.ToString("0.00", System.Globalization.CultureInfo.InvariantCulture);
+    private static string Cell(double value, string format = "0.00") => double.IsNaN(value) ? "n/a" : value.ToString(format, System.Globalization.CultureInfo.InvariantCulture);
 
     /// <summary>
     /// Runs <paramref name="threads"/> workers for <paramref name="duration"/>: millions of calls per second, the
@@ -541,7 +554,7 @@ internal static class MapComparison
     /// </summary>
     private static void DiskFloor(ComparisonSettings s, string path, TextWriter output)
     {
-        Progress(output, $"disk floor: one-page writes flushed to disk, {s.Syncs} samples each, after the map's heap closed");
+        Progress(output, $"disk floor: one-page writes flushed to disk, {s.Syncs} samples each, and a streaming write, after the map's heap closed");
         byte[] page = new byte[4096];
         var one = new List<double>();
         var two = new List<double>();
@@ -566,11 +579,35 @@ internal static class MapComparison
         }
 
         File.Delete(path);
+
+        // The disk's streaming bandwidth, which the durable cells' device writes compare with: a run of megabyte writes
+        // through the page cache, timed to the end of its flush (random bytes, so nothing below can skip them).
+        long streamed = (s.Quick ? 64L : 256L) << 20;
+        byte[] chunk = new byte[1 << 20];
+        new Random(17).NextBytes(chunk);
+        var stream = Stopwatch.StartNew();
+        using (SafeFileHandle file = File.OpenHandle(path, FileMode.Create, FileAccess.ReadWrite, FileShare.None, FileOptions.None, preallocationSize: streamed))
+        {
+            for (long offset = 0; offset < streamed; offset += chunk.Length)
+            {
+                RandomAccess.Write(file, chunk, offset);
+            }
+
+            RandomAccess.FlushToDisk(file);
+        }
+
+        double bandwidth = streamed / stream.Elapsed.TotalSeconds / 1e6;
+        File.Delete(path);
+
         double p = s.Period.TotalMilliseconds;
         output.WriteLine(FormattableString.Invariant($"| disk floor, in periods of {p:0} ms | p50 (ms) | p90 (ms) | p99 (ms) | max (ms) | p50 (periods) | p99 (periods) | note |"));
         output.WriteLine("|---|---:|---:|---:|---:|---:|---:|---|");
         output.WriteLine(FloorRow("one page written and flushed", one, p, "one fence at its smallest"));
         output.WriteLine(FloorRow("two, one after the other", two, p, "a cycle's two fences at their smallest"));
+        output.WriteLine();
+        output.WriteLine("| disk bandwidth | MB/s | note |");
+        output.WriteLine("|---|---:|---|");
+        output.WriteLine(FormattableString.Invariant($"| {streamed >> 20} MiB in 1 MiB writes through the page cache, then one flush (1 sample) | {bandwidth:0} | what the durable upsert cells' device writes compare with |"));
         output.WriteLine();
         output.Flush();
     }
