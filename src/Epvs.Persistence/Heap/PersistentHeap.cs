@@ -883,7 +883,7 @@ public sealed unsafe partial class PersistentHeap : IDisposable, IAsyncDisposabl
     /// <see cref="long.MaxValue"/> (uids never wrap to negative or repeat).</exception>
     public long NewUid()
     {
-        // Inside a call, as the allocations are: Dispose waits for it before it disposes the caches.
+        // Inside a call, as the allocations are: Dispose waits for it.
         EnterCall();
         try
         {
@@ -900,9 +900,9 @@ public sealed unsafe partial class PersistentHeap : IDisposable, IAsyncDisposabl
     /// this heap's disposed flag, checked again inside. Dispose sets the flag with a full fence before it waits for the
     /// file's calls, and entering the file announces the call with a full fence before this check: either Dispose sees the
     /// call and waits until it has left, or the call sees the flag and backs out. Without the check a call on a caller's
-    /// file (whose Dispose comes later, if at all) went on after this heap's Dispose had returned, into disposed
-    /// per-thread caches (a <see cref="NullReferenceException"/> where the runtime's disposal of them raced the read), or
-    /// handed out blocks a heap attached to the file since could hand out too.
+    /// file (whose Dispose comes later, if at all) went on after this heap's Dispose had returned: into the per-thread
+    /// caches that Dispose used to dispose (a <see cref="NullReferenceException"/> where the runtime's disposal of them
+    /// raced the read), handing out blocks that a heap attached to the file since could hand out too.
     /// </summary>
     [MethodImpl(MethodImplOptions.AggressiveInlining)]
     private void EnterCall()
@@ -1158,8 +1158,8 @@ public sealed unsafe partial class PersistentHeap : IDisposable, IAsyncDisposabl
         try
         {
             // A raw heap on a caller's file: the file stays open, so nothing else waits for this heap's calls in flight,
-            // which use the caches disposed below and hand out blocks of the file (a heap attached to it next would hand
-            // them out too). Wait for them here (the disposed flag is set: no call enters meanwhile, see EnterCall). If
+            // which use the per-thread caches and hand out blocks of the file (a heap attached to it next would hand them
+            // out too). Wait for them here (the disposed flag is set: no call enters meanwhile, see EnterCall). If
             // one stays inside past the wait, or the wait fails, the heap is closed as one with calls in flight: the file
             // is quarantined at its Dispose and takes no other heap. (A buffered heap drains its own operations before it
             // disposes its allocator.)

@@ -89,61 +89,9 @@ public sealed class RawHeapCallsRacingDisposeTests
     private static Exception? AllocatorCallRacingDispose(string path, string call, HeapFaults faults)
     {
         BufferedDurableHeap heap = BufferedDurableHeap.Create(path, Small, new BufferedDurableHeapOptions { AdvancePeriod = Timeout.InfiniteTimeSpan, HeapFaults = faults });
-        PersistentHeap allocator = heap.Heap;
-        using var inside = new ManualResetEventSlim();
-        using var release = new ManualResetEventSlim();
-        using var waiting = new ManualResetEventSlim();
-        using var disposed = new ManualResetEventSlim();
-        Thread? parked = null;
-        allocator.InsideCallForTesting = () =>
-        {
-            if (ReferenceEquals(Thread.CurrentThread, parked) && !inside.IsSet)
-            {
-                inside.Set();
-                Assert.True(release.Wait(Workers.JoinTimeout));
-            }
-        };
-        allocator.File.BeforeOperationWaitForTesting = waiting.Set;
-
-        Exception? callFailure = null, disposeFailure = null;
-        parked = new Thread(() =>
-        {
-            try
-            {
-                Invoke(allocator, call, default);
-            }
-            catch (Exception e)
-            {
-                callFailure = e;
-            }
-
-            inside.Set();
-        })
-        { IsBackground = true };
-        parked.Start();
-        Assert.True(inside.Wait(Workers.JoinTimeout));
-
-        var disposer = new Thread(() =>
-        {
-            try
-            {
-                heap.Dispose();
-            }
-            catch (Exception e)
-            {
-                disposeFailure = e;
-            }
-
-            disposed.Set();
-        })
-        { IsBackground = true };
-        disposer.Start();
-        Assert.NotEqual(WaitHandle.WaitTimeout, WaitHandle.WaitAny([waiting.WaitHandle, disposed.WaitHandle], Workers.JoinTimeout));
-        release.Set();
-        Assert.True(parked.Join(Workers.JoinTimeout));
-        Assert.True(disposer.Join(Workers.JoinTimeout));
-        Assert.Null(disposeFailure);
-        return callFailure;
+        Race race = ParkACallAndDispose(heap.Heap, () => Invoke(heap.Heap, call, default), heap.Dispose);
+        Assert.Null(race.DisposeFailure);
+        return race.CallFailure;
     }
 
     private sealed record Outcome(bool DisposeReturnedFirst, Exception? CallFailure, Exception? DisposeFailure, bool ReopenedWithTheBlock);
@@ -160,68 +108,85 @@ public sealed class RawHeapCallsRacingDisposeTests
         PayloadRef block = heap.Allocate(16, typeId: 7);
         heap.Persist(block);
         PayloadRef freed = heap.Allocate(16, typeId: 8);
+        Race race = ParkACallAndDispose(heap, () => Invoke(heap, call, freed), heap.Dispose);
+        file.Dispose();
 
+        using PersistentHeap reopened = PersistentHeap.Open(path, Small);
+        bool found = reopened.GetHeader(block).TypeId == 7;
+        return new Outcome(race.DisposeReturnedFirst, race.CallFailure, race.DisposeFailure, found);
+    }
+
+    private sealed record Race(bool DisposeReturnedFirst, Exception? CallFailure, Exception? DisposeFailure);
+
+    /// <summary>
+    /// Runs <paramref name="call"/> on a thread of its own, parked inside <paramref name="heap"/> (its test hook) as it
+    /// enters; then <paramref name="dispose"/> on another thread; releases the call once that Dispose waits for the heap
+    /// file's calls, or has returned; and joins both.
+    /// </summary>
+    private static Race ParkACallAndDispose(PersistentHeap heap, Action call, Action dispose)
+    {
         using var inside = new ManualResetEventSlim();
         using var release = new ManualResetEventSlim();
         using var waiting = new ManualResetEventSlim();
         using var disposed = new ManualResetEventSlim();
-        Thread? parked = null;
+        int parkedThread = 0;
         heap.InsideCallForTesting = () =>
         {
-            if (ReferenceEquals(Thread.CurrentThread, parked) && !inside.IsSet)
+            // (Set by the parked thread itself before its call: a thread id, so that no other thread's call parks.)
+            if (Environment.CurrentManagedThreadId == Volatile.Read(ref parkedThread) && !inside.IsSet)
             {
                 inside.Set();
                 Assert.True(release.Wait(Workers.JoinTimeout));
             }
         };
-        file.BeforeOperationWaitForTesting = waiting.Set;
+        heap.File.BeforeOperationWaitForTesting = waiting.Set;
 
         Exception? callFailure = null, disposeFailure = null;
-        parked = new Thread(() =>
-        {
-            try
+        Thread parked = Started(
+            () =>
             {
-                Invoke(heap, call, freed);
-            }
-            catch (Exception e)
-            {
-                callFailure = e;
-            }
-
-            inside.Set();
-        })
-        { IsBackground = true };
-        parked.Start();
+                Volatile.Write(ref parkedThread, Environment.CurrentManagedThreadId);
+                callFailure = Failure(call);
+            },
+            inside.Set);
         Assert.True(inside.Wait(Workers.JoinTimeout));
+        Thread disposer = Started(() => disposeFailure = Failure(dispose), disposed.Set);
 
-        var disposer = new Thread(() =>
-        {
-            try
-            {
-                heap.Dispose();
-            }
-            catch (Exception e)
-            {
-                disposeFailure = e;
-            }
-
-            disposed.Set();
-        })
-        { IsBackground = true };
-        disposer.Start();
-
-        // Either Dispose waits for the parked call (the real heap: it cannot return before the call does) or it has
-        // returned already (the control). Read before the call is released, so that the order is fixed.
+        // Either Dispose waits for the parked call (it cannot return before the call does) or it has returned already
+        // (a Dispose that does not wait). Read before the call is released, so that the order is fixed.
         Assert.NotEqual(WaitHandle.WaitTimeout, WaitHandle.WaitAny([waiting.WaitHandle, disposed.WaitHandle], Workers.JoinTimeout));
         bool returnedFirst = disposed.IsSet;
         release.Set();
         Assert.True(parked.Join(Workers.JoinTimeout));
         Assert.True(disposer.Join(Workers.JoinTimeout));
-        file.Dispose();
+        return new Race(returnedFirst, callFailure, disposeFailure);
+    }
 
-        using PersistentHeap reopened = PersistentHeap.Open(path, Small);
-        bool found = reopened.GetHeader(block).TypeId == 7;
-        return new Outcome(returnedFirst, callFailure, disposeFailure, found);
+    /// <summary>A background thread, started, that runs <paramref name="body"/> and then <paramref name="then"/>.</summary>
+    private static Thread Started(Action body, Action then)
+    {
+        var thread = new Thread(() =>
+        {
+            body();
+            then();
+        })
+        { IsBackground = true };
+        thread.Start();
+        return thread;
+    }
+
+    /// <summary>What <paramref name="action"/> throws, or null.</summary>
+    private static Exception? Failure(Action action)
+    {
+        try
+        {
+            action();
+            return null;
+        }
+        catch (Exception e)
+        {
+            return e;
+        }
     }
 
     private static void Invoke(PersistentHeap heap, string call, PayloadRef block)
