@@ -875,7 +875,9 @@ public sealed unsafe partial class PersistentHeap : IDisposable, IAsyncDisposabl
     /// Draws a new payload uid: unique among the uids this method returns and those of the blocks recovery found (it
     /// resumes above the largest); a uid a caller made up for <see cref="Allocate(int, int, long, PayloadKind, long)"/>
     /// in this session may come back. Each thread reserves uids in batches, so uids are unique but not ordered across
-    /// threads.
+    /// threads. Only the blocks record uids: one drawn here that no durable block carries may be drawn again by the next
+    /// heap on the file (after a reopen, or another heap attached to a caller's file), which resumes above the largest
+    /// uid its recovery finds.
     /// </summary>
     /// <returns>A positive uid.</returns>
     /// <exception cref="ObjectDisposedException">The heap was disposed.</exception>
