@@ -771,10 +771,13 @@ public sealed class MappedFileWriteBackTests : IDisposable
     }
 
     /// <summary>
-    /// Linux reports a write-back error once per open file, to whichever msync or fdatasync checks first, even if the
-    /// failed pages were another call's. Two calls at once, the first one's pages fail (a simulated kernel stands in for
-    /// the system call): the call whose pages failed must not return success. The broken control lets the calls overlap,
-    /// and the second one takes the error while the first returns as if its pages were durable.
+    /// Linux reports a write-back error once per open file description, to whichever msync or fdatasync on it checks
+    /// first, even if the failed pages were another call's. Two calls at once, the first one's pages fail (a simulated
+    /// kernel stands in for the system call, with the kernel's errseq: the error recorded in the file, reported once to
+    /// each description): the call whose pages failed must not return success. A private mapping's second fence goes
+    /// through the file's second description meanwhile (and sees the error there too); a shared mapping's waits. The
+    /// broken control lets the calls overlap on the first description, and the second one takes the error while the
+    /// first returns as if its pages were durable.
     /// </summary>
     [Theory]
     [InlineData(false, false)]
@@ -792,25 +795,30 @@ public sealed class MappedFileWriteBackTests : IDisposable
         using var firstInside = new ManualResetEventSlim();
         using var secondChecked = new ManualResetEventSlim();
         using var firstReturned = new ManualResetEventSlim();
-        int pendingError = 0;
+        int errors = 0;
+        int[] seen = new int[2];
+        int secondLane = -1;
         int firstThread = 0;
         domain.UngatedSyncForTesting = control;
-        domain.SyncCallForTesting = () =>
+        domain.SyncCallForTesting = lane =>
         {
             if (Environment.CurrentManagedThreadId == Volatile.Read(ref firstThread))
             {
-                // The first call's pages fail while it is in the kernel; the error waits for the first call to check.
-                Volatile.Write(ref pendingError, 1);
+                // The first call's pages fail while it is in the kernel: the error is recorded in the file.
+                Interlocked.Increment(ref errors);
                 firstInside.Set();
 
-                // The second call checks first if it can get in now: only if the calls are not serialized. Bounded:
-                // under the gate it never gets in while this call is inside.
+                // The second call checks first if it can get in now: only if the calls are not serialized on one
+                // description. Bounded: under the first description's gate it never gets in while this call is inside.
                 secondChecked.Wait(TimeSpan.FromSeconds(2));
             }
 
-            bool failed = Interlocked.Exchange(ref pendingError, 0) != 0;
+            // Reported once per description: to the first call on it that checks after the error.
+            int now = Volatile.Read(ref errors);
+            bool failed = Interlocked.Exchange(ref seen[lane], now) != now;
             if (Environment.CurrentManagedThreadId != Volatile.Read(ref firstThread))
             {
+                Volatile.Write(ref secondLane, lane);
                 secondChecked.Set();
                 if (failed)
                 {
@@ -868,8 +876,95 @@ public sealed class MappedFileWriteBackTests : IDisposable
         IOException failure = Assert.IsType<IOException>(first);
         Assert.Contains("Input/output error", failure.Message);
 
-        // Fail-stop: the second call, after it, reports the first's failure too.
+        // The second call reports the error too: through the second description, which saw it (a private mapping), or
+        // after the first call, which recorded it, without a call of its own (fail-stop).
         Assert.Contains("Input/output error", Assert.IsType<IOException>(second).Message);
+        Assert.Equal(privateMapping && domain.SyncLanes == 2 ? 1 : -1, secondLane);
+    }
+
+    /// <summary>
+    /// A private mapping's fence does not wait for another thread's fence in the kernel: it goes through the file's
+    /// second open file description, with the real fdatasync (which needs no write access to it). The control maps the
+    /// file with one description only: the second fence waits for the first (it never returns while the first is inside).
+    /// </summary>
+    [Theory]
+    [InlineData(false)]
+    [InlineData(true)]
+    public void PrivateMapping_AFenceDoesNotWaitForAnotherFenceInTheKernel(bool control)
+    {
+        Assert.SkipUnless(OperatingSystem.IsLinux(), "private mappings are Linux only");
+        using var stream = new FileStream(_directory.File($"two-lanes-{control}.heap"), FileMode.CreateNew, FileAccess.ReadWrite);
+        stream.SetLength(1L << 20);
+        MappedFilePersistenceDomain domain = MappedFilePersistenceDomain.Map(stream, 1L << 20, 1L << 20, privateMapping: true, secondDescription: !control);
+        Assert.Equal(control ? 1 : 2, domain.SyncLanes);
+        if (!control)
+        {
+            // The same file, through another open file description (a dup of the descriptor would share the first
+            // one's write-back error state): read-only, where the first is read-write.
+            int firstFd = (int)stream.SafeFileHandle.DangerousGetHandle();
+            int secondFd = domain.SecondDescriptorForTesting!.Value;
+            Assert.Equal(File.ResolveLinkTarget($"/proc/self/fd/{firstFd}", false)!.FullName, File.ResolveLinkTarget($"/proc/self/fd/{secondFd}", false)!.FullName);
+            Assert.Equal(2, AccessMode(firstFd));
+            Assert.Equal(0, AccessMode(secondFd));
+        }
+        using var firstInside = new ManualResetEventSlim();
+        using var release = new ManualResetEventSlim();
+        Thread? first = null;
+        int secondLane = -1;
+        int secondResult = -1;
+        domain.SyncCallForTesting = lane =>
+        {
+            if (Thread.CurrentThread == first)
+            {
+                firstInside.Set();
+                release.Wait(Workers.JoinTimeout);
+                return 0;
+            }
+
+            Volatile.Write(ref secondLane, lane);
+            int result = domain.SyncThrough(lane);
+            Volatile.Write(ref secondResult, result);
+            return result;
+        };
+
+        first = new Thread(domain.Fence) { IsBackground = true };
+        Exception? secondFailure = null;
+        var second = new Thread(() => secondFailure = Record.Exception(() =>
+        {
+            domain.WriteBack(QuarantineOffset, 100);
+            domain.Fence();
+        }))
+        { IsBackground = true };
+        try
+        {
+            first.Start();
+            Assert.True(firstInside.Wait(Workers.JoinTimeout), "the first fence never reached the kernel");
+            second.Start();
+            if (control)
+            {
+                // Behind the only description's gate, which the first fence holds until it is released: never in.
+                Assert.False(second.Join(TimeSpan.FromMilliseconds(200)), "the control's second fence returned while the first was in the kernel");
+                return;
+            }
+
+            Assert.True(second.Join(Workers.JoinTimeout), "the second fence waited for the first one in the kernel");
+            Assert.Null(secondFailure);
+            Assert.Equal(1, secondLane);
+            Assert.Equal(0, secondResult);
+        }
+        finally
+        {
+            release.Set();
+            Assert.True(first.Join(Workers.JoinTimeout) && second.Join(Workers.JoinTimeout));
+            Record.Exception(domain.Dispose);
+        }
+    }
+
+    /// <summary>The access mode (O_ACCMODE: 0 read-only, 2 read-write) of the open file description behind descriptor <paramref name="fd"/>, from /proc/self/fdinfo.</summary>
+    private static int AccessMode(int fd)
+    {
+        string flags = File.ReadAllLines($"/proc/self/fdinfo/{fd}").Single(line => line.StartsWith("flags:", StringComparison.Ordinal));
+        return Convert.ToInt32(flags["flags:".Length..].Trim(), 8) & 3;
     }
 
     [Fact]

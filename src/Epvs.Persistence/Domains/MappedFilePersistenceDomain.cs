@@ -67,10 +67,21 @@ internal sealed unsafe class MappedFilePersistenceDomain : PersistenceDomain
     private protected override TimeSpan PublicCallWait => FileCallWait;
 
     /// <summary>
-    /// Serializes msync and fdatasync calls: Linux reports a write-back error once per open file, to whichever call
-    /// checks first, so under the gate the call that sees it records it before any other can return.
+    /// Serializes the msync and fdatasync calls on the file's first open file description (<see cref="_file"/>, the
+    /// one mapped): Linux reports a write-back error once per open file description, to whichever call on it checks
+    /// first, so under the gate the call that sees it records it before any other can return.
     /// </summary>
     private readonly object _syncGate = new();
+
+    /// <summary>
+    /// A second open file description of the file (Linux, private mapping; null where it could not be opened), whose
+    /// fdatasync calls <see cref="_secondSyncGate"/> serializes: a fence that finds the first description's gate taken
+    /// syncs through this one instead of waiting for the other fence (see <see cref="EnterSyncLane"/>).
+    /// </summary>
+    private readonly SafeFileHandle? _secondDescription;
+
+    /// <summary>Serializes the fdatasync calls on <see cref="_secondDescription"/>, as <see cref="_syncGate"/> those on the first.</summary>
+    private readonly object _secondSyncGate = new();
 
     /// <summary>The first failed pwrite, fdatasync or msync: every later write-back and fence reports it (fail-stop).</summary>
     private volatile string? _failure;
@@ -93,11 +104,27 @@ internal sealed unsafe class MappedFilePersistenceDomain : PersistenceDomain
     /// <summary>Broken control for tests: a failed pwrite, fdatasync or sync_file_range is ignored (as if its result were not checked).</summary>
     internal bool IgnoreFileCallErrorsForTesting;
 
-    /// <summary>Test hook: replaces the msync (shared mapping) or fdatasync (private mapping) system call; a simulated kernel whose result (0, or -1 with errno set) is the call's.</summary>
-    internal Func<int>? SyncCallForTesting;
+    /// <summary>
+    /// Test hook: replaces the msync (shared mapping) or fdatasync (private mapping) system call, given the open file
+    /// description it goes through (0: the first, 1: the second; msync: always 0); a simulated kernel whose result (0,
+    /// or -1 with errno set) is the call's. <see cref="SyncThrough"/> makes the real call.
+    /// </summary>
+    internal Func<int, int>? SyncCallForTesting;
 
-    /// <summary>Broken control for tests: msync and fdatasync calls are not serialized (a concurrent call may take another's error).</summary>
+    /// <summary>
+    /// Broken control for tests: msync and fdatasync calls are not serialized, and all go through the first open file
+    /// description (a concurrent call on it may take another's error).
+    /// </summary>
     internal bool UngatedSyncForTesting;
+
+    /// <summary>How many open file descriptions of the file a fence's fdatasync can go through at once: 2 for a private mapping where the second one opened, else 1.</summary>
+    internal int SyncLanes => _secondDescription is null ? 1 : 2;
+
+    /// <summary>Test hook: the descriptor of the second open file description (null: none).</summary>
+    internal int? SecondDescriptorForTesting => _secondDescription is null ? null : (int)_secondDescription.DangerousGetHandle();
+
+    /// <summary>The fdatasync call through open file description <paramref name="lane"/> (0: the first, 1: the second), under its gate; tests call it from <see cref="SyncCallForTesting"/>.</summary>
+    internal int SyncThrough(int lane) => Interop.Libc.Fdatasync((int)(lane == 0 ? _file : _secondDescription!).DangerousGetHandle());
 
     /// <summary>Test hook: runs with the range of each private-mapping write-back whose write-out it is about to start (see <see cref="StartWriteOut"/>).</summary>
     internal Action<long, long>? StartWriteOutForTesting;
@@ -105,12 +132,13 @@ internal sealed unsafe class MappedFilePersistenceDomain : PersistenceDomain
     /// <summary>Test hook: replaces the <c>sync_file_range</c> call of <see cref="StartWriteOut"/>; a simulated kernel whose result (0, or -1 with errno set) is the call's.</summary>
     internal Func<int>? SyncFileRangeCallForTesting;
 
-    private MappedFilePersistenceDomain(byte* pointer, long length, long capacity, bool privateMapping, SafeFileHandle file, SafeMappingHandle? unixMapping, MemoryMappedFile? windowsMap, MemoryMappedViewAccessor? windowsView)
+    private MappedFilePersistenceDomain(byte* pointer, long length, long capacity, bool privateMapping, SafeFileHandle file, SafeMappingHandle? unixMapping, MemoryMappedFile? windowsMap, MemoryMappedViewAccessor? windowsView, bool secondDescription = false)
         : base(pointer, length)
     {
         _capacity = capacity;
         _private = privateMapping;
         _file = file;
+        _secondDescription = privateMapping && secondDescription ? OpenSecondDescription(file) : null;
         _unixMapping = unixMapping;
         _windowsMap = windowsMap;
         _windowsView = windowsView;
@@ -158,7 +186,13 @@ internal sealed unsafe class MappedFilePersistenceDomain : PersistenceDomain
     /// Maps <paramref name="length"/> bytes of an open, locked file, reserving <paramref name="capacity"/> bytes of
     /// address space on Unix; privately (Linux) when <paramref name="privateMapping"/> is set.
     /// </summary>
-    internal static MappedFilePersistenceDomain Map(FileStream stream, long length, long capacity, bool privateMapping)
+    /// <param name="stream">The open, locked file.</param>
+    /// <param name="length">The bytes to map.</param>
+    /// <param name="capacity">The address space to reserve (Unix).</param>
+    /// <param name="privateMapping">Map copy-on-write and write back with pwrite (Linux).</param>
+    /// <param name="secondDescription">A private mapping's fences may go through a second open file description (see
+    /// <see cref="OpenSecondDescription"/>); false: one only (a test's control).</param>
+    internal static MappedFilePersistenceDomain Map(FileStream stream, long length, long capacity, bool privateMapping, bool secondDescription = true)
     {
         if (OperatingSystem.IsWindows())
         {
@@ -183,7 +217,7 @@ internal sealed unsafe class MappedFilePersistenceDomain : PersistenceDomain
                 ThrowMapFailed(simulated ?? Marshal.GetLastPInvokeError(), capacity, privateMapping);
             }
 
-            var domain = new MappedFilePersistenceDomain((byte*)address, length, capacity, privateMapping, file, new SafeMappingHandle(address, (nuint)capacity, pmem: false), null, null);
+            var domain = new MappedFilePersistenceDomain((byte*)address, length, capacity, privateMapping, file, new SafeMappingHandle(address, (nuint)capacity, pmem: false), null, null, secondDescription);
             domain._fileReferenced = true;
             referenced = false;
             return domain;
@@ -195,6 +229,32 @@ internal sealed unsafe class MappedFilePersistenceDomain : PersistenceDomain
                 file.DangerousRelease();
             }
         }
+    }
+
+    /// <summary>
+    /// Opens the file behind <paramref name="file"/> once more, read-only, as a new open file description (through
+    /// <c>/proc/self/fd</c>, so the same file whatever its name is now); null where that fails (no <c>/proc</c>, no
+    /// descriptor left): the fences then share the first description.
+    /// </summary>
+    /// <remarks>
+    /// Why a second description. The advancer's fence and the stocker's (a batch of formatted segments, a sweep) run
+    /// on different threads; behind one gate, each fdatasync waited for the other's whole call (on a virtual disk,
+    /// milliseconds each), and the cycle's fence with it. Through two descriptions the kernel runs the two calls at
+    /// once: each writes out what is dirty and waits for the pages the other is writing. Linux (errseq, since 4.13)
+    /// records a write-back error in the file and reports it once to each open file description that checks after
+    /// it, whichever thread's pages failed: every fdatasync through either description that began after its pages
+    /// were copied sees their error, and the first to see one makes the domain fail-stop (<see cref="_failure"/>).
+    /// fdatasync needs no write access (Linux).
+    /// </remarks>
+    private static SafeFileHandle? OpenSecondDescription(SafeFileHandle file)
+    {
+        if (!OperatingSystem.IsLinux())
+        {
+            return null;
+        }
+
+        int fd = Interop.Libc.Open($"/proc/self/fd/{(int)file.DangerousGetHandle()}", Interop.Libc.ReadOnly | Interop.Libc.CloseOnExec, 0);
+        return fd < 0 ? null : new SafeFileHandle((IntPtr)fd, ownsHandle: true);
     }
 
     /// <summary>
@@ -260,6 +320,9 @@ internal sealed unsafe class MappedFilePersistenceDomain : PersistenceDomain
         if (_fileReferenced && Interlocked.Exchange(ref _fileReleased, 1) == 0)
         {
             _file.DangerousRelease();
+
+            // Closed with the first one: no call goes through either any more (or, from the finalizer, none can).
+            _secondDescription?.Dispose();
         }
     }
 
@@ -324,7 +387,7 @@ internal sealed unsafe class MappedFilePersistenceDomain : PersistenceDomain
         try
         {
             ThrowIfFailedBefore();
-            if ((SyncCallForTesting?.Invoke() ?? Interop.Libc.Msync(Pointer + start, (nuint)(offset + length - start), Interop.Libc.MsSync)) != 0)
+            if ((SyncCallForTesting?.Invoke(0) ?? Interop.Libc.Msync(Pointer + start, (nuint)(offset + length - start), Interop.Libc.MsSync)) != 0)
             {
                 ThrowSyncFailed("msync");
             }
@@ -338,6 +401,39 @@ internal sealed unsafe class MappedFilePersistenceDomain : PersistenceDomain
         }
     }
 
+    /// <summary>
+    /// Takes the gate of an open file description for a fence's fdatasync and returns which (0: the first, 1: the
+    /// second): the first description's if it is free, else the second's if that one is, else waits for one of the two
+    /// (chosen by the thread, so that waiting fences spread over both). The broken control takes none and returns 0.
+    /// </summary>
+    private int EnterSyncLane()
+    {
+        if (UngatedSyncForTesting)
+        {
+            return 0;
+        }
+
+        if (_secondDescription is null)
+        {
+            InterruptShield.Lock(_syncGate);
+            return 0;
+        }
+
+        if (InterruptShield.TryLock(_syncGate, TimeSpan.Zero))
+        {
+            return 0;
+        }
+
+        if (InterruptShield.TryLock(_secondSyncGate, TimeSpan.Zero))
+        {
+            return 1;
+        }
+
+        int lane = Environment.CurrentManagedThreadId & 1;
+        InterruptShield.Lock(lane == 0 ? _syncGate : _secondSyncGate);
+        return lane;
+    }
+
     private protected override void FenceCore()
     {
         ThrowIfFailedBefore();
@@ -349,17 +445,13 @@ internal sealed unsafe class MappedFilePersistenceDomain : PersistenceDomain
             BeginFileCall();
             try
             {
-                // Under the gate (see _syncGate), so no thread's fence passes over another's error.
-                bool gated = !UngatedSyncForTesting;
-                if (gated)
-                {
-                    InterruptShield.Lock(_syncGate);
-                }
-
+                // Under the gate of the description it goes through (see _syncGate), so no thread's fence passes over
+                // another's error.
+                int lane = EnterSyncLane();
                 try
                 {
                     ThrowIfFailedBefore();
-                    int result = SyncCallForTesting?.Invoke() ?? (FailFileCallsForTesting != 0 && FailFromOffsetForTesting == 0 ? Fail() : Interop.Libc.Fdatasync((int)_file.DangerousGetHandle()));
+                    int result = SyncCallForTesting?.Invoke(lane) ?? (FailFileCallsForTesting != 0 && FailFromOffsetForTesting == 0 ? Fail() : SyncThrough(lane));
                     if (result != 0 && !IgnoreFileCallErrorsForTesting)
                     {
                         ThrowSyncFailed("fdatasync");
@@ -367,9 +459,9 @@ internal sealed unsafe class MappedFilePersistenceDomain : PersistenceDomain
                 }
                 finally
                 {
-                    if (gated)
+                    if (!UngatedSyncForTesting)
                     {
-                        Monitor.Exit(_syncGate);
+                        Monitor.Exit(lane == 0 ? _syncGate : _secondSyncGate);
                     }
                 }
             }

@@ -26,29 +26,33 @@ public sealed class InterruptedWorkTests
     public InterruptedWorkTests(ITestOutputHelper output) => _output = output;
 
     /// <summary>
-    /// Runs <paramref name="work"/> on a new thread with an interrupt pending, while another thread's fence holds the
-    /// domain's fence gate: the work's own fence blocks on the gate, and so sees the interrupt. The parked fence leaves
-    /// once the interrupt was caught inside the work. Returns what the work threw and whether the interrupt was pending
-    /// on its thread afterwards.
+    /// Runs <paramref name="work"/> on a new thread with an interrupt pending, while other threads' fences hold the
+    /// domain's fence gates (one per open file description a fence can go through): the work's own fence blocks on a
+    /// gate, and so sees the interrupt. The parked fences leave once the interrupt was caught inside the work. Returns
+    /// what the work threw and whether the interrupt was pending on its thread afterwards.
     /// </summary>
     private static (Exception? Failure, bool InterruptPending) InterruptWhileTheFenceGateIsHeld(MappedFilePersistenceDomain domain, Action work, bool control)
     {
         Assert.SkipUnless(OperatingSystem.IsLinux(), "private mappings (the fence gate around fdatasync) are Linux only");
-        using var parked = new ManualResetEventSlim();
+        using var parked = new SemaphoreSlim(0);
         using var release = new ManualResetEventSlim();
         var caught = new ManualResetEventSlim(); // not disposed: a stale hook call must not throw
-        Thread? parker = null;
-        domain.SyncCallForTesting = () =>
+        var parkers = new Thread[domain.SyncLanes];
+        domain.SyncCallForTesting = _ =>
         {
-            if (Thread.CurrentThread == parker)
+            if (Array.IndexOf(parkers, Thread.CurrentThread) >= 0)
             {
-                parked.Set();
+                parked.Release();
                 release.Wait(Workers.JoinTimeout);
             }
 
             return 0;
         };
-        parker = new Thread(domain.Fence) { IsBackground = true };
+        for (int i = 0; i < parkers.Length; i++)
+        {
+            parkers[i] = new Thread(domain.Fence) { IsBackground = true };
+        }
+
         Thread? worker = null;
         InterruptShield.InterruptCaughtForTesting = () =>
         {
@@ -59,15 +63,20 @@ public sealed class InterruptedWorkTests
         };
         try
         {
-            parker.Start();
-            Assert.True(parked.Wait(Workers.JoinTimeout), "the parked fence never entered the gate");
+            // One after the other: the first takes the first description's gate, the next the second's.
+            foreach (Thread parker in parkers)
+            {
+                parker.Start();
+                Assert.True(parked.Wait(Workers.JoinTimeout), "a parked fence never entered its gate");
+            }
+
             var interrupted = new InterruptedThread(work, control);
             worker = interrupted.Thread;
             worker.Start();
             Assert.True(caught.Wait(Workers.JoinTimeout), "the work never blocked inside its shield with the interrupt pending");
             release.Set();
             Assert.True(worker.Join(Workers.JoinTimeout));
-            Assert.True(parker.Join(Workers.JoinTimeout));
+            Assert.All(parkers, parker => Assert.True(parker.Join(Workers.JoinTimeout)));
             return (interrupted.Failure, interrupted.InterruptPending);
         }
         finally
