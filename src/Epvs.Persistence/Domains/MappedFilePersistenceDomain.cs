@@ -21,9 +21,12 @@ namespace Epvs.Persistence;
 /// far, by any thread, with one <c>fdatasync</c>. Windows: the write-back queues the dirty pages and the fence flushes
 /// the file's buffers to the device.</para>
 /// <para>Errors are fail-stop: after a failed msync, pwrite or fdatasync every later write-back and fence of the domain
-/// throws. msync and fdatasync calls are serialized, because Linux reports a write-back error once per open file to
-/// whichever call checks first: serialized, no call returns success over pages that failed under it. The cost: two
-/// threads' msyncs of a shared mapping (<see cref="DurabilityMode.Strict"/> operations) no longer overlap.</para>
+/// throws. msync and fdatasync calls on one open file description are serialized, because Linux reports a write-back
+/// error once per open file description to whichever call checks first: serialized, no call returns success over pages
+/// that failed under it. The cost: two threads' msyncs of a shared mapping (<see cref="DurabilityMode.Strict"/>
+/// operations) no longer overlap. A private mapping's fences go through two descriptions, so two of them run at once
+/// (see <see cref="OpenSecondDescription"/>); a fence that succeeded waits for the other description's call in flight
+/// before it returns, and reports its failure.</para>
 /// <para>On Unix the mapping reserves address space for the heap's maximum size up front, so growing is extending the
 /// file (<c>posix_fallocate</c>, which fails cleanly when the disk is full instead of faulting later) and the base
 /// address never moves.</para>
@@ -116,6 +119,9 @@ internal sealed unsafe class MappedFilePersistenceDomain : PersistenceDomain
     /// description (a concurrent call on it may take another's error).
     /// </summary>
     internal bool UngatedSyncForTesting;
+
+    /// <summary>Broken control for tests: a fence that succeeded returns without waiting for the other description's call in flight (see <see cref="OpenSecondDescription"/>).</summary>
+    internal bool SkipOtherLaneWaitForTesting;
 
     /// <summary>How many open file descriptions of the file a fence's fdatasync can go through at once: 2 for a private mapping where the second one opened, else 1.</summary>
     internal int SyncLanes => _secondDescription is null ? 1 : 2;
@@ -244,7 +250,12 @@ internal sealed unsafe class MappedFilePersistenceDomain : PersistenceDomain
     /// records a write-back error in the file and reports it once to each open file description that checks after
     /// it, whichever thread's pages failed: every fdatasync through either description that began after its pages
     /// were copied sees their error, and the first to see one makes the domain fail-stop (<see cref="_failure"/>).
-    /// fdatasync needs no write access (Linux).
+    /// Some errors are not recorded in the file, only returned to the call that drove the pages' write-out (ext4 gives
+    /// up on pages whose blocks it cannot map, and returns that call the error): a fence whose own call succeeded
+    /// while another, through the other description, was writing its pages out would miss it. So a fence that
+    /// succeeded passes through the other description's gate (it waits for the call in flight there, which records
+    /// its failure before it leaves) and looks at <see cref="_failure"/> again before it returns. Two fences at once
+    /// then take as long as the longer one, not the two one after the other. fdatasync needs no write access (Linux).
     /// </remarks>
     private static SafeFileHandle? OpenSecondDescription(SafeFileHandle file)
     {
@@ -404,13 +415,14 @@ internal sealed unsafe class MappedFilePersistenceDomain : PersistenceDomain
     /// <summary>
     /// Takes the gate of an open file description for a fence's fdatasync and returns which (0: the first, 1: the
     /// second): the first description's if it is free, else the second's if that one is, else waits for one of the two
-    /// (chosen by the thread, so that waiting fences spread over both). The broken control takes none and returns 0.
+    /// (chosen by the thread, so that waiting fences spread over both). The broken control takes none and returns -1
+    /// (the first description, ungated).
     /// </summary>
     private int EnterSyncLane()
     {
         if (UngatedSyncForTesting)
         {
-            return 0;
+            return -1;
         }
 
         if (_secondDescription is null)
@@ -447,7 +459,8 @@ internal sealed unsafe class MappedFilePersistenceDomain : PersistenceDomain
             {
                 // Under the gate of the description it goes through (see _syncGate), so no thread's fence passes over
                 // another's error.
-                int lane = EnterSyncLane();
+                int gate = EnterSyncLane();
+                int lane = Math.Max(gate, 0);
                 try
                 {
                     ThrowIfFailedBefore();
@@ -459,10 +472,21 @@ internal sealed unsafe class MappedFilePersistenceDomain : PersistenceDomain
                 }
                 finally
                 {
-                    if (!UngatedSyncForTesting)
+                    if (gate >= 0)
                     {
-                        Monitor.Exit(lane == 0 ? _syncGate : _secondSyncGate);
+                        Monitor.Exit(gate == 0 ? _syncGate : _secondSyncGate);
                     }
+                }
+
+                if (gate >= 0 && _secondDescription is not null && !SkipOtherLaneWaitForTesting)
+                {
+                    // Succeeded: the other description's call in flight (if any) may have driven this fence's pages out
+                    // and been the only one told they failed (see OpenSecondDescription); it records that before it
+                    // leaves its gate. (The broken control returns at once.)
+                    object other = gate == 0 ? _secondSyncGate : _syncGate;
+                    InterruptShield.Lock(other);
+                    Monitor.Exit(other);
+                    ThrowIfFailedBefore();
                 }
             }
             finally
