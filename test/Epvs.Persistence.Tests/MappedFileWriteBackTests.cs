@@ -1033,6 +1033,91 @@ public sealed class MappedFileWriteBackTests : IDisposable
         Assert.Null(secondFailure);
     }
 
+    /// <summary>
+    /// The second description is opened only on a file system whose fdatasync works on the file whichever description
+    /// calls it (the local ones, tmpfs, overlayfs). A network or FUSE file system could sync what its own handle wrote
+    /// only, and the read-only description's call would return success over the first one's pages: a fence would report
+    /// data durable that is not. Unknown types (0 among them: what a big-endian 8-byte f_type reads as) get one description.
+    /// </summary>
+    [Theory]
+    [InlineData(0xEF53u, true)] // ext4
+    [InlineData(0x5846_5342u, true)] // XFS
+    [InlineData(0x9123_683Eu, true)] // Btrfs
+    [InlineData(0x0102_1994u, true)] // tmpfs
+    [InlineData(0x794C_7630u, true)] // overlayfs
+    [InlineData(0x6969u, false)] // NFS
+    [InlineData(0xFF53_4D42u, false)] // CIFS
+    [InlineData(0xFE53_4D42u, false)] // SMB2
+    [InlineData(0x6573_5546u, false)] // FUSE (virtiofs too)
+    [InlineData(0x0102_1997u, false)] // 9p
+    [InlineData(0x00C3_6400u, false)] // Ceph
+    [InlineData(0u, false)]
+    public void SecondDescription_OnlyOnFileSystemsThatSyncTheFileThroughAnyDescription(uint fileSystemType, bool expected) =>
+        Assert.Equal(expected, MappedFilePersistenceDomain.SyncsTheFileThroughAnyDescription(fileSystemType));
+
+    /// <summary>
+    /// The file system type is read from the right field: a file in /dev/shm reads tmpfs's magic number where the mount
+    /// table says /dev/shm is tmpfs, and a private mapping in the test directory has two descriptions exactly when its
+    /// file system's type (and the mount table's name for it) is one of those listed.
+    /// </summary>
+    [Fact]
+    public void SecondDescription_FollowsTheFileSystemTypeReadFromTheDescriptor()
+    {
+        Assert.SkipUnless(OperatingSystem.IsLinux(), "private mappings are Linux only");
+        string? shmType = MountedFileSystemType("/dev/shm");
+        if (shmType == "tmpfs")
+        {
+            string path = Path.Combine("/dev/shm", $"epvs-fstype-{Guid.NewGuid():N}");
+            try
+            {
+                using var shm = new FileStream(path, FileMode.CreateNew, FileAccess.ReadWrite);
+                Assert.Equal(0x0102_1994u, Interop.Libc.FileSystemType((int)shm.SafeFileHandle.DangerousGetHandle()));
+            }
+            finally
+            {
+                File.Delete(path);
+            }
+        }
+
+        using var stream = new FileStream(_directory.File("fstype.heap"), FileMode.CreateNew, FileAccess.ReadWrite);
+        stream.SetLength(1L << 20);
+        uint type = Interop.Libc.FileSystemType((int)stream.SafeFileHandle.DangerousGetHandle())!.Value;
+        MappedFilePersistenceDomain domain = MappedFilePersistenceDomain.Map(stream, 1L << 20, 1L << 20, privateMapping: true);
+        try
+        {
+            Assert.Equal(MappedFilePersistenceDomain.SyncsTheFileThroughAnyDescription(type) ? 2 : 1, domain.SyncLanes);
+            string? directoryType = MountedFileSystemType(Path.GetDirectoryName(stream.Name)!);
+            Assert.Equal(directoryType is "ext2" or "ext3" or "ext4" or "xfs" or "btrfs" or "f2fs" or "zfs" or "bcachefs" or "tmpfs" or "overlay", MappedFilePersistenceDomain.SyncsTheFileThroughAnyDescription(type));
+        }
+        finally
+        {
+            domain.Dispose();
+        }
+    }
+
+    /// <summary>The file system type (the mount table's name: ext4, tmpfs, ...) of the innermost mount that holds <paramref name="path"/>, from /proc/self/mountinfo; null if none is found.</summary>
+    private static string? MountedFileSystemType(string path)
+    {
+        string full = Path.GetFullPath(path);
+        string? best = null;
+        int bestLength = -1;
+        foreach (string line in File.ReadAllLines("/proc/self/mountinfo"))
+        {
+            // "id parent major:minor root mountpoint options [optional fields] - type source superoptions"
+            string[] fields = line.Split(' ');
+            string mountPoint = fields[4].Replace("\\040", " ", StringComparison.Ordinal);
+            int separator = Array.IndexOf(fields, "-");
+            bool holds = full == mountPoint || full.StartsWith(mountPoint.TrimEnd('/') + "/", StringComparison.Ordinal);
+            if (separator > 0 && holds && mountPoint.Length >= bestLength)
+            {
+                best = fields[separator + 1];
+                bestLength = mountPoint.Length;
+            }
+        }
+
+        return best;
+    }
+
     /// <summary>The access mode (O_ACCMODE: 0 read-only, 2 read-write) of the open file description behind descriptor <paramref name="fd"/>, from /proc/self/fdinfo.</summary>
     private static int AccessMode(int fd)
     {

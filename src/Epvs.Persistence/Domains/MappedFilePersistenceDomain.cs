@@ -24,8 +24,9 @@ namespace Epvs.Persistence;
 /// throws. msync and fdatasync calls on one open file description are serialized, because Linux reports a write-back
 /// error once per open file description to whichever call checks first: serialized, no call returns success over pages
 /// that failed under it. The cost: two threads' msyncs of a shared mapping (<see cref="DurabilityMode.Strict"/>
-/// operations) no longer overlap. A private mapping's fences go through two descriptions, so two of them run at once
-/// (see <see cref="OpenSecondDescription"/>); a fence that succeeded waits for the other description's call in flight
+/// operations) no longer overlap. A private mapping's fences go through two descriptions (on the file systems of
+/// <see cref="SyncsTheFileThroughAnyDescription"/>), so two of them run at once (see
+/// <see cref="OpenSecondDescription"/>); a fence that succeeded waits for the other description's call in flight
 /// before it returns, and reports its failure.</para>
 /// <para>On Unix the mapping reserves address space for the heap's maximum size up front, so growing is extending the
 /// file (<c>posix_fallocate</c>, which fails cleanly when the disk is full instead of faulting later) and the base
@@ -256,6 +257,8 @@ internal sealed unsafe class MappedFilePersistenceDomain : PersistenceDomain
     /// succeeded passes through the other description's gate (it waits for the call in flight there, which records
     /// its failure before it leaves) and looks at <see cref="_failure"/> again before it returns. Two fences at once
     /// then take as long as the longer one, not the two one after the other. fdatasync needs no write access (Linux).
+    /// Only on the file systems of <see cref="SyncsTheFileThroughAnyDescription"/>: elsewhere the fences share the first
+    /// description.
     /// </remarks>
     private static SafeFileHandle? OpenSecondDescription(SafeFileHandle file)
     {
@@ -264,9 +267,37 @@ internal sealed unsafe class MappedFilePersistenceDomain : PersistenceDomain
             return null;
         }
 
-        int fd = Interop.Libc.Open($"/proc/self/fd/{(int)file.DangerousGetHandle()}", Interop.Libc.ReadOnly | Interop.Libc.CloseOnExec, 0);
+        int first = (int)file.DangerousGetHandle();
+        if (Interop.Libc.FileSystemType(first) is not { } type || !SyncsTheFileThroughAnyDescription(type))
+        {
+            return null;
+        }
+
+        int fd = Interop.Libc.Open($"/proc/self/fd/{first}", Interop.Libc.ReadOnly | Interop.Libc.CloseOnExec, 0);
         return fd < 0 ? null : new SafeFileHandle((IntPtr)fd, ownsHandle: true);
     }
+
+    /// <summary>
+    /// Whether an fdatasync through a read-only open file description of a file on a file system of type
+    /// <paramref name="fileSystemType"/> (<c>statfs</c>'s <c>f_type</c>) writes out and makes durable what was written
+    /// to the file through another description: true for the local file systems whose fsync works on the file (its
+    /// inode's pages and metadata), whichever description calls it, and for tmpfs and overlayfs (which passes it to
+    /// the file below); false for every other, unknown ones included.
+    /// </summary>
+    /// <remarks>A file system that syncs per open (a network file system that flushes what a handle wrote, a FUSE
+    /// daemon that syncs its own handle of the call's open) could return success for the second description's call
+    /// with the first's pages not durable, and a fence would report them durable: a silent loss. So a file system not
+    /// listed here gets one description (fences one after the other, as before), never a second one it was not shown
+    /// to honour.</remarks>
+    internal static bool SyncsTheFileThroughAnyDescription(uint fileSystemType) => fileSystemType is
+        0xEF53 // ext2, ext3, ext4
+        or 0x5846_5342 // XFS
+        or 0x9123_683E // Btrfs
+        or 0xF2F5_2010 // F2FS
+        or 0x2FC1_2FC1 // ZFS
+        or 0xCA45_1A4E // bcachefs
+        or 0x0102_1994 // tmpfs
+        or 0x794C_7630; // overlayfs
 
     /// <summary>
     /// A failed mmap of the heap file: a file system that turned read-only (after an I/O error, ext4 aborts its journal and

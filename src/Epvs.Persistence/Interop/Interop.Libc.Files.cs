@@ -80,5 +80,25 @@ internal static partial class Interop
 
         [LibraryImport(NativeLibraryResolver.LibcLibraryName, EntryPoint = "linkat", SetLastError = true, StringMarshalling = StringMarshalling.Utf8)]
         internal static partial int Linkat(int oldDirectory, string oldPath, int newDirectory, string newPath, int flags);
+
+        /// <summary>Room for <c>struct statfs</c> (120 bytes on 64-bit Linux, less on 32-bit).</summary>
+        private const int StatfsSize = 256;
+
+        [LibraryImport(NativeLibraryResolver.LibcLibraryName, EntryPoint = "fstatfs", SetLastError = true)]
+        private static partial int Fstatfs(int fd, byte* result);
+
+        /// <summary>
+        /// The type of the file system that holds <paramref name="fd"/>'s file (<c>statfs</c>'s <c>f_type</c>, a magic
+        /// number such as <c>0xEF53</c> for ext4), or null where <c>fstatfs</c> fails.
+        /// </summary>
+        /// <remarks><c>f_type</c> is the first field of <c>struct statfs</c>: a word of the architecture on Linux (4 bytes on
+        /// 32-bit, 8 on 64-bit), 4 bytes on s390x. Every magic number fits in 32 bits, so the first 4 bytes hold it on a
+        /// little-endian machine and on s390x; on a big-endian machine with an 8-byte field they read 0, which names no file
+        /// system (the caller then takes the file system as unknown).</remarks>
+        internal static uint? FileSystemType(int fd)
+        {
+            byte* result = stackalloc byte[StatfsSize];
+            return Fstatfs(fd, result) == 0 ? *(uint*)result : null;
+        }
     }
 }
