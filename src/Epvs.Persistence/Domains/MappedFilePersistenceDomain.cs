@@ -87,9 +87,6 @@ internal sealed unsafe class MappedFilePersistenceDomain : PersistenceDomain
     /// <summary>Serializes the fdatasync calls on <see cref="_secondDescription"/>, as <see cref="_syncGate"/> those on the first.</summary>
     private readonly object _secondSyncGate = new();
 
-    /// <summary>The first failed pwrite, fdatasync or msync: every later write-back and fence reports it (fail-stop).</summary>
-    private volatile string? _failure;
-
     /// <summary>Test hook: runs in each pwrite call of this domain before it is counted in (after the range check).</summary>
     internal Action? BeforeFileCallForTesting;
 
@@ -250,12 +247,12 @@ internal sealed unsafe class MappedFilePersistenceDomain : PersistenceDomain
     /// once: each writes out what is dirty and waits for the pages the other is writing. Linux (errseq, since 4.13)
     /// records a write-back error in the file and reports it once to each open file description that checks after
     /// it, whichever thread's pages failed: every fdatasync through either description that began after its pages
-    /// were copied sees their error, and the first to see one makes the domain fail-stop (<see cref="_failure"/>).
+    /// were copied sees their error, and the first to see one makes the domain fail-stop (<see cref="PersistenceDomain.Failure"/>).
     /// Some errors are not recorded in the file, only returned to the call that drove the pages' write-out (ext4 gives
     /// up on pages whose blocks it cannot map, and returns that call the error): a fence whose own call succeeded
     /// while another, through the other description, was writing its pages out would miss it. So a fence that
     /// succeeded passes through the other description's gate (it waits for the call in flight there, which records
-    /// its failure before it leaves) and looks at <see cref="_failure"/> again before it returns. Two fences at once
+    /// its failure before it leaves) and looks at <see cref="PersistenceDomain.Failure"/> again before it returns. Two fences at once
     /// then take as long as the longer one, not the two one after the other. fdatasync needs no write access (Linux).
     /// Only on the file systems of <see cref="SyncsTheFileThroughAnyDescription"/>: elsewhere the fences share the first
     /// description.
@@ -281,14 +278,16 @@ internal sealed unsafe class MappedFilePersistenceDomain : PersistenceDomain
     /// Whether an fdatasync through a read-only open file description of a file on a file system of type
     /// <paramref name="fileSystemType"/> (<c>statfs</c>'s <c>f_type</c>) writes out and makes durable what was written
     /// to the file through another description: true for the local file systems whose fsync works on the file (its
-    /// inode's pages and metadata), whichever description calls it, and for tmpfs and overlayfs (which passes it to
-    /// the file below); false for every other, unknown ones included.
+    /// inode's pages and metadata), whichever description calls it, and for tmpfs (nothing to sync); false for every
+    /// other, unknown ones included.
     /// </summary>
     /// <remarks>A file system that syncs per open (a network file system that flushes what a handle wrote, a FUSE
     /// daemon that syncs its own handle of the call's open) could return success for the second description's call
     /// with the first's pages not durable, and a fence would report them durable: a silent loss. So a file system not
     /// listed here gets one description (fences one after the other, as before), never a second one it was not shown
-    /// to honour.</remarks>
+    /// to honour. Overlayfs is not listed: it passes each open's fsync to its own file in the upper layer, whose file
+    /// system <c>fstatfs</c> does not tell (a container's writable layer; a volume mounted into a container is its own
+    /// file system, and listed if it is one of these).</remarks>
     internal static bool SyncsTheFileThroughAnyDescription(uint fileSystemType) => fileSystemType is
         0xEF53 // ext2, ext3, ext4
         or 0x5846_5342 // XFS
@@ -296,8 +295,7 @@ internal sealed unsafe class MappedFilePersistenceDomain : PersistenceDomain
         or 0xF2F5_2010 // F2FS
         or 0x2FC1_2FC1 // ZFS
         or 0xCA45_1A4E // bcachefs
-        or 0x0102_1994 // tmpfs
-        or 0x794C_7630; // overlayfs
+        or 0x0102_1994; // tmpfs
 
     /// <summary>
     /// A failed mmap of the heap file: a file system that turned read-only (after an I/O error, ext4 aborts its journal and
@@ -517,8 +515,11 @@ internal sealed unsafe class MappedFilePersistenceDomain : PersistenceDomain
                     object other = gate == 0 ? _secondSyncGate : _syncGate;
                     InterruptShield.Lock(other);
                     Monitor.Exit(other);
-                    ThrowIfFailedBefore();
                 }
+
+                // So may a write-out another thread started (see WaitForWriteOutsInFlight).
+                WaitForWriteOutsInFlight();
+                ThrowIfFailedBefore();
             }
             finally
             {
@@ -560,7 +561,7 @@ internal sealed unsafe class MappedFilePersistenceDomain : PersistenceDomain
         // limit stores there through the mapping, which the limit does not cover.
         // Nor after a failed write-back or fence (fail-stop): a segment whose release failed may still be formatted on
         // the file, and zeros reaching it there would read as damage.
-        if (_windowsView is not null || offset + length > FileSizeLimit() || _failure is not null)
+        if (_windowsView is not null || offset + length > FileSizeLimit() || Failure is not null)
         {
             return;
         }
@@ -663,8 +664,9 @@ internal sealed unsafe class MappedFilePersistenceDomain : PersistenceDomain
         {
             // The limit was lowered below the file's size since the heap opened: the pwrite would raise SIGXFSZ, which
             // kills the process. Fail-stop instead, as for a failed write-back: nothing more becomes durable.
-            _failure ??= $"the write-back of {length} bytes at offset {offset} would pass the process's file size limit ({FileSizeLimit()} bytes, RLIMIT_FSIZE, lowered since the heap file was mapped), where the kernel kills the process (SIGXFSZ)";
-            ThrowHelper.ThrowIO($"{_failure}; the written-back range is not durable. Raise the limit (ulimit -f) and reopen the heap: recovery keeps every version up to the durable frontier.");
+            RecordFailure();
+            DescribeFailure($"the write-back of {length} bytes at offset {offset} would pass the process's file size limit ({FileSizeLimit()} bytes, RLIMIT_FSIZE, lowered since the heap file was mapped), where the kernel kills the process (SIGXFSZ)");
+            ThrowHelper.ThrowIO($"{Failure}; the written-back range is not durable. Raise the limit (ulimit -f) and reopen the heap: recovery keeps every version up to the durable frontier.");
         }
 
         BeginFileCall();
@@ -690,8 +692,9 @@ internal sealed unsafe class MappedFilePersistenceDomain : PersistenceDomain
                 else if (written == 0)
                 {
                     // No progress for a non-empty range (a full disk reports ENOSPC instead); errno is not set.
-                    _failure ??= $"pwrite of {length} bytes at offset {offset} wrote nothing";
-                    ThrowHelper.ThrowIO($"{_failure}; the written-back range is not durable.");
+                    RecordFailure();
+                    DescribeFailure($"pwrite of {length} bytes at offset {offset} wrote nothing");
+                    ThrowHelper.ThrowIO($"{Failure}; the written-back range is not durable.");
                 }
                 else if (Marshal.GetLastPInvokeError() != Interop.Libc.Eintr)
                 {
@@ -732,42 +735,142 @@ internal sealed unsafe class MappedFilePersistenceDomain : PersistenceDomain
             return;
         }
 
-        int result;
+        // Counted in the phase it begins in, until its failure (if any) is recorded: see WaitForWriteOutsInFlight.
+        int phase = Volatile.Read(ref _writeOutPhase) & 1;
+        Interlocked.Increment(ref _writeOutsInFlight[phase]);
         try
         {
-            result = SyncFileRangeCallForTesting?.Invoke() ?? Interop.Libc.SyncFileRange(fd, offset, length, Interop.Libc.SyncFileRangeWrite);
-        }
-        catch (EntryPointNotFoundException)
-        {
-            // A C library without it (it is in glibc since 2.6, in musl too): the fence writes everything.
-            _noWriteOut = true;
-            return;
-        }
-
-        if (result == 0)
-        {
-            _writeOutsStarted++;
-            return;
-        }
-
-        switch (Marshal.GetLastPInvokeError())
-        {
-            case Interop.Libc.Enosys or Interop.Libc.Eperm or Interop.Libc.Einval or Interop.Libc.Espipe:
-                // Not available here (a sandbox that refuses the call, a file system or file it does not apply to).
+            int result;
+            try
+            {
+                result = SyncFileRangeCallForTesting?.Invoke() ?? Interop.Libc.SyncFileRange(fd, offset, length, Interop.Libc.SyncFileRangeWrite);
+            }
+            catch (EntryPointNotFoundException)
+            {
+                // A C library without it (it is in glibc since 2.6, in musl too): the fence writes everything.
                 _noWriteOut = true;
                 return;
-            case Interop.Libc.Eintr:
-                // Interrupted before it started anything: the pages are still dirty, the fence writes them.
-                return;
-            default:
-                if (!IgnoreFileCallErrorsForTesting)
-                {
-                    ThrowSyncFailed("sync_file_range");
-                }
+            }
 
+            if (result == 0)
+            {
+                _writeOutsStarted++;
                 return;
+            }
+
+            switch (Marshal.GetLastPInvokeError())
+            {
+                case Interop.Libc.Enosys or Interop.Libc.Eperm or Interop.Libc.Einval or Interop.Libc.Espipe:
+                    // Not available here (a sandbox that refuses the call, a file system or file it does not apply to).
+                    _noWriteOut = true;
+                    return;
+                case Interop.Libc.Eintr:
+                    // Interrupted before it started anything: the pages are still dirty, the fence writes them.
+                    return;
+                default:
+                    if (!IgnoreFileCallErrorsForTesting)
+                    {
+                        ThrowSyncFailed("sync_file_range");
+                    }
+
+                    return;
+            }
+        }
+        finally
+        {
+            // Interlocked.Decrement, then the read of the waiters: full fence; pairs with the increment of the waiters
+            // before the count's read in WaitForWriteOutsInFlight (one of the two sees the other).
+            if (Interlocked.Decrement(ref _writeOutsInFlight[phase]) == 0 && Volatile.Read(ref _writeOutWaiters) != 0)
+            {
+                WakeWriteOutWaiters();
+            }
         }
     }
+
+    /// <summary>Wakes the fence waiting for write-outs: in a shield, so an interrupt of this thread does not keep it from the lock (the fence would wait on).</summary>
+    private void WakeWriteOutWaiters()
+    {
+        using InterruptShield.Scope shield = InterruptShield.Enter();
+        using (InterruptShield.Hold(_writeOutSignal))
+        {
+            Monitor.PulseAll(_writeOutSignal);
+        }
+    }
+
+    /// <summary>
+    /// After a fence's successful fdatasync: waits for the write-outs (<see cref="StartWriteOut"/>) in flight on other
+    /// threads, each of which records its failure before it is counted out, so that the caller's look at
+    /// <see cref="PersistenceDomain.Failure"/> after this sees the failure of any of them.
+    /// </summary>
+    /// <remarks>
+    /// Why. A write-out that another thread started may take this fence's pages with its own (they share a page, or its
+    /// range covers them), and some errors reach only the call that drove the write-out: ext4 gives up on pages whose
+    /// blocks it cannot map, drops them from the page cache and returns the error to that call, recording nothing in
+    /// the file. The fence's fdatasync then finds the pages clean and returns success over data that never reached the
+    /// disk. Waited for here, the failed write-out has recorded its error before the fence returns (the kernel's own
+    /// background write-out giving up the same way reports to no one; nothing here can see that).
+    /// Write-outs are counted in two phases: the fence flips the phase (new write-outs count in the other one, so they
+    /// cannot hold it up) and waits for the old phase's count to drop to zero. One fence waits at a time (the gate is
+    /// held across the wait, so no other fence flips the phase back under it); the wait is as long as the longest
+    /// write-out call in flight, which only starts the pages' write-out.
+    /// </remarks>
+    private void WaitForWriteOutsInFlight()
+    {
+        if (SkipWriteOutWaitForTesting)
+        {
+            return;
+        }
+
+        using (InterruptShield.Hold(_writeOutDrainGate))
+        {
+            // Interlocked.Increment: full fence; a write-out that read the old phase and is counted in after this reads
+            // of the count began its call after the fence's fdatasync returned, and cannot have taken its pages.
+            int old = (Interlocked.Increment(ref _writeOutPhase) - 1) & 1;
+            if (Volatile.Read(ref _writeOutsInFlight[old]) == 0)
+            {
+                return;
+            }
+
+            using (InterruptShield.Hold(_writeOutSignal))
+            {
+                // Interlocked.Increment: full fence, then the count's read; pairs with the decrement in StartWriteOut.
+                Interlocked.Increment(ref _writeOutWaiters);
+                try
+                {
+                    WaitingForWriteOutsForTesting?.Invoke();
+                    while (Volatile.Read(ref _writeOutsInFlight[old]) != 0)
+                    {
+                        InterruptShield.Wait(_writeOutSignal, Timeout.InfiniteTimeSpan);
+                    }
+                }
+                finally
+                {
+                    Interlocked.Decrement(ref _writeOutWaiters);
+                }
+            }
+        }
+    }
+
+    /// <summary>Write-out calls (<see cref="StartWriteOut"/>) in flight, by the phase they began in (see <see cref="WaitForWriteOutsInFlight"/>).</summary>
+    private readonly int[] _writeOutsInFlight = new int[2];
+
+    /// <summary>The phase new write-outs are counted in (its lowest bit); a fence's wait flips it.</summary>
+    private int _writeOutPhase;
+
+    /// <summary>Fences waiting for write-outs (0 nearly always: a write-out then pulses no one).</summary>
+    private int _writeOutWaiters;
+
+    /// <summary>Held by the one fence that flips the phase and waits for the old one's write-outs.</summary>
+    private readonly object _writeOutDrainGate = new();
+
+    /// <summary>What a waiting fence waits on and the last write-out of a phase pulses.</summary>
+    private readonly object _writeOutSignal = new();
+
+    /// <summary>Broken control for tests: a fence that succeeded returns without waiting for the write-outs in flight (see <see cref="WaitForWriteOutsInFlight"/>).</summary>
+    internal bool SkipWriteOutWaitForTesting;
+
+    /// <summary>Test hook: runs in a fence that found write-outs in flight, before it waits for them.</summary>
+    internal Action? WaitingForWriteOutsForTesting;
 
     /// <summary>Set once <see cref="StartWriteOut"/> found <c>sync_file_range</c> unavailable for this file: write-backs stop asking.</summary>
     private bool _noWriteOut;
@@ -864,24 +967,13 @@ internal sealed unsafe class MappedFilePersistenceDomain : PersistenceDomain
         }
     }
 
-    /// <summary>Records the failure (fail-stop: see <see cref="ThrowIfFailedBefore"/>) and throws it.</summary>
+    /// <summary>Records the failure (fail-stop: see <see cref="PersistenceDomain.ThrowIfFailedBefore"/>) and throws it.</summary>
     private void ThrowSyncFailed(string call)
     {
         int errno = Marshal.GetLastPInvokeError();
+        RecordFailure();
         string failure = $"{call} failed: {Marshal.GetPInvokeErrorMessage(errno)} (error {errno})";
-        _failure ??= failure;
+        DescribeFailure(failure);
         ThrowHelper.ThrowIO($"{failure}; the written-back range may not be durable.");
-    }
-
-    /// <summary>
-    /// After a failed write-back or fence nothing written back since can be trusted durable (the kernel marks the
-    /// failed pages clean and reports the error once): every later write-back and fence of this domain throws.
-    /// </summary>
-    private void ThrowIfFailedBefore()
-    {
-        if (_failure is { } failure)
-        {
-            ThrowHelper.ThrowIO($"An earlier write-back of this heap file failed ({failure}); nothing written back since can be trusted durable. Reopen the heap to recover up to its durable frontier.");
-        }
     }
 }

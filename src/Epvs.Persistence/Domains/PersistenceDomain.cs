@@ -45,6 +45,63 @@ public abstract unsafe class PersistenceDomain : IDisposable
     /// </summary>
     private int _publicCalls;
 
+    /// <summary>The first failed write-back or fence (a system call's failure, described): every later write-back and fence of the domain reports it (fail-stop: see <see cref="ThrowIfFailedBefore"/>).</summary>
+    private volatile string? _failure;
+
+    /// <summary>See <see cref="_failure"/>; null while nothing failed.</summary>
+    private protected string? Failure => _failure;
+
+    /// <summary>What <see cref="_failure"/> holds from the moment a failure is seen until it is described.</summary>
+    private const string FailureNotDescribed = "a write-back or fence of the heap file failed";
+
+    /// <summary>
+    /// Makes the domain fail-stop for a failure just seen, before anything is allocated to describe it: the kernel
+    /// reports a write-back error once (per open file description, or to one call only), so an
+    /// <see cref="OutOfMemoryException"/> while its message is built must not leave it unrecorded, and later fences,
+    /// the caller's retry among them, returning success over the failed pages.
+    /// </summary>
+    private protected void RecordFailure()
+    {
+        if (RecordFailureLateForTesting)
+        {
+            DescribingFailureForTesting?.Invoke();
+        }
+
+        _failure ??= FailureNotDescribed;
+        if (!RecordFailureLateForTesting)
+        {
+            DescribingFailureForTesting?.Invoke();
+        }
+    }
+
+    /// <summary>Puts <paramref name="failure"/> in place of <see cref="FailureNotDescribed"/> (the first failure's description stays).</summary>
+    private protected void DescribeFailure(string failure)
+    {
+        // Two failing threads may both replace the placeholder: each description is of a real failure.
+        if (ReferenceEquals(_failure, FailureNotDescribed))
+        {
+            _failure = failure;
+        }
+    }
+
+    /// <summary>Test hook: runs in <see cref="RecordFailure"/> once the failure is recorded (a test throws <see cref="OutOfMemoryException"/> here, as its description's allocation could).</summary>
+    internal Action? DescribingFailureForTesting;
+
+    /// <summary>Broken control for tests: <see cref="DescribingFailureForTesting"/> runs before the failure is recorded (the old order: the description was allocated first).</summary>
+    internal bool RecordFailureLateForTesting;
+
+    /// <summary>
+    /// After a failed write-back or fence nothing written back since can be trusted durable (the kernel marks the
+    /// failed pages clean and reports the error once): every later write-back and fence of this domain throws.
+    /// </summary>
+    private protected void ThrowIfFailedBefore()
+    {
+        if (_failure is { } failure)
+        {
+            ThrowHelper.ThrowIO($"An earlier write-back of this heap file failed ({failure}); nothing written back since can be trusted durable. Reopen the heap to recover up to its durable frontier.");
+        }
+    }
+
     /// <summary>Initializes the domain over mapped memory.</summary>
     /// <param name="baseAddress">Start of the mapping.</param>
     /// <param name="length">Bytes usable now.</param>

@@ -28,9 +28,6 @@ internal sealed unsafe class PmemPersistenceDomain : PersistenceDomain
     /// <summary>Serializes pmem_msync calls, so that no call returns success over pages whose failure another call took (see the remarks).</summary>
     private readonly object _syncGate = new();
 
-    /// <summary>The first failed pmem_msync: every later write-back and fence reports it (fail-stop).</summary>
-    private volatile string? _failure;
-
     /// <summary>Test hook: replaces the pmem_msync call; a simulated kernel whose result (0, or -1 with errno set) is the call's.</summary>
     internal Func<int>? MsyncCallForTesting;
 
@@ -154,26 +151,19 @@ internal sealed unsafe class PmemPersistenceDomain : PersistenceDomain
             if ((MsyncCallForTesting?.Invoke() ?? Interop.Pmem.Msync(Pointer + offset, (nuint)length)) != 0)
             {
                 int errno = Marshal.GetLastPInvokeError();
+                if (!NoFailStopForTesting)
+                {
+                    RecordFailure();
+                }
+
                 string failure = $"pmem_msync failed: {Marshal.GetPInvokeErrorMessage(errno)} (errno {errno})";
                 if (!NoFailStopForTesting)
                 {
-                    _failure ??= failure;
+                    DescribeFailure(failure);
                 }
 
                 ThrowHelper.ThrowIO($"{failure}; the range may not be durable.");
             }
-        }
-    }
-
-    /// <summary>
-    /// After a failed msync nothing written back since can be trusted durable (the kernel marked the failed pages clean
-    /// and reported the error once): every later write-back and fence of this domain throws.
-    /// </summary>
-    private void ThrowIfFailedBefore()
-    {
-        if (_failure is { } failure)
-        {
-            ThrowHelper.ThrowIO($"An earlier write-back of this heap file failed ({failure}); nothing written back since can be trusted durable. Reopen the heap to recover up to its durable frontier.");
         }
     }
 }

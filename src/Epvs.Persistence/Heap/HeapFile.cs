@@ -52,6 +52,9 @@ public sealed unsafe partial class HeapFile : IDisposable, IAsyncDisposable
     /// <summary>A heap detached with threads still inside its operations: never unmap (quarantine instead).</summary>
     private bool _heapLeftOperations;
 
+    /// <summary>The threads a heap left inside are in calls of this file (a raw heap's): the quarantine is freed once they have left this file's epoch.</summary>
+    private bool _heapLeftOnlyFileCalls;
+
     /// <summary>Set when an owner knows that what it wrote was not all made durable: Dispose leaves no clean-shutdown mark.</summary>
     private volatile bool _forgoCleanShutdown;
 
@@ -730,15 +733,23 @@ public sealed unsafe partial class HeapFile : IDisposable, IAsyncDisposable
     /// Detaches <paramref name="heap"/>; <paramref name="operationsDrained"/> false makes a later Dispose quarantine the
     /// mapping instead of unmapping it (and refuses another heap). <paramref name="fileClosesNext"/>: the heap owns the
     /// file and disposes it next, so no other heap may attach in between (it would be unmapped under).
+    /// <paramref name="leftInFileCalls"/>: the operations that did not drain are calls of this file (a raw heap's, inside
+    /// its epoch), so a quarantine can be freed once they have left it (see <see cref="ReleaseQuarantineOnceLeft"/>).
     /// </summary>
-    internal void DetachHeap(object heap, bool operationsDrained, bool fileClosesNext)
+    internal void DetachHeap(object heap, bool operationsDrained, bool fileClosesNext, bool leftInFileCalls = false)
     {
         using (InterruptShield.Hold(_userGate))
         {
             if (ReferenceEquals(_heap, heap))
             {
                 _heap = null;
-                _heapLeftOperations |= !operationsDrained;
+                if (!operationsDrained)
+                {
+                    // (Once: no heap attaches after one that left operations.)
+                    _heapLeftOperations = true;
+                    _heapLeftOnlyFileCalls = leftInFileCalls;
+                }
+
                 _closing |= fileClosesNext;
             }
         }
@@ -841,6 +852,9 @@ public sealed unsafe partial class HeapFile : IDisposable, IAsyncDisposable
     /// stands for an allocation failure there.</summary>
     internal Action? BeforeOperationWaitForTesting { get; set; }
 
+    /// <summary>Broken control for tests: a quarantine after a raw heap's calls outlived its Dispose's wait is never freed (as before).</summary>
+    internal bool ReleaseAfterRawHeapLeftCallsSkippedForTesting { get; set; }
+
     /// <summary>Test-only: the flag the first Dispose sets (read it with Volatile.Read).</summary>
     internal ref int DisposedFlagForTesting => ref _disposed;
 
@@ -884,10 +898,10 @@ public sealed unsafe partial class HeapFile : IDisposable, IAsyncDisposable
                 {
                     Domain.Quarantine();
 
-                    // This file's own calls were the ones that did not drain (the owner said its operations had): the
-                    // quarantined memory is freed once they have left. (Otherwise the owner knows when: see
-                    // ReleaseQuarantineOnceLeft.)
-                    if (operationsDrained)
+                    // This file's own calls were the ones that did not drain (the owner said its operations had, or
+                    // a raw heap's calls, which are this file's, outlived its wait): the quarantined memory is freed once
+                    // they have left. (Otherwise the owner knows when: see ReleaseQuarantineOnceLeft.)
+                    if (operationsDrained || (!ReleaseAfterRawHeapLeftCallsSkippedForTesting && _heapLeftOnlyFileCalls))
                     {
                         ReleaseQuarantineOnceLeft(_operations);
                     }

@@ -1192,7 +1192,8 @@ public sealed unsafe partial class PersistentHeap : IDisposable, IAsyncDisposabl
         {
             // The file first: it waits for the calls in flight, which use the caches. A caller's file may then be disposed
             // (or host another heap); with operations still in flight, its Dispose only quarantines the mapping.
-            _file.DetachHeap(this, operationsDrained, fileClosesNext);
+            // A raw heap's calls are the file's (EnterCall): if they outlived the wait, the file's quarantine is freed once they leave.
+            _file.DetachHeap(this, operationsDrained, fileClosesNext, leftInFileCalls: _ownerKind != HeapLayout.KindBufferedDurable);
         }
 
         if (_ownsFile)

@@ -78,6 +78,7 @@ internal static class SafetyChild
                 "dispose-in-fault-handler-advancer" => DisposeInFaultHandler(path, FaultedStepRunsOn.Advancer),
                 "dispose-in-fault-handler-sync" => DisposeInFaultHandler(path, FaultedStepRunsOn.SyncCaller),
                 "dispose-in-fault-handler-leave" => DisposeInFaultHandler(path, FaultedStepRunsOn.LeavingOperation),
+                "raw-calls-outlive-dispose-wait" => RawCallsOutliveDisposeWait(path, control),
                 _ => throw new ArgumentException($"unknown scenario {scenario}"),
             };
         }
@@ -1066,6 +1067,50 @@ internal static class SafetyChild
     }
 
     /// <summary>Every call after Dispose throws ObjectDisposedException (it read the unmapped table before: a crash).</summary>
+    /// <summary>
+    /// A raw heap on the caller's file is disposed while a call of it (a scan, parked in its visitor) outlives the
+    /// Dispose's wait (shortened here, a process-wide setting: hence a child). The file's Dispose then quarantines the
+    /// mapping, which must be freed once the call has left (it was kept for the life of the process, the whole
+    /// reservation's address space). Prints the quarantine before and after the call left; the control keeps it.
+    /// </summary>
+    private static int RawCallsOutliveDisposeWait(string path, bool control)
+    {
+        HeapFile.DisposeWait = TimeSpan.FromMilliseconds(200);
+        HeapFile file = HeapFile.Create(path, new HeapFileOptions { Size = 4L << 20 });
+        file.ReleaseAfterRawHeapLeftCallsSkippedForTesting = control;
+        var heap = new PersistentHeap(file);
+        heap.Persist(heap.Allocate(64, typeId: 1));
+        PersistenceDomain domain = file.Domain;
+        using var visiting = new ManualResetEventSlim();
+        using var goOn = new ManualResetEventSlim();
+        Exception? scanFailure = null;
+        var scanner = new Thread(() => scanFailure = Record.Exception(() => heap.ForEachAllocated((_, _) =>
+        {
+            visiting.Set();
+            goOn.Wait();
+        })))
+        { IsBackground = true };
+        scanner.Start();
+        if (!visiting.Wait(TimeSpan.FromSeconds(30)))
+        {
+            Console.Error.WriteLine("the scan never reached its visitor");
+            return WrongOutcome;
+        }
+
+        Exception? heapDispose = Record.Exception(heap.Dispose);
+        Exception? fileDispose = Record.Exception(file.Dispose);
+        bool before = domain.HoldsQuarantinedMemory;
+        goOn.Set();
+        if (!scanner.Join(TimeSpan.FromSeconds(30)))
+        {
+            Console.Error.WriteLine("the scan never returned");
+            return WrongOutcome;
+        }
+
+        Console.WriteLine($"heap dispose: {heapDispose?.GetType().Name ?? "returned"}; file dispose: {fileDispose?.GetType().Name ?? "returned"}; scan: {scanFailure?.GetType().Name ?? "completed"}; quarantined before the call left: {before}; after: {domain.HoldsQuarantinedMemory}");
+        return Survived;
+    }
+
     private static int RawUseAfterDispose(string path)
     {
         PersistentHeap heap = PersistentHeap.Create(path, new HeapFileOptions { Size = 4L << 20 });

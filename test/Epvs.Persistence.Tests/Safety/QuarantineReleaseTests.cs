@@ -1,4 +1,5 @@
 using System;
+using System.Collections.Generic;
 using System.Threading;
 using Xunit;
 
@@ -43,6 +44,31 @@ public sealed class QuarantineReleaseTests
         Assert.True(straggler.Join(TimeSpan.FromSeconds(30)));
         Assert.Null(stragglerFailure);
         Assert.False(domain.HoldsQuarantinedMemory, "the straggler left, and the quarantined mapping (the reservation's address space) was kept");
+    }
+
+    /// <summary>
+    /// A review: a raw heap on the caller's file whose call outlived its Dispose's wait left the file's Dispose to
+    /// quarantine the mapping, which was never freed. The call is the file's own (inside its epoch): the quarantine is
+    /// now freed once it has left. In a child process (the wait is shortened process-wide); the control keeps it.
+    /// </summary>
+    [Theory]
+    [InlineData(false)]
+    [InlineData(true)]
+    public void ARawHeapsCallThatOutlivedItsDispose_FreesTheQuarantineOnceItLeaves(bool control)
+    {
+        Assert.SkipUnless(OperatingSystem.IsLinux(), "the quarantine replaces the mapping on Linux only");
+        using var dir = new TempDirectory();
+        var arguments = new List<string> { SafetyChild.Role, "raw-calls-outlive-dispose-wait", dir.File("raw.heap") };
+        if (control)
+        {
+            arguments.Add("control");
+        }
+
+        (int code, string output) = TestProgram.RunChild(new Dictionary<string, string>(), [.. arguments]);
+        Assert.True(code == SafetyChild.Survived, $"exit {code}: {output}");
+        Assert.Contains("scan: completed", output);
+        Assert.Contains("quarantined before the call left: True", output);
+        Assert.Contains(control ? "after: True" : "after: False", output);
     }
 
     /// <summary>
