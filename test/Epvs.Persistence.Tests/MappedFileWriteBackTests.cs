@@ -1065,6 +1065,82 @@ public sealed class MappedFileWriteBackTests : IDisposable
     }
 
     /// <summary>
+    /// A write-out that read the phase before a fence flipped it, and was counted after that fence looked (so that fence
+    /// rightly did not wait: its call had not begun), is in the kernel when the next fence's fdatasync returns. It counts
+    /// in the phase the next fence makes current, so that fence waits for that phase first, then flips and waits for the
+    /// old one: it reports the write-out's failure. The broken control (the first version) waits for the old phase only,
+    /// and returns success while the write-out fails under it.
+    /// </summary>
+    [Theory]
+    [InlineData(false)]
+    [InlineData(true)]
+    public void PrivateMapping_TheNextFenceWaitsForAWriteOutCountedAfterAFlip(bool control)
+    {
+        Assert.SkipUnless(OperatingSystem.IsLinux(), "private mappings and sync_file_range are Linux only");
+        const int Eio = 5;
+        using var stream = new FileStream(_directory.File($"stale-phase-{control}.heap"), FileMode.CreateNew, FileAccess.ReadWrite);
+        stream.SetLength(1L << 20);
+        MappedFilePersistenceDomain domain = MappedFilePersistenceDomain.Map(stream, 1L << 20, 1L << 20, privateMapping: true);
+        domain.SkipStalePhaseWaitForTesting = control;
+        using var phaseRead = new ManualResetEventSlim();
+        using var count = new ManualResetEventSlim();
+        using var writeOutInside = new ManualResetEventSlim();
+        using var fenceWaits = new ManualResetEventSlim();
+        using var secondReturned = new ManualResetEventSlim();
+        domain.WriteOutPhaseReadForTesting = () =>
+        {
+            // Preempted between its read of the phase and its count, while the first fence flips the phase.
+            phaseRead.Set();
+            count.Wait(Workers.JoinTimeout);
+        };
+        domain.SyncFileRangeCallForTesting = () =>
+        {
+            // In the kernel with the second fence's pages: told of their failure once that fence waits for it, or has
+            // returned (the control), whichever comes first (bounded).
+            writeOutInside.Set();
+            WaitHandle.WaitAny([fenceWaits.WaitHandle, secondReturned.WaitHandle], Workers.JoinTimeout);
+            System.Runtime.InteropServices.Marshal.SetLastPInvokeError(Eio);
+            return -1;
+        };
+        domain.SyncCallForTesting = _ => 0;
+
+        Exception? writeBack = null;
+        var writer = new Thread(() => writeBack = Record.Exception(() => domain.WriteBack(QuarantineOffset, 100))) { IsBackground = true };
+        writer.Start();
+        Assert.True(phaseRead.Wait(Workers.JoinTimeout), "the write-out never read the phase");
+
+        // The first fence: the write-out is not counted yet, and its call has not begun: nothing to wait for.
+        domain.Fence();
+        Assert.False(fenceWaits.IsSet);
+
+        count.Set();
+        Assert.True(writeOutInside.Wait(Workers.JoinTimeout), "the write-out never reached the kernel");
+        domain.WaitingForWriteOutsForTesting = fenceWaits.Set;
+        Exception? second = null;
+        var fencer = new Thread(() =>
+        {
+            second = Record.Exception(domain.Fence);
+            secondReturned.Set();
+        })
+        { IsBackground = true };
+        fencer.Start();
+        Assert.True(writer.Join(Workers.JoinTimeout) && fencer.Join(Workers.JoinTimeout), "a call never returned");
+        Record.Exception(domain.Dispose);
+
+        Assert.Contains("sync_file_range failed: Input/output error", Assert.IsType<IOException>(writeBack).Message);
+        if (control)
+        {
+            // The control: the second fence returned as if the pages were durable.
+            Assert.False(fenceWaits.IsSet);
+            Assert.Null(second);
+            return;
+        }
+
+        Assert.True(fenceWaits.IsSet);
+        Assert.Contains("Input/output error", Assert.IsType<IOException>(second).Message);
+    }
+
+    /// <summary>
     /// A private mapping's fence does not wait for another thread's fence in the kernel to make its own call: it goes
     /// through the file's second open file description, with the real fdatasync (which needs no write access to it),
     /// while the first is still inside; it returns once the first has left (see the test above). The control maps the

@@ -665,8 +665,9 @@ internal sealed unsafe class MappedFilePersistenceDomain : PersistenceDomain
             // The limit was lowered below the file's size since the heap opened: the pwrite would raise SIGXFSZ, which
             // kills the process. Fail-stop instead, as for a failed write-back: nothing more becomes durable.
             RecordFailure();
-            DescribeFailure($"the write-back of {length} bytes at offset {offset} would pass the process's file size limit ({FileSizeLimit()} bytes, RLIMIT_FSIZE, lowered since the heap file was mapped), where the kernel kills the process (SIGXFSZ)");
-            ThrowHelper.ThrowIO($"{Failure}; the written-back range is not durable. Raise the limit (ulimit -f) and reopen the heap: recovery keeps every version up to the durable frontier.");
+            string failure = $"the write-back of {length} bytes at offset {offset} would pass the process's file size limit ({FileSizeLimit()} bytes, RLIMIT_FSIZE, lowered since the heap file was mapped), where the kernel kills the process (SIGXFSZ)";
+            DescribeFailure(failure);
+            ThrowHelper.ThrowIO($"{failure}; the written-back range is not durable. Raise the limit (ulimit -f) and reopen the heap: recovery keeps every version up to the durable frontier.");
         }
 
         BeginFileCall();
@@ -693,8 +694,9 @@ internal sealed unsafe class MappedFilePersistenceDomain : PersistenceDomain
                 {
                     // No progress for a non-empty range (a full disk reports ENOSPC instead); errno is not set.
                     RecordFailure();
-                    DescribeFailure($"pwrite of {length} bytes at offset {offset} wrote nothing");
-                    ThrowHelper.ThrowIO($"{Failure}; the written-back range is not durable.");
+                    string failure = $"pwrite of {length} bytes at offset {offset} wrote nothing";
+                    DescribeFailure(failure);
+                    ThrowHelper.ThrowIO($"{failure}; the written-back range is not durable.");
                 }
                 else if (Marshal.GetLastPInvokeError() != Interop.Libc.Eintr)
                 {
@@ -737,6 +739,7 @@ internal sealed unsafe class MappedFilePersistenceDomain : PersistenceDomain
 
         // Counted in the phase it begins in, until its failure (if any) is recorded: see WaitForWriteOutsInFlight.
         int phase = Volatile.Read(ref _writeOutPhase) & 1;
+        WriteOutPhaseReadForTesting?.Invoke();
         Interlocked.Increment(ref _writeOutsInFlight[phase]);
         try
         {
@@ -809,10 +812,10 @@ internal sealed unsafe class MappedFilePersistenceDomain : PersistenceDomain
     /// the file. The fence's fdatasync then finds the pages clean and returns success over data that never reached the
     /// disk. Waited for here, the failed write-out has recorded its error before the fence returns (the kernel's own
     /// background write-out giving up the same way reports to no one; nothing here can see that).
-    /// Write-outs are counted in two phases: the fence flips the phase (new write-outs count in the other one, so they
-    /// cannot hold it up) and waits for the old phase's count to drop to zero. One fence waits at a time (the gate is
-    /// held across the wait, so no other fence flips the phase back under it); the wait is as long as the longest
-    /// write-out call in flight, which only starts the pages' write-out.
+    /// Write-outs are counted in two phases (as sleepable RCU counts its readers): the fence waits for the phase about
+    /// to become current, flips the phase (new write-outs count in it, so they cannot hold the fence up) and waits for
+    /// the old phase's count to drop to zero. One fence waits at a time (the gate is held across the waits); the wait is
+    /// as long as the longest write-out call in flight, which only starts the pages' write-out.
     /// </remarks>
     private void WaitForWriteOutsInFlight()
     {
@@ -823,30 +826,46 @@ internal sealed unsafe class MappedFilePersistenceDomain : PersistenceDomain
 
         using (InterruptShield.Hold(_writeOutDrainGate))
         {
-            // Interlocked.Increment: full fence; a write-out that read the old phase and is counted in after this reads
-            // of the count began its call after the fence's fdatasync returned, and cannot have taken its pages.
-            int old = (Interlocked.Increment(ref _writeOutPhase) - 1) & 1;
-            if (Volatile.Read(ref _writeOutsInFlight[old]) == 0)
+            // First the phase about to become current: a write-out may have read the phase before an earlier flip and
+            // been counted in after that fence's look (or a fence interrupted in its wait left it): it may be in the
+            // kernel now. Then the flip (Interlocked.Increment: full fence; new write-outs count in the phase just
+            // waited for, so they cannot hold this fence up) and the old phase. A write-out that read the old phase and
+            // is counted in after the look below began its call after this fence's fdatasync returned: not this
+            // fence's, and the next fence's first wait covers it.
+            int phase = Volatile.Read(ref _writeOutPhase);
+            if (!SkipStalePhaseWaitForTesting)
             {
-                return;
+                WaitForNoWriteOutsIn((phase + 1) & 1);
             }
 
-            using (InterruptShield.Hold(_writeOutSignal))
+            Interlocked.Increment(ref _writeOutPhase);
+            WaitForNoWriteOutsIn(phase & 1);
+        }
+    }
+
+    /// <summary>Waits until no write-out counted in <paramref name="phase"/> is in flight (see <see cref="WaitForWriteOutsInFlight"/>).</summary>
+    private void WaitForNoWriteOutsIn(int phase)
+    {
+        if (Volatile.Read(ref _writeOutsInFlight[phase]) == 0)
+        {
+            return;
+        }
+
+        using (InterruptShield.Hold(_writeOutSignal))
+        {
+            // Interlocked.Increment: full fence, then the count's read; pairs with the decrement in StartWriteOut.
+            Interlocked.Increment(ref _writeOutWaiters);
+            try
             {
-                // Interlocked.Increment: full fence, then the count's read; pairs with the decrement in StartWriteOut.
-                Interlocked.Increment(ref _writeOutWaiters);
-                try
+                WaitingForWriteOutsForTesting?.Invoke();
+                while (Volatile.Read(ref _writeOutsInFlight[phase]) != 0)
                 {
-                    WaitingForWriteOutsForTesting?.Invoke();
-                    while (Volatile.Read(ref _writeOutsInFlight[old]) != 0)
-                    {
-                        InterruptShield.Wait(_writeOutSignal, Timeout.InfiniteTimeSpan);
-                    }
+                    InterruptShield.Wait(_writeOutSignal, Timeout.InfiniteTimeSpan);
                 }
-                finally
-                {
-                    Interlocked.Decrement(ref _writeOutWaiters);
-                }
+            }
+            finally
+            {
+                Interlocked.Decrement(ref _writeOutWaiters);
             }
         }
     }
@@ -868,6 +887,12 @@ internal sealed unsafe class MappedFilePersistenceDomain : PersistenceDomain
 
     /// <summary>Broken control for tests: a fence that succeeded returns without waiting for the write-outs in flight (see <see cref="WaitForWriteOutsInFlight"/>).</summary>
     internal bool SkipWriteOutWaitForTesting;
+
+    /// <summary>Broken control for tests: a fence waits for the old phase's write-outs only, not first for those counted late in the phase about to become current (the first version).</summary>
+    internal bool SkipStalePhaseWaitForTesting;
+
+    /// <summary>Test hook: runs in a write-out between its read of the phase and its count (a test parks it there while a fence flips the phase).</summary>
+    internal Action? WriteOutPhaseReadForTesting;
 
     /// <summary>Test hook: runs in a fence that found write-outs in flight, before it waits for them.</summary>
     internal Action? WaitingForWriteOutsForTesting;

@@ -67,7 +67,8 @@ public abstract unsafe class PersistenceDomain : IDisposable
             DescribingFailureForTesting?.Invoke();
         }
 
-        _failure ??= FailureNotDescribed;
+        // Interlocked.CompareExchange: the first failure's record is never overwritten (two failing threads race here).
+        Interlocked.CompareExchange(ref _failure, FailureNotDescribed, null);
         if (!RecordFailureLateForTesting)
         {
             DescribingFailureForTesting?.Invoke();
@@ -77,11 +78,9 @@ public abstract unsafe class PersistenceDomain : IDisposable
     /// <summary>Puts <paramref name="failure"/> in place of <see cref="FailureNotDescribed"/> (the first failure's description stays).</summary>
     private protected void DescribeFailure(string failure)
     {
-        // Two failing threads may both replace the placeholder: each description is of a real failure.
-        if (ReferenceEquals(_failure, FailureNotDescribed))
-        {
-            _failure = failure;
-        }
+        // Interlocked.CompareExchange: only the placeholder is replaced, once (a second failing thread's description
+        // finds the first one's there).
+        Interlocked.CompareExchange(ref _failure, failure, FailureNotDescribed);
     }
 
     /// <summary>Test hook: runs in <see cref="RecordFailure"/> once the failure is recorded (a test throws <see cref="OutOfMemoryException"/> here, as its description's allocation could).</summary>
