@@ -1016,52 +1016,11 @@ public sealed class MappedFileWriteBackTests : IDisposable
     public void PrivateMapping_AFenceThatSucceededReportsTheFailureOfAWriteOutInFlight(bool control)
     {
         Assert.SkipUnless(OperatingSystem.IsLinux(), "private mappings and sync_file_range are Linux only");
-        const int Eio = 5;
         using var stream = new FileStream(_directory.File($"write-out-{control}.heap"), FileMode.CreateNew, FileAccess.ReadWrite);
         stream.SetLength(1L << 20);
         MappedFilePersistenceDomain domain = MappedFilePersistenceDomain.Map(stream, 1L << 20, 1L << 20, privateMapping: true);
         domain.SkipWriteOutWaitForTesting = control;
-        using var writeOutInside = new ManualResetEventSlim();
-        using var fenceWaits = new ManualResetEventSlim();
-        using var fenceReturned = new ManualResetEventSlim();
-        domain.WaitingForWriteOutsForTesting = fenceWaits.Set;
-        domain.SyncFileRangeCallForTesting = () =>
-        {
-            // In the kernel, writing out the fence's pages with its own: told of their failure once the fence waits for
-            // it, or has returned (the control), whichever comes first (bounded).
-            writeOutInside.Set();
-            WaitHandle.WaitAny([fenceWaits.WaitHandle, fenceReturned.WaitHandle], Workers.JoinTimeout);
-            System.Runtime.InteropServices.Marshal.SetLastPInvokeError(Eio);
-            return -1;
-        };
-        domain.SyncCallForTesting = _ => 0;
-
-        Exception? writeBack = null;
-        Exception? fence = null;
-        var writer = new Thread(() => writeBack = Record.Exception(() => domain.WriteBack(QuarantineOffset, 100))) { IsBackground = true };
-        var fencer = new Thread(() =>
-        {
-            fence = Record.Exception(domain.Fence);
-            fenceReturned.Set();
-        })
-        { IsBackground = true };
-        writer.Start();
-        Assert.True(writeOutInside.Wait(Workers.JoinTimeout), "the write-out never reached the kernel");
-        fencer.Start();
-        Assert.True(writer.Join(Workers.JoinTimeout) && fencer.Join(Workers.JoinTimeout), "a call never returned");
-        Record.Exception(domain.Dispose);
-
-        Assert.Contains("sync_file_range failed: Input/output error", Assert.IsType<IOException>(writeBack).Message);
-        if (control)
-        {
-            // The control: the fence returned as if the pages were durable.
-            Assert.False(fenceWaits.IsSet);
-            Assert.Null(fence);
-            return;
-        }
-
-        Assert.True(fenceWaits.IsSet);
-        Assert.Contains("Input/output error", Assert.IsType<IOException>(fence).Message);
+        AssertTheFenceReportsTheWriteOut(control, FenceBesideAFailingWriteOut(domain));
     }
 
     /// <summary>
@@ -1077,67 +1036,86 @@ public sealed class MappedFileWriteBackTests : IDisposable
     public void PrivateMapping_TheNextFenceWaitsForAWriteOutCountedAfterAFlip(bool control)
     {
         Assert.SkipUnless(OperatingSystem.IsLinux(), "private mappings and sync_file_range are Linux only");
-        const int Eio = 5;
         using var stream = new FileStream(_directory.File($"stale-phase-{control}.heap"), FileMode.CreateNew, FileAccess.ReadWrite);
         stream.SetLength(1L << 20);
         MappedFilePersistenceDomain domain = MappedFilePersistenceDomain.Map(stream, 1L << 20, 1L << 20, privateMapping: true);
         domain.SkipStalePhaseWaitForTesting = control;
+
+        // The first fence runs while the write-out is parked between its read of the phase and its count: nothing is
+        // counted and its call has not begun, so the fence flips the phase and returns.
+        AssertTheFenceReportsTheWriteOut(control, FenceBesideAFailingWriteOut(domain, whileTheWriteOutReadsThePhase: domain.Fence));
+    }
+
+    /// <summary>
+    /// A write-back on another thread whose write-out (a simulated kernel's <c>sync_file_range</c>, with the fence's pages)
+    /// fails once a fence waits for it or has returned (the controls), whichever comes first (bounded); a fence made while
+    /// it is in the kernel. <paramref name="whileTheWriteOutReadsThePhase"/> runs while the write-out is parked between
+    /// its read of the phase and its count.
+    /// </summary>
+    private static (Exception? WriteBack, Exception? Fence, bool FenceWaited) FenceBesideAFailingWriteOut(MappedFilePersistenceDomain domain, Action? whileTheWriteOutReadsThePhase = null)
+    {
+        const int Eio = 5;
         using var phaseRead = new ManualResetEventSlim();
         using var count = new ManualResetEventSlim();
         using var writeOutInside = new ManualResetEventSlim();
         using var fenceWaits = new ManualResetEventSlim();
-        using var secondReturned = new ManualResetEventSlim();
-        domain.WriteOutPhaseReadForTesting = () =>
+        using var fenceReturned = new ManualResetEventSlim();
+        if (whileTheWriteOutReadsThePhase is not null)
         {
-            // Preempted between its read of the phase and its count, while the first fence flips the phase.
-            phaseRead.Set();
-            count.Wait(Workers.JoinTimeout);
-        };
+            domain.WriteOutPhaseReadForTesting = () =>
+            {
+                phaseRead.Set();
+                count.Wait(Workers.JoinTimeout);
+            };
+        }
+
         domain.SyncFileRangeCallForTesting = () =>
         {
-            // In the kernel with the second fence's pages: told of their failure once that fence waits for it, or has
-            // returned (the control), whichever comes first (bounded).
             writeOutInside.Set();
-            WaitHandle.WaitAny([fenceWaits.WaitHandle, secondReturned.WaitHandle], Workers.JoinTimeout);
+            WaitHandle.WaitAny([fenceWaits.WaitHandle, fenceReturned.WaitHandle], Workers.JoinTimeout);
             System.Runtime.InteropServices.Marshal.SetLastPInvokeError(Eio);
             return -1;
         };
         domain.SyncCallForTesting = _ => 0;
 
         Exception? writeBack = null;
+        Exception? fence = null;
         var writer = new Thread(() => writeBack = Record.Exception(() => domain.WriteBack(QuarantineOffset, 100))) { IsBackground = true };
         writer.Start();
-        Assert.True(phaseRead.Wait(Workers.JoinTimeout), "the write-out never read the phase");
+        if (whileTheWriteOutReadsThePhase is not null)
+        {
+            Assert.True(phaseRead.Wait(Workers.JoinTimeout), "the write-out never read the phase");
+            whileTheWriteOutReadsThePhase();
+            count.Set();
+        }
 
-        // The first fence: the write-out is not counted yet, and its call has not begun: nothing to wait for.
-        domain.Fence();
-        Assert.False(fenceWaits.IsSet);
-
-        count.Set();
         Assert.True(writeOutInside.Wait(Workers.JoinTimeout), "the write-out never reached the kernel");
         domain.WaitingForWriteOutsForTesting = fenceWaits.Set;
-        Exception? second = null;
         var fencer = new Thread(() =>
         {
-            second = Record.Exception(domain.Fence);
-            secondReturned.Set();
+            fence = Record.Exception(domain.Fence);
+            fenceReturned.Set();
         })
         { IsBackground = true };
         fencer.Start();
         Assert.True(writer.Join(Workers.JoinTimeout) && fencer.Join(Workers.JoinTimeout), "a call never returned");
         Record.Exception(domain.Dispose);
+        return (writeBack, fence, fenceWaits.IsSet);
+    }
 
-        Assert.Contains("sync_file_range failed: Input/output error", Assert.IsType<IOException>(writeBack).Message);
+    private static void AssertTheFenceReportsTheWriteOut(bool control, (Exception? WriteBack, Exception? Fence, bool FenceWaited) outcome)
+    {
+        Assert.Contains("sync_file_range failed: Input/output error", Assert.IsType<IOException>(outcome.WriteBack).Message);
         if (control)
         {
-            // The control: the second fence returned as if the pages were durable.
-            Assert.False(fenceWaits.IsSet);
-            Assert.Null(second);
+            // The control: the fence returned as if the pages were durable.
+            Assert.False(outcome.FenceWaited);
+            Assert.Null(outcome.Fence);
             return;
         }
 
-        Assert.True(fenceWaits.IsSet);
-        Assert.Contains("Input/output error", Assert.IsType<IOException>(second).Message);
+        Assert.True(outcome.FenceWaited);
+        Assert.Contains("Input/output error", Assert.IsType<IOException>(outcome.Fence).Message);
     }
 
     /// <summary>
