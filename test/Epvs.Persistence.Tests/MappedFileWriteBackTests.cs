@@ -884,6 +884,134 @@ public sealed class MappedFileWriteBackTests : IDisposable
     }
 
     /// <summary>
+    /// The second open file description's calls are serialized too: with the first description's gate held (a fence
+    /// parked in the kernel) and a fence inside the second one whose pages fail, a third fence that waits for the second
+    /// description's gate cannot get in and take the error (reported once per description) while the failing call is
+    /// inside; every fence reports the failure. The broken control lets the third fence through the second description
+    /// ungated: its call checks first and takes the error, and the fence whose pages failed returns success.
+    /// </summary>
+    [Theory]
+    [InlineData(false)]
+    [InlineData(true)]
+    public void PrivateMapping_TheSecondDescriptionsCallsAreSerializedToo(bool control)
+    {
+        Assert.SkipUnless(OperatingSystem.IsLinux(), "private mappings are Linux only");
+        const int Eio = 5;
+        using var stream = new FileStream(_directory.File($"second-lane-{control}.heap"), FileMode.CreateNew, FileAccess.ReadWrite);
+        stream.SetLength(1L << 20);
+        MappedFilePersistenceDomain domain = MappedFilePersistenceDomain.Map(stream, 1L << 20, 1L << 20, privateMapping: true);
+        Assert.Equal(2, domain.SyncLanes);
+        domain.UngatedSecondLaneForTesting = control;
+        using var parkedInside = new ManualResetEventSlim();
+        using var releaseParked = new ManualResetEventSlim();
+        using var failingInside = new ManualResetEventSlim();
+        using var thirdWaiting = new ManualResetEventSlim();
+        using var thirdChecked = new ManualResetEventSlim();
+        using var failingReturned = new ManualResetEventSlim();
+        Thread? parked = null;
+        Thread? failing = null;
+        int errors = 0;
+        int[] seen = new int[2];
+        int failingLane = -1;
+        int thirdLane = -1;
+        domain.WaitingForSyncLaneForTesting = lane =>
+        {
+            Volatile.Write(ref thirdLane, lane);
+            thirdWaiting.Set();
+        };
+        domain.SyncCallForTesting = lane =>
+        {
+            if (Thread.CurrentThread == parked)
+            {
+                // In the kernel through the first description, before anything failed: it sees nothing.
+                parkedInside.Set();
+                releaseParked.Wait(Workers.JoinTimeout);
+                return 0;
+            }
+
+            if (Thread.CurrentThread == failing)
+            {
+                // Its pages fail while it is in the kernel (recorded in the file). The third fence checks first if it can
+                // get in: only through an ungated description (the control), so only there is it waited for.
+                Volatile.Write(ref failingLane, lane);
+                Interlocked.Increment(ref errors);
+                failingInside.Set();
+                thirdWaiting.Wait(Workers.JoinTimeout);
+                if (control)
+                {
+                    thirdChecked.Wait(Workers.JoinTimeout);
+                }
+            }
+
+            // Reported once per description: to the first call on it that checks after the error.
+            int now = Volatile.Read(ref errors);
+            bool failed = Interlocked.Exchange(ref seen[lane], now) != now;
+            if (Thread.CurrentThread != failing)
+            {
+                thirdChecked.Set();
+                if (failed)
+                {
+                    // It took the failing fence's error: it returns only once that fence has (bounded).
+                    failingReturned.Wait(Workers.JoinTimeout);
+                }
+            }
+
+            if (failed)
+            {
+                System.Runtime.InteropServices.Marshal.SetLastPInvokeError(Eio);
+                return -1;
+            }
+
+            return 0;
+        };
+
+        Exception? parkedFailure = null;
+        Exception? failingFailure = null;
+        Exception? thirdFailure = null;
+        parked = new Thread(() => parkedFailure = Record.Exception(domain.Fence)) { IsBackground = true };
+        failing = new Thread(() =>
+        {
+            failingFailure = Record.Exception(domain.Fence);
+            failingReturned.Set();
+        })
+        { IsBackground = true };
+
+        // A fence that finds both gates taken waits for the one its thread's id picks: the second one for an odd id.
+        Thread third;
+        do
+        {
+            third = new Thread(() => thirdFailure = Record.Exception(domain.Fence)) { IsBackground = true };
+        }
+        while ((third.ManagedThreadId & 1) == 0);
+
+        parked.Start();
+        Assert.True(parkedInside.Wait(Workers.JoinTimeout), "the parked fence never reached the kernel");
+        failing.Start();
+        Assert.True(failingInside.Wait(Workers.JoinTimeout), "the failing fence never reached the kernel");
+        third.Start();
+        Assert.True(thirdWaiting.Wait(Workers.JoinTimeout), "the third fence never came to the gates");
+
+        // The first description's call returns: the fences that succeed may pass its gate now.
+        releaseParked.Set();
+        Assert.True(parked.Join(Workers.JoinTimeout) && failing.Join(Workers.JoinTimeout) && third.Join(Workers.JoinTimeout), "a fence never returned");
+        Record.Exception(domain.Dispose);
+
+        Assert.Equal(1, failingLane);
+        Assert.Equal(1, thirdLane);
+        if (control)
+        {
+            // The control: the third fence took the error, and the fence whose pages failed returned as if durable.
+            Assert.Contains("Input/output error", Assert.IsType<IOException>(thirdFailure).Message);
+            Assert.Null(failingFailure);
+            return;
+        }
+
+        Assert.Contains("Input/output error", Assert.IsType<IOException>(failingFailure).Message);
+        Assert.Contains("Input/output error", Assert.IsType<IOException>(thirdFailure).Message);
+        Assert.IsType<IOException>(parkedFailure);
+    }
+
+    /// <summary>
     /// Some write-back errors reach only the call that drove the pages' write-out (ext4 gives up on pages whose blocks it
     /// cannot map and returns the error to that call alone, recording nothing in the file). A fence whose own fdatasync
     /// succeeded while a fence through the other open file description was writing its pages out, and failed, must not

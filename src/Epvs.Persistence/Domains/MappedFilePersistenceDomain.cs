@@ -444,8 +444,9 @@ internal sealed unsafe class MappedFilePersistenceDomain : PersistenceDomain
     /// <summary>
     /// Takes the gate of an open file description for a fence's fdatasync and returns which (0: the first, 1: the
     /// second): the first description's if it is free, else the second's if that one is, else waits for one of the two
-    /// (chosen by the thread, so that waiting fences spread over both). The broken control takes none and returns -1
-    /// (the first description, ungated).
+    /// (chosen by the thread, so that waiting fences spread over both). The broken controls take none: -1 (the first
+    /// description, ungated: <see cref="UngatedSyncForTesting"/>), -2 (the second one, ungated, when a fence would wait
+    /// for its gate: <see cref="UngatedSecondLaneForTesting"/>).
     /// </summary>
     private int EnterSyncLane()
     {
@@ -471,9 +472,21 @@ internal sealed unsafe class MappedFilePersistenceDomain : PersistenceDomain
         }
 
         int lane = Environment.CurrentManagedThreadId & 1;
+        WaitingForSyncLaneForTesting?.Invoke(lane);
+        if (lane == 1 && UngatedSecondLaneForTesting)
+        {
+            return -2;
+        }
+
         InterruptShield.Lock(lane == 0 ? _syncGate : _secondSyncGate);
         return lane;
     }
+
+    /// <summary>Test hook: runs in a fence that found both gates taken, with the lane whose gate it is about to wait for.</summary>
+    internal Action<int>? WaitingForSyncLaneForTesting;
+
+    /// <summary>Broken control for tests: a fence that would wait for the second description's gate goes through that description ungated (a concurrent call on it may take its error).</summary>
+    internal bool UngatedSecondLaneForTesting;
 
     private protected override void FenceCore()
     {
@@ -489,7 +502,7 @@ internal sealed unsafe class MappedFilePersistenceDomain : PersistenceDomain
                 // Under the gate of the description it goes through (see _syncGate), so no thread's fence passes over
                 // another's error.
                 int gate = EnterSyncLane();
-                int lane = Math.Max(gate, 0);
+                int lane = gate == -2 ? 1 : Math.Max(gate, 0);
                 try
                 {
                     ThrowIfFailedBefore();
