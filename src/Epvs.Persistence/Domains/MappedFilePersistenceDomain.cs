@@ -26,8 +26,8 @@ namespace Epvs.Persistence;
 /// that failed under it. The cost: two threads' msyncs of a shared mapping (<see cref="DurabilityMode.Strict"/>
 /// operations) no longer overlap. A private mapping's fences go through two descriptions (on the file systems of
 /// <see cref="SyncsTheFileThroughAnyDescription"/>), so two of them run at once (see
-/// <see cref="OpenSecondDescription"/>); a fence that succeeded waits for the other description's call in flight
-/// before it returns, and reports its failure.</para>
+/// <see cref="OpenSecondDescription"/>); a fence that succeeded waits for the other description's call in flight and
+/// for the write-outs in flight (<see cref="WaitForWriteOutsInFlight"/>) before it returns, and reports their failure.</para>
 /// <para>On Unix the mapping reserves address space for the heap's maximum size up front, so growing is extending the
 /// file (<c>posix_fallocate</c>, which fails cleanly when the disk is full instead of faulting later) and the base
 /// address never moves.</para>
@@ -485,7 +485,7 @@ internal sealed unsafe class MappedFilePersistenceDomain : PersistenceDomain
     /// <summary>Test hook: runs in a fence that found both gates taken, with the lane whose gate it is about to wait for.</summary>
     internal Action<int>? WaitingForSyncLaneForTesting;
 
-    /// <summary>Broken control for tests: a fence that would wait for the second description's gate goes through that description ungated (a concurrent call on it may take its error).</summary>
+    /// <summary>Broken control for tests: a fence that would wait for the second description's gate goes through that description ungated (a concurrent call on it may take its error), and, ungated, skips the wait for the other description's call too.</summary>
     internal bool UngatedSecondLaneForTesting;
 
     private protected override void FenceCore()
@@ -677,9 +677,13 @@ internal sealed unsafe class MappedFilePersistenceDomain : PersistenceDomain
         {
             // The limit was lowered below the file's size since the heap opened: the pwrite would raise SIGXFSZ, which
             // kills the process. Fail-stop instead, as for a failed write-back: nothing more becomes durable.
-            RecordFailure();
+            bool first = RecordFailure();
             string failure = $"the write-back of {length} bytes at offset {offset} would pass the process's file size limit ({FileSizeLimit()} bytes, RLIMIT_FSIZE, lowered since the heap file was mapped), where the kernel kills the process (SIGXFSZ)";
-            DescribeFailure(failure);
+            if (first)
+            {
+                DescribeFailure(failure);
+            }
+
             ThrowHelper.ThrowIO($"{failure}; the written-back range is not durable. Raise the limit (ulimit -f) and reopen the heap: recovery keeps every version up to the durable frontier.");
         }
 
@@ -706,9 +710,13 @@ internal sealed unsafe class MappedFilePersistenceDomain : PersistenceDomain
                 else if (written == 0)
                 {
                     // No progress for a non-empty range (a full disk reports ENOSPC instead); errno is not set.
-                    RecordFailure();
+                    bool first = RecordFailure();
                     string failure = $"pwrite of {length} bytes at offset {offset} wrote nothing";
-                    DescribeFailure(failure);
+                    if (first)
+                    {
+                        DescribeFailure(failure);
+                    }
+
                     ThrowHelper.ThrowIO($"{failure}; the written-back range is not durable.");
                 }
                 else if (Marshal.GetLastPInvokeError() != Interop.Libc.Eintr)
@@ -1006,12 +1014,5 @@ internal sealed unsafe class MappedFilePersistenceDomain : PersistenceDomain
     }
 
     /// <summary>Records the failure (fail-stop: see <see cref="PersistenceDomain.ThrowIfFailedBefore"/>) and throws it.</summary>
-    private void ThrowSyncFailed(string call)
-    {
-        int errno = Marshal.GetLastPInvokeError();
-        RecordFailure();
-        string failure = $"{call} failed: {Marshal.GetPInvokeErrorMessage(errno)} (error {errno})";
-        DescribeFailure(failure);
-        ThrowHelper.ThrowIO($"{failure}; the written-back range may not be durable.");
-    }
+    private void ThrowSyncFailed(string call) => ThrowCallFailed(call, Marshal.GetLastPInvokeError(), "the written-back range may not be durable.");
 }

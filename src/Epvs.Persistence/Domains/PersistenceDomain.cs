@@ -1,5 +1,7 @@
 using System;
+using System.Diagnostics.CodeAnalysis;
 using System.Runtime.CompilerServices;
+using System.Runtime.InteropServices;
 using System.Threading;
 
 namespace Epvs.Persistence;
@@ -60,7 +62,8 @@ public abstract unsafe class PersistenceDomain : IDisposable
     /// <see cref="OutOfMemoryException"/> while its message is built must not leave it unrecorded, and later fences,
     /// the caller's retry among them, returning success over the failed pages.
     /// </summary>
-    private protected void RecordFailure()
+    /// <returns>Whether this is the domain's first failure, whose caller describes it (<see cref="DescribeFailure"/>).</returns>
+    private protected bool RecordFailure()
     {
         if (RecordFailureLateForTesting)
         {
@@ -68,19 +71,37 @@ public abstract unsafe class PersistenceDomain : IDisposable
         }
 
         // Interlocked.CompareExchange: the first failure's record is never overwritten (two failing threads race here).
-        Interlocked.CompareExchange(ref _failure, FailureNotDescribed, null);
+        bool first = Interlocked.CompareExchange(ref _failure, FailureNotDescribed, null) is null;
         if (!RecordFailureLateForTesting)
         {
             DescribingFailureForTesting?.Invoke();
         }
+
+        return first;
     }
 
-    /// <summary>Puts <paramref name="failure"/> in place of <see cref="FailureNotDescribed"/> (the first failure's description stays).</summary>
-    private protected void DescribeFailure(string failure)
+    /// <summary>Puts <paramref name="failure"/> in place of <see cref="FailureNotDescribed"/>; call it only for the first failure (<see cref="RecordFailure"/> returned true).</summary>
+    private protected void DescribeFailure(string failure) => Interlocked.CompareExchange(ref _failure, failure, FailureNotDescribed);
+
+    /// <summary>
+    /// Records the failure of system call <paramref name="call"/> (fail-stop, unless <paramref name="failStop"/> is false:
+    /// a test's broken control) before its message is allocated, and throws it.
+    /// </summary>
+    /// <param name="call">The call, as the message names it (<c>fdatasync</c>, <c>pmem_msync</c>).</param>
+    /// <param name="errno">Its error number.</param>
+    /// <param name="consequence">What the failure means for the caller's range, the message's end.</param>
+    /// <param name="failStop">Whether the failure is recorded.</param>
+    [DoesNotReturn]
+    private protected void ThrowCallFailed(string call, int errno, string consequence, bool failStop = true)
     {
-        // Interlocked.CompareExchange: only the placeholder is replaced, once (a second failing thread's description
-        // finds the first one's there).
-        Interlocked.CompareExchange(ref _failure, failure, FailureNotDescribed);
+        bool first = failStop && RecordFailure();
+        string failure = $"{call} failed: {Marshal.GetPInvokeErrorMessage(errno)} (error {errno})";
+        if (first)
+        {
+            DescribeFailure(failure);
+        }
+
+        ThrowHelper.ThrowIO($"{failure}; {consequence}");
     }
 
     /// <summary>Test hook: runs in <see cref="RecordFailure"/> once the failure is recorded (a test throws <see cref="OutOfMemoryException"/> here, as its description's allocation could).</summary>

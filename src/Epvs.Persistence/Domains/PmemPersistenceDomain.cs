@@ -150,19 +150,7 @@ internal sealed unsafe class PmemPersistenceDomain : PersistenceDomain
             ThrowIfFailedBefore();
             if ((MsyncCallForTesting?.Invoke() ?? Interop.Pmem.Msync(Pointer + offset, (nuint)length)) != 0)
             {
-                int errno = Marshal.GetLastPInvokeError();
-                if (!NoFailStopForTesting)
-                {
-                    RecordFailure();
-                }
-
-                string failure = $"pmem_msync failed: {Marshal.GetPInvokeErrorMessage(errno)} (errno {errno})";
-                if (!NoFailStopForTesting)
-                {
-                    DescribeFailure(failure);
-                }
-
-                ThrowHelper.ThrowIO($"{failure}; the range may not be durable.");
+                ThrowCallFailed("pmem_msync", Marshal.GetLastPInvokeError(), "the range may not be durable.", failStop: !NoFailStopForTesting);
             }
         }
     }

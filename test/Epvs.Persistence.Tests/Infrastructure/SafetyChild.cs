@@ -1066,7 +1066,6 @@ internal static class SafetyChild
         throw new InvalidOperationException($"expected HeapFileException {error}");
     }
 
-    /// <summary>Every call after Dispose throws ObjectDisposedException (it read the unmapped table before: a crash).</summary>
     /// <summary>
     /// A raw heap on the caller's file is disposed while a call of it (a scan, parked in its visitor) outlives the
     /// Dispose's wait (shortened here, a process-wide setting: hence a child). The file's Dispose then quarantines the
@@ -1087,7 +1086,7 @@ internal static class SafetyChild
         var scanner = new Thread(() => scanFailure = Record.Exception(() => heap.ForEachAllocated((_, _) =>
         {
             visiting.Set();
-            goOn.Wait();
+            goOn.Wait(TimeSpan.FromSeconds(30));
         })))
         { IsBackground = true };
         scanner.Start();
@@ -1111,6 +1110,7 @@ internal static class SafetyChild
         return Survived;
     }
 
+    /// <summary>Every call after Dispose throws ObjectDisposedException (it read the unmapped table before: a crash).</summary>
     private static int RawUseAfterDispose(string path)
     {
         PersistentHeap heap = PersistentHeap.Create(path, new HeapFileOptions { Size = 4L << 20 });
