@@ -85,7 +85,15 @@ public sealed class IdleAdvancerTests
     [InlineData(nameof(WriteAfterALongIdleStretch), (long)DurabilityFaults.IdleWithoutRedating)]
     public void Control_AroundAnIdleStretch_IsCaught(string scenario, long faults)
     {
-        string? violation = Scenario(scenario, (DurabilityFaults)faults);
+        // Up to three runs: a control's defect can be hidden by a period's look that lands in the wrong moment (after an
+        // idle hour, the version the control leaves undated is ended by the advancer if it looks between the first write
+        // and the first age check; a CI run once missed it so).
+        string? violation = null;
+        for (int run = 0; run < 3 && violation is null; run++)
+        {
+            violation = Scenario(scenario, (DurabilityFaults)faults);
+        }
+
         _output.WriteLine($"control: {violation}");
         Assert.NotNull(violation);
     }
