@@ -19,7 +19,26 @@ public sealed class MappedFileWriteBackTests : IDisposable
     private const long QuarantineOffset = 8 * Page;
     private readonly TempDirectory _directory = new();
 
-    public void Dispose() => _directory.Dispose();
+    private readonly List<FileStream> _streams = new();
+
+    public void Dispose()
+    {
+        foreach (FileStream stream in _streams)
+        {
+            stream.Dispose();
+        }
+
+        _directory.Dispose();
+    }
+
+    /// <summary>A new 1 MiB file in the test directory, mapped (its stream disposed with the test class).</summary>
+    private MappedFilePersistenceDomain MapOneMiB(string name, bool privateMapping)
+    {
+        var stream = new FileStream(_directory.File(name), FileMode.CreateNew, FileAccess.ReadWrite);
+        _streams.Add(stream);
+        stream.SetLength(1L << 20);
+        return MappedFilePersistenceDomain.Map(stream, 1L << 20, 1L << 20, privateMapping);
+    }
 
     [Fact]
     public void PrivateMapping_AWrittenBackRangeReachesTheFile_AStoreNotWrittenBackDoesNot()
@@ -789,9 +808,7 @@ public sealed class MappedFileWriteBackTests : IDisposable
         Assert.SkipWhen(privateMapping && !OperatingSystem.IsLinux(), "private mappings are Linux only");
         Assert.SkipUnless(OperatingSystem.IsLinux() || OperatingSystem.IsMacOS(), "msync is the shared mapping's write-back on Unix only");
         const int Eio = 5;
-        using var stream = new FileStream(_directory.File($"errseq-{privateMapping}-{control}.heap"), FileMode.CreateNew, FileAccess.ReadWrite);
-        stream.SetLength(1L << 20);
-        MappedFilePersistenceDomain domain = MappedFilePersistenceDomain.Map(stream, 1L << 20, 1L << 20, privateMapping);
+        MappedFilePersistenceDomain domain = MapOneMiB($"errseq-{privateMapping}-{control}.heap", privateMapping);
         using var firstInside = new ManualResetEventSlim();
         using var secondChecked = new ManualResetEventSlim();
         using var firstReturned = new ManualResetEventSlim();
@@ -897,9 +914,7 @@ public sealed class MappedFileWriteBackTests : IDisposable
     {
         Assert.SkipUnless(OperatingSystem.IsLinux(), "private mappings are Linux only");
         const int Eio = 5;
-        using var stream = new FileStream(_directory.File($"second-lane-{control}.heap"), FileMode.CreateNew, FileAccess.ReadWrite);
-        stream.SetLength(1L << 20);
-        MappedFilePersistenceDomain domain = MappedFilePersistenceDomain.Map(stream, 1L << 20, 1L << 20, privateMapping: true);
+        MappedFilePersistenceDomain domain = MapOneMiB($"second-lane-{control}.heap", privateMapping: true);
         SkipUnlessTwoDescriptions(domain);
         domain.UngatedSecondLaneForTesting = control;
         using var parkedInside = new ManualResetEventSlim();
@@ -1024,9 +1039,7 @@ public sealed class MappedFileWriteBackTests : IDisposable
     {
         Assert.SkipUnless(OperatingSystem.IsLinux(), "private mappings are Linux only");
         const int Eio = 5;
-        using var stream = new FileStream(_directory.File($"overlap-{control}.heap"), FileMode.CreateNew, FileAccess.ReadWrite);
-        stream.SetLength(1L << 20);
-        MappedFilePersistenceDomain domain = MappedFilePersistenceDomain.Map(stream, 1L << 20, 1L << 20, privateMapping: true);
+        MappedFilePersistenceDomain domain = MapOneMiB($"overlap-{control}.heap", privateMapping: true);
         SkipUnlessTwoDescriptions(domain);
         domain.SkipOtherLaneWaitForTesting = control;
         using var failingInside = new ManualResetEventSlim();
@@ -1091,9 +1104,7 @@ public sealed class MappedFileWriteBackTests : IDisposable
     {
         Assert.SkipUnless(OperatingSystem.IsLinux(), "private mappings are Linux only");
         const int Eio = 5;
-        using var stream = new FileStream(_directory.File($"undescribed-{control}.heap"), FileMode.CreateNew, FileAccess.ReadWrite);
-        stream.SetLength(1L << 20);
-        MappedFilePersistenceDomain domain = MappedFilePersistenceDomain.Map(stream, 1L << 20, 1L << 20, privateMapping: true);
+        MappedFilePersistenceDomain domain = MapOneMiB($"undescribed-{control}.heap", privateMapping: true);
         domain.RecordFailureLateForTesting = control;
         int calls = 0;
         domain.SyncCallForTesting = _ =>
@@ -1144,9 +1155,7 @@ public sealed class MappedFileWriteBackTests : IDisposable
     public void PrivateMapping_AFenceThatSucceededReportsTheFailureOfAWriteOutInFlight(bool control)
     {
         Assert.SkipUnless(OperatingSystem.IsLinux(), "private mappings and sync_file_range are Linux only");
-        using var stream = new FileStream(_directory.File($"write-out-{control}.heap"), FileMode.CreateNew, FileAccess.ReadWrite);
-        stream.SetLength(1L << 20);
-        MappedFilePersistenceDomain domain = MappedFilePersistenceDomain.Map(stream, 1L << 20, 1L << 20, privateMapping: true);
+        MappedFilePersistenceDomain domain = MapOneMiB($"write-out-{control}.heap", privateMapping: true);
         domain.SkipWriteOutWaitForTesting = control;
         AssertTheFenceReportsTheWriteOut(control, FenceBesideAFailingWriteOut(domain));
     }
@@ -1164,9 +1173,7 @@ public sealed class MappedFileWriteBackTests : IDisposable
     public void PrivateMapping_TheNextFenceWaitsForAWriteOutCountedAfterAFlip(bool control)
     {
         Assert.SkipUnless(OperatingSystem.IsLinux(), "private mappings and sync_file_range are Linux only");
-        using var stream = new FileStream(_directory.File($"stale-phase-{control}.heap"), FileMode.CreateNew, FileAccess.ReadWrite);
-        stream.SetLength(1L << 20);
-        MappedFilePersistenceDomain domain = MappedFilePersistenceDomain.Map(stream, 1L << 20, 1L << 20, privateMapping: true);
+        MappedFilePersistenceDomain domain = MapOneMiB($"stale-phase-{control}.heap", privateMapping: true);
         domain.SkipStalePhaseWaitForTesting = control;
 
         // The first fence runs while the write-out is parked between its read of the phase and its count: nothing is
