@@ -17,19 +17,22 @@ public sealed unsafe class BlockIntegrityTests
     private const int TypeId = 11;
     private const int Entries = 40;
 
-    [Fact]
-    public void SealedBlock_EverySingleBitFlipOfHeaderOrPayload_IsDamageNeverAValidFreeOrTornBlock()
+    /// <summary>Payload sizes whose bytes the seal's CRC takes 8, 4, 2 and 1 at a time, up to the longest it takes raw, and past it (their XxHash3).</summary>
+    public static TheoryData<int> PayloadSizes => new(0, 7, 16, 40, HeapLayout.RawCheckedPayload, HeapLayout.RawCheckedPayload + 1, 300);
+
+    [Theory]
+    [MemberData(nameof(PayloadSizes))]
+    public void SealedBlock_EverySingleBitFlipOfHeaderOrPayload_IsDamageNeverAValidFreeOrTornBlock(int payloadSize)
     {
         var random = new Random(20261123);
-        const int PayloadSize = 40;
-        byte[] block = new byte[HeapLayout.HeaderSize + PayloadSize];
+        byte[] block = new byte[HeapLayout.HeaderSize + payloadSize];
         for (int sample = 0; sample < 20; sample++)
         {
             long offset = 4096 * 3 + (64L * random.Next(1000));
             uint generation = (uint)random.Next(1, 1 << 24);
             var kind = (PayloadKind)random.Next(1, 4);
             random.NextBytes(block.AsSpan(HeapLayout.HeaderSize));
-            ulong uid = (ulong)random.NextInt64(1, long.MaxValue), epoch = (ulong)random.Next(1, 1000), shape = HeapLayout.Shape(PayloadSize, random.Next(1 << 20));
+            ulong uid = (ulong)random.NextInt64(1, long.MaxValue), epoch = (ulong)random.Next(1, 1000), shape = HeapLayout.Shape(payloadSize, random.Next(1 << 20));
             ulong commit = HeapLayout.SealedCommit(uid, epoch, shape, offset, generation, kind, block.AsSpan(HeapLayout.HeaderSize));
             BitConverter.TryWriteBytes(block.AsSpan(0), uid);
             BitConverter.TryWriteBytes(block.AsSpan(8), epoch);
@@ -38,7 +41,7 @@ public sealed unsafe class BlockIntegrityTests
             fixed (byte* p = block)
             {
                 Assert.Equal(BlockState.Sealed, HeapLayout.Classify(p, offset, generation, 1024, out PayloadHeader header));
-                Assert.Equal(((long)uid, (long)epoch, kind, PayloadSize), (header.Uid, header.EpochTag, header.Kind, header.Size));
+                Assert.Equal(((long)uid, (long)epoch, kind, payloadSize), (header.Uid, header.EpochTag, header.Kind, header.Size));
                 for (int bit = 0; bit < block.Length * 8; bit++)
                 {
                     p[bit / 8] ^= (byte)(1 << (bit % 8));
@@ -48,6 +51,68 @@ public sealed unsafe class BlockIntegrityTests
                 }
             }
         }
+    }
+
+    /// <summary>
+    /// Format 11 pins its checks to CRC-32C (Castagnoli) of the words the format names, little-endian: against a
+    /// bitwise reference (which gives the standard check value of "123456789"), not against the library's own code. A
+    /// different algorithm, word, order or seed is a different file format, which this catches.
+    /// </summary>
+    [Theory]
+    [MemberData(nameof(PayloadSizes))]
+    public void Checks_AreCrc32COfTheWordsTheFormatNames(int payloadSize)
+    {
+        Assert.Equal(0xE306_9283u, ReferenceCrc32C("123456789"u8));
+        var random = new Random(20261203 + payloadSize);
+        for (int sample = 0; sample < 20; sample++)
+        {
+            long offset = 4096 * 3 + (16L * random.Next(100_000));
+            uint generation = (uint)random.Next(0, 1 << 24);
+            ulong uid = (ulong)random.NextInt64(), epoch = (ulong)random.NextInt64(), shape = HeapLayout.Shape(payloadSize, random.Next(1 << 20));
+            var kind = (PayloadKind)random.Next(1, 4);
+            byte[] payload = new byte[payloadSize];
+            random.NextBytes(payload);
+            ulong place = (ulong)offset ^ ((ulong)generation << 40);
+
+            ulong allocated = HeapLayout.AllocatedCommit(uid, epoch, shape, offset, generation, kind);
+            Assert.Equal(ReferenceCrc32C(Words(uid, epoch, shape, place, allocated & ~0xFFFF_FFFFUL)), (uint)allocated);
+
+            ulong sealedCommit = HeapLayout.SealedCommit(uid, epoch, shape, offset, generation, kind, payload);
+            byte[] covered = payloadSize > HeapLayout.RawCheckedPayload ? Words(System.IO.Hashing.XxHash3.HashToUInt64(payload)) : payload;
+            Assert.Equal(ReferenceCrc32C([.. Words(uid, epoch, shape, place, sealedCommit & ~0xFFFF_FFFFUL), .. covered]), (uint)sealedCommit);
+
+            foreach (ulong empty in new[] { HeapLayout.FreeWord(offset, generation), HeapLayout.UnusedWord(offset, generation) })
+            {
+                Assert.Equal(ReferenceCrc32C(Words(place, empty & ~0xFFFF_FFFFUL)), (uint)empty);
+            }
+        }
+    }
+
+    private static byte[] Words(params ulong[] words)
+    {
+        byte[] bytes = new byte[words.Length * sizeof(ulong)];
+        for (int i = 0; i < words.Length; i++)
+        {
+            System.Buffers.Binary.BinaryPrimitives.WriteUInt64LittleEndian(bytes.AsSpan(i * sizeof(ulong)), words[i]);
+        }
+
+        return bytes;
+    }
+
+    /// <summary>CRC-32C bit by bit (reflected polynomial 0x82F63B78, initial and final XOR 0xFFFFFFFF).</summary>
+    private static uint ReferenceCrc32C(ReadOnlySpan<byte> bytes)
+    {
+        uint crc = 0xFFFF_FFFFu;
+        foreach (byte b in bytes)
+        {
+            crc ^= b;
+            for (int bit = 0; bit < 8; bit++)
+            {
+                crc = (crc & 1) != 0 ? (crc >> 1) ^ 0x82F6_3B78u : crc >> 1;
+            }
+        }
+
+        return ~crc;
     }
 
     [Fact]
