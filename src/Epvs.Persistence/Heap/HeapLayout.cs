@@ -176,7 +176,10 @@ internal static class HeapLayout
     internal const ulong Magic = 0x5041_4548_5356_5045UL;
     internal const long FormatVersion = 11;
     internal const int SuperblockSize = 4096;
-    internal const int SegmentSize = 64 * 1024;
+    internal const int SegmentSize = 1 << SegmentShift;
+
+    /// <summary>log2 of <see cref="SegmentSize"/>.</summary>
+    internal const int SegmentShift = 16;
     internal const int RootSlotCount = 16;
 
     internal const int MagicOffset = 0;

@@ -26,11 +26,22 @@ internal static class AscendingRuns
     /// <returns>How many ascending runs the items came in.</returns>
     internal static int Sort(long[] items, int count, ref long[] scratch) => Sort(items.AsSpan(0, count), ref scratch);
 
+    /// <summary>
+    /// Orders the first <paramref name="count"/> items of <paramref name="items"/> by their bits from
+    /// <paramref name="fromBit"/> up only (offsets: by the 2^<paramref name="fromBit"/>-byte stretch they fall in), in
+    /// place; items of one stretch keep no particular order. For a pass that needs each stretch visited once, not each
+    /// item in order: the radix sort skips the digits below (for random offsets in a heap of a few hundred MiB, one pass
+    /// instead of two).
+    /// </summary>
+    /// <returns>How many ascending runs of whole items they came in (as <see cref="Sort(long[], int, ref long[])"/>).</returns>
+    internal static int SortByHighBits(long[] items, int count, int fromBit, ref long[] scratch) => Sort(items.AsSpan(0, count), ref scratch, fromBit);
+
     /// <summary>Sorts <paramref name="items"/> in place (see <see cref="Sort(long[], int, ref long[])"/>).</summary>
     /// <param name="items">The offsets.</param>
     /// <param name="scratch">A buffer the merge uses (grown to at least the items' length when needed, kept by the caller for the next call).</param>
+    /// <param name="fromBit">The lowest bit the order goes by (see <see cref="SortByHighBits"/>); 0 for a full sort.</param>
     /// <returns>How many ascending runs the items came in.</returns>
-    internal static int Sort(Span<long> items, ref long[] scratch)
+    internal static int Sort(Span<long> items, ref long[] scratch, int fromBit = 0)
     {
         int count = items.Length;
         Span<int> starts = stackalloc int[MaxRunsToMerge + 1];
@@ -42,7 +53,7 @@ internal static class AscendingRuns
             {
                 if (runs == MaxRunsToMerge)
                 {
-                    RadixSort(items, ref scratch);
+                    RadixSort(items, ref scratch, fromBit);
                     return MaxRunsToMerge + 1;
                 }
 
@@ -93,10 +104,11 @@ internal static class AscendingRuns
     private const int RadixBits = 12;
 
     /// <summary>
-    /// Sorts <paramref name="items"/> (non-negative: file offsets) by their bits above the lowest set in
-    /// any of them (block offsets are multiples of 32), <see cref="RadixBits"/> at a time, lowest digit first (each pass stable).
+    /// Sorts <paramref name="items"/> (non-negative: file offsets) by their bits from the lowest set in any of them
+    /// (block offsets are multiples of 16), or from <paramref name="fromBit"/> if higher, <see cref="RadixBits"/> at a
+    /// time, lowest digit first (each pass stable).
     /// </summary>
-    private static void RadixSort(Span<long> items, ref long[] scratch)
+    private static void RadixSort(Span<long> items, ref long[] scratch, int fromBit)
     {
         int count = items.Length;
         ulong any = 0;
@@ -111,7 +123,7 @@ internal static class AscendingRuns
             scratch = new long[Math.Max(count, scratch.Length * 2)];
         }
 
-        int low = any == 0 ? 0 : BitOperations.TrailingZeroCount(any);
+        int low = Math.Max(fromBit, any == 0 ? 0 : BitOperations.TrailingZeroCount(any));
         int high = 64 - BitOperations.LeadingZeroCount(any);
         Span<int> starts = stackalloc int[1 << RadixBits];
         const int Mask = (1 << RadixBits) - 1;

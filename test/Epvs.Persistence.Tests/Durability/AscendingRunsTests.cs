@@ -65,6 +65,36 @@ public sealed class AscendingRunsTests
     }
 
     [Theory]
+    [InlineData(100_000, 4, 28, 16)]
+    [InlineData(100_000, 4, 40, 16)]
+    [InlineData(50_000, 0, 20, 16)]
+    [InlineData(5_000, 4, 16, 16)]
+    [InlineData(5_000, 4, 12, 16)]
+    [InlineData(5_000, 4, 28, 0)]
+    [InlineData(5_000, 4, 28, 17)]
+    public void SortByHighBits_OrdersBy64KiBStretchKeepingEveryItem(int count, int alignmentBits, int magnitudeBits, int fromBit)
+    {
+        // The reclaim's order (random offsets, so the radix sort): by the bits from fromBit up, each item still there.
+        var random = new Random(count + alignmentBits + magnitudeBits + fromBit);
+        long[] items = new long[count + 1];
+        for (int i = 0; i < count; i++)
+        {
+            items[i] = random.NextInt64(0, 1L << magnitudeBits) >> alignmentBits << alignmentBits;
+        }
+
+        items[count] = -7;
+        long[] expected = items.Take(count).Order().ToArray();
+        long[] scratch = [];
+        AscendingRuns.SortByHighBits(items, count, fromBit, ref scratch);
+        Assert.Equal(-7L, items[count]);
+        Assert.Equal(expected, items.Take(count).Order());
+        for (int i = 1; i < count; i++)
+        {
+            Assert.True(items[i - 1] >> fromBit <= items[i] >> fromBit, $"item {i}: 0x{items[i]:X} after 0x{items[i - 1]:X}");
+        }
+    }
+
+    [Theory]
     [InlineData(3_000, 40)]
     [InlineData(30_000, 900)]
     public void Sort_TheListOfASweepLogHalf_OrdersItInPlace(int count, int runs)
