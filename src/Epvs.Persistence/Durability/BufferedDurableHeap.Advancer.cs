@@ -1225,9 +1225,10 @@ public sealed unsafe partial class BufferedDurableHeap
         if (n != 0)
         {
             // By segment: parking a block touches its segment's descriptor, bitmap and count, so a version's frees,
-            // retired in random order, visit each segment once instead of each line of those at random. Ordered by
-            // their 64 KiB stretch of the file only (segments start at DataStart, 4 KiB aligned, so a stretch meets
-            // at most two): the order within does not matter there, and the radix sort skips the digits below.
+            // retired in random order, visit those of a few segments at a time instead of each line of all of them at
+            // random. Ordered by their 64 KiB stretch of the file only (segments start at DataStart, 4 KiB aligned, so
+            // a stretch meets at most two, whose frees may alternate): the order within a stretch does not matter
+            // there, and the radix sort skips the digits below.
             AscendingRuns.SortByHighBits(_scratch, n, HeapLayout.SegmentShift, ref _sortScratch);
 
             // (Skipped when nothing was retired: parking takes the sweep's lock, however briefly.)

@@ -15,7 +15,8 @@ namespace Epvs.Persistence;
 /// a key-size record for structures with keys of 31 bytes or more, version 9 a 48-byte size class below the 64-byte one,
 /// which renumbers the class index every small segment's descriptor holds, version 10 the sweep log, between the table
 /// and the segments, through which a buffered heap's sweeps make their frees durable, version 11 block checks in CRC-32C
-/// instead of XxHash3: a third of the cost per block, paid by every allocation, seal, free and recovery). Every persistent field is an 8-byte little-endian
+/// instead of XxHash3, which every allocation, seal, free and recovery computes: a third of the cost for a header and
+/// a small payload). Every persistent field is an 8-byte little-endian
 /// word at an 8-byte aligned offset, written with a single aligned store, so it is failure-atomic: after a crash it
 /// holds an old or a new value, never a mix. Persistent data holds offsets from the start of the file, never pointers.
 /// </summary>
@@ -96,8 +97,10 @@ namespace Epvs.Persistence;
 /// name). Unused and free: of two words, the block's offset XOR (full generation &lt;&lt; 40) and the commit's other
 /// bits (tag, state, generation; kind 0), so they bind the word to its block and segment use but not to Uid, Epoch or
 /// Shape, which an interrupted allocation may have overwritten. A CRC detects every error confined to 32 consecutive
-/// bits (a flipped bit, a damaged byte) for certain, and other damage, as a 32-bit hash does, but for one pattern in
-/// 2^32. Formats 3 to 10 used the low 32 bits of XxHash3, at about three times the cost per block.</para>
+/// bits of what it covers (a flipped bit, a damaged byte) for certain — the header words, and the payload's bytes up
+/// to 64 — and other damage, as a 32-bit hash does, but for one pattern in 2^32 (so does a longer payload, through its
+/// XxHash3). Formats 3 to 10 used the low 32 bits of XxHash3: two calls per sealed block, about three times the cost
+/// of the CRC for a header and a 16-byte payload (a long payload's XxHash3 is paid either way).</para>
 /// <para>Sealing (format 6). A <see cref="BufferedDurableHeap"/> seals every block of version V in V's cycle, after
 /// V's quiescent cut, in the same pass that writes the version back: seals and payloads reach the file under one
 /// fence, and only then is V's frontier persisted. Every block a frontier covers is therefore sealed and whole. A crash
@@ -136,7 +139,7 @@ namespace Epvs.Persistence;
 /// Free replaces Commit with a single store of the free word. Neither writes back nor fences (as in Ralloc): the
 /// caller persists the block when its protocol says so (<see cref="PersistentHeap.Persist(PayloadRef)"/>, or part 2's
 /// per-version write-back). Because a cache may write back any subset of dirty words, a header is accepted at
-/// recovery only if Commit's check equals the hash of Uid, Epoch, Shape, the block's offset, the segment's full
+/// recovery only if Commit's check equals the check of Uid, Epoch, Shape, the block's offset, the segment's full
 /// generation, kind and state; a torn header (any subset of the four stores durable) fails the check (up to a
 /// 2^-32 collision) if its Commit store is durable, and leaves the earlier unused or free word, which passes its own
 /// check, if not: either way the block is free.</para>
@@ -534,7 +537,7 @@ internal static class HeapLayout
             if ((uint)commit != HeaderCheck(uid, epoch, shape, offset, generation, commit & ~0xFFFF_FFFFUL))
             {
                 // Unless its check is the seal's of the same words: a sealed block whose state bits were damaged to
-                // "allocated" (two bits apart), which no crash leaves (an allocation writes a header hash).
+                // "allocated" (two bits apart), which no crash leaves (an allocation writes the header's check).
                 ulong sealedMeta = (commit & ~0xFFFF_FFFFUL & ~(0xFUL << 52)) | (StateSealed << 52);
                 if (shapeFits && (uint)commit == SealCheck(uid, epoch, shape, offset, generation, sealedMeta, new ReadOnlySpan<byte>(block + HeaderSize, ShapeSize(shape))))
                 {

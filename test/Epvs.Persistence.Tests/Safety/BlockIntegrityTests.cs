@@ -78,7 +78,8 @@ public sealed unsafe class BlockIntegrityTests
             Assert.Equal(ReferenceCrc32C(Words(uid, epoch, shape, place, allocated & ~0xFFFF_FFFFUL)), (uint)allocated);
 
             ulong sealedCommit = HeapLayout.SealedCommit(uid, epoch, shape, offset, generation, kind, payload);
-            byte[] covered = payloadSize > HeapLayout.RawCheckedPayload ? Words(System.IO.Hashing.XxHash3.HashToUInt64(payload)) : payload;
+            // (The cut-off as a literal: moving it changes the format.)
+            byte[] covered = payloadSize > 64 ? Words(System.IO.Hashing.XxHash3.HashToUInt64(payload)) : payload;
             Assert.Equal(ReferenceCrc32C([.. Words(uid, epoch, shape, place, sealedCommit & ~0xFFFF_FFFFUL), .. covered]), (uint)sealedCommit);
 
             foreach (ulong empty in new[] { HeapLayout.FreeWord(offset, generation), HeapLayout.UnusedWord(offset, generation) })
@@ -149,13 +150,20 @@ public sealed unsafe class BlockIntegrityTests
         }
     }
 
-    [Fact]
-    public void AllocatedOrSealedCommit_WithItsStateChanged_IsDamage()
+    [Theory]
+    [InlineData(16, 77u)]
+    [InlineData(0, 0x5_0003u)]
+    [InlineData(16, 0x5_0003u)]
+    [InlineData(65, 0x5_0003u)]
+    public void AllocatedOrSealedCommit_WithItsStateChanged_IsDamage(int payloadSize, uint generation)
     {
-        byte[] block = new byte[HeapLayout.HeaderSize + 16];
+        // A generation whose low 16 bits are the version's tag (3) lets a sealed word damaged to "allocated" past the
+        // generation filter, to the check that tells it from a torn allocation (its check is the seal's of the same words).
+        byte[] block = new byte[HeapLayout.HeaderSize + payloadSize];
+        new Random(payloadSize).NextBytes(block.AsSpan(HeapLayout.HeaderSize));
         const long Offset = 4096 * 5;
-        const uint Generation = 77;
-        ulong uid = 9, epoch = 3, shape = HeapLayout.Shape(16, 5);
+        uint Generation = generation;
+        ulong uid = 9, epoch = 3, shape = HeapLayout.Shape(payloadSize, 5);
         fixed (byte* p = block)
         {
             ulong* h = (ulong*)p;
@@ -169,13 +177,18 @@ public sealed unsafe class BlockIntegrityTests
             };
             foreach (ulong commit in commits)
             {
-                // Sealed to allocated included (two bits apart): an allocated word's check is a header hash, which fails
+                // Sealed to allocated included (two bits apart): an allocated word's check is the header's, which fails
                 // there, but it is the seal's check of the same words — damage, which no crash leaves, not a torn allocation.
                 foreach (ulong state in new[] { HeapLayout.StateFree, HeapLayout.StateUnused, HeapLayout.StateAllocated, HeapLayout.StateSealed }.Where(state => state != HeapLayout.CommitState(commit)))
                 {
                     // The adversary's one-byte edit: the state nibble replaced, kind and check left.
                     h[3] = (commit & ~(0xFUL << 52)) | (state << 52);
                     Assert.Equal(BlockState.Damaged, HeapLayout.Classify(p, Offset, Generation, 1024, out _));
+                    if (state == HeapLayout.StateAllocated && (ushort)Generation == (ushort)epoch)
+                    {
+                        // Reached the seal's check (not refused for another generation first).
+                        Assert.True(HeapLayout.SameGeneration(h[3], Generation));
+                    }
                 }
             }
         }

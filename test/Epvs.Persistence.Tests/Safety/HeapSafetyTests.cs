@@ -526,6 +526,7 @@ public sealed class HeapSafetyTests
     [InlineData(3L)]
     [InlineData(6L)]
     [InlineData(8L)]
+    [InlineData(10L)]
     public void Open_AnOlderFormatVersion_IsRefusedAsOlderAndUnchanged(long version)
     {
         using var dir = new TempDirectory();
